@@ -1,0 +1,193 @@
+"""Dense k-means kernels shared by the client and server maths.
+
+Distances use ``‖x‖² − 2x·c + ‖c‖²`` through BLAS, in row blocks so memory
+stays O(block · k). Lloyd's algorithm and k-means++ are written here rather
+than taken from scikit-learn because (a) they must draw from a numpy
+``Generator`` (one seed scheme for the whole federation), (b) the server needs
+weighted Lloyd with an explicit initialisation and a fixed number of rounds,
+and (c) k-FED calls them once per device, where scikit-learn's per-call
+validation dominates for small devices. ``tests/test_kmeans_kernels.py`` checks
+both against scikit-learn.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["squared_distances", "assign", "lloyd", "kmeans_plusplus", "LloydResult"]
+
+# Rows per block: 4096 rows x k centers x 8 bytes stays in the low MB for k <= 1000.
+_BLOCK = 4096
+
+
+def squared_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """All squared Euclidean distances between rows of X (n, d) and C (k, d).
+
+    Returns an (n, k) array, clipped at 0 (the expansion can round below 0).
+    """
+    D = (X * X).sum(axis=1)[:, None] - 2.0 * (X @ C.T) + (C * C).sum(axis=1)[None, :]
+    np.maximum(D, 0.0, out=D)
+    return D
+
+
+def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest center of every row of X, blockwise.
+
+    Returns ``(labels, min_sq_dist)``: int64 (n,) and float (n,). Ties go to the
+    lowest center index.
+    """
+    n = X.shape[0]
+    labels = np.empty(n, dtype=np.int64)
+    mind = np.empty(n, dtype=np.result_type(X.dtype, C.dtype))
+    c_sq = (C * C).sum(axis=1)
+    for start in range(0, n, _BLOCK):
+        Xb = X[start:start + _BLOCK]
+        D = (Xb * Xb).sum(axis=1)[:, None] - 2.0 * (Xb @ C.T) + c_sq[None, :]
+        lab = D.argmin(axis=1)
+        labels[start:start + _BLOCK] = lab
+        mind[start:start + _BLOCK] = D[np.arange(len(lab)), lab]
+    np.maximum(mind, 0.0, out=mind)
+    return labels, mind
+
+
+class LloydResult:
+    """Centers, labels, per-center weight, inertia and iteration count of a Lloyd run."""
+
+    __slots__ = ("centers", "labels", "counts", "inertia", "n_iter", "converged")
+
+    def __init__(self, centers, labels, counts, inertia, n_iter, converged):
+        self.centers = centers
+        self.labels = labels
+        self.counts = counts
+        self.inertia = inertia
+        self.n_iter = n_iter
+        self.converged = converged
+
+
+def _update_centers(X, labels, k, weights, old_centers):
+    """Weighted means per label; empty clusters keep their previous center."""
+    if weights is None:
+        counts = np.bincount(labels, minlength=k).astype(X.dtype)
+        sums = np.zeros((k, X.shape[1]), dtype=X.dtype)
+        if X.shape[0] < 64:
+            np.add.at(sums, labels, X)
+        else:
+            _sum_by_label(X, labels, k, sums)
+    else:
+        counts = np.bincount(labels, weights=weights, minlength=k).astype(X.dtype)
+        sums = np.zeros((k, X.shape[1]), dtype=X.dtype)
+        _sum_by_label(X * weights[:, None], labels, k, sums)
+    centers = old_centers.copy()
+    nonempty = counts > 0
+    centers[nonempty] = sums[nonempty] / counts[nonempty, None]
+    return centers, counts
+
+
+def _sum_by_label(X, labels, k, out):
+    # A sparse one-hot product is BLAS-backed and far faster than np.add.at.
+    from scipy.sparse import csr_matrix
+
+    onehot = csr_matrix((np.ones(len(labels), dtype=X.dtype), (labels, np.arange(len(labels)))),
+                        shape=(k, len(labels)))
+    out[:] = onehot @ X
+    return out
+
+
+def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
+          max_iter: int = 300, tol: float = 1e-4, relocate_empty: bool = True) -> LloydResult:
+    """Lloyd's algorithm from ``init`` until labels stop changing.
+
+    Stops when labels are unchanged, when the total squared center shift is at
+    most ``tol`` times the mean per-feature variance of X (scikit-learn's
+    relative tolerance), or after ``max_iter`` rounds. ``max_iter=1`` gives
+    exactly one assignment + update round (k-FED's server step).
+
+    With ``relocate_empty`` an emptied cluster is moved to the point farthest
+    from its center (as scikit-learn does), so every returned center has
+    weight > 0 whenever n >= k.
+    """
+    k = init.shape[0]
+    centers = np.array(init, dtype=X.dtype, copy=True)
+    if weights is not None:
+        weights = np.asarray(weights, dtype=X.dtype)
+    var = X.var(axis=0).mean() if X.shape[0] > 1 else 0.0
+    abs_tol = tol * var
+    labels = None
+    converged = False
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        new_labels, mind = assign(X, centers)
+        if labels is not None and np.array_equal(new_labels, labels):
+            converged = True
+            n_iter -= 1  # this pass only confirmed the previous update
+            break
+        labels = new_labels
+        new_centers, counts = _update_centers(X, labels, k, weights, centers)
+        if relocate_empty and (counts == 0).any() and X.shape[0] >= k:
+            new_centers, labels, counts = _relocate(X, labels, new_centers, counts, mind, weights)
+        shift = ((new_centers - centers) ** 2).sum()
+        centers = new_centers
+        if shift <= abs_tol:
+            converged = True
+            break
+    labels, mind = assign(X, centers)
+    w = np.ones(X.shape[0], dtype=X.dtype) if weights is None else weights
+    counts = np.bincount(labels, weights=w, minlength=k)
+    inertia = float(mind @ w)
+    return LloydResult(centers, labels, counts, inertia, max(n_iter, 1), converged)
+
+
+def _relocate(X, labels, centers, counts, mind, weights):
+    """Move each empty center onto a far point taken from a non-singleton cluster."""
+    order = np.argsort(-mind, kind="stable")
+    empties = np.flatnonzero(counts == 0)
+    taken = 0
+    for j in empties:
+        while taken < len(order):
+            i = order[taken]
+            taken += 1
+            if counts[labels[i]] > (1 if weights is None else weights[i]):
+                break
+        else:
+            break
+        old = labels[i]
+        w = 1.0 if weights is None else weights[i]
+        counts[old] -= w
+        labels[i] = j
+        counts[j] = w
+        centers[j] = X[i]
+    return _update_centers(X, labels, len(centers), weights, centers)[0], labels, counts
+
+
+def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator, *,
+                    weights: np.ndarray | None = None,
+                    n_local_trials: int | None = None) -> np.ndarray:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007), as in scikit-learn.
+
+    Each step samples ``2 + log k`` candidates proportionally to (weighted)
+    squared distance to the chosen centers and keeps the one that lowers the
+    potential most. Returns the indices of the chosen rows of X.
+    """
+    n = X.shape[0]
+    if n_local_trials is None:
+        n_local_trials = 2 + int(np.log(k))
+    w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    idx = np.empty(k, dtype=np.int64)
+    first = rng.choice(n, p=w / w.sum())
+    idx[0] = first
+    closest = squared_distances(X, X[first:first + 1])[:, 0].astype(np.float64)
+    pot = closest @ w
+    for c in range(1, k):
+        if pot <= 0:  # every point already coincides with a center: take unused rows
+            unused = np.setdiff1d(np.arange(n), idx[:c])
+            idx[c] = unused[0] if len(unused) else idx[0]
+            continue
+        p = closest * w
+        cand = rng.choice(n, size=n_local_trials, p=p / p.sum())
+        d_cand = np.minimum(closest[:, None], squared_distances(X, X[cand]))
+        pots = w @ d_cand
+        best = int(np.argmin(pots))
+        idx[c] = cand[best]
+        closest = d_cand[:, best]
+        pot = pots[best]
+    return idx

@@ -1,0 +1,155 @@
+"""Input checks shared by every public entry point.
+
+Public functions validate and then call private ``_impl`` code that assumes
+clean input. Messages follow scikit-learn's style: they name the parameter (or
+device index) and the offending value, and say what would be accepted.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .exceptions import ValidationError
+
+__all__ = [
+    "check_int",
+    "check_float",
+    "check_choice",
+    "check_array",
+    "check_devices",
+    "check_n_local_clusters",
+]
+
+
+def check_int(value: Any, name: str, *, min_value: int | None = None,
+              max_value: int | None = None) -> int:
+    """Return ``value`` as an int, or raise naming ``name`` and the value."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValidationError(f"{name}={value!r} must be an integer")
+    value = int(value)
+    if min_value is not None and value < min_value:
+        raise ValidationError(f"{name}={value} must be >= {min_value}")
+    if max_value is not None and value > max_value:
+        raise ValidationError(f"{name}={value} must be <= {max_value}")
+    return value
+
+
+def check_float(value: Any, name: str, *, min_value: float | None = None,
+                max_value: float | None = None, min_inclusive: bool = True) -> float:
+    """Return ``value`` as a finite float within bounds, or raise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValidationError(f"{name}={value!r} must be a real number")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValidationError(f"{name}={value} must be finite")
+    if min_value is not None:
+        if value < min_value or (not min_inclusive and value == min_value):
+            op = ">=" if min_inclusive else ">"
+            raise ValidationError(f"{name}={value} must be {op} {min_value}")
+    if max_value is not None and value > max_value:
+        raise ValidationError(f"{name}={value} must be <= {max_value}")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise listing them."""
+    if value not in choices:
+        raise ValidationError(
+            f"{name}={value!r} is not supported; choose one of {sorted(choices)}")
+    return value
+
+
+def check_array(X: Any, name: str = "X", *, dtype: Any = None,
+                ndim: int = 2) -> np.ndarray:
+    """Return ``X`` as a finite numeric array of ``ndim`` dimensions.
+
+    Floats keep their precision (float32 stays float32); integers and bools
+    become float64. Strings, objects and complex numbers are refused.
+    """
+    try:
+        arr = np.asarray(X)
+    except Exception as exc:  # ragged nested lists and the like
+        raise ValidationError(f"{name} could not be read as an array: {exc}") from None
+    if arr.dtype.kind not in "biuf":
+        raise ValidationError(
+            f"{name} has dtype {arr.dtype} ({_kind_name(arr.dtype)}); "
+            "expected real numbers (int or float)")
+    if arr.ndim != ndim:
+        hint = " (reshape a single feature with X.reshape(-1, 1))" if arr.ndim == 1 and ndim == 2 else ""
+        raise ValidationError(
+            f"{name} must be {ndim}-D, got an array of shape {arr.shape}{hint}")
+    if dtype is not None:
+        arr = arr.astype(dtype, copy=False)
+    elif arr.dtype.kind != "f":
+        arr = arr.astype(np.float64)
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise ValidationError(
+            f"{name} contains a non-finite value {arr[tuple(bad)]} at index "
+            f"{tuple(int(i) for i in bad)}; remove or impute NaN/inf first")
+    return arr
+
+
+def _kind_name(dtype: np.dtype) -> str:
+    return {"U": "strings", "S": "bytes", "O": "Python objects",
+            "c": "complex numbers", "M": "datetimes", "m": "timedeltas"}.get(
+                dtype.kind, dtype.kind)
+
+
+def check_devices(devices: Any, *, min_points: int = 1,
+                  name: str = "devices") -> list[np.ndarray]:
+    """Validate a federation: a non-empty sequence of 2-D arrays with one d.
+
+    Devices keep their own float dtype when all are float32, else float64.
+    """
+    if isinstance(devices, np.ndarray) and devices.dtype.kind != "O":
+        raise ValidationError(
+            f"{name} must be a sequence of per-device 2-D arrays, got a single "
+            f"array of shape {devices.shape}; wrap it as [X] for one device")
+    try:
+        devices = list(devices)
+    except TypeError:
+        raise ValidationError(
+            f"{name} must be a sequence of 2-D arrays, got {type(devices).__name__}") from None
+    if not devices:
+        raise ValidationError(f"{name} is empty: give at least one device")
+    out: list[np.ndarray] = []
+    d0 = None
+    for z, X in enumerate(devices):
+        arr = check_array(X, f"device {z}")
+        if arr.shape[0] < min_points:
+            raise ValidationError(
+                f"device {z} has {arr.shape[0]} points; every device needs at "
+                f"least {min_points}")
+        if arr.shape[1] == 0:
+            raise ValidationError(f"device {z} has 0 features")
+        if d0 is None:
+            d0 = arr.shape[1]
+        elif arr.shape[1] != d0:
+            raise ValidationError(
+                f"device {z} has {arr.shape[1]} features but device 0 has {d0}; "
+                "all devices must share the same feature dimension")
+        out.append(arr)
+    if not all(a.dtype == np.float32 for a in out):
+        out = [a.astype(np.float64, copy=False) for a in out]
+    return out
+
+
+def check_n_local_clusters(n_local_clusters: Any, n_devices: int) -> list[int]:
+    """Expand an int or a per-device sequence into one k_z per device."""
+    if isinstance(n_local_clusters, numbers.Integral) and not isinstance(n_local_clusters, bool):
+        k = check_int(n_local_clusters, "n_local_clusters", min_value=1)
+        return [k] * n_devices
+    try:
+        values = list(n_local_clusters)
+    except TypeError:
+        raise ValidationError(
+            f"n_local_clusters={n_local_clusters!r} must be an int or one int per device") from None
+    if len(values) != n_devices:
+        raise ValidationError(
+            f"n_local_clusters has {len(values)} values but there are {n_devices} devices")
+    return [check_int(v, f"n_local_clusters[{z}]", min_value=1) for z, v in enumerate(values)]

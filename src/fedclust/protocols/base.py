@@ -1,0 +1,110 @@
+"""The shape every federated algorithm in fedclust takes.
+
+A :class:`Protocol` is written once and run by a transport: the in-process
+simulator (:mod:`fedclust.sim`) or Flower (:mod:`fedclust.flower`). It has
+
+* client maths — :meth:`Protocol.client_step` (device data -> reply message)
+  and :meth:`Protocol.client_finish` (final per-device message -> device output,
+  e.g. point labels). Devices keep private arrays between calls in ``state``
+  (in-process: a dict; Flower: ``context.state``);
+* server maths — :meth:`Protocol.server_step` over the validated replies of one
+  round, then :meth:`Protocol.finish`;
+* the round plan — :meth:`Protocol.next_request` says what to ask whom, until
+  it returns ``None``.
+
+Everything a client needs to rebuild the protocol travels as scalars in
+:meth:`Protocol.config`; randomness comes from the run's seed and the device
+id (:mod:`fedclust._random`). Replies are validated by the message codec and
+:meth:`Protocol.check_reply` before any server maths; a bad reply is rejected
+by name and the round goes on without it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from ..messages import Message
+
+__all__ = ["Request", "Protocol", "RunLog", "ConfigValue"]
+
+ConfigValue = Any  # int | float | str | bool | list of those
+
+
+@dataclass(frozen=True)
+class Request:
+    """One round: ``action`` names the client step, ``payload`` is broadcast to ``devices``.
+
+    ``devices=None`` means every device still in the run.
+    """
+
+    round: int
+    action: str
+    payload: Message | None = None
+    devices: tuple[int, ...] | None = None
+
+
+@dataclass
+class RunLog:
+    """What happened to the devices during a run (filled by the transport)."""
+
+    participants: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    late: list[int] = field(default_factory=list)
+    rejected: dict[int, str] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+class Protocol(ABC):
+    """Base class of federated protocols (see the module docstring)."""
+
+    name: ClassVar[str]
+    #: reply message class of each action
+    reply_types: ClassVar[Mapping[str, type[Message]]]
+
+    @abstractmethod
+    def config(self) -> dict[str, ConfigValue]:
+        """Scalars (and lists of scalars) from which :meth:`from_config` rebuilds ``self``."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: Mapping[str, ConfigValue]) -> "Protocol":
+        """Rebuild the protocol on a client from :meth:`config`."""
+
+    # -- server side -----------------------------------------------------
+    @abstractmethod
+    def start(self, device_ids: Sequence[int], seed: int) -> Any:
+        """Fresh server state for a run over ``device_ids``."""
+
+    @abstractmethod
+    def next_request(self, state: Any) -> Request | None:
+        """The next round, or ``None`` when the run is over."""
+
+    def check_reply(self, state: Any, request: Request, device_id: int, reply: Message) -> None:
+        """Protocol-level validation of a decoded reply (raise IncompatibleMessageError)."""
+
+    @abstractmethod
+    def server_step(self, state: Any, request: Request, replies: Mapping[int, Message]) -> None:
+        """Server maths over the validated replies of one round (updates ``state``)."""
+
+    @abstractmethod
+    def finish(self, state: Any, log: RunLog) -> Any:
+        """The protocol's result object."""
+
+    def final_message(self, result: Any, device_id: int) -> Message | None:
+        """What the server sends a device once the run is over (``None``: nothing)."""
+        return None
+
+    # -- client side -----------------------------------------------------
+    @abstractmethod
+    def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
+                    state: dict[str, np.ndarray]) -> Message:
+        """Client maths for ``request.action`` on the device's own data."""
+
+    def client_finish(self, message: Message | None, X: np.ndarray,
+                      state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Turn the final message into the device's output (e.g. its point labels)."""
+        return {}

@@ -1,0 +1,207 @@
+"""k-FED as a protocol: one round of local centers up, label maps down.
+
+Round 0 (``action="local_centers"``): every device runs the Awasthi–Sheffet
+local k-means (:func:`fedclust.local.local_kmeans`) and sends its k_z centers
+and counts — ``k_z (d + 1) * 8`` bytes for float64. The server aggregates them
+(:func:`fedclust.server.kfed.aggregate_centers`). Afterwards each device gets a
+:class:`~fedclust.messages.LabelMap` (k_z int64) and labels its own points.
+A device that was absent or late is handled by :meth:`KFedProtocol.assign_late`
+with O(k_z k) server work; the only server state it needs is the final centers.
+
+Dennis, Li & Smith, "Heterogeneity for the Win: One-Shot Federated
+Clustering", ICML 2021.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .._random import device_rng, server_rng
+from .._validation import check_choice, check_float, check_int
+from ..exceptions import IncompatibleMessageError, ValidationError
+from ..local.spectral_kmeans import local_kmeans
+from ..messages import LabelMap, LocalCenters, Message
+from ..server.kfed import SERVER_METHODS, aggregate_centers, assign_to_centers
+from .base import Protocol, Request, RunLog
+
+__all__ = ["KFedProtocol", "KFedResult"]
+
+ACTION = "local_centers"
+
+
+@dataclass
+class KFedResult:
+    """Outcome of a k-FED run (server side)."""
+
+    centers: np.ndarray                       # (k, d)
+    local_centers: dict[int, np.ndarray]      # device id -> (k_z, d)
+    local_counts: dict[int, np.ndarray]       # device id -> (k_z,)
+    center_labels: dict[int, np.ndarray]      # device id -> (k_z,) global labels
+    seed_device: int | None
+    n_iter: int
+    log: RunLog = field(default_factory=RunLog)
+
+
+@dataclass
+class _State:
+    device_ids: tuple[int, ...]
+    seed: int
+    round: int = 0
+    replies: dict[int, LocalCenters] = field(default_factory=dict)
+    n_features: int | None = None
+
+
+class KFedProtocol(Protocol):
+    """One-shot federated k-means (k-FED). Parameters as in :class:`fedclust.KFed`."""
+
+    name = "kfed"
+    reply_types = {ACTION: LocalCenters}
+
+    def __init__(self, n_clusters: int, n_local_clusters: int | Mapping[int, int], *,
+                 server: str = "farthest-lloyd1", weighted: bool = False,
+                 first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
+                 local_max_iter: int = 300, allow_raw_points: bool = False):
+        self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
+        if isinstance(n_local_clusters, Mapping):
+            self.n_local_clusters: int | dict[int, int] = {
+                int(z): check_int(v, f"n_local_clusters[{z}]", min_value=1)
+                for z, v in n_local_clusters.items()}
+        else:
+            self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
+        self.server = check_choice(server, "server", SERVER_METHODS)
+        self.weighted = bool(weighted)
+        if not (isinstance(first_device, (int, np.integer)) and not isinstance(first_device, bool)):
+            check_choice(first_device, "first_device", ("widest", "random"))
+        self.first_device = first_device
+        self.max_iter = check_int(max_iter, "max_iter", min_value=1)
+        self.tol = check_float(tol, "tol", min_value=0.0)
+        self.local_max_iter = check_int(local_max_iter, "local_max_iter", min_value=1)
+        self.allow_raw_points = bool(allow_raw_points)
+
+    def k_local(self, device_id: int) -> int:
+        """k_z of a device (clear error for a device without one)."""
+        if isinstance(self.n_local_clusters, int):
+            return self.n_local_clusters
+        try:
+            return self.n_local_clusters[int(device_id)]
+        except KeyError:
+            raise ValidationError(
+                f"no n_local_clusters given for device {device_id}; "
+                f"known devices: {sorted(self.n_local_clusters)[:10]}") from None
+
+    # -- config round trip (for clients on another machine) -----------------
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "n_clusters": self.n_clusters, "server": self.server, "weighted": self.weighted,
+            "first_device": self.first_device, "max_iter": self.max_iter, "tol": self.tol,
+            "local_max_iter": self.local_max_iter, "allow_raw_points": self.allow_raw_points,
+        }
+        if isinstance(self.n_local_clusters, int):
+            cfg["n_local_clusters"] = self.n_local_clusters
+        else:
+            ids = sorted(self.n_local_clusters)
+            cfg["n_local_clusters_ids"] = ids
+            cfg["n_local_clusters_values"] = [self.n_local_clusters[i] for i in ids]
+        return cfg
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "KFedProtocol":
+        cfg = dict(config)
+        if "n_local_clusters_ids" in cfg:
+            ids = cfg.pop("n_local_clusters_ids")
+            vals = cfg.pop("n_local_clusters_values")
+            cfg["n_local_clusters"] = dict(zip(ids, vals))
+        n_clusters = cfg.pop("n_clusters")
+        n_local = cfg.pop("n_local_clusters")
+        return cls(n_clusters, n_local, **cfg)
+
+    # -- server ------------------------------------------------------------
+    def start(self, device_ids: Sequence[int], seed: int) -> _State:
+        return _State(tuple(int(z) for z in device_ids), int(seed))
+
+    def next_request(self, state: _State) -> Request | None:
+        if state.round > 0:
+            return None
+        return Request(round=0, action=ACTION)
+
+    def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
+        if not isinstance(reply, LocalCenters):
+            raise IncompatibleMessageError(
+                f"device {device_id}: expected local_centers, got {type(reply).__name__}")
+        k_z = self.k_local(device_id)
+        if reply.centers.shape[0] > k_z:
+            raise IncompatibleMessageError(
+                f"device {device_id}: sent {reply.centers.shape[0]} centers but "
+                f"n_local_clusters={k_z}")
+        d = reply.centers.shape[1]
+        if state.n_features is None:
+            state.n_features = d
+        elif d != state.n_features:
+            raise IncompatibleMessageError(
+                f"device {device_id}: centers have {d} features, other devices {state.n_features}")
+
+    def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+        state.replies.update(replies)  # type: ignore[arg-type]
+        state.round += 1
+
+    def finish(self, state: _State, log: RunLog) -> KFedResult:
+        ids = sorted(state.replies)
+        if not ids:
+            raise ValidationError(
+                "no device replied (all dropped, late, failed or rejected); nothing to aggregate")
+        centers = [state.replies[z].centers for z in ids]
+        counts = [state.replies[z].counts for z in ids]
+        if centers[0].dtype != np.float32 or any(c.dtype != centers[0].dtype for c in centers):
+            centers = [c.astype(np.float64, copy=False) for c in centers]
+        first = self.first_device
+        if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
+            if int(first) not in state.replies:
+                raise ValidationError(f"first_device={first} did not reply")
+            first = ids.index(int(first))
+        agg = aggregate_centers(
+            centers, self.n_clusters, counts=counts, method=self.server, weighted=self.weighted,
+            first_device=first, rng=server_rng(state.seed), max_iter=self.max_iter, tol=self.tol)
+        return KFedResult(
+            centers=agg.centers,
+            local_centers=dict(zip(ids, centers)),
+            local_counts=dict(zip(ids, counts)),
+            center_labels=dict(zip(ids, agg.center_labels)),
+            seed_device=None if agg.seed_device is None else ids[agg.seed_device],
+            n_iter=agg.n_iter, log=log)
+
+    def assign_late(self, result: KFedResult, device_id: int, reply: LocalCenters) -> np.ndarray:
+        """Map a late/new device's centers to the final centers (O(k_z k d)); returns its labels map."""
+        if reply.centers.shape[1] != result.centers.shape[1]:
+            raise IncompatibleMessageError(
+                f"device {device_id}: centers have {reply.centers.shape[1]} features but the "
+                f"model has {result.centers.shape[1]}")
+        labels = assign_to_centers(reply.centers.astype(result.centers.dtype, copy=False),
+                                   result.centers)
+        result.local_centers[device_id] = reply.centers
+        result.local_counts[device_id] = reply.counts
+        result.center_labels[device_id] = labels
+        return labels
+
+    def final_message(self, result: KFedResult, device_id: int) -> Message | None:
+        labels = result.center_labels.get(device_id)
+        return None if labels is None else LabelMap(global_labels=labels.astype(np.int64))
+
+    # -- client ------------------------------------------------------------
+    def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
+                    state: dict[str, np.ndarray]) -> Message:
+        if request.action != ACTION:
+            raise ValidationError(f"k-FED has no client action {request.action!r}")
+        res = local_kmeans(X, self.k_local(device_id), device_rng(seed, device_id, request.round),
+                           max_iter=self.local_max_iter, tol=self.tol,
+                           allow_raw_points=self.allow_raw_points, device=f"device {device_id}")
+        state["local_labels"] = res.labels
+        return res.message
+
+    def client_finish(self, message: Message | None, X: np.ndarray,
+                      state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if message is None or "local_labels" not in state:
+            return {}
+        return {"labels": np.asarray(message.global_labels)[state["local_labels"]]}

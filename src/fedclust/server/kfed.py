@@ -1,0 +1,236 @@
+"""Server step of k-FED: aggregate the devices' local centers into k clusters.
+
+Dennis, Li & Smith, ICML 2021, Algorithm 2 (and the workshop poster's
+union-find variant). Input: every participating device's k_z centers (and
+counts). Output: k final centers and, for every device center, its global
+cluster. The server never sees a raw point.
+
+Methods (``method=``):
+
+``"farthest-lloyd1"`` (default, the paper)
+    M <- the centers of one device; add the device center farthest from M
+    until |M| = k; then **one** Lloyd round over all device centers from M.
+``"farthest-lloyd"`` (the authors' code)
+    Same start, Lloyd until the assignment is stable.
+``"single-linkage"`` (the poster)
+    Union the closest pair of centers until k sets remain. Done exactly via a
+    Euclidean minimum spanning tree (Borůvka with blockwise BLAS distances), so
+    memory is O(N) for N = Σ k_z centers; no N x N matrix is ever built.
+
+Which device seeds M (``first_device=``): ``"widest"`` (default) takes the
+device with the most centers, ties broken by the largest minimum distance
+between its own centers — its centers are the most likely to lie in distinct
+clusters, and the choice does not depend on device order; ``"random"`` draws
+one from the server's stream; an int picks that position.
+
+Every device center's global label is its nearest final center, so the
+induced clustering, ``predict`` and the assignment of late devices agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.cluster.hierarchy import DisjointSet
+
+from .._kmeans import assign, lloyd, squared_distances
+from ..exceptions import ValidationError
+
+__all__ = ["AggregationResult", "aggregate_centers", "farthest_first", "assign_to_centers",
+           "single_linkage", "SERVER_METHODS"]
+
+SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage")
+
+
+@dataclass(frozen=True)
+class AggregationResult:
+    """Final centers (k, d), the global label of every device's centers, and diagnostics."""
+
+    centers: np.ndarray
+    center_labels: list[np.ndarray]
+    seed_device: int | None
+    n_iter: int
+
+
+def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
+                      counts: Sequence[np.ndarray] | None = None,
+                      method: str = "farthest-lloyd1", weighted: bool = False,
+                      first_device: str | int = "widest",
+                      rng: np.random.Generator | None = None,
+                      max_iter: int = 300, tol: float = 1e-4) -> AggregationResult:
+    """Cluster the devices' local centers into ``n_clusters`` global clusters.
+
+    Parameters
+    ----------
+    centers : sequence of ndarray (k_z, d)
+        One array per participating device (validated messages).
+    n_clusters : int
+        k. Requires Σ k_z >= k.
+    counts : sequence of ndarray (k_z,), optional
+        Points behind each center; used as Lloyd weights when ``weighted``.
+    method, first_device : see the module docstring.
+    weighted : bool, default=False
+        Weight device centers by their counts (the paper does not).
+    rng : Generator, optional
+        The server's stream (only ``first_device="random"`` draws from it).
+
+    Returns
+    -------
+    AggregationResult
+
+    Notes
+    -----
+    Farthest-first costs O(N k d) for N = Σ k_z; each Lloyd round O(N k d);
+    single-linkage O(N² d log N) time and O(N) memory.
+    """
+    sizes = [len(c) for c in centers]
+    total = sum(sizes)
+    if total < n_clusters:
+        raise ValidationError(
+            f"the devices sent {total} local centers in all (sum of k_z over "
+            f"{len(sizes)} devices) but n_clusters={n_clusters}; need sum k_z >= k")
+    C = np.concatenate(centers, axis=0)
+    w = None
+    if weighted:
+        if counts is None:
+            raise ValidationError("weighted=True needs the devices' counts")
+        w = np.concatenate(counts).astype(C.dtype)
+    offsets = np.cumsum([0] + sizes)
+    seed_device = None
+    n_iter = 0
+    if method == "single-linkage":
+        labels = single_linkage(C, n_clusters)
+        final = _weighted_means(C, labels, n_clusters, w)
+    elif method in ("farthest-lloyd1", "farthest-lloyd"):
+        seed_device = _pick_first_device(centers, first_device, rng)
+        init_idx = farthest_first(C, n_clusters, start=np.arange(offsets[seed_device],
+                                                                 offsets[seed_device + 1]))
+        res = lloyd(C, C[init_idx], weights=w,
+                    max_iter=1 if method == "farthest-lloyd1" else max_iter, tol=tol)
+        final, labels, n_iter = res.centers, res.labels, res.n_iter
+    else:
+        raise ValidationError(f"method={method!r} is not supported; choose one of {list(SERVER_METHODS)}")
+    center_labels = [labels[offsets[z]:offsets[z + 1]].copy() for z in range(len(sizes))]
+    return AggregationResult(final, center_labels, seed_device, n_iter)
+
+
+def assign_to_centers(local_centers: np.ndarray, final_centers: np.ndarray) -> np.ndarray:
+    """Global label of a (late or new) device's centers: nearest final center, O(k_z k d)."""
+    return assign(local_centers, final_centers)[0]
+
+
+def _pick_first_device(centers, first_device, rng) -> int:
+    n_dev = len(centers)
+    if isinstance(first_device, (int, np.integer)) and not isinstance(first_device, bool):
+        if not 0 <= first_device < n_dev:
+            raise ValidationError(f"first_device={first_device} is out of range for {n_dev} devices")
+        return int(first_device)
+    if first_device == "random":
+        if rng is None:
+            raise ValidationError('first_device="random" needs the server rng')
+        return int(rng.integers(n_dev))
+    if first_device != "widest":
+        raise ValidationError(
+            f"first_device={first_device!r} must be 'widest', 'random' or a device position")
+    best, best_key = 0, None
+    for z, c in enumerate(centers):
+        spread = 0.0
+        if len(c) > 1:
+            D = squared_distances(c, c)
+            D[np.diag_indices_from(D)] = np.inf
+            spread = float(D.min())
+        key = (len(c), spread)
+        if best_key is None or key > best_key:
+            best, best_key = z, key
+    return best
+
+
+def farthest_first(C: np.ndarray, k: int, *, start: np.ndarray) -> np.ndarray:
+    """Farthest-first traversal (Gonzalez) seeded with the rows ``start``.
+
+    Returns k row indices: ``start`` (or its first k farthest-first points if it
+    has more than k) followed by, repeatedly, the row farthest from the chosen set.
+    """
+    start = np.asarray(start, dtype=np.int64)
+    if len(start) >= k:
+        # More seed centers than k: traverse within them, beginning at the first.
+        sub = farthest_first(C[start], k, start=start[:1] - start[0])
+        return start[sub]
+    chosen = list(start)
+    mind = assign(C, C[start])[1]
+    mind[start] = -1.0
+    for _ in range(k - len(start)):
+        j = int(np.argmax(mind))
+        chosen.append(j)
+        diff = C - C[j]
+        np.minimum(mind, np.einsum("ij,ij->i", diff, diff), out=mind)
+        mind[j] = -1.0
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def _weighted_means(C, labels, k, w):
+    weights = np.ones(len(C)) if w is None else w
+    tot = np.bincount(labels, weights=weights, minlength=k)
+    out = np.zeros((k, C.shape[1]), dtype=C.dtype)
+    np.add.at(out, labels, C * weights[:, None])
+    return out / tot[:, None]
+
+
+def single_linkage(C: np.ndarray, k: int) -> np.ndarray:
+    """Labels 0..k-1 of single-linkage clustering of the rows of C into k sets.
+
+    Equivalent to the poster's union-find over pairs sorted by distance:
+    build the Euclidean MST (Borůvka), keep its N-k shortest edges.
+    Components are numbered by their smallest row index.
+    """
+    N = len(C)
+    if k >= N:
+        return np.arange(N, dtype=np.int64)
+    u, v, wgt = _euclidean_mst(C)
+    order = np.argsort(wgt, kind="stable")[: N - k]
+    ds = DisjointSet(range(N))
+    for e in order:
+        ds.merge(int(u[e]), int(v[e]))
+    roots = np.array([ds[i] for i in range(N)])
+    _, labels = np.unique(roots, return_inverse=True)
+    # renumber so that label order follows first appearance (deterministic)
+    first = np.full(k, N)
+    np.minimum.at(first, labels, np.arange(N))
+    rank = np.argsort(np.argsort(first))
+    return rank[labels].astype(np.int64)
+
+
+def _euclidean_mst(C: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Borůvka MST of the complete Euclidean graph on the rows of C, O(N) memory."""
+    N = len(C)
+    comp = np.arange(N)
+    c_sq = (C * C).sum(axis=1)
+    block = max(1, (1 << 22) // max(N, 1))
+    eu, ev, ew = [], [], []
+    ds = DisjointSet(range(N))
+    n_comp = N
+    while n_comp > 1:
+        best_d = np.full(N, np.inf)
+        best_j = np.full(N, -1, dtype=np.int64)
+        for s in range(0, N, block):
+            Cb = C[s:s + block]
+            D = c_sq[s:s + block, None] - 2.0 * (Cb @ C.T) + c_sq[None, :]
+            D[comp[s:s + block, None] == comp[None, :]] = np.inf
+            j = D.argmin(axis=1)
+            best_j[s:s + block] = j
+            best_d[s:s + block] = D[np.arange(len(j)), j]
+        # cheapest outgoing edge of each component
+        order = np.lexsort((best_d, comp))
+        first_of_comp = order[np.r_[True, comp[order][1:] != comp[order][:-1]]]
+        for i in first_of_comp:
+            j = int(best_j[i])
+            if j >= 0 and not ds.connected(int(i), j):
+                ds.merge(int(i), j)
+                eu.append(int(i))
+                ev.append(j)
+                ew.append(max(float(best_d[i]), 0.0))
+                n_comp -= 1
+        comp = np.array([ds[i] for i in range(N)])
+    return np.array(eu), np.array(ev), np.sqrt(np.array(ew))

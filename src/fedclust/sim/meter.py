@@ -1,0 +1,57 @@
+"""Counting what crosses the network in a simulated run."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CommunicationMeter"]
+
+
+@dataclass
+class CommunicationMeter:
+    """Payload bytes per device and direction, and the number of rounds.
+
+    ``up`` is device -> server, ``down`` server -> device. Bytes are the
+    ``nbytes`` of the message arrays (see :mod:`fedclust.messages`).
+    """
+
+    up: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    down: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    rounds: int = 0
+    messages_up: int = 0
+    messages_down: int = 0
+
+    def record_up(self, device_id: int, nbytes: int) -> None:
+        self.up[device_id] += int(nbytes)
+        self.messages_up += 1
+
+    def record_down(self, device_id: int, nbytes: int) -> None:
+        self.down[device_id] += int(nbytes)
+        self.messages_down += 1
+
+    @property
+    def bytes_up(self) -> int:
+        return sum(self.up.values())
+
+    @property
+    def bytes_down(self) -> int:
+        return sum(self.down.values())
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_up + self.bytes_down
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready totals and per-device counts."""
+        return {
+            "rounds": self.rounds,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "bytes_total": self.bytes_total,
+            "messages_up": self.messages_up,
+            "messages_down": self.messages_down,
+            "per_device": {str(z): {"up": self.up.get(z, 0), "down": self.down.get(z, 0)}
+                           for z in sorted(set(self.up) | set(self.down))},
+        }

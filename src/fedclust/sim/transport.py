@@ -1,0 +1,187 @@
+"""The in-process transport: runs any :class:`~fedclust.protocols.base.Protocol`
+over devices held in memory, as a laptop stand-in for real clients.
+
+Every message goes through the same codec a network transport uses
+(``to_arrays`` -> ``from_arrays`` with validation), so byte counts are real
+and a malformed reply is rejected exactly as it would be on Flower. Faults are
+simulated from the run's seed: dropped devices never reply, late devices reply
+after the server has finished (and are then assigned, when the protocol can),
+failing clients are dropped and named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .._random import root_seed, server_rng
+from .._validation import check_float
+from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..messages import Message, message_nbytes
+from ..protocols.base import Protocol, Request, RunLog
+from .meter import CommunicationMeter
+
+__all__ = ["InProcessTransport", "RunOutput", "Tamper"]
+
+#: ``tamper(device_id, round, arrays) -> arrays``: rewrite a reply on the wire (Byzantine / faulty clients).
+Tamper = Callable[[int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+_FAULT_BRANCH = 7  # server-stream round index reserved for drawing faults
+
+
+@dataclass
+class RunOutput:
+    """Result of the protocol, per-device outputs, the communication meter and the log."""
+
+    result: Any
+    device_outputs: dict[int, dict[str, np.ndarray]]
+    meter: CommunicationMeter
+    log: RunLog
+    seed: int
+
+
+@dataclass
+class InProcessTransport:
+    """Run a protocol over in-memory devices.
+
+    Parameters
+    ----------
+    dropout : float, default=0
+        Fraction of devices that never reply (drawn from the seed).
+    late : float, default=0
+        Fraction of devices that reply only after the server has finished; for
+        k-FED they are then assigned to the final centers (Theorem 3.2).
+    dropped, late_devices : sequence of int, optional
+        Explicit device ids, in addition to the fractions.
+    on_client_error : {"raise", "drop"}, default="raise"
+        What a failing client step does: stop the run with its error, or drop
+        the device and name it in ``log.failed`` (what a real server does).
+    tamper : callable, optional
+        Rewrites chosen replies on the wire; the server validates them like
+        any other reply, rejecting and naming malformed ones.
+    progress : bool, default=False
+        Show a progress bar over devices (tqdm).
+    """
+
+    dropout: float = 0.0
+    late: float = 0.0
+    dropped: Sequence[int] = ()
+    late_devices: Sequence[int] = ()
+    on_client_error: str = "raise"
+    tamper: Tamper | None = None
+    progress: bool = False
+
+    def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
+            random_state: Any = None) -> RunOutput:
+        """Run ``protocol`` over ``devices`` (device id -> (n_z, d) array)."""
+        check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
+        check_float(self.late, "late", min_value=0.0, max_value=1.0)
+        if self.on_client_error not in ("raise", "drop"):
+            raise ValidationError(
+                f"on_client_error={self.on_client_error!r} must be 'raise' or 'drop'")
+        seed = root_seed(random_state)
+        ids = sorted(int(z) for z in devices)
+        log = RunLog()
+        absent, late = self._draw_faults(ids, seed)
+        log.dropped = sorted(absent)
+        log.late = sorted(late)
+        active = [z for z in ids if z not in absent and z not in late]
+        states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
+        meter = CommunicationMeter()
+        state = protocol.start(active, seed)
+        while (request := protocol.next_request(state)) is not None:
+            targets = [z for z in (request.devices or active)
+                       if z in active and z not in log.failed and z not in log.rejected]
+            replies = self._round(protocol, state, request, targets, devices, states, seed, log,
+                                  meter)
+            meter.rounds += 1
+            protocol.server_step(state, request, replies)
+        log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
+        result = protocol.finish(state, log)
+        if late and hasattr(protocol, "assign_late"):
+            self._assign_late(protocol, result, sorted(late), devices, states, seed, log, meter)
+        outputs = {}
+        for z in ids:
+            final = protocol.final_message(result, z)
+            if final is None:
+                continue
+            final = self._wire(final, type(final), f"server -> device {z}")
+            meter.record_down(z, final.nbytes)
+            outputs[z] = protocol.client_finish(final, devices[z], states[z])
+        return RunOutput(result, outputs, meter, log, seed)
+
+    def _draw_faults(self, ids, seed):
+        rng = server_rng(seed, _FAULT_BRANCH)
+        n = len(ids)
+        perm = rng.permutation(ids) if n else np.array([], dtype=int)
+        n_drop = int(round(self.dropout * n))
+        n_late = int(round(self.late * n))
+        absent = set(int(z) for z in perm[:n_drop]) | {int(z) for z in self.dropped}
+        late = set(int(z) for z in perm[n_drop:n_drop + n_late]) | {int(z) for z in self.late_devices}
+        unknown = (set(self.dropped) | set(self.late_devices)) - set(ids)
+        if unknown:
+            raise ValidationError(f"dropped/late device ids {sorted(unknown)} are not in the federation")
+        return absent, late - absent
+
+    def _round(self, protocol, state, request: Request, targets, devices, states, seed, log,
+               meter):
+        down = message_nbytes(request.payload)
+        reply_type = protocol.reply_types[request.action]
+        replies: dict[int, Message] = {}
+        for z in _progress(targets, self.progress, f"round {request.round} ({request.action})"):
+            meter.record_down(z, down)
+            try:
+                reply = protocol.client_step(request, devices[z], device_id=z, seed=seed,
+                                             state=states[z])
+            except FedClustError as exc:
+                if self.on_client_error == "raise":
+                    raise
+                log.failed[z] = str(exc)
+                continue
+            arrays = reply.to_arrays()
+            if self.tamper is not None:
+                arrays = self.tamper(z, request.round, arrays)
+            meter.record_up(z, sum(np.asarray(a).nbytes for a in arrays.values()))
+            try:
+                decoded = reply_type.from_arrays(arrays, sender=f"device {z}")
+                protocol.check_reply(state, request, z, decoded)
+            except IncompatibleMessageError as exc:
+                log.rejected[z] = str(exc)
+                continue
+            replies[z] = decoded
+        return replies
+
+    def _assign_late(self, protocol, result, late, devices, states, seed, log, meter):
+        request = Request(round=0, action=next(iter(protocol.reply_types)))
+        reply_type = protocol.reply_types[request.action]
+        for z in late:
+            try:
+                reply = protocol.client_step(request, devices[z], device_id=z, seed=seed,
+                                             state=states[z])
+                arrays = reply.to_arrays()
+                if self.tamper is not None:
+                    arrays = self.tamper(z, request.round, arrays)
+                meter.record_up(z, sum(np.asarray(a).nbytes for a in arrays.values()))
+                protocol.assign_late(result, z, reply_type.from_arrays(arrays, sender=f"device {z}"))
+            except IncompatibleMessageError as exc:
+                log.rejected[z] = str(exc)
+            except FedClustError as exc:
+                if self.on_client_error == "raise":
+                    raise
+                log.failed[z] = str(exc)
+
+    @staticmethod
+    def _wire(msg: Message, cls, sender: str) -> Message:
+        return cls.from_arrays(msg.to_arrays(), sender=sender)
+
+
+def _progress(items, enabled: bool, desc: str):
+    if not enabled:
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is a dependency, but a stripped install still runs
+        return items
+    return tqdm(items, desc=desc, leave=False)
