@@ -51,7 +51,8 @@ class Message:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The wire form: field name -> contiguous array (no copies when possible)."""
-        return {f.name: np.ascontiguousarray(getattr(self, f.name))
+        # np.asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray would not)
+        return {f.name: np.asarray(getattr(self, f.name), order="C")
                 for f in dataclasses.fields(self)}
 
     @classmethod

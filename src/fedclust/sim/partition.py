@@ -9,7 +9,6 @@ All randomness comes from the one ``random_state`` argument.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 

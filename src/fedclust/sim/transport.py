@@ -97,6 +97,12 @@ class InProcessTransport:
             replies = self._round(protocol, state, request, targets, devices, states, seed, log,
                                   meter)
             meter.rounds += 1
+            if targets and not replies:
+                reasons = {**log.failed, **log.rejected}
+                shown = "; ".join(f"{reasons[z]}" for z in sorted(reasons)[:3])
+                raise ValidationError(
+                    f"round {request.round}: none of the {len(targets)} devices gave a valid "
+                    f"reply ({shown})")
             protocol.server_step(state, request, replies)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         result = protocol.finish(state, log)

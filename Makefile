@@ -1,0 +1,34 @@
+# Each target makes its own virtual environment and installs fedclust from pyproject.toml.
+PYTHON ?= python3
+VENV_DEMO := .venv
+VENV_TEST := .venv-test
+OUT ?= fedclust-demo
+
+.PHONY: demo test bench clean
+
+$(VENV_DEMO)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_DEMO)
+	$(VENV_DEMO)/bin/python -m pip install -q --upgrade pip
+	$(VENV_DEMO)/bin/python -m pip install -q -e ".[plot]"
+	touch $@
+
+$(VENV_TEST)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_TEST)
+	$(VENV_TEST)/bin/python -m pip install -q --upgrade pip
+	$(VENV_TEST)/bin/python -m pip install -q -e ".[dev]"
+	touch $@
+
+## make demo: run the embedded k-FED example; writes $(OUT)/result.json and result.png
+demo: $(VENV_DEMO)/.installed
+	$(VENV_DEMO)/bin/fedclust demo --out $(OUT)
+
+## make test: the whole test suite
+test: $(VENV_TEST)/.installed
+	$(VENV_TEST)/bin/python -m pytest -q
+
+## make bench: the paper-reproduction and speed benchmarks in quick mode
+bench: $(VENV_DEMO)/.installed
+	$(VENV_DEMO)/bin/python benchmarks/run_all.py --quick
+
+clean:
+	rm -rf $(VENV_DEMO) $(VENV_TEST) $(OUT) .pytest_cache
