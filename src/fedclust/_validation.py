@@ -100,11 +100,12 @@ def _kind_name(dtype: np.dtype) -> str:
                 dtype.kind, dtype.kind)
 
 
-def check_devices(devices: Any, *, min_points: int = 1,
-                  name: str = "devices") -> list[np.ndarray]:
+def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
+                  ids: Sequence[int] | None = None) -> list[np.ndarray]:
     """Validate a federation: a non-empty sequence of 2-D arrays with one d.
 
     Devices keep their own float dtype when all are float32, else float64.
+    Errors name a device by its id in ``ids`` (default: its position).
     """
     if isinstance(devices, np.ndarray) and devices.dtype.kind != "O":
         raise ValidationError(
@@ -119,7 +120,10 @@ def check_devices(devices: Any, *, min_points: int = 1,
         raise ValidationError(f"{name} is empty: give at least one device")
     out: list[np.ndarray] = []
     d0 = None
-    for z, X in enumerate(devices):
+    if ids is not None and len(ids) != len(devices):
+        raise ValidationError(f"device_ids has {len(ids)} entries for {len(devices)} devices")
+    for pos, X in enumerate(devices):
+        z = pos if ids is None else ids[pos]
         arr = check_array(X, f"device {z}")
         if arr.shape[0] < min_points:
             raise ValidationError(
@@ -128,10 +132,10 @@ def check_devices(devices: Any, *, min_points: int = 1,
         if arr.shape[1] == 0:
             raise ValidationError(f"device {z} has 0 features")
         if d0 is None:
-            d0 = arr.shape[1]
+            d0, first = arr.shape[1], z
         elif arr.shape[1] != d0:
             raise ValidationError(
-                f"device {z} has {arr.shape[1]} features but device 0 has {d0}; "
+                f"device {z} has {arr.shape[1]} features but device {first} has {d0}; "
                 "all devices must share the same feature dimension")
         out.append(arr)
     if not all(a.dtype == np.float32 for a in out):

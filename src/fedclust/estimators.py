@@ -93,13 +93,15 @@ class KFed:
         self.random_state = random_state
         self.progress = progress
 
-    def _protocol(self, device_ids: Sequence[int], k_locals: Sequence[int]) -> KFedProtocol:
+    def _protocol(self, device_ids: Sequence[int], k_locals: Sequence[int],
+                  n_features: int | None = None) -> KFedProtocol:
         k_local: int | dict[int, int]
         k_local = k_locals[0] if len(set(k_locals)) == 1 else dict(zip(device_ids, k_locals))
         return KFedProtocol(
             self.n_clusters, k_local, server=self.server, weighted=self.weighted,
             first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
-            local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points)
+            local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points,
+            n_features=n_features)
 
     def fit(self, devices: Sequence[Any], y: None = None, *,
             device_ids: Sequence[int] | None = None,
@@ -110,12 +112,14 @@ class KFed:
         stream follows its id, so permuting devices together with their ids
         leaves the result unchanged.
         """
-        devices = check_devices(devices)
         n_clusters = check_int(self.n_clusters, "n_clusters", min_value=1)
+        if device_ids is not None:
+            device_ids = [check_int(z, f"device_ids[{i}]", min_value=0)
+                          for i, z in enumerate(device_ids)]
+        devices = check_devices(devices, ids=device_ids)
         k_locals = check_n_local_clusters(self.n_local_clusters, len(devices))
         if device_ids is None:
             device_ids = list(range(len(devices)))
-        device_ids = [check_int(z, "device_ids[i]", min_value=0) for z in device_ids]
         if len(device_ids) != len(devices) or len(set(device_ids)) != len(devices):
             raise ValidationError(
                 f"device_ids must be {len(devices)} distinct non-negative ints, got {device_ids[:10]}")
@@ -130,7 +134,7 @@ class KFed:
                         f"device {device_ids[pos]} has n_z={X.shape[0]} points but "
                         f"n_local_clusters={k_z}: its centers would be its raw points. Lower "
                         "n_local_clusters for it, drop it, or pass allow_raw_points=True")
-        protocol = self._protocol(device_ids, k_locals)
+        protocol = self._protocol(device_ids, k_locals, devices[0].shape[1])
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         out = transport.run(protocol, dict(zip(device_ids, devices)), self.seed_)

@@ -203,8 +203,19 @@ def save_message(msg: Message, path: str | Path) -> None:
 
 def load_message(path: str | Path) -> Message:
     """Read and validate a message written by :func:`save_message`."""
-    with np.load(path, allow_pickle=False) as data:
-        arrays = {key: data[key] for key in data.files}
+    import zipfile
+
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not hasattr(data, "files"):
+            raise IncompatibleMessageError(f"{path}: expected an .npz archive of named arrays")
+        with data:
+            arrays = {key: data[key] for key in data.files}
+    except FileNotFoundError:
+        raise IncompatibleMessageError(f"{path}: no such file") from None
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        # object arrays (would need pickle), truncated or corrupt files
+        raise IncompatibleMessageError(f"{path}: not a readable fedclust message ({exc})") from None
     kind_arr = arrays.pop(_KIND_KEY, None)
     if kind_arr is None:
         raise IncompatibleMessageError(f"{path}: not a fedclust message (no {_KIND_KEY} entry)")

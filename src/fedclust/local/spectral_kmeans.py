@@ -18,15 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._kmeans import assign, kmeans_plusplus, lloyd, squared_distances
+from .batched import (lloyd_batch, n_uniforms, projection_batch, spectral_kmeans_batch,
+                      spectral_seed_batch)
 from .._random import sklearn_seed
 from .._validation import check_array, check_int
 from ..exceptions import ValidationError
 from ..messages import LocalCenters
 
-__all__ = ["LocalKMeansResult", "local_kmeans", "top_right_singular_vectors"]
+__all__ = ["LocalKMeansResult", "local_kmeans", "local_kmeans_many",
+           "top_right_singular_vectors"]
 
-# Above this many entries in min(n, d) x k work a randomized SVD is cheaper.
+# Devices with min(n, d) above this (and well above k) use a randomized SVD.
 _EXACT_SVD_MAX = 400
 
 
@@ -40,20 +42,20 @@ class LocalKMeansResult:
     raw_points: bool  # True when the centers are the device's raw points (opt-in only)
 
 
+def _use_randomized_svd(n: int, d: int, k: int) -> bool:
+    return min(n, d) > _EXACT_SVD_MAX and 4 * k < min(n, d)
+
+
 def top_right_singular_vectors(A: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """Top-k right singular vectors of A as a (d, k) matrix.
 
-    Exact (LAPACK) SVD for small matrices, scikit-learn's ``randomized_svd``
-    (seeded from ``rng``) when ``min(n, d)`` is large compared with k.
+    Eigendecomposition of the smaller Gram matrix for small matrices;
+    scikit-learn's ``randomized_svd`` (seeded from ``rng``) when ``min(n, d)``
+    is large compared with k.
     """
     n, d = A.shape
-    if min(n, d) <= _EXACT_SVD_MAX or k * 4 >= min(n, d):
-        if n >= d:
-            # Gram eigendecomposition: d x d instead of an n x d SVD.
-            w, V = np.linalg.eigh(A.T @ A)
-            return V[:, ::-1][:, :k]
-        _, _, Vt = np.linalg.svd(A, full_matrices=False)
-        return Vt[:k].T
+    if not _use_randomized_svd(n, d, k):
+        return projection_batch(A[None], k)[0]
     from sklearn.utils.extmath import randomized_svd
 
     _, _, Vt = randomized_svd(A, k, n_oversamples=10, n_iter=4, random_state=sklearn_seed(rng))
@@ -74,7 +76,8 @@ def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
     rng : numpy.random.Generator
         The device's own random stream.
     max_iter, tol : int, float
-        Lloyd stopping rules (labels unchanged, relative center shift <= tol).
+        Lloyd stopping rules (labels unchanged, or squared center shift <= tol
+        times the mean feature variance).
     project : bool, default=True
         Do the spectral projection (step 1). Skipped automatically when d <= k_z.
     allow_raw_points : bool, default=False
@@ -92,8 +95,10 @@ def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
 
     Notes
     -----
-    Cost: one SVD (O(n d min(n, d)) exact, O(n d k) randomized) plus Lloyd
-    iterations of O(n d k_z) each.
+    Cost: one Gram eigendecomposition O(n d min(n, d)) (randomized SVD
+    O(n d k) for large devices) plus Lloyd iterations of O(n d k_z) each.
+    Runs through :func:`fedclust.local.batched.spectral_kmeans_batch` with one
+    device, so batched and single runs agree.
     """
     X = check_array(X, device)
     k = check_int(n_clusters, "n_local_clusters", min_value=1)
@@ -110,42 +115,58 @@ def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
         msg = LocalCenters(centers=X.copy(), counts=counts)
         return LocalKMeansResult(msg, np.arange(n, dtype=np.int64), 0, True)
     theta = _spectral_seed(X, k, rng, project=project)
-    res = lloyd(X, theta, max_iter=max_iter, tol=tol)
-    counts = res.counts.astype(np.int64)
-    if (counts == 0).any():  # only when X has fewer than k distinct points
+    centers, labels, counts, n_iter = lloyd_batch(X[None], theta[None], max_iter=max_iter, tol=tol)
+    return _result(centers[0], labels[0], counts[0], int(n_iter[0]), k, X, device)
+
+
+def _spectral_seed(X: np.ndarray, k: int, rng: np.random.Generator, *,
+                   project: bool = True) -> np.ndarray:
+    """θ (k, d), the starting centers of the device's Lloyd (steps 1-3 of Algorithm 1).
+
+    Draws the k-means++ uniforms first, then (large devices only) the
+    randomized-SVD seed, in this order, so the batched path sees the same stream.
+    """
+    n, d = X.shape
+    uniforms = rng.random((1, n_uniforms(k)))
+    V = None
+    if project and d > k and _use_randomized_svd(n, d, k):
+        V = top_right_singular_vectors(X, k, rng)[None]
+    return spectral_seed_batch(X[None], k, uniforms, project=project, V=V)[0]
+
+
+def _result(centers, labels, counts, n_iter, k, X, device) -> LocalKMeansResult:
+    counts = counts.astype(np.int64)
+    if (counts == 0).any():  # only when the device has fewer than k distinct points
         distinct = len(np.unique(X, axis=0))
         raise ValidationError(
             f"{device} has only {distinct} distinct points for n_local_clusters={k}; "
             "lower n_local_clusters for this device")
-    return LocalKMeansResult(LocalCenters(res.centers, counts), res.labels, res.n_iter, False)
+    return LocalKMeansResult(LocalCenters(centers, counts), labels.astype(np.int64), n_iter, False)
 
 
-def _spectral_seed(X: np.ndarray, k: int, rng: np.random.Generator, *, project: bool) -> np.ndarray:
-    """Steps 1-3: projection, k-means++ on it, 1/3-filtered means in the full space."""
-    d = X.shape[1]
-    if project and d > k:
-        V = top_right_singular_vectors(X, k, rng)
-        P = X @ V
-    else:
-        V = None
-        P = X
-    seeds = P[kmeans_plusplus(P, k, rng)]
-    # S_r: points whose distance to ν_r is <= 1/3 of the distance to every other seed,
-    # i.e. squared distances satisfy 9 * d(ν_r)^2 <= d(ν_s)^2 for all s != r.
+def local_kmeans_many(Xs: list[np.ndarray], n_clusters: int, rngs: list[np.random.Generator], *,
+                      max_iter: int = 300, tol: float = 1e-4, project: bool = True,
+                      devices: list[str] | None = None,
+                      max_batch_elements: int = 1 << 23) -> list[LocalKMeansResult]:
+    """:func:`local_kmeans` for many devices of one shape (n, d) and one k, vectorised.
 
-    D = squared_distances(P, seeds)
-    nearest, d1 = assign(P, seeds)
-    if k > 1:
-        D[np.arange(len(nearest)), nearest] = np.inf
-        second = D.min(axis=1)
-        keep = 9.0 * d1 <= second
-    else:
-        keep = np.ones(len(nearest), dtype=bool)
-    theta = np.empty((k, d), dtype=X.dtype)
-    for r in range(k):
-        members = keep & (nearest == r)
-        if members.any():
-            theta[r] = X[members].mean(axis=0)
-        else:
-            theta[r] = seeds[r] @ V.T if V is not None else seeds[r]
-    return theta
+    Gives the same result as calling :func:`local_kmeans` on each device with
+    its own ``rng`` (inputs must already be validated, n > k). Devices large
+    enough for a randomized SVD fall back to the one-at-a-time path.
+    """
+    n, d = Xs[0].shape
+    k = n_clusters
+    names = devices or [f"device {i}" for i in range(len(Xs))]
+    if project and d > k and _use_randomized_svd(n, d, k):
+        return [local_kmeans(X, k, r, max_iter=max_iter, tol=tol, device=nm)
+                for X, r, nm in zip(Xs, rngs, names)]
+    U = np.stack([r.random(n_uniforms(k)) for r in rngs])
+    chunk = max(1, max_batch_elements // (n * max(d, k)))
+    out: list[LocalKMeansResult] = []
+    for s in range(0, len(Xs), chunk):
+        Xb = np.stack(Xs[s:s + chunk])
+        C, L, N, it = spectral_kmeans_batch(Xb, k, U[s:s + chunk], max_iter=max_iter, tol=tol,
+                                            project=project)
+        out.extend(_result(C[i], L[i], N[i], int(it[i]), k, Xs[s + i], names[s + i])
+                   for i in range(len(Xb)))
+    return out

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from ..exceptions import FedClustError
 from ..messages import Message
 
 __all__ = ["Request", "Protocol", "RunLog", "ConfigValue"]
@@ -103,6 +104,22 @@ class Protocol(ABC):
     def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
         """Client maths for ``request.action`` on the device's own data."""
+
+    def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
+                     states: Mapping[int, dict[str, np.ndarray]]
+                     ) -> dict[int, Message | FedClustError]:
+        """:meth:`client_step` for several simulated devices; errors are returned, not raised.
+
+        A protocol may override it to vectorise over devices (k-FED batches
+        same-shaped devices); the result per device must not change.
+        """
+        out: dict[int, Message | FedClustError] = {}
+        for z, X in devices.items():
+            try:
+                out[z] = self.client_step(request, X, device_id=z, seed=seed, state=states[z])
+            except FedClustError as exc:
+                out[z] = exc
+        return out
 
     def client_finish(self, message: Message | None, X: np.ndarray,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

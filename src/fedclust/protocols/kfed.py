@@ -14,6 +14,7 @@ Clustering", ICML 2021.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -21,8 +22,8 @@ import numpy as np
 
 from .._random import device_rng, server_rng
 from .._validation import check_choice, check_float, check_int
-from ..exceptions import IncompatibleMessageError, ValidationError
-from ..local.spectral_kmeans import local_kmeans
+from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..local.spectral_kmeans import local_kmeans, local_kmeans_many
 from ..messages import LabelMap, LocalCenters, Message
 from ..server.kfed import SERVER_METHODS, aggregate_centers, assign_to_centers
 from .base import Protocol, Request, RunLog
@@ -51,7 +52,6 @@ class _State:
     seed: int
     round: int = 0
     replies: dict[int, LocalCenters] = field(default_factory=dict)
-    n_features: int | None = None
 
 
 class KFedProtocol(Protocol):
@@ -63,8 +63,13 @@ class KFedProtocol(Protocol):
     def __init__(self, n_clusters: int, n_local_clusters: int | Mapping[int, int], *,
                  server: str = "farthest-lloyd1", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
-                 local_max_iter: int = 300, allow_raw_points: bool = False):
+                 local_max_iter: int = 300, allow_raw_points: bool = False,
+                 n_features: int | None = None):
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
+        # Known d lets the server judge every reply on its own; without it the
+        # majority d of the replies wins (a liar cannot get honest devices rejected).
+        self.n_features = None if n_features is None else check_int(n_features, "n_features",
+                                                                    min_value=1)
         if isinstance(n_local_clusters, Mapping):
             self.n_local_clusters: int | dict[int, int] = {
                 int(z): check_int(v, f"n_local_clusters[{z}]", min_value=1)
@@ -99,6 +104,8 @@ class KFedProtocol(Protocol):
             "first_device": self.first_device, "max_iter": self.max_iter, "tol": self.tol,
             "local_max_iter": self.local_max_iter, "allow_raw_points": self.allow_raw_points,
         }
+        if self.n_features is not None:
+            cfg["n_features"] = self.n_features
         if isinstance(self.n_local_clusters, int):
             cfg["n_local_clusters"] = self.n_local_clusters
         else:
@@ -137,17 +144,17 @@ class KFedProtocol(Protocol):
                 f"device {device_id}: sent {reply.centers.shape[0]} centers but "
                 f"n_local_clusters={k_z}")
         d = reply.centers.shape[1]
-        if state.n_features is None:
-            state.n_features = d
-        elif d != state.n_features:
+        if self.n_features is not None and d != self.n_features:
             raise IncompatibleMessageError(
-                f"device {device_id}: centers have {d} features, other devices {state.n_features}")
+                f"device {device_id}: centers have {d} features but the federation has "
+                f"n_features={self.n_features}")
 
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         state.replies.update(replies)  # type: ignore[arg-type]
         state.round += 1
 
     def finish(self, state: _State, log: RunLog) -> KFedResult:
+        self._drop_minority_dimension(state, log)
         ids = sorted(state.replies)
         if not ids:
             raise ValidationError(
@@ -172,8 +179,27 @@ class KFedProtocol(Protocol):
             seed_device=None if agg.seed_device is None else ids[agg.seed_device],
             n_iter=agg.n_iter, log=log)
 
+    @staticmethod
+    def _drop_minority_dimension(state: _State, log: RunLog) -> None:
+        """Without a known d, keep the replies of the most common d and reject the rest."""
+        dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
+        if len(set(dims.values())) <= 1:
+            return
+        values, counts = np.unique(list(dims.values()), return_counts=True)
+        d = int(values[np.argmax(counts)])
+        for z, dz in dims.items():
+            if dz != d:
+                log.rejected[z] = (f"device {z}: centers have {dz} features but most devices "
+                                   f"sent {d}")
+                del state.replies[z]
+        log.participants = [z for z in log.participants if z not in log.rejected]
+
     def assign_late(self, result: KFedResult, device_id: int, reply: LocalCenters) -> np.ndarray:
         """Map a late/new device's centers to the final centers (O(k_z k d)); returns its labels map."""
+        if reply.centers.shape[0] > self.k_local(device_id):
+            raise IncompatibleMessageError(
+                f"device {device_id}: sent {reply.centers.shape[0]} centers but "
+                f"n_local_clusters={self.k_local(device_id)}")
         if reply.centers.shape[1] != result.centers.shape[1]:
             raise IncompatibleMessageError(
                 f"device {device_id}: centers have {reply.centers.shape[1]} features but the "
@@ -199,6 +225,40 @@ class KFedProtocol(Protocol):
                            allow_raw_points=self.allow_raw_points, device=f"device {device_id}")
         state["local_labels"] = res.labels
         return res.message
+
+    def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
+                     states: Mapping[int, dict[str, np.ndarray]]):
+        """Vectorised device steps: devices of one shape and one k_z run as a batch."""
+        if request.action != ACTION:
+            return super().client_steps(request, devices, seed=seed, states=states)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        single: dict[int, np.ndarray] = {}
+        for z, X in devices.items():
+            k = self.k_local(z)
+            if (isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f"
+                    and X.shape[0] > k and np.isfinite(X).all()):
+                groups[(X.shape, X.dtype.str, k)].append(z)
+            else:  # the single path gives the precise error or the raw-points case
+                single[z] = X
+        out = super().client_steps(request, single, seed=seed, states=states) if single else {}
+        for (_, _, k), ids in groups.items():
+            if len(ids) == 1:
+                out.update(super().client_steps(request, {ids[0]: devices[ids[0]]}, seed=seed,
+                                                states=states))
+                continue
+            try:
+                results = local_kmeans_many(
+                    [devices[z] for z in ids], k, [device_rng(seed, z, request.round) for z in ids],
+                    max_iter=self.local_max_iter, tol=self.tol,
+                    devices=[f"device {z}" for z in ids])
+            except FedClustError:  # e.g. a device with too few distinct points: name it singly
+                out.update(super().client_steps(request, {z: devices[z] for z in ids}, seed=seed,
+                                                states=states))
+                continue
+            for z, res in zip(ids, results):
+                states[z]["local_labels"] = res.labels
+                out[z] = res.message
+        return out
 
     def client_finish(self, message: Message | None, X: np.ndarray,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

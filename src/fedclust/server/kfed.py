@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
-from .._kmeans import assign, lloyd, squared_distances
+from .._kmeans import assign, lloyd
 from ..exceptions import ValidationError
 
 __all__ = ["AggregationResult", "aggregate_centers", "farthest_first", "assign_to_centers",
@@ -85,6 +85,9 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
     Farthest-first costs O(N k d) for N = Σ k_z; each Lloyd round O(N k d);
     single-linkage O(N² d log N) time and O(N) memory.
     """
+    if isinstance(n_clusters, bool) or not isinstance(n_clusters, (int, np.integer)) \
+            or n_clusters < 1:
+        raise ValidationError(f"n_clusters={n_clusters!r} must be an integer >= 1")
     sizes = [len(c) for c in centers]
     total = sum(sizes)
     if total < n_clusters:
@@ -134,17 +137,16 @@ def _pick_first_device(centers, first_device, rng) -> int:
     if first_device != "widest":
         raise ValidationError(
             f"first_device={first_device!r} must be 'widest', 'random' or a device position")
-    best, best_key = 0, None
-    for z, c in enumerate(centers):
-        spread = 0.0
-        if len(c) > 1:
-            D = squared_distances(c, c)
-            D[np.diag_indices_from(D)] = np.inf
-            spread = float(D.min())
-        key = (len(c), spread)
-        if best_key is None or key > best_key:
-            best, best_key = z, key
-    return best
+    sizes = np.array([len(c) for c in centers])
+    top = np.flatnonzero(sizes == sizes.max())
+    if sizes.max() < 2:
+        return int(top[0])
+    # smallest distance between two centers of the same device, for all devices at once
+    S = np.stack([centers[z] for z in top])                       # (m, k_z, d)
+    sq = np.einsum("mkd,mkd->mk", S, S)
+    D = sq[:, :, None] - 2.0 * (S @ S.transpose(0, 2, 1)) + sq[:, None, :]
+    D[:, np.arange(S.shape[1]), np.arange(S.shape[1])] = np.inf
+    return int(top[int(np.argmax(D.min(axis=(1, 2))))])
 
 
 def farthest_first(C: np.ndarray, k: int, *, start: np.ndarray) -> np.ndarray:
@@ -155,8 +157,10 @@ def farthest_first(C: np.ndarray, k: int, *, start: np.ndarray) -> np.ndarray:
     """
     start = np.asarray(start, dtype=np.int64)
     if len(start) >= k:
-        # More seed centers than k: traverse within them, beginning at the first.
-        sub = farthest_first(C[start], k, start=start[:1] - start[0])
+        # At least k seed centers: traverse within them, beginning at the first.
+        if len(start) == k or k == 1:
+            return start[:k]
+        sub = farthest_first(C[start], k, start=np.zeros(1, dtype=np.int64))
         return start[sub]
     chosen = list(start)
     mind = assign(C, C[start])[1]

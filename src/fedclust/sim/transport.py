@@ -87,13 +87,14 @@ class InProcessTransport:
         absent, late = self._draw_faults(ids, seed)
         log.dropped = sorted(absent)
         log.late = sorted(late)
-        active = [z for z in ids if z not in absent and z not in late]
+        active = [z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         meter = CommunicationMeter()
         state = protocol.start(active, seed)
         while (request := protocol.next_request(state)) is not None:
+            active_set = set(active)
             targets = [z for z in (request.devices or active)
-                       if z in active and z not in log.failed and z not in log.rejected]
+                       if z in active_set and z not in log.failed and z not in log.rejected]
             replies = self._round(protocol, state, request, targets, devices, states, seed, log,
                                   meter)
             meter.rounds += 1
@@ -136,27 +137,29 @@ class InProcessTransport:
         down = message_nbytes(request.payload)
         reply_type = protocol.reply_types[request.action]
         replies: dict[int, Message] = {}
-        for z in _progress(targets, self.progress, f"round {request.round} ({request.action})"):
-            meter.record_down(z, down)
-            try:
-                reply = protocol.client_step(request, devices[z], device_id=z, seed=seed,
-                                             state=states[z])
-            except FedClustError as exc:
-                if self.on_client_error == "raise":
-                    raise
-                log.failed[z] = str(exc)
-                continue
-            arrays = reply.to_arrays()
-            if self.tamper is not None:
-                arrays = self.tamper(z, request.round, arrays)
-            meter.record_up(z, sum(np.asarray(a).nbytes for a in arrays.values()))
-            try:
-                decoded = reply_type.from_arrays(arrays, sender=f"device {z}")
-                protocol.check_reply(state, request, z, decoded)
-            except IncompatibleMessageError as exc:
-                log.rejected[z] = str(exc)
-                continue
-            replies[z] = decoded
+        for chunk in _progress(_chunks(targets, _CHUNK), self.progress,
+                               f"round {request.round} ({request.action})", len(targets)):
+            computed = protocol.client_steps(request, {z: devices[z] for z in chunk}, seed=seed,
+                                             states={z: states[z] for z in chunk})
+            for z in chunk:
+                meter.record_down(z, down)
+                reply = computed[z]
+                if isinstance(reply, FedClustError):
+                    if self.on_client_error == "raise":
+                        raise reply
+                    log.failed[z] = str(reply)
+                    continue
+                arrays = reply.to_arrays()
+                if self.tamper is not None:
+                    arrays = self.tamper(z, request.round, arrays)
+                meter.record_up(z, sum(np.asarray(a).nbytes for a in arrays.values()))
+                try:
+                    decoded = reply_type.from_arrays(arrays, sender=f"device {z}")
+                    protocol.check_reply(state, request, z, decoded)
+                except IncompatibleMessageError as exc:
+                    log.rejected[z] = str(exc)
+                    continue
+                replies[z] = decoded
         return replies
 
     def _assign_late(self, protocol, result, late, devices, states, seed, log, meter):
@@ -183,11 +186,21 @@ class InProcessTransport:
         return cls.from_arrays(msg.to_arrays(), sender=sender)
 
 
-def _progress(items, enabled: bool, desc: str):
+_CHUNK = 1024  # devices handed to the protocol at once (vectorised client steps)
+
+
+def _chunks(items, size):
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _progress(chunks, enabled: bool, desc: str, total: int):
+    """Yield the chunks, advancing a tqdm bar by devices when enabled."""
     if not enabled:
-        return items
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is a dependency, but a stripped install still runs
-        return items
-    return tqdm(items, desc=desc, leave=False)
+        yield from chunks
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc=desc, unit="device", leave=False) as bar:
+        for chunk in chunks:
+            yield chunk
+            bar.update(len(chunk))

@@ -1,0 +1,488 @@
+"""The Flower ``ServerApp`` and ``ClientApp`` that run any fedclust protocol.
+
+Nothing here is k-FED specific. The ServerApp's main loop *is* the protocol
+loop of :class:`~fedclust.sim.InProcessTransport`, with Flower messages instead
+of function calls:
+
+1. wait for ``min_nodes`` SuperNodes, ask each who it is (``query.fedclust_hello``:
+   its device id — node config ``device-id``, the data file's ``device_id``,
+   or its ``partition-id``);
+2. draw the simulated faults (``dropout``, ``late``) from the seed exactly as
+   in-process, so both transports drop the same devices;
+3. ``next_request`` -> one ``query.<action>`` message per device ->
+   ``grid.send_and_receive`` -> decode and validate every reply
+   (:func:`~fedclust.flower.codec.record_to_message`, then
+   ``Protocol.check_reply``) -> ``server_step``; a client that raises or does not
+   answer within ``round_timeout_s`` goes to ``log.failed``, a malformed reply to
+   ``log.rejected``, both by device id, and the round goes on without it;
+4. ``finish``; late devices are asked afterwards and assigned
+   (``assign_late``) when the protocol can;
+5. every device gets ``final_message`` (``query.fedclust_finish``) and runs
+   ``client_finish`` on its own data; its output (e.g. point labels) is sent
+   back only when ``collect_outputs`` is true.
+
+The ClientApp rebuilds the protocol from the message (registry name + config),
+loads its own device data once per process, keeps per-device ``state`` in
+``context.state`` (an ArrayRecord) and calls the protocol's ``client_step``
+with the run's seed — so a device draws from the same random stream as
+in-process. Byte counts are payload ``nbytes`` as in-process (protobuf framing
+and the hello/finish bookkeeping are not counted).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log as flwr_log
+from flwr.serverapp import Grid, ServerApp
+
+from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..messages import message_nbytes
+from ..protocols.base import Protocol, Request, RunLog
+from ..sim.meter import CommunicationMeter
+from ..sim.transport import InProcessTransport, RunOutput, Tamper
+from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
+                    arrays_to_record, content_to_request, record_to_arrays, request_to_content)
+from .registry import all_actions, build_protocol
+from .results import save_error, save_run_output
+
+__all__ = ["ServerSpec", "make_server_app", "make_client_app", "run_server",
+           "save_device_file", "load_device_file", "load_node_data"]
+
+_STATE = "fedclust.state"
+_INFO = 20
+_WARNING = 30
+
+
+# --------------------------------------------------------------------------- server
+@dataclass
+class ServerSpec:
+    """Everything the ServerApp needs; from code or from ``[tool.flwr.app.config]``.
+
+    Parameters
+    ----------
+    protocol, protocol_config : str, dict
+        Registry name and :meth:`Protocol.config` of the protocol to run.
+    seed : int
+        Root seed of the run (devices derive their streams from it and their id).
+    dropout, late, dropped, late_devices
+        Simulated faults, drawn from the seed exactly as by ``InProcessTransport``.
+    min_nodes : int
+        SuperNodes to wait for before starting (at most ``node_wait_s`` seconds;
+        then the run goes on with the nodes that are there).
+    round_timeout_s : float or None
+        How long a round waits for replies; missing ones are failed devices.
+    result_dir : str or None
+        Where the ServerApp writes ``result.npz`` / ``result.json`` (or ``error.json``).
+    collect_outputs : bool
+        Send device outputs (point labels) back to the server after the run.
+    """
+
+    protocol: str
+    protocol_config: dict[str, Any]
+    seed: int = 0
+    dropout: float = 0.0
+    late: float = 0.0
+    dropped: list[int] = field(default_factory=list)
+    late_devices: list[int] = field(default_factory=list)
+    min_nodes: int = 1
+    node_wait_s: float = 120.0
+    round_timeout_s: float | None = 600.0
+    result_dir: str | None = None
+    collect_outputs: bool = False
+
+    @classmethod
+    def for_protocol(cls, protocol: Protocol, seed: int, **kw: Any) -> "ServerSpec":
+        return cls(protocol.name, dict(protocol.config()), int(seed), **kw)
+
+    # Flower run configs hold only bool/int/float/str: lists travel as JSON text.
+    def to_run_config(self) -> dict[str, Any]:
+        """Flat ``[tool.flwr.app.config]`` entries (protocol parameters under ``params.``)."""
+        cfg: dict[str, Any] = {
+            "algorithm": self.protocol, "seed": self.seed, "dropout": float(self.dropout),
+            "late": float(self.late), "dropped": json.dumps(list(self.dropped)),
+            "late-devices": json.dumps(list(self.late_devices)), "min-nodes": self.min_nodes,
+            "node-wait-s": float(self.node_wait_s),
+            "round-timeout-s": float(self.round_timeout_s or 0.0),
+            "result-dir": self.result_dir or "", "collect-outputs": self.collect_outputs,
+        }
+        for k, v in self.protocol_config.items():
+            cfg[f"params.{k}"] = json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
+        return cfg
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> "ServerSpec":
+        rc = dict(run_config)
+        if "algorithm" not in rc:
+            raise ValidationError(
+                "the run config has no 'algorithm' key: generate the app with "
+                "`fedclust flower app DIR --config CONFIG.toml`")
+        params = {}
+        for k, v in rc.items():
+            if k.startswith("params."):
+                if isinstance(v, str) and v.startswith("["):
+                    v = json.loads(v)
+                params[k[len("params."):]] = v
+        timeout = float(rc.get("round-timeout-s", 600.0))
+        return cls(
+            protocol=str(rc["algorithm"]), protocol_config=params, seed=int(rc.get("seed", 0)),
+            dropout=float(rc.get("dropout", 0.0)), late=float(rc.get("late", 0.0)),
+            dropped=json.loads(rc.get("dropped", "[]")),
+            late_devices=json.loads(rc.get("late-devices", "[]")),
+            min_nodes=int(rc.get("min-nodes", 1)), node_wait_s=float(rc.get("node-wait-s", 120.0)),
+            round_timeout_s=timeout if timeout > 0 else None,
+            result_dir=str(rc.get("result-dir", "")) or None,
+            collect_outputs=bool(rc.get("collect-outputs", False)))
+
+
+def make_server_app(spec: ServerSpec | None = None, *,
+                    on_result: Callable[[RunOutput, dict], None] | None = None) -> ServerApp:
+    """A ``ServerApp`` running the protocol of ``spec`` (default: read from ``context.run_config``)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        s = spec if spec is not None else ServerSpec.from_run_config(context.run_config)
+        try:
+            out, extra = run_server(grid, s)
+        except BaseException as exc:
+            if s.result_dir:
+                save_error(exc, s.result_dir)
+            raise
+        if s.result_dir:
+            path = save_run_output(out, s.protocol, s.result_dir, extra)
+            flwr_log(_INFO, "fedclust: wrote %s", path)
+        if on_result is not None:
+            on_result(out, extra)
+
+    return app
+
+
+def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
+    end = time.monotonic() + timeout
+    while True:
+        nodes = sorted(int(x) for x in grid.get_node_ids())
+        if len(nodes) >= n or time.monotonic() >= end:
+            return nodes
+        time.sleep(0.1)
+
+
+def _reason(reply: Message) -> str | None:
+    """Why a reply is a failure (client error), or None."""
+    if reply.has_error():
+        return f"client error: {reply.error.reason}"
+    content = reply.content
+    if ERROR in content.config_records:
+        err = content.config_records[ERROR]
+        return f"{err.get('type', 'error')}: {err.get('message', '')}"
+    return None
+
+
+class _Server:
+    """One run of a protocol over a Flower grid (state of :func:`run_server`)."""
+
+    def __init__(self, grid: Grid, spec: ServerSpec):
+        self.grid = grid
+        self.spec = spec
+        self.protocol = build_protocol(spec.protocol, spec.protocol_config)
+        self.seed = int(spec.seed)
+        self.node_of: dict[int, int] = {}
+        self.meter = CommunicationMeter()
+        self.log = RunLog()
+
+    def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
+             ) -> dict[int, Message | None]:
+        """One message per target device; returns device -> reply (None: no reply in time)."""
+        action = request.action
+        msgs = []
+        for z in targets:
+            payload = payloads.get(z) if payloads is not None else None
+            content = request_to_content(self.protocol, request, self.seed, payload, **head)
+            msgs.append(Message(content, dst_node_id=self.node_of[z],
+                                message_type=f"query.{action}", group_id=str(request.round)))
+        replies = self.grid.send_and_receive(msgs, timeout=self.spec.round_timeout_s)
+        device_of = {n: z for z, n in self.node_of.items()}
+        got: dict[int, Message | None] = {z: None for z in targets}
+        for r in replies:
+            z = device_of.get(int(r.metadata.src_node_id))
+            if z in got:
+                got[z] = r
+        return got
+
+    def hello(self) -> dict[int, str]:
+        """Map device ids to node ids; returns node failures (node id -> reason)."""
+        nodes = _wait_for_nodes(self.grid, self.spec.min_nodes, self.spec.node_wait_s)
+        if len(nodes) < self.spec.min_nodes:
+            flwr_log(_WARNING, "fedclust: %d of %d SuperNodes connected after %.0f s; going on",
+                     len(nodes), self.spec.min_nodes, self.spec.node_wait_s)
+        if not nodes:
+            raise ValidationError("no SuperNode is connected: nothing to run on")
+        self.node_of = {-(i + 1): n for i, n in enumerate(nodes)}  # provisional keys
+        got = self.send(Request(-1, HELLO_ACTION), list(self.node_of))
+        node_failed: dict[int, str] = {}
+        mapping: dict[int, int] = {}
+        for key, r in got.items():
+            node = self.node_of[key]
+            if r is None:
+                node_failed[node] = f"node {node}: no reply to hello within {self.spec.round_timeout_s} s"
+                continue
+            why = _reason(r)
+            if why is None and HELLO not in r.content.config_records:
+                why = "hello reply has no device id"
+            if why is not None:
+                node_failed[node] = f"node {node}: {why}"
+                continue
+            z = int(r.content.config_records[HELLO]["device-id"])
+            if z in mapping:
+                raise ValidationError(
+                    f"nodes {mapping[z]} and {node} both claim device id {z}; give each SuperNode "
+                    "its own partition-id / device-id / data file")
+            mapping[z] = node
+        self.node_of = mapping
+        for node, why in node_failed.items():
+            flwr_log(_WARNING, "fedclust: %s", why)
+        return node_failed
+
+    def round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
+        down = message_nbytes(request.payload)
+        reply_type = self.protocol.reply_types[request.action]
+        for z in targets:
+            self.meter.record_down(z, down)
+        got = self.send(request, targets)
+        replies = {}
+        for z in targets:
+            decoded = self._decode(z, got[z], reply_type)
+            if decoded is None:
+                continue
+            try:
+                self.protocol.check_reply(state, request, z, decoded)
+            except IncompatibleMessageError as exc:
+                self.log.rejected[z] = str(exc)
+                continue
+            replies[z] = decoded
+        return replies
+
+    def _decode(self, z: int, reply: Message | None, reply_type):
+        if reply is None:
+            self.log.failed[z] = (f"device {z}: no reply within {self.spec.round_timeout_s} s "
+                                  "(timed out)")
+            return None
+        why = _reason(reply)
+        if why is not None:
+            self.log.failed[z] = f"device {z}: {why}"
+            return None
+        sender = f"device {z}"
+        try:
+            if REPLY not in reply.content.array_records:
+                raise IncompatibleMessageError(f"{sender}: reply has no {REPLY} array record")
+            arrays = record_to_arrays(reply.content.array_records[REPLY], sender=sender)
+            self.meter.record_up(z, sum(a.nbytes for a in arrays.values()))
+            return reply_type.from_arrays(arrays, sender=sender)
+        except IncompatibleMessageError as exc:
+            self.log.rejected[z] = str(exc)
+            return None
+
+    def run(self) -> tuple[RunOutput, dict[str, Any]]:
+        t0 = time.perf_counter()
+        protocol, log, spec = self.protocol, self.log, self.spec
+        node_failed = self.hello()
+        t_hello = time.perf_counter() - t0
+        ids = sorted(self.node_of)
+        faults = InProcessTransport(dropout=spec.dropout, late=spec.late,
+                                    dropped=tuple(spec.dropped),
+                                    late_devices=tuple(spec.late_devices))
+        absent, late = faults._draw_faults(ids, self.seed)  # same draw as in-process
+        log.dropped = sorted(absent)
+        log.late = sorted(late)
+        active = [z for z in ids if z not in absent and z not in late]
+        state = protocol.start(active, self.seed)
+        while (request := protocol.next_request(state)) is not None:
+            targets = [z for z in (request.devices or active)
+                       if z in active and z not in log.failed and z not in log.rejected]
+            replies = self.round(state, request, targets)
+            self.meter.rounds += 1
+            flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied", request.round,
+                     request.action, len(replies), len(targets))
+            if targets and not replies:
+                reasons = {**log.failed, **log.rejected}
+                shown = "; ".join(f"{reasons[z]}" for z in sorted(reasons)[:3])
+                raise ValidationError(
+                    f"round {request.round}: none of the {len(targets)} devices gave a valid "
+                    f"reply ({shown})")
+            protocol.server_step(state, request, replies)
+        log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
+        result = protocol.finish(state, log)
+        if late and hasattr(protocol, "assign_late"):
+            self._assign_late(result, sorted(late))
+        t_rounds = time.perf_counter() - t0 - t_hello
+        outputs = self._finish(result, ids)
+        extra = {"nodes": {str(z): n for z, n in self.node_of.items()},
+                 "nodes_failed": {str(n): t for n, t in node_failed.items()},
+                 "time_s": {"hello": t_hello, "rounds": t_rounds,
+                            "total": time.perf_counter() - t0}}
+        return RunOutput(result, outputs, self.meter, log, self.seed), extra
+
+    def _assign_late(self, result, late: list[int]) -> None:
+        request = Request(round=0, action=next(iter(self.protocol.reply_types)))
+        reply_type = self.protocol.reply_types[request.action]
+        got = self.send(request, late)
+        for z in late:
+            decoded = self._decode(z, got[z], reply_type)
+            if decoded is None:
+                continue
+            try:
+                self.protocol.assign_late(result, z, decoded)
+            except IncompatibleMessageError as exc:
+                self.log.rejected[z] = str(exc)
+
+    def _finish(self, result, ids: list[int]) -> dict[int, dict[str, np.ndarray]]:
+        finals = {}
+        for z in ids:
+            final = self.protocol.final_message(result, z)
+            if final is not None:
+                finals[z] = final
+                self.meter.record_down(z, final.nbytes)
+        if not finals:
+            return {}
+        request = Request(round=self.meter.rounds, action=FINISH_ACTION)
+        got = self.send(request, list(finals), payloads=finals, collect=self.spec.collect_outputs)
+        outputs: dict[int, dict[str, np.ndarray]] = {}
+        for z, r in got.items():
+            why = "no reply (timed out)" if r is None else _reason(r)
+            if why is not None:
+                self.log.failed[z] = f"device {z} (final message): {why}"
+                continue
+            if self.spec.collect_outputs:
+                try:
+                    outputs[z] = record_to_arrays(r.content.array_records[OUTPUT],
+                                                  sender=f"device {z}")
+                except (KeyError, IncompatibleMessageError) as exc:
+                    self.log.rejected[z] = f"device {z}: bad output ({exc})"
+        return outputs
+
+
+def run_server(grid: Grid, spec: ServerSpec) -> tuple[RunOutput, dict[str, Any]]:
+    """Run ``spec``'s protocol over the nodes of ``grid``; returns ``(RunOutput, extra)``."""
+    return _Server(grid, spec).run()
+
+
+# --------------------------------------------------------------------------- client
+def save_device_file(path: str | Path, X: np.ndarray, device_id: int | None = None) -> Path:
+    """Write one device's data for a ClientApp: ``X`` (n, d) and optionally its id (no pickle)."""
+    path = Path(path)
+    arrays = {"X": np.asarray(X)}
+    if device_id is not None:
+        arrays["device_id"] = np.asarray(int(device_id), dtype=np.int64)
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    return path
+
+
+def load_device_file(path: str | Path) -> tuple[np.ndarray, int | None]:
+    """Read ``(X, device_id or None)`` from a file written by :func:`save_device_file`."""
+    with np.load(path, allow_pickle=False) as data:
+        if "X" not in data.files:
+            raise ValidationError(f"{path}: no 'X' array (keys: {data.files})")
+        X = data["X"]
+        z = int(data["device_id"]) if "device_id" in data.files else None
+    return X, z
+
+
+_DATA_CACHE: dict[tuple[str, float], tuple[np.ndarray, int | None]] = {}
+
+
+def load_node_data(context: Context, data_dir: str | Path | None = None) -> tuple[int, np.ndarray]:
+    """Default loader: ``(device_id, X)`` of this SuperNode.
+
+    The file is node config ``data-path`` (deployment: ``flower-supernode
+    --node-config "data-path='/data/dev0.npz'"``), else ``DATA_DIR/part-<partition-id>.npz``
+    with ``DATA_DIR`` from the argument or the run config's ``data-dir``. The device
+    id is node config ``device-id``, else the file's ``device_id``, else ``partition-id``.
+    """
+    nc = context.node_config
+    if "data-path" in nc:
+        path = Path(str(nc["data-path"]))
+    else:
+        data_dir = data_dir or context.run_config.get("data-dir") or None
+        if data_dir is None or "partition-id" not in nc:
+            raise ValidationError(
+                f"SuperNode {context.node_id} has no data: pass --node-config "
+                "\"data-path='/path/to/device.npz'\" (or partition-id with a data-dir)")
+        path = Path(str(data_dir)) / f"part-{int(nc['partition-id'])}.npz"
+    key = (str(path.resolve()), path.stat().st_mtime)
+    if key not in _DATA_CACHE:
+        _DATA_CACHE[key] = load_device_file(path)
+    X, z = _DATA_CACHE[key]
+    if "device-id" in nc:
+        z = int(nc["device-id"])
+    elif z is None:
+        if "partition-id" not in nc:
+            raise ValidationError(f"{path}: no device_id in the file and no partition-id/device-id "
+                                  "in the node config")
+        z = int(nc["partition-id"])
+    return z, X
+
+
+def _load_state(context: Context) -> dict[str, np.ndarray]:
+    rec = context.state.array_records.get(_STATE)
+    return {} if rec is None else record_to_arrays(rec, sender="client state")
+
+
+def _save_state(context: Context, state: Mapping[str, np.ndarray]) -> None:
+    context.state[_STATE] = arrays_to_record(state)
+
+
+def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | None = None, *,
+                    data_dir: str | Path | None = None, tamper: Tamper | None = None) -> ClientApp:
+    """A ``ClientApp`` serving every registered protocol.
+
+    ``load_data(context) -> (device_id, X)`` defaults to :func:`load_node_data`.
+    ``tamper(device_id, round, arrays) -> arrays`` rewrites this client's replies
+    (tests of Byzantine / faulty clients, as with ``InProcessTransport``).
+    """
+    app = ClientApp()
+
+    def handle(msg: Message, context: Context) -> Message:
+        try:
+            protocol, request, seed, head = content_to_request(msg.content)
+            if load_data is not None:
+                device_id, X = load_data(context)
+            else:
+                device_id, X = load_node_data(context, data_dir)
+            if request.action == HELLO_ACTION:
+                X = np.asarray(X)
+                content = RecordDict({HELLO: ConfigRecord({
+                    "device-id": int(device_id), "n-points": int(X.shape[0]),
+                    "n-features": int(X.shape[1]) if X.ndim == 2 else -1})})
+            elif request.action == FINISH_ACTION:
+                out = protocol.client_finish(request.payload, X, _load_state(context))
+                content = RecordDict({OUTPUT: arrays_to_record(out if head.get("collect") else {})})
+            else:
+                state = _load_state(context)
+                reply = protocol.client_step(request, X, device_id=int(device_id), seed=seed,
+                                             state=state)
+                arrays = reply.to_arrays()
+                if tamper is not None:
+                    arrays = tamper(int(device_id), request.round, arrays)
+                content = RecordDict({REPLY: arrays_to_record(arrays)})
+                _save_state(context, state)
+        except (FedClustError, OSError) as exc:
+            content = RecordDict({ERROR: ConfigRecord({"type": type(exc).__name__,
+                                                       "message": str(exc)})})
+        return Message(content, reply_to=msg)
+
+    for action in (HELLO_ACTION, FINISH_ACTION, *all_actions()):
+        app.query(action)(handle)
+    return app
+
+
+def spec_dict(spec: ServerSpec) -> dict[str, Any]:
+    """JSON-ready form of a spec (for the simulation subprocess)."""
+    return asdict(spec)

@@ -1,0 +1,66 @@
+"""The vectorised many-devices path must give each device what it gets alone."""
+
+import numpy as np
+import pytest
+
+from fedclust import KFed
+from fedclust._random import device_rng
+from fedclust.local.batched import kmeanspp_batch, n_uniforms, projection_batch
+from fedclust.local.spectral_kmeans import local_kmeans, local_kmeans_many
+
+
+def _devices(n_dev, n, d, k, seed=0):
+    rng = np.random.default_rng(seed)
+    means = 4.0 * rng.normal(size=(3 * k, d))
+    out = []
+    for _ in range(n_dev):
+        comps = rng.choice(len(means), size=k, replace=False)
+        X = np.concatenate([means[c] + rng.normal(size=(n // k, d)) for c in comps])
+        out.append(X[rng.permutation(len(X))])
+    return out
+
+
+@pytest.mark.parametrize("n,d,k", [(20, 50, 2), (60, 8, 3), (30, 3, 5)])
+def test_batch_equals_one_by_one(n, d, k):
+    devs = _devices(25, n, d, k)
+    single = [local_kmeans(X, k, device_rng(3, z)) for z, X in enumerate(devs)]
+    many = local_kmeans_many(devs, k, [device_rng(3, z) for z in range(len(devs))],
+                             max_batch_elements=5 * n * max(d, k))  # several chunks
+    for a, b in zip(single, many):
+        np.testing.assert_array_equal(a.labels, b.labels)
+        np.testing.assert_allclose(a.message.centers, b.message.centers, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(a.message.counts, b.message.counts)
+
+
+def test_kfed_local_centers_equal_standalone_device_steps():
+    devs = _devices(40, 24, 30, 3, seed=1) + _devices(5, 33, 30, 3, seed=2)  # two shapes
+    m = KFed(9, 3, random_state=11).fit(devs)
+    for z, X in enumerate(devs):
+        ref = local_kmeans(X, 3, device_rng(11, z, 0))
+        np.testing.assert_allclose(m.local_centers_[z], ref.message.centers, rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_projection_matches_svd_both_shapes():
+    rng = np.random.default_rng(0)
+    for n, d in [(40, 10), (10, 40)]:
+        X = rng.normal(size=(3, n, d))
+        V = projection_batch(X, 3)
+        for b in range(3):
+            _, _, Vt = np.linalg.svd(X[b], full_matrices=False)
+            # same subspace: the projectors agree
+            np.testing.assert_allclose(V[b] @ V[b].T, Vt[:3].T @ Vt[:3], atol=1e-8)
+
+
+def test_kmeanspp_batch_distinct_and_follows_uniforms():
+    rng = np.random.default_rng(0)
+    P = rng.normal(size=(4, 30, 2))
+    U = rng.random((4, n_uniforms(5)))
+    idx = kmeanspp_batch(P, 5, U)
+    assert all(len(set(row)) == 5 for row in idx.tolist())
+    # first center: inverse CDF of a uniform over n rows
+    np.testing.assert_array_equal(idx[:, 0], np.floor(U[:, 0] * 30).astype(int))
+    # duplicated points: still k distinct rows
+    Q = np.repeat(P[:, :3], 10, axis=1)
+    idx = kmeanspp_batch(Q, 5, U)
+    assert all(len(set(row)) == 5 for row in idx.tolist())
