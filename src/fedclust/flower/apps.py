@@ -51,6 +51,7 @@ from ..sim.transport import InProcessTransport, RunOutput, Tamper
 from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
 from .registry import all_actions, build_protocol
+from .dataio import load_device_file, save_device_file
 from .results import save_error, save_run_output
 
 __all__ = ["ServerSpec", "make_server_app", "make_client_app", "run_server",
@@ -374,27 +375,6 @@ def run_server(grid: Grid, spec: ServerSpec) -> tuple[RunOutput, dict[str, Any]]
 
 
 # --------------------------------------------------------------------------- client
-def save_device_file(path: str | Path, X: np.ndarray, device_id: int | None = None) -> Path:
-    """Write one device's data for a ClientApp: ``X`` (n, d) and optionally its id (no pickle)."""
-    path = Path(path)
-    arrays = {"X": np.asarray(X)}
-    if device_id is not None:
-        arrays["device_id"] = np.asarray(int(device_id), dtype=np.int64)
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
-    return path
-
-
-def load_device_file(path: str | Path) -> tuple[np.ndarray, int | None]:
-    """Read ``(X, device_id or None)`` from a file written by :func:`save_device_file`."""
-    with np.load(path, allow_pickle=False) as data:
-        if "X" not in data.files:
-            raise ValidationError(f"{path}: no 'X' array (keys: {data.files})")
-        X = data["X"]
-        z = int(data["device_id"]) if "device_id" in data.files else None
-    return X, z
-
-
 _DATA_CACHE: dict[tuple[str, float], tuple[np.ndarray, int | None]] = {}
 
 

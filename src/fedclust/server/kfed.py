@@ -165,11 +165,17 @@ def farthest_first(C: np.ndarray, k: int, *, start: np.ndarray) -> np.ndarray:
     chosen = list(start)
     mind = assign(C, C[start])[1]
     mind[start] = -1.0
+    sq = np.einsum("ij,ij->i", C, C)
+    dist = np.empty_like(mind)
     for _ in range(k - len(start)):
         j = int(np.argmax(mind))
         chosen.append(j)
-        diff = C - C[j]
-        np.minimum(mind, np.einsum("ij,ij->i", diff, diff), out=mind)
+        # ‖c‖² − 2c·c_j + ‖c_j‖²: one BLAS gemv over C per step, no (N, d) temporary
+        np.matmul(C, C[j], out=dist)
+        dist *= -2.0
+        dist += sq
+        dist += sq[j]
+        np.minimum(mind, dist, out=mind)
         mind[j] = -1.0
     return np.asarray(chosen, dtype=np.int64)
 

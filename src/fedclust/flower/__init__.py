@@ -1,0 +1,42 @@
+"""fedclust on Flower: the same protocols on real clients (optional extra ``flower``).
+
+``pip install 'fedclust[flower]'``. Only this package imports ``flwr``; the rest
+of fedclust imports and runs without it. Modules:
+
+* :mod:`~fedclust.flower.codec` — messages and configs <-> Flower records;
+* :mod:`~fedclust.flower.apps` — ``make_server_app`` / ``make_client_app``: the
+  protocol loop as a ``ServerApp``, client steps as a ``ClientApp``;
+* :mod:`~fedclust.flower.transport` — ``FlowerSimulationTransport``: Flower's
+  simulation engine behind the ``InProcessTransport`` interface;
+* :mod:`~fedclust.flower.grid` — ``LocalGrid`` / ``FlowerInMemoryTransport``: the
+  real apps in-process, every message through protobuf (tests);
+* :mod:`~fedclust.flower.deploy` — write a deployable Flower app and per-device
+  data files (``fedclust flower app`` / ``fedclust flower split``).
+
+Names are imported lazily, so ``import fedclust.flower`` works without flwr and
+fails only when a Flower object is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["FlowerSimulationTransport", "FlowerInMemoryTransport", "LocalGrid",
+           "make_server_app", "make_client_app", "ServerSpec", "register_protocol"]
+
+_WHERE = {
+    "FlowerSimulationTransport": "transport",
+    "FlowerInMemoryTransport": "grid",
+    "LocalGrid": "grid",
+    "make_server_app": "apps",
+    "make_client_app": "apps",
+    "ServerSpec": "apps",
+    "register_protocol": "registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
