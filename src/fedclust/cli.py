@@ -2,6 +2,9 @@
 
     fedclust demo [--out DIR]                       embedded k-FED run, table + result.json
     fedclust run CONFIG.toml --out DIR [--transport inprocess|flower]
+    fedclust flower app DIR --config CONFIG.toml    write a deployable Flower app
+    fedclust flower split CONFIG.toml --out DIR     one data file per SuperNode
+    fedclust flower result DIR [--compare result.json]
 
 Errors are one line on stderr and exit status 2; no traceback (set
 ``FEDCLUST_DEBUG=1`` to see one).
@@ -35,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--transport", choices=("inprocess", "flower"), default="inprocess")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
+    _add_flower_parser(sub)
     return p
 
 
@@ -117,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from .config import DEMO_CONFIG, check_config, load_config
 
+        if args.command == "flower":
+            return _flower(args)
         if args.command == "demo":
             cfg = check_config(DEMO_CONFIG, source="demo")
             _execute(cfg, Path(args.out), "inprocess", not args.no_plot)
@@ -133,6 +139,77 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedclust: interrupted", file=sys.stderr)
         return 130
+    return 0
+
+
+# -- fedclust flower ... (deployment helpers; flwr is not needed to write an app) --------
+def _add_flower_parser(sub) -> None:
+    fl = sub.add_parser("flower", help="deploy on Flower: write an app, split data, read results")
+    fsub = fl.add_subparsers(dest="flower_command", required=True)
+    app = fsub.add_parser("app", help="write a Flower app (pyproject.toml + module) for a config")
+    app.add_argument("dir", help="folder of the app (created)")
+    app.add_argument("--config", required=True, help="TOML configuration (see examples/)")
+    app.add_argument("--result-dir", default=None,
+                     help="where the ServerApp writes result.json (default: DIR/result)")
+    app.add_argument("--min-nodes", type=int, default=None,
+                     help="SuperNodes to wait for (default: the number of devices)")
+    app.add_argument("--round-timeout", type=float, default=600.0,
+                     help="seconds a round waits for replies (default: %(default)s)")
+    app.add_argument("--collect-outputs", action="store_true",
+                     help="send each device's point labels to the server")
+    app.add_argument("--no-faults", action="store_true",
+                     help="ignore [simulation] dropout/late (a production run)")
+    app.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    split = fsub.add_parser("split", help="write the config's devices as DIR/dev-<id>.npz")
+    split.add_argument("config", help="TOML configuration")
+    split.add_argument("--out", required=True, help="output folder")
+    split.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    res = fsub.add_parser("result", help="summarise a Flower run's result folder")
+    res.add_argument("dir", help="the app's result folder (holds result.npz)")
+    res.add_argument("--compare", default=None, metavar="RESULT_JSON",
+                     help="exit 1 unless the centers equal those of this `fedclust run` result")
+
+
+def _flower(args) -> int:
+    from .config import load_config
+
+    if args.flower_command in ("app", "split"):
+        cfg = load_config(args.config)
+        if args.seed is not None:
+            cfg["seed"] = args.seed
+    if args.flower_command == "app":
+        from .flower.deploy import write_app
+
+        path = write_app(args.dir, cfg, result_dir=args.result_dir, min_nodes=args.min_nodes,
+                         round_timeout_s=args.round_timeout, collect_outputs=args.collect_outputs,
+                         faults=not args.no_faults)
+        print(f"wrote {path} and {Path(args.dir) / 'fedclust_app'}/")
+        print("start a SuperLink and one SuperNode per device, then: "
+              f"flwr run {args.dir} <connection> --stream  (see docs/flower.md)")
+        return 0
+    if args.flower_command == "split":
+        from .flower.deploy import split_devices
+
+        for z, path in split_devices(cfg, args.out):
+            print(f"device {z}: {path}  (--node-config \"data-path='{path.resolve()}'\")")
+        return 0
+    import numpy as np
+
+    from .flower.results import load_run_output
+
+    out, extra = load_run_output(args.dir)
+    centers = np.asarray(out.result.centers)
+    log = out.log
+    print(f"centers: {centers.shape[0]} x {centers.shape[1]} ({centers.dtype}); "
+          f"participants {len(log.participants)}, dropped {log.dropped}, late {log.late}, "
+          f"failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
+    for z, why in sorted({**log.failed, **log.rejected}.items()):
+        print(f"  device {z}: {why}")
+    if args.compare:
+        ref = np.asarray(json.loads(Path(args.compare).read_text())["cluster_centers"])
+        same = ref.shape == centers.shape and np.array_equal(ref, centers)
+        print(f"centers {'IDENTICAL to' if same else 'DIFFER from'} {args.compare}")
+        return 0 if same else 1
     return 0
 
 

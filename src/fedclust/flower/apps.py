@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -229,10 +229,11 @@ class _Server:
         got = self.send(Request(-1, HELLO_ACTION), list(self.node_of))
         node_failed: dict[int, str] = {}
         mapping: dict[int, int] = {}
+        claims: dict[int, list[int]] = {}
         for key, r in got.items():
             node = self.node_of[key]
             if r is None:
-                node_failed[node] = f"node {node}: no reply to hello within {self.spec.round_timeout_s} s"
+                node_failed[node] = f"node {node}: no reply to hello (timed out)"
                 continue
             why = _reason(r)
             if why is None and HELLO not in r.content.config_records:
@@ -241,11 +242,14 @@ class _Server:
                 node_failed[node] = f"node {node}: {why}"
                 continue
             z = int(r.content.config_records[HELLO]["device-id"])
-            if z in mapping:
-                raise ValidationError(
-                    f"nodes {mapping[z]} and {node} both claim device id {z}; give each SuperNode "
-                    "its own partition-id / device-id / data file")
-            mapping[z] = node
+            claims.setdefault(z, []).append(node)
+        for z, claimants in claims.items():
+            if len(claimants) == 1:
+                mapping[z] = claimants[0]
+                continue
+            for node in claimants:  # cannot tell which one is honest: leave them all out
+                node_failed[node] = (f"node {node}: nodes {claimants} all claim device id {z}; "
+                                     "give each SuperNode its own data file / device-id")
         self.node_of = mapping
         for node, why in node_failed.items():
             flwr_log(_WARNING, "fedclust: %s", why)
@@ -462,7 +466,3 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
         app.query(action)(handle)
     return app
 
-
-def spec_dict(spec: ServerSpec) -> dict[str, Any]:
-    """JSON-ready form of a spec (for the simulation subprocess)."""
-    return asdict(spec)

@@ -4,7 +4,8 @@
 ``ClientApp`` synchronously, **round-tripping every message (and every node's
 ``Context``) through Flower's protobuf serialisation**, as a SuperLink and
 SuperNode would. It catches codec bugs in well under a second, without Ray or
-sockets. Nodes listed as ``unresponsive`` never answer (a timed-out client).
+sockets. Nodes listed as ``unresponsive`` never answer; ``silent_after_hello``
+ones register, then time out on every protocol round.
 
 :class:`FlowerInMemoryTransport` has the ``run(protocol, devices,
 random_state) -> RunOutput`` interface of
@@ -37,6 +38,9 @@ from .._validation import check_float
 from ..protocols.base import Protocol
 from ..sim.transport import RunOutput, Tamper
 from .apps import ServerSpec, make_client_app, make_server_app
+from .codec import HELLO_ACTION
+
+HELLO_TYPE = f"query.{HELLO_ACTION}"
 
 __all__ = ["LocalGrid", "FlowerInMemoryTransport", "run_server_app"]
 
@@ -51,7 +55,7 @@ class LocalGrid(Grid):
 
     def __init__(self, client_app: ClientApp, node_configs: Sequence[Mapping[str, Any]], *,
                  run_config: Mapping[str, Any] | None = None, unresponsive: Iterable[int] = (),
-                 run_id: int = 4242):
+                 silent_after_hello: Iterable[int] = (), run_id: int = 4242):
         self.client_app = client_app
         self._run = Run.create_empty(run_id)
         self.node_ids = [1000 + 17 * i for i in range(len(node_configs))]
@@ -59,7 +63,8 @@ class LocalGrid(Grid):
             n: Context(run_id=run_id, node_id=n, node_config=dict(cfg), state=RecordDict(),
                        run_config=dict(run_config or {}))
             for n, cfg in zip(self.node_ids, node_configs)}
-        self.unresponsive = set(unresponsive)
+        self.unresponsive = set(unresponsive)  # node ids that never answer
+        self.silent_after_hello = set(silent_after_hello)  # answer the hello, then time out
         self._replies: dict[str, Message] = {}
         self.bytes_down = 0  # serialised protobuf bytes, server -> nodes
         self.bytes_up = 0
@@ -88,7 +93,8 @@ class LocalGrid(Grid):
             if node not in self.contexts:
                 raise ValueError(f"no node {node} in this grid")
             ids.append(msg.metadata.message_id)
-            if node in self.unresponsive:
+            if node in self.unresponsive or (node in self.silent_after_hello
+                                             and received.metadata.message_type != HELLO_TYPE):
                 continue
             # the node's Context crosses a process boundary in a real SuperNode
             context = context_from_proto(context_to_proto(self.contexts[node]))
@@ -133,7 +139,8 @@ class FlowerInMemoryTransport:
     """The Flower ServerApp and ClientApp over a :class:`LocalGrid` (fast, no Ray).
 
     Same parameters and result as :class:`~fedclust.sim.InProcessTransport`,
-    plus ``unresponsive`` (device ids whose node never answers). Failing clients
+    plus ``unresponsive`` (device ids whose node registers, then never answers a
+    round: a timed-out client). Failing clients
     are always dropped and named (what a Flower server does). ``last_grid_`` and
     ``last_extra_`` hold the grid (protobuf byte counts) and the server's extra
     info after a run.
@@ -166,7 +173,7 @@ class FlowerInMemoryTransport:
         configs = [{"partition-id": i, "num-partitions": len(ids)} for i in range(len(ids))]
         pos = {z: i for i, z in enumerate(ids)}
         grid = LocalGrid(client_app, configs)
-        grid.unresponsive = {grid.node_ids[pos[z]] for z in self.unresponsive}
+        grid.silent_after_hello = {grid.node_ids[pos[z]] for z in self.unresponsive}
         run_server_app(server_app, grid)
         self.last_grid_ = grid
         self.last_extra_ = box["extra"]

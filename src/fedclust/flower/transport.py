@@ -58,10 +58,13 @@ QUIET_ENV = {
 
 def require_flwr() -> None:
     """Raise a one-line ImportError when the ``flower`` extra is missing."""
-    for mod in ("flwr", "ray"):
-        if importlib.util.find_spec(mod) is None:
-            raise ImportError(
-                f"the Flower transport needs {mod!r}: pip install 'fedclust[flower]'")
+    hint = "the Flower transport needs the 'flower' extra: pip install 'fedclust[flower]'"
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        raise ImportError(hint) from None
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError(hint + " (ray is missing)")
 
 
 def flower_env(home: str | Path, ray_tmp: str | Path | None = None) -> dict[str, str]:

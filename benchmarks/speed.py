@@ -1,0 +1,324 @@
+"""Speed and scale: k-FED vs scikit-learn on pooled data vs the authors' design.
+
+Cases (full mode; ``--quick`` shrinks every one to seconds):
+
+``authors-40x800``
+    40 devices x 800 points, d=100, k=64, k'=8 (the issue's reference: the
+    authors' code took 20.8 s there, scikit-learn on the pooled data 1.7 s).
+``large-1000x1000``
+    1,000 devices x 1,000 points (10^6 points), d=100, k=100, k'=10.
+``many-small-1e5x20``
+    100,000 devices x 20 points (2 x 10^6 points), d=100, k=100, k'=2; the
+    server step here aggregates 2 x 10^5 device centers.
+``mnist-iid-100x700``
+    real, high-dimensional data: MNIST (70,000 x 784, pixels / 255) split IID
+    over 100 devices, k=10, k'=5 (skipped with a note when MNIST is absent).
+
+Synthetic data: :func:`fedclust.datasets.make_federated_gaussians` at separation c=100
+(separable; every device holds exactly k' components), ``m0`` chosen to give
+the device counts above.
+
+Measured in one process, each ``--repeats`` times (min and median reported,
+this machine's timings are noisy):
+
+* ``kfed_fit``: ``KFed(k, k').fit(devices)`` end to end: every device step run
+  serially in this process, the in-process transport with its message codec,
+  the server step, the label maps back;
+* ``kfed_local_kmeans_loop``: the public one-device function
+  :func:`fedclust.local.local_kmeans` called once per device in a Python loop
+  (what a caller gets without ``KFed``'s own device scheduling; JSON only);
+  the table's ``fit−server`` column is ``kfed_fit`` minus the server step,
+  i.e. all device steps plus the transport;
+* ``kfed_server``: :func:`fedclust.server.kfed.aggregate_centers` on the
+  collected local centers (paper's ``farthest-lloyd1``; ``farthest-lloyd``
+  also timed);
+* ``sklearn``: ``sklearn.cluster.KMeans(k, n_init=1)`` (k-means++, Lloyd) on the
+  pooled data (``np.concatenate`` time reported separately as ``pool``);
+* ``authors``: :mod:`authors_kfed`, a re-creation of the authors' design (a
+  per-device loop around scikit-learn ``KMeans``). On the many-small case its
+  device loop runs on a random sample of ``--authors-devices`` devices and is
+  extrapolated linearly (marked ``~``); its server step is skipped there (its
+  farthest-point loop recomputes all distances to the growing set every step:
+  O(N k^2 d) for N = 2 x 10^5 centers).
+
+Peak memory: the kernel's per-process high-water mark (``VmHWM``, reset before
+every phase through ``/proc/self/clear_refs``) minus the resident size before
+the phase, i.e. the extra memory the phase needed on top of the data.
+
+Targets (the issue): k-FED end to end no slower than scikit-learn on the
+pooled data, k-means cost within 5% of it; server step for 10^5 devices'
+centers under 2 s; memory linear in the data.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import _common as C
+from authors_kfed import authors_kfed, awasthi_sheffet_device
+from fedclust import KFed
+from fedclust._random import device_rng
+from fedclust.datasets import make_federated_gaussians
+from fedclust.local.spectral_kmeans import local_kmeans
+from fedclust.metrics import kmeans_cost, matched_accuracy
+from fedclust.server.kfed import aggregate_centers
+
+
+@dataclass
+class Case:
+    name: str
+    n_devices: int
+    n_per_device: int
+    d: int
+    k: int
+    k_local: int
+    authors_devices: int | None = None  # None: all devices
+    authors_server: bool = True
+    repeats: int | None = None
+    dataset: str | None = None  # "mnist": real data, IID over n_devices (k'-agnostic)
+
+    def make(self, seed: int, data_dir=None):
+        if self.dataset == "mnist":
+            from fedclust.datasets import FederatedData, load_mnist
+            from fedclust.sim.partition import apply_partition, iid_partition
+
+            X, y = load_mnist(data_dir)
+            devs, labs = apply_partition(X, y, iid_partition(len(X), self.n_devices,
+                                                             random_state=seed))
+            return FederatedData(devices=devs, labels=labs)
+        groups = math.ceil(self.k / self.k_local)
+        m0 = self.n_devices // groups
+        n_per = self.n_per_device * m0 // self.k_local
+        return make_federated_gaussians(n_features=self.d, n_clusters=self.k,
+                                        n_local_clusters=self.k_local, m0=m0,
+                                        separation=100.0, n_per_component=n_per,
+                                        random_state=seed)
+
+
+FULL = [
+    Case("authors-40x800", 40, 800, 100, 64, 8),
+    Case("large-1000x1000", 1000, 1000, 100, 100, 10, repeats=2),
+    Case("many-small-1e5x20", 100_000, 20, 100, 100, 2, authors_devices=2000,
+         authors_server=False, repeats=2),
+    # real, high-dimensional data (skipped with a note when MNIST is absent)
+    Case("mnist-iid-100x700", 100, 700, 784, 10, 5, dataset="mnist", repeats=2),
+]
+QUICK = [
+    Case("authors-40x800 (quick: 40x200, d=50)", 40, 200, 50, 64, 8),
+    Case("large (quick: 100x200, d=50)", 100, 200, 50, 20, 5),
+    Case("many-small (quick: 2000x20, d=20)", 2000, 20, 20, 20, 2, authors_devices=100,
+         authors_server=False),
+]
+
+
+class Phase:
+    """Time one phase and the extra peak memory it needs (MiB)."""
+
+    def __init__(self):
+        self.time = None
+        self.mem = None
+
+    def __enter__(self):
+        gc.collect()
+        self._ok = C.reset_peak_rss()
+        self._base = C.rss_mb()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.time = time.perf_counter() - self._t0
+        hwm = C.vm_hwm_mb() if self._ok else None
+        self.mem = None if hwm is None else max(hwm - self._base, 0.0)
+        return False
+
+
+def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None) -> dict:
+    from sklearn.cluster import KMeans
+
+    t0 = time.perf_counter()
+    fd = case.make(seed, data_dir)
+    devices, y = fd.devices, fd.y
+    gen_time = time.perf_counter() - t0
+    data_mb = sum(X.nbytes for X in devices) / 2**20
+    n = sum(len(X) for X in devices)
+    print(f"\n[{case.name}] {len(devices):,} devices, {n:,} points, d={case.d}, k={case.k}, "
+          f"k'={case.k_local}, data {data_mb:.0f} MiB (generated in {gen_time:.1f} s)",
+          flush=True)
+    T: dict[str, list[float]] = {}
+    M: dict[str, float] = {}
+
+    def rec(key, ph):
+        T.setdefault(key, []).append(ph.time)
+        if ph.mem is not None:
+            M[key] = max(M.get(key, 0.0), ph.mem)
+
+    out: dict = {}
+    X = None
+    for rep in range(repeats):
+        with Phase() as ph:
+            model = KFed(case.k, case.k_local, random_state=seed).fit(devices)
+        rec("kfed_fit", ph)
+        with Phase() as ph:
+            for z, Xz in enumerate(devices):
+                local_kmeans(Xz, case.k_local, device_rng(seed, z, 0))
+        rec("kfed_local_kmeans_loop", ph)
+        local = model.local_centers_
+        for method in ("farthest-lloyd1", "farthest-lloyd"):
+            with Phase() as ph:
+                aggregate_centers(local, case.k, method=method)
+            rec(f"kfed_server_{method}", ph)
+        with Phase() as ph:
+            X = np.concatenate(devices)
+        rec("pool", ph)
+        with Phase() as ph:
+            km = KMeans(case.k, n_init=1, random_state=seed).fit(X)
+        rec("sklearn", ph)
+        if authors:
+            if case.authors_devices is None or case.authors_devices >= len(devices):
+                with Phase() as ph:
+                    _, a_final, a_labels = authors_kfed(devices, case.k_local, case.k, seed=seed)
+                rec("authors", ph)
+                out["authors_sampled"] = False
+            else:
+                rng = np.random.default_rng(seed)
+                sample = np.sort(rng.choice(len(devices), case.authors_devices, replace=False))
+                with Phase() as ph:
+                    for z in sample:
+                        rs = np.random.RandomState((seed * 1_000_003 + int(z)) % (2**32))
+                        awasthi_sheffet_device(devices[z], case.k_local, rs)
+                ph.time *= len(devices) / len(sample)
+                rec("authors", ph)
+                out["authors_sampled"] = True
+                out["authors_sample_devices"] = int(len(sample))
+                a_final = None
+        if rep < repeats - 1:
+            del X
+            X = None
+    # quality (last repeat's models)
+    ref = kmeans_cost(X, km.cluster_centers_)
+    kcost = kmeans_cost(X, model.cluster_centers_)
+    q = {"sklearn_cost": ref, "kfed_cost": kcost, "kfed_cost_ratio": kcost / ref,
+         "kfed_accuracy": matched_accuracy(y, model.labels_),
+         "sklearn_accuracy": matched_accuracy(y, km.labels_),
+         "kfed_server_farthest_lloyd_cost_ratio": None}
+    if authors and a_final is not None:
+        acost = kmeans_cost(X, a_final)
+        q.update(authors_cost=acost, authors_cost_ratio=acost / ref,
+                 authors_accuracy=matched_accuracy(y, np.concatenate(a_labels)))
+    agg2 = aggregate_centers(model.local_centers_, case.k, method="farthest-lloyd")
+    q["kfed_server_farthest_lloyd_cost_ratio"] = kmeans_cost(X, agg2.centers) / ref
+    del X
+    times = {key: {"min": min(v), "median": statistics.median(v), "all": v}
+             for key, v in T.items()}
+    best = {key: v["min"] for key, v in times.items()}
+    ratios = {
+        "kfed_fit_over_sklearn": best["kfed_fit"] / best["sklearn"],
+        "kfed_local_kmeans_loop_over_sklearn": best["kfed_local_kmeans_loop"] / best["sklearn"],
+    }
+    if "authors" in best:
+        ratios["authors_over_kfed_fit"] = best["authors"] / best["kfed_fit"]
+        ratios["authors_over_sklearn"] = best["authors"] / best["sklearn"]
+    out.update({
+        "case": case.name, "n_devices": len(devices), "n_points": n, "d": case.d, "k": case.k,
+        "k_local": case.k_local, "n_local_centers": int(sum(len(c) for c in model.local_centers_)),
+        "data_mib": data_mb, "generate_s": gen_time, "repeats": repeats,
+        "time_s": times, "peak_extra_mib": M,
+        "peak_extra_over_data": {k2: v / data_mb for k2, v in M.items()},
+        "ratios": ratios, "quality": q,
+        "targets": {
+            "kfed_not_slower_than_sklearn": ratios["kfed_fit_over_sklearn"] <= 1.0,
+            "kfed_cost_within_5pct": kcost <= 1.05 * ref,
+        },
+    })
+    return out
+
+
+def main(argv=None) -> dict:
+    p = C.make_parser(__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=None, help="timing repeats (default 3; quick 2)")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated case indices to run (default: all), e.g. 0,1")
+    p.add_argument("--no-authors", action="store_true", help="skip the authors' design")
+    p.add_argument("--authors-devices", type=int, default=None,
+                   help="devices the authors' design runs on in the many-small case "
+                        "(extrapolated; default 2000, quick 100)")
+    args = C.finish_args(p.parse_args(argv))
+    cases = QUICK if args.quick else FULL
+    if args.cases:
+        cases = [cases[int(i)] for i in args.cases.split(",")]
+    if args.authors_devices:
+        for c in cases:
+            if c.authors_devices is not None:
+                c.authors_devices = args.authors_devices
+    rows = []
+    with C.blas_limit(args):
+        # warm up imports / BLAS / sklearn so the first case is not charged for them
+        warm = make_federated_gaussians(n_features=20, n_clusters=4, n_local_clusters=2, m0=2,
+                                        n_per_component=40, random_state=0)
+        KFed(4, 2, random_state=0).fit(warm.devices)
+        authors_kfed(warm.devices, 2, 4)
+        for case in cases:
+            if case.dataset == "mnist":
+                from fedclust.datasets import DataNotFoundError
+
+                try:
+                    d = args.data_dir
+                    if not ((d / "mnist_70k.npz").is_file()
+                            or (d / "mnist" / "mnist_70k.npz").is_file()):
+                        raise DataNotFoundError(str(d))
+                except DataNotFoundError:
+                    print(f"note: no MNIST under {args.data_dir}; skipping case {case.name}",
+                          flush=True)
+                    continue
+            reps = args.repeats or case.repeats or (2 if args.quick else 3)
+            rows.append(run_case(case, reps, args.seed, authors=not args.no_authors,
+                                 data_dir=args.data_dir))
+    table = []
+    for r in rows:
+        t = {k: v["min"] for k, v in r["time_s"].items()}
+        a = t.get("authors")
+        table.append([
+            r["case"], f"{t['kfed_fit']:.2f}",
+            f"{max(t['kfed_fit'] - t['kfed_server_farthest-lloyd1'], 0.0):.2f}",
+            f"{t['kfed_server_farthest-lloyd1']:.3f}", f"{t['sklearn']:.2f}",
+            "-" if a is None else (("~" if r.get("authors_sampled") else "") + f"{a:.2f}"),
+            f"{r['ratios']['kfed_fit_over_sklearn']:.2f}",
+            "-" if a is None else f"{r['ratios']['authors_over_kfed_fit']:.1f}x",
+            f"{r['quality']['kfed_cost_ratio']:.4f}",
+            "-" if "authors_cost_ratio" not in r["quality"]
+            else f"{r['quality']['authors_cost_ratio']:.4f}",
+            f"{r['peak_extra_mib'].get('kfed_fit', float('nan')):.0f}",
+            f"{r['peak_extra_mib'].get('sklearn', float('nan')):.0f}",
+            f"{r['data_mib']:.0f}",
+        ])
+    C.print_table(["case", "k-FED fit s", "fit−server s", "server s", "sklearn s", "authors s",
+                   "kfed/sk time", "authors/kfed", "kfed/sk cost", "authors/sk cost",
+                   "kfed +MiB", "sklearn +MiB", "data MiB"], table,
+                  title="Speed — min over repeats; the issue's reference for authors-40x800: "
+                        "authors' code 20.8 s, sklearn pooled 1.7 s"
+                        f"{' — quick' if args.quick else ''}")
+    srv = [[r["case"], r["n_local_centers"],
+            f"{r['time_s']['kfed_server_farthest-lloyd1']['min']:.3f}",
+            f"{r['time_s']['kfed_server_farthest-lloyd']['min']:.3f}",
+            f"{r['quality']['kfed_server_farthest_lloyd_cost_ratio']:.4f}",
+            f"{r['peak_extra_mib'].get('kfed_server_farthest-lloyd1', float('nan')):.0f}"]
+           for r in rows]
+    C.print_table(["case", "device centers", "farthest-lloyd1 s", "farthest-lloyd s",
+                   "farthest-lloyd cost/sk", "server +MiB"], srv,
+                  title="Server step alone (target: < 2 s for 10^5 devices' centers)")
+    out = {"params": {"separation": 100.0, "cases": [vars(c) for c in cases],
+                      "memory": "VmHWM after reset minus RSS before the phase (MiB)"},
+           "reference": {"authors_40x800_s": 20.8, "sklearn_40x800_s": 1.7},
+           "rows": rows}
+    C.write_json(args, "speed", out)
+    return out
+
+
+if __name__ == "__main__":
+    main()

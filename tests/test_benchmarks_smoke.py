@@ -1,0 +1,92 @@
+"""Smoke test: every benchmark's ``--quick`` path runs and writes sane JSON.
+
+Each script runs in a subprocess (the interpreter running the tests) into
+``tmp_path``; the real-data benchmarks use scikit-learn's bundled ``digits``
+so nothing under ``../shared`` is needed. No timing thresholds here: only
+that the JSON exists, has the expected keys and plausible values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _check_table1(doc):
+    assert len(doc["rows"]) == 5
+    for row in doc["rows"]:
+        assert {"d", "k", "accuracy_mean", "accuracy_std", "paper_accuracy", "passed"} <= set(row)
+        assert 0.9 <= row["accuracy_mean"] <= 1.0
+        assert all(0.0 <= a <= 1.0 for a in row["accuracy"])
+
+
+def _check_fig1(doc):
+    seps = {r["separation"] for r in doc["rows"]}
+    assert {1, 100} <= seps
+    for row in doc["rows"]:
+        assert 0.0 <= row["accuracy_mean"] <= 1.0
+        assert 0.0 <= row["centralized_mean"] <= 1.0
+    top = max(doc["rows"], key=lambda r: r["separation"])
+    assert top["accuracy_mean"] >= 0.9
+
+
+def _check_fig2(doc):
+    assert doc["params"]["dataset"] == "digits"
+    assert doc["oracle"]["phi_star"] > 0
+    assert doc["rows"]
+    for row in doc["rows"]:
+        for key in ("structured_mean", "iid_mean"):
+            assert math.isfinite(row[key]) and row[key] > 0.5
+    kmin = min(doc["rows"], key=lambda r: r["k_local"])
+    assert kmin["structured_mean"] <= kmin["iid_mean"]
+
+
+def _check_fig3(doc):
+    assert len(doc["federations"]) >= 2
+    for fed in doc["federations"]:
+        m = fed["methods"]
+        assert {"kfed", "distributed_lloyd", "centralized"} <= set(m)
+        assert m["kfed"]["rounds"] == 1
+        assert m["distributed_lloyd"]["rounds"] > 1
+        assert m["kfed"]["bytes_up"] < m["distributed_lloyd"]["bytes_up"]
+        for v in m.values():
+            assert v["cost"] > 0 and 0.0 <= v["accuracy"] <= 1.0
+
+
+def _check_speed(doc):
+    assert len(doc["rows"]) == 3
+    for row in doc["rows"]:
+        t = row["time_s"]
+        assert {"kfed_fit", "sklearn", "authors", "kfed_server_farthest-lloyd1"} <= set(t)
+        assert all(v["min"] > 0 for v in t.values())
+        assert 0.0 < row["quality"]["kfed_cost_ratio"] < 10.0
+        assert 0.0 <= row["quality"]["kfed_accuracy"] <= 1.0
+
+
+CASES = {
+    "table1": ([], _check_table1),
+    "fig1_separation": ([], _check_fig1),
+    "fig2_heterogeneity": (["--dataset", "digits"], _check_fig2),
+    "fig3_rounds": (["--dataset", "digits"], _check_fig3),
+    "speed": (["--repeats", "1"], _check_speed),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_benchmark_quick(name, tmp_path):
+    extra, check = CASES[name]
+    cmd = [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--out", str(tmp_path),
+           "--data-dir", str(tmp_path / "no-data"), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    assert doc["benchmark"] == name and doc["quick"] is True
+    assert {"numpy", "sklearn", "cpu_count"} <= set(doc["machine"])
+    check(doc)
