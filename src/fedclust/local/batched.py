@@ -21,6 +21,10 @@ __all__ = ["n_uniforms", "spectral_kmeans_batch", "spectral_seed_batch", "projec
            "kmeanspp_batch", "lloyd_batch"]
 
 
+#: S_r smaller than this fraction of an average cluster (n / k) is too small to trust.
+MIN_FILTERED_FRACTION = 0.1
+
+
 def n_trials(k: int) -> int:
     """Candidates per k-means++ step (scikit-learn's 2 + log k)."""
     return 2 + int(np.log(k))
@@ -172,5 +176,14 @@ def spectral_seed_batch(X: np.ndarray, k: int, uniforms: np.ndarray, *, project:
     else:
         keep = np.ones((B, n), dtype=bool)
     sums, counts = _means(X, nearest, k, keep)
+    # A filtered set S_r with only a handful of points gives a θ_r that sits on
+    # those points in the full space, and Lloyd then keeps them as a near-singleton
+    # cluster (seen when clusters overlap, c <= 5). Such θ_r use the whole
+    # projected Voronoi cell of ν_r instead; an empty cell falls back to ν_r Vᵀ.
+    min_size = max(2.0, MIN_FILTERED_FRACTION * n / k)
+    cell_sums, cell_counts = _means(X, nearest, k)
+    small = counts < min_size
+    sums = np.where(small[:, :, None], cell_sums, sums)
+    counts = np.where(small, cell_counts, counts)
     lifted = seeds @ V.transpose(0, 2, 1) if V is not None else seeds
     return np.where(counts[:, :, None] > 0, sums / np.maximum(counts, 1)[:, :, None], lifted)
