@@ -45,7 +45,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from ..messages import message_nbytes
-from ..protocols.base import Protocol, Request, RunLog
+from ..protocols.base import Protocol, Request, RunLog, require_replies, round_targets
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import InProcessTransport, RunOutput, Tamper
 from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
@@ -309,18 +309,12 @@ class _Server:
         active = [z for z in ids if z not in absent and z not in late]
         state = protocol.start(active, self.seed)
         while (request := protocol.next_request(state)) is not None:
-            targets = [z for z in (request.devices or active)
-                       if z in active and z not in log.failed and z not in log.rejected]
+            targets = round_targets(request, active, log)
             replies = self.round(state, request, targets)
             self.meter.rounds += 1
             flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied", request.round,
                      request.action, len(replies), len(targets))
-            if targets and not replies:
-                reasons = {**log.failed, **log.rejected}
-                shown = "; ".join(f"{reasons[z]}" for z in sorted(reasons)[:3])
-                raise ValidationError(
-                    f"round {request.round}: none of the {len(targets)} devices gave a valid "
-                    f"reply ({shown})")
+            require_replies(request, targets, replies, log)
             protocol.server_step(state, request, replies)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         result = protocol.finish(state, log)

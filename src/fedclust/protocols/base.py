@@ -27,10 +27,10 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from ..exceptions import FedClustError
+from ..exceptions import FedClustError, ValidationError
 from ..messages import Message
 
-__all__ = ["Request", "Protocol", "RunLog", "ConfigValue"]
+__all__ = ["Request", "Protocol", "RunLog", "ConfigValue", "round_targets", "require_replies"]
 
 ConfigValue = Any  # int | float | str | bool | list of those
 
@@ -125,3 +125,21 @@ class Protocol(ABC):
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Turn the final message into the device's output (e.g. its point labels)."""
         return {}
+
+
+def round_targets(request: Request, active: Sequence[int], log: RunLog) -> list[int]:
+    """Devices a round goes to: those asked for that are active and not yet failed/rejected."""
+    active_set = set(active)
+    return [z for z in (request.devices or active)
+            if z in active_set and z not in log.failed and z not in log.rejected]
+
+
+def require_replies(request: Request, targets: Sequence[int], replies: Mapping[int, Any],
+                    log: RunLog) -> None:
+    """Stop the run, naming a few reasons, when nobody gave a valid reply."""
+    if targets and not replies:
+        reasons = {**log.failed, **log.rejected}
+        shown = "; ".join(f"{reasons[z]}" for z in sorted(reasons)[:3])
+        raise ValidationError(
+            f"round {request.round}: none of the {len(targets)} devices gave a valid "
+            f"reply ({shown})")

@@ -21,7 +21,7 @@ from .._random import root_seed, server_rng
 from .._validation import check_float
 from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from ..messages import Message, message_nbytes
-from ..protocols.base import Protocol, Request, RunLog
+from ..protocols.base import Protocol, Request, RunLog, require_replies, round_targets
 from .meter import CommunicationMeter
 
 __all__ = ["InProcessTransport", "RunOutput", "Tamper"]
@@ -93,18 +93,11 @@ class InProcessTransport:
         meter = CommunicationMeter()
         state = protocol.start(active, seed)
         while (request := protocol.next_request(state)) is not None:
-            active_set = set(active)
-            targets = [z for z in (request.devices or active)
-                       if z in active_set and z not in log.failed and z not in log.rejected]
+            targets = round_targets(request, active, log)
             replies = self._round(protocol, state, request, targets, devices, states, seed, log,
                                   meter)
             meter.rounds += 1
-            if targets and not replies:
-                reasons = {**log.failed, **log.rejected}
-                shown = "; ".join(f"{reasons[z]}" for z in sorted(reasons)[:3])
-                raise ValidationError(
-                    f"round {request.round}: none of the {len(targets)} devices gave a valid "
-                    f"reply ({shown})")
+            require_replies(request, targets, replies, log)
             protocol.server_step(state, request, replies)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         result = protocol.finish(state, log)
