@@ -147,12 +147,8 @@ class InProcessTransport:
                         raise reply
                     log.failed[z] = str(reply)
                     continue
-                arrays = reply.to_arrays()
-                if self.tamper is not None:
-                    arrays = self.tamper(z, request.round, arrays)
-                meter.record_up(z, sum(np.asarray(a).nbytes for a in arrays.values()))
                 try:
-                    decoded = reply_type.from_arrays(arrays, sender=f"device {z}")
+                    decoded = self._send_up(z, request.round, reply, reply_type, meter)
                     protocol.check_reply(state, request, z, decoded)
                 except IncompatibleMessageError as exc:
                     log.rejected[z] = str(exc)
@@ -167,17 +163,22 @@ class InProcessTransport:
             try:
                 reply = protocol.client_step(request, devices[z], device_id=z, seed=seed,
                                              state=states[z])
-                arrays = reply.to_arrays()
-                if self.tamper is not None:
-                    arrays = self.tamper(z, request.round, arrays)
-                meter.record_up(z, sum(np.asarray(a).nbytes for a in arrays.values()))
-                protocol.assign_late(result, z, reply_type.from_arrays(arrays, sender=f"device {z}"))
+                protocol.assign_late(result, z,
+                                     self._send_up(z, request.round, reply, reply_type, meter))
             except IncompatibleMessageError as exc:
                 log.rejected[z] = str(exc)
             except FedClustError as exc:
                 if self.on_client_error == "raise":
                     raise
                 log.failed[z] = str(exc)
+
+    def _send_up(self, z: int, round_index: int, reply: Message, reply_type, meter) -> Message:
+        """Device -> server: encode, (tamper,) count the bytes, decode with validation."""
+        arrays = reply.to_arrays()
+        if self.tamper is not None:
+            arrays = self.tamper(z, round_index, arrays)
+        meter.record_up(z, sum(np.asarray(a).nbytes for a in arrays.values()))
+        return reply_type.from_arrays(arrays, sender=f"device {z}")
 
     @staticmethod
     def _wire(msg: Message, cls, sender: str) -> Message:
