@@ -43,4 +43,4 @@ $(VENV_FLOWER)/.installed: pyproject.toml
 ## make test-loopback: real Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes, ~40 s),
 ## result checked against the in-process run (scripts/flower_loopback.sh)
 test-loopback: $(VENV_FLOWER)/.installed
-	$(VENV_FLOWER)/bin/python -m pytest -q -m loopback tests/test_flower_loopback.py
+	$(VENV_FLOWER)/bin/python -m pytest -q -m loopback tests/flower/test_flower_loopback.py

@@ -29,7 +29,7 @@ this machine's timings are noisy):
   (what a caller gets without ``KFed``'s own device scheduling; JSON only);
   the table's ``fit−server`` column is ``kfed_fit`` minus the server step,
   i.e. all device steps plus the transport;
-* ``kfed_server``: :func:`fedclust.server.kfed.aggregate_centers` on the
+* ``kfed_server``: :func:`fedclust.kfed.server.aggregate_centers` on the
   collected local centers (paper's ``farthest-lloyd1``; ``farthest-lloyd``
   also timed);
 * ``sklearn``: ``sklearn.cluster.KMeans(k, n_init=1)`` (k-means++, Lloyd) on the
@@ -63,11 +63,11 @@ import numpy as np
 import _common as C
 from authors_kfed import authors_kfed, awasthi_sheffet_device
 from fedclust import KFed
-from fedclust._random import device_rng
+from fedclust.core.random import device_rng
 from fedclust.datasets import make_federated_gaussians
-from fedclust.local.spectral_kmeans import local_kmeans
+from fedclust.kfed.local import local_kmeans
 from fedclust.metrics import kmeans_cost, matched_accuracy
-from fedclust.server.kfed import aggregate_centers
+from fedclust.kfed.server import aggregate_centers
 
 
 @dataclass

@@ -7,7 +7,7 @@ import pytest
 
 from fedclust.cli import main
 from fedclust.config import check_config
-from fedclust.exceptions import ConfigError
+from fedclust import ConfigError
 from fedclust.metrics import kmeans_cost
 
 SMALL = """

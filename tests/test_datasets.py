@@ -8,7 +8,7 @@ import pytest
 from fedclust.datasets import (DataNotFoundError, FederatedData, default_data_dir,
                                load_benchmark, load_mnist, load_npz,
                                make_federated_gaussians)
-from fedclust.exceptions import ValidationError
+from fedclust import ValidationError
 
 
 # -------------------------------------------------------------- generator

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-from fedclust.exceptions import ValidationError
+from fedclust import ValidationError
 from fedclust.metrics import (adjusted_rand, clustering_report, cost_ratio, kmeans_cost,
                               match_labels, matched_accuracy, misclustering_rate,
                               normalized_mutual_info, partition_cost)

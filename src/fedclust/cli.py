@@ -1,6 +1,6 @@
 """``fedclust`` command line.
 
-    fedclust demo [--out DIR]                       embedded k-FED run, table + result.json
+    fedclust demo [NAME] [--out DIR]                embedded run of a family (default k-FED)
     fedclust run CONFIG.toml --out DIR [--transport inprocess|flower]
     fedclust flower app DIR --config CONFIG.toml    write a deployable Flower app
     fedclust flower split CONFIG.toml --out DIR     one data file per SuperNode
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
-from .exceptions import FedClustError
+from .core.exceptions import FedClustError
 
 __all__ = ["main"]
 
@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedclust", description="Federated clustering experiments.")
     p.add_argument("--version", action="version", version=f"fedclust {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the embedded k-FED example (seconds)")
+    demo = sub.add_parser("demo", help="run a family's embedded example (seconds)")
+    demo.add_argument("name", nargs="?", default=None,
+                      help="which family's demo (default: the first registered, k-FED)")
     demo.add_argument("--out", default="fedclust-demo", help="output folder (default: %(default)s)")
     demo.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     run = sub.add_parser("run", help="run a configured experiment")
@@ -51,25 +53,27 @@ def _fmt_bytes(n: float) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """A readable summary table of one result dict."""
-    m = result["metrics"]
+    """A readable summary table of one result dict (columns from the algorithm's registration)."""
+    from .core.registry import get_algorithm
+
+    columns = get_algorithm(result["algorithm"]).columns
     c = result["communication"]
-    rows = [("method", "accuracy", "ARI", "cost / centralized", "rounds", "bytes up", "bytes down",
-             "time")]
-    ref = result["baselines"].get("centralized", {}).get("kmeans_cost")
 
-    def ratio(cost):
-        return f"{cost / ref:.4f}" if ref else "-"
+    def cell(entry: dict[str, Any], key: str) -> str:
+        v = entry.get(key)
+        if v is None:
+            return "-"
+        if key in ("accuracy",) or key.endswith("_accuracy"):
+            return f"{100 * v:.2f}%"
+        return f"{v:.4f}" if isinstance(v, float) else str(v)
 
-    def acc(v):
-        return "-" if v is None else f"{100 * v:.2f}%"
-
-    rows.append((result["algorithm"], acc(m.get("accuracy")), f"{m['ari']:.4f}" if "ari" in m else "-",
-                 ratio(m["kmeans_cost"]), str(c["rounds"]), _fmt_bytes(c["bytes_up"]),
-                 _fmt_bytes(c["bytes_down"]), f"{result['time_s']['fit']:.2f}s"))
+    head = ("method", *(title for _, title in columns), "rounds", "bytes up", "bytes down", "time")
+    rows = [head]
+    rows.append((result["algorithm"], *(cell(result["metrics"], k) for k, _ in columns),
+                 str(c["rounds"]), _fmt_bytes(c["bytes_up"]), _fmt_bytes(c["bytes_down"]),
+                 f"{result['time_s']['fit']:.2f}s"))
     for name, b in result["baselines"].items():
-        rows.append((name, acc(b.get("accuracy")), "-", ratio(b["kmeans_cost"]),
-                     str(b.get("rounds", "-")),
+        rows.append((name, *(cell(b, k) for k, _ in columns), str(b.get("rounds", "-")),
                      _fmt_bytes(b["bytes_up"]) if "bytes_up" in b else "all data",
                      _fmt_bytes(b["bytes_down"]) if "bytes_down" in b else "-",
                      f"{b['time_s']:.2f}s"))
@@ -92,14 +96,13 @@ def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool) -> dict
     print(format_table(result))
     print(f"wrote {path}")
     if plot:
-        from .plotting import have_matplotlib, plot_federated_clustering
+        from .core.registry import get_algorithm
 
-        if have_matplotlib():
-            png = plot_federated_clustering(exp.federation.devices, exp.model.device_labels_,
-                                            exp.model.cluster_centers_, result,
-                                            out / "result.png")
+        draw = get_algorithm(result["algorithm"]).plot
+        png = None if draw is None else draw(exp.model, exp.federation, result, out / "result.png")
+        if png is not None:
             print(f"wrote {png}")
-        else:
+        elif draw is not None:
             print("(matplotlib not installed: no figure; pip install 'fedclust[plot]')")
     return result
 
@@ -119,12 +122,16 @@ def _json_default(obj):
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from .config import DEMO_CONFIG, check_config, load_config
+        from .config import check_config, load_config
+        from .core.registry import DEMOS
 
         if args.command == "flower":
             return _flower(args)
         if args.command == "demo":
-            cfg = check_config(DEMO_CONFIG, source="demo")
+            name = args.name or next(iter(DEMOS))
+            if name not in DEMOS:
+                raise FedClustError(f"no demo named {name!r}; available: {sorted(DEMOS)}")
+            cfg = check_config(DEMOS[name], source=f"demo {name}")
             _execute(cfg, Path(args.out), "inprocess", not args.no_plot)
         else:
             cfg = load_config(args.config)
@@ -198,16 +205,17 @@ def _flower(args) -> int:
     from .flower.results import load_run_output
 
     out, extra = load_run_output(args.dir)
-    centers = np.asarray(out.result.centers)
+    centers = getattr(out.result, "centers", None)
     log = out.log
-    print(f"centers: {centers.shape[0]} x {centers.shape[1]} ({centers.dtype}); "
-          f"participants {len(log.participants)}, dropped {log.dropped}, late {log.late}, "
-          f"failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
+    shape = "no centers" if centers is None else (
+        f"centers: {centers.shape[0]} x {centers.shape[1]} ({centers.dtype})")
+    print(f"{shape}; participants {len(log.participants)}, dropped {log.dropped}, "
+          f"late {log.late}, failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
     for z, why in sorted({**log.failed, **log.rejected}.items()):
         print(f"  device {z}: {why}")
     if args.compare:
         ref = np.asarray(json.loads(Path(args.compare).read_text())["cluster_centers"])
-        same = ref.shape == centers.shape and np.array_equal(ref, centers)
+        same = centers is not None and ref.shape == centers.shape and np.array_equal(ref, centers)
         print(f"centers {'IDENTICAL to' if same else 'DIFFER from'} {args.compare}")
         return 0 if same else 1
     return 0

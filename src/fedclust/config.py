@@ -4,12 +4,16 @@ A configuration has four tables; unknown keys are errors (a typo must not be
 silently ignored)::
 
     seed = 0
-    [data]        source = "gaussians" | "mnist" | "npz" | "benchmark", + source keys
-    [partition]   kind = "iid" | "structured" | "dirichlet" | "power-law", n_devices, ...
-                  (not used for "gaussians", which come federated by construction)
-    [algorithm]   name = "kfed" | "distributed-lloyd", + its parameters
+    [data]        source = a registered data source ("gaussians", "mnist", "npz",
+                  "benchmark", ...) + the keyword parameters of its builder
+    [partition]   kind = "iid" | "structured" | "dirichlet" | "power-law" | ..., n_devices, ...
+                  (not used for sources that come federated by construction)
+    [algorithm]   name = a registered algorithm ("kfed", ...) + its estimator's parameters
     [simulation]  dropout, late, progress
-    [baselines]   centralized = true, distributed_lloyd = true
+    [baselines]   name = true for the baselines the algorithm registers
+
+What is allowed comes from :mod:`fedclust.core.registry`: a family that
+registers an algorithm or a data source is configurable with no edit here.
 """
 
 from __future__ import annotations
@@ -24,44 +28,33 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .exceptions import ConfigError
+from .core.exceptions import ConfigError
+from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, estimator_params,
+                            keyword_params)
 
-__all__ = ["load_config", "check_config", "DEMO_CONFIG"]
+__all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys"]
 
-_ALLOWED: dict[str, dict[str, set[str]]] = {
-    "data": {
-        "gaussians": {"n_features", "n_clusters", "n_local_clusters", "m0", "separation",
-                      "n_per_component", "sigma"},
-        "mnist": {"path", "subset", "n_samples", "scale"},
-        "npz": {"path", "n_samples"},
-        "benchmark": {"name", "data_dir", "n_samples"},
-    },
-    "partition": {
-        "iid": {"n_devices"},
-        "structured": {"n_devices", "n_local_clusters", "m0"},
-        "dirichlet": {"n_devices", "alpha", "min_size"},
-        "power-law": {"n_devices", "exponent", "min_size"},
-    },
-    "algorithm": {
-        "kfed": {"n_clusters", "n_local_clusters", "server", "weighted", "first_device",
-                 "max_iter", "tol", "local_max_iter", "allow_raw_points"},
-        "distributed-lloyd": {"n_clusters", "points_per_device", "max_rounds", "tol"},
-    },
-}
 _SIMULATION = {"dropout", "late", "progress"}
-_BASELINES = {"centralized", "distributed_lloyd"}
 _TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title"}
+#: [data] keys every pooled (non-federated) source accepts: a random subsample
+_POOLED = {"n_samples"}
 
-#: The embedded default run by ``fedclust demo``: a reduced Table-1 federation of k-FED.
-DEMO_CONFIG: dict[str, Any] = {
-    "title": "k-FED on a Table-1 Gaussian mixture (d=100, k=16, k'=4, m0=5, c=100)",
-    "seed": 0,
-    "data": {"source": "gaussians", "n_features": 100, "n_clusters": 16, "n_local_clusters": 4,
-             "m0": 5, "separation": 100.0, "n_per_component": 500},
-    "algorithm": {"name": "kfed", "n_clusters": 16, "n_local_clusters": 4},
-    "simulation": {"dropout": 0.0, "late": 0.0},
-    "baselines": {"centralized": True, "distributed_lloyd": True},
-}
+
+def algorithm_keys(name: str) -> set[str]:
+    """Keys an ``[algorithm]`` table with this name may set (its estimator's parameters)."""
+    return set(estimator_params(ALGORITHMS[name]))
+
+
+def data_keys(source: str) -> set[str]:
+    src = DATA_SOURCES[source]
+    keys = set(keyword_params(src.build, skip=("seed",)))
+    return keys if src.federated else keys | _POOLED
+
+
+def partition_keys(kind: str) -> set[str]:
+    from .sim.partition import PARTITION_OPTIONS
+
+    return {"n_devices"} | set(PARTITION_OPTIONS[kind])
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -85,16 +78,21 @@ def _table(cfg: dict, key: str, source: str) -> dict:
 
 
 def _check_kind(table: dict, name: str, kind_key: str, source: str) -> None:
-    allowed = _ALLOWED[name]
+    from .sim.partition import PARTITION_OPTIONS
+
+    kinds, keys_of = {"data": (DATA_SOURCES, data_keys),
+                      "algorithm": (ALGORITHMS, algorithm_keys),
+                      "partition": (PARTITION_OPTIONS, partition_keys)}[name]
     kind = table.get(kind_key)
-    if kind not in allowed:
+    if kind not in kinds:
         raise ConfigError(
-            f"{source}: [{name}] {kind_key}={kind!r} is not supported; choose one of {sorted(allowed)}")
-    unknown = set(table) - allowed[kind] - {kind_key}
+            f"{source}: [{name}] {kind_key}={kind!r} is not supported; choose one of {sorted(kinds)}")
+    allowed = keys_of(kind)
+    unknown = set(table) - allowed - {kind_key}
     if unknown:
         raise ConfigError(
             f"{source}: [{name}] has unknown keys {sorted(unknown)} for {kind_key}={kind!r}; "
-            f"allowed: {sorted(allowed[kind])}")
+            f"allowed: {sorted(allowed)}")
 
 
 def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
@@ -108,17 +106,16 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         raise ConfigError(f"{source}: seed={seed!r} must be a non-negative integer")
     data = _table(cfg, "data", source)
     if "source" not in data:
-        raise ConfigError(f"{source}: [data] needs source = one of {sorted(_ALLOWED['data'])}")
+        raise ConfigError(f"{source}: [data] needs source = one of {sorted(DATA_SOURCES)}")
     _check_kind(data, "data", "source", source)
     algo = _table(cfg, "algorithm", source)
     algo.setdefault("name", "kfed")
     _check_kind(algo, "algorithm", "name", source)
-    if "n_clusters" not in algo:
-        raise ConfigError(f"{source}: [algorithm] needs n_clusters")
-    if algo["name"] == "kfed" and "n_local_clusters" not in algo:
-        raise ConfigError(f"{source}: [algorithm] name='kfed' needs n_local_clusters")
+    missing = [k for k in ALGORITHMS[algo["name"]].required if k not in algo]
+    if missing:
+        raise ConfigError(f"{source}: [algorithm] name={algo['name']!r} needs {', '.join(missing)}")
     part = _table(cfg, "partition", source)
-    if data["source"] != "gaussians":
+    if not DATA_SOURCES[data["source"]].federated:
         if not part:
             raise ConfigError(
                 f"{source}: source={data['source']!r} needs a [partition] table (kind, n_devices)")
@@ -127,13 +124,15 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
             raise ConfigError(f"{source}: [partition] needs n_devices")
     elif part:
         raise ConfigError(
-            f"{source}: source='gaussians' is federated by construction (groups over m0 devices); "
-            "remove [partition]")
+            f"{source}: source={data['source']!r} is federated by construction; remove [partition]")
     sim = _table(cfg, "simulation", source)
     if set(sim) - _SIMULATION:
         raise ConfigError(f"{source}: [simulation] has unknown keys {sorted(set(sim) - _SIMULATION)}")
     base = _table(cfg, "baselines", source)
-    if set(base) - _BASELINES:
-        raise ConfigError(f"{source}: [baselines] has unknown keys {sorted(set(base) - _BASELINES)}")
+    allowed_base = set(ALGORITHMS[algo["name"]].baselines) & set(BASELINES)
+    if set(base) - allowed_base:
+        raise ConfigError(
+            f"{source}: [baselines] has unknown keys {sorted(set(base) - allowed_base)} for "
+            f"name={algo['name']!r}; allowed: {sorted(allowed_base)}")
     cfg.update(data=data, algorithm=algo, partition=part, simulation=sim, baselines=base)
     return cfg

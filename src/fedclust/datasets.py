@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ._random import RandomState, root_seed
-from ._validation import check_array, check_choice, check_float, check_int
-from .exceptions import ValidationError
+from .core.random import RandomState, root_seed
+from .core.validation import check_array, check_choice, check_float, check_int
+from .core.exceptions import ValidationError
 
 __all__ = [
     "FederatedData",
@@ -423,3 +423,40 @@ def load_benchmark(name: str, data_dir: str | os.PathLike | None = None, *,
     _, inv = np.unique(y[keep], return_inverse=True)
     out[keep] = inv.ravel()
     return X, out
+
+
+# -- data sources of experiment configs ([data] source = ...) ---------------------------
+def _gaussians_source(seed: int, *, n_features: int = 100, n_clusters: int = 16,
+                      n_local_clusters: int | None = None, m0: int = 5,
+                      separation: float = 100.0, n_per_component: int | None = None,
+                      sigma: float = 1.0):
+    from .core.registry import Federation
+
+    fd = make_federated_gaussians(n_features, n_clusters, n_local_clusters, m0, separation,
+                                  n_per_component, sigma, random_state=seed)
+    return Federation(fd.devices, fd.labels,
+                      f"Gaussian mixture ({fd.n_devices} devices, d={fd.n_features})")
+
+
+def _mnist_source(seed: int, *, path: str | None = None, subset: str = "all", scale: bool = True):
+    return load_mnist(path, subset=subset, scale=scale)
+
+
+def _npz_source(seed: int, *, path: str):
+    return load_npz(path)
+
+
+def _benchmark_source(seed: int, *, name: str, data_dir: str | None = None):
+    return load_benchmark(name, data_dir)
+
+
+def _register_sources() -> None:
+    from .core.registry import DataSource, register_data_source
+
+    register_data_source(DataSource("gaussians", _gaussians_source, federated=True))
+    register_data_source(DataSource("mnist", _mnist_source))
+    register_data_source(DataSource("npz", _npz_source))
+    register_data_source(DataSource("benchmark", _benchmark_source))
+
+
+_register_sources()

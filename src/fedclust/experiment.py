@@ -1,33 +1,28 @@
 """Run one configured experiment (see :mod:`fedclust.config`) and report it.
 
-Used by ``fedclust run`` / ``fedclust demo`` and by the benchmarks: build the
-federation, run the algorithm on a transport, run the baselines on the same
-federation, compute the metrics, return a JSON-ready dict.
+Used by ``fedclust run`` / ``fedclust demo``, the Flower deploy path and the
+benchmarks: build the federation, fit the registered algorithm on a transport,
+run the baselines it asks for on the same federation, report the metrics, and
+return a JSON-ready dict. Every family-specific step goes through
+:mod:`fedclust.core.registry`; nothing here names a family.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from . import metrics
-from .baselines import DistributedLloyd, centralized_kmeans
-from .estimators import KFed
+from .core.protocol import Protocol
+from .core.registry import BASELINES, Federation, get_algorithm, get_data_source
 from .sim.transport import InProcessTransport
 
-__all__ = ["Federation", "Experiment", "build_federation", "run_experiment", "TRANSPORTS"]
+__all__ = ["Federation", "Experiment", "build_federation", "build_estimator", "build_protocol",
+           "make_transport", "run_experiment", "TRANSPORTS"]
 
 TRANSPORTS = ("inprocess", "flower")
-
-
-@dataclass
-class Federation:
-    devices: list[np.ndarray]
-    labels: list[np.ndarray] | None
-    description: str
 
 
 @dataclass
@@ -39,25 +34,17 @@ class Experiment:
     federation: Federation
 
 
-def build_federation(cfg: dict[str, Any]) -> Federation:
+def build_federation(cfg: Mapping[str, Any]) -> Federation:
     """The devices (and true labels) described by ``cfg['data']`` and ``cfg['partition']``."""
-    from .datasets import load_benchmark, load_mnist, load_npz, make_federated_gaussians
     from .sim.partition import apply_partition, partition
 
     seed = cfg["seed"]
     data = dict(cfg["data"])
-    source = data.pop("source")
-    if source == "gaussians":
-        fd = make_federated_gaussians(**data, random_state=seed)
-        return Federation(fd.devices, fd.labels,
-                          f"Gaussian mixture ({fd.n_devices} devices, d={fd.n_features})")
+    source = get_data_source(data.pop("source"))
+    if source.federated:
+        return source.build(seed, **data)
     n_samples = data.pop("n_samples", None)
-    if source == "mnist":
-        X, y = load_mnist(data.pop("path", None), **data)
-    elif source == "npz":
-        X, y = load_npz(data["path"])
-    else:
-        X, y = load_benchmark(data["name"], data.get("data_dir"))
+    X, y = source.build(seed, **data)
     if n_samples is not None and n_samples < len(X):
         keep = np.sort(np.random.default_rng(seed).choice(len(X), size=int(n_samples),
                                                           replace=False))
@@ -67,11 +54,20 @@ def build_federation(cfg: dict[str, Any]) -> Federation:
     n_devices = part.pop("n_devices")
     parts = partition(kind, X, y, n_devices, random_state=seed, **part)
     devices, labels = apply_partition(X, y, parts)
-    return Federation(devices, labels, f"{source} ({len(X)} points, {kind} over {n_devices} devices)")
+    return Federation(devices, labels,
+                      f"{source.name} ({len(X)} points, {kind} over {n_devices} devices)")
 
 
-def _transport(cfg: dict[str, Any], transport: str):
-    sim = cfg["simulation"]
+def build_estimator(cfg: Mapping[str, Any]) -> Any:
+    """The registered front-door estimator of ``cfg['algorithm']``, seeded by ``cfg['seed']``."""
+    params = dict(cfg["algorithm"])
+    algorithm = get_algorithm(params.pop("name"))
+    return algorithm.estimator(**params, random_state=cfg["seed"])
+
+
+def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess"):
+    """The transport named ``transport`` with the faults of ``cfg['simulation']``."""
+    sim = cfg.get("simulation", {})
     kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
     if transport == "inprocess":
         return InProcessTransport(progress=bool(sim.get("progress", False)), **kw)
@@ -80,81 +76,74 @@ def _transport(cfg: dict[str, Any], transport: str):
     return FlowerSimulationTransport(**kw)
 
 
-def _make_estimator(algo: dict[str, Any], seed: int):
-    params = dict(algo)
-    name = params.pop("name")
-    if name == "kfed":
-        return KFed(**params, random_state=seed)
-    return DistributedLloyd(**params, random_state=seed)
+class _Captured(Exception):
+    pass
 
 
-def run_experiment(cfg: dict[str, Any], *, transport: str = "inprocess",
+class _CaptureTransport:
+    """A transport that records what the estimator would run, and stops it."""
+
+    def run(self, protocol, devices, random_state=None):
+        self.protocol, self.devices, self.seed = protocol, dict(devices), random_state
+        raise _Captured
+
+
+def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
+                   ) -> tuple[Protocol, dict[int, Any], int]:
+    """The protocol, device data and seed that ``fedclust run`` would run for ``cfg``.
+
+    Goes through the registered estimator and its validation (the estimator's
+    ``fit`` hands its protocol to the transport, which is captured here), so a
+    deployed run is the in-process run. Device data is ``X`` or ``(X, y)``.
+    """
+    fed = federation or build_federation(cfg)
+    algorithm = get_algorithm(cfg["algorithm"]["name"])
+    cap = _CaptureTransport()
+    try:
+        algorithm.fit(build_estimator(cfg), fed, cap)
+    except _Captured:
+        return cap.protocol, cap.devices, int(cap.seed)
+    raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
+
+
+def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
                    federation: Federation | None = None) -> Experiment:
     """Run ``cfg`` (already checked by :func:`fedclust.config.check_config`)."""
     fed = federation or build_federation(cfg)
     seed = cfg["seed"]
-    algo = cfg["algorithm"]
-    model = _make_estimator(algo, seed)
+    algorithm = get_algorithm(cfg["algorithm"]["name"])
+    model = build_estimator(cfg)
     t0 = time.perf_counter()
-    model.fit(fed.devices, transport=_transport(cfg, transport))
+    algorithm.fit(model, fed, make_transport(cfg, transport))
     fit_time = time.perf_counter() - t0
-    X_all = np.concatenate(fed.devices)
-    y_all = None if fed.labels is None else np.concatenate(fed.labels)
-    centers = model.cluster_centers_
+    n_points = sum(len(X) for X in fed.devices)
     out: dict[str, Any] = {
         "title": cfg.get("title", ""),
         "federation": fed.description,
-        "algorithm": algo["name"],
+        "algorithm": algorithm.name,
         "transport": transport,
         "seed": seed,
         "n_devices": len(fed.devices),
-        "n_points": int(len(X_all)),
-        "n_features": int(X_all.shape[1]),
-        "cluster_centers": centers.tolist(),
-        "metrics": _scores(X_all, y_all, fed, model, centers),
+        "n_points": int(n_points),
+        "n_features": int(fed.devices[0].shape[1]),
+        **algorithm.result_fields(model),
+        "metrics": algorithm.report(model, fed, cfg),
         "communication": _comm(model.communication_, len(fed.devices)),
         "run_log": {k: v for k, v in vars(model.run_log_).items()},
         "time_s": {"fit": fit_time},
         "baselines": {},
-        "config": cfg,
+        "config": dict(cfg),
     }
-    base = cfg["baselines"]
-    if base.get("centralized", False):
-        t0 = time.perf_counter()
-        km = centralized_kmeans(fed.devices, algo["n_clusters"], random_state=seed)
-        t = time.perf_counter() - t0
-        ref_cost = metrics.kmeans_cost(X_all, km.cluster_centers_)
-        out["baselines"]["centralized"] = {
-            "kmeans_cost": ref_cost, "time_s": t,
-            **({"accuracy": metrics.matched_accuracy(y_all, km.labels_)} if y_all is not None else {}),
-        }
-        out["metrics"]["cost_ratio_vs_centralized"] = out["metrics"]["kmeans_cost"] / ref_cost
-    if base.get("distributed_lloyd", False) and algo["name"] != "distributed-lloyd":
-        t0 = time.perf_counter()
-        dl = DistributedLloyd(algo["n_clusters"], random_state=seed).fit(fed.devices)
-        t = time.perf_counter() - t0
-        entry = {"kmeans_cost": metrics.kmeans_cost(X_all, dl.cluster_centers_), "time_s": t,
-                 "rounds": dl.communication_["rounds"],
-                 "bytes_up": dl.communication_["bytes_up"],
-                 "bytes_down": dl.communication_["bytes_down"]}
-        if y_all is not None:
-            entry["accuracy"] = metrics.matched_accuracy(y_all, np.concatenate(dl.device_labels_))
-        out["baselines"]["distributed_lloyd"] = entry
+    for name, on in cfg.get("baselines", {}).items():
+        if on:
+            out["baselines"][name] = BASELINES[name].run(fed, cfg)
+    ref = out["baselines"].get("centralized", {}).get("kmeans_cost")
+    if ref and "kmeans_cost" in out["metrics"]:
+        out["metrics"]["cost_ratio_vs_centralized"] = out["metrics"]["kmeans_cost"] / ref
+        for entry in out["baselines"].values():
+            if "kmeans_cost" in entry:
+                entry["cost_ratio_vs_centralized"] = entry["kmeans_cost"] / ref
     return Experiment(out, model, fed)
-
-
-def _scores(X_all, y_all, fed, model, centers) -> dict[str, float]:
-    scores = {"kmeans_cost": metrics.kmeans_cost(X_all, centers)}
-    if fed.labels is None:
-        return scores
-    got = [(lab, y) for lab, y in zip(model.device_labels_, fed.labels) if lab is not None]
-    pred = np.concatenate([g[0] for g in got])
-    true = np.concatenate([g[1] for g in got])
-    scores.update(accuracy=metrics.matched_accuracy(true, pred),
-                  ari=metrics.adjusted_rand(true, pred),
-                  nmi=metrics.normalized_mutual_info(true, pred),
-                  labelled_fraction=len(pred) / len(X_all))
-    return scores
 
 
 def _comm(summary: dict[str, Any], n_devices: int) -> dict[str, Any]:

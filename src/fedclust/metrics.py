@@ -15,9 +15,9 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn import metrics as _skm
 
-from ._kmeans import _sum_by_label, assign
-from ._validation import check_array
-from .exceptions import ValidationError
+from .core.kmeans import sum_by_label, assign
+from .core.validation import check_array
+from .core.exceptions import ValidationError
 
 __all__ = [
     "kmeans_cost",
@@ -127,7 +127,7 @@ def partition_cost(X: Any, labels: Any) -> float:
     inv = inv.ravel()
     k = int(inv.max()) + 1
     counts = np.bincount(inv, minlength=k).astype(np.float64)
-    sums = _sum_by_label(X, inv, k, np.zeros((k, X.shape[1])))
+    sums = sum_by_label(X, inv, k, np.zeros((k, X.shape[1])))
     means = sums / counts[:, None]
     # Direct residuals (no expansion): exact even for far-from-origin data.
     resid = X - means[inv]

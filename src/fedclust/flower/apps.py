@@ -43,14 +43,14 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
-from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
-from ..messages import message_nbytes
-from ..protocols.base import Protocol, Request, RunLog, require_replies, round_targets
+from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..core.messages import message_nbytes
+from ..core.protocol import Protocol, Request, RunLog, require_replies, round_targets
 from ..sim.meter import CommunicationMeter
-from ..sim.transport import InProcessTransport, RunOutput, Tamper
+from ..sim.transport import RunOutput, Tamper, draw_faults
 from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
-from .registry import all_actions, build_protocol
+from ..core.registry import all_actions, protocol_from_config
 from .dataio import load_device_file, save_device_file
 from .results import save_error, save_run_output
 
@@ -192,7 +192,7 @@ class _Server:
     def __init__(self, grid: Grid, spec: ServerSpec):
         self.grid = grid
         self.spec = spec
-        self.protocol = build_protocol(spec.protocol, spec.protocol_config)
+        self.protocol = protocol_from_config(spec.protocol, spec.protocol_config)
         self.seed = int(spec.seed)
         self.node_of: dict[int, int] = {}
         self.meter = CommunicationMeter()
@@ -300,10 +300,8 @@ class _Server:
         node_failed = self.hello()
         t_hello = time.perf_counter() - t0
         ids = sorted(self.node_of)
-        faults = InProcessTransport(dropout=spec.dropout, late=spec.late,
-                                    dropped=tuple(spec.dropped),
-                                    late_devices=tuple(spec.late_devices))
-        absent, late = faults._draw_faults(ids, self.seed)  # same draw as in-process
+        absent, late = draw_faults(ids, self.seed, dropout=spec.dropout, late=spec.late,
+                                   dropped=spec.dropped, late_devices=spec.late_devices)
         log.dropped = sorted(absent)
         log.late = sorted(late)
         active = [z for z in ids if z not in absent and z not in late]
@@ -435,7 +433,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
             else:
                 device_id, X = load_node_data(context, data_dir)
             if request.action == HELLO_ACTION:
-                X = np.asarray(X)
+                X = np.asarray(X[0] if isinstance(X, tuple) else X)
                 content = RecordDict({HELLO: ConfigRecord({
                     "device-id": int(device_id), "n-points": int(X.shape[0]),
                     "n-features": int(X.shape[1]) if X.ndim == 2 else -1})})

@@ -22,10 +22,10 @@ from typing import Any, Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from ..exceptions import IncompatibleMessageError, ValidationError
-from ..messages import MESSAGE_TYPES, Message
-from ..protocols.base import Protocol, Request
-from .registry import build_protocol
+from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.messages import MESSAGE_TYPES, Message
+from ..core.protocol import Protocol, Request
+from ..core.registry import protocol_from_config
 
 __all__ = [
     "message_to_record", "record_to_message", "arrays_to_record", "record_to_arrays",
@@ -126,7 +126,7 @@ def content_to_request(content: RecordDict, *, sender: str = "server"
         pconf = record_to_config(content.config_records[PROTOCOL])
     except KeyError as exc:
         raise IncompatibleMessageError(f"{sender}: message has no {exc.args[0]} record") from None
-    protocol = build_protocol(str(head["protocol"]), pconf)
+    protocol = protocol_from_config(str(head["protocol"]), pconf)
     payload = None
     kind = head.get("payload-kind", "")
     if kind:

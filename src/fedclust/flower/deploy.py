@@ -25,42 +25,20 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..exceptions import ValidationError
-from ..protocols.base import Protocol
+from ..core.exceptions import ValidationError
+from ..core.protocol import Protocol
 
 __all__ = ["experiment_protocol", "split_devices", "write_app", "app_run_config"]
 
 PACKAGE = "fedclust_app"
 
 
-class _Captured(Exception):
-    pass
+def experiment_protocol(cfg: Mapping[str, Any]) -> tuple[Protocol, dict[int, Any], int]:
+    """The protocol, device data and seed that ``fedclust run`` would run for ``cfg``
+    (:func:`fedclust.experiment.build_protocol`)."""
+    from ..experiment import build_protocol
 
-
-class _CaptureTransport:
-    """A transport that records what the estimator would run, and stops it."""
-
-    def run(self, protocol, devices, random_state=None):
-        self.protocol, self.devices, self.seed = protocol, dict(devices), random_state
-        raise _Captured
-
-
-def experiment_protocol(cfg: Mapping[str, Any]) -> tuple[Protocol, dict[int, np.ndarray], int]:
-    """The protocol, devices and seed that ``fedclust run`` would run for ``cfg``.
-
-    Goes through the same estimator (``KFed`` / ``DistributedLloyd``) and its
-    validation, so a deployed run is the in-process run.
-    """
-    from ..experiment import _make_estimator, build_federation
-
-    fed = build_federation(dict(cfg))
-    est = _make_estimator(cfg["algorithm"], cfg["seed"])
-    cap = _CaptureTransport()
-    try:
-        est.fit(fed.devices, transport=cap)
-    except _Captured:
-        pass
-    return cap.protocol, cap.devices, int(cap.seed)
+    return build_protocol(cfg)
 
 
 def split_devices(cfg: Mapping[str, Any], out_dir: str | Path) -> list[tuple[int, Path]]:
@@ -70,8 +48,8 @@ def split_devices(cfg: Mapping[str, Any], out_dir: str | Path) -> list[tuple[int
     _, devices, _ = experiment_protocol(cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [(z, save_device_file(out / f"dev-{z}.npz", X, device_id=z))
-            for z, X in sorted(devices.items())]
+    return [(z, save_device_file(out / f"dev-{z}.npz", data, device_id=z))
+            for z, data in sorted(devices.items())]
 
 
 def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,

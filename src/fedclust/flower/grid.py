@@ -33,9 +33,9 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from .._random import root_seed
-from .._validation import check_float
-from ..protocols.base import Protocol
+from ..core.random import root_seed
+from ..core.validation import check_float
+from ..core.protocol import Protocol
 from ..sim.transport import RunOutput, Tamper
 from .apps import ServerSpec, make_client_app, make_server_app
 from .codec import HELLO_ACTION

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
-from ..protocols.base import RunLog
+from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..core.protocol import RunLog
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput
-from .registry import RESULT_TYPES
+from ..core.registry import RESULT_TYPES
 
 __all__ = ["save_run_output", "load_run_output", "save_error", "raise_saved_error",
            "RESULT_NPZ", "RESULT_JSON", "ERROR_JSON"]

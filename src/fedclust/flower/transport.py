@@ -38,10 +38,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._random import root_seed
-from .._validation import check_float
-from ..exceptions import FedClustError
-from ..protocols.base import Protocol
+from ..core.random import root_seed
+from ..core.validation import check_float
+from ..core.exceptions import FedClustError
+from ..core.protocol import Protocol
 from ..sim.transport import RunOutput
 
 __all__ = ["FlowerSimulationTransport", "flower_env", "require_flwr"]

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .._random import RandomState, root_seed
-from .._validation import check_array, check_choice, check_float, check_int
-from ..exceptions import ValidationError
+from ..core.random import RandomState, root_seed
+from ..core.validation import check_array, check_choice, check_float, check_int
+from ..core.exceptions import ValidationError
 
 __all__ = [
     "iid_partition",
@@ -26,10 +26,8 @@ __all__ = [
     "apply_partition",
     "partition",
     "PARTITION_KINDS",
+    "PARTITION_OPTIONS",
 ]
-
-PARTITION_KINDS = ("iid", "structured", "dirichlet", "power-law")
-
 
 def _rng(random_state: RandomState) -> np.random.Generator:
     return np.random.default_rng(root_seed(random_state))
@@ -294,12 +292,14 @@ def apply_partition(X: Any, y: Any, parts: Sequence[Any]
     return devices, labels
 
 
-_KWARGS = {
+#: partition kind -> the options it takes besides ``n_devices`` (config keys too)
+PARTITION_OPTIONS: dict[str, set[str]] = {
     "iid": set(),
-    "structured": {"n_local_clusters"},
+    "structured": {"n_local_clusters", "m0"},
     "dirichlet": {"alpha", "min_size", "max_tries"},
     "power-law": {"exponent", "min_size"},
 }
+PARTITION_KINDS = tuple(PARTITION_OPTIONS)
 
 
 def partition(kind: str, X: Any, y: Any, n_devices: int, *,
@@ -327,11 +327,11 @@ def partition(kind: str, X: Any, y: Any, n_devices: int, *,
     """
     check_choice(kind, "kind", PARTITION_KINDS)
     n = int(np.shape(X)[0]) if np.ndim(X) >= 1 else 0
-    unknown = set(kwargs) - _KWARGS[kind]
+    unknown = set(kwargs) - PARTITION_OPTIONS[kind]
     if unknown:
         raise ValidationError(
             f"partition kind={kind!r} does not take {sorted(unknown)}; "
-            f"it accepts {sorted(_KWARGS[kind]) or 'no extra options'}")
+            f"it accepts {sorted(PARTITION_OPTIONS[kind]) or 'no extra options'}")
     if kind in ("structured", "dirichlet"):
         if y is None:
             raise ValidationError(f"partition kind={kind!r} needs labels y, got None")

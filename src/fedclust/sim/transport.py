@@ -17,30 +17,20 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from .._random import root_seed, server_rng
-from .._validation import check_float
-from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
-from ..messages import Message, message_nbytes
-from ..protocols.base import Protocol, Request, RunLog, require_replies, round_targets
+from ..core.random import root_seed, server_rng
+from ..core.validation import check_float
+from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..core.messages import Message, message_nbytes
+from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, require_replies,
+                             round_targets)
 from .meter import CommunicationMeter
 
-__all__ = ["InProcessTransport", "RunOutput", "Tamper"]
+__all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults"]
 
 #: ``tamper(device_id, round, arrays) -> arrays``: rewrite a reply on the wire (Byzantine / faulty clients).
 Tamper = Callable[[int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 _FAULT_BRANCH = 7  # server-stream round index reserved for drawing faults
-
-
-@dataclass
-class RunOutput:
-    """Result of the protocol, per-device outputs, the communication meter and the log."""
-
-    result: Any
-    device_outputs: dict[int, dict[str, np.ndarray]]
-    meter: CommunicationMeter
-    log: RunLog
-    seed: int
 
 
 @dataclass
@@ -74,7 +64,7 @@ class InProcessTransport:
     tamper: Tamper | None = None
     progress: bool = False
 
-    def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
+    def run(self, protocol: Protocol, devices: Mapping[int, DeviceData],
             random_state: Any = None) -> RunOutput:
         """Run ``protocol`` over ``devices`` (device id -> (n_z, d) array)."""
         check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
@@ -114,17 +104,8 @@ class InProcessTransport:
         return RunOutput(result, outputs, meter, log, seed)
 
     def _draw_faults(self, ids, seed):
-        rng = server_rng(seed, _FAULT_BRANCH)
-        n = len(ids)
-        perm = rng.permutation(ids) if n else np.array([], dtype=int)
-        n_drop = int(round(self.dropout * n))
-        n_late = int(round(self.late * n))
-        absent = set(int(z) for z in perm[:n_drop]) | {int(z) for z in self.dropped}
-        late = set(int(z) for z in perm[n_drop:n_drop + n_late]) | {int(z) for z in self.late_devices}
-        unknown = (set(self.dropped) | set(self.late_devices)) - set(ids)
-        if unknown:
-            raise ValidationError(f"dropped/late device ids {sorted(unknown)} are not in the federation")
-        return absent, late - absent
+        return draw_faults(ids, seed, dropout=self.dropout, late=self.late, dropped=self.dropped,
+                           late_devices=self.late_devices)
 
     def _round(self, protocol, state, request: Request, targets, devices, states, seed, log,
                meter):
@@ -183,6 +164,28 @@ class InProcessTransport:
     @staticmethod
     def _wire(msg: Message, cls, sender: str) -> Message:
         return cls.from_arrays(msg.to_arrays(), sender=sender)
+
+
+def draw_faults(ids: Sequence[int], seed: int, *, dropout: float = 0.0, late: float = 0.0,
+                dropped: Sequence[int] = (), late_devices: Sequence[int] = ()
+                ) -> tuple[set[int], set[int]]:
+    """The simulated faults of a run: ``(absent, late)`` device ids, drawn from the seed.
+
+    Every transport (in-process, Flower) calls this, so both drop the same devices.
+    ``dropout``/``late`` are fractions of ``ids``; ``dropped``/``late_devices``
+    are explicit ids added to them. A device is never both.
+    """
+    rng = server_rng(seed, _FAULT_BRANCH)
+    n = len(ids)
+    perm = rng.permutation(list(ids)) if n else np.array([], dtype=int)
+    n_drop = int(round(dropout * n))
+    n_late = int(round(late * n))
+    absent = {int(z) for z in perm[:n_drop]} | {int(z) for z in dropped}
+    late_set = {int(z) for z in perm[n_drop:n_drop + n_late]} | {int(z) for z in late_devices}
+    unknown = (set(dropped) | set(late_devices)) - set(ids)
+    if unknown:
+        raise ValidationError(f"dropped/late device ids {sorted(unknown)} are not in the federation")
+    return absent, late_set - absent
 
 
 _CHUNK = 1024  # devices handed to the protocol at once (vectorised client steps)

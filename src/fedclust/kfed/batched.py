@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._kmeans import _relocate, _update_centers
+from ..core.kmeans import relocate_empty_centers, update_centers
 
 __all__ = ["n_uniforms", "spectral_kmeans_batch", "spectral_seed_batch", "projection_batch",
            "kmeanspp_batch", "lloyd_batch"]
@@ -130,7 +130,7 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         for j in np.flatnonzero((counts == 0).any(axis=1)):
             if n >= k:  # rare: move empty centers to far points, exactly as the serial Lloyd
                 mind = D[j, np.arange(n), new[j]]
-                upd[j], new[j], counts[j] = _relocate(Xa[j], new[j].copy(), upd[j], counts[j].copy(),
+                upd[j], new[j], counts[j] = relocate_empty_centers(Xa[j], new[j].copy(), upd[j], counts[j].copy(),
                                                       mind, None)
         shift = ((upd - Ca) ** 2).sum(axis=(1, 2))
         centers[a] = upd

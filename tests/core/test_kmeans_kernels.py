@@ -1,4 +1,4 @@
-"""Dense k-means kernels (fedclust._kmeans) against scipy / scikit-learn / hand computations."""
+"""Dense k-means kernels (fedclust.core.kmeans) against scipy / scikit-learn / hand computations."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from scipy.spatial.distance import cdist
 from sklearn.cluster import KMeans
 
 from conftest import blobs
-from fedclust._kmeans import _BLOCK, assign, kmeans_plusplus, lloyd, squared_distances
+from fedclust.core.kmeans import BLOCK, assign, kmeans_plusplus, lloyd, squared_distances
 
 
 def _sk_lloyd(X, init, *, tol, max_iter, sample_weight=None):
@@ -36,7 +36,7 @@ def test_squared_distances_never_negative():
 
 def test_assign_blockwise_matches_cdist():
     rng = np.random.default_rng(2)
-    n = 2 * _BLOCK + 123  # several blocks and a ragged tail
+    n = 2 * BLOCK + 123  # several blocks and a ragged tail
     X = rng.normal(size=(n, 4))
     C = rng.normal(size=(9, 4))
     labels, mind = assign(X, C)

@@ -10,9 +10,9 @@ from sklearn.metrics import adjusted_rand_score
 import fedclust
 from conftest import blobs, make_structured_federation, matched_accuracy, sorted_rows
 from fedclust import KFed
-from fedclust._random import device_rng
-from fedclust.exceptions import NotFittedError, ValidationError
-from fedclust.local.spectral_kmeans import _spectral_seed
+from fedclust.core.random import device_rng
+from fedclust import NotFittedError, ValidationError
+from fedclust.kfed.local import _spectral_seed
 
 K, KL, M0, D = 16, 4, 5, 50
 

@@ -3,9 +3,13 @@
 One codec serves every transport and the disk: ``to_arrays()`` gives a
 ``dict[str, numpy.ndarray]`` (what Flower's ``ArrayRecord`` and ``numpy.savez``
 carry) and ``from_arrays()`` rebuilds the message **and validates it** (fields,
-dtypes, shapes, finiteness, consistency with what the server asked for), so a
+dtypes, shapes, finiteness, then the subclass's :meth:`Message.validate`), so a
 malformed or malicious reply is rejected by name before any server maths. No
 pickle anywhere: loading uses ``allow_pickle=False``.
+
+Each family declares its own messages in its wing (``fedclust/<family>/messages.py``)
+as subclasses with a ``schema`` and a unique ``kind``; subclassing registers the
+kind, so :func:`load_message` reads every family's messages.
 
 Byte counts are the payload sizes of these arrays (``nbytes``), which is what
 the papers count; transport framing (protobuf, HTTP/2) is not included.
@@ -22,32 +26,39 @@ import numpy as np
 
 from .exceptions import IncompatibleMessageError
 
-__all__ = [
-    "Message",
-    "LocalCenters",
-    "CenterBroadcast",
-    "ClusterSums",
-    "PointSample",
-    "LabelMap",
-    "message_nbytes",
-    "save_message",
-    "load_message",
-    "MESSAGE_TYPES",
-]
+__all__ = ["Message", "FLOAT", "INT", "reject", "message_nbytes", "save_message", "load_message",
+           "MESSAGE_TYPES"]
 
-_FLOAT_KINDS = ("f",)
-_INT_KINDS = ("i", "u")
+#: dtype kinds a schema may ask for
+FLOAT = ("f",)
+INT = ("i", "u")
+
+#: message kind -> class, filled by subclassing :class:`Message`
+MESSAGE_TYPES: dict[str, type["Message"]] = {}
+
+
+def reject(sender: str, text: str) -> None:
+    """Raise :class:`IncompatibleMessageError` naming the sender (for ``Message.validate``)."""
+    raise IncompatibleMessageError(f"{sender}: {text}")
 
 
 @dataclass(frozen=True)
 class Message:
     """Base class: every field is a numpy array; subclasses declare the schema.
 
-    ``_schema`` maps field name to (dtype kind(s), number of dimensions).
+    ``schema`` maps field name to (dtype kinds, number of dimensions); ``kind``
+    names the message on the wire and on disk (unique across families).
     """
 
-    _schema: ClassVar[dict[str, tuple[tuple[str, ...], int]]] = {}
+    schema: ClassVar[dict[str, tuple[tuple[str, ...], int]]] = {}
     kind: ClassVar[str] = "message"
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        known = MESSAGE_TYPES.get(cls.kind)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise TypeError(f"message kind {cls.kind!r} is taken by {known.__qualname__}")
+        MESSAGE_TYPES[cls.kind] = cls
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The wire form: field name -> contiguous array (no copies when possible)."""
@@ -61,7 +72,7 @@ class Message:
         if not isinstance(arrays, dict):
             raise IncompatibleMessageError(
                 f"{sender}: expected a dict of arrays for {cls.kind}, got {type(arrays).__name__}")
-        expected = set(cls._schema)
+        expected = set(cls.schema)
         got = set(arrays)
         if got != expected:
             missing = sorted(expected - got)
@@ -70,7 +81,7 @@ class Message:
                 f"{sender}: {cls.kind} message has wrong fields "
                 f"(missing {missing}, unexpected {extra})")
         values = {}
-        for name, (kinds, ndim) in cls._schema.items():
+        for name, (kinds, ndim) in cls.schema.items():
             arr = arrays[name]
             if not isinstance(arr, np.ndarray):
                 raise IncompatibleMessageError(
@@ -86,104 +97,17 @@ class Message:
                     f"{sender}: field {name!r} contains non-finite values (NaN or inf)")
             values[name] = arr
         msg = cls(**values)
-        msg._check(sender)
+        msg.validate(sender)
         return msg
 
-    def _check(self, sender: str) -> None:
-        """Cross-field consistency; subclasses extend."""
+    def validate(self, sender: str) -> None:
+        """Cross-field consistency after the schema checks; subclasses extend (call :func:`reject`)."""
 
     @property
     def nbytes(self) -> int:
         """Payload bytes of the wire form."""
         return sum(a.nbytes for a in self.to_arrays().values())
 
-
-def _fail(sender: str, text: str) -> None:
-    raise IncompatibleMessageError(f"{sender}: {text}")
-
-
-@dataclass(frozen=True)
-class LocalCenters(Message):
-    """k-FED device -> server: the k_z local centers and their point counts.
-
-    Bytes: ``k_z * d * itemsize + k_z * 8``.
-    """
-
-    centers: np.ndarray  # (k_z, d) float
-    counts: np.ndarray   # (k_z,) int64, >= 1
-    _schema: ClassVar = {"centers": (_FLOAT_KINDS, 2), "counts": (_INT_KINDS, 1)}
-    kind: ClassVar[str] = "local_centers"
-
-    def _check(self, sender: str) -> None:
-        k_z = self.centers.shape[0]
-        if k_z == 0 or self.centers.shape[1] == 0:
-            _fail(sender, f"local_centers has an empty centers array of shape {self.centers.shape}")
-        if self.counts.shape != (k_z,):
-            _fail(sender, f"counts has shape {self.counts.shape} but there are {k_z} centers")
-        if (self.counts < 1).any():
-            _fail(sender, f"counts must all be >= 1, got {self.counts.tolist()}")
-
-
-@dataclass(frozen=True)
-class CenterBroadcast(Message):
-    """Server -> devices: the current global centers (k, d)."""
-
-    centers: np.ndarray
-    _schema: ClassVar = {"centers": (_FLOAT_KINDS, 2)}
-    kind: ClassVar[str] = "center_broadcast"
-
-
-@dataclass(frozen=True)
-class ClusterSums(Message):
-    """Distributed Lloyd device -> server: per-center sums (k, d), counts (k,), local cost ()."""
-
-    sums: np.ndarray
-    counts: np.ndarray
-    cost: np.ndarray
-    _schema: ClassVar = {"sums": (_FLOAT_KINDS, 2), "counts": (_INT_KINDS, 1),
-                         "cost": (_FLOAT_KINDS, 0)}
-    kind: ClassVar[str] = "cluster_sums"
-
-    def _check(self, sender: str) -> None:
-        if self.counts.shape != (self.sums.shape[0],):
-            _fail(sender, f"counts has shape {self.counts.shape} for {self.sums.shape[0]} sums")
-        if (self.counts < 0).any():
-            _fail(sender, "counts must be >= 0")
-        if float(self.cost) < 0:
-            _fail(sender, f"cost={float(self.cost)} must be >= 0")
-
-
-@dataclass(frozen=True)
-class PointSample(Message):
-    """Device -> server: a uniform sample of raw points and the device size.
-
-    Only the distributed-Lloyd *baseline* uses it (to seed k-means++); k-FED
-    never sends raw points.
-    """
-
-    points: np.ndarray   # (m, d)
-    n_points: np.ndarray  # () int64: device size, to weight the sample
-    _schema: ClassVar = {"points": (_FLOAT_KINDS, 2), "n_points": (_INT_KINDS, 0)}
-    kind: ClassVar[str] = "point_sample"
-
-    def _check(self, sender: str) -> None:
-        if int(self.n_points) < self.points.shape[0]:
-            _fail(sender, f"n_points={int(self.n_points)} is smaller than the sample size "
-                          f"{self.points.shape[0]}")
-
-
-@dataclass(frozen=True)
-class LabelMap(Message):
-    """Server -> device: global cluster of each of the device's local centers (k_z,)."""
-
-    global_labels: np.ndarray
-    _schema: ClassVar = {"global_labels": (_INT_KINDS, 1)}
-    kind: ClassVar[str] = "label_map"
-
-
-MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.kind: cls for cls in (LocalCenters, CenterBroadcast, ClusterSums, PointSample, LabelMap)
-}
 
 _KIND_KEY = "__kind__"
 

@@ -20,10 +20,10 @@ import numpy as np
 
 from .batched import (lloyd_batch, n_uniforms, projection_batch, spectral_kmeans_batch,
                       spectral_seed_batch)
-from .._random import sklearn_seed
-from .._validation import check_array, check_int
-from ..exceptions import ValidationError
-from ..messages import LocalCenters
+from ..core.random import sklearn_seed
+from ..core.validation import check_array, check_int
+from ..core.exceptions import ValidationError
+from .messages import LocalCenters
 
 __all__ = ["LocalKMeansResult", "local_kmeans", "local_kmeans_many",
            "top_right_singular_vectors"]

@@ -29,7 +29,7 @@ def test_flower_transport_without_flwr_is_a_one_line_error():
     assert r.returncode == 0, r.stderr  # the in-process path needs no flwr
     r = _run("from fedclust.flower.transport import FlowerSimulationTransport\n"
              "import numpy as np\n"
-             "from fedclust.protocols.kfed import KFedProtocol\n"
+             "from fedclust.kfed.protocol import KFedProtocol\n"
              "try:\n"
              "    FlowerSimulationTransport().run(KFedProtocol(1, 1), {0: np.ones((3, 2))}, 0)\n"
              "except ImportError as exc:\n"

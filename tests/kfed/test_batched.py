@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from fedclust import KFed
-from fedclust._random import device_rng
-from fedclust.local.batched import kmeanspp_batch, n_uniforms, projection_batch
-from fedclust.local.spectral_kmeans import local_kmeans, local_kmeans_many
+from fedclust.core.random import device_rng
+from fedclust.kfed.batched import kmeanspp_batch, n_uniforms, projection_batch
+from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
 
 def _devices(n_dev, n, d, k, seed=0):

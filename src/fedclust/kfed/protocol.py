@@ -20,13 +20,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._random import device_rng, server_rng
-from .._validation import check_choice, check_float, check_int
-from ..exceptions import FedClustError, IncompatibleMessageError, ValidationError
-from ..local.spectral_kmeans import local_kmeans, local_kmeans_many
-from ..messages import LabelMap, LocalCenters, Message
-from ..server.kfed import SERVER_METHODS, aggregate_centers, assign_to_centers
-from .base import Protocol, Request, RunLog
+from ..core.random import device_rng, server_rng
+from ..core.validation import check_choice, check_float, check_int
+from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from .local import local_kmeans, local_kmeans_many
+from ..core.messages import Message
+from .messages import LabelMap, LocalCenters
+from .server import SERVER_METHODS, aggregate_centers, assign_to_centers
+from ..core.protocol import Protocol, Request, RunLog
 
 __all__ = ["KFedProtocol", "KFedResult"]
 

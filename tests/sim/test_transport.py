@@ -5,8 +5,8 @@ import pytest
 
 from conftest import make_structured_federation, matched_accuracy
 from fedclust import KFed
-from fedclust.exceptions import ValidationError
-from fedclust.protocols.kfed import KFedProtocol
+from fedclust import ValidationError
+from fedclust.kfed.protocol import KFedProtocol
 from fedclust.sim.transport import InProcessTransport
 
 K, KL, D = 8, 4, 10

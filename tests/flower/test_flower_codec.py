@@ -10,16 +10,16 @@ pytest.importorskip("flwr")
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa: E402
 
-from fedclust.exceptions import IncompatibleMessageError, ValidationError  # noqa: E402
+from fedclust import IncompatibleMessageError, ValidationError  # noqa: E402
 from fedclust.flower.codec import (PAYLOAD, arrays_to_record, config_to_record,  # noqa: E402
                                    content_to_request, message_to_record, record_to_config,
                                    record_to_message, request_to_content)
-from fedclust.flower.registry import PROTOCOLS, build_protocol  # noqa: E402
-from fedclust.messages import (CenterBroadcast, ClusterSums, LabelMap, LocalCenters,  # noqa: E402
-                               PointSample)
-from fedclust.protocols.base import Request  # noqa: E402
-from fedclust.protocols.kfed import KFedProtocol  # noqa: E402
-from fedclust.protocols.lloyd import DistributedLloydProtocol  # noqa: E402
+from fedclust.core.registry import PROTOCOLS, protocol_from_config  # noqa: E402
+from fedclust.kfed.messages import LabelMap, LocalCenters  # noqa: E402
+from fedclust.lloyd.messages import CenterBroadcast, ClusterSums, PointSample  # noqa: E402
+from fedclust.core.protocol import Request  # noqa: E402
+from fedclust.kfed.protocol import KFedProtocol  # noqa: E402
+from fedclust.lloyd.protocol import DistributedLloydProtocol  # noqa: E402
 
 
 def _proto_round_trip(rd: RecordDict) -> RecordDict:
@@ -81,7 +81,7 @@ def test_object_arrays_are_refused():
 def test_protocol_config_round_trip(protocol):
     rd = _proto_round_trip(RecordDict({"c": config_to_record(protocol.config())}))
     cfg = record_to_config(rd.config_records["c"])
-    rebuilt = build_protocol(protocol.name, cfg)
+    rebuilt = protocol_from_config(protocol.name, cfg)
     assert type(rebuilt) is type(protocol)
     assert rebuilt.config() == protocol.config()
     assert all(type(v) is not np.int64 for v in cfg.values())
@@ -90,7 +90,7 @@ def test_protocol_config_round_trip(protocol):
 def test_registry_and_unknown_protocol():
     assert {"kfed", "distributed-lloyd"} <= set(PROTOCOLS)
     with pytest.raises(ValidationError, match="unknown protocol 'nope'"):
-        build_protocol("nope", {})
+        protocol_from_config("nope", {})
 
 
 def test_request_round_trip_with_payload():

@@ -14,7 +14,7 @@ simulator (:mod:`fedclust.sim`) or Flower (:mod:`fedclust.flower`). It has
 
 Everything a client needs to rebuild the protocol travels as scalars in
 :meth:`Protocol.config`; randomness comes from the run's seed and the device
-id (:mod:`fedclust._random`). Replies are validated by the message codec and
+id (:mod:`fedclust.core.random`). Replies are validated by the message codec and
 :meth:`Protocol.check_reply` before any server maths; a bad reply is rejected
 by name and the round goes on without it.
 """
@@ -23,16 +23,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Protocol as TypingProtocol, Sequence, Union
 
 import numpy as np
 
-from ..exceptions import FedClustError, ValidationError
-from ..messages import Message
+from .exceptions import FedClustError, ValidationError
+from .messages import Message
 
-__all__ = ["Request", "Protocol", "RunLog", "ConfigValue", "round_targets", "require_replies"]
+__all__ = ["Request", "Protocol", "RunLog", "RunOutput", "Transport", "DeviceData", "ConfigValue",
+           "round_targets", "require_replies"]
 
 ConfigValue = Any  # int | float | str | bool | list of those
+
+#: What a device holds: its points ``X`` (n, d), or ``(X, y)`` for supervised
+#: families (``Protocol.supervised``). Transports pass it to the client step as is.
+DeviceData = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,36 @@ class RunLog:
     failed: dict[int, str] = field(default_factory=dict)
 
 
+@dataclass
+class RunOutput:
+    """What a transport returns: the protocol's result, per-device outputs, the
+    communication meter (:class:`fedclust.sim.meter.CommunicationMeter`), the log."""
+
+    result: Any
+    device_outputs: dict[int, dict[str, np.ndarray]]
+    meter: Any
+    log: RunLog
+    seed: int
+
+
+class Transport(TypingProtocol):
+    """What ``fit(..., transport=)`` accepts: the in-process simulator
+    (:class:`fedclust.sim.InProcessTransport`) or Flower
+    (:class:`fedclust.flower.FlowerSimulationTransport`, ...)."""
+
+    def run(self, protocol: "Protocol", devices: Mapping[int, DeviceData],
+            random_state: Any = None) -> RunOutput:
+        ...
+
+
 class Protocol(ABC):
     """Base class of federated protocols (see the module docstring)."""
 
     name: ClassVar[str]
     #: reply message class of each action
     reply_types: ClassVar[Mapping[str, type[Message]]]
+    #: devices hold ``(X, y)`` rather than ``X`` (see :data:`DeviceData`)
+    supervised: ClassVar[bool] = False
 
     @abstractmethod
     def config(self) -> dict[str, ConfigValue]:
@@ -101,11 +130,11 @@ class Protocol(ABC):
 
     # -- client side -----------------------------------------------------
     @abstractmethod
-    def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
+    def client_step(self, request: Request, X: DeviceData, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
-        """Client maths for ``request.action`` on the device's own data."""
+        """Client maths for ``request.action`` on the device's own data (``(X, y)`` if supervised)."""
 
-    def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
+    def client_steps(self, request: Request, devices: Mapping[int, DeviceData], *, seed: int,
                      states: Mapping[int, dict[str, np.ndarray]]
                      ) -> dict[int, Message | FedClustError]:
         """:meth:`client_step` for several simulated devices; errors are returned, not raised.
@@ -121,7 +150,7 @@ class Protocol(ABC):
                 out[z] = exc
         return out
 
-    def client_finish(self, message: Message | None, X: np.ndarray,
+    def client_finish(self, message: Message | None, X: DeviceData,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Turn the final message into the device's output (e.g. its point labels)."""
         return {}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedclust.exceptions import ValidationError
+from fedclust import ValidationError
 from fedclust.sim.partition import (apply_partition, dirichlet_partition, iid_partition,
                                     partition, power_law_partition, structured_partition)
 

@@ -8,8 +8,8 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from conftest import sorted_rows
-from fedclust.exceptions import ValidationError
-from fedclust.server.kfed import (aggregate_centers, assign_to_centers, farthest_first,
+from fedclust import ValidationError
+from fedclust.kfed.server import (aggregate_centers, assign_to_centers, farthest_first,
                                   single_linkage)
 
 

@@ -35,8 +35,8 @@ from typing import Sequence
 import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
-from .._kmeans import assign, lloyd
-from ..exceptions import ValidationError
+from ..core.kmeans import assign, lloyd
+from ..core.exceptions import ValidationError
 
 __all__ = ["AggregationResult", "aggregate_centers", "farthest_first", "assign_to_centers",
            "single_linkage", "SERVER_METHODS"]

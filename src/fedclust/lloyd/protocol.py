@@ -17,12 +17,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._kmeans import assign, kmeans_plusplus
-from .._random import device_rng, server_rng
-from .._validation import check_float, check_int
-from ..exceptions import IncompatibleMessageError, ValidationError
-from ..messages import CenterBroadcast, ClusterSums, Message, PointSample
-from .base import Protocol, Request, RunLog
+from ..core.kmeans import assign, kmeans_plusplus
+from ..core.random import device_rng, server_rng
+from ..core.validation import check_float, check_int
+from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.messages import Message
+from .messages import CenterBroadcast, ClusterSums, PointSample
+from ..core.protocol import Protocol, Request, RunLog
 
 __all__ = ["DistributedLloydProtocol", "DistributedLloydResult"]
 

@@ -12,13 +12,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._kmeans import assign
-from ._random import RandomState, root_seed
-from ._validation import check_array, check_devices, check_int, check_n_local_clusters
-from .exceptions import NotFittedError, ValidationError
+from ..core.kmeans import assign
+from ..core.random import RandomState, root_seed
+from ..core.validation import check_array, check_devices, check_int, check_n_local_clusters
+from ..core.exceptions import NotFittedError, ValidationError
 from .messages import LocalCenters
-from .protocols.kfed import KFedProtocol, KFedResult
-from .sim.transport import InProcessTransport
+from .protocol import KFedProtocol, KFedResult
+from ..core.protocol import Request, Transport
+from ..sim.transport import InProcessTransport
 
 __all__ = ["KFed"]
 
@@ -105,7 +106,7 @@ class KFed:
 
     def fit(self, devices: Sequence[Any], y: None = None, *,
             device_ids: Sequence[int] | None = None,
-            transport: InProcessTransport | None = None) -> "KFed":
+            transport: Transport | None = None) -> "KFed":
         """Run k-FED over ``devices`` (a sequence of (n_z, d) arrays).
 
         ``device_ids`` names the devices (default 0..Z-1); a device's random
@@ -208,7 +209,6 @@ class KFed:
         proto = KFedProtocol(self.n_clusters, {device_id: k_z}, tol=self.tol,
                              local_max_iter=self.local_max_iter,
                              allow_raw_points=self.allow_raw_points)
-        from .protocols.base import Request
 
         state: dict[str, np.ndarray] = {}
         reply = proto.client_step(Request(0, "local_centers"), X_new, device_id=device_id,

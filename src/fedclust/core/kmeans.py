@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["squared_distances", "assign", "lloyd", "kmeans_plusplus", "LloydResult"]
+__all__ = ["squared_distances", "assign", "lloyd", "kmeans_plusplus", "LloydResult", "update_centers",
+           "sum_by_label", "relocate_empty_centers", "BLOCK"]
 
 # Rows per block: 4096 rows x k centers x 8 bytes stays in the low MB for k <= 1000.
-_BLOCK = 4096
+BLOCK = 4096
 
 
 def squared_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -40,12 +41,12 @@ def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     labels = np.empty(n, dtype=np.int64)
     mind = np.empty(n, dtype=np.result_type(X.dtype, C.dtype))
     c_sq = (C * C).sum(axis=1)
-    for start in range(0, n, _BLOCK):
-        Xb = X[start:start + _BLOCK]
+    for start in range(0, n, BLOCK):
+        Xb = X[start:start + BLOCK]
         D = (Xb * Xb).sum(axis=1)[:, None] - 2.0 * (Xb @ C.T) + c_sq[None, :]
         lab = D.argmin(axis=1)
-        labels[start:start + _BLOCK] = lab
-        mind[start:start + _BLOCK] = D[np.arange(len(lab)), lab]
+        labels[start:start + BLOCK] = lab
+        mind[start:start + BLOCK] = D[np.arange(len(lab)), lab]
     np.maximum(mind, 0.0, out=mind)
     return labels, mind
 
@@ -64,7 +65,7 @@ class LloydResult:
         self.converged = converged
 
 
-def _update_centers(X, labels, k, weights, old_centers):
+def update_centers(X, labels, k, weights, old_centers):
     """Weighted means per label; empty clusters keep their previous center."""
     if weights is None:
         counts = np.bincount(labels, minlength=k).astype(X.dtype)
@@ -72,18 +73,18 @@ def _update_centers(X, labels, k, weights, old_centers):
         if X.shape[0] < 64:
             np.add.at(sums, labels, X)
         else:
-            _sum_by_label(X, labels, k, sums)
+            sum_by_label(X, labels, k, sums)
     else:
         counts = np.bincount(labels, weights=weights, minlength=k).astype(X.dtype)
         sums = np.zeros((k, X.shape[1]), dtype=X.dtype)
-        _sum_by_label(X * weights[:, None], labels, k, sums)
+        sum_by_label(X * weights[:, None], labels, k, sums)
     centers = old_centers.copy()
     nonempty = counts > 0
     centers[nonempty] = sums[nonempty] / counts[nonempty, None]
     return centers, counts
 
 
-def _sum_by_label(X, labels, k, out):
+def sum_by_label(X, labels, k, out):
     # A sparse one-hot product is BLAS-backed and far faster than np.add.at.
     from scipy.sparse import csr_matrix
 
@@ -122,9 +123,9 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
             n_iter -= 1  # this pass only confirmed the previous update
             break
         labels = new_labels
-        new_centers, counts = _update_centers(X, labels, k, weights, centers)
+        new_centers, counts = update_centers(X, labels, k, weights, centers)
         if relocate_empty and (counts == 0).any() and X.shape[0] >= k:
-            new_centers, labels, counts = _relocate(X, labels, new_centers, counts, mind, weights)
+            new_centers, labels, counts = relocate_empty_centers(X, labels, new_centers, counts, mind, weights)
         shift = ((new_centers - centers) ** 2).sum()
         centers = new_centers
         if shift <= abs_tol:
@@ -137,7 +138,7 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
     return LloydResult(centers, labels, counts, inertia, max(n_iter, 1), converged)
 
 
-def _relocate(X, labels, centers, counts, mind, weights):
+def relocate_empty_centers(X, labels, centers, counts, mind, weights):
     """Move each empty center onto a far point taken from a non-singleton cluster."""
     order = np.argsort(-mind, kind="stable")
     empties = np.flatnonzero(counts == 0)
@@ -156,7 +157,7 @@ def _relocate(X, labels, centers, counts, mind, weights):
         labels[i] = j
         counts[j] = w
         centers[j] = X[i]
-    return _update_centers(X, labels, len(centers), weights, centers)[0], labels, counts
+    return update_centers(X, labels, len(centers), weights, centers)[0], labels, counts
 
 
 def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator, *,

@@ -23,7 +23,7 @@ from fedclust.experiment import run_experiment  # noqa: E402
 from fedclust.flower.apps import ServerSpec  # noqa: E402
 from fedclust.flower.grid import FlowerInMemoryTransport, LocalGrid, run_server_app  # noqa: E402
 from fedclust.flower.results import load_run_output, save_run_output  # noqa: E402
-from fedclust.protocols.kfed import KFedProtocol  # noqa: E402
+from fedclust.kfed.protocol import KFedProtocol  # noqa: E402
 from fedclust.sim.transport import InProcessTransport  # noqa: E402
 
 

@@ -7,10 +7,10 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from conftest import blobs
-from fedclust.exceptions import ValidationError
-from fedclust.local.spectral_kmeans import (_spectral_seed, local_kmeans,
+from fedclust import ValidationError
+from fedclust.kfed.local import (_spectral_seed, local_kmeans,
                                             top_right_singular_vectors)
-from fedclust.messages import LocalCenters
+from fedclust.kfed.messages import LocalCenters
 
 
 def _separable(seed=0, k=4, d=20, n_per=50, sep=10.0):

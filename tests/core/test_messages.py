@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from fedclust.exceptions import IncompatibleMessageError, ValidationError
-from fedclust.messages import (MESSAGE_TYPES, CenterBroadcast, ClusterSums, LabelMap,
-                               LocalCenters, PointSample, load_message, message_nbytes,
-                               save_message)
+from fedclust import IncompatibleMessageError, ValidationError
+from fedclust.core.messages import MESSAGE_TYPES, load_message, message_nbytes, save_message
+from fedclust.kfed.messages import LabelMap, LocalCenters
+from fedclust.lloyd.messages import CenterBroadcast, ClusterSums, PointSample
 
 SENDER = "device 17"
 

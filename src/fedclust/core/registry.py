@@ -1,0 +1,252 @@
+"""One registry: what each family declares so the shared machinery can serve it.
+
+The CLI, the TOML configs, ``fedclust demo``, the experiment reports and the
+Flower apps never name a family. Each family registers, in its own wing's
+``__init__.py`` (imported by ``import fedclust``):
+
+* its **protocols** and their result types (:func:`register_protocol`) — what a
+  Flower client rebuilds from a name and a config, and what a Flower server
+  writes back;
+* its **algorithms** (:func:`register_algorithm`): the ``[algorithm] name`` of a
+  config, the front-door estimator (whose keyword parameters *are* the allowed
+  TOML keys), and hooks that fit it on a :class:`Federation` and report it;
+* optionally **data sources** (:func:`register_data_source`), **baselines**
+  (:func:`register_baseline`) and **demos** (:func:`register_demo`).
+
+Nothing here imports a wing; wings import this module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .exceptions import ValidationError
+from .protocol import Protocol
+
+__all__ = [
+    "Federation", "Algorithm", "DataSource", "Baseline",
+    "register_protocol", "register_algorithm", "register_data_source", "register_baseline",
+    "register_demo", "protocol_from_config", "all_actions", "get_algorithm", "get_data_source",
+    "estimator_params", "PROTOCOLS", "RESULT_TYPES", "ALGORITHMS", "DATA_SOURCES", "BASELINES",
+    "DEMOS", "clustering_report", "plot_clustering",
+]
+
+
+@dataclass
+class Federation:
+    """A federation as the experiment runner hands it to a family.
+
+    ``labels`` are per-device ground truth (cluster labels for clustering, the
+    targets ``y`` for supervised families). ``test_devices`` / ``test_labels``
+    hold per-device held-out data where a family evaluates on it; ``extra``
+    carries source-specific truth (true regression weights, Byzantine ids, a
+    communication graph, ...), JSON-ready or arrays.
+    """
+
+    devices: list[np.ndarray]
+    labels: list[np.ndarray] | None
+    description: str
+    test_devices: list[np.ndarray] | None = None
+    test_labels: list[np.ndarray] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _default_fit(model: Any, fed: Federation, transport: Any) -> None:
+    model.fit(fed.devices, transport=transport)
+
+
+def clustering_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """k-means cost of the final centers on all points; accuracy/ARI/NMI when labels exist."""
+    from .. import metrics
+
+    X_all = np.concatenate(fed.devices)
+    scores: dict[str, Any] = {"kmeans_cost": metrics.kmeans_cost(X_all, model.cluster_centers_)}
+    if fed.labels is None:
+        return scores
+    got = [(lab, y) for lab, y in zip(model.device_labels_, fed.labels) if lab is not None]
+    if not got:
+        return scores
+    pred = np.concatenate([g[0] for g in got])
+    true = np.concatenate([g[1] for g in got])
+    scores.update(accuracy=metrics.matched_accuracy(true, pred),
+                  ari=metrics.adjusted_rand(true, pred),
+                  nmi=metrics.normalized_mutual_info(true, pred),
+                  labelled_fraction=len(pred) / len(X_all))
+    return scores
+
+
+def _centers_fields(model: Any) -> dict[str, Any]:
+    return {"cluster_centers": np.asarray(model.cluster_centers_).tolist()}
+
+
+def plot_clustering(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
+    """The default figure: devices' points coloured by label, final centers."""
+    from ..plotting import have_matplotlib, plot_federated_clustering
+
+    if not have_matplotlib():
+        return None
+    return plot_federated_clustering(fed.devices, model.device_labels_, model.cluster_centers_,
+                                     result, path)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An ``[algorithm] name = ...`` entry.
+
+    Parameters
+    ----------
+    name : str
+        The config name (``"kfed"``, ``"coreset"``, ``"fedavg"``, ...).
+    estimator : type
+        Front door; its keyword parameters (except ``random_state``) are the
+        keys an ``[algorithm]`` table may set, so there is no second list.
+    required : tuple of str
+        Keys a config must give.
+    fit : callable(model, federation, transport)
+        Fits the estimator; default ``model.fit(fed.devices, transport=transport)``.
+    report : callable(model, federation, cfg) -> dict
+        The ``metrics`` of ``result.json``; default :func:`clustering_report`.
+    result_fields : callable(model) -> dict
+        Extra top-level ``result.json`` fields; default the cluster centers.
+    plot : callable(model, federation, result, path) -> Path or None
+        The figure; default :func:`plot_clustering`; ``None`` for no figure.
+    columns : tuple of (metric key, column title)
+        What the printed table shows for the algorithm and its baselines.
+    baselines : tuple of str
+        Registered baselines that make sense for it (a config's
+        ``[baselines]`` table may turn on only these).
+    """
+
+    name: str
+    estimator: type
+    required: tuple[str, ...] = ()
+    fit: Callable[[Any, Federation, Any], None] = _default_fit
+    report: Callable[[Any, Federation, Mapping[str, Any]], dict[str, Any]] = clustering_report
+    result_fields: Callable[[Any], dict[str, Any]] = _centers_fields
+    plot: Callable[[Any, Federation, dict, Path], Path | None] | None = plot_clustering
+    columns: tuple[tuple[str, str], ...] = (("accuracy", "accuracy"), ("ari", "ARI"),
+                                            ("cost_ratio_vs_centralized", "cost / centralized"))
+    baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A ``[data] source = ...`` entry.
+
+    ``build(seed, **keys) -> Federation`` when ``federated`` (the source makes
+    the devices itself; a config must not have ``[partition]``), else
+    ``build(seed, **keys) -> (X, y)`` pooled data that ``[partition]`` splits.
+    The allowed keys are ``build``'s keyword parameters.
+    """
+
+    name: str
+    build: Callable[..., Any]
+    federated: bool = False
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A ``[baselines] name = true`` entry: ``run(federation, cfg) -> dict`` (metrics, bytes, time)."""
+
+    name: str
+    run: Callable[[Federation, Mapping[str, Any]], dict[str, Any]]
+
+
+#: protocol name -> protocol class
+PROTOCOLS: dict[str, type[Protocol]] = {}
+#: protocol name -> result dataclass (what ``Protocol.finish`` returns)
+RESULT_TYPES: dict[str, type] = {}
+ALGORITHMS: dict[str, Algorithm] = {}
+DATA_SOURCES: dict[str, DataSource] = {}
+BASELINES: dict[str, Baseline] = {}
+#: ``fedclust demo NAME`` -> embedded config (the first registered is the default)
+DEMOS: dict[str, dict[str, Any]] = {}
+
+
+def _taken(kind: str, name: str, table: Mapping[str, Any], obj: Any) -> None:
+    if name in table and table[name] is not obj and table[name] != obj:
+        raise ValidationError(f"{kind} {name!r} is already registered")
+
+
+def register_protocol(protocol_cls: type[Protocol], result_cls: type) -> None:
+    """Make ``protocol_cls`` runnable on every transport (its actions must be identifiers)."""
+    for action in protocol_cls.reply_types:
+        if not action.isidentifier():
+            raise ValidationError(
+                f"protocol {protocol_cls.name!r}: action {action!r} must be a Python identifier "
+                "(Flower message types are 'query.<action>')")
+    _taken("protocol", protocol_cls.name, PROTOCOLS, protocol_cls)
+    PROTOCOLS[protocol_cls.name] = protocol_cls
+    RESULT_TYPES[protocol_cls.name] = result_cls
+
+
+def register_algorithm(algorithm: Algorithm) -> None:
+    _taken("algorithm", algorithm.name, ALGORITHMS, algorithm)
+    ALGORITHMS[algorithm.name] = algorithm
+
+
+def register_data_source(source: DataSource) -> None:
+    _taken("data source", source.name, DATA_SOURCES, source)
+    DATA_SOURCES[source.name] = source
+
+
+def register_baseline(baseline: Baseline) -> None:
+    _taken("baseline", baseline.name, BASELINES, baseline)
+    BASELINES[baseline.name] = baseline
+
+
+def register_demo(name: str, config: Mapping[str, Any]) -> None:
+    """``fedclust demo NAME`` runs ``config`` (a full experiment config, checked when run)."""
+    DEMOS[name] = dict(config)
+
+
+def protocol_from_config(name: str, config: Mapping[str, Any]) -> Protocol:
+    """Rebuild a protocol from its name and :meth:`Protocol.config`."""
+    try:
+        cls = PROTOCOLS[name]
+    except KeyError:
+        raise ValidationError(
+            f"unknown protocol {name!r}; registered: {sorted(PROTOCOLS)}") from None
+    return cls.from_config(dict(config))
+
+
+def all_actions() -> list[str]:
+    """Every client action of every registered protocol (sorted)."""
+    return sorted({a for cls in PROTOCOLS.values() for a in cls.reply_types})
+
+
+def get_algorithm(name: str) -> Algorithm:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValidationError(
+            f"unknown algorithm {name!r}; registered: {sorted(ALGORITHMS)}") from None
+
+
+def get_data_source(name: str) -> DataSource:
+    try:
+        return DATA_SOURCES[name]
+    except KeyError:
+        raise ValidationError(
+            f"unknown data source {name!r}; registered: {sorted(DATA_SOURCES)}") from None
+
+
+_NOT_CONFIGURABLE = {"self", "random_state", "progress"}
+
+
+def keyword_params(func: Callable[..., Any], skip: Sequence[str] = ()) -> list[str]:
+    """Names of the keyword-settable parameters of ``func`` (no ``*args``/``**kw``)."""
+    sig = inspect.signature(func)
+    return [p.name for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in _NOT_CONFIGURABLE and p.name not in skip]
+
+
+def estimator_params(algorithm: Algorithm) -> list[str]:
+    """The ``[algorithm]`` keys of ``algorithm``: its estimator's ``__init__`` parameters."""
+    return keyword_params(algorithm.estimator.__init__)
