@@ -23,7 +23,9 @@ sys.path.insert(0, str(HERE))
 
 import _common as C  # noqa: E402
 
-BENCHMARKS = ["table1", "fig1_separation", "fig2_heterogeneity", "fig3_rounds", "speed"]
+_NOT_BENCHMARKS = {"run_all", "authors_kfed"}
+#: every script in benchmarks/ (families add theirs by adding a file)
+BENCHMARKS = sorted(p.stem for p in HERE.glob("[a-z]*.py") if p.stem not in _NOT_BENCHMARKS)
 REAL_DATA = {"fig2_heterogeneity", "fig3_rounds"}
 
 

@@ -1,0 +1,1 @@
+"""Clustered federated learning: FedAvg, IFCA, k-FED + FedAvg, cluster-aware client selection."""

@@ -1,0 +1,1 @@
+"""Federated self-evolving Gaussian clustering and classification (Ožbot & Škrjanc; eGAUSS+)."""

@@ -1,0 +1,1 @@
+"""Byzantine-robust clustering and robust clustered federated learning (Ghosh, Hong, Yin & Ramchandran)."""
