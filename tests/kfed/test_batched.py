@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedclust import KFed
-from fedclust.core.random import device_rng
+from fedclust.core.random import device_rng, device_uniforms
 from fedclust.kfed.batched import kmeanspp_batch, n_uniforms, projection_batch
 from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
@@ -20,12 +20,14 @@ def _devices(n_dev, n, d, k, seed=0):
     return out
 
 
-@pytest.mark.parametrize("n,d,k", [(20, 50, 2), (60, 8, 3), (30, 3, 5)])
-def test_batch_equals_one_by_one(n, d, k):
-    devs = _devices(25, n, d, k)
+@pytest.mark.parametrize("n,d,k,n_dev", [(20, 50, 2, 25), (60, 8, 3, 25), (30, 3, 5, 25),
+                                         (20, 20, 2, 150), (15, 40, 3, 100)])
+def test_batch_equals_one_by_one(n, d, k, n_dev):
+    # 100+ devices take the batched subspace-iteration projection, one device takes eigh
+    devs = _devices(n_dev, n, d, k)
     single = [local_kmeans(X, k, device_rng(3, z)) for z, X in enumerate(devs)]
     many = local_kmeans_many(devs, k, [device_rng(3, z) for z in range(len(devs))],
-                             max_batch_elements=5 * n * max(d, k))  # several chunks
+                             max_batch_elements=max(5, n_dev // 2) * n * max(d, k))  # 2+ chunks
     for a, b in zip(single, many):
         np.testing.assert_array_equal(a.labels, b.labels)
         np.testing.assert_allclose(a.message.centers, b.message.centers, rtol=1e-12, atol=1e-12)
@@ -36,9 +38,29 @@ def test_kfed_local_centers_equal_standalone_device_steps():
     devs = _devices(40, 24, 30, 3, seed=1) + _devices(5, 33, 30, 3, seed=2)  # two shapes
     m = KFed(9, 3, random_state=11).fit(devs)
     for z, X in enumerate(devs):
-        ref = local_kmeans(X, 3, device_rng(11, z, 0))
+        ref = local_kmeans(X, 3, device_rng(11, z, 0),
+                           uniforms=device_uniforms(11, [z], 0, n_uniforms(3))[0])
         np.testing.assert_allclose(m.local_centers_[z], ref.message.centers, rtol=1e-12,
                                    atol=1e-12)
+
+
+@pytest.mark.parametrize("n,d,k", [(20, 20, 2), (30, 12, 3), (10, 40, 2), (25, 16, 4)])
+def test_subspace_projection_spans_top_singular_subspace(n, d, k):
+    rng = np.random.default_rng(n + d)
+    B = 200
+    means = 3.0 * rng.normal(size=(B, k + 1, d))
+    X = means[:, rng.integers(0, k + 1, n)] + rng.normal(size=(B, n, d))
+    X[0] = 0.0                       # rank 0: goes to the eigh fallback, no NaN
+    X[1, :, 1:] = 0.0                # rank 1
+    V = projection_batch(X, k)
+    assert V.shape == (B, d, k) and np.isfinite(V).all()
+    for b in range(2, B):
+        Vt = np.linalg.svd(X[b], full_matrices=False)[2][:k].T
+        np.testing.assert_allclose(V[b] @ V[b].T, Vt @ Vt.T, atol=1e-6)
+        np.testing.assert_allclose(V[b].T @ V[b], np.eye(k), atol=1e-10)
+    # the rank-1 device: projected distances equal those on the one informative axis
+    P = X[1] @ V[1]
+    np.testing.assert_allclose(np.linalg.norm(P, axis=1), np.abs(X[1, :, 0]), atol=1e-9)
 
 
 def test_projection_matches_svd_both_shapes():

@@ -10,7 +10,8 @@ from sklearn.metrics import adjusted_rand_score
 import fedclust
 from conftest import blobs, make_structured_federation, matched_accuracy, sorted_rows
 from fedclust import KFed
-from fedclust.core.random import device_rng
+from fedclust.core.random import device_rng, device_uniforms
+from fedclust.kfed.batched import n_uniforms
 from fedclust import NotFittedError, ValidationError
 from fedclust.kfed.local import _spectral_seed
 
@@ -125,7 +126,8 @@ def test_single_device_equals_lloyd_from_same_init(seed):
     means = 2.0 * rng.normal(size=(5, 6))  # overlapping: Lloyd has work to do
     X, _ = blobs(40, means, rng)
     m = KFed(5, 5, random_state=seed).fit([X])
-    theta = _spectral_seed(X, 5, device_rng(seed, 0, 0), project=True)
+    theta = _spectral_seed(X, 5, device_rng(seed, 0, 0), project=True,
+                           uniforms=device_uniforms(seed, [0], 0, n_uniforms(5))[0])
     km = KMeans(5, init=theta, n_init=1, algorithm="lloyd", tol=1e-4).fit(X)
     assert adjusted_rand_score(km.labels_, m.device_labels_[0]) == 1.0
     np.testing.assert_allclose(sorted_rows(m.cluster_centers_), sorted_rows(km.cluster_centers_),

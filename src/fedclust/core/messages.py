@@ -63,8 +63,12 @@ class Message:
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The wire form: field name -> contiguous array (no copies when possible)."""
         # np.asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray would not)
-        return {f.name: np.asarray(getattr(self, f.name), order="C")
-                for f in dataclasses.fields(self)}
+        out = {}
+        for name in _field_names(type(self)):
+            a = getattr(self, name)
+            out[name] = a if type(a) is np.ndarray and a.flags.c_contiguous else np.asarray(
+                a, order="C")
+        return out
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, Any], *, sender: str = "message") -> "Message":
@@ -103,10 +107,85 @@ class Message:
     def validate(self, sender: str) -> None:
         """Cross-field consistency after the schema checks; subclasses extend (call :func:`reject`)."""
 
+    @classmethod
+    def validate_many(cls, stacked: dict[str, np.ndarray]) -> bool:
+        """Cross-field checks of many same-shaped messages at once (arrays stacked on axis 0).
+
+        Return True when every message passes; False (the default) makes
+        :meth:`from_arrays_many` validate one message at a time. Subclasses
+        whose :meth:`validate` matters at scale implement it vectorised.
+        """
+        return False
+
+    @classmethod
+    def from_arrays_many(cls, items: list[dict[str, Any]], senders: list[str]
+                         ) -> list["Message | IncompatibleMessageError"]:
+        """:meth:`from_arrays` for many replies; same acceptance, one pass when they share shapes.
+
+        Replies whose fields all have one dtype and shape are checked together
+        (schema, finiteness, :meth:`validate_many`); if anything in that group
+        fails, or shapes differ, each reply is decoded on its own so the error
+        names its sender. Returns a message or the error, per reply.
+        """
+        if len(items) > 1 and _same_layout(items, cls.schema):
+            stacked = {name: _stack([a[name] for a in items]) for name in cls.schema}
+            ok = all(stacked[name].dtype.kind in kinds and stacked[name].ndim == ndim + 1
+                     for name, (kinds, ndim) in cls.schema.items())
+            ok = ok and all(np.isfinite(v).all() for v in stacked.values() if v.dtype.kind == "f")
+            if ok and cls.validate_many(stacked):
+                names = _field_names(cls)
+                return [cls(**{name: a[name] for name in names}) for a in items]
+        out: list[Message | IncompatibleMessageError] = []
+        for a, sender in zip(items, senders):
+            try:
+                out.append(cls.from_arrays(a, sender=sender))
+            except IncompatibleMessageError as exc:
+                out.append(exc)
+        return out
+
     @property
     def nbytes(self) -> int:
         """Payload bytes of the wire form."""
         return sum(a.nbytes for a in self.to_arrays().values())
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """np.stack for same-shaped arrays (concatenate + reshape: much less per-array overhead)."""
+    first = arrays[0]
+    if first.ndim == 0:
+        return np.array(arrays)
+    return np.concatenate(arrays).reshape((len(arrays),) + first.shape)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _same_layout(items: list[Any], schema: dict[str, Any]) -> bool:
+    """All items are dicts with exactly the schema's fields, as arrays of one dtype and shape."""
+    first = items[0]
+    if not isinstance(first, dict) or first.keys() != schema.keys():
+        return False
+    ref = {}
+    for name in schema:
+        a = first[name]
+        if not isinstance(a, np.ndarray):
+            return False
+        ref[name] = (a.dtype, a.shape)
+    for item in items[1:]:
+        if not isinstance(item, dict) or item.keys() != schema.keys():
+            return False
+        for name, (dt, shape) in ref.items():
+            a = item[name]
+            if not isinstance(a, np.ndarray) or a.dtype != dt or a.shape != shape:
+                return False
+    return True
 
 
 _KIND_KEY = "__kind__"

@@ -94,6 +94,9 @@ class Protocol(ABC):
     reply_types: ClassVar[Mapping[str, type[Message]]]
     #: devices hold ``(X, y)`` rather than ``X`` (see :data:`DeviceData`)
     supervised: ClassVar[bool] = False
+    #: :meth:`client_steps` may run for several device chunks at once in threads
+    #: (it touches only its own devices' ``states``, no shared mutable state)
+    parallel_safe: ClassVar[bool] = False
 
     @abstractmethod
     def config(self) -> dict[str, ConfigValue]:

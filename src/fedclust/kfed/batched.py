@@ -44,17 +44,80 @@ def _sqdist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
 
 
 def projection_batch(X: np.ndarray, k: int) -> np.ndarray:
-    """Top-k right singular vectors of every device, (B, d, k), via the smaller Gram matrix."""
+    """An orthonormal basis of every device's top-k right singular subspace, (B, d, k).
+
+    Only the subspace matters: the device step uses projected *distances*
+    (k-means++ and the filter) and lifts seeds back with ``V Vᵀ``, all invariant
+    to a rotation of the basis. Many small devices use batched subspace iteration
+    (:func:`_subspace_batch`: a few batched matmuls instead of one LAPACK call
+    per device, which costs ~30 µs each however small the matrix); a device whose
+    iteration has not converged, and every device when k is not small against
+    the Gram size, gets an exact ``eigh``.
+    """
     B, n, d = X.shape
     if n >= d:
-        _, V = np.linalg.eigh(X.transpose(0, 2, 1) @ X)       # ascending eigenvalues
-        return V[:, :, ::-1][:, :, :k]
-    w, U = np.linalg.eigh(X @ X.transpose(0, 2, 1))            # (B, n, n)
-    w, U = w[:, ::-1][:, :k], U[:, :, ::-1][:, :, :k]
-    s = np.sqrt(np.maximum(w, 0.0))
-    V = X.transpose(0, 2, 1) @ U                               # (B, d, k) = Aᵀ U = V S
-    tiny = s <= s[:, :1] * 1e-12
-    return np.where(tiny[:, None, :], 0.0, V / np.where(tiny, 1.0, s)[:, None, :])
+        G = X.transpose(0, 2, 1) @ X                           # (B, d, d)
+        V = _top_eigvecs(G, k)
+        return V
+    K = X @ X.transpose(0, 2, 1)                               # (B, n, n)
+    U = _top_eigvecs(K, k)
+    return _orthonormalize(X.transpose(0, 2, 1) @ U)           # spans the same subspace
+
+
+#: Batches smaller than this, or k above this fraction of the Gram size, use eigh directly.
+_SUBSPACE_MIN_BATCH = 64
+_SUBSPACE_MAX_K_FRACTION = 0.25
+#: A basis Q is accepted when ‖G Q − Q (QᵀGQ)‖_F <= this × ‖G‖_F.
+_SUBSPACE_RTOL = 1e-9
+
+
+def _top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
+    """Basis of the top-k eigenspace of symmetric PSD matrices G (B, m, m) -> (B, m, k)."""
+    B, m, _ = G.shape
+    if B < _SUBSPACE_MIN_BATCH or k > _SUBSPACE_MAX_K_FRACTION * m:
+        return np.linalg.eigh(G)[1][:, :, ::-1][:, :, :k]
+    Q, ok = _subspace_batch(G, k)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        Q[bad] = np.linalg.eigh(G[bad])[1][:, :, ::-1][:, :, :k]
+    return Q
+
+
+def _subspace_batch(G: np.ndarray, k: int, squarings: int = 3, sweeps: int = 3):
+    """Subspace iteration with G^(2^squarings), ``sweeps`` times; returns (Q, converged)."""
+    B, m, _ = G.shape
+    scale = np.trace(G, axis1=1, axis2=2)
+    scale = np.where(scale > 0, scale, 1.0)
+    P = G / scale[:, None, None]                               # eigenvalues in [0, 1]
+    for _ in range(squarings):
+        P = P @ P
+    # A fixed start for every device (no randomness consumed): a ±1 pattern.
+    start = np.where((np.arange(m)[:, None] * 7 + np.arange(k)[None, :] * 3) % 5 < 2, -1.0, 1.0)
+    Q = _orthonormalize(G @ start)
+    for _ in range(sweeps):
+        Q = _orthonormalize(P @ Q)
+    GQ = G @ Q
+    R = GQ - Q @ (Q.transpose(0, 2, 1) @ GQ)
+    res = np.sqrt(np.einsum("bij,bij->b", R, R))
+    norm = np.sqrt(np.einsum("bij,bij->b", G, G))
+    ok = np.isfinite(res) & (res <= _SUBSPACE_RTOL * np.maximum(norm, 1e-300))
+    return Q, ok
+
+
+def _orthonormalize(Q: np.ndarray) -> np.ndarray:
+    """Modified Gram–Schmidt on the k columns of every (m, k) matrix, vectorised over B.
+
+    A column that vanishes (rank-deficient batch member) becomes NaN-free zeros;
+    the residual test of :func:`_subspace_batch` then sends that device to eigh.
+    """
+    Q = np.array(Q, dtype=np.float64 if Q.dtype != np.float32 else np.float32, copy=True)
+    for j in range(Q.shape[2]):
+        q = Q[:, :, j]
+        for i in range(j):
+            q -= np.einsum("bm,bm->b", Q[:, :, i], q)[:, None] * Q[:, :, i]
+        nrm = np.sqrt(np.einsum("bm,bm->b", q, q))
+        q /= np.where(nrm > 0, nrm, 1.0)[:, None]
+    return Q
 
 
 def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:

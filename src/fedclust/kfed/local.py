@@ -15,6 +15,7 @@ clustering", APPROX 2012.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -64,7 +65,8 @@ def top_right_singular_vectors(A: np.ndarray, k: int, rng: np.random.Generator) 
 
 def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
                  max_iter: int = 300, tol: float = 1e-4, project: bool = True,
-                 allow_raw_points: bool = False, device: str = "device") -> LocalKMeansResult:
+                 allow_raw_points: bool = False, device: str = "device",
+                 uniforms: np.ndarray | None = None) -> LocalKMeansResult:
     """Run k-FED's device step on one device's data.
 
     Parameters
@@ -74,7 +76,8 @@ def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
     n_clusters : int
         k_z, the number of local clusters.
     rng : numpy.random.Generator
-        The device's own random stream.
+        The device's own random stream (k-means++ uniforms unless ``uniforms``
+        is given; the randomized SVD of a large device).
     max_iter, tol : int, float
         Lloyd stopping rules (labels unchanged, or squared center shift <= tol
         times the mean feature variance).
@@ -86,6 +89,9 @@ def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
         silently, which leaks data).
     device : str
         Name used in error messages.
+    uniforms : ndarray of shape (n_uniforms(k),), optional
+        The k-means++ uniforms, when the caller draws them itself (k-FED's
+        protocol takes them from :func:`fedclust.core.random.device_uniforms`).
 
     Returns
     -------
@@ -114,20 +120,20 @@ def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
         counts = np.ones(n, dtype=np.int64)
         msg = LocalCenters(centers=X.copy(), counts=counts)
         return LocalKMeansResult(msg, np.arange(n, dtype=np.int64), 0, True)
-    theta = _spectral_seed(X, k, rng, project=project)
+    theta = _spectral_seed(X, k, rng, project=project, uniforms=uniforms)
     centers, labels, counts, n_iter = lloyd_batch(X[None], theta[None], max_iter=max_iter, tol=tol)
     return _result(centers[0], labels[0], counts[0], int(n_iter[0]), k, X, device)
 
 
 def _spectral_seed(X: np.ndarray, k: int, rng: np.random.Generator, *,
-                   project: bool = True) -> np.ndarray:
+                   project: bool = True, uniforms: np.ndarray | None = None) -> np.ndarray:
     """θ (k, d), the starting centers of the device's Lloyd (steps 1-3 of Algorithm 1).
 
     Draws the k-means++ uniforms first, then (large devices only) the
     randomized-SVD seed, in this order, so the batched path sees the same stream.
     """
     n, d = X.shape
-    uniforms = rng.random((1, n_uniforms(k)))
+    uniforms = rng.random((1, n_uniforms(k))) if uniforms is None else uniforms.reshape(1, -1)
     V = None
     if project and d > k and _use_randomized_svd(n, d, k):
         V = top_right_singular_vectors(X, k, rng)[None]
@@ -144,29 +150,39 @@ def _result(centers, labels, counts, n_iter, k, X, device) -> LocalKMeansResult:
     return LocalKMeansResult(LocalCenters(centers, counts), labels.astype(np.int64), n_iter, False)
 
 
-def local_kmeans_many(Xs: list[np.ndarray], n_clusters: int, rngs: list[np.random.Generator], *,
+def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
+                      rngs: list[np.random.Generator] | Callable[[int], np.random.Generator], *,
                       max_iter: int = 300, tol: float = 1e-4, project: bool = True,
-                      devices: list[str] | None = None,
+                      devices: list[str] | None = None, uniforms: np.ndarray | None = None,
                       max_batch_elements: int = 1 << 23) -> list[LocalKMeansResult]:
     """:func:`local_kmeans` for many devices of one shape (n, d) and one k, vectorised.
 
     Gives the same result as calling :func:`local_kmeans` on each device with
-    its own ``rng`` (inputs must already be validated, n > k). Devices large
-    enough for a randomized SVD fall back to the one-at-a-time path.
+    its own ``rng`` and ``uniforms`` (inputs must already be validated, n > k).
+    ``rngs`` is a list, or a function ``i -> Generator`` called only for the
+    devices that need one (no uniforms given, or large enough for a randomized
+    SVD, which fall back to the one-at-a-time path). ``uniforms`` is
+    (len(Xs), n_uniforms(k)). ``Xs`` may be one stacked (B, n, d) array.
     """
     n, d = Xs[0].shape
     k = n_clusters
     names = devices or [f"device {i}" for i in range(len(Xs))]
+    rng_of = rngs if callable(rngs) else rngs.__getitem__
     if project and d > k and _use_randomized_svd(n, d, k):
-        return [local_kmeans(X, k, r, max_iter=max_iter, tol=tol, device=nm)
-                for X, r, nm in zip(Xs, rngs, names)]
-    U = np.stack([r.random(n_uniforms(k)) for r in rngs])
+        return [local_kmeans(X, k, rng_of(i), max_iter=max_iter, tol=tol, device=nm,
+                             uniforms=None if uniforms is None else uniforms[i])
+                for i, (X, nm) in enumerate(zip(Xs, names))]
+    U = (np.stack([rng_of(i).random(n_uniforms(k)) for i in range(len(Xs))])
+         if uniforms is None else uniforms)
     chunk = max(1, max_batch_elements // (n * max(d, k)))
     out: list[LocalKMeansResult] = []
     for s in range(0, len(Xs), chunk):
-        Xb = np.stack(Xs[s:s + chunk])
+        Xb = Xs[s:s + chunk] if isinstance(Xs, np.ndarray) else np.stack(Xs[s:s + chunk])
         C, L, N, it = spectral_kmeans_batch(Xb, k, U[s:s + chunk], max_iter=max_iter, tol=tol,
                                             project=project)
-        out.extend(_result(C[i], L[i], N[i], int(it[i]), k, Xs[s + i], names[s + i])
+        N, L = N.astype(np.int64), L.astype(np.int64)
+        for i in np.flatnonzero((N == 0).any(axis=1)):  # raises, naming the device
+            _result(C[i], L[i], N[i], int(it[i]), k, Xb[i], names[s + i])
+        out.extend(LocalKMeansResult(LocalCenters(C[i], N[i]), L[i], int(it[i]), False)
                    for i in range(len(Xb)))
     return out

@@ -33,6 +33,12 @@ class LocalCenters(Message):
         if (self.counts < 1).any():
             reject(sender, f"counts must all be >= 1, got {self.counts.tolist()}")
 
+    @classmethod
+    def validate_many(cls, stacked: dict[str, np.ndarray]) -> bool:
+        C, N = stacked["centers"], stacked["counts"]   # (B, k_z, d), (B, k_z)
+        return (C.shape[1] > 0 and C.shape[2] > 0 and N.shape == C.shape[:2]
+                and bool((N >= 1).all()))
+
 
 @dataclass(frozen=True)
 class LabelMap(Message):
@@ -41,3 +47,7 @@ class LabelMap(Message):
     global_labels: np.ndarray
     schema: ClassVar = {"global_labels": (INT, 1)}
     kind: ClassVar[str] = "label_map"
+
+    @classmethod
+    def validate_many(cls, stacked: dict[str, np.ndarray]) -> bool:
+        return True

@@ -20,9 +20,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core.random import device_rng, server_rng
+from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.validation import check_choice, check_float, check_int
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from .batched import n_uniforms
 from .local import local_kmeans, local_kmeans_many
 from ..core.messages import Message
 from .messages import LabelMap, LocalCenters
@@ -60,6 +61,7 @@ class KFedProtocol(Protocol):
 
     name = "kfed"
     reply_types = {ACTION: LocalCenters}
+    parallel_safe = True
 
     def __init__(self, n_clusters: int, n_local_clusters: int | Mapping[int, int], *,
                  server: str = "farthest-lloyd1", weighted: bool = False,
@@ -221,9 +223,12 @@ class KFedProtocol(Protocol):
                     state: dict[str, np.ndarray]) -> Message:
         if request.action != ACTION:
             raise ValidationError(f"k-FED has no client action {request.action!r}")
-        res = local_kmeans(X, self.k_local(device_id), device_rng(seed, device_id, request.round),
+        k = self.k_local(device_id)
+        res = local_kmeans(X, k, device_rng(seed, device_id, request.round),
                            max_iter=self.local_max_iter, tol=self.tol,
-                           allow_raw_points=self.allow_raw_points, device=f"device {device_id}")
+                           allow_raw_points=self.allow_raw_points, device=f"device {device_id}",
+                           uniforms=device_uniforms(seed, [device_id], request.round,
+                                                    n_uniforms(k))[0])
         state["local_labels"] = res.labels
         return res.message
 
@@ -236,20 +241,25 @@ class KFedProtocol(Protocol):
         single: dict[int, np.ndarray] = {}
         for z, X in devices.items():
             k = self.k_local(z)
-            if (isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f"
-                    and X.shape[0] > k and np.isfinite(X).all()):
+            if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f" and X.shape[0] > k:
                 groups[(X.shape, X.dtype.str, k)].append(z)
             else:  # the single path gives the precise error or the raw-points case
                 single[z] = X
-        out = super().client_steps(request, single, seed=seed, states=states) if single else {}
+        batches = []
         for (_, _, k), ids in groups.items():
-            if len(ids) == 1:
-                out.update(super().client_steps(request, {ids[0]: devices[ids[0]]}, seed=seed,
-                                                states=states))
+            X0 = devices[ids[0]]
+            stacked = np.concatenate([devices[z] for z in ids]).reshape((len(ids),) + X0.shape)
+            finite = np.isfinite(stacked).all(axis=(1, 2))
+            if len(ids) == 1 or not finite.all():  # non-finite devices get their own error
+                single.update({z: devices[z] for z in ids})
                 continue
+            batches.append((k, ids, stacked))
+        out = super().client_steps(request, single, seed=seed, states=states) if single else {}
+        for k, ids, stacked in batches:
             try:
                 results = local_kmeans_many(
-                    [devices[z] for z in ids], k, [device_rng(seed, z, request.round) for z in ids],
+                    stacked, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
+                    uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
                     max_iter=self.local_max_iter, tol=self.tol,
                     devices=[f"device {z}" for z in ids])
             except FedClustError:  # e.g. a device with too few distinct points: name it singly
