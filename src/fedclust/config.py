@@ -109,7 +109,7 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         raise ConfigError(f"{source}: [data] needs source = one of {sorted(DATA_SOURCES)}")
     _check_kind(data, "data", "source", source)
     algo = _table(cfg, "algorithm", source)
-    algo.setdefault("name", "kfed")
+    algo.setdefault("name", next(iter(ALGORITHMS)))  # the first registered family
     _check_kind(algo, "algorithm", "name", source)
     missing = [k for k in ALGORITHMS[algo["name"]].required if k not in algo]
     if missing:

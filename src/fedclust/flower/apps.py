@@ -1,6 +1,6 @@
 """The Flower ``ServerApp`` and ``ClientApp`` that run any fedclust protocol.
 
-Nothing here is k-FED specific. The ServerApp's main loop *is* the protocol
+Nothing here is specific to a family. The ServerApp's main loop *is* the protocol
 loop of :class:`~fedclust.sim.InProcessTransport`, with Flower messages instead
 of function calls:
 

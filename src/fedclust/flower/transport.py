@@ -1,9 +1,9 @@
 """Run a protocol on Flower's simulation engine: ``FlowerSimulationTransport``.
 
 Same interface and result as :class:`~fedclust.sim.InProcessTransport`
-(``run(protocol, devices, random_state) -> RunOutput``), so ``KFed.fit(devices,
-transport=FlowerSimulationTransport())`` and ``fedclust run CONFIG --transport
-flower`` need no other change. What it does:
+(``run(protocol, devices, random_state) -> RunOutput``), so any estimator's
+``fit(devices, transport=FlowerSimulationTransport())`` and ``fedclust run
+CONFIG --transport flower`` need no other change. What it does:
 
 1. writes each device to ``data/part-<i>.npz`` (``X`` and its ``device_id``;
    ``numpy.savez``, no pickle) in a temporary folder;

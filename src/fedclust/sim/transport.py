@@ -207,8 +207,9 @@ def draw_faults(ids: Sequence[int], seed: int, *, dropout: float = 0.0, late: fl
     are explicit ids added to them. A device is never both.
     """
     rng = server_rng(seed, _FAULT_BRANCH)
+    ids = sorted(int(z) for z in ids)  # the draw must not depend on the order ids come in
     n = len(ids)
-    perm = rng.permutation(list(ids)) if n else np.array([], dtype=int)
+    perm = rng.permutation(ids) if n else np.array([], dtype=int)
     n_drop = int(round(dropout * n))
     n_late = int(round(late * n))
     absent = {int(z) for z in perm[:n_drop]} | {int(z) for z in dropped}
