@@ -62,6 +62,8 @@ class RunLog:
     late: list[int] = field(default_factory=list)
     rejected: dict[int, str] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    #: devices whose well-formed replies a robust server judged untrustworthy (still participants)
+    distrusted: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass

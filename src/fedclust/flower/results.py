@@ -59,14 +59,16 @@ def log_to_json(log: RunLog) -> dict[str, Any]:
     return {"participants": [int(z) for z in log.participants],
             "dropped": [int(z) for z in log.dropped], "late": [int(z) for z in log.late],
             "rejected": {str(z): str(t) for z, t in log.rejected.items()},
-            "failed": {str(z): str(t) for z, t in log.failed.items()}}
+            "failed": {str(z): str(t) for z, t in log.failed.items()},
+            "distrusted": {str(z): str(t) for z, t in log.distrusted.items()}}
 
 
 def log_from_json(d: dict[str, Any]) -> RunLog:
     return RunLog(participants=[int(z) for z in d["participants"]],
                   dropped=[int(z) for z in d["dropped"]], late=[int(z) for z in d["late"]],
                   rejected={int(z): t for z, t in d["rejected"].items()},
-                  failed={int(z): t for z, t in d["failed"].items()})
+                  failed={int(z): t for z, t in d["failed"].items()},
+                  distrusted={int(z): t for z, t in d.get("distrusted", {}).items()})
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

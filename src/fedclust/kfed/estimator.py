@@ -51,6 +51,12 @@ class KFed:
         Lloyd iterations on each device.
     allow_raw_points : bool, default=False
         Let a device with n_z <= k_z send its raw points as centers.
+    trim : float in [0, 0.5), default=0
+        Byzantine-robust server: at most this fraction of devices may send
+        arbitrary centers. Centers no ``⌊trim·Z⌋`` other devices corroborate are
+        left out of the seeding and Lloyd, final centers are trimmed means, and
+        ``run_log_.distrusted`` names the devices concerned
+        (:mod:`fedclust.kfed.robust_server`). 0 is the paper's server.
     random_state : int, Generator or None
         Seeds everything; every device has its own stream keyed by its id.
     progress : bool, default=False
@@ -81,7 +87,7 @@ class KFed:
                  server: str = "farthest-lloyd1", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
-                 random_state: RandomState = None, progress: bool = False):
+                 trim: float = 0.0, random_state: RandomState = None, progress: bool = False):
         self.n_clusters = n_clusters
         self.n_local_clusters = n_local_clusters
         self.server = server
@@ -91,6 +97,7 @@ class KFed:
         self.tol = tol
         self.local_max_iter = local_max_iter
         self.allow_raw_points = allow_raw_points
+        self.trim = trim
         self.random_state = random_state
         self.progress = progress
 
@@ -102,7 +109,7 @@ class KFed:
             self.n_clusters, k_local, server=self.server, weighted=self.weighted,
             first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
             local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points,
-            n_features=n_features)
+            n_features=n_features, trim=self.trim)
 
     def fit(self, devices: Sequence[Any], y: None = None, *,
             device_ids: Sequence[int] | None = None,

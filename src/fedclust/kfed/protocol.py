@@ -67,7 +67,7 @@ class KFedProtocol(Protocol):
                  server: str = "farthest-lloyd1", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
-                 n_features: int | None = None):
+                 n_features: int | None = None, trim: float = 0.0):
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         # Known d lets the server judge every reply on its own; without it the
         # majority d of the replies wins (a liar cannot get honest devices rejected).
@@ -88,6 +88,10 @@ class KFedProtocol(Protocol):
         self.tol = check_float(tol, "tol", min_value=0.0)
         self.local_max_iter = check_int(local_max_iter, "local_max_iter", min_value=1)
         self.allow_raw_points = bool(allow_raw_points)
+        self.trim = check_float(trim, "trim", min_value=0.0)
+        if self.trim >= 0.5:
+            raise ValidationError(f"trim={self.trim} must be < 0.5 (at most a minority of "
+                                  "devices may lie)")
 
     def k_local(self, device_id: int) -> int:
         """k_z of a device (clear error for a device without one)."""
@@ -106,6 +110,7 @@ class KFedProtocol(Protocol):
             "n_clusters": self.n_clusters, "server": self.server, "weighted": self.weighted,
             "first_device": self.first_device, "max_iter": self.max_iter, "tol": self.tol,
             "local_max_iter": self.local_max_iter, "allow_raw_points": self.allow_raw_points,
+            "trim": self.trim,
         }
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
@@ -173,7 +178,18 @@ class KFedProtocol(Protocol):
             first = ids.index(int(first))
         agg = aggregate_centers(
             centers, self.n_clusters, counts=counts, method=self.server, weighted=self.weighted,
-            first_device=first, rng=server_rng(state.seed), max_iter=self.max_iter, tol=self.tol)
+            first_device=first, rng=server_rng(state.seed), max_iter=self.max_iter, tol=self.tol,
+            trim=self.trim)
+        if agg.distrust is not None:
+            dropped = ~agg.distrust.keep
+            offsets = np.cumsum([0] + [len(c) for c in centers])
+            for pos, z in enumerate(ids):
+                n_bad = int(dropped[offsets[pos]:offsets[pos + 1]].sum())
+                if n_bad:
+                    log.distrusted[z] = (
+                        f"device {z}: {n_bad} of its {len(centers[pos])} centers in groups that "
+                        f"too few devices support (at most {agg.distrust.n_trim} may lie; "
+                        f"linking radius {agg.distrust.radius:.4g})")
         return KFedResult(
             centers=agg.centers,
             local_centers=dict(zip(ids, centers)),

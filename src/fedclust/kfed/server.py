@@ -35,8 +35,9 @@ from typing import Sequence
 import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
-from ..core.kmeans import assign, lloyd
 from ..core.exceptions import ValidationError
+from ..core.kmeans import assign, lloyd
+from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
 __all__ = ["AggregationResult", "aggregate_centers", "farthest_first", "assign_to_centers",
            "single_linkage", "SERVER_METHODS"]
@@ -52,6 +53,8 @@ class AggregationResult:
     center_labels: list[np.ndarray]
     seed_device: int | None
     n_iter: int
+    #: with ``trim > 0``: which centers were left out (:mod:`fedclust.kfed.robust_server`)
+    distrust: Distrust | None = None
 
 
 def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
@@ -59,7 +62,8 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
                       method: str = "farthest-lloyd1", weighted: bool = False,
                       first_device: str | int = "widest",
                       rng: np.random.Generator | None = None,
-                      max_iter: int = 300, tol: float = 1e-4) -> AggregationResult:
+                      max_iter: int = 300, tol: float = 1e-4,
+                      trim: float = 0.0) -> AggregationResult:
     """Cluster the devices' local centers into ``n_clusters`` global clusters.
 
     Parameters
@@ -75,6 +79,10 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         Weight device centers by their counts (the paper does not).
     rng : Generator, optional
         The server's stream (only ``first_device="random"`` draws from it).
+    trim : float in [0, 0.5), default=0
+        Fraction of devices that may be Byzantine: uncorroborated centers are
+        left out and final centers are trimmed means
+        (:mod:`fedclust.kfed.robust_server`). 0 is the paper's server.
 
     Returns
     -------
@@ -94,6 +102,10 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         raise ValidationError(
             f"the devices sent {total} local centers in all (sum of k_z over "
             f"{len(sizes)} devices) but n_clusters={n_clusters}; need sum k_z >= k")
+    if trim > 0:
+        return _aggregate_robust(centers, n_clusters, counts=counts, method=method,
+                                 weighted=weighted, first_device=first_device, rng=rng,
+                                 max_iter=max_iter, tol=tol, trim=trim)
     C = np.concatenate(centers, axis=0)
     w = None
     if weighted:
@@ -117,6 +129,37 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         raise ValidationError(f"method={method!r} is not supported; choose one of {list(SERVER_METHODS)}")
     center_labels = [labels[offsets[z]:offsets[z + 1]].copy() for z in range(len(sizes))]
     return AggregationResult(final, center_labels, seed_device, n_iter)
+
+
+def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_device, rng,
+                      max_iter, tol, trim) -> AggregationResult:
+    """``trim > 0``: the plain server on the corroborated centers, then trimmed means."""
+    distrust = distrusted_centers(centers, trim, n_clusters)
+    sizes = [len(c) for c in centers]
+    offsets = np.cumsum([0] + sizes)
+    keep = [distrust.keep[offsets[z]:offsets[z + 1]] for z in range(len(centers))]
+    kept_devices = [z for z in range(len(centers)) if keep[z].any()]
+    kept = [centers[z][keep[z]] for z in kept_devices]
+    kept_counts = None if counts is None else [counts[z][keep[z]] for z in kept_devices]
+    if sum(len(c) for c in kept) < n_clusters:
+        raise ValidationError(
+            f"only {sum(len(c) for c in kept)} device centers are corroborated by enough devices "
+            f"for trim={trim}, fewer than n_clusters={n_clusters}")
+    if isinstance(first_device, (int, np.integer)) and not isinstance(first_device, bool):
+        first_device = kept_devices.index(int(first_device)) if int(first_device) in kept_devices \
+            else "widest"
+    plain = aggregate_centers(kept, n_clusters, counts=kept_counts, method=method,
+                              weighted=weighted, first_device=first_device, rng=rng,
+                              max_iter=max_iter, tol=tol)
+    Ck = np.concatenate(kept, axis=0)
+    wk = np.concatenate(kept_counts).astype(float) if weighted and kept_counts else None
+    final = robust_means(Ck, np.concatenate(plain.center_labels), plain.centers,
+                         min(trim, 0.49), wk)
+    C = np.concatenate(centers, axis=0)
+    labels = relabel(C.astype(final.dtype, copy=False), final)
+    seed = None if plain.seed_device is None else kept_devices[plain.seed_device]
+    return AggregationResult(final, [labels[offsets[z]:offsets[z + 1]] for z in range(len(sizes))],
+                             seed, plain.n_iter, distrust)
 
 
 def assign_to_centers(local_centers: np.ndarray, final_centers: np.ndarray) -> np.ndarray:

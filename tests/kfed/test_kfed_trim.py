@@ -1,0 +1,125 @@
+"""KFed(trim=α): the Byzantine-robust server (fedclust.kfed.robust_server)."""
+
+import numpy as np
+import pytest
+
+from conftest import make_structured_federation, matched_accuracy
+from fedclust import KFed, ValidationError
+from fedclust.core.protocol import RunLog
+from fedclust.flower.results import log_from_json, log_to_json
+from fedclust.kfed.protocol import KFedProtocol
+from fedclust.kfed.robust_server import distrusted_centers
+from fedclust.sim.transport import InProcessTransport
+
+K, KL, M0 = 8, 2, 6      # 4 groups x 6 devices = 24 devices
+
+
+@pytest.fixture(scope="module")
+def fed():
+    devices, labels, means = make_structured_federation(k=K, k_local=KL, m0=M0, d=20, n_per=40,
+                                                        sep=15.0, seed=3)
+    return devices, labels, means
+
+
+def _liars(n_devices, alpha, seed=0):
+    return set(np.random.default_rng(seed).choice(n_devices, int(alpha * n_devices),
+                                                  replace=False).tolist())
+
+
+def _tamper(kind, liars, scale):
+    rng = np.random.default_rng(9)
+    point = rng.normal(size=20) * scale
+
+    def tamper(z, r, arrays):
+        if z not in liars:
+            return arrays
+        C = arrays["centers"]
+        if kind == "large":
+            C = rng.normal(size=C.shape) * 50 * scale
+        elif kind == "flip":
+            C = -C
+        elif kind == "collude":
+            C = np.broadcast_to(point, C.shape).copy()
+        return {**arrays, "centers": C}
+    return tamper
+
+
+def _honest_accuracy(model, labels, liars):
+    honest = [z for z in range(len(labels)) if z not in liars]
+    return matched_accuracy(np.concatenate([labels[z] for z in honest]),
+                            np.concatenate([model.device_labels_[z] for z in honest]))
+
+
+def test_trim_zero_is_the_papers_server(fed):
+    devices, _, _ = fed
+    a = KFed(K, KL, random_state=1).fit(devices)
+    b = KFed(K, KL, trim=0.0, random_state=1).fit(devices)
+    np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+    assert b.run_log_.distrusted == {}
+
+
+def test_clean_federation_trim_changes_nothing_that_matters(fed):
+    devices, labels, means = fed
+    m = KFed(K, KL, trim=0.2, random_state=1).fit(devices)
+    assert matched_accuracy(np.concatenate(labels), np.concatenate(m.device_labels_)) == 1.0
+    assert m.run_log_.distrusted == {}   # every true cluster is held by 6 > 4 devices
+
+
+@pytest.mark.parametrize("kind", ["large", "flip", "collude"])
+@pytest.mark.parametrize("alpha", [0.1, 0.2])
+def test_robust_server_survives_attacks_where_the_plain_one_does_not(fed, kind, alpha):
+    devices, labels, means = fed
+    liars = _liars(len(devices), alpha)
+    scale = float(np.linalg.norm(means, axis=1).mean())
+    attack = InProcessTransport(tamper=_tamper(kind, liars, scale))
+    robust = KFed(K, KL, trim=alpha, random_state=1).fit(devices, transport=attack)
+    assert _honest_accuracy(robust, labels, liars) == 1.0
+    # the devices it distrusted are exactly the liars
+    assert set(robust.run_log_.distrusted) == liars
+    # final centers stay next to the true means, whatever the liars sent
+    d = np.sqrt(((robust.cluster_centers_[:, None] - means[None]) ** 2).sum(-1))
+    assert d.min(axis=0).max() < 1.0
+    if kind == "large":   # the paper's server collapses: lies take global centers
+        plain = KFed(K, KL, random_state=1).fit(devices, transport=attack)
+        assert _honest_accuracy(plain, labels, liars) < 0.9
+
+
+def test_bounded_influence_however_far_the_lies(fed):
+    devices, labels, means = fed
+    liars = _liars(len(devices), 0.1, seed=4)
+    centers = []
+    for far in (1e3, 1e6):
+        def tamper(z, r, arrays, far=far):
+            if z not in liars:
+                return arrays
+            return {**arrays, "centers": np.full_like(arrays["centers"], far)
+                    + np.arange(arrays["centers"].shape[0])[:, None]}
+        m = KFed(K, KL, trim=0.1, random_state=1).fit(devices,
+                                                      transport=InProcessTransport(tamper=tamper))
+        centers.append(np.sort(m.cluster_centers_, axis=0))
+    np.testing.assert_allclose(centers[0], centers[1])
+
+
+def test_distrust_groups_by_device_support():
+    rng = np.random.default_rng(0)
+    true = np.array([[0.0, 0.0], [100.0, 0.0]])
+    honest = [true + rng.normal(scale=0.5, size=(2, 2)) for _ in range(8)]
+    liars = [np.array([[50.0, 50.0], [50.0, 50.0]]) for _ in range(2)]  # colluding, coincide
+    d = distrusted_centers(honest + liars, trim=0.2, n_clusters=2)
+    assert d.n_trim == 2
+    assert d.keep[:16].all() and not d.keep[16:].any()
+    assert (d.support[:16] == 8).all() and (d.support[16:] == 1).all()
+
+
+def test_trim_parameter_checks_and_config_round_trip():
+    with pytest.raises(ValidationError, match="trim=0.5 must be < 0.5"):
+        KFed(2, 1, trim=0.5).fit([np.random.default_rng(0).normal(size=(10, 2))] * 3)
+    with pytest.raises(ValidationError, match="trim"):
+        KFedProtocol(2, 1, trim=-0.1)
+    p = KFedProtocol(4, 2, trim=0.25)
+    assert KFedProtocol.from_config(p.config()).trim == 0.25
+
+
+def test_distrusted_devices_survive_the_run_log_codec():
+    log = RunLog(participants=[1, 2], distrusted={2: "device 2: lies"})
+    assert log_from_json(log_to_json(log)) == log
