@@ -160,7 +160,8 @@ class FlowerInMemoryTransport:
         check_float(self.late, "late", min_value=0.0, max_value=1.0)
         seed = root_seed(random_state)
         ids = sorted(int(z) for z in devices)
-        data = {i: (z, np.asarray(devices[z])) for i, z in enumerate(ids)}
+        data = {i: (z, devices[z] if isinstance(devices[z], tuple) else np.asarray(devices[z]))
+                for i, z in enumerate(ids)}
         spec = ServerSpec.for_protocol(
             protocol, seed, dropout=self.dropout, late=self.late, dropped=list(self.dropped),
             late_devices=list(self.late_devices), min_nodes=len(ids), node_wait_s=0.0,
