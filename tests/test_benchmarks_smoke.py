@@ -70,12 +70,23 @@ def _check_speed(doc):
         assert 0.0 <= row["quality"]["kfed_accuracy"] <= 1.0
 
 
+def _check_kfed_byzantine(doc):
+    rows = doc["rows"]
+    assert {r["attack"] for r in rows} >= {"large-norm", "collude"}
+    for r in rows:
+        assert 0.0 <= r["plain_mean"] <= 1.0 and 0.0 <= r["robust_mean"] <= 1.0
+    # where the paper's server collapses under large-norm lies, the robust one does not
+    worst = [r for r in rows if r["attack"] == "large-norm" and r["alpha"] == 0.2][0]
+    assert worst["plain_mean"] < 0.9 and worst["robust_mean"] >= 0.98
+
+
 CASES = {
     "table1": ([], _check_table1),
     "fig1_separation": ([], _check_fig1),
     "fig2_heterogeneity": (["--dataset", "digits"], _check_fig2),
     "fig3_rounds": (["--dataset", "digits"], _check_fig3),
     "speed": (["--repeats", "1"], _check_speed),
+    "kfed_byzantine": ([], _check_kfed_byzantine),
 }
 
 
