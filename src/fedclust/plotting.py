@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["have_matplotlib", "plot_federated_clustering"]
+__all__ = ["have_matplotlib", "plot_federated_clustering", "plot_gaussian_clusters"]
 
 
 def have_matplotlib() -> bool:
@@ -64,3 +64,36 @@ def plot_federated_clustering(devices: Sequence[np.ndarray], device_labels: Sequ
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_gaussian_clusters(ax: Any, X: np.ndarray, means: np.ndarray, covariances: np.ndarray,
+                           labels: np.ndarray | None = None, *, title: str = "",
+                           n_std: float = 2.0, max_points: int = 5000) -> Any:
+    """Draw 2-D data (blue, or coloured by ``labels``) and Gaussian clusters as
+    ``n_std``-sigma ellipses (red), on a matplotlib axis ``ax``.
+
+    ``covariances`` is (K, 2, 2) or (K, 2) diagonals. Returns ``ax``.
+    """
+    from matplotlib.patches import Ellipse
+
+    X = np.asarray(X)
+    rng = np.random.default_rng(0)
+    show = rng.choice(len(X), size=min(max_points, len(X)), replace=False)
+    if labels is None:
+        ax.scatter(X[show, 0], X[show, 1], s=2, c="tab:blue", alpha=0.5)
+    else:
+        ax.scatter(X[show, 0], X[show, 1], s=2, c=np.asarray(labels)[show], cmap="tab20",
+                   alpha=0.5)
+    covs = np.asarray(covariances)
+    if covs.ndim == 2:
+        covs = np.einsum("kd,de->kde", covs, np.eye(2))
+    for mu, S in zip(np.asarray(means), covs):
+        vals, vecs = np.linalg.eigh(S[:2, :2])
+        vals = np.maximum(vals, 0.0)
+        angle = float(np.degrees(np.arctan2(vecs[1, 1], vecs[0, 1])))
+        ax.add_patch(Ellipse(mu[:2], 2 * n_std * np.sqrt(vals[1]), 2 * n_std * np.sqrt(vals[0]),
+                             angle=angle, fill=False, color="tab:red", lw=1.2))
+        ax.plot(mu[0], mu[1], "r+", ms=5)
+    ax.set_title(title, fontsize=9)
+    ax.set_aspect("equal", adjustable="datalim")
+    return ax

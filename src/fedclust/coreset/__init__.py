@@ -1,2 +1,59 @@
 """Distributed PCA and distributed coreset k-means over any communication graph
-(Balcan, Ehrlich & Liang, NIPS 2013; Liang, Balcan, Kanchanapally & Woodruff, NIPS 2014)."""
+(Balcan, Ehrlich & Liang, NIPS 2013; Liang, Balcan, Kanchanapally & Woodruff, NIPS 2014).
+
+``local`` — node maths (sums, local SVD, local solution, coreset portion);
+``server`` — coordinator maths (global mean, disPCA combine, weighted solve);
+``messages`` — what crosses the wire; ``protocol`` — the star rounds;
+``graph`` — topologies and flooding with per-edge accounting;
+``estimator`` — :class:`DistributedPCA` and :class:`DistributedKMeans`;
+``data`` — a synthetic stand-in for Daily and Sports Activities.
+"""
+
+from typing import Any
+
+from ..core.registry import (Algorithm, DataSource, Federation, register_algorithm,
+                             register_data_source, register_demo, register_protocol)
+from .data import _source as _low_rank_source
+from .data import make_low_rank_mixture
+from .estimator import DistributedKMeans, DistributedPCA
+from .graph import check_graph, flood, make_graph, run_on_graph
+from .protocol import CoresetProtocol, CoresetResult
+
+__all__ = ["DistributedPCA", "DistributedKMeans", "CoresetProtocol", "CoresetResult",
+           "make_graph", "check_graph", "flood", "run_on_graph", "make_low_rank_mixture"]
+
+
+def _fit(model: DistributedKMeans, fed: Federation, transport: Any) -> None:
+    """Star: the configured transport. A general graph runs in process (flooding)."""
+    if model.graph is None or model.graph == "star":
+        model.fit(fed.devices, transport=transport)
+        return
+    from ..sim.transport import InProcessTransport
+
+    if type(transport) is not InProcessTransport:
+        from ..core.exceptions import ValidationError
+
+        raise ValidationError(
+            f"graph={model.graph!r} is simulated in process by flooding; Flower (a server) runs "
+            "only graph='star'")
+    if transport.dropout or transport.late:
+        from ..core.exceptions import ValidationError
+
+        raise ValidationError("[simulation] dropout/late apply to the star only, not to graphs")
+    model.fit(fed.devices)
+
+
+register_protocol(CoresetProtocol, CoresetResult)
+register_algorithm(Algorithm("coreset", DistributedKMeans, required=("n_clusters",), fit=_fit))
+register_data_source(DataSource("low-rank-mixture", _low_rank_source))
+#: ``fedclust demo coreset``: disPCA to 10 dimensions + distributed coreset, 10 nodes.
+register_demo("coreset", {
+    "title": "disPCA (t=10) + distributed coreset k-means on a low-rank mixture "
+             "(3000 x 200, k=8, 10 nodes, weighted partition)",
+    "seed": 0,
+    "data": {"source": "low-rank-mixture", "n_points": 3000, "n_features": 200,
+             "n_clusters": 8, "signal_dim": 10},
+    "partition": {"kind": "weighted", "n_devices": 10},
+    "algorithm": {"name": "coreset", "n_clusters": 8, "coreset_size": 500, "n_components": 10},
+    "baselines": {"centralized": True, "distributed_lloyd": True},
+})

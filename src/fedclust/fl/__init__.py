@@ -1,1 +1,48 @@
-"""Clustered federated learning: FedAvg, IFCA, k-FED + FedAvg, cluster-aware client selection."""
+"""Clustered federated learning: FedAvg, IFCA, k-FED + FedAvg, cluster-aware client selection.
+
+``models`` — plain-numpy models (flat parameters, loss, gradient, SGD);
+``client`` — the device step (:func:`local_update`, IFCA's choice);
+``server`` — aggregation (:func:`aggregate_updates`), per-cluster averages,
+client selection; ``messages`` / ``protocol`` — the rounds; ``estimator`` —
+the :class:`FedAvg`, :class:`IFCA`, :class:`ClusteredFedAvg` front doors;
+``data`` — rotated-digits / MNIST and label-skewed federations.
+"""
+
+from ..core.registry import (Algorithm, DataSource, register_algorithm, register_data_source,
+                             register_demo, register_protocol)
+from .client import choose_cluster, local_update
+from .data import label_skew_federation, rotated_federation
+from .estimator import IFCA, ClusteredFedAvg, FedAvg
+from .models import MLP, LinearRegression, LogisticRegression, Model, SoftmaxRegression, make_model
+from .protocol import ClusteredFedAvgProtocol, FedAvgProtocol, FLProtocol, FLResult, IFCAProtocol
+from .report import fit_supervised, fl_report, fl_result_fields, plot_history
+from .server import aggregate_updates
+
+__all__ = ["FedAvg", "IFCA", "ClusteredFedAvg", "MLP", "SoftmaxRegression", "LogisticRegression",
+           "LinearRegression", "Model", "make_model", "local_update", "choose_cluster",
+           "aggregate_updates", "FLProtocol", "FedAvgProtocol", "IFCAProtocol",
+           "ClusteredFedAvgProtocol", "FLResult", "rotated_federation", "label_skew_federation"]
+
+for _proto in (FedAvgProtocol, IFCAProtocol, ClusteredFedAvgProtocol):
+    register_protocol(_proto, FLResult)
+
+_HOOKS = dict(fit=fit_supervised, report=fl_report, result_fields=fl_result_fields,
+              plot=plot_history, columns=(("test_accuracy", "test accuracy"),
+                                          ("train_loss", "train loss")), baselines=())
+register_algorithm(Algorithm("fedavg", FedAvg, **_HOOKS))
+register_algorithm(Algorithm("ifca", IFCA, required=("n_clusters",), **_HOOKS))
+register_algorithm(Algorithm("clustered-fedavg", ClusteredFedAvg, required=("n_clusters",),
+                             **_HOOKS))
+register_data_source(DataSource("rotated-images", rotated_federation, federated=True))
+register_data_source(DataSource("label-skew-images", label_skew_federation, federated=True))
+
+#: ``fedclust demo fl``: k-FED + FedAvg on 20 devices of rotated 8x8 digits (seconds).
+register_demo("fl", {
+    "title": "k-FED + FedAvg on rotated digits (4 rotations, 20 devices, k'=1)",
+    "seed": 0,
+    "data": {"source": "rotated-images", "dataset": "digits", "n_devices": 20,
+             "n_local_clusters": 1, "n_train": 60, "n_test": 40},
+    "algorithm": {"name": "clustered-fedavg", "n_clusters": 4, "n_local_clusters": 1,
+                  "rounds": 15, "lr": 0.1, "n_hidden": 50},
+    "simulation": {"dropout": 0.0, "late": 0.0},
+})

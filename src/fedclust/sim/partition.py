@@ -23,6 +23,11 @@ __all__ = [
     "structured_partition",
     "dirichlet_partition",
     "power_law_partition",
+    "uniform_partition",
+    "weighted_partition",
+    "unbalanced_partition",
+    "similarity_partition",
+    "degree_partition",
     "apply_partition",
     "partition",
     "PARTITION_KINDS",
@@ -245,6 +250,118 @@ def power_law_partition(n_samples: int, n_devices: int, exponent: float = 1.5,
     return [np.array(p) for p in np.split(perm, np.cumsum(sizes)[:-1])]
 
 
+# -- the partitions of Balcan, Ehrlich & Liang (NIPS 2013), §5 ------------------
+
+def _assign_by_probability(P: np.ndarray, min_size: int, rng: np.random.Generator
+                           ) -> list[np.ndarray]:
+    """Each point i goes to device z with probability P[i, z] (rows sum to 1), then
+    devices below ``min_size`` take random points from the largest devices."""
+    n, m = P.shape
+    _check_fits(n, m, min_size)
+    cum = np.cumsum(P, axis=1)
+    cum[:, -1] = 1.0
+    owner = (rng.random(n)[:, None] > cum).sum(axis=1)
+    for z in range(m):
+        short = min_size - int((owner == z).sum())
+        while short > 0:
+            sizes = np.bincount(owner, minlength=m)
+            donor = int(np.argmax(sizes))
+            pick = rng.choice(np.flatnonzero(owner == donor),
+                              size=min(short, sizes[donor] - min_size), replace=False)
+            owner[pick] = z
+            short -= len(pick)
+    return [rng.permutation(np.flatnonzero(owner == z)).astype(np.int64) for z in range(m)]
+
+
+def _by_weights(n_samples: int, w: np.ndarray, min_size: int, rng) -> list[np.ndarray]:
+    return _assign_by_probability(np.broadcast_to(w / w.sum(), (n_samples, len(w))),
+                                  min_size, rng)
+
+
+def uniform_partition(n_samples: int, n_devices: int, min_size: int = 1,
+                      random_state: RandomState = None) -> list[np.ndarray]:
+    """Every point goes to a device chosen uniformly at random (multinomial sizes;
+    Balcan et al. 2013 "uniform"). Unlike :func:`iid_partition`, sizes vary."""
+    n = check_int(n_samples, "n_samples", min_value=1)
+    m = check_int(n_devices, "n_devices", min_value=1)
+    return _by_weights(n, np.ones(m), check_int(min_size, "min_size", min_value=1), _rng(random_state))
+
+
+def weighted_partition(n_samples: int, n_devices: int, min_size: int = 1,
+                       random_state: RandomState = None) -> list[np.ndarray]:
+    """Device z has weight w_z ~ |N(0, 1)|; every point goes to z with probability
+    w_z / Σ w (Balcan et al. 2013 and Liang et al. 2014, "weighted")."""
+    n = check_int(n_samples, "n_samples", min_value=1)
+    m = check_int(n_devices, "n_devices", min_value=1)
+    rng = _rng(random_state)
+    w = np.abs(rng.standard_normal(m)) + 1e-12
+    return _by_weights(n, w, check_int(min_size, "min_size", min_value=1), rng)
+
+
+def unbalanced_partition(n_samples: int, n_devices: int, ratio: float = 20.0,
+                         min_size: int = 1, random_state: RandomState = None
+                         ) -> list[np.ndarray]:
+    """A random half of the devices (rounded down) gets ``ratio`` times the
+    expected data of the others; points are assigned at random by those weights."""
+    n = check_int(n_samples, "n_samples", min_value=1)
+    m = check_int(n_devices, "n_devices", min_value=1)
+    r = check_float(ratio, "ratio", min_value=0.0, min_inclusive=False)
+    rng = _rng(random_state)
+    w = np.ones(m)
+    w[rng.permutation(m)[: m // 2]] = r
+    return _by_weights(n, w, check_int(min_size, "min_size", min_value=1), rng)
+
+
+def similarity_partition(X: Any, n_devices: int, min_size: int = 1,
+                         random_state: RandomState = None) -> list[np.ndarray]:
+    """Each device is anchored at a random data point a_z; point x goes to z with
+    probability ∝ exp(−‖x − a_z‖² / σ²), σ² the median squared distance of a point
+    to its nearest anchor (Balcan et al. 2013, "similarity-based": similar points
+    tend to share a node)."""
+    X = check_array(X, "X")
+    m = check_int(n_devices, "n_devices", min_value=1)
+    rng = _rng(random_state)
+    n = X.shape[0]
+    _check_fits(n, m, 1)
+    anchors = X[rng.choice(n, size=m, replace=False)]
+    D = ((X * X).sum(1)[:, None] - 2.0 * X @ anchors.T + (anchors * anchors).sum(1)[None, :])
+    np.maximum(D, 0.0, out=D)
+    scale = float(np.median(D.min(axis=1))) or 1.0
+    logits = -D / scale
+    logits -= logits.max(axis=1, keepdims=True)
+    P = np.exp(logits)
+    P /= P.sum(axis=1, keepdims=True)
+    return _assign_by_probability(P, check_int(min_size, "min_size", min_value=1), rng)
+
+
+def degree_partition(n_samples: int, graph: Any, min_size: int = 1,
+                     random_state: RandomState = None) -> list[np.ndarray]:
+    """Every point goes to node z with probability ∝ deg(z) (Balcan et al. 2013,
+    "degree-based"). ``graph``: a networkx graph on nodes 0..m-1, a symmetric
+    adjacency matrix (m, m), or the m degrees themselves."""
+    n = check_int(n_samples, "n_samples", min_value=1)
+    if hasattr(graph, "degree") and hasattr(graph, "nodes"):
+        nodes = sorted(graph.nodes)
+        if nodes != list(range(len(nodes))):
+            raise ValidationError("graph nodes must be 0..m-1")
+        deg = np.array([graph.degree(z) for z in nodes], dtype=np.float64)
+    else:
+        arr = np.asarray(graph, dtype=np.float64)
+        if arr.ndim == 2:
+            if arr.shape[0] != arr.shape[1] or not np.array_equal(arr, arr.T):
+                raise ValidationError(
+                    f"graph adjacency must be square and symmetric, got shape {arr.shape}")
+            deg = (arr != 0).sum(axis=1) - (np.diag(arr) != 0)
+        elif arr.ndim == 1:
+            deg = arr
+        else:
+            raise ValidationError(f"graph must be a graph, an adjacency or degrees, got shape {arr.shape}")
+        deg = np.asarray(deg, dtype=np.float64)
+    if len(deg) == 0 or (deg < 0).any() or not np.isfinite(deg).all() or deg.sum() <= 0:
+        raise ValidationError(f"degrees must be finite, >= 0 and not all 0, got {deg.tolist()[:10]}")
+    return _by_weights(n, deg, check_int(min_size, "min_size", min_value=1), _rng(random_state))
+
+
 def apply_partition(X: Any, y: Any, parts: Sequence[Any]
                     ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """Cut pooled data into per-device arrays.
@@ -298,6 +415,11 @@ PARTITION_OPTIONS: dict[str, set[str]] = {
     "structured": {"n_local_clusters", "m0"},
     "dirichlet": {"alpha", "min_size", "max_tries"},
     "power-law": {"exponent", "min_size"},
+    "uniform": {"min_size"},
+    "weighted": {"min_size"},
+    "unbalanced": {"ratio", "min_size"},
+    "similarity": {"min_size"},
+    "degree": {"graph", "min_size"},
 }
 PARTITION_KINDS = tuple(PARTITION_OPTIONS)
 
@@ -308,7 +430,8 @@ def partition(kind: str, X: Any, y: Any, n_devices: int, *,
 
     Parameters
     ----------
-    kind : {"iid", "structured", "dirichlet", "power-law"}
+    kind : {"iid", "structured", "dirichlet", "power-law", "uniform", "weighted",
+            "unbalanced", "similarity", "degree"}
     X : array-like of shape (n, d)
         Only its number of rows is used.
     y : array-like of shape (n,) or None
@@ -318,7 +441,8 @@ def partition(kind: str, X: Any, y: Any, n_devices: int, *,
     **kwargs
         ``n_local_clusters`` (structured, required), ``alpha`` (dirichlet,
         required), ``min_size``/``max_tries`` (dirichlet), ``exponent``/``min_size``
-        (power-law).
+        (power-law); ``min_size`` (uniform, weighted, similarity), ``ratio``
+        (unbalanced), ``graph`` (degree, required: graph, adjacency or degrees).
 
     Returns
     -------
@@ -339,6 +463,23 @@ def partition(kind: str, X: Any, y: Any, n_devices: int, *,
             raise ValidationError(f"y has shape {np.shape(y)} but X has {n} rows")
     if kind == "iid":
         return iid_partition(n, n_devices, random_state=random_state)
+    if kind == "uniform":
+        return uniform_partition(n, n_devices, random_state=random_state, **kwargs)
+    if kind == "weighted":
+        return weighted_partition(n, n_devices, random_state=random_state, **kwargs)
+    if kind == "unbalanced":
+        return unbalanced_partition(n, n_devices, random_state=random_state, **kwargs)
+    if kind == "similarity":
+        return similarity_partition(X, n_devices, random_state=random_state, **kwargs)
+    if kind == "degree":
+        if "graph" not in kwargs:
+            raise ValidationError("partition kind='degree' needs graph=... (a graph, an "
+                                  "adjacency matrix or the node degrees)")
+        parts = degree_partition(n, random_state=random_state, **kwargs)
+        if len(parts) != n_devices:
+            raise ValidationError(
+                f"the graph has {len(parts)} nodes but n_devices={n_devices}")
+        return parts
     if kind == "power-law":
         return power_law_partition(n, n_devices, random_state=random_state, **kwargs)
     if kind == "structured":

@@ -1,0 +1,459 @@
+"""Front doors: :class:`FedAvg`, :class:`IFCA`, :class:`ClusteredFedAvg` (scikit-learn style).
+
+``fit(devices_X, devices_y)`` validates the federation, builds one protocol
+(:mod:`fedclust.fl.protocol`) and runs it once through ``transport.run`` (the
+in-process simulator by default, or Flower). Labels are class indices
+0..C-1 (C = the largest label + 1) for the classifiers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.exceptions import NotFittedError, ValidationError
+from ..core.protocol import Transport
+from ..core.random import RandomState, root_seed
+from ..core.validation import check_array, check_devices, check_int
+from ..sim.transport import InProcessTransport
+from .models import Model, build_model, make_model
+from .protocol import (ClusteredFedAvgProtocol, FedAvgProtocol, FLProtocol, FLResult,
+                       IFCAProtocol, feature_map)
+
+__all__ = ["FedAvg", "IFCA", "ClusteredFedAvg"]
+
+
+def _check_federation(devices_X: Any, devices_y: Any, ids: Sequence[int] | None, name: str = ""
+                      ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    Xs = check_devices(devices_X, ids=ids, name=f"{name}devices_X")
+    Xs = [X.astype(np.float64, copy=False) for X in Xs]
+    try:
+        ys = list(devices_y)
+    except TypeError:
+        raise ValidationError(f"{name}devices_y must be one label array per device") from None
+    if len(ys) != len(Xs):
+        raise ValidationError(f"{name}devices_y has {len(ys)} arrays for {len(Xs)} devices")
+    out = []
+    for pos, (X, y) in enumerate(zip(Xs, ys)):
+        z = pos if ids is None else ids[pos]
+        y = np.asarray(y)
+        if y.dtype.kind not in "biuf":
+            raise ValidationError(f"device {z}: y has dtype {y.dtype}; expected numbers")
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValidationError(
+                f"device {z}: X has {X.shape[0]} rows but y has shape {y.shape}")
+        if y.dtype.kind == "f" and not np.isfinite(y).all():
+            raise ValidationError(f"device {z}: y contains NaN or inf")
+        out.append(y)
+    return Xs, out
+
+
+class _FLEstimator:
+    """Shared fit / predict / history code; subclasses name the protocol."""
+
+    _protocol_cls: type[FLProtocol] = FedAvgProtocol
+
+    def __init__(self, model: str | None = None, *, rounds: int = 30, local_epochs: int = 1,
+                 batch_size: int = 32, lr: float = 0.05, clients_per_round: int | None = None,
+                 aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
+                 local_mode: str = "sgd", n_hidden: int = 200, l2: float = 0.0,
+                 random_state: RandomState = None, progress: bool = False):
+        self.model = model
+        self.rounds = rounds
+        self.local_epochs = local_epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.clients_per_round = clients_per_round
+        self.aggregator = aggregator
+        self.beta = beta
+        self.weighted = weighted
+        self.local_mode = local_mode
+        self.n_hidden = n_hidden
+        self.l2 = l2
+        self.random_state = random_state
+        self.progress = progress
+
+    def _extra_config(self, n_devices: int) -> dict[str, Any]:
+        return {}
+
+    def _build(self, Xs, ys, ids, eval_every: int) -> FLProtocol:
+        if isinstance(self.model, Model):
+            template = self.model
+            kind = template.kind
+        else:
+            template = make_model(self.model, Xs[0][:1], np.concatenate(ys),
+                                  n_hidden=self.n_hidden, l2=self.l2)
+            kind = template.kind
+        for z, X, y in zip(ids, Xs, ys):
+            template.check_data(X, y, f"device {z}")
+        m = self.clients_per_round
+        if m is not None:
+            m = check_int(m, "clients_per_round", min_value=1)
+            if m > len(Xs):
+                raise ValidationError(
+                    f"clients_per_round={m} is larger than the federation ({len(Xs)} devices)")
+        return self._protocol_cls(
+            model=kind, n_features=template.n_features,
+            n_classes=int(getattr(template, "n_classes", 1)),
+            n_hidden=int(getattr(template, "n_hidden", self.n_hidden)),
+            l2=template.l2, rounds=self.rounds, local_mode=self.local_mode,
+            local_epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            aggregator=self.aggregator, beta=self.beta, weighted=self.weighted,
+            clients_per_round=m or 0, snapshot_every=eval_every,
+            **self._extra_config(len(Xs)))
+
+    def fit(self, devices_X: Sequence[Any], devices_y: Sequence[Any], *,
+            device_ids: Sequence[int] | None = None, test_X: Sequence[Any] | None = None,
+            test_y: Sequence[Any] | None = None, transport: Transport | None = None):
+        """Train over the devices' (X_z, y_z); ``test_X``/``test_y`` (one per device) fill
+        ``history_``'s test accuracy (averaged over devices, each with the model serving it)."""
+        if device_ids is not None:
+            device_ids = [check_int(z, f"device_ids[{i}]", min_value=0)
+                          for i, z in enumerate(device_ids)]
+            if len(set(device_ids)) != len(device_ids):
+                raise ValidationError(f"device_ids must be distinct, got {device_ids[:10]}")
+        Xs, ys = _check_federation(devices_X, devices_y, device_ids)
+        ids = list(range(len(Xs))) if device_ids is None else list(device_ids)
+        tests = None
+        if test_X is not None:
+            tX, ty = _check_federation(test_X, test_y, ids, name="test_")
+            if len(tX) != len(Xs):
+                raise ValidationError(f"test_X has {len(tX)} devices, the federation {len(Xs)}")
+            tests = (tX, ty)
+        protocol = self._build(Xs, ys, ids, eval_every=1 if tests else 0)
+        if tests:
+            for z, X, y in zip(ids, *tests):
+                protocol.new_model().check_data(X, y, f"test device {z}")
+        transport = transport or InProcessTransport(progress=self.progress)
+        self.seed_ = root_seed(self.random_state)
+        out = transport.run(protocol, dict(zip(ids, zip(Xs, ys))), self.seed_)
+        self._protocol_ = protocol
+        self._store(out, ids, tests)
+        return self
+
+    # -- results ----------------------------------------------------------------
+    def _store(self, out, ids, tests) -> None:
+        res: FLResult = out.result
+        self._result = res
+        self.device_ids_ = list(ids)
+        self.models_ = res.models
+        self.model_ = self._model(res.models[0])
+        self._scratch = self._model(res.models[0])
+        self._loaded = None
+        self.n_features_in_ = self.model_.n_features
+        self.device_clusters_ = self._device_clusters(res, ids)
+        self.device_labels_ = [out.device_outputs.get(z, {}).get("labels") for z in ids]
+        self.run_log_ = out.log
+        comm = out.meter.summary()
+        comm.update(fl_rounds=len(res.round_loss), setup_bytes_up=res.setup_bytes[0],
+                    setup_bytes_down=res.setup_bytes[1],
+                    models_per_download=self._models_per_download())
+        self.communication_ = comm
+        self.history_ = []
+        for r in range(len(res.round_loss)):
+            self.history_.append({
+                "round": r + 1, "train_loss": float(res.round_loss[r]),
+                "bytes_up": int(res.round_bytes_up[r]), "bytes_down": int(res.round_bytes_down[r]),
+                "devices": int(res.round_devices[r])})
+        if tests:
+            for r, models in sorted(res.snapshots.items()):
+                accs = self._device_scores(models.astype(np.float64), *tests)
+                self.history_[r - 1]["test_accuracy"] = float(np.mean(accs))
+            self.device_test_accuracy_ = self._device_scores(res.models, *tests)
+
+    def _models_per_download(self) -> int:
+        return 1
+
+    def _device_clusters(self, res: FLResult, ids) -> list[int]:
+        out = []
+        for z in ids:
+            lab = res.center_labels.get(z)
+            out.append(-1 if lab is None else int(lab[int(np.argmax(res.local_counts[z]))]))
+        return out
+
+    def _model(self, params: np.ndarray) -> Model:
+        p = self._protocol_
+        m = build_model(p.model, p.n_features, max(p.n_classes, 2), n_hidden=p.n_hidden, l2=p.l2)
+        m.set_params(params)
+        return m
+
+    def _device_scores(self, models: np.ndarray, tX, ty) -> np.ndarray:
+        self._loaded = None
+        return np.array([float(np.mean(self._predict_device(pos, X, models) == y))
+                         for pos, (X, y) in enumerate(zip(tX, ty))])
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "models_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
+
+    def _check_X(self, X: Any) -> np.ndarray:
+        X = check_array(X, "X").astype(np.float64, copy=False)
+        if X.shape[1] != self.n_features_in_:
+            raise ValidationError(
+                f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
+        return X
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predictions of the global model (FedAvg) or of each point's routed cluster model."""
+        self._check_fitted()
+        self._loaded = None
+        return self._route(self._check_X(X), self.models_)
+
+    def predict_device(self, i: int, X: Any) -> np.ndarray:
+        """Predictions of the model that serves device ``i`` (its id) on X."""
+        self._check_fitted()
+        if i not in self.device_ids_:
+            raise ValidationError(f"device {i} is not in the federation {self.device_ids_[:10]}")
+        self._loaded = None
+        return self._predict_device(self.device_ids_.index(i), self._check_X(X), self.models_)
+
+    def _predict_device(self, pos: int, X: np.ndarray, models: np.ndarray) -> np.ndarray:
+        c = self.device_clusters_[pos]
+        if c < 0:
+            return self._route(X, models)
+        return self._predict_with(models[c], X, (models, c))
+
+    def _predict_with(self, params: np.ndarray, X: np.ndarray, key: Any = None) -> np.ndarray:
+        # ``key`` = (models array, row): skip reloading p parameters for every device
+        m = self._scratch
+        if key is None or self._loaded is None or self._loaded[0] is not key[0] \
+                or self._loaded[1] != key[1]:
+            m.set_params(params)
+            self._loaded = key
+        return m.predict(X)
+
+    def _route(self, X: np.ndarray, models: np.ndarray) -> np.ndarray:
+        return self._predict_with(models[0], X)
+
+
+class FedAvg(_FLEstimator):
+    """Federated averaging (McMahan et al., AISTATS 2017): one global model.
+
+    Parameters
+    ----------
+    model : {None, "mlp", "softmax", "logistic", "linear"} or Model
+        ``None``: the paper's MLP (d-``n_hidden``-C, ReLU), sizes from the data.
+    rounds, local_epochs, batch_size, lr : FL rounds and the device's SGD.
+    clients_per_round : int or None
+        m devices per round (None: all).
+    aggregator : {"mean", "trimmed-mean", "median"}; beta : float
+        Coordinate-wise combination of the updates (:func:`fedclust.fl.server.aggregate_updates`).
+    weighted : bool
+        Weight updates by sample count (FedAvg; the mean only).
+    local_mode : {"sgd", "gd"}
+        Local SGD epochs, or one full-batch gradient step.
+    selection : {"random", "pow-d", "kfed-pow-d"}
+        Client selection: uniform; power-of-choice (Cho et al. 2020: ``n_candidates``
+        d candidates ∝ data size, keep the m with the highest loss); the same
+        keeping at most one device per k-FED cluster (k-FED paper, Figure 4).
+    n_candidates : int or None
+        d (None: 2 m).
+    n_clusters, n_local_clusters : int
+        k and k' of the k-FED round of ``selection="kfed-pow-d"``.
+
+    Attributes
+    ----------
+    models_ : ndarray (1, p); model_ : Model
+    history_ : list of dict
+        Per round: ``train_loss`` (weighted mean local loss of the received
+        model), ``bytes_up``, ``bytes_down``, ``devices``, ``test_accuracy``
+        (when test sets were given to ``fit``).
+    communication_ : dict
+        Meter totals, ``fl_rounds``, setup bytes (k-FED / size probe).
+    device_test_accuracy_ : ndarray (Z,) (with test sets)
+
+    Notes
+    -----
+    Per round each selected device downloads ``8 p`` bytes and uploads
+    ``8 p + 24``; pow-d candidates add ``8 p`` down and 16 up. Device work
+    O(local_epochs n_z p) per round.
+    """
+
+    _protocol_cls = FedAvgProtocol
+
+    def _predict_device(self, pos, X, models):
+        return self._predict_with(models[0], X, (models, 0))  # one global model serves all
+
+    def __init__(self, model: str | None = None, *, rounds: int = 30, local_epochs: int = 1,
+                 batch_size: int = 32, lr: float = 0.05, clients_per_round: int | None = None,
+                 aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
+                 local_mode: str = "sgd", selection: str = "random",
+                 n_candidates: int | None = None, n_clusters: int = 10,
+                 n_local_clusters: int = 1, n_hidden: int = 200, l2: float = 0.0,
+                 random_state: RandomState = None, progress: bool = False):
+        super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
+                         lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
+                         beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
+                         l2=l2, random_state=random_state, progress=progress)
+        self.selection = selection
+        self.n_candidates = n_candidates
+        self.n_clusters = n_clusters
+        self.n_local_clusters = n_local_clusters
+
+    def _extra_config(self, n_devices):
+        d = 0 if self.n_candidates is None else check_int(self.n_candidates, "n_candidates",
+                                                          min_value=1)
+        return {"selection": self.selection, "n_candidates": d,
+                "n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1),
+                "n_local_clusters": check_int(self.n_local_clusters, "n_local_clusters",
+                                              min_value=1)}
+
+
+class IFCA(_FLEstimator):
+    """Iterative Federated Clustering Algorithm (Ghosh et al., NeurIPS 2020).
+
+    k models start from independent random draws; every round each selected
+    device downloads all k (``8 k p`` bytes), keeps the one with the lowest
+    loss on its data, trains it and sends it back with its index; the server
+    averages per cluster (a cluster nobody chose keeps its model). Other
+    parameters as :class:`FedAvg` (selection is random).
+
+    Attributes
+    ----------
+    device_clusters_ : list of int
+        The model each device chose when it last trained (-1: never selected).
+    models_ : ndarray (k, p)
+    """
+
+    _protocol_cls = IFCAProtocol
+
+    def __init__(self, n_clusters: int = 2, model: str | None = None, *, rounds: int = 30,
+                 local_epochs: int = 1, batch_size: int = 32, lr: float = 0.05,
+                 clients_per_round: int | None = None, aggregator: str = "mean",
+                 beta: float = 0.1, weighted: bool = True, local_mode: str = "sgd",
+                 n_hidden: int = 200, l2: float = 0.0, random_state: RandomState = None,
+                 progress: bool = False):
+        super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
+                         lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
+                         beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
+                         l2=l2, random_state=random_state, progress=progress)
+        self.n_clusters = n_clusters
+
+    def _extra_config(self, n_devices):
+        return {"n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1)}
+
+    def _models_per_download(self) -> int:
+        return int(self.n_clusters)
+
+    def _route(self, X, models):
+        """Per point, the model with the highest confidence (largest top score margin)."""
+        if len(models) == 1 or not self.model_.classifier:
+            return self._predict_with(models[0], X)
+        m = self._scratch
+        self._loaded = None
+        best_conf = np.full(len(X), -np.inf)
+        pred = np.zeros(len(X), dtype=np.int64)
+        for theta in models:
+            m.set_params(theta)
+            S = m.decision_function(X)
+            if S.ndim == 1:
+                S = np.stack([-S, S], axis=1)
+            S = S - S.max(axis=1, keepdims=True)
+            P = np.exp(S)
+            P /= P.sum(axis=1, keepdims=True)
+            conf = P.max(axis=1)
+            better = conf > best_conf
+            best_conf[better] = conf[better]
+            pred[better] = P.argmax(axis=1)[better]
+        return pred
+
+
+class ClusteredFedAvg(_FLEstimator):
+    """k-FED + FedAvg (Dennis, Li & Smith, ICML 2021, §4.2.2, Table 2).
+
+    One k-FED round clusters the devices' data (``n_local_clusters`` k' per
+    device, ``n_clusters`` k in all; on the raw inputs, a shared random
+    projection, or the hidden layer after one global FedAvg round:
+    ``feature_map``), then FedAvg trains one model per cluster: with k' = 1 a
+    device belongs to one cluster and downloads only its model; with k' > 1 it
+    trains the model of each of its local clusters on those points.
+
+    Attributes
+    ----------
+    device_clusters_ : list of int
+        The cluster of each device (of its largest local cluster when k' > 1).
+    cluster_centers_ : ndarray (k, d')
+        k-FED's centers (in the feature space).
+    device_labels_ : list of ndarray or None
+        k-FED's cluster of every training point of each device.
+
+    Notes
+    -----
+    Setup: ``k' (d' + 1) 8`` bytes up and ``8 k'`` down per device (k-FED);
+    then per round and selected device ``8 p + 8 + 16 m_c`` down per cluster
+    it trains and ``8 p + 24`` up: one model, not IFCA's k.
+    """
+
+    _protocol_cls = ClusteredFedAvgProtocol
+
+    def __init__(self, n_clusters: int = 2, n_local_clusters: int = 1,
+                 model: str | None = None, *, rounds: int = 30, local_epochs: int = 1,
+                 batch_size: int = 32, lr: float = 0.05, clients_per_round: int | None = None,
+                 aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
+                 local_mode: str = "sgd", feature_map: str = "raw", feature_dim: int = 50,
+                 n_hidden: int = 200, l2: float = 0.0, random_state: RandomState = None,
+                 progress: bool = False):
+        super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
+                         lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
+                         beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
+                         l2=l2, random_state=random_state, progress=progress)
+        self.n_clusters = n_clusters
+        self.n_local_clusters = n_local_clusters
+        self.feature_map = feature_map
+        self.feature_dim = feature_dim
+
+    def _extra_config(self, n_devices):
+        k = check_int(self.n_clusters, "n_clusters", min_value=1)
+        kl = check_int(self.n_local_clusters, "n_local_clusters", min_value=1)
+        if kl * n_devices < k:
+            raise ValidationError(f"n_local_clusters={kl} x {n_devices} devices < n_clusters={k}")
+        return {"n_clusters": k, "n_local_clusters": kl, "feature_map": self.feature_map,
+                "feature_dim": check_int(self.feature_dim, "feature_dim", min_value=1)}
+
+    def _build(self, Xs, ys, ids, eval_every):
+        proto = super()._build(Xs, ys, ids, eval_every)
+        for z, X in zip(ids, Xs):
+            if X.shape[0] <= proto.n_local_clusters:
+                raise ValidationError(
+                    f"device {z} has {X.shape[0]} samples but n_local_clusters="
+                    f"{proto.n_local_clusters}; k-FED needs more points than local clusters")
+        return proto
+
+    def _store(self, out, ids, tests):
+        self.cluster_centers_ = out.result.centers
+        super()._store(out, ids, tests)
+
+    def _features(self, X: np.ndarray) -> np.ndarray:
+        p = self._protocol_
+        model = None
+        if p.feature_map == "hidden":
+            model = self._model(self._result.feature_params)
+        return feature_map(p.feature_map, X, seed=self.seed_, dim=p.feature_dim, model=model)
+
+    def _route(self, X, models):
+        """Each point to its nearest k-FED center, then that cluster's model."""
+        from ..kfed.server import assign_to_centers
+
+        labels = assign_to_centers(self._features(X), self.cluster_centers_)
+        return self._predict_by_label(X, labels, models)
+
+    def _predict_by_label(self, X, labels, models):
+        pred = np.zeros(len(X), dtype=np.int64 if self.model_.classifier else np.float64)
+        for c in np.unique(labels):
+            sel = labels == c
+            pred[sel] = self._predict_with(models[c], X[sel], (models, c))
+        return pred
+
+    def _predict_device(self, pos, X, models):
+        p = self._protocol_
+        z = self.device_ids_[pos]
+        local = self._result.local_centers.get(z)
+        if p.n_local_clusters == 1 or local is None:
+            return super()._predict_device(pos, X, models)
+        from ..kfed.server import assign_to_centers
+
+        # the device's own local clusters decide which of its clusters' models serves a point
+        near = assign_to_centers(self._features(X), local)
+        labels = self._result.center_labels[z][near]
+        return self._predict_by_label(X, labels, models)

@@ -1,0 +1,104 @@
+"""What crosses the wire in federated learning: model parameters down, updates up.
+
+Bytes (float64 parameters, p = ``model.n_params``):
+
+* :class:`ModelParams` (server -> device, FedAvg): ``8 p``;
+* :class:`ModelSet` (server -> device, IFCA: all k models): ``8 k p``;
+* :class:`ClusterModel` (server -> device, k-FED + FedAvg: one cluster's model
+  and which (device, local cluster) pairs train it): ``8 p + 8 + 16 m`` for m pairs;
+* :class:`ModelUpdate` (device -> server): ``8 p + 24`` (parameters, cluster,
+  sample count, loss before training);
+* :class:`LossReport` (device -> server, power-of-choice candidates): ``16``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..core.messages import FLOAT, INT, Message, reject
+
+__all__ = ["ModelParams", "ModelSet", "ClusterModel", "ModelUpdate", "LossReport"]
+
+
+@dataclass(frozen=True)
+class ModelParams(Message):
+    """Server -> device: one model's flat parameters (p,)."""
+
+    params: np.ndarray
+    schema: ClassVar = {"params": (FLOAT, 1)}
+    kind: ClassVar[str] = "fl_model"
+
+    def validate(self, sender: str) -> None:
+        if self.params.size == 0:
+            reject(sender, "fl_model has no parameters")
+
+
+@dataclass(frozen=True)
+class ModelSet(Message):
+    """Server -> device: k models' flat parameters (k, p) (IFCA's broadcast)."""
+
+    params: np.ndarray
+    schema: ClassVar = {"params": (FLOAT, 2)}
+    kind: ClassVar[str] = "fl_models"
+
+    def validate(self, sender: str) -> None:
+        if self.params.size == 0:
+            reject(sender, f"fl_models has an empty array of shape {self.params.shape}")
+
+
+@dataclass(frozen=True)
+class ClusterModel(Message):
+    """Server -> devices of one cluster: its model (p,), its index, and who trains it on what.
+
+    ``members[j]`` trains on the points of its local cluster ``local_index[j]``
+    (k-FED's local labels); a device listed twice trains on both local clusters.
+    """
+
+    params: np.ndarray       # (p,)
+    cluster: np.ndarray      # () int64
+    members: np.ndarray      # (m,) int64 device ids
+    local_index: np.ndarray  # (m,) int64 local cluster of that device
+    schema: ClassVar = {"params": (FLOAT, 1), "cluster": (INT, 0), "members": (INT, 1),
+                        "local_index": (INT, 1)}
+    kind: ClassVar[str] = "fl_cluster_model"
+
+    def validate(self, sender: str) -> None:
+        if self.members.shape != self.local_index.shape:
+            reject(sender, f"members {self.members.shape} and local_index "
+                           f"{self.local_index.shape} differ in shape")
+
+
+@dataclass(frozen=True)
+class ModelUpdate(Message):
+    """Device -> server: locally trained parameters, the model they belong to, n_z, loss before."""
+
+    params: np.ndarray     # (p,) float
+    cluster: np.ndarray    # () int64: IFCA's choice / k-FED cluster; 0 for FedAvg
+    n_samples: np.ndarray  # () int64 >= 1
+    loss: np.ndarray       # () float: local loss of the received model, before training
+    schema: ClassVar = {"params": (FLOAT, 1), "cluster": (INT, 0), "n_samples": (INT, 0),
+                        "loss": (FLOAT, 0)}
+    kind: ClassVar[str] = "fl_update"
+
+    def validate(self, sender: str) -> None:
+        if int(self.n_samples) < 1:
+            reject(sender, f"n_samples={int(self.n_samples)} must be >= 1")
+        if int(self.cluster) < 0:
+            reject(sender, f"cluster={int(self.cluster)} must be >= 0")
+
+
+@dataclass(frozen=True)
+class LossReport(Message):
+    """Device -> server: local loss of the current model and n_z (power-of-choice candidates)."""
+
+    loss: np.ndarray       # () float
+    n_samples: np.ndarray  # () int64
+    schema: ClassVar = {"loss": (FLOAT, 0), "n_samples": (INT, 0)}
+    kind: ClassVar[str] = "fl_loss"
+
+    def validate(self, sender: str) -> None:
+        if int(self.n_samples) < 1:
+            reject(sender, f"n_samples={int(self.n_samples)} must be >= 1")

@@ -1,0 +1,591 @@
+"""FedAvg, IFCA and k-FED + FedAvg as protocols (one run = one ``transport.run``).
+
+Rounds (actions; every request names its devices, so bytes are exact):
+
+``fl_loss``  (power-of-choice only) candidates report their local loss of the
+    current model (payload :class:`ModelParams`), or, with no payload, just
+    their sample count (the size round that pow-d's sampling ∝ n_z needs);
+``fl_kfed``  (k-FED + FedAvg, and FedAvg with ``selection="kfed-pow-d"``) one
+    k-FED round (:class:`fedclust.kfed.KFedProtocol`'s device step on the raw
+    inputs or a feature map), aggregated by :func:`fedclust.kfed.server.aggregate_centers`;
+``fl_train`` the selected devices train what they receive and send a
+    :class:`ModelUpdate`: FedAvg one model, IFCA all k models (the device keeps
+    the lowest-loss one), k-FED + FedAvg one request per cluster with that
+    cluster's model (a device with k' > 1 trains it on the points of its local
+    clusters mapped to that cluster).
+
+The base class :class:`FLProtocol` is parameterised entirely by scalars
+(model kind and sizes, aggregator, beta, rounds, local mode / epochs / batch /
+lr, selection), so another wing can reuse the rounds or write its own with
+:func:`fedclust.fl.client.local_update` and
+:func:`fedclust.fl.server.aggregate_updates`.
+
+McMahan et al. 2017 (FedAvg); Ghosh et al. 2020 (IFCA); Dennis, Li & Smith,
+ICML 2021, §4.2.2 (k-FED + FedAvg, Table 2; client selection, Figure 4);
+Cho, Wang & Joshi 2020 (power-of-choice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.messages import Message
+from ..core.protocol import Protocol, Request, RunLog
+from ..core.random import device_rng, server_rng
+from ..core.validation import check_choice, check_float, check_int
+from ..kfed.messages import LabelMap, LocalCenters
+from ..kfed.protocol import KFedProtocol
+from ..kfed.server import assign_to_centers
+from .client import LOCAL_MODES, choose_cluster, local_update
+from .messages import ClusterModel, LossReport, ModelParams, ModelSet, ModelUpdate
+from .models import MODEL_KINDS, Model, build_model
+from .server import AGGREGATORS, SELECTIONS, average_per_cluster, sample_candidates, \
+    select_by_loss, select_random
+
+__all__ = ["FLProtocol", "FedAvgProtocol", "IFCAProtocol", "ClusteredFedAvgProtocol", "FLResult",
+           "FEATURE_MAPS", "feature_map"]
+
+TRAIN, LOSS, KFED = "fl_train", "fl_loss", "fl_kfed"
+FEATURE_MAPS = ("raw", "random-projection", "hidden")
+_SELECT_BRANCH = 1000   # server_rng round index offset for selection draws
+_INIT_BRANCH = 500      # ... for model initialisation
+_PROJ_BRANCH = 499      # ... for the shared random projection
+
+
+@dataclass
+class FLResult:
+    """Outcome of a FedAvg / IFCA / k-FED + FedAvg run (server side).
+
+    ``models`` (k, p): final parameters (k = 1 for FedAvg). ``center_labels`` /
+    ``local_counts``: per device, the cluster of each of its local groups and
+    their sizes (k-FED: its local centers; IFCA: its last choice). ``round_*``:
+    per FL round, the weighted mean local loss of the received models (before
+    training), bytes up / down (including selection probes) and the number of
+    devices that trained. ``snapshots``: models every ``snapshot_every`` rounds
+    (float32), for test-accuracy curves.
+    """
+
+    models: np.ndarray
+    centers: np.ndarray
+    center_labels: dict[int, np.ndarray]
+    local_counts: dict[int, np.ndarray]
+    local_centers: dict[int, np.ndarray]
+    feature_params: np.ndarray
+    round_loss: np.ndarray
+    round_bytes_up: np.ndarray
+    round_bytes_down: np.ndarray
+    round_devices: np.ndarray
+    setup_bytes: list
+    snapshots: dict[int, np.ndarray]
+    log: RunLog = field(default_factory=RunLog)
+
+
+@dataclass
+class _State:
+    ids: tuple[int, ...]
+    seed: int
+    models: np.ndarray
+    req: int = 0
+    fl_round: int = 0
+    queue: list = field(default_factory=list)
+    sizes: dict = field(default_factory=dict)
+    losses: dict = field(default_factory=dict)
+    silent: set = field(default_factory=set)
+    center_labels: dict = field(default_factory=dict)
+    local_counts: dict = field(default_factory=dict)
+    local_centers: dict = field(default_factory=dict)
+    centers: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    feature_params: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    acc: dict = field(default_factory=lambda: {"loss": 0.0, "n": 0, "up": 0, "down": 0, "dev": 0})
+    history: dict = field(default_factory=lambda: {"loss": [], "up": [], "down": [], "dev": []})
+    setup: list = field(default_factory=lambda: [0, 0])
+    snapshots: dict = field(default_factory=dict)
+    phase: str = "start"
+
+
+def feature_map(kind: str, X: np.ndarray, *, seed: int, dim: int,
+                model: Model | None = None) -> np.ndarray:
+    """The inputs k-FED clusters: raw X, X @ R for a shared Gaussian R (d, dim), or an MLP's
+    hidden layer (the first FedAvg round's model)."""
+    if kind == "raw":
+        return X
+    if kind == "random-projection":
+        R = server_rng(seed, _PROJ_BRANCH).standard_normal((X.shape[1], dim)) / math.sqrt(dim)
+        return X @ R
+    if model is None or not hasattr(model, "hidden"):
+        raise ValidationError("feature_map='hidden' needs an MLP model and the first round's "
+                              "parameters")
+    return model.hidden(X)
+
+
+class FLProtocol(Protocol):
+    """Shared machinery of the FL protocols (not registered itself; see the subclasses).
+
+    Parameters
+    ----------
+    model : {"mlp", "softmax", "logistic", "linear"}
+    n_features, n_classes, n_hidden, l2 : sizes / penalty of the model
+    rounds : int
+        FL rounds (each: optional selection probe, then training).
+    local_mode : {"sgd", "gd"}; local_epochs, batch_size, lr
+        The device step (:func:`fedclust.fl.client.local_update`).
+    aggregator : {"mean", "trimmed-mean", "median"}; beta : float
+        How the server combines updates (coordinate-wise; beta per side).
+    weighted : bool
+        Weight updates by the devices' sample counts (FedAvg); mean only.
+    clients_per_round : int
+        m devices per round; 0 = all.
+    selection : {"random", "pow-d", "kfed-pow-d"}; n_candidates : int
+        Client selection (power-of-choice: d = n_candidates, 0 = 2 m).
+    snapshot_every : int
+        Keep the models every this many rounds (0: never).
+    """
+
+    supervised = True
+    n_models = 1
+
+    def __init__(self, *, model: str = "mlp", n_features: int, n_classes: int = 10,
+                 n_hidden: int = 200, l2: float = 0.0, rounds: int = 30, local_mode: str = "sgd",
+                 local_epochs: int = 1, batch_size: int = 32, lr: float = 0.05,
+                 aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
+                 clients_per_round: int = 0, selection: str = "random", n_candidates: int = 0,
+                 snapshot_every: int = 0, **extra: Any):
+        self.model = check_choice(model, "model", MODEL_KINDS)
+        self.n_features = check_int(n_features, "n_features", min_value=1)
+        self.n_classes = check_int(n_classes, "n_classes", min_value=1)
+        self.n_hidden = check_int(n_hidden, "n_hidden", min_value=1)
+        self.l2 = check_float(l2, "l2", min_value=0.0)
+        self.rounds = check_int(rounds, "rounds", min_value=1)
+        self.local_mode = check_choice(local_mode, "local_mode", LOCAL_MODES)
+        self.local_epochs = check_int(local_epochs, "local_epochs", min_value=1)
+        self.batch_size = check_int(batch_size, "batch_size", min_value=1)
+        self.lr = check_float(lr, "lr", min_value=0.0, min_inclusive=False)
+        self.aggregator = check_choice(aggregator, "aggregator", AGGREGATORS)
+        self.beta = check_float(beta, "beta", min_value=0.0, max_value=0.49)
+        self.weighted = bool(weighted)
+        self.clients_per_round = check_int(clients_per_round, "clients_per_round", min_value=0)
+        self.selection = check_choice(selection, "selection", SELECTIONS)
+        self.n_candidates = check_int(n_candidates, "n_candidates", min_value=0)
+        self.snapshot_every = check_int(snapshot_every, "snapshot_every", min_value=0)
+        self._init_extra(**extra)
+        self._scratch = self.new_model()
+
+    def _init_extra(self, **extra: Any) -> None:
+        if extra:
+            raise ValidationError(f"unknown parameters {sorted(extra)}")
+
+    def new_model(self) -> Model:
+        """A fresh model of this protocol's kind and sizes."""
+        return build_model(self.model, self.n_features, max(self.n_classes, 2),
+                           n_hidden=self.n_hidden, l2=self.l2)
+
+    # -- config -------------------------------------------------------------
+    _KEYS = ("model", "n_features", "n_classes", "n_hidden", "l2", "rounds", "local_mode",
+             "local_epochs", "batch_size", "lr", "aggregator", "beta", "weighted",
+             "clients_per_round", "selection", "n_candidates", "snapshot_every")
+    _EXTRA_KEYS: tuple[str, ...] = ()
+
+    def config(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._KEYS + self._EXTRA_KEYS}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "FLProtocol":
+        return cls(**dict(config))
+
+    # -- server ---------------------------------------------------------------
+    def start(self, device_ids: Sequence[int], seed: int) -> _State:
+        init = self.new_model()
+        models = np.stack([init.init_params(server_rng(seed, _INIT_BRANCH + j))
+                           for j in range(self.n_models)])
+        if self.n_models > 1 and not hasattr(init, "hidden"):
+            # convex models start at 0: break IFCA's symmetry with small noise
+            models += 0.01 * server_rng(seed, _INIT_BRANCH - 1).standard_normal(models.shape)
+        state = _State(tuple(sorted(int(z) for z in device_ids)), int(seed), models)
+        state.queue = self._setup_requests(state)
+        return state
+
+    def _setup_requests(self, state: _State) -> list:
+        """Requests before the first FL round (k-FED, size probe); strings are phases."""
+        if self.selection == "kfed-pow-d":
+            return ["kfed"]
+        if self.selection == "pow-d":
+            return ["sizes"]
+        return []
+
+    def _m(self, state: _State) -> int:
+        return self.clients_per_round or len(state.ids)
+
+    def _live(self, state: _State) -> list[int]:
+        return [z for z in state.ids if z not in state.silent]
+
+    def next_request(self, state: _State) -> Request | None:
+        while True:
+            if state.queue:
+                item = state.queue.pop(0)
+                req = self._make(state, item) if isinstance(item, str) else item
+                if req is None:
+                    continue
+                state.req += 1
+                return req
+            if state.fl_round > 0 and state.phase == "train":
+                self._close_round(state)
+            if state.fl_round >= self.rounds:
+                return None
+            state.phase = "train"
+            state.fl_round += 1
+            state.queue = self._round_plan(state)
+
+    def _req(self, state: _State, action: str, payload: Message | None,
+             devices: Sequence[int]) -> Request | None:
+        devices = tuple(sorted(int(z) for z in devices))
+        if not devices:
+            return None
+        return Request(round=state.req, action=action, payload=payload, devices=devices)
+
+    def _make(self, state: _State, item: str) -> Request | None:
+        live = self._live(state)
+        if item == "sizes":
+            return self._req(state, LOSS, None, live)
+        if item == "kfed":
+            payload = None if state.feature_params.size == 0 else ModelParams(state.feature_params)
+            return self._req(state, KFED, payload, live)
+        if item == "hidden":
+            return self._req(state, TRAIN, ModelParams(state.models[0]), live)
+        if item == "select":
+            losses = state.losses
+            state.losses = {}
+            chosen = select_by_loss(
+                losses, self._m(state),
+                self._device_clusters(state) if self.selection == "kfed-pow-d" else None)
+            return self._train_request(state, chosen)
+        raise AssertionError(item)
+
+    def _round_plan(self, state: _State) -> list:
+        live = self._live(state)
+        rng = server_rng(state.seed, _SELECT_BRANCH + state.fl_round)
+        m = self._m(state)
+        if self.selection == "random" or m >= len(live):
+            return [self._train_request(state, select_random(live, m, rng))]
+        d = self.n_candidates or 2 * m
+        sizes = [state.sizes.get(z, 1) for z in live]
+        cands = sample_candidates(live, sizes, max(d, m), rng)
+        return [self._req(state, LOSS, ModelParams(state.models[0]), cands), "select"]
+
+    def _train_request(self, state: _State, devices: Sequence[int]) -> Request | None:
+        return self._req(state, TRAIN, ModelParams(state.models[0]), devices)
+
+    def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
+        expected = self.reply_types[request.action]
+        if not isinstance(reply, expected):
+            raise IncompatibleMessageError(
+                f"device {device_id}: expected {expected.kind}, got {type(reply).__name__}")
+        if isinstance(reply, ModelUpdate):
+            p = state.models.shape[1]
+            if reply.params.shape != (p,):
+                raise IncompatibleMessageError(
+                    f"device {device_id}: sent {reply.params.shape[0]} parameters but the model "
+                    f"has {p}")
+            if int(reply.cluster) >= len(state.models):
+                raise IncompatibleMessageError(
+                    f"device {device_id}: cluster={int(reply.cluster)} but there are "
+                    f"{len(state.models)} models")
+        if request.action == KFED:
+            self._kfed().check_reply(None, request, device_id, reply)
+
+    def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+        asked = request.devices or ()
+        state.silent.update(z for z in asked if z not in replies)
+        down = 0 if request.payload is None else request.payload.nbytes * len(asked)
+        up = sum(r.nbytes for r in replies.values())
+        if state.phase != "train":
+            state.setup[0] += up
+            state.setup[1] += down
+        else:
+            state.acc["up"] += up
+            state.acc["down"] += down
+        if request.action == LOSS:
+            for z, r in replies.items():
+                state.sizes[z] = int(r.n_samples)
+                if request.payload is not None:
+                    state.losses[z] = float(r.loss)
+        elif request.action == KFED:
+            self._kfed_step(state, replies)
+        elif state.phase != "train":  # the 'hidden' feature round: one global FedAvg round
+            state.feature_params = self._aggregate(replies, state.models[:1])[0]
+            state.models[:] = state.feature_params
+        else:
+            self._train_step(state, request, replies)
+
+    def _aggregate(self, replies: Mapping[int, Message], previous: np.ndarray) -> np.ndarray:
+        ids = sorted(replies)
+        P = np.stack([replies[z].params for z in ids])
+        w = (np.array([int(replies[z].n_samples) for z in ids], dtype=float)
+             if self.weighted else None)
+        clusters = [int(replies[z].cluster) for z in ids]
+        return average_per_cluster(P, clusters, previous, weights=w, aggregator=self.aggregator,
+                                   beta=self.beta)
+
+    def _train_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+        if replies:
+            state.models = self._aggregate(replies, state.models)
+        for z, r in replies.items():
+            n = int(r.n_samples)
+            state.acc["loss"] += float(r.loss) * n
+            state.acc["n"] += n
+            state.acc["dev"] += 1
+            self._note_choice(state, z, r)
+
+    def _note_choice(self, state: _State, z: int, reply: ModelUpdate) -> None:
+        """Remember what a device's reply says about its cluster (IFCA)."""
+
+    def _close_round(self, state: _State) -> None:
+        a, h = state.acc, state.history
+        h["loss"].append(a["loss"] / a["n"] if a["n"] else float("nan"))
+        h["up"].append(a["up"])
+        h["down"].append(a["down"])
+        h["dev"].append(a["dev"])
+        state.acc = {"loss": 0.0, "n": 0, "up": 0, "down": 0, "dev": 0}
+        r = state.fl_round
+        if self.snapshot_every and (r % self.snapshot_every == 0 or r == self.rounds):
+            state.snapshots[r] = state.models.astype(np.float32)
+        state.phase = "between"
+
+    # -- k-FED inside ---------------------------------------------------------
+    n_clusters = 1
+    n_local_clusters = 1
+    kfed_map = "raw"
+    feature_dim = 50
+
+    def _kfed_dim(self) -> int:
+        return {"raw": self.n_features, "random-projection": self.feature_dim,
+                "hidden": self.n_hidden}[self.kfed_map]
+
+    def _kfed(self) -> KFedProtocol:
+        return KFedProtocol(self.n_clusters, self.n_local_clusters, n_features=self._kfed_dim())
+
+    def _kfed_step(self, state: _State, replies: Mapping[int, Message]) -> None:
+        kfed = self._kfed()
+        kstate = kfed.start(sorted(replies), state.seed)
+        kfed.server_step(kstate, Request(0, "local_centers"), replies)
+        res = kfed.finish(kstate, RunLog(participants=sorted(replies)))
+        state.centers = res.centers
+        for z in res.center_labels:
+            state.center_labels[z] = res.center_labels[z]
+            state.local_counts[z] = res.local_counts[z]
+            state.local_centers[z] = res.local_centers[z]
+            state.sizes[z] = int(res.local_counts[z].sum())
+
+    @staticmethod
+    def _device_clusters(state: _State) -> dict[int, int]:
+        """Each device's cluster: the cluster of its largest local group."""
+        return {z: int(lab[int(np.argmax(state.local_counts[z]))])
+                for z, lab in state.center_labels.items()}
+
+    def finish(self, state: _State, log: RunLog) -> FLResult:
+        if state.fl_round > 0 and state.phase == "train":
+            self._close_round(state)
+        h = state.history
+        return FLResult(
+            models=state.models, centers=state.centers,
+            center_labels=dict(state.center_labels), local_counts=dict(state.local_counts),
+            local_centers=dict(state.local_centers), feature_params=state.feature_params,
+            round_loss=np.asarray(h["loss"], dtype=float),
+            round_bytes_up=np.asarray(h["up"], dtype=np.int64),
+            round_bytes_down=np.asarray(h["down"], dtype=np.int64),
+            round_devices=np.asarray(h["dev"], dtype=np.int64),
+            setup_bytes=[int(state.setup[0]), int(state.setup[1])],
+            snapshots=dict(state.snapshots), log=log)
+
+    # -- client ---------------------------------------------------------------
+    def _device_data(self, data: Any, device_id: int) -> tuple[np.ndarray, np.ndarray]:
+        if not isinstance(data, tuple) or len(data) != 2:
+            raise ValidationError(f"device {device_id}: supervised protocol needs (X, y) data")
+        X, y = np.asarray(data[0], dtype=np.float64), np.asarray(data[1])
+        if X.shape[0] == 0:
+            raise ValidationError(f"device {device_id} has no samples")
+        if not np.isfinite(X).all():
+            raise ValidationError(f"device {device_id}: X contains NaN or inf")
+        self._scratch.check_data(X, y, f"device {device_id}")
+        return X, y
+
+    def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
+                    state: dict[str, np.ndarray]) -> Message:
+        X, y = self._device_data(X, device_id)
+        model = self._scratch
+        if request.action == LOSS:
+            if request.payload is None:
+                return LossReport(loss=np.float64(0.0), n_samples=np.int64(len(y)))
+            model.set_params(request.payload.params)
+            return LossReport(loss=np.float64(model.loss(X, y)), n_samples=np.int64(len(y)))
+        if request.action == KFED:
+            if self.kfed_map == "hidden":
+                if request.payload is None:
+                    raise ValidationError(f"device {device_id}: feature_map='hidden' needs the "
+                                          "first round's model")
+                model.set_params(request.payload.params)
+            F = feature_map(self.kfed_map, X, seed=seed, dim=self.feature_dim, model=model)
+            return self._kfed().client_step(Request(request.round, "local_centers"), F,
+                                            device_id=device_id, seed=seed, state=state)
+        if request.action != TRAIN:
+            raise ValidationError(f"{self.name} has no client action {request.action!r}")
+        return self._train(request, X, y, device_id=device_id, seed=seed, state=state)
+
+    def _local(self, params, X, y, device_id, seed, round_index, cluster: int = 0,
+               loss: float | None = None) -> ModelUpdate:
+        new, n, loss = local_update(self._scratch, params, X, y, mode=self.local_mode,
+                                    epochs=self.local_epochs, batch_size=self.batch_size,
+                                    lr=self.lr, rng=device_rng(seed, device_id, round_index),
+                                    loss_before=loss)
+        return ModelUpdate(params=new, cluster=np.int64(cluster), n_samples=np.int64(n),
+                           loss=np.float64(loss))
+
+    def _train(self, request, X, y, *, device_id, seed, state) -> Message:
+        return self._local(request.payload.params, X, y, device_id, seed, request.round)
+
+
+class FedAvgProtocol(FLProtocol):
+    """FedAvg (McMahan et al. 2017): one global model; selection random / pow-d / kfed-pow-d.
+
+    ``kfed-pow-d`` first runs one k-FED round (``n_clusters``, ``n_local_clusters``)
+    whose clusters filter the power-of-choice candidates.
+    """
+
+    name = "fedavg"
+    reply_types = {TRAIN: ModelUpdate, LOSS: LossReport, KFED: LocalCenters}
+    _EXTRA_KEYS = ("n_clusters", "n_local_clusters")
+
+    def _init_extra(self, n_clusters: int = 1, n_local_clusters: int = 1) -> None:
+        self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
+        self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
+
+
+class IFCAProtocol(FLProtocol):
+    """IFCA (Ghosh et al. 2020): k models; every selected device downloads all k (8 k p bytes),
+    keeps the one with the lowest local loss, trains it and sends it back tagged; the server
+    averages per cluster. Random selection only."""
+
+    name = "ifca"
+    reply_types = {TRAIN: ModelUpdate, LOSS: LossReport}
+    _EXTRA_KEYS = ("n_clusters",)
+
+    def _init_extra(self, n_clusters: int = 2) -> None:
+        self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
+        self.n_models = self.n_clusters
+        if self.selection != "random":
+            raise ValidationError(f"IFCA supports selection='random' only, got {self.selection!r}")
+
+    def _train_request(self, state, devices):
+        return self._req(state, TRAIN, ModelSet(state.models), devices)
+
+    def _note_choice(self, state, z, reply):
+        state.center_labels[z] = np.array([int(reply.cluster)], dtype=np.int64)
+        state.local_counts[z] = np.array([int(reply.n_samples)], dtype=np.int64)
+
+    def _train(self, request, X, y, *, device_id, seed, state):
+        params_k = request.payload.params
+        if params_k.shape[0] != self.n_clusters:
+            raise ValidationError(f"device {device_id}: got {params_k.shape[0]} models, "
+                                  f"expected {self.n_clusters}")
+        j, losses = choose_cluster(self._scratch, params_k, X, y)
+        return self._local(params_k[j], X, y, device_id, seed, request.round, cluster=j,
+                           loss=float(losses[j]))
+
+
+class ClusteredFedAvgProtocol(FLProtocol):
+    """k-FED + FedAvg (Dennis et al. 2021, §4.2.2): one k-FED round clusters the devices' data,
+    then FedAvg per cluster (one request per cluster and round, one model download each).
+
+    ``feature_map``: what k-FED clusters — ``"raw"`` inputs, a shared
+    ``"random-projection"`` to ``feature_dim`` dims, or the ``"hidden"`` layer of
+    the MLP after one global FedAvg round. Random selection only (m devices per round
+    over all clusters).
+    """
+
+    name = "clustered-fedavg"
+    reply_types = {KFED: LocalCenters, TRAIN: ModelUpdate, LOSS: LossReport}
+    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "feature_map", "feature_dim")
+
+    def _init_extra(self, n_clusters: int = 2, n_local_clusters: int = 1,
+                    feature_map: str = "raw", feature_dim: int = 50) -> None:
+        self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
+        self.n_models = self.n_clusters
+        self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
+        self.kfed_map = self.feature_map = check_choice(feature_map, "feature_map", FEATURE_MAPS)
+        self.feature_dim = check_int(feature_dim, "feature_dim", min_value=1)
+        if self.feature_map == "hidden" and self.model != "mlp":
+            raise ValidationError("feature_map='hidden' needs model='mlp'")
+        if self.selection != "random":
+            raise ValidationError(
+                f"clustered-fedavg supports selection='random' only, got {self.selection!r}")
+
+    def start(self, device_ids, seed):
+        state = super().start(device_ids, seed)
+        state.models[:] = state.models[0]  # one start for every cluster (clusters differ by data)
+        return state
+
+    def _setup_requests(self, state):
+        return ["hidden", "kfed"] if self.feature_map == "hidden" else ["kfed"]
+
+    def _round_plan(self, state):
+        live = self._live(state)
+        chosen = set(select_random(live, self._m(state),
+                                   server_rng(state.seed, _SELECT_BRANCH + state.fl_round)))
+        plan = []
+        for c in range(self.n_clusters):
+            pairs = [(z, j) for z in sorted(chosen) if z in state.center_labels
+                     for j in np.flatnonzero(state.center_labels[z] == c)]
+            if not pairs:
+                continue
+            members = np.array([p[0] for p in pairs], dtype=np.int64)
+            payload = ClusterModel(params=state.models[c], cluster=np.int64(c), members=members,
+                                   local_index=np.array([p[1] for p in pairs], dtype=np.int64))
+            plan.append(self._req(state, TRAIN, payload, np.unique(members)))
+        return plan
+
+    def check_reply(self, state, request, device_id, reply):
+        super().check_reply(state, request, device_id, reply)
+        if request.action == TRAIN and state.phase == "train" \
+                and int(reply.cluster) != int(request.payload.cluster):
+            raise IncompatibleMessageError(
+                f"device {device_id}: update for cluster {int(reply.cluster)} in the round of "
+                f"cluster {int(request.payload.cluster)}")
+
+    def _train(self, request, X, y, *, device_id, seed, state):
+        msg = request.payload
+        if isinstance(msg, ModelParams):  # the 'hidden' feature round
+            return self._local(msg.params, X, y, device_id, seed, request.round)
+        mine = msg.local_index[msg.members == device_id]
+        if "local_labels" not in state:
+            raise ValidationError(f"device {device_id}: no k-FED local clusters in its state")
+        mask = np.isin(state["local_labels"], mine)
+        if not mask.any():
+            raise ValidationError(f"device {device_id}: no points in local clusters "
+                                  f"{mine.tolist()} of cluster {int(msg.cluster)}")
+        return self._local(msg.params, X[mask], y[mask], device_id, seed, request.round,
+                           cluster=int(msg.cluster))
+
+    def assign_late(self, result: FLResult, device_id: int, reply: LocalCenters) -> np.ndarray:
+        """Map a late device's local centers to the k-FED centers (O(k_z k d)); no training."""
+        if reply.centers.shape[1] != result.centers.shape[1]:
+            raise IncompatibleMessageError(
+                f"device {device_id}: centers have {reply.centers.shape[1]} features but the "
+                f"k-FED centers have {result.centers.shape[1]}")
+        labels = assign_to_centers(reply.centers, result.centers)
+        result.center_labels[device_id] = labels
+        result.local_counts[device_id] = reply.counts
+        result.local_centers[device_id] = reply.centers
+        return labels
+
+    def final_message(self, result: FLResult, device_id: int) -> Message | None:
+        labels = result.center_labels.get(device_id)
+        return None if labels is None else LabelMap(global_labels=labels.astype(np.int64))
+
+    def client_finish(self, message, X, state):
+        if message is None or "local_labels" not in state:
+            return {}
+        return {"labels": np.asarray(message.global_labels)[state["local_labels"]]}

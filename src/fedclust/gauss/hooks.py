@@ -1,0 +1,86 @@
+"""What the CLI needs from this wing: a 2-D data source, the figure, result fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.registry import Federation
+from ..core.validation import check_float, check_int
+
+__all__ = ["gauss_blobs", "plot_gauss", "gauss_result_fields", "gauss_report"]
+
+
+def gauss_blobs(seed: int, *, n_clusters: int = 15, n_per_cluster: int = 200,
+                n_features: int = 2, spread: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled Gaussian blobs with random anisotropic covariances (S-set-like).
+
+    Means uniform in a box of side 30 (rejecting means closer than 6), each
+    cluster a random covariance of scale ``spread``. Returns (X, y).
+    """
+    k = check_int(n_clusters, "n_clusters", min_value=1)
+    n = check_int(n_per_cluster, "n_per_cluster", min_value=1)
+    d = check_int(n_features, "n_features", min_value=1)
+    spread = check_float(spread, "spread", min_value=0.0, min_inclusive=False)
+    rng = np.random.default_rng(seed)
+    means: list[np.ndarray] = []
+    while len(means) < k:
+        m = rng.uniform(0, 30 * max(1.0, (k / 15) ** (1 / d)), d)
+        if all(np.linalg.norm(m - o) > 6 * spread for o in means) or len(means) > 50 * k:
+            means.append(m)
+    X, y = [], []
+    for c, m in enumerate(means):
+        A = rng.normal(size=(d, d)) * 0.5 + np.eye(d)
+        X.append(m + spread * rng.normal(size=(n, d)) @ A.T * 0.6)
+        y.append(np.full(n, c))
+    X = np.concatenate(X)
+    y = np.concatenate(y)
+    p = rng.permutation(len(X))
+    return X[p], y[p]
+
+
+def gauss_result_fields(model: Any) -> dict[str, Any]:
+    return {"cluster_centers": np.asarray(model.means_).tolist(),
+            "cluster_counts": np.asarray(model.counts_).tolist(),
+            "n_clusters": int(model.n_clusters_)}
+
+
+def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
+    """Data and global clusters as 2-sigma ellipses (first two features)."""
+    from ..plotting import have_matplotlib, plot_gaussian_clusters
+
+    if not have_matplotlib():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    X = np.concatenate(fed.devices)
+    if X.shape[1] < 2:
+        return None
+    result.setdefault("metrics", {})["n_clusters"] = int(model.n_clusters_)
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    ari = result.get("metrics", {}).get("ari")
+    title = f"{result.get('algorithm', 'gauss')}: {model.n_clusters_} clusters"
+    if ari is not None:
+        title += f", ARI {ari:.3f}"
+    plot_gaussian_clusters(ax, X, model.means_, model.covariances_, title=title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def gauss_report(model: Any, fed: Federation, cfg: Any) -> dict[str, Any]:
+    """k-means cost, accuracy/ARI/NMI (as for every clustering) plus the cluster count."""
+    from ..core.registry import clustering_report
+
+    out = clustering_report(model, fed, cfg)
+    out["n_clusters"] = int(model.n_clusters_)
+    if fed.labels is not None:
+        out["n_clusters_reference"] = int(len(np.unique(np.concatenate(fed.labels))))
+    return out

@@ -1,0 +1,97 @@
+"""What crosses the wire: an owner's clusters up, the global model down.
+
+Bytes per owner (float64 / int64, 8 bytes a number), with c clusters sent,
+D features and M classes (M = 0 for clustering):
+
+* ``covariance="full"``: ``8 [c (D + D(D+1)/2 + 2 + M) + 2D + 1]`` — per
+  cluster the mean, the upper triangle of the scatter, the count, the age and
+  the one-hot class; per owner the global count, mean and m2;
+* ``covariance="diag"``: ``8 [c (2D + 2 + M) + 2D + 1]``.
+
+The global model sent back has the same layout (c = global clusters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..core.messages import FLOAT, INT, Message, reject
+from .stats import psd_violation, unpack_scatter
+
+__all__ = ["GaussClusters", "GaussModel", "message_numbers"]
+
+#: tolerance of the PSD check, relative to max(1, trace) of each scatter
+PSD_TOL = 1e-9
+
+
+def message_numbers(c: int, D: int, M: int, covariance: str = "full") -> int:
+    """How many 8-byte numbers a :class:`GaussClusters` with c clusters holds."""
+    width = D * (D + 1) // 2 if covariance == "full" else D
+    return c * (D + width + 2 + M) + 2 * D + 1
+
+
+@dataclass(frozen=True)
+class GaussClusters(Message):
+    """Owner -> server: clusters with n > kappa_n and the owner's global statistics."""
+
+    means: np.ndarray          # (c, D) float
+    scatters: np.ndarray       # (c, D(D+1)/2) packed upper triangle, or (c, D) diagonal
+    counts: np.ndarray         # (c,) int64 >= 1
+    ages: np.ndarray           # (c,) int64 >= 0: samples since the cluster was last activated
+    classes: np.ndarray        # (c, M) int64 one-hot (M = 0 for clustering)
+    global_count: np.ndarray   # () int64
+    global_mean: np.ndarray    # (D,) float
+    global_m2: np.ndarray      # (D,) float, sum of squared deviations per feature
+    schema: ClassVar = {"means": (FLOAT, 2), "scatters": (FLOAT, 2), "counts": (INT, 1),
+                        "ages": (INT, 1), "classes": (INT, 2), "global_count": (INT, 0),
+                        "global_mean": (FLOAT, 1), "global_m2": (FLOAT, 1)}
+    kind: ClassVar[str] = "gauss_clusters"
+
+    @property
+    def covariance(self) -> str:
+        D = self.means.shape[1]
+        return "diag" if self.scatters.shape[1] == D and D != 1 else "full"
+
+    def validate(self, sender: str) -> None:
+        c, D = self.means.shape
+        if D == 0:
+            reject(sender, f"{self.kind} has 0 features")
+        if self.global_mean.shape != (D,) or self.global_m2.shape != (D,):
+            reject(sender, f"global statistics have shapes {self.global_mean.shape} and "
+                           f"{self.global_m2.shape} but the clusters have D={D}")
+        if self.scatters.shape[0] != c or self.scatters.shape[1] not in (D, D * (D + 1) // 2):
+            reject(sender, f"scatters has shape {self.scatters.shape}; expected ({c}, {D}) or "
+                           f"({c}, {D * (D + 1) // 2})")
+        for name in ("counts", "ages"):
+            if getattr(self, name).shape != (c,):
+                reject(sender, f"{name} has shape {getattr(self, name).shape} for {c} clusters")
+        if self.classes.shape[0] != c:
+            reject(sender, f"classes has {self.classes.shape[0]} rows for {c} clusters")
+        if (self.counts < 1).any():
+            reject(sender, f"counts must be >= 1, got {self.counts.tolist()[:10]}")
+        if (self.ages < 0).any():
+            reject(sender, f"ages must be >= 0, got {self.ages.tolist()[:10]}")
+        if self.classes.shape[1] and (((self.classes != 0) & (self.classes != 1)).any()
+                                      or (self.classes.sum(axis=1) != 1).any()):
+            reject(sender, "classes must be one-hot rows")
+        total = int(self.global_count)
+        if total < 0 or int(self.counts.sum()) > total:
+            reject(sender, f"global_count={total} but the clusters hold "
+                           f"{int(self.counts.sum())} samples")
+        if (self.global_m2 < 0).any():
+            reject(sender, f"global_m2 has a negative variance sum {float(self.global_m2.min())}")
+        S = self.scatters if self.covariance == "diag" else unpack_scatter(self.scatters, D)
+        bad = psd_violation(S)
+        if bad > PSD_TOL:
+            reject(sender, f"a scatter matrix is not positive semi-definite "
+                           f"(eigenvalue {-bad:.3g} x trace)")
+
+
+@dataclass(frozen=True)
+class GaussModel(GaussClusters):
+    """Server -> owner: the merged global model (same layout as :class:`GaussClusters`)."""
+
+    kind: ClassVar[str] = "gauss_model"

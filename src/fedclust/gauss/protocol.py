@@ -1,0 +1,330 @@
+"""Federated evolving Gaussians as a protocol (Ožbot & Škrjanc, §3.2 of ALGORITHMS.md).
+
+Round r (``action="gauss_clusters"``): every owner learns, in one pass, the
+r-th of ``n_rounds`` contiguous chunks of its rows into a fresh local cluster
+set (its prior scale pooled from the broadcast global statistics and its own),
+and sends the clusters with n > kappa_n plus its global statistics
+(:class:`~fedclust.gauss.messages.GaussClusters`). The server pools the
+statistics exactly, merges the clusters (never across classes), removes the
+oldest past ``max_clusters`` and broadcasts the global model. Every sample is
+counted once whatever the number of rounds, so the pooled statistics stay exact.
+One round is the paper's setting and the default.
+
+:class:`GaussClassifierProtocol` is the supervised variant (device data
+``(X, y)``; ``classes`` travel in the config, so a label seen only at predict
+time is impossible and a label missing on some owners is fine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.messages import Message
+from ..core.protocol import Protocol, Request, RunLog
+from ..core.validation import check_array, check_choice, check_float, check_int
+from .local import from_message, learn_local, to_message
+from .messages import GaussClusters, GaussModel
+from .model import PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
+from .server import merge_messages
+from .stats import merge_moments, moments, pack_scatter
+
+__all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_settings",
+           "model_message"]
+
+ACTION = "gauss_clusters"
+
+
+def check_settings(**kw: Any) -> Settings:
+    """Validate the hyper-parameters (errors name the parameter and the value)."""
+    s = Settings(**kw)
+    check_choice(s.covariance, "covariance", ("full", "diag"))
+    check_float(s.gate_quantile, "gate_quantile", min_value=0.0, max_value=1.0, min_inclusive=False)
+    if s.gate_quantile >= 1.0:
+        raise ValidationError(f"gate_quantile={s.gate_quantile} must be < 1")
+    if s.n_sigma is not None:
+        check_float(s.n_sigma, "n_sigma", min_value=0.0, min_inclusive=False)
+    check_float(s.volume_fraction, "volume_fraction", min_value=0.0, max_value=1.0,
+                min_inclusive=False)
+    if s.n_r is not None:
+        check_float(s.n_r, "n_r", min_value=0.0, min_inclusive=False)
+    if s.prior_weight is not None:
+        check_float(s.prior_weight, "prior_weight", min_value=1.0)
+    check_float(s.kappa_m, "kappa_m", min_value=0.0, min_inclusive=False)
+    check_choice(s.volume, "volume", tuple(VOLUMES))
+    check_float(s.max_volume, "max_volume", min_value=0.0, min_inclusive=False)
+    check_int(s.max_clusters, "max_clusters", min_value=1)
+    check_float(s.min_weight, "min_weight", min_value=0.0, max_value=1.0)
+    check_float(s.var_floor, "var_floor", min_value=0.0, min_inclusive=False)
+    check_choice(s.predict_rule, "predict_rule", PREDICT_RULES)
+    return s
+
+
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+
+
+@dataclass
+class GaussResult:
+    """The global model (server side)."""
+
+    means: np.ndarray                 # (K, D)
+    scatters: np.ndarray              # (K, D, D) full, (K, D) diag
+    counts: np.ndarray                # (K,) int64
+    ages: np.ndarray                  # (K,) int64
+    classes: np.ndarray               # (K,) int64 class index, -1 for clustering
+    global_count: int
+    global_mean: np.ndarray           # (D,)
+    global_m2: np.ndarray             # (D,)
+    local_counts: dict[int, np.ndarray] = field(default_factory=dict)  # what each owner sent
+    n_rounds: int = 1
+    log: RunLog = field(default_factory=RunLog)
+
+
+@dataclass
+class _State:
+    device_ids: tuple[int, ...]
+    seed: int
+    round: int = 0
+    model: GaussModel | None = None
+    local_counts: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def model_message(cs: ClusterSet) -> GaussModel:
+    """The global model as the message broadcast to owners."""
+    count, mean, m2 = cs.g
+    C = cs.C
+    onehot = np.zeros((C, cs.n_classes), dtype=np.int64)
+    if cs.n_classes:
+        onehot[np.arange(C), cs.cls[:C]] = 1
+    S = cs.S[:C]
+    return GaussModel(means=cs.mu[:C].copy(), scatters=pack_scatter(S) if cs.full else S.copy(),
+                      counts=np.rint(cs.n[:C]).astype(np.int64),
+                      ages=np.maximum(cs.t - cs.last[:C], 0).astype(np.int64), classes=onehot,
+                      global_count=np.asarray(int(count), dtype=np.int64),
+                      global_mean=np.asarray(mean, dtype=float),
+                      global_m2=np.asarray(m2, dtype=float))
+
+
+class GaussProtocol(Protocol):
+    """Federated self-evolving Gaussian clustering. Parameters as in :class:`fedclust.FedGaussClustering`."""
+
+    name = "gauss"
+    reply_types = {ACTION: GaussClusters}
+
+    def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
+                 **settings: Any):
+        unknown = set(settings) - set(SETTING_NAMES)
+        if unknown:
+            raise ValidationError(f"unknown parameters {sorted(unknown)}")
+        self.settings = check_settings(**settings)
+        self.kappa_n = check_float(kappa_n, "kappa_n", min_value=0.0)
+        self.n_rounds = check_int(n_rounds, "n_rounds", min_value=1)
+        self.n_features = None if n_features is None else check_int(n_features, "n_features",
+                                                                    min_value=1)
+
+    @property
+    def n_classes(self) -> int:
+        return 0
+
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {k: v for k, v in dataclasses.asdict(self.settings).items()
+                               if v is not None}
+        cfg.update(kappa_n=self.kappa_n, n_rounds=self.n_rounds)
+        if self.n_features is not None:
+            cfg["n_features"] = self.n_features
+        return cfg
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "GaussProtocol":
+        return cls(**dict(config))
+
+    # -- server ------------------------------------------------------------
+    def start(self, device_ids: Sequence[int], seed: int) -> _State:
+        return _State(tuple(int(z) for z in device_ids), int(seed))
+
+    def next_request(self, state: _State) -> Request | None:
+        if state.round >= self.n_rounds:
+            return None
+        return Request(round=state.round, action=ACTION, payload=state.model)
+
+    def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
+        if not isinstance(reply, GaussClusters):
+            raise IncompatibleMessageError(
+                f"device {device_id}: expected {ACTION}, got {type(reply).__name__}")
+        D = reply.means.shape[1]
+        want = self.n_features or (state.model.means.shape[1] if state.model is not None else D)
+        if D != want:
+            raise IncompatibleMessageError(
+                f"device {device_id}: clusters have {D} features but the federation has {want}")
+        width = D * (D + 1) // 2 if self.settings.covariance == "full" else D
+        if reply.scatters.shape[1] != width:
+            raise IncompatibleMessageError(
+                f"device {device_id}: scatters have width {reply.scatters.shape[1]}; "
+                f"covariance={self.settings.covariance!r} needs {width}")
+        if reply.classes.shape[1] != self.n_classes:
+            raise IncompatibleMessageError(
+                f"device {device_id}: classes have {reply.classes.shape[1]} columns but the "
+                f"federation has {self.n_classes} classes")
+
+    def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+        msgs = [replies[z] for z in sorted(replies)]
+        for z in sorted(replies):
+            prev = state.local_counts.get(z)
+            cnt = np.asarray(replies[z].counts)
+            state.local_counts[z] = cnt if prev is None else np.concatenate([prev, cnt])
+        if msgs:
+            with one_thread():
+                cs = merge_messages(msgs, self.settings, self.n_classes, state.model)  # type: ignore[arg-type]
+                state.model = model_message(cs)
+        state.round += 1
+
+    def finish(self, state: _State, log: RunLog) -> GaussResult:
+        m = state.model
+        if m is None:
+            raise ValidationError("no device replied (all dropped, failed or rejected); no model")
+        with one_thread():
+            cs = from_message(m, self.settings, self.n_classes)
+        C = cs.C
+        return GaussResult(
+            means=cs.mu[:C].copy(), scatters=cs.S[:C].copy(), counts=m.counts.copy(),
+            ages=m.ages.copy(),
+            classes=(np.argmax(m.classes, axis=1) if self.n_classes
+                     else np.full(C, -1, np.int64)).astype(np.int64),
+            global_count=int(m.global_count), global_mean=m.global_mean.copy(),
+            global_m2=m.global_m2.copy(), local_counts=dict(state.local_counts),
+            n_rounds=state.round, log=log)
+
+    def final_message(self, result: GaussResult, device_id: int) -> Message | None:
+        return result_message(result, self.settings)
+
+    # -- client ------------------------------------------------------------
+    def _device_data(self, data: Any, device_id: int) -> tuple[np.ndarray, np.ndarray | None]:
+        X = check_array(data, f"device {device_id}")
+        if X.shape[0] == 0:
+            raise ValidationError(f"device {device_id} has no rows")
+        return X.astype(np.float64, copy=False), None
+
+    def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
+                    state: dict[str, np.ndarray]) -> Message:
+        if request.action != ACTION:
+            raise ValidationError(f"gauss has no client action {request.action!r}")
+        Xd, y = self._device_data(X, device_id)
+        if self.n_features is not None and Xd.shape[1] != self.n_features:
+            raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
+                                  f"federation has n_features={self.n_features}")
+        rows = np.array_split(np.arange(Xd.shape[0]), self.n_rounds)[request.round]
+        Xr = Xd[rows]
+        yr = None if y is None else y[rows]
+        own = moments(Xr)
+        prior = None
+        payload = request.payload
+        if payload is not None:
+            prior = (int(payload.global_count), payload.global_mean, payload.global_m2)
+        if Xr.shape[0] == 0:  # fewer rows than rounds: nothing new this round
+            D = Xd.shape[1]
+            return GaussClusters(
+                means=np.zeros((0, D)), scatters=np.zeros((0, D * (D + 1) // 2
+                                                           if self.settings.covariance == "full"
+                                                           else D)),
+                counts=np.zeros(0, np.int64), ages=np.zeros(0, np.int64),
+                classes=np.zeros((0, self.n_classes), np.int64),
+                global_count=np.asarray(0, np.int64), global_mean=np.zeros(D),
+                global_m2=np.zeros(D))
+        with one_thread():
+            cs = learn_local(Xr, yr, self.settings, self.n_classes, prior)
+        return to_message(cs, self.kappa_n, own)
+
+    def client_finish(self, message: Message | None, X: Any,
+                      state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if message is None:
+            return {}
+        Xd, _ = self._device_data(X, -1)
+        with one_thread():
+            cs = from_message(message, self.settings, self.n_classes)  # type: ignore[arg-type]
+            return {"labels": predict_labels(cs, Xd, self.settings.predict_rule)}
+
+
+def result_message(result: GaussResult, settings: Settings) -> GaussModel:
+    S = result.scatters
+    onehot_cols = int(result.classes.max()) + 1 if (result.classes >= 0).any() else 0
+    return GaussModel(
+        means=result.means, scatters=pack_scatter(S) if S.ndim == 3 else S,
+        counts=result.counts.astype(np.int64), ages=result.ages.astype(np.int64),
+        classes=_onehot(result.classes, onehot_cols),
+        global_count=np.asarray(int(result.global_count), np.int64),
+        global_mean=result.global_mean, global_m2=result.global_m2)
+
+
+def _onehot(classes: np.ndarray, M: int) -> np.ndarray:
+    out = np.zeros((classes.size, M), dtype=np.int64)
+    if M:
+        out[np.arange(classes.size), classes] = 1
+    return out
+
+
+def predict_labels(cs: ClusterSet, X: np.ndarray, rule: str) -> np.ndarray:
+    """Cluster index (clustering) or class index (classification) of every row."""
+    from .scoring import class_log_scores
+
+    if cs.n_classes:
+        return np.argmax(class_log_scores(cs, X, rule), axis=1).astype(np.int64)
+    return np.argmax(cs.log_scores(X, rule), axis=1).astype(np.int64)
+
+
+class GaussClassifierProtocol(GaussProtocol):
+    """Supervised variant: device data is ``(X, y)`` with y among ``classes``."""
+
+    name = "gauss-classifier"
+    supervised = True
+
+    def __init__(self, *, classes: Sequence[Any], **kw: Any):
+        super().__init__(**kw)
+        classes = list(classes)
+        if not classes:
+            raise ValidationError("classes is empty: a classifier needs at least one class")
+        self.classes = classes
+        self._classes_arr = np.asarray(classes)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    def config(self) -> dict[str, Any]:
+        cfg = super().config()
+        cfg["classes"] = [c.item() if isinstance(c, np.generic) else c for c in self.classes]
+        return cfg
+
+    def final_message(self, result: GaussResult, device_id: int) -> Message | None:
+        msg = result_message(result, self.settings)
+        M = self.n_classes
+        return dataclasses.replace(msg, classes=_onehot(result.classes, M))
+
+    def _device_data(self, data: Any, device_id: int) -> tuple[np.ndarray, np.ndarray | None]:
+        if not (isinstance(data, tuple) and len(data) == 2):
+            raise ValidationError(f"device {device_id}: supervised data must be a tuple (X, y)")
+        X, y = data
+        Xd, _ = super()._device_data(X, device_id)
+        y = np.asarray(y)
+        if y.ndim != 1 or y.shape[0] != Xd.shape[0]:
+            raise ValidationError(f"device {device_id}: y has shape {y.shape} but X has "
+                                  f"{Xd.shape[0]} rows")
+        return Xd, encode_labels(y, self._classes_arr, f"device {device_id}")
+
+
+def encode_labels(y: np.ndarray, classes: np.ndarray, owner: str) -> np.ndarray:
+    """Class indices of y in the sorted ``classes``; an unknown label is named."""
+    try:
+        idx = np.searchsorted(classes, y)
+    except TypeError:
+        raise ValidationError(f"{owner}: labels of type {y.dtype} cannot be compared with the "
+                              f"classes {classes.tolist()[:10]}") from None
+    idx = np.clip(idx, 0, len(classes) - 1)
+    bad = classes[idx] != y
+    if np.any(bad):
+        raise ValidationError(f"{owner}: label {y[np.argmax(bad)]!r} is not one of the classes "
+                              f"{classes.tolist()[:10]}")
+    return idx.astype(np.int64)

@@ -1,0 +1,62 @@
+"""Server-side maths: pool the owners' statistics exactly and merge their clusters.
+
+The global statistics are pooled with Chan's formula; the clusters of every
+owner are put in one canonical order (class, then size, then mean), so the
+result does not depend on the order in which owners reply; then the best
+same-class pair is merged while it passes the volume criterion and the size
+cap (:meth:`ClusterSet.merge_all`), fragments below ``min_weight`` are folded
+into their most likely neighbour, and the oldest clusters past
+``max_clusters`` are removed. Work: O(K^2 D^2 + m K D^3) for K received
+clusters and m merges.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .local import add_clusters
+from .messages import GaussClusters
+from .model import ClusterSet, Settings
+from .stats import merge_moments
+
+__all__ = ["merge_messages", "canonical_order"]
+
+
+def canonical_order(msgs: Sequence[GaussClusters]) -> list[GaussClusters]:
+    """Messages sorted by content (global count, then mean), not by arrival."""
+    keys = [(int(m.global_count), tuple(np.asarray(m.global_mean).tolist()),
+             tuple(np.asarray(m.global_m2).tolist()), int(m.means.shape[0])) for m in msgs]
+    return [msgs[i] for i in sorted(range(len(msgs)), key=lambda i: keys[i])]
+
+
+def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes: int,
+                   previous: GaussClusters | None = None) -> ClusterSet:
+    """The global model from the owners' messages (and the previous global model)."""
+    parts = ([previous] if previous is not None else []) + canonical_order(list(msgs))
+    D = parts[0].means.shape[1]
+    g: tuple = (0, np.zeros(D), np.zeros(D))
+    for m in parts:
+        g = merge_moments(g, (int(m.global_count), m.global_mean, m.global_m2))
+    srv = ClusterSet(D, settings, n_classes)
+    srv.set_global(*g)
+    for m in parts:
+        add_clusters(srv, m)
+    _sort_canonical(srv)
+    srv.merge_all()
+    srv.absorb_fragments()
+    srv.prune()
+    _sort_canonical(srv)
+    return srv
+
+
+def _sort_canonical(cs: ClusterSet) -> None:
+    C = cs.C
+    if C < 2:
+        return
+    keys = [cs.mu[:C, d] for d in range(cs.D - 1, -1, -1)] + [-cs.n[:C], cs.cls[:C]]
+    order = np.lexsort(keys)
+    for name in ("mu", "S", "P", "n", "ld", "cls", "last", "upd"):
+        arr = getattr(cs, name)
+        arr[:C] = arr[order]

@@ -1,0 +1,296 @@
+"""The :class:`RobustClusteredRegression` front door (and its registry hooks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..core.exceptions import NotFittedError, ValidationError
+from ..core.protocol import Transport
+from ..core.random import RandomState, root_seed
+from ..core.validation import check_int
+from ..sim.transport import InProcessTransport
+from .metrics import estimation_error, misclustering_rate
+from .protocol import RobustRegressionProtocol, RobustRegressionResult
+
+__all__ = ["RobustClusteredRegression", "fit_robust", "robust_report", "robust_result_fields",
+           "plot_round_loss"]
+
+
+def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
+    if Xs is None or ys is None or len(Xs) != len(ys):
+        raise ValidationError(
+            f"expected one y per machine: got {None if Xs is None else len(Xs)} X arrays and "
+            f"{None if ys is None else len(ys)} y arrays")
+    if len(Xs) == 0:
+        raise ValidationError("no machines given")
+    out_X, out_y, d = [], [], None
+    for z, X, y in zip(ids, Xs, ys):
+        X = np.asarray(X)
+        y = np.asarray(y)
+        if X.ndim != 2 or X.dtype.kind not in "biuf":
+            raise ValidationError(f"machine {z}: X must be a 2-D numeric array, got shape {X.shape}")
+        if X.shape[0] == 0:
+            raise ValidationError(f"machine {z} is empty (X has 0 rows)")
+        if y.ndim != 1 or y.shape[0] != X.shape[0] or y.dtype.kind not in "biuf":
+            raise ValidationError(
+                f"machine {z}: X has {X.shape[0]} rows but y has shape {y.shape}")
+        X = X.astype(np.float64)
+        y = y.astype(np.float64)
+        for name, A in (("X", X), ("y", y)):
+            if not np.isfinite(A).all():
+                bad = A[~np.isfinite(A)].ravel()[0]
+                raise ValidationError(f"machine {z}: {name} contains a non-finite value ({bad})")
+        if d is None:
+            d = X.shape[1]
+        elif X.shape[1] != d:
+            raise ValidationError(
+                f"machine {z} has d={X.shape[1]} features but machine {ids[0]} has d={d}")
+        out_X.append(X)
+        out_y.append(y)
+    return out_X, out_y
+
+
+class RobustClusteredRegression:
+    """Byzantine-robust clustered linear regression: the three-stage modular algorithm.
+
+    Stage 1: each machine's least-squares ERM, sent once. Stage 2: robust
+    clustering of the ERMs. Stage 3: per cluster, Byzantine-robust distributed
+    gradient descent (or FedAvg with local steps) combined by a robust rule,
+    started at the cluster's stage-2 centre.
+
+    Parameters
+    ----------
+    n_clusters : int, default=2
+    clustering : {"trimmed-kmeans", "kgeomedians", "edge-cutting", "kmeans"}
+        Stage 2 (``"kmeans"``: the non-robust reference).
+    optimizer : {"gd", "fedavg"}, default="gd"
+        Stage 3: one gradient step per round, or ``local_steps`` full-batch
+        steps on each machine per round (FedAvg).
+    aggregator : {"trimmed-mean", "median", "mean"}, default="trimmed-mean"
+        How the machines' gradients (gd) or models (fedavg) are combined.
+    beta : float, default=0.1
+        Trimmed fraction per side (should exceed the Byzantine fraction of a
+        cluster), ``0 <= beta < 0.5``.
+    rounds : int, default=20
+        Stage-3 rounds (0: the stage-2 centres are the models).
+    lr : float, default=0.1
+        Step size of the machines' gradient steps.
+    local_steps : int, default=5
+        FedAvg's local full-batch steps per round.
+    l2 : float, default=0
+        Ridge penalty of the ERM and the loss; 0 refuses machines with fewer
+        samples than parameters (set it to regularise them instead).
+    fit_intercept : bool, default=True
+    radius : float, default=3.0
+        Trimmed k-means radius, in median distances to the geometric median.
+    init : {"pairwise", "k-means++"}, default="pairwise"
+        Robust initialisation of the stage-2 clustering.
+    max_iter : int, default=100
+        Stage-2 iterations.
+    drop_outliers : bool, default=True
+        Machines trimmed in stage 2 (trimmed k-means, edge cutting) get
+        cluster -1 and take no part in stage 3.
+    random_state : int, Generator or None
+
+    Attributes
+    ----------
+    coef_ : ndarray (c, d), intercept_ : ndarray (c,)
+        One model per cluster found (c = n_clusters unless edge cutting found fewer).
+    device_clusters_ : ndarray (m,)
+        Cluster of every machine; -1: judged Byzantine / outlier; -2: sent no ERM.
+    erms_ : ndarray (m, d + 1)
+        The stage-1 ERMs as received (zeros where none).
+    stage_log_ : dict
+        ``erms``, ``clustering_history`` (T + 1, m') labels per stage-2 iteration,
+        ``clustering_iterations``, ``initial_coef`` (c, d + 1), ``round_loss``
+        (rounds, c): median local loss of each cluster's members per round.
+    communication_ : dict
+        Rounds and bytes (see :class:`fedclust.sim.meter.CommunicationMeter`).
+    run_log_ : RunLog
+    seed_ : int
+
+    Notes
+    -----
+    Bytes per machine: ``8 (d + 1) + 8`` up once, then per stage-3 round
+    ``8 (d + 1) + 8`` down and ``8 (d + 1) + 24`` up. Server work: stage 2
+    O(T m k d) plus the geometric medians; stage 3 O(rounds · m d log m).
+
+    Ghosh, Hong, Yin & Ramchandran, "Robust federated learning in a
+    heterogeneous environment", 2019; Yin, Chen, Ramchandran & Bartlett, ICML 2018.
+    """
+
+    def __init__(self, n_clusters: int = 2, *, clustering: str = "trimmed-kmeans",
+                 optimizer: str = "gd", aggregator: str = "trimmed-mean", beta: float = 0.1,
+                 rounds: int = 20, lr: float = 0.1, local_steps: int = 5, l2: float = 0.0,
+                 fit_intercept: bool = True, radius: float = 3.0, init: str = "pairwise",
+                 max_iter: int = 100, drop_outliers: bool = True,
+                 random_state: RandomState = None, progress: bool = False):
+        self.n_clusters = n_clusters
+        self.clustering = clustering
+        self.optimizer = optimizer
+        self.aggregator = aggregator
+        self.beta = beta
+        self.rounds = rounds
+        self.lr = lr
+        self.local_steps = local_steps
+        self.l2 = l2
+        self.fit_intercept = fit_intercept
+        self.radius = radius
+        self.init = init
+        self.max_iter = max_iter
+        self.drop_outliers = drop_outliers
+        self.random_state = random_state
+        self.progress = progress
+
+    def fit(self, Xs: Sequence[Any], ys: Sequence[Any], *,
+            device_ids: Sequence[int] | None = None,
+            transport: Transport | None = None) -> "RobustClusteredRegression":
+        """Fit on per-machine arrays ``Xs[i]`` (n_i, d) and ``ys[i]`` (n_i,)."""
+        m = len(Xs) if Xs is not None else 0
+        if device_ids is None:
+            device_ids = list(range(m))
+        device_ids = [check_int(z, f"device_ids[{i}]", min_value=0)
+                      for i, z in enumerate(device_ids)]
+        if len(device_ids) != m or len(set(device_ids)) != m:
+            raise ValidationError(f"device_ids must be {m} distinct non-negative ints")
+        Xs, ys = _check_machines(Xs, ys, device_ids)
+        k = check_int(self.n_clusters, "n_clusters", min_value=1)
+        if k > m:
+            raise ValidationError(f"n_clusters={k} is larger than the number of machines ({m})")
+        d = Xs[0].shape[1]
+        protocol = RobustRegressionProtocol(
+            n_clusters=k, n_features=d, clustering=self.clustering, optimizer=self.optimizer,
+            aggregator=self.aggregator, beta=self.beta, rounds=self.rounds, lr=self.lr,
+            local_steps=self.local_steps, l2=self.l2, fit_intercept=self.fit_intercept,
+            radius=self.radius, init=self.init, max_iter=self.max_iter,
+            drop_outliers=self.drop_outliers)
+        if protocol.l2 == 0.0:
+            p = d + int(protocol.fit_intercept)
+            for z, X in zip(device_ids, Xs):
+                if X.shape[0] < p:
+                    raise ValidationError(
+                        f"machine {z} has n={X.shape[0]} samples but the least-squares ERM "
+                        f"needs at least {p} (d={d} features"
+                        f"{' + intercept' if protocol.fit_intercept else ''}); pass l2 > 0 to "
+                        "regularise")
+        transport = transport or InProcessTransport(progress=self.progress)
+        self.seed_ = root_seed(self.random_state)
+        out = transport.run(protocol, {z: (X, y) for z, X, y in zip(device_ids, Xs, ys)},
+                            self.seed_)
+        self._store(out.result, out.meter, device_ids, d)
+        self._protocol_ = protocol
+        return self
+
+    def _store(self, res: RobustRegressionResult, meter, device_ids, d: int) -> None:
+        pos = {int(z): i for i, z in enumerate(res.device_ids)}
+        self.device_ids_ = list(device_ids)
+        self.coef_ = res.coef[:, :d].copy()
+        self.intercept_ = res.coef[:, d].copy()
+        take = [pos.get(z) for z in device_ids]
+        self.device_clusters_ = np.array([res.clusters[i] if i is not None else -2
+                                          for i in take], dtype=np.int64)
+        self.erms_ = np.array([res.erms[i] if i is not None else np.zeros(d + 1)
+                               for i in take])
+        self.n_clusters_ = res.coef.shape[0]
+        self.n_features_in_ = d
+        self.stage_log_ = {
+            "erms": self.erms_, "erm_ids": res.erm_ids.tolist(),
+            "clustering_history": res.cluster_history,
+            "clustering_iterations": res.clustering_iterations,
+            "initial_coef": res.initial_coef, "round_loss": res.round_loss}
+        self.communication_ = meter.summary()
+        self.run_log_ = res.log
+        self._result = res
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "coef_"):
+            raise NotFittedError(
+                "this RobustClusteredRegression is not fitted yet; call fit(Xs, ys) first")
+
+    def device_model(self, i: int) -> int:
+        """Cluster whose model serves machine at position ``i``: its own, or for a machine
+        judged Byzantine the model nearest its ERM."""
+        self._check_fitted()
+        i = check_int(i, "i", min_value=0, max_value=len(self.device_ids_) - 1)
+        c = int(self.device_clusters_[i])
+        if c >= 0:
+            return c
+        models = np.hstack([self.coef_, self.intercept_[:, None]])
+        return int(np.argmin(((models - self.erms_[i]) ** 2).sum(axis=1)))
+
+    def predict_device(self, i: int, X: Any) -> np.ndarray:
+        """Predictions ``X w_c + b_c`` (n,) for the machine at position ``i`` (its cluster c)."""
+        j = self.device_model(i)
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+            raise ValidationError(
+                f"X has shape {X.shape} but the model was fitted with "
+                f"{self.n_features_in_} features")
+        return X @ self.coef_[j] + self.intercept_[j]
+
+
+# -- registry hooks ---------------------------------------------------------------
+def fit_robust(model: Any, fed: Any, transport: Any) -> None:
+    model.fit(fed.devices, fed.labels, transport=transport)
+
+
+def robust_report(model: Any, fed: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Estimation error and misclustering when the source knows the truth; test MSE of honest
+    machines when it has test sets."""
+    out: dict[str, Any] = {"n_clusters_found": int(model.n_clusters_),
+                           "judged_byzantine": int((model.device_clusters_ == -1).sum())}
+    truth = fed.extra.get("coef")
+    if truth is not None:
+        truth = np.asarray(truth)
+        est = np.hstack([model.coef_, model.intercept_[:, None]])
+        full = np.hstack([truth, np.asarray(fed.extra.get("intercept", np.zeros(len(truth))))[
+            :, None]])
+        out["estimation_error"] = estimation_error(est, full)
+    clusters = fed.extra.get("clusters")
+    if clusters is not None:
+        clusters = np.asarray(clusters)
+        out["misclustering"] = misclustering_rate(model.device_clusters_, clusters)
+        byz = clusters < 0
+        if byz.any():
+            out["byzantine_flagged"] = float(np.mean(model.device_clusters_[byz] == -1))
+    if fed.test_devices:
+        honest = [i for i in range(len(fed.test_devices))
+                  if clusters is None or clusters[i] >= 0]
+        mse = [float(np.mean((model.predict_device(i, fed.test_devices[i])
+                              - fed.test_labels[i]) ** 2)) for i in honest]
+        out["test_mse"] = float(np.mean(mse))
+    return out
+
+
+def robust_result_fields(model: Any) -> dict[str, Any]:
+    return {"coef": model.coef_.tolist(), "intercept": model.intercept_.tolist(),
+            "device_clusters": model.device_clusters_.tolist(),
+            "round_loss": model.stage_log_["round_loss"].tolist()}
+
+
+def plot_round_loss(model: Any, fed: Any, result: dict[str, Any], path: Path) -> Path | None:
+    """Stage-3 median local loss per round, one line per cluster."""
+    from ..plotting import have_matplotlib
+
+    loss = model.stage_log_["round_loss"]
+    if not have_matplotlib() or loss.size == 0:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for j in range(loss.shape[1]):
+        ax.semilogy(np.arange(1, loss.shape[0] + 1), loss[:, j], marker=".", label=f"cluster {j}")
+    ax.set_xlabel("stage-3 round")
+    ax.set_ylabel("median local loss")
+    ax.legend(fontsize=7)
+    ax.set_title(result.get("title") or "robust-regression", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

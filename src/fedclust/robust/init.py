@@ -1,0 +1,99 @@
+"""Outlier-robust initialisation of the robust Lloyd variants.
+
+The paper (Ghosh, Hong, Yin & Ramchandran 2019, §5.3) projects the points on
+an outlier-robust principal subspace, clusters them there with a pairwise-
+distance rule, and hands the labels to trimmed k-means. Here:
+
+* :func:`robust_subspace` — spherical PCA (Locantore et al. 1999): centre the
+  points at their geometric median, scale every row to unit length (so no
+  single far point dominates the covariance), keep the top right singular
+  vectors. A rank-k projection of k well-separated clusters keeps their
+  separation and shrinks the noise from ``σ√d`` to ``σ√k``.
+* :func:`dense_farthest_seeds` — the pairwise-distance step: a point is
+  *dense* when its distance to its q-th nearest neighbour (q about half a
+  cluster's size) is at most twice the median such distance; isolated
+  Byzantine points are not dense. Seeds are a farthest-point traversal over the
+  dense points only — farthest-point seeding over all points would pick the
+  outliers first, which is exactly what breaks plain k-FED / k-means++.
+* ``"k-means++"`` seeding over the dense points (random, from the seed).
+* The paper's experiments also start from labels with a given fraction
+  correct: ``fit(X, init_labels=...)`` of the clusterers takes those.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.neighbors import NearestNeighbors
+
+from ..core.kmeans import kmeans_plusplus
+from ..core.robust import geometric_median
+
+__all__ = ["robust_subspace", "dense_points", "dense_farthest_seeds", "robust_init", "INITS"]
+
+INITS = ("pairwise", "k-means++")
+
+
+def robust_subspace(X: np.ndarray, n_components: int) -> tuple[np.ndarray, np.ndarray]:
+    """Spherical PCA: ``(center (d,), components (r, d))`` with r = min(n_components, d, n).
+
+    O(n d min(n, d)) (one thin SVD).
+    """
+    center = geometric_median(X)
+    C = X - center
+    norms = np.linalg.norm(C, axis=1)
+    U = C / np.where(norms > 0, norms, 1.0)[:, None]
+    r = max(1, min(n_components, X.shape[1], X.shape[0]))
+    _, _, Vt = np.linalg.svd(U, full_matrices=False)
+    return center, Vt[:r]
+
+
+def dense_points(P: np.ndarray, n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(mask, r)``: r (n,) the q-th neighbour distance of every point; mask: ``r <= 2 median(r)``.
+
+    ``q = max(1, floor(n / (2 k)))``: a point inside any cluster holding at
+    least ~half its fair share has q neighbours close by. O(n log n) in low
+    dimension (k-d tree), O(n²) at worst.
+    """
+    n = P.shape[0]
+    q = int(min(n - 1, max(1, n // (2 * n_clusters))))
+    if n < 2:
+        return np.ones(n, dtype=bool), np.zeros(n)
+    dist, _ = NearestNeighbors(n_neighbors=q + 1).fit(P).kneighbors(P)
+    r = dist[:, -1]
+    med = float(np.median(r))
+    mask = r <= 2.0 * med if med > 0 else r <= med
+    return (mask if mask.sum() >= n_clusters else np.ones(n, dtype=bool)), r
+
+
+def dense_farthest_seeds(P: np.ndarray, n_clusters: int, dense: np.ndarray,
+                         r: np.ndarray) -> np.ndarray:
+    """Indices (k,) of a farthest-point traversal over the dense points of P.
+
+    The first seed is the densest point (smallest neighbour distance ``r``;
+    deterministic), then each next seed is the dense point farthest from the
+    seeds so far. O(n k).
+    """
+    idx = np.flatnonzero(dense)
+    Q = P[idx]
+    first = int(np.argmin(r[idx]))
+    chosen = [first]
+    closest = ((Q - Q[first]) ** 2).sum(axis=1)
+    for _ in range(1, n_clusters):
+        nxt = int(np.argmax(closest))
+        chosen.append(nxt)
+        closest = np.minimum(closest, ((Q - Q[nxt]) ** 2).sum(axis=1))
+    return idx[np.asarray(chosen, dtype=np.int64)]
+
+
+def robust_init(X: np.ndarray, n_clusters: int, method: str,
+                rng: np.random.Generator) -> np.ndarray:
+    """Initial centres (k, d): robust projection, dense points, then ``method`` seeding."""
+    center, V = robust_subspace(X, n_clusters)
+    P = (X - center) @ V.T
+    dense, r = dense_points(P, n_clusters)
+    if method == "k-means++":
+        idx = np.flatnonzero(dense)
+        seeds = idx[kmeans_plusplus(P[idx], n_clusters, rng)]
+    else:
+        seeds = dense_farthest_seeds(P, n_clusters, dense, r)
+    return X[seeds].copy()

@@ -1,0 +1,38 @@
+"""Smoke test of the robust wing's benchmarks (--quick, synthetic data only)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _run(name, tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-plot",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout
+
+
+def test_fig2a_quick(tmp_path):
+    doc, out = _run("robust_fig2a", tmp_path)
+    assert "plateaus near alpha" in out
+    T = doc["params"]["iterations"]
+    rows = {(r["alpha"], r["method"]): r for r in doc["rows"]}
+    for (alpha, method), r in rows.items():
+        assert len(r["mean"]) == T + 1 and all(0.0 <= v <= 1.0 for v in r["mean"])
+        if method != "Lloyd (k-means)":
+            assert r["final_mean"] < r["mean"][0]
+
+
+def test_fig2b_quick(tmp_path):
+    doc, _ = _run("robust_fig2b", tmp_path)
+    assert doc["rows"]
+    for row in doc["rows"]:
+        assert {"KM+SM", "TKM+TM", "KGM+TM", "FA+TM", "gain_vs_KM+SM"} <= set(row)
+        assert row["TKM+TM"]["error_mean"] > 0
+        assert row["TKM+TM"]["error_mean"] <= row["KM+SM"]["error_mean"]
