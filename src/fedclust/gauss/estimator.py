@@ -28,7 +28,7 @@ import numpy as np
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_devices, check_float, check_int
+from ..core.validation import check_array, check_devices, check_int
 from ..sim.transport import InProcessTransport
 from .local import from_message
 from .model import ClusterSet, Settings, one_thread
@@ -46,7 +46,7 @@ _PARAMS_DOC = """
         A sample joins its best cluster when d_M^2 <= chi^2_D.ppf(gate_quantile).
     n_sigma : float or None
         The authors' gate d_M <= N_sigma (overrides ``gate_quantile``; paper: sqrt(D)).
-    volume_fraction : float, default=0.004 (0.05 for the classifier)
+    volume_fraction : float, default=0.003 (0.05 for the classifier)
         A new cluster's volume as a fraction of the global Gaussian's volume.
     n_r : float or None
         The authors' rule Sigma_0 = diag(var / N_r) (overrides ``volume_fraction``).
@@ -128,7 +128,7 @@ class EvolvingGaussians(_Params):
     """
 
     def __init__(self, *, covariance: str = "full", gate_quantile: float = 0.99,
-                 n_sigma: float | None = None, volume_fraction: float = 0.004,
+                 n_sigma: float | None = None, volume_fraction: float = 0.003,
                  n_r: float | None = None, prior_weight: float | None = None,
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
@@ -302,7 +302,7 @@ class FedGaussClustering(_FedBase):
     """
 
     def __init__(self, *, covariance: str = "full", gate_quantile: float = 0.99,
-                 n_sigma: float | None = None, volume_fraction: float = 0.004,
+                 n_sigma: float | None = None, volume_fraction: float = 0.003,
                  n_r: float | None = None, prior_weight: float | None = None,
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,

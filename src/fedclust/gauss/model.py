@@ -66,7 +66,7 @@ class Settings:
     covariance: str = "full"
     gate_quantile: float = 0.99
     n_sigma: float | None = None
-    volume_fraction: float = 0.004
+    volume_fraction: float = 0.003
     n_r: float | None = None
     prior_weight: float | None = None
     kappa_m: float = 1.5

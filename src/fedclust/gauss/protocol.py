@@ -31,7 +31,7 @@ from .local import from_message, learn_local, to_message
 from .messages import GaussClusters, GaussModel
 from .model import PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
 from .server import merge_messages
-from .stats import merge_moments, moments, pack_scatter
+from .stats import moments, pack_scatter
 
 __all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_settings",
            "model_message"]
