@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 import _common as C
 from fedclust import DistributedKMeans
 from fedclust.coreset import make_graph, make_low_rank_mixture

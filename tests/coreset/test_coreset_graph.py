@@ -57,7 +57,8 @@ def test_tree_graph_equals_star_with_bytes_times_edges(devices):
     np.testing.assert_array_equal(star.coreset_[1], tree.coreset_[1])
     for a, b in zip(star.device_labels_, tree.device_labels_):
         np.testing.assert_array_equal(a, b)
-    assert tree.communication_["bytes_total"] == (len(devices) - 1) * star.communication_["bytes_up"]
+    n_edges = len(devices) - 1
+    assert tree.communication_["bytes_total"] == n_edges * star.communication_["bytes_up"]
 
 
 def test_adjacency_matrix_and_pca_on_grid(devices):
@@ -139,3 +140,15 @@ def test_partitions_of_the_paper():
         partition("degree", X, None, 10)
     with pytest.raises(ValidationError, match="not symmetric|symmetric"):
         degree_partition(10, np.triu(np.ones((3, 3))))
+
+
+def test_empty_node_still_relays(devices):
+    # a path whose middle node holds no data: it must still forward the others' messages
+    d = devices[0].shape[1]
+    devs = [devices[0], devices[1], np.zeros((0, d)), devices[3], devices[4]]
+    km = DistributedKMeans(4, 150, n_components=4, graph=nx.path_graph(5),
+                           random_state=0).fit(devs)
+    assert len(set(km.coreset_digests_.values())) == 1
+    assert set(km.coreset_owner_.tolist()) == {0, 1, 3, 4}
+    assert km.communication_["per_node"]["2"]["sent"] > 0
+    assert km.device_labels_[2].shape == (0,)

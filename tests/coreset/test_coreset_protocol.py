@@ -54,7 +54,8 @@ def test_config_round_trip_and_codec():
     for m in msgs:
         back = type(m).from_arrays(m.to_arrays())
         for name, arr in m.to_arrays().items():
-            assert np.array_equal(arr, back.to_arrays()[name]) and arr.dtype == back.to_arrays()[name].dtype
+            again = back.to_arrays()[name]
+            assert np.array_equal(arr, again) and arr.dtype == again.dtype
 
 
 def test_codec_file_round_trip(tmp_path):

@@ -144,6 +144,10 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     return out
 
 
+#: devices with more values than this are checked one by one (stacking them only copies data)
+_SMALL_DEVICE = 4096
+
+
 def _finite_float_devices(devices: list[Any], chunk: int = 4096) -> np.ndarray:
     """Which devices are already finite 2-D float arrays, tested in stacked chunks.
 
@@ -154,7 +158,7 @@ def _finite_float_devices(devices: list[Any], chunk: int = 4096) -> np.ndarray:
     ok = np.zeros(len(devices), dtype=bool)
     groups: dict[tuple, list[int]] = {}
     for pos, X in enumerate(devices):
-        if type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f":
+        if type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f" and X.size <= _SMALL_DEVICE:
             groups.setdefault((X.shape, X.dtype.str), []).append(pos)
     for (shape, _), members in groups.items():
         for s in range(0, len(members), chunk):

@@ -124,7 +124,8 @@ def check_graph(graph: Any, n_nodes: int) -> nx.Graph:
         if not np.array_equal(A, A.T):
             i, j = np.argwhere(A != A.T)[0]
             raise ValidationError(
-                f"adjacency matrix is not symmetric: A[{i}, {j}]={A[i, j]} but A[{j}, {i}]={A[j, i]}")
+                f"adjacency matrix is not symmetric: A[{i}, {j}]={A[i, j]} but "
+                f"A[{j}, {i}]={A[j, i]}")
         g = nx.Graph()
         g.add_nodes_from(range(n_nodes))
         g.add_edges_from((int(u), int(v)) for u, v in np.argwhere(np.triu(A, 1) != 0))
