@@ -67,7 +67,7 @@ def _weighted_quantile(values: np.ndarray, w: np.ndarray | None, q: float) -> fl
 class _RobustLloyd:
     """The shared loop (see the module docstring); subclasses define :meth:`_center`."""
 
-    def __init__(self, n_clusters: int = 8, *, init: Any = "pairwise", max_iter: int = 100,
+    def __init__(self, n_clusters: int = 8, *, init: Any = "k-means++", max_iter: int = 100,
                  random_state: RandomState = None):
         self.n_clusters = n_clusters
         self.init = init
@@ -196,7 +196,7 @@ class TrimmedKMeans(_RobustLloyd):
         (0, 1] (``"quantile"``) or the absolute radius (``"fixed"``).
     beta : float, default=0.1
         Trim fraction per side for ``center="trimmed-mean"`` (0 <= beta < 0.5).
-    init : {"pairwise", "k-means++"} or ndarray (k, d), default="pairwise"
+    init : {"k-means++", "pairwise"} or ndarray (k, d), default="k-means++"
         Robust initialisation (:mod:`fedclust.robust.init`) or given centres.
     max_iter : int, default=100
     random_state : int, Generator or None
@@ -223,7 +223,7 @@ class TrimmedKMeans(_RobustLloyd):
 
     def __init__(self, n_clusters: int = 8, *, center: str = "radius",
                  radius_rule: str = "pooled", radius: float = 3.0, beta: float = 0.1,
-                 init: Any = "pairwise", max_iter: int = 100,
+                 init: Any = "k-means++", max_iter: int = 100,
                  random_state: RandomState = None):
         super().__init__(n_clusters, init=init, max_iter=max_iter, random_state=random_state)
         self.center = center

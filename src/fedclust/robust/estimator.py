@@ -86,7 +86,7 @@ class RobustClusteredRegression:
     fit_intercept : bool, default=True
     radius : float, default=3.0
         Trimmed k-means radius, in median distances to the geometric median.
-    init : {"pairwise", "k-means++"}, default="pairwise"
+    init : {"k-means++", "pairwise"}, default="k-means++"
         Robust initialisation of the stage-2 clustering.
     max_iter : int, default=100
         Stage-2 iterations.
@@ -125,7 +125,7 @@ class RobustClusteredRegression:
     def __init__(self, n_clusters: int = 2, *, clustering: str = "trimmed-kmeans",
                  optimizer: str = "gd", aggregator: str = "trimmed-mean", beta: float = 0.1,
                  rounds: int = 20, lr: float = 0.1, local_steps: int = 5, l2: float = 0.0,
-                 fit_intercept: bool = True, radius: float = 3.0, init: str = "pairwise",
+                 fit_intercept: bool = True, radius: float = 3.0, init: str = "k-means++",
                  max_iter: int = 100, drop_outliers: bool = True,
                  random_state: RandomState = None, progress: bool = False):
         self.n_clusters = n_clusters

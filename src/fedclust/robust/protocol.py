@@ -91,7 +91,7 @@ class RobustRegressionProtocol(Protocol):
     def __init__(self, *, n_clusters: int, n_features: int, clustering: str = "trimmed-kmeans",
                  optimizer: str = "gd", aggregator: str = "trimmed-mean", beta: float = 0.1,
                  rounds: int = 20, lr: float = 0.1, local_steps: int = 5, l2: float = 0.0,
-                 fit_intercept: bool = True, radius: float = 3.0, init: str = "pairwise",
+                 fit_intercept: bool = True, radius: float = 3.0, init: str = "k-means++",
                  max_iter: int = 100, drop_outliers: bool = True):
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.n_features = check_int(n_features, "n_features", min_value=1)

@@ -35,7 +35,7 @@ class ErmClustering:
 
 
 def cluster_erms(W: np.ndarray, n_clusters: int, method: str, *, seed: int,
-                 radius: float = 3.0, beta: float = 0.1, init: str = "pairwise",
+                 radius: float = 3.0, beta: float = 0.1, init: str = "k-means++",
                  max_iter: int = 100, drop_outliers: bool = True) -> ErmClustering:
     """Cluster the machines' ERMs W (m, p) with ``method`` in :data:`CLUSTERINGS`.
 

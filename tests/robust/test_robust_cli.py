@@ -1,0 +1,30 @@
+"""The robust family through the registry: data source, config run, demo, the example."""
+
+import json
+from pathlib import Path
+
+from fedclust.cli import main
+from fedclust.config import load_config
+from fedclust.experiment import build_federation, build_protocol
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "robust_regression.toml"
+
+
+def test_demo_robust_recovers_the_regressions(tmp_path):
+    assert main(["demo", "robust", "--out", str(tmp_path), "--no-plot"]) == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    m = res["metrics"]
+    assert m["estimation_error"] < 0.2 and m["misclustering"] <= 0.02
+    assert m["byzantine_flagged"] > 0.9
+    assert res["communication"]["rounds"] == 1 + 20 * 4
+    assert len(res["device_clusters"]) == 100
+
+
+def test_example_config_builds_the_protocol():
+    cfg = load_config(EXAMPLE)
+    fed = build_federation(cfg)
+    assert len(fed.devices) == 200 and len(fed.extra["byzantine"]) == 30
+    proto, devices, seed = build_protocol(cfg, fed)
+    assert proto.name == "robust-regression" and proto.supervised
+    assert len(devices) == 200 and isinstance(devices[0], tuple) and seed == 0
+    assert type(proto).from_config(proto.config()).config() == proto.config()
