@@ -9,7 +9,8 @@ silently ignored)::
     [partition]   kind = "iid" | "structured" | "dirichlet" | "power-law" | ..., n_devices, ...
                   (not used for sources that come federated by construction)
     [algorithm]   name = a registered algorithm ("kfed", ...) + its estimator's parameters
-    [simulation]  dropout, late, progress
+    [simulation]  dropout, late, progress; byzantine (fraction of devices that lie on the
+                  wire, in-process only), attack (fedclust.sim.byzantine.ATTACKS), attack_scale
     [baselines]   name = true for the baselines the algorithm registers
 
 What is allowed comes from :mod:`fedclust.core.registry`: a family that
@@ -34,7 +35,7 @@ from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, estimator_param
 
 __all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys"]
 
-_SIMULATION = {"dropout", "late", "progress"}
+_SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale"}
 _TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title"}
 #: [data] keys every pooled (non-federated) source accepts: a random subsample
 _POOLED = {"n_samples"}

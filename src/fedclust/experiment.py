@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .core.exceptions import ConfigError
 from .core.protocol import Protocol
 from .core.registry import BASELINES, Federation, get_algorithm, get_data_source
 from .sim.transport import InProcessTransport
@@ -65,12 +66,32 @@ def build_estimator(cfg: Mapping[str, Any]) -> Any:
     return algorithm.estimator(**params, random_state=cfg["seed"])
 
 
-def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess"):
-    """The transport named ``transport`` with the faults of ``cfg['simulation']``."""
+def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
+                   n_devices: int | None = None):
+    """The transport named ``transport`` with the faults of ``cfg['simulation']``.
+
+    ``byzantine = α`` makes a fraction α of the devices (ids 0..n_devices-1,
+    drawn from the seed) lie on the wire with ``attack`` / ``attack_scale``
+    (:class:`fedclust.sim.byzantine.ByzantineTamper`); in-process only, since
+    the Flower simulation runs its clients in other processes.
+    """
     sim = cfg.get("simulation", {})
     kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
+    alpha = sim.get("byzantine", 0.0)
+    tamper = None
+    if alpha:
+        if transport != "inprocess":
+            raise ConfigError("[simulation] byzantine devices lie through the in-process "
+                              "transport's tamper hook; use --transport inprocess")
+        from .sim.byzantine import ByzantineTamper
+
+        tamper = ByzantineTamper(range(n_devices or 0), alpha, cfg["seed"],
+                                 attack=sim.get("attack", "large-norm"),
+                                 scale=sim.get("attack_scale", 100.0))
+    elif {"attack", "attack_scale"} & set(sim):
+        raise ConfigError("[simulation] attack/attack_scale need byzantine = <fraction> > 0")
     if transport == "inprocess":
-        return InProcessTransport(progress=bool(sim.get("progress", False)), **kw)
+        return InProcessTransport(progress=bool(sim.get("progress", False)), tamper=tamper, **kw)
     from .flower.transport import FlowerSimulationTransport  # optional extra
 
     return FlowerSimulationTransport(**kw)
@@ -114,7 +135,8 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     model = build_estimator(cfg)
     t0 = time.perf_counter()
-    algorithm.fit(model, fed, make_transport(cfg, transport))
+    wire = make_transport(cfg, transport, n_devices=len(fed.devices))
+    algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
     n_points = sum(len(X) for X in fed.devices)
     out: dict[str, Any] = {
@@ -130,6 +152,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         "metrics": algorithm.report(model, fed, cfg),
         "communication": _comm(model.communication_, len(fed.devices)),
         "run_log": {k: v for k, v in vars(model.run_log_).items()},
+        "byzantine": list(getattr(getattr(wire, "tamper", None), "byzantine", [])),
         "time_s": {"fit": fit_time},
         "baselines": {},
         "config": dict(cfg),

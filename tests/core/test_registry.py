@@ -130,3 +130,30 @@ def test_every_registered_protocol_rebuilds_from_its_config():
         assert cls.name == name
         assert all(a.isidentifier() for a in cls.reply_types)
     assert fedclust.KFed is KFed
+
+
+def test_simulation_byzantine_keys_make_devices_lie_in_process(tmp_path):
+    base = ('seed = 2\n[data]\nsource = "gaussians"\nn_features = 20\nn_clusters = 8\n'
+            'n_local_clusters = 2\nm0 = 6\nn_per_component = 40\n'
+            '[algorithm]\nname = "kfed"\nn_clusters = 8\nn_local_clusters = 2\n{trim}\n'
+            '[simulation]\nbyzantine = 0.2\nattack = "large-norm"\nattack_scale = 1000.0\n')
+    accs = {}
+    for trim in ("", "trim = 0.2"):
+        cfg = tmp_path / f"b{len(trim)}.toml"
+        cfg.write_text(base.format(trim=trim))
+        out = tmp_path / f"o{len(trim)}"
+        assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 0
+        res = json.loads((out / "result.json").read_text())
+        assert len(res["byzantine"]) == round(0.2 * res["n_devices"])
+        accs[trim] = res["metrics"]["accuracy"]
+        if trim:
+            assert sorted(int(z) for z in res["run_log"]["distrusted"]) == res["byzantine"]
+    assert accs["trim = 0.2"] > accs[""]
+    from fedclust.experiment import make_transport
+    cfg = check_config({"data": {"source": "gaussians"}, "simulation": {"attack": "scale"},
+                        "algorithm": {"name": "kfed", "n_clusters": 2, "n_local_clusters": 1}})
+    with pytest.raises(ConfigError, match="byzantine"):
+        make_transport(cfg, n_devices=4)
+    cfg["simulation"] = {"byzantine": 0.25}
+    with pytest.raises(ConfigError, match="in-process"):
+        make_transport(cfg, "flower", n_devices=4)

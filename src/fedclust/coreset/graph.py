@@ -29,12 +29,12 @@ from typing import Any, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.protocol import RunLog
 from ..core.random import root_seed, server_rng
 from ..core.validation import check_choice, check_float, check_int
+from ..core.threads import one_blas_thread
 
 __all__ = ["make_graph", "check_graph", "flood", "FloodStats", "run_on_graph", "GraphRun",
            "TOPOLOGIES"]
@@ -251,7 +251,7 @@ def run_on_graph(protocol: Any, devices: Mapping[int, np.ndarray], g: nx.Graph,
         for z in targets:
             try:
                 # one BLAS thread per simulated node, as the in-process transport does
-                with threadpool_limits(limits=1, user_api="blas"):
+                with one_blas_thread():
                     msg = protocol.client_step(request, devices[z], device_id=z, seed=seed,
                                                state=states[z])
                 arrays = msg.to_arrays()
@@ -280,7 +280,7 @@ def run_on_graph(protocol: Any, devices: Mapping[int, np.ndarray], g: nx.Graph,
     for z in ids:
         final = protocol.final_message(result, z)
         if final is not None:  # computed by node z itself: nothing crosses an edge
-            with threadpool_limits(limits=1, user_api="blas"):
+            with one_blas_thread():
                 outputs[z] = protocol.client_finish(final, devices[z], states[z])
     return GraphRun(result, outputs, stats, log, seed, rounds, digests)
 

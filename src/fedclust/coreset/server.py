@@ -14,10 +14,10 @@ from typing import Sequence
 
 import numpy as np
 import scipy.linalg
-from threadpoolctl import threadpool_limits
 
 from ..core.kmeans import assign, kmeans_plusplus, lloyd
 from ..core.random import server_rng
+from ..core.threads import one_blas_thread
 from .local import sign_flip
 from .messages import LocalSpectrum, PointSum
 
@@ -49,7 +49,7 @@ def combine_spectra(spectra: Sequence[LocalSpectrum], n_components: int
     t = min(int(n_components), stacked.shape[0], d)
     if t == 0:
         return np.zeros((0, d)), np.zeros(0)
-    with threadpool_limits(limits=1, user_api="blas"):   # small: threads only add contention
+    with one_blas_thread():   # small: threads only add contention
         _, sv, Vt = scipy.linalg.svd(stacked, full_matrices=False, check_finite=False)
     return sign_flip(Vt[:t]), sv[:t]
 
@@ -72,7 +72,7 @@ def solve_weighted_kmeans(points: np.ndarray, weights: np.ndarray, k: int, seed:
     # One BLAS thread: the coreset is small, threads only add contention (measured 5-10x
     # slower with 2 threads on a loaded 2-core machine), and one thread makes every node's
     # floating-point sums identical.
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         return _solve(points, weights, k, seed, n_init, max_iter, tol)
 
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from ..core.random import root_seed, server_rng
 from ..core.validation import check_float
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from ..core.messages import Message, message_nbytes
+from ..core.threads import one_blas_thread
 from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, require_replies,
                              round_targets)
 from .meter import CommunicationMeter
@@ -136,7 +136,7 @@ class InProcessTransport:
             return protocol.client_steps(request, {z: devices[z] for z in chunk}, seed=seed,
                                          states={z: states[z] for z in chunk})
 
-        with threadpool_limits(limits=1, user_api="blas"), \
+        with one_blas_thread(), \
                 ThreadPoolExecutor(max(1, min(jobs, len(chunks)))) as pool:
             # numpy releases the GIL in the batched maths: threads overlap devices
             results = pool.map(compute, chunks) if jobs > 1 else map(compute, chunks)
