@@ -20,6 +20,7 @@ _LAZY = {
     "DistributedPCA": "coreset", "DistributedKMeans": "coreset",
     "EvolvingGaussians": "gauss", "FedGaussClustering": "gauss", "FedGaussClassifier": "gauss",
     "RobustClusteredRegression": "robust",
+    "FedAvg": "fl", "IFCA": "fl", "ClusteredFedAvg": "fl",
 }
 
 __all__ = [
