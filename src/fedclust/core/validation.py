@@ -22,6 +22,7 @@ __all__ = [
     "check_array",
     "check_devices",
     "check_n_local_clusters",
+    "check_device_ids",
 ]
 
 
@@ -146,6 +147,16 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
 
 #: devices with more values than this are checked one by one (stacking them only copies data)
 _SMALL_DEVICE = 4096
+
+
+def check_device_ids(device_ids: Any, n: int) -> list[int]:
+    """``device_ids`` as ``n`` distinct non-negative ints (default ``0..n-1``)."""
+    if device_ids is None:
+        return list(range(n))
+    ids = [check_int(z, f"device_ids[{i}]", min_value=0) for i, z in enumerate(device_ids)]
+    if len(ids) != n or len(set(ids)) != n:
+        raise ValidationError(f"device_ids must be {n} distinct non-negative ints, got {ids[:10]}")
+    return ids
 
 
 def _finite_float_devices(devices: list[Any], chunk: int = 4096) -> np.ndarray:

@@ -16,10 +16,11 @@ import numpy as np
 import networkx as nx
 
 from ..core.exceptions import NotFittedError, ValidationError
-from ..core.kmeans import assign
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_choice, check_devices, check_int
+from ..core.estimators import CenterEstimatorMixin
+from ..core.validation import (check_array, check_choice, check_device_ids, check_devices,
+                               check_int)
 from ..sim.transport import InProcessTransport
 from .graph import TOPOLOGIES, check_graph, make_graph, run_on_graph
 from .messages import WORD_BYTES
@@ -37,15 +38,6 @@ def _federation(devices: Any) -> list[np.ndarray]:
     if all(len(X) == 0 for X in devices):
         raise ValidationError(f"all {len(devices)} devices are empty: nothing to fit")
     return devices
-
-
-def _device_ids(device_ids: Sequence[int] | None, n: int) -> list[int]:
-    if device_ids is None:
-        return list(range(n))
-    ids = [check_int(z, f"device_ids[{i}]", min_value=0) for i, z in enumerate(device_ids)]
-    if len(ids) != n or len(set(ids)) != n:
-        raise ValidationError(f"device_ids must be {n} distinct non-negative ints, got {ids[:10]}")
-    return ids
 
 
 def _run(protocol: CoresetProtocol, devices: list[np.ndarray], ids: list[int], graph: Any,
@@ -139,7 +131,7 @@ class DistributedPCA:
         """
         t = check_int(self.n_components, "n_components", min_value=1)
         devices = _federation(devices)
-        ids = _device_ids(device_ids, len(devices))
+        ids = check_device_ids(device_ids, len(devices))
         d = devices[0].shape[1]
         t = min(t, d)
         t1 = t if self.local_components is None else check_int(
@@ -180,7 +172,7 @@ class DistributedPCA:
         return Z @ self.components_ + self.mean_
 
 
-class DistributedKMeans:
+class DistributedKMeans(CenterEstimatorMixin):
     """Distributed k-means by a distributed coreset, optionally after distributed PCA.
 
     ``method="coreset"``: Balcan, Ehrlich & Liang (NIPS 2013), Algorithm 1 —
@@ -293,7 +285,7 @@ class DistributedKMeans:
         together with their ids leaves the result unchanged.
         """
         devices = _federation(devices)
-        ids = _device_ids(device_ids, len(devices))
+        ids = check_device_ids(device_ids, len(devices))
         d = devices[0].shape[1]
         protocol = self._protocol(d)
         n_total = sum(len(X) for X in devices)
@@ -322,25 +314,3 @@ class DistributedKMeans:
         self._protocol_ = protocol
         return self
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "cluster_centers_"):
-            raise NotFittedError("this DistributedKMeans instance is not fitted yet; call fit")
-
-    @property
-    def labels_(self) -> np.ndarray:
-        """Labels of all participating nodes' points, concatenated in node order."""
-        self._check_fitted()
-        return np.concatenate([lab for lab in self.device_labels_ if lab is not None])
-
-    def predict(self, X: Any) -> np.ndarray:
-        """Nearest center (original space) of every row of X (n, d)."""
-        self._check_fitted()
-        X = check_array(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise ValidationError(
-                f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
-        return assign(X, self.cluster_centers_.astype(X.dtype, copy=False))[0]
-
-    def fit_predict(self, devices: Sequence[Any], y: None = None, **fit_kw) -> list:
-        """Fit and return ``device_labels_``."""
-        return self.fit(devices, **fit_kw).device_labels_

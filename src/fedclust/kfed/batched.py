@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.kmeans import relocate_empty_centers, update_centers
+from ..core.kmeans import relocate_empty_centers
 
 __all__ = ["n_uniforms", "spectral_kmeans_batch", "spectral_seed_batch", "projection_batch",
            "kmeanspp_batch", "lloyd_batch"]

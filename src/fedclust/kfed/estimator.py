@@ -12,10 +12,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import assign
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_devices, check_int, check_n_local_clusters
-from ..core.exceptions import NotFittedError, ValidationError
+from ..core.estimators import CenterEstimatorMixin
+from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
+                               check_n_local_clusters)
+from ..core.exceptions import ValidationError
 from .messages import LocalCenters
 from .protocol import KFedProtocol, KFedResult
 from ..core.protocol import Request, Transport
@@ -24,7 +25,7 @@ from ..sim.transport import InProcessTransport
 __all__ = ["KFed"]
 
 
-class KFed:
+class KFed(CenterEstimatorMixin):
     """k-FED: one-shot federated k-means (Dennis, Li & Smith, ICML 2021).
 
     Each device runs the Awasthi–Sheffet local k-means with k_z clusters and
@@ -126,11 +127,7 @@ class KFed:
                           for i, z in enumerate(device_ids)]
         devices = check_devices(devices, ids=device_ids)
         k_locals = check_n_local_clusters(self.n_local_clusters, len(devices))
-        if device_ids is None:
-            device_ids = list(range(len(devices)))
-        if len(device_ids) != len(devices) or len(set(device_ids)) != len(devices):
-            raise ValidationError(
-                f"device_ids must be {len(devices)} distinct non-negative ints, got {device_ids[:10]}")
+        device_ids = check_device_ids(device_ids, len(devices))
         if sum(k_locals) < n_clusters:
             raise ValidationError(
                 f"the devices would send sum(n_local_clusters)={sum(k_locals)} centers but "
@@ -163,29 +160,6 @@ class KFed:
         self.seed_device_ = result.seed_device
         self.n_iter_ = result.n_iter
         self._result = result
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "cluster_centers_"):
-            raise NotFittedError("this KFed instance is not fitted yet; call fit(devices) first")
-
-    @property
-    def labels_(self) -> np.ndarray:
-        """Induced labels of all participating devices' points, concatenated in device order."""
-        self._check_fitted()
-        return np.concatenate([lab for lab in self.device_labels_ if lab is not None])
-
-    def predict(self, X: Any) -> np.ndarray:
-        """Nearest final center of every row of X."""
-        self._check_fitted()
-        X = check_array(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise ValidationError(
-                f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
-        return assign(X, self.cluster_centers_.astype(X.dtype, copy=False))[0]
-
-    def fit_predict(self, devices: Sequence[Any], y: None = None, **fit_kw) -> list[np.ndarray]:
-        """Fit and return ``device_labels_``."""
-        return self.fit(devices, **fit_kw).device_labels_
 
     def assign_device(self, X_new: Any, n_local_clusters: int | None = None, *,
                       device_id: int | None = None) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_int
+from ..core.validation import check_device_ids, check_int
 from ..sim.transport import InProcessTransport
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
@@ -150,12 +150,7 @@ class RobustClusteredRegression:
             transport: Transport | None = None) -> "RobustClusteredRegression":
         """Fit on per-machine arrays ``Xs[i]`` (n_i, d) and ``ys[i]`` (n_i,)."""
         m = len(Xs) if Xs is not None else 0
-        if device_ids is None:
-            device_ids = list(range(m))
-        device_ids = [check_int(z, f"device_ids[{i}]", min_value=0)
-                      for i, z in enumerate(device_ids)]
-        if len(device_ids) != m or len(set(device_ids)) != m:
-            raise ValidationError(f"device_ids must be {m} distinct non-negative ints")
+        device_ids = check_device_ids(device_ids, m)
         Xs, ys = _check_machines(Xs, ys, device_ids)
         k = check_int(self.n_clusters, "n_clusters", min_value=1)
         if k > m:
