@@ -33,6 +33,8 @@ from ..core.protocol import Protocol, Request, RunLog
 __all__ = ["KFedProtocol", "KFedResult"]
 
 ACTION = "local_centers"
+#: devices with at most this many values are stacked into one array per batch
+_STACK_MAX = 4096
 
 
 @dataclass
@@ -262,19 +264,22 @@ class KFedProtocol(Protocol):
             else:  # the single path gives the precise error or the raw-points case
                 single[z] = X
         batches = []
-        for (_, _, k), ids in groups.items():
-            X0 = devices[ids[0]]
-            stacked = np.concatenate([devices[z] for z in ids]).reshape((len(ids),) + X0.shape)
-            finite = np.isfinite(stacked).all(axis=(1, 2))
+        for (shape, _, k), ids in groups.items():
+            if shape[0] * shape[1] <= _STACK_MAX:   # many tiny devices: one copy, one check
+                batch = np.concatenate([devices[z] for z in ids]).reshape((len(ids),) + shape)
+                finite = np.isfinite(batch).all(axis=(1, 2))
+            else:   # large devices: local_kmeans_many stacks them in bounded chunks
+                batch = [devices[z] for z in ids]
+                finite = np.array([np.isfinite(X).all() for X in batch])
             if len(ids) == 1 or not finite.all():  # non-finite devices get their own error
                 single.update({z: devices[z] for z in ids})
                 continue
-            batches.append((k, ids, stacked))
+            batches.append((k, ids, batch))
         out = super().client_steps(request, single, seed=seed, states=states) if single else {}
-        for k, ids, stacked in batches:
+        for k, ids, batch in batches:
             try:
                 results = local_kmeans_many(
-                    stacked, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
+                    batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                     uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
                     max_iter=self.local_max_iter, tol=self.tol,
                     devices=[f"device {z}" for z in ids])
