@@ -170,7 +170,14 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
     B, n, d = X.shape
     k = init.shape[1]
     centers = init.astype(X.dtype, copy=True)
-    abs_tol = tol * X.var(axis=1).mean(axis=1) if n > 1 else np.zeros(B)
+    # tol x the mean feature variance, in one pass (np.var makes two full temporaries);
+    # it only scales the stopping threshold, so the one-pass formula's rounding is harmless
+    if n > 1:
+        mean = X.mean(axis=1)
+        var = np.einsum("bnd,bnd->b", X, X) / n - np.einsum("bd,bd->b", mean, mean)
+        abs_tol = tol * np.maximum(var, 0.0) / d
+    else:
+        abs_tol = np.zeros(B)
     labels = np.full((B, n), -1, dtype=np.int64)
     active = np.ones(B, dtype=bool)
     n_iter = np.zeros(B, dtype=np.int64)
