@@ -28,7 +28,7 @@ import numpy as np
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_devices, check_int
+from ..core.validation import check_array, check_device_ids, check_devices
 from ..sim.transport import InProcessTransport
 from .local import from_message
 from .model import ClusterSet, Settings, one_thread
@@ -256,14 +256,6 @@ class _FedBase(_Params):
                                   f"with {cs.D}")
         return X
 
-    def _ids(self, n: int, device_ids: Sequence[int] | None) -> list[int]:
-        if device_ids is None:
-            return list(range(n))
-        ids = [check_int(z, f"device_ids[{i}]", min_value=0) for i, z in enumerate(device_ids)]
-        if len(ids) != n or len(set(ids)) != n:
-            raise ValidationError(f"device_ids must be {n} distinct non-negative ints, got {ids[:10]}")
-        return ids
-
 
 class FedGaussClustering(_FedBase):
     __doc__ = """Federated self-evolving Gaussian clustering (one round, no preset k).
@@ -318,7 +310,7 @@ class FedGaussClustering(_FedBase):
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "FedGaussClustering":
         """Fit on ``owners``: a sequence of (n_z, D) arrays."""
-        ids = self._ids(len(list(owners)) if not isinstance(owners, np.ndarray) else 1, device_ids)
+        ids = check_device_ids(device_ids, len(list(owners)) if not isinstance(owners, np.ndarray) else 1)
         devices = check_devices(owners, ids=ids)
         devices = [X.astype(np.float64, copy=False) for X in devices]
         protocol = self._protocol(devices[0].shape[1])
@@ -401,7 +393,7 @@ class FedGaussClassifier(_FedBase):
         if len(owners_y) != len(owners_X):
             raise ValidationError(f"owners_X has {len(owners_X)} owners but owners_y has "
                                   f"{len(owners_y)}")
-        ids = self._ids(len(owners_X), device_ids)
+        ids = check_device_ids(device_ids, len(owners_X))
         devices = check_devices(owners_X, ids=ids)
         ys = []
         for z, X, y in zip(ids, devices, owners_y):

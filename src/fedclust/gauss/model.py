@@ -29,25 +29,18 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.linalg import lapack
-from threadpoolctl import ThreadpoolController
 from scipy.stats import chi2
 
+from ..core.threads import one_blas_thread
 from . import _fast
 from .stats import feature_variances, merge_clusters, merge_moments, prior_variances
 
 __all__ = ["Settings", "ClusterSet", "VOLUMES", "PREDICT_RULES", "one_thread"]
 
 
-def one_thread():
-    """BLAS on one thread: these are many small (D x D) operations, for which a
-    threaded BLAS only adds synchronisation (measured 100x slower on a busy 2-core box)."""
-    global _CONTROLLER
-    if _CONTROLLER is None:  # discovering the BLAS libraries costs ~5 ms: do it once
-        _CONTROLLER = ThreadpoolController()
-    return _CONTROLLER.limit(limits=1, user_api="blas")
-
-
-_CONTROLLER: ThreadpoolController | None = None
+#: BLAS on one thread: these are many small (D x D) operations, for which a
+#: threaded BLAS only adds synchronisation (measured 100x slower on a busy 2-core box)
+one_thread = one_blas_thread
 
 
 @lru_cache(maxsize=256)
