@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.loopback
