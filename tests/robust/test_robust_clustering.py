@@ -146,10 +146,29 @@ def test_sample_weight_equals_repetition():
     X, lab, _ = _blobs(8, n=80)
     reps = np.random.default_rng(8).integers(1, 3, len(X))
     init = X[[np.flatnonzero(lab == j)[0] for j in range(4)]]
-    for make in (lambda: TrimmedKMeans(4, init=init), lambda: KGeomedians(4, init=init)):
+    for make in (lambda: TrimmedKMeans(4, init=init, duplicates="weight"),
+                 lambda: KGeomedians(4, init=init, duplicates="weight")):
         a = make().fit(X, sample_weight=reps)
         b = make().fit(np.repeat(X, reps, 0))
         np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, atol=1e-7)
+
+
+def test_identical_colluders_count_once():
+    # 4 clusters of 20 honest points, 20 liars sending one identical point next to cluster 0:
+    # counted as 20 witnesses they outweigh cluster 0's own points; counted once they do not
+    X, lab, _ = _blobs(11, n=80)
+    true0 = X[lab == 0].mean(axis=0)
+    spread = np.linalg.norm(X[lab == 0] - true0, axis=1).max()
+    lie = true0 + 1.5 * spread * np.eye(X.shape[1])[0]
+    Xb = np.vstack([X, np.repeat(lie[None], 20, axis=0)])
+    init = Xb[[np.flatnonzero(lab == j)[0] for j in range(4)]]
+    once = KGeomedians(4, init=init).fit(Xb)
+    counted = KGeomedians(4, init=init, duplicates="weight").fit(Xb)
+    err = lambda m: np.linalg.norm(m.cluster_centers_ - true0, axis=1).min()
+    assert err(once) < 0.5 * spread
+    assert err(counted) > err(once)
+    with pytest.raises(ValidationError, match="duplicates"):
+        KGeomedians(4, duplicates="maybe").fit(X)
 
 
 def test_bad_input_named():

@@ -47,6 +47,7 @@ from ..core.exceptions import NotFittedError, ValidationError
 from ..core.kmeans import assign
 from ..core.random import RandomState, root_seed, server_rng
 from ..core.robust import coordinate_mean, geometric_median, trimmed_mean
+from .init import coincident_groups
 from ..core.validation import check_array, check_choice, check_float, check_int
 from .init import INITS, robust_init
 
@@ -65,13 +66,25 @@ def _weighted_quantile(values: np.ndarray, w: np.ndarray | None, q: float) -> fl
 
 
 class _RobustLloyd:
-    """The shared loop (see the module docstring); subclasses define :meth:`_center`."""
+    """The shared loop (see the module docstring); subclasses define :meth:`_center`.
+
+    ``duplicates="once"`` (default for the robust estimators): rows that
+    coincide (closer than :data:`fedclust.robust.init.COINCIDE` x the data's
+    spread) share one unit of weight, since estimates from independent machines
+    never coincide and identical reports are collusion or copies, not
+    witnesses. ``"weight"`` counts every row (then repeating a row equals
+    weighting it, scikit-learn's invariance).
+    """
+
+    #: False for the non-robust Lloyd baseline, which always counts every row
+    coincident_once: bool = True
 
     def __init__(self, n_clusters: int = 8, *, init: Any = "k-means++", max_iter: int = 100,
-                 random_state: RandomState = None):
+                 duplicates: str = "once", random_state: RandomState = None):
         self.n_clusters = n_clusters
         self.init = init
         self.max_iter = max_iter
+        self.duplicates = duplicates
         self.random_state = random_state
 
     # -- the rule -----------------------------------------------------------
@@ -103,6 +116,13 @@ class _RobustLloyd:
                     f"sample_weight must be {n} finite non-negative numbers with a positive "
                     f"sum, got shape {w.shape}")
         X = X.astype(np.float64, copy=False)
+        check_choice(self.duplicates, "duplicates", ("once", "weight"))
+        if self.coincident_once and self.duplicates == "once":
+            # identical reports from several machines are one witness (see robust.init)
+            spot = coincident_groups(X)
+            share = 1.0 / np.bincount(spot)[spot]
+            if (share < 1).any():
+                w = share if w is None else w * share
         history: list[np.ndarray] = []
         if init_labels is not None:
             lab = np.asarray(init_labels)
@@ -223,9 +243,10 @@ class TrimmedKMeans(_RobustLloyd):
 
     def __init__(self, n_clusters: int = 8, *, center: str = "radius",
                  radius_rule: str = "pooled", radius: float = 3.0, beta: float = 0.1,
-                 init: Any = "k-means++", max_iter: int = 100,
+                 init: Any = "k-means++", max_iter: int = 100, duplicates: str = "once",
                  random_state: RandomState = None):
-        super().__init__(n_clusters, init=init, max_iter=max_iter, random_state=random_state)
+        super().__init__(n_clusters, init=init, max_iter=max_iter, duplicates=duplicates,
+                         random_state=random_state)
         self.center = center
         self.radius_rule = radius_rule
         self.radius = radius
@@ -296,6 +317,8 @@ class KGeomedians(_RobustLloyd):
 class KMeansLloyd(_RobustLloyd):
     """Classical Lloyd (mean centres) with the same init options and history: the non-robust
     reference (scikit-learn's ``KMeans`` from the same ``init`` gives the same labels)."""
+
+    coincident_once = False
 
     def _center(self, X, w):
         return coordinate_mean(X, w), np.ones(len(X), dtype=bool)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.cluster import KMeans
+from scipy.sparse.csgraph import connected_components
 from sklearn.neighbors import NearestNeighbors
 
 from ..core.random import sklearn_seed
@@ -57,6 +58,19 @@ def robust_subspace(X: np.ndarray, n_components: int) -> tuple[np.ndarray, np.nd
     return center, Vt[:r]
 
 
+#: reports closer than this fraction of the data's spread coincide
+COINCIDE = 1e-6
+
+
+def coincident_groups(P: np.ndarray) -> np.ndarray:
+    """Group id (n,) of every row; rows closer than ``COINCIDE`` x the spread of P share one."""
+    spread = float(np.sqrt(P.var(axis=0).sum()))
+    if spread == 0.0:
+        return np.zeros(len(P), dtype=np.int64)
+    graph = NearestNeighbors(radius=COINCIDE * spread).fit(P).radius_neighbors_graph(P)
+    return connected_components(graph, directed=False)[1]
+
+
 def dense_points(P: np.ndarray, n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
     """``(mask, r)``: r (n,) the q-th neighbour distance of every point; mask: ``r <= 2 median(r)``.
 
@@ -65,15 +79,25 @@ def dense_points(P: np.ndarray, n_clusters: int) -> tuple[np.ndarray, np.ndarray
     smaller q also finds smaller honest clusters, but makes a colluding group of
     more than q identical lies "dense" too (q = n/(4k) fixed the 2 of 20 Fig. 2b
     trials, α = 0.2, whose smallest honest cluster had 10 of 100 machines, and
-    broke the case of 15% colluders). O(n log n) in low dimension (k-d tree),
+    broke the case of 15% colluders). Machines whose reports coincide count
+    as one point (:func:`coincident_groups`), so identical colluding lies are
+    never dense however many send them. O(n log n) in low dimension (k-d tree),
     O(n²) at worst.
     """
     n = P.shape[0]
     q = int(min(n - 1, max(1, n // (2 * n_clusters))))
     if n < 2:
         return np.ones(n, dtype=bool), np.zeros(n)
-    dist, _ = NearestNeighbors(n_neighbors=q + 1).fit(P).kneighbors(P)
-    r = dist[:, -1]
+    # Reports that coincide count once: estimates from independent machines never
+    # coincide, so a colluding group of identical lies is one witness, not many.
+    spot = coincident_groups(P)
+    first = np.unique(spot, return_index=True)[1]
+    U = P[first]
+    if len(U) < 2:
+        return np.ones(n, dtype=bool), np.zeros(n)
+    qu = int(min(len(U) - 1, q))
+    dist, _ = NearestNeighbors(n_neighbors=qu + 1).fit(U).kneighbors(U)
+    r = dist[:, -1][np.searchsorted(np.unique(spot), spot)]
     med = float(np.median(r))
     mask = r <= 2.0 * med if med > 0 else r <= med
     return (mask if mask.sum() >= n_clusters else np.ones(n, dtype=bool)), r
