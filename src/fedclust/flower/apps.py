@@ -51,6 +51,7 @@ from ..sim.transport import RunOutput, Tamper, draw_faults
 from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
 from ..core.registry import all_actions, protocol_from_config
+from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
 from .results import save_error, save_run_output
 
@@ -313,9 +314,11 @@ class _Server:
             flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied", request.round,
                      request.action, len(replies), len(targets))
             require_replies(request, targets, replies, log)
-            protocol.server_step(state, request, replies)
+            with one_blas_thread():  # the same rounding on every transport and machine
+                protocol.server_step(state, request, replies)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
-        result = protocol.finish(state, log)
+        with one_blas_thread():
+            result = protocol.finish(state, log)
         if late and hasattr(protocol, "assign_late"):
             self._assign_late(result, sorted(late))
         t_rounds = time.perf_counter() - t0 - t_hello
@@ -442,8 +445,10 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 content = RecordDict({OUTPUT: arrays_to_record(out if head.get("collect") else {})})
             else:
                 state = _load_state(context)
-                reply = protocol.client_step(request, X, device_id=int(device_id), seed=seed,
-                                             state=state)
+                # one BLAS thread, as a simulated device in process: same rounding on both
+                with one_blas_thread():
+                    reply = protocol.client_step(request, X, device_id=int(device_id), seed=seed,
+                                                 state=state)
                 arrays = reply.to_arrays()
                 if tamper is not None:
                     arrays = tamper(int(device_id), request.round, arrays)

@@ -96,9 +96,11 @@ class InProcessTransport:
                                   meter)
             meter.rounds += 1
             require_replies(request, targets, replies, log)
-            protocol.server_step(state, request, replies)
+            with one_blas_thread():  # the same rounding on every transport and machine
+                protocol.server_step(state, request, replies)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
-        result = protocol.finish(state, log)
+        with one_blas_thread():
+            result = protocol.finish(state, log)
         if late and hasattr(protocol, "assign_late"):
             self._assign_late(protocol, result, sorted(late), devices, states, seed, log, meter)
         outputs = {}
