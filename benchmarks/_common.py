@@ -64,6 +64,27 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def mnist_path(data_dir: Path) -> Path | None:
+    """The MNIST file under ``data_dir`` (``mnist_70k.npz`` or ``mnist/mnist_70k.npz``), or None."""
+    for cand in (Path(data_dir) / "mnist_70k.npz", Path(data_dir) / "mnist" / "mnist_70k.npz"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def mnist_or_digits(args: argparse.Namespace) -> tuple[str, str]:
+    """``(dataset, note)``: MNIST when asked for and present; in ``--quick`` mode fall back to
+    scikit-learn's digits with a printed note; a full run without MNIST is an error."""
+    if args.dataset != "mnist" or mnist_path(args.data_dir) is not None:
+        return args.dataset, ""
+    if not args.quick:
+        raise SystemExit(f"MNIST not found under {args.data_dir} (set --data-dir or "
+                         "FEDCLUST_DATA, or use --dataset digits)")
+    note = f"MNIST not found under {args.data_dir}; using scikit-learn digits"
+    print("note:", note, flush=True)
+    return "digits", note
+
+
 def blas_limit(args: argparse.Namespace):
     """Context manager applying ``--blas-threads`` (no-op when not given)."""
     if getattr(args, "blas_threads", None) is None:

@@ -75,7 +75,7 @@ def main() -> None:
     n_nodes = args.nodes or (6 if args.quick else 10)
     args.graphs = args.graphs or ("gnp" if args.quick else "gnp,grid")
     topologies = [g for g in args.graphs.split(",") if g]
-    rows, summary = [], []
+    rows = []
     with C.blas_limit(args):
         from sklearn.cluster import KMeans
 

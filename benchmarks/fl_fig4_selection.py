@@ -39,16 +39,7 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seeds", type=int, default=3)
     args = C.finish_args(p.parse_args())
-    dataset, note = args.dataset, ""
-    if dataset == "mnist":
-        from fedclust.datasets import load_mnist
-        try:
-            load_mnist(args.data_dir, subset="test")
-        except Exception as exc:  # noqa: BLE001 — any missing-data error
-            if not args.quick:
-                raise
-            dataset, note = "digits", f"MNIST not found ({exc}); using scikit-learn digits"
-            print("note:", note, flush=True)
+    dataset, note = C.mnist_or_digits(args)
     Z, rounds, hidden, seeds = args.devices, args.rounds, args.hidden, args.seeds
     if args.quick:
         Z, rounds, hidden, seeds = 60, 10, 50, 2

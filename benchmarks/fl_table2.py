@@ -110,16 +110,7 @@ def main():
                    help="k-FED inputs compared (one-round runs: clustering quality); "
                         "the training runs use raw")
     args = C.finish_args(p.parse_args())
-    dataset, note = args.dataset, ""
-    if dataset == "mnist":
-        from fedclust.datasets import load_mnist
-        try:
-            load_mnist(args.data_dir, subset="test")
-        except Exception as exc:  # noqa: BLE001 — any missing-data error
-            if not args.quick:
-                raise
-            dataset, note = "digits", f"MNIST not found ({exc}); using scikit-learn digits"
-            print("note:", note, flush=True)
+    dataset, note = C.mnist_or_digits(args)
     rows_spec = [tuple(int(v) for v in r.split(":")) for r in args.rows.split(",")]
     rounds, n_test, n_hidden = args.rounds, args.n_test, 200
     if args.quick:

@@ -43,9 +43,8 @@ def main(argv=None) -> int:
         common.append("--no-plot")
     dataset = args.dataset
     if dataset == "mnist":
-        d = Path(args.data_dir)
-        if not ((d / "mnist_70k.npz").is_file() or (d / "mnist" / "mnist_70k.npz").is_file()):
-            print(f"note: no MNIST under {d}; Fig. 2 and Fig. 3 use --dataset digits", flush=True)
+        if C.mnist_path(args.data_dir) is None:
+            print(f"note: no MNIST under {args.data_dir}; Fig. 2 and Fig. 3 use --dataset digits", flush=True)
             dataset = "digits"
     names = args.only.split(",") if args.only else BENCHMARKS
     failed, summary = [], []
