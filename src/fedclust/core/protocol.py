@@ -44,13 +44,18 @@ DeviceData = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]
 class Request:
     """One round: ``action`` names the client step, ``payload`` is broadcast to ``devices``.
 
-    ``devices=None`` means every device still in the run.
+    ``devices=None`` means every device still in the run. ``allow_empty=True``
+    lets the run go on when no device of the round gives a valid reply
+    (``server_step`` then gets no replies), e.g. one cluster's round in clustered
+    training whose members all dropped out; by default such a round stops the run.
+    It is the server's plan only and does not travel to the devices.
     """
 
     round: int
     action: str
     payload: Message | None = None
     devices: tuple[int, ...] | None = None
+    allow_empty: bool = False
 
 
 @dataclass
@@ -170,8 +175,9 @@ def round_targets(request: Request, active: Sequence[int], log: RunLog) -> list[
 
 def require_replies(request: Request, targets: Sequence[int], replies: Mapping[int, Any],
                     log: RunLog) -> None:
-    """Stop the run, naming a few reasons, when nobody gave a valid reply."""
-    if targets and not replies:
+    """Stop the run, naming a few reasons, when nobody gave a valid reply
+    (unless the round allows it: :attr:`Request.allow_empty`)."""
+    if targets and not replies and not request.allow_empty:
         reasons = {**log.failed, **log.rejected}
         shown = "; ".join(f"{reasons[z]}" for z in sorted(reasons)[:3])
         raise ValidationError(
