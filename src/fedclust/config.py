@@ -10,7 +10,7 @@ silently ignored)::
                   (not used for sources that come federated by construction)
     [algorithm]   name = a registered algorithm ("kfed", ...) + its estimator's parameters
     [simulation]  dropout, late, progress; byzantine (fraction of devices that lie on the
-                  wire, in-process only), attack (fedclust.sim.byzantine.ATTACKS), attack_scale
+                  wire, on either transport), attack (fedclust.sim.byzantine.ATTACKS), attack_scale
     [baselines]   name = true for the baselines the algorithm registers
 
 What is allowed comes from :mod:`fedclust.core.registry`: a family that

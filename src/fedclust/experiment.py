@@ -72,17 +72,13 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
 
     ``byzantine = α`` makes a fraction α of the devices (ids 0..n_devices-1,
     drawn from the seed) lie on the wire with ``attack`` / ``attack_scale``
-    (:class:`fedclust.sim.byzantine.ByzantineTamper`); in-process only, since
-    the Flower simulation runs its clients in other processes.
+    (:class:`fedclust.sim.byzantine.ByzantineTamper`), on either transport.
     """
     sim = cfg.get("simulation", {})
     kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
     alpha = sim.get("byzantine", 0.0)
     tamper = None
     if alpha:
-        if transport != "inprocess":
-            raise ConfigError("[simulation] byzantine devices lie through the in-process "
-                              "transport's tamper hook; use --transport inprocess")
         from .sim.byzantine import ByzantineTamper
 
         tamper = ByzantineTamper(range(n_devices or 0), alpha, cfg["seed"],
@@ -94,7 +90,7 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
         return InProcessTransport(progress=bool(sim.get("progress", False)), tamper=tamper, **kw)
     from .flower.transport import FlowerSimulationTransport  # optional extra
 
-    return FlowerSimulationTransport(**kw)
+    return FlowerSimulationTransport(tamper=tamper, **kw)
 
 
 class _Captured(Exception):

@@ -1,5 +1,5 @@
-"""One Flower simulation smoke run (Ray, in a subprocess): `fedclust run --transport flower`
-gives the same result.json as `--transport inprocess` (≈15 s)."""
+"""Flower simulation runs (Ray, in a subprocess): `fedclust run --transport flower` gives the
+same result.json as `--transport inprocess` (≈15 s each), faults and Byzantine devices included."""
 
 from __future__ import annotations
 
@@ -27,9 +27,13 @@ n_per_component = 40
 name = "kfed"
 n_clusters = 8
 n_local_clusters = 2
+trim = 0.2
 [simulation]
 dropout = 0.1
 late = 0.2
+byzantine = 0.2
+attack = "large-norm"
+attack_scale = 1000.0
 [baselines]
 centralized = false
 distributed_lloyd = false
@@ -49,6 +53,8 @@ def test_simulation_matches_inprocess(tmp_path):
     assert a["cluster_centers"] == b["cluster_centers"]
     assert a["run_log"] == b["run_log"]
     assert a["run_log"]["dropped"] and a["run_log"]["late"]
+    assert a["byzantine"] == b["byzantine"] and a["byzantine"]  # the same liars, the same lies
+    assert a["run_log"]["distrusted"]
     assert a["communication"] == b["communication"]
     assert a["metrics"] == b["metrics"]  # device labels, late devices included
 

@@ -3,7 +3,7 @@
 ``python -m fedclust.flower.simulation JOB.json`` builds the ServerApp and
 ClientApp from the job (a :class:`~fedclust.flower.apps.ServerSpec`, a data
 folder of ``part-<i>.npz`` files, the number of SuperNodes, Ray's backend
-config) and calls ``flwr.simulation.run_simulation``. The ServerApp writes its
+config, the Byzantine devices' tamper config if any) and calls ``flwr.simulation.run_simulation``. The ServerApp writes its
 result to ``spec.result_dir``. Running in a subprocess keeps Ray (its
 threads, signal handlers, ≈0.5 GB) out of the caller's process.
 """
@@ -19,11 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as fh:
         job = json.load(fh)
+    from ..sim.byzantine import ByzantineTamper
     from .apps import ServerSpec, make_client_app, make_server_app
 
     spec = ServerSpec(**job["server"])
     server_app = make_server_app(spec)
-    client_app = make_client_app(data_dir=job["data_dir"])
+    tamper = job.get("tamper")
+    client_app = make_client_app(data_dir=job["data_dir"], tamper=None if tamper is None
+                                 else ByzantineTamper.from_config(tamper))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from flwr.simulation import run_simulation

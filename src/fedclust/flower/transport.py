@@ -42,6 +42,7 @@ from ..core.random import root_seed
 from ..core.validation import check_float
 from ..core.exceptions import FedClustError
 from ..core.protocol import Protocol
+from ..sim.byzantine import ByzantineTamper
 from ..sim.transport import RunOutput
 
 __all__ = ["FlowerSimulationTransport", "flower_env", "require_flwr"]
@@ -101,6 +102,9 @@ class FlowerSimulationTransport:
         Wall-clock limit of the whole simulation.
     keep_dir : str or None
         Keep the working folder (device files, job, logs, result) here.
+    tamper : ByzantineTamper or None
+        Byzantine devices lying on the wire, as with ``InProcessTransport``: the
+        client process rebuilds the hook from its config (the same liars and lies).
 
     Attributes
     ----------
@@ -118,6 +122,7 @@ class FlowerSimulationTransport:
     timeout_s: float | None = 1800.0
     keep_dir: str | None = None
     verbose: bool = False
+    tamper: ByzantineTamper | None = None
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None) -> RunOutput:
@@ -157,7 +162,8 @@ class FlowerSimulationTransport:
                        "init_args": {"num_cpus": ncpu, "num_gpus": 0,
                                      "include_dashboard": False,
                                      "log_to_driver": bool(self.verbose)}},
-                   "verbose": self.verbose}
+                   "verbose": self.verbose,
+                   "tamper": None if self.tamper is None else self.tamper.config()}
             job_path = work / "job.json"
             job_path.write_text(json.dumps(job, indent=1))
             log_path = work / "simulation.log"

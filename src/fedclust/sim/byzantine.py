@@ -4,7 +4,8 @@ Two threat models (Ghosh, Hong, Yin & Ramchandran 2019, §4.3 of ALGORITHMS.md):
 
 * **Liars on the wire** — :class:`ByzantineTamper` is a ``tamper(device_id,
   round, arrays) -> arrays`` hook for :class:`~fedclust.sim.InProcessTransport`
-  (and the Flower ClientApp, which accepts the same callable). A fraction
+  and the Flower transports (the ClientApp accepts the same callable; a Flower
+  simulation rebuilds it in its client process from :meth:`ByzantineTamper.config`). A fraction
   ``alpha`` of the devices, drawn from the run's seed, replace the *float*
   fields of every reply they send. The hook is generic over message arrays, so
   the same attacks hit k-FED's local centres, coresets, Gaussian statistics and
@@ -138,6 +139,23 @@ class ByzantineTamper:
             self.between = None
         self.fields = None if fields is None else tuple(fields)
         self.calls = 0
+
+    def config(self) -> dict[str, Any]:
+        """JSON scalars and lists from which :meth:`from_config` rebuilds the same liars and
+        lies (how the hook reaches the clients of a Flower simulation in another process)."""
+        vec = lambda a: None if a is None else [float(v) for v in a]
+        return {"byzantine": list(self.byzantine), "seed": int(self.seed), "attack": self.attack,
+                "scale": float(self.scale), "target": vec(self.target),
+                "between": None if self.between is None else [vec(e) for e in self.between],
+                "fields": None if self.fields is None else list(self.fields)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "ByzantineTamper":
+        """The hook :meth:`config` describes."""
+        liars = [int(z) for z in config["byzantine"]]
+        return cls(liars, 0.0, int(config["seed"]), attack=config["attack"],
+                   scale=config["scale"], target=config.get("target"),
+                   between=config.get("between"), fields=config.get("fields"), devices=liars)
 
     def is_byzantine(self, device_id: int) -> bool:
         return int(device_id) in self._liars
