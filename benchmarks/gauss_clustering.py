@@ -11,8 +11,11 @@ and the answer: on S3/S4 the clusters overlap so much that even it stays
 far below 0.9). The paper shows the figure only (no numbers): the "paper"
 column states what its figure shows. Targets (issue 12): S1, S2, S4, R15 ARI
 >= 0.9 and cluster count within 20%. Unseen Gaussian-like sets with 8-50
-clusters (A1-A3, D31, S3, Unbalance and the 2-D G2 sets) check that the
-defaults carry over. Seeds: 3 random owner splits (mean ARI).
+clusters (A1-A3, D31, S3, Unbalance, the G2 sets in 2-D and 8-D, and generated
+``blobs_k_D_seed`` sets: k = 15-50 blobs of 4x-varying widths in D = 2-5) check
+that the defaults carry over. Seeds: 3 random owner splits (mean ARI). Every set
+is also run with ``merge_test="volume"`` (the previous default: the paper's volume
+criterion only) for a before/after comparison.
 
 Stream: Birch1 (100,000 x 2, 100 clusters; rows shuffled once) learnt by one
 :class:`~fedclust.EvolvingGaussians` in blocks of 1,000 rows; the time per
@@ -44,6 +47,8 @@ PAPER = {"s1": "good", "s2": "good", "s4": "good", "r15": "good",
 
 
 def load(args, name):
+    if name.startswith("blobs_"):
+        return synthetic(name)
     base = Path(args.data_dir) / "clustering-benchmarks-v1"
     f = base / "sipu" / f"{name}.npz"
     if not f.exists():
@@ -61,12 +66,28 @@ def oracle_ari(X, y):
     return float(adjusted_rand_score(y, gm.predict(X)))
 
 
-def run_set(X, y, seeds):
+def synthetic(name):
+    """blobs_k_D_seed: k Gaussian blobs in D dimensions, 100-400 points each, widths
+    0.5-2 (a 4x range), centres uniform in a box that grows like k^(1/D); a stand-in for
+    "Gaussian-like sets with 15-50 clusters we have not seen"."""
+    from sklearn.datasets import make_blobs
+
+    _, k, D, s = name.split("_")
+    k, D, s = int(k), int(D), int(s)
+    rng = np.random.default_rng(s)
+    box = 10 * k ** (1 / D)
+    X, y = make_blobs(n_samples=rng.integers(100, 400, k), n_features=D,
+                      cluster_std=rng.uniform(0.5, 2.0, k), center_box=(-box, box),
+                      random_state=s)
+    return X, y + 1
+
+
+def run_set(X, y, seeds, **kw):
     aris, ks, models = [], [], []
     for s in seeds:
         parts = np.array_split(np.random.default_rng(s).permutation(len(X)), 3)
         t0 = time.perf_counter()
-        fc = FedGaussClustering(random_state=s).fit([X[p] for p in parts])
+        fc = FedGaussClustering(random_state=s, **kw).fit([X[p] for p in parts])
         dt = time.perf_counter() - t0
         aris.append(adjusted_rand_score(y, fc.predict(X)))
         ks.append(fc.n_clusters_)
@@ -83,21 +104,25 @@ def clustering(args, names, seeds, title):
         X, y = data
         k_ref = len(np.unique(y[y > 0]))
         aris, ks, models = run_set(X, y, seeds)
+        old_aris, old_ks, _ = run_set(X, y, seeds, merge_test="volume")  # the previous default
         orc = oracle_ari(X, y)
         within = abs(np.mean(ks) - k_ref) <= 0.2 * k_ref
         out[name] = {"ari": aris, "ari_mean": float(np.mean(aris)), "clusters": ks,
+                     "volume_only": {"ari_mean": float(np.mean(old_aris)), "clusters": old_ks},
                      "reference_clusters": k_ref, "oracle_gmm_ari": orc,
                      "bytes_up_per_owner": [m.communication_["bytes_up"] / 3 for m, _ in models],
                      "fit_seconds": [dt for _, dt in models]}
         target = "-"
-        if name in GAUSSIAN or name in UNSEEN:
+        if name in GAUSSIAN or name in UNSEEN or name.startswith("blobs_"):
             target = "yes" if (np.mean(aris) >= 0.9 and within) else "NO"
         rows.append([name, X.shape[0], k_ref, f"{np.mean(aris):.3f}", f"{np.min(aris):.3f}",
                      f"{np.mean(ks):.1f}", "yes" if within else "no", f"{orc:.3f}", target,
+                     f"{np.mean(old_aris):.3f}", f"{np.mean(old_ks):.1f}",
                      PAPER.get(name, "(unseen)")])
         figs[name] = (X, y, models[0][0])
     C.print_table(["set", "n", "ref k", "ARI mean", "ARI min", "clusters", "k within 20%",
-                   "oracle GMM ARI", "target met", "paper (Fig. 2)"], rows, title=title)
+                   "oracle GMM ARI", "target met", "ARI volume-only", "clusters volume-only",
+                   "paper (Fig. 2)"], rows, title=title)
     return out, figs
 
 
@@ -143,7 +168,9 @@ def main() -> None:
         have_data = load(args, "s1") is not None and not args.quick
         if have_data:
             payload["fig2"], figs = clustering(args, FIG2, seeds, "Figure 2 sets (3 owners, one round, defaults)")
-            g2 = [f"g2mg_2_{o}" for o in (10, 30, 50, 70)]
+            g2 = [f"g2mg_2_{o}" for o in (10, 30, 50, 70)] + ["g2mg_8_30", "g2mg_8_50"]
+            g2 += ["blobs_20_2_1", "blobs_30_2_2", "blobs_50_2_3", "blobs_15_3_4",
+                   "blobs_25_5_5", "blobs_40_4_6"]
             payload["unseen"], _ = clustering(args, UNSEEN + g2, seeds,
                                               "Unseen Gaussian-like sets (same defaults)")
             X = load(args, "birch1")[0]

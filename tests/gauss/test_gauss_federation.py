@@ -10,7 +10,7 @@ from fedclust.gauss.local import learn_local, to_message
 from fedclust.gauss.messages import GaussClusters, message_numbers
 from fedclust.gauss.model import Settings
 from fedclust.gauss.server import merge_messages
-from fedclust.gauss.stats import moments
+from fedclust.gauss.stats import class_moments, moments
 from fedclust.sim.transport import InProcessTransport
 
 
@@ -55,7 +55,8 @@ def test_devices_permuted_with_their_ids_give_the_same_model():
 def test_codec_round_trip_is_bit_for_bit(tmp_path):
     X, y = blobs2d(2)
     s = Settings()
-    msg = to_message(learn_local(X, y, s, 6), 1, moments(X))
+    msg = to_message(learn_local(X, y, s, 6), 1, moments(X),
+                     own_class_moments=class_moments(X, y, 6))
     back = GaussClusters.from_arrays(msg.to_arrays(), sender="owner 0")
     for k, v in msg.to_arrays().items():
         np.testing.assert_array_equal(back.to_arrays()[k], v)
@@ -65,21 +66,23 @@ def test_codec_round_trip_is_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(disk.scatters, msg.scatters)
 
 
-@pytest.mark.parametrize("covariance", ["full", "diag"])
-def test_bytes_per_owner_follow_the_formula(covariance):
+@pytest.mark.parametrize("covariance,kappa_f", [("full", 0.0), ("diag", 0.0), ("full", 0.01)])
+def test_bytes_per_owner_follow_the_formula(covariance, kappa_f):
     X, y = blobs2d(3)
     Xs, ys = owners_of(X, y)
-    clf = FedGaussClassifier(covariance=covariance).fit(Xs, ys)
+    clf = FedGaussClassifier(covariance=covariance, kappa_f=kappa_f).fit(Xs, ys)
     D, M = 2, 6
+    Ds = int(clf.features_.sum())
+    stats = (2 * D + 1 + M * (2 * D + 1)) if kappa_f else 0  # the selection round
     for z, counts in enumerate(clf.local_counts_):
         c = len(counts)
-        want = 8 * message_numbers(c, D, M, covariance)
-        width = D * (D + 1) // 2 if covariance == "full" else D
-        assert want == 8 * (c * (D + width + 2 + M) + 2 * D + 1)
+        want = 8 * (message_numbers(c, Ds, M, covariance) + stats)
+        width = Ds * (Ds + 1) // 2 if covariance == "full" else Ds
+        assert want == 8 * (c * (Ds + width + 2 + M) + 2 * Ds + 1 + M * (2 * Ds + 1) + stats)
         assert clf.communication_["per_device"][str(z)]["up"] == want
     K = clf.n_clusters_
-    assert clf.communication_["per_device"]["0"]["down"] == 8 * message_numbers(K, D, M,
-                                                                                 covariance)
+    down = 8 * (message_numbers(K, Ds, M, covariance) + D + (D if kappa_f else 0))
+    assert clf.communication_["per_device"]["0"]["down"] == down
 
 
 def _tamper(kind):

@@ -28,9 +28,11 @@ def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_class
 
 
 def to_message(cs: ClusterSet, kappa_n: float, own_moments: tuple, *,
+               own_class_moments: tuple | None = None,
                cls: type[GaussClusters] = GaussClusters) -> GaussClusters:
     """Clusters with n > kappa_n (and, per class, at least the largest one) plus the
-    owner's global statistics ``own_moments`` = (count, mean, m2)."""
+    owner's global statistics ``own_moments`` = (count, mean, m2) and, when
+    classifying, its per-class ``own_class_moments`` = (counts (M,), means, m2 (M, D))."""
     C = cs.C
     keep = cs.n[:C] > kappa_n
     if cs.n_classes:
@@ -47,11 +49,16 @@ def to_message(cs: ClusterSet, kappa_n: float, own_moments: tuple, *,
     if cs.n_classes:
         onehot[np.arange(idx.size), cs.cls[idx]] = 1
     count, mean, m2 = own_moments
+    M, D = cs.n_classes, cs.D
+    cc, cm, cv = own_class_moments if own_class_moments is not None else (
+        np.zeros(M, np.int64), np.zeros((M, D)), np.zeros((M, D)))
     return cls(means=cs.mu[idx].copy(), scatters=scatters,
                counts=np.rint(cs.n[idx]).astype(np.int64),
                ages=(cs.t - cs.last[idx]).astype(np.int64), classes=onehot,
                global_count=np.asarray(int(count), dtype=np.int64),
-               global_mean=np.asarray(mean, dtype=float), global_m2=np.asarray(m2, dtype=float))
+               global_mean=np.asarray(mean, dtype=float), global_m2=np.asarray(m2, dtype=float),
+               class_count=np.asarray(cc, dtype=np.int64), class_mean=np.asarray(cm, dtype=float),
+               class_m2=np.asarray(cv, dtype=float))
 
 
 def from_message(msg: GaussClusters, settings: Settings, n_classes: int) -> ClusterSet:
@@ -59,6 +66,7 @@ def from_message(msg: GaussClusters, settings: Settings, n_classes: int) -> Clus
     D = msg.means.shape[1]
     cs = ClusterSet(D, settings, n_classes)
     cs.set_global(float(msg.global_count), msg.global_mean, msg.global_m2)
+    cs.gc = (msg.class_count.copy(), msg.class_mean.copy(), msg.class_m2.copy())
     add_clusters(cs, msg)
     return cs
 

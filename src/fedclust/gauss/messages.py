@@ -3,10 +3,11 @@
 Bytes per owner (float64 / int64, 8 bytes a number), with c clusters sent,
 D features and M classes (M = 0 for clustering):
 
-* ``covariance="full"``: ``8 [c (D + D(D+1)/2 + 2 + M) + 2D + 1]`` — per
-  cluster the mean, the upper triangle of the scatter, the count, the age and
-  the one-hot class; per owner the global count, mean and m2;
-* ``covariance="diag"``: ``8 [c (2D + 2 + M) + 2D + 1]``.
+* ``covariance="full"``: ``8 [c (D + D(D+1)/2 + 2 + M) + 2D + 1 + M (2D + 1)]`` —
+  per cluster the mean, the upper triangle of the scatter, the count, the age
+  and the one-hot class; per owner the global count, mean and m2, and per class
+  the count, mean and m2 (the Fisher scores' exact ingredients; M = 0 for clustering);
+* ``covariance="diag"``: ``8 [c (2D + 2 + M) + 2D + 1 + M (2D + 1)]``.
 
 The global model sent back has the same layout (c = global clusters).
 """
@@ -21,7 +22,8 @@ import numpy as np
 from ..core.messages import FLOAT, INT, Message, reject
 from .stats import psd_violation, unpack_scatter
 
-__all__ = ["GaussClusters", "GaussModel", "message_numbers"]
+__all__ = ["GaussClusters", "GaussModel", "GaussClassStats", "GaussFeatures",
+           "message_numbers"]
 
 #: tolerance of the PSD check, relative to max(1, trace) of each scatter
 PSD_TOL = 1e-9
@@ -30,7 +32,7 @@ PSD_TOL = 1e-9
 def message_numbers(c: int, D: int, M: int, covariance: str = "full") -> int:
     """How many 8-byte numbers a :class:`GaussClusters` with c clusters holds."""
     width = D * (D + 1) // 2 if covariance == "full" else D
-    return c * (D + width + 2 + M) + 2 * D + 1
+    return c * (D + width + 2 + M) + 2 * D + 1 + M * (2 * D + 1)
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,14 @@ class GaussClusters(Message):
     global_count: np.ndarray   # () int64
     global_mean: np.ndarray    # (D,) float
     global_m2: np.ndarray      # (D,) float, sum of squared deviations per feature
+    class_count: np.ndarray    # (M,) int64 samples per class
+    class_mean: np.ndarray     # (M, D) float per-class feature means
+    class_m2: np.ndarray       # (M, D) float per-class sums of squared deviations
     schema: ClassVar = {"means": (FLOAT, 2), "scatters": (FLOAT, 2), "counts": (INT, 1),
                         "ages": (INT, 1), "classes": (INT, 2), "global_count": (INT, 0),
-                        "global_mean": (FLOAT, 1), "global_m2": (FLOAT, 1)}
+                        "global_mean": (FLOAT, 1), "global_m2": (FLOAT, 1),
+                        "class_count": (INT, 1), "class_mean": (FLOAT, 2),
+                        "class_m2": (FLOAT, 2)}
     kind: ClassVar[str] = "gauss_clusters"
 
     @property
@@ -83,6 +90,17 @@ class GaussClusters(Message):
                            f"{int(self.counts.sum())} samples")
         if (self.global_m2 < 0).any():
             reject(sender, f"global_m2 has a negative variance sum {float(self.global_m2.min())}")
+        M = self.classes.shape[1]
+        if self.class_count.shape != (M,) or self.class_mean.shape != (M, D) \
+                or self.class_m2.shape != (M, D):
+            reject(sender, f"class statistics have shapes {self.class_count.shape}, "
+                           f"{self.class_mean.shape}, {self.class_m2.shape}; expected ({M},), "
+                           f"({M}, {D}), ({M}, {D})")
+        if M and ((self.class_count < 0).any() or int(self.class_count.sum()) != total):
+            reject(sender, f"class counts {self.class_count.tolist()[:10]} do not add up to "
+                           f"global_count={total}")
+        if (self.class_m2 < 0).any():
+            reject(sender, f"class_m2 has a negative variance sum {float(self.class_m2.min())}")
         S = self.scatters if self.covariance == "diag" else unpack_scatter(self.scatters, D)
         bad = psd_violation(S)
         if bad > PSD_TOL:
@@ -92,6 +110,61 @@ class GaussClusters(Message):
 
 @dataclass(frozen=True)
 class GaussModel(GaussClusters):
-    """Server -> owner: the merged global model (same layout as :class:`GaussClusters`)."""
+    """Server -> owner: the merged global model (layout of :class:`GaussClusters`, over
+    the selected features) and ``features`` (D_all,), 1 for every feature kept."""
 
+    features: np.ndarray = None  # type: ignore[assignment]  # (D_all,) int64 0/1
+    schema: ClassVar = {**GaussClusters.schema, "features": (INT, 1)}
     kind: ClassVar[str] = "gauss_model"
+
+    def validate(self, sender: str) -> None:
+        super().validate(sender)
+        f = self.features
+        if ((f != 0) & (f != 1)).any() or int(f.sum()) != self.means.shape[1]:
+            reject(sender, f"features must be 0/1 with {self.means.shape[1]} ones (one per "
+                           f"model feature), got {f.tolist()[:20]}")
+
+
+@dataclass(frozen=True)
+class GaussClassStats(Message):
+    """Owner -> server (feature-selection round): per-feature statistics of all rows and
+    of every class: 8 [2D + 1 + M (2D + 1)] bytes."""
+
+    global_count: np.ndarray   # () int64
+    global_mean: np.ndarray    # (D,)
+    global_m2: np.ndarray      # (D,)
+    class_count: np.ndarray    # (M,) int64
+    class_mean: np.ndarray     # (M, D)
+    class_m2: np.ndarray       # (M, D)
+    schema: ClassVar = {"global_count": (INT, 0), "global_mean": (FLOAT, 1),
+                        "global_m2": (FLOAT, 1), "class_count": (INT, 1),
+                        "class_mean": (FLOAT, 2), "class_m2": (FLOAT, 2)}
+    kind: ClassVar[str] = "gauss_class_stats"
+
+    def validate(self, sender: str) -> None:
+        D = self.global_mean.shape[0]
+        M = self.class_count.shape[0]
+        if D == 0 or self.global_m2.shape != (D,) or self.class_mean.shape != (M, D) \
+                or self.class_m2.shape != (M, D):
+            reject(sender, f"statistics have shapes {self.global_mean.shape}, "
+                           f"{self.global_m2.shape}, {self.class_mean.shape}, "
+                           f"{self.class_m2.shape} (D={D}, M={M})")
+        if (self.class_count < 0).any() or int(self.class_count.sum()) != int(self.global_count):
+            reject(sender, f"class counts {self.class_count.tolist()[:10]} do not add up to "
+                           f"global_count={int(self.global_count)}")
+        if (self.global_m2 < 0).any() or (self.class_m2 < 0).any():
+            reject(sender, "a sum of squared deviations is negative")
+
+
+@dataclass(frozen=True)
+class GaussFeatures(Message):
+    """Server -> owner: the features to learn on (1 = kept), after the selection round."""
+
+    features: np.ndarray       # (D,) int64 0/1
+    schema: ClassVar = {"features": (INT, 1)}
+    kind: ClassVar[str] = "gauss_features"
+
+    def validate(self, sender: str) -> None:
+        f = self.features
+        if ((f != 0) & (f != 1)).any() or int(f.sum()) < 1:
+            reject(sender, f"features must be 0/1 with at least one 1, got {f.tolist()[:20]}")

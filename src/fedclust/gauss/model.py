@@ -17,6 +17,10 @@ which is Sigma_0 for a single sample (the paper's new-cluster rule), tends to
 S_i / n_i as the cluster grows, and is never singular (duplicates, constant
 features, D > n_i). ``n0`` (``prior_weight``) defaults to 2 (D + 1).
 
+Merging: the paper's volume criterion (with a size cap) and, optionally (the
+clustering default), a classification-likelihood test on the exact pooled
+statistics (:meth:`ClusterSet._likelihood_loss`).
+
 Ožbot & Škrjanc, "Federated learning with self-evolving Gaussian clusters";
 Škrjanc, "Cluster-volume-based merging approach for incrementally evolving
 fuzzy Gaussian clustering — eGAUSS+", IEEE TFS 28(9), 2020.
@@ -50,6 +54,8 @@ def _chi2_gate(quantile: float, D: int) -> float:
 #: volume measure of the merge criterion -> exponent applied to det(Sigma)
 VOLUMES = {"det": 1.0, "sqrt_det": 0.5, "det_root": None}  # det_root: 1/D
 PREDICT_RULES = ("likelihood", "gamma")
+#: ridge (in units of Sigma_0) of the data covariances compared by the likelihood merge test
+ML_RIDGE = 0.1
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ class Settings:
     min_weight: float = 0.005
     var_floor: float = 1e-6
     predict_rule: str = "likelihood"
+    merge_test: str = "both"
+    overlap_tol: float = 0.0
 
 
 class ClusterSet:
@@ -92,6 +100,8 @@ class ClusterSet:
         self.t = 0
         self._alloc(8)
         self.g = (0, np.zeros(D), np.zeros(D))  # global (count, mean, m2)
+        M = self.n_classes  # per-class (counts, means, m2): the Fisher scores' ingredients
+        self.gc = (np.zeros(M, np.int64), np.zeros((M, D)), np.zeros((M, D)))
         self._set_prior()
 
     # -- storage -----------------------------------------------------------
@@ -319,7 +329,13 @@ class ClusterSet:
 
     # -- merging -------------------------------------------------------------------
     def _merge_scores(self, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """log volume ratio of merging p[k] with q[k] (inf where the size cap forbids it)."""
+        """Merge score of p[k] with q[k]: merge while < 0.
+
+        Volume criterion: log(V_pq / (V_p + V_q)) - log kappa_m, inf where the size
+        cap forbids the merge. With ``merge_test="both"`` also the likelihood test
+        (:meth:`_likelihood_loss` - ``overlap_tol``, no cap: it bounds itself);
+        the smaller of the two scores counts.
+        """
         n, mu, S = merge_clusters(self.n[p], self.mu[p], self.S[p],
                                   self.n[q], self.mu[q], self.S[q])
         denom = n + self.n0 - 1.0
@@ -331,10 +347,42 @@ class ClusterSet:
         else:
             ld = np.log((S + self.n0 * self.s0) / denom[:, None]).sum(axis=1)
         w = self.vol_w
-        score = w * ld - np.logaddexp(w * self.ld[p], w * self.ld[q])
+        score = w * ld - np.logaddexp(w * self.ld[p], w * self.ld[q]) - np.log(self.s.kappa_m)
+        # the size cap bounds the volume criterion (loose for unequal sizes)
         cap = 0.5 * ld > np.log(self.s.max_volume) + 0.5 * self.ld_global
         score = np.where(cap, np.inf, score)
+        if self.s.merge_test == "both":
+            score = np.minimum(score, self._likelihood_loss(p, q, n, S) - self.s.overlap_tol)
         return score, (n, mu, S)
+
+    def _ml_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """log det of the data covariance (S + ML_RIDGE Sigma_0) / n (nearly S / n, never singular)."""
+        if self.full:
+            A = S.copy()
+            A[:, np.arange(self.D), np.arange(self.D)] += ML_RIDGE * self.s0
+            return np.linalg.slogdet(A / n[:, None, None])[1]
+        return np.log((S + ML_RIDGE * self.s0) / n[:, None]).sum(axis=1)
+
+    def _likelihood_loss(self, p: np.ndarray, q: np.ndarray, n: np.ndarray, S: np.ndarray
+                         ) -> np.ndarray:
+        """Classification log-likelihood per sample lost by pooling p and q into one Gaussian.
+
+        0.5 [log det Sigma_pq - w log det Sigma_p - (1 - w) log det Sigma_q] - H(w),
+        w = n_p / n_pq, H the entropy of (w, 1 - w): the labels the split spends
+        (Celeux & Govaert's classification likelihood). Scale- and dimension-free:
+        two equal unit Gaussians pass when closer than 2 sqrt 3 sigma; a small
+        cluster passes into a large one when KL(p || q) <~ log(1 / w) + 1. The
+        data covariances (prior weight ~0), not the shrunk ones, are compared:
+        the prior would make young clusters look alike.
+        """
+        wp = self.n[p] / n
+        wq = 1.0 - wp
+        ent = -(wp * np.log(wp) + wq * np.log(wq))
+        k = n.shape[0]  # one LAPACK call for the three sets of matrices
+        ld = self._ml_logdet(np.concatenate([S, self.S[p], self.S[q]]),
+                             np.concatenate([n, self.n[p], self.n[q]]))
+        lpq, lp, lq = ld[:k], ld[k:2 * k], ld[2 * k:]
+        return 0.5 * (lpq - wp * lp - wq * lq) - ent
 
     def _merge_pair(self, p: int, q: int, stats: tuple, k: int) -> int:
         """Replace p by the union of p and q, delete q; returns p's final index."""
@@ -348,13 +396,12 @@ class ClusterSet:
 
     def _merge_around(self, j: int, cand: np.ndarray) -> None:
         """Merge cluster j with the best of the clusters also active for the sample."""
-        log_kappa = np.log(self.s.kappa_m)
         cand = list(cand)
         while cand:
             q = np.array(cand)
             score, stats = self._merge_scores(np.full(len(q), j), q)
             k = int(np.argmin(score))
-            if not score[k] < log_kappa:
+            if not score[k] < 0.0:
                 return
             qk = int(q[k])
             last = self.C - 1
@@ -368,7 +415,6 @@ class ClusterSet:
         Candidate pairs: one mean inside the other's gate. The order of the
         clusters does not matter beyond exact ties (the best pair is global).
         """
-        log_kappa = np.log(self.s.kappa_m)
         merges = 0
         C = self.C
         if C < 2:
@@ -380,7 +426,7 @@ class ClusterSet:
         while True:
             flat = int(np.argmin(R))
             p, q = divmod(flat, C)
-            if not R[p, q] < log_kappa:
+            if not R[p, q] < 0.0:
                 break
             score, stats = self._merge_scores(np.array([p]), np.array([q]))
             n, mu, S = stats
@@ -454,6 +500,8 @@ class ClusterSet:
             d_pq = (diff ** 2 * self.P[p]).sum(axis=1)
             d_qp = (diff ** 2 * self.P[q]).sum(axis=1)
         near = (d_pq <= self.gate) | (d_qp <= self.gate)
+        if self.s.merge_test == "both":  # the midpoint inside both gates (as online)
+            near |= (d_pq <= 4.0 * self.gate) & (d_qp <= 4.0 * self.gate)
         row = np.full(C, np.inf)
         if near.any():
             qn = q[near]

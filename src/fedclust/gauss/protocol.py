@@ -28,15 +28,17 @@ from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
 from .local import from_message, learn_local, to_message
-from .messages import GaussClusters, GaussModel
+from .messages import GaussClassStats, GaussClusters, GaussFeatures, GaussModel
 from .model import PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
 from .server import merge_messages
-from .stats import moments, pack_scatter
+from .stats import (class_moments, fisher_mask, fisher_scores, merge_class_moments, moments,
+                    pack_scatter)
 
 __all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_settings",
            "model_message"]
 
 ACTION = "gauss_clusters"
+STATS = "gauss_class_stats"  # the classifier's feature-selection round
 
 
 def check_settings(**kw: Any) -> Settings:
@@ -61,6 +63,8 @@ def check_settings(**kw: Any) -> Settings:
     check_float(s.min_weight, "min_weight", min_value=0.0, max_value=1.0)
     check_float(s.var_floor, "var_floor", min_value=0.0, min_inclusive=False)
     check_choice(s.predict_rule, "predict_rule", PREDICT_RULES)
+    check_choice(s.merge_test, "merge_test", ("both", "volume"))
+    check_float(s.overlap_tol, "overlap_tol")
     return s
 
 
@@ -79,6 +83,11 @@ class GaussResult:
     global_count: int
     global_mean: np.ndarray           # (D,)
     global_m2: np.ndarray             # (D,)
+    class_count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (M,)
+    class_mean: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))         # (M, D)
+    class_m2: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))           # (M, D)
+    features: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (D_all,) 0/1
+    fisher: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (D_all,) Fisher scores
     local_counts: dict[int, np.ndarray] = field(default_factory=dict)  # what each owner sent
     n_rounds: int = 1
     log: RunLog = field(default_factory=RunLog)
@@ -91,10 +100,13 @@ class _State:
     round: int = 0
     model: GaussModel | None = None
     local_counts: dict[int, np.ndarray] = field(default_factory=dict)
+    features: np.ndarray | None = None   # (D_all,) 0/1 once the selection round is done
+    fisher: np.ndarray | None = None
 
 
-def model_message(cs: ClusterSet) -> GaussModel:
-    """The global model as the message broadcast to owners."""
+def model_message(cs: ClusterSet, features: np.ndarray | None = None) -> GaussModel:
+    """The global model as the message broadcast to owners (``features``: kept features
+    of the D_all original ones; None = all)."""
     count, mean, m2 = cs.g
     C = cs.C
     onehot = np.zeros((C, cs.n_classes), dtype=np.int64)
@@ -106,14 +118,19 @@ def model_message(cs: ClusterSet) -> GaussModel:
                       ages=np.maximum(cs.t - cs.last[:C], 0).astype(np.int64), classes=onehot,
                       global_count=np.asarray(int(count), dtype=np.int64),
                       global_mean=np.asarray(mean, dtype=float),
-                      global_m2=np.asarray(m2, dtype=float))
+                      global_m2=np.asarray(m2, dtype=float),
+                      class_count=np.asarray(cs.gc[0], dtype=np.int64),
+                      class_mean=np.asarray(cs.gc[1], dtype=float),
+                      class_m2=np.asarray(cs.gc[2], dtype=float),
+                      features=(np.ones(cs.D, np.int64) if features is None
+                                else np.asarray(features, dtype=np.int64)))
 
 
 class GaussProtocol(Protocol):
     """Federated self-evolving Gaussian clustering. Parameters as in :class:`fedclust.FedGaussClustering`."""
 
     name = "gauss"
-    reply_types = {ACTION: GaussClusters}
+    reply_types = {ACTION: GaussClusters, STATS: GaussClassStats}
 
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
                  **settings: Any):
@@ -146,17 +163,39 @@ class GaussProtocol(Protocol):
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
         return _State(tuple(int(z) for z in device_ids), int(seed))
 
+    #: the classifier's Fisher-score feature selection adds a statistics round first
+    selects = False
+
     def next_request(self, state: _State) -> Request | None:
+        if self.selects and state.features is None:
+            return Request(round=0, action=STATS)
         if state.round >= self.n_rounds:
             return None
-        return Request(round=state.round, action=ACTION, payload=state.model)
+        payload: Message | None = state.model
+        if payload is None and state.features is not None:
+            payload = GaussFeatures(features=state.features.copy())
+        return Request(round=state.round + int(self.selects), action=ACTION, payload=payload)
 
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
+        if request.action == STATS:
+            if not isinstance(reply, GaussClassStats):
+                raise IncompatibleMessageError(
+                    f"device {device_id}: expected {STATS}, got {type(reply).__name__}")
+            D, M = reply.global_mean.shape[0], reply.class_count.shape[0]
+            if (self.n_features and D != self.n_features) or M != self.n_classes:
+                raise IncompatibleMessageError(
+                    f"device {device_id}: statistics over {D} features and {M} classes; the "
+                    f"federation has {self.n_features} and {self.n_classes}")
+            return
         if not isinstance(reply, GaussClusters):
             raise IncompatibleMessageError(
                 f"device {device_id}: expected {ACTION}, got {type(reply).__name__}")
         D = reply.means.shape[1]
-        want = self.n_features or (state.model.means.shape[1] if state.model is not None else D)
+        if state.features is not None:
+            want = int(state.features.sum())
+        else:
+            want = self.n_features or (state.model.means.shape[1] if state.model is not None
+                                       else D)
         if D != want:
             raise IncompatibleMessageError(
                 f"device {device_id}: clusters have {D} features but the federation has {want}")
@@ -171,6 +210,9 @@ class GaussProtocol(Protocol):
                 f"federation has {self.n_classes} classes")
 
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+        if request.action == STATS:
+            state.fisher, state.features = self._select(list(replies.values()))
+            return
         msgs = [replies[z] for z in sorted(replies)]
         for z in sorted(replies):
             prev = state.local_counts.get(z)
@@ -179,8 +221,21 @@ class GaussProtocol(Protocol):
         if msgs:
             with one_thread():
                 cs = merge_messages(msgs, self.settings, self.n_classes, state.model)  # type: ignore[arg-type]
-                state.model = model_message(cs)
+                state.model = model_message(cs, state.features)
         state.round += 1
+
+    def _select(self, msgs: list) -> tuple[np.ndarray, np.ndarray]:
+        """Pool the per-class statistics exactly; Fisher scores and the kept features."""
+        msgs = sorted(msgs, key=lambda m: (int(m.global_count), m.class_count.tolist(),
+                                           m.global_mean.tolist(), m.global_m2.tolist()))
+        D, M = msgs[0].global_mean.shape[0], self.n_classes
+        gc: tuple = (np.zeros(M, np.int64), np.zeros((M, D)), np.zeros((M, D)))
+        for m in msgs:
+            gc = merge_class_moments(gc, (m.class_count, m.class_mean, m.class_m2))
+        F = fisher_scores(*gc)
+        return F, fisher_mask(F, self.kappa_f).astype(np.int64)
+
+    kappa_f = 0.0
 
     def finish(self, state: _State, log: RunLog) -> GaussResult:
         m = state.model
@@ -195,7 +250,11 @@ class GaussProtocol(Protocol):
             classes=(np.argmax(m.classes, axis=1) if self.n_classes
                      else np.full(C, -1, np.int64)).astype(np.int64),
             global_count=int(m.global_count), global_mean=m.global_mean.copy(),
-            global_m2=m.global_m2.copy(), local_counts=dict(state.local_counts),
+            global_m2=m.global_m2.copy(), class_count=m.class_count.copy(),
+            class_mean=m.class_mean.copy(), class_m2=m.class_m2.copy(),
+            features=m.features.copy(),
+            fisher=np.zeros(0) if state.fisher is None else state.fisher.copy(),
+            local_counts=dict(state.local_counts),
             n_rounds=state.round, log=log)
 
     def final_message(self, result: GaussResult, device_id: int) -> Message | None:
@@ -210,39 +269,54 @@ class GaussProtocol(Protocol):
 
     def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
-        if request.action != ACTION:
+        if request.action not in (ACTION, STATS):
             raise ValidationError(f"gauss has no client action {request.action!r}")
         Xd, y = self._device_data(X, device_id)
         if self.n_features is not None and Xd.shape[1] != self.n_features:
             raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
                                   f"federation has n_features={self.n_features}")
-        rows = np.array_split(np.arange(Xd.shape[0]), self.n_rounds)[request.round]
+        if request.action == STATS:
+            count, mean, m2 = moments(Xd)
+            cc, cm, cv = class_moments(Xd, y, self.n_classes)  # type: ignore[arg-type]
+            return GaussClassStats(global_count=np.asarray(int(count), np.int64),
+                                   global_mean=mean, global_m2=m2, class_count=cc,
+                                   class_mean=cm, class_m2=cv)
+        payload = request.payload
+        features = getattr(payload, "features", None)
+        if features is not None:  # learn on the selected features only
+            Xd = Xd[:, np.asarray(features, dtype=bool)]
+        chunk = request.round - int(self.selects)
+        rows = np.array_split(np.arange(Xd.shape[0]), self.n_rounds)[chunk]
         Xr = Xd[rows]
         yr = None if y is None else y[rows]
         own = moments(Xr)
         prior = None
-        payload = request.payload
-        if payload is not None:
+        if isinstance(payload, GaussClusters):
             prior = (int(payload.global_count), payload.global_mean, payload.global_m2)
         if Xr.shape[0] == 0:  # fewer rows than rounds: nothing new this round
-            D = Xd.shape[1]
+            D, M = Xd.shape[1], self.n_classes
             return GaussClusters(
                 means=np.zeros((0, D)), scatters=np.zeros((0, D * (D + 1) // 2
                                                            if self.settings.covariance == "full"
                                                            else D)),
                 counts=np.zeros(0, np.int64), ages=np.zeros(0, np.int64),
-                classes=np.zeros((0, self.n_classes), np.int64),
+                classes=np.zeros((0, M), np.int64),
                 global_count=np.asarray(0, np.int64), global_mean=np.zeros(D),
-                global_m2=np.zeros(D))
+                global_m2=np.zeros(D), class_count=np.zeros(M, np.int64),
+                class_mean=np.zeros((M, D)), class_m2=np.zeros((M, D)))
+        own_cls = None if yr is None else class_moments(Xr, yr, self.n_classes)
         with one_thread():
             cs = learn_local(Xr, yr, self.settings, self.n_classes, prior)
-        return to_message(cs, self.kappa_n, own)
+        return to_message(cs, self.kappa_n, own, own_class_moments=own_cls)
 
     def client_finish(self, message: Message | None, X: Any,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if message is None:
             return {}
         Xd, _ = self._device_data(X, -1)
+        features = getattr(message, "features", None)
+        if features is not None:
+            Xd = Xd[:, np.asarray(features, dtype=bool)]
         with one_thread():
             cs = from_message(message, self.settings, self.n_classes)  # type: ignore[arg-type]
             return {"labels": predict_labels(cs, Xd, self.settings.predict_rule)}
@@ -256,7 +330,12 @@ def result_message(result: GaussResult, settings: Settings) -> GaussModel:
         counts=result.counts.astype(np.int64), ages=result.ages.astype(np.int64),
         classes=_onehot(result.classes, onehot_cols),
         global_count=np.asarray(int(result.global_count), np.int64),
-        global_mean=result.global_mean, global_m2=result.global_m2)
+        global_mean=result.global_mean, global_m2=result.global_m2,
+        class_count=result.class_count.astype(np.int64),
+        class_mean=result.class_mean.reshape(-1, result.means.shape[1]),
+        class_m2=result.class_m2.reshape(-1, result.means.shape[1]),
+        features=(result.features.astype(np.int64) if result.features.size
+                  else np.ones(result.means.shape[1], np.int64)))
 
 
 def _onehot(classes: np.ndarray, M: int) -> np.ndarray:
@@ -281,8 +360,10 @@ class GaussClassifierProtocol(GaussProtocol):
     name = "gauss-classifier"
     supervised = True
 
-    def __init__(self, *, classes: Sequence[Any], **kw: Any):
+    def __init__(self, *, classes: Sequence[Any], kappa_f: float = 0.0, **kw: Any):
         super().__init__(**kw)
+        self.kappa_f = check_float(kappa_f, "kappa_f", min_value=0.0, max_value=1.0)
+        self.selects = self.kappa_f > 0
         classes = list(classes)
         if not classes:
             raise ValidationError("classes is empty: a classifier needs at least one class")
@@ -295,6 +376,7 @@ class GaussClassifierProtocol(GaussProtocol):
 
     def config(self) -> dict[str, Any]:
         cfg = super().config()
+        cfg["kappa_f"] = self.kappa_f
         cfg["classes"] = [c.item() if isinstance(c, np.generic) else c for c in self.classes]
         return cfg
 

@@ -19,7 +19,7 @@ import numpy as np
 from .local import add_clusters
 from .messages import GaussClusters
 from .model import ClusterSet, Settings
-from .stats import merge_moments
+from .stats import merge_class_moments, merge_moments
 
 __all__ = ["merge_messages", "canonical_order"]
 
@@ -41,6 +41,10 @@ def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes:
         g = merge_moments(g, (int(m.global_count), m.global_mean, m.global_m2))
     srv = ClusterSet(D, settings, n_classes)
     srv.set_global(*g)
+    gc = (np.zeros(n_classes, np.int64), np.zeros((n_classes, D)), np.zeros((n_classes, D)))
+    for m in parts:  # per-class statistics, pooled exactly (Fisher scores)
+        gc = merge_class_moments(gc, (m.class_count, m.class_mean, m.class_m2))
+    srv.gc = gc
     for m in parts:
         add_clusters(srv, m)
     _sort_canonical(srv)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["merge_moments", "moments", "merge_clusters", "pack_scatter", "unpack_scatter",
-           "feature_variances", "prior_variances", "psd_violation"]
+           "feature_variances", "prior_variances", "psd_violation", "class_moments",
+           "merge_class_moments", "fisher_scores", "fisher_mask"]
 
 
 def moments(X: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
@@ -127,3 +128,59 @@ def prior_variances(var: np.ndarray, *, volume_fraction: float | None, n_r: floa
         return var / n_r
     D = var.shape[0]
     return var * float(volume_fraction) ** (2.0 / D)
+
+
+def class_moments(X: np.ndarray, y: np.ndarray, M: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-class (count (M,), mean (M, D), m2 (M, D)) of the rows of X; y in 0..M-1."""
+    D = X.shape[1]
+    counts = np.bincount(y, minlength=M).astype(np.int64)
+    means = np.zeros((M, D))
+    m2 = np.zeros((M, D))
+    for c in np.flatnonzero(counts):
+        _, means[c], m2[c] = moments(X[y == c])
+    return counts, means, m2
+
+
+def merge_class_moments(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chan's exact merge, class by class, of two per-class (count, mean, m2) triples."""
+    na, ma, sa = (np.asarray(v, dtype=float) for v in a)
+    nb, mb, sb = (np.asarray(v, dtype=float) for v in b)
+    n = na + nb
+    safe = np.where(n > 0, n, 1.0)[:, None]
+    delta = mb - ma
+    mean = np.where(n[:, None] > 0, ma + delta * (nb[:, None] / safe), 0.0)
+    m2 = sa + sb + delta ** 2 * (na * nb)[:, None] / safe
+    return n.astype(np.int64), mean, m2
+
+
+def fisher_scores(counts: np.ndarray, means: np.ndarray, m2: np.ndarray) -> np.ndarray:
+    """Fisher score of every feature: between-class over within-class scatter.
+
+    F_d = sum_c n_c (mu_cd - mu_d)^2 / sum_c m2_cd (mu_d the overall mean); a
+    feature constant within every class but differing between classes scores inf,
+    a feature constant everywhere 0.
+    """
+    n = np.asarray(counts, dtype=float)
+    N = n.sum()
+    if N <= 0:
+        return np.zeros(means.shape[1])
+    mu = (n[:, None] * means).sum(axis=0) / N
+    between = (n[:, None] * (means - mu) ** 2).sum(axis=0)
+    within = np.asarray(m2, dtype=float).sum(axis=0)
+    tiny = np.finfo(float).tiny
+    with np.errstate(divide="ignore", invalid="ignore"):
+        F = np.where(within > tiny, between / np.maximum(within, tiny),
+                     np.where(between > tiny, np.inf, 0.0))
+    return F
+
+
+def fisher_mask(F: np.ndarray, kappa_f: float) -> np.ndarray:
+    """Features with a Fisher score >= kappa_f x the best score (at least one is kept)."""
+    if kappa_f <= 0 or F.size == 0:
+        return np.ones(F.size, dtype=bool)
+    best = float(np.max(F))
+    if not best > 0:
+        return np.ones(F.size, dtype=bool)
+    keep = F >= kappa_f * best if np.isfinite(best) else np.isinf(F)
+    return keep
