@@ -19,7 +19,9 @@ k-means++ / trimmed k-means / k-geomedians, each with its default
 initialisation); stage 3 for this loss is exact: gradient descent with an
 aggregation rule converges to that rule's aggregate of the cluster's ERMs
 (``w - x̄_i`` is the gradient), so SM = the mean and TM = the trimmed mean of
-the members' ERMs. Error: ``max_j ||ŵ_j − w*_j||`` (Hungarian-matched).
+the members' ERMs (the trim fraction raised to the measured share of outlying
+members, as the pipeline's ``adaptive_beta`` does). Error: ``max_j ||ŵ_j −
+w*_j||`` (Hungarian-matched).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import _common as C
 from fedclust.core.robust import aggregate
 from fedclust.robust import estimation_error
-from fedclust.robust.server import cluster_erms
+from fedclust.robust.server import adaptive_beta, cluster_erms
 
 PIPELINES = {"KM+SM": ("kmeans", "mean"), "KM+TM": ("kmeans", "trimmed-mean"),
              "TKM+SM": ("trimmed-kmeans", "mean"), "TKM+TM": ("trimmed-kmeans", "trimmed-mean"),
@@ -49,6 +51,15 @@ def load(name: str, data_dir, seed: int):
 
     X, y = load_digits(return_X_y=True)
     return X / 16.0, y, "digits"
+
+
+def _aggregate(V: np.ndarray, rule: str, beta: float) -> np.ndarray:
+    """Stage 3's fixed point: the rule's aggregate of the members' ERMs; the trimmed mean's
+    fraction follows the measured outlier share, as in the pipeline (``adaptive_beta``; the
+    share is translation invariant, so ERMs and gradients ``w - x_i`` give the same one)."""
+    if rule == "trimmed-mean":
+        beta = adaptive_beta(V, beta)
+    return aggregate(V, rule, beta=beta)
 
 
 def one_trial(X, y, args, alpha: float, seed: int) -> dict:
@@ -74,7 +85,7 @@ def one_trial(X, y, args, alpha: float, seed: int) -> dict:
     out = {}
     for name, (method, rule) in PIPELINES.items():
         cl = cluster_erms(W, len(labels), method, seed=seed, beta=beta)
-        est = np.array([aggregate(W[cl.labels == j], rule, beta=beta) if (cl.labels == j).any()
+        est = np.array([_aggregate(W[cl.labels == j], rule, beta) if (cl.labels == j).any()
                         else cl.centers[j] for j in range(cl.centers.shape[0])])
         out[name] = estimation_error(est, truth)
     return out

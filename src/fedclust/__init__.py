@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "DistributedPCA": "coreset", "DistributedKMeans": "coreset",
     "EvolvingGaussians": "gauss", "FedGaussClustering": "gauss", "FedGaussClassifier": "gauss",
-    "RobustClusteredRegression": "robust",
+    "RobustClusteredRegression": "robust", "RobustClusteredClassification": "robust",
     "FedAvg": "fl", "IFCA": "fl", "ClusteredFedAvg": "fl",
 }
 

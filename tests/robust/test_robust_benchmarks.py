@@ -10,10 +10,10 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _run(name, tmp_path):
+def _run(name, tmp_path, *extra):
     proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-plot",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          cwd=BENCH)
+                           "--out", str(tmp_path), *extra], capture_output=True, text=True,
+                          timeout=300, cwd=BENCH)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout
 
@@ -36,3 +36,13 @@ def test_fig2b_quick(tmp_path):
         assert {"KM+SM", "TKM+TM", "KGM+TM", "FA+TM", "gain_vs_KM+SM"} <= set(row)
         assert row["TKM+TM"]["error_mean"] > 0
         assert row["TKM+TM"]["error_mean"] <= row["KM+SM"]["error_mean"]
+
+
+def test_logistic_quick_falls_back_to_digits(tmp_path):
+    doc, out = _run("robust_logistic", tmp_path, "--data-dir", str(tmp_path))
+    assert "falling back to scikit-learn's digits" in out
+    assert doc["params"]["dataset"] == "digits"
+    for row in doc["rows"]:
+        assert {"KM+SM", "TKM+SM", "TKM+TM", "KGM+TM", "gain_vs_KM+SM"} <= set(row)
+        assert 0.5 < row["TKM+TM"]["accuracy_mean"] <= 1.0
+        assert row["TKM+TM"]["error_mean"] > 0

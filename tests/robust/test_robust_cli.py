@@ -16,7 +16,7 @@ def test_demo_robust_recovers_the_regressions(tmp_path):
     m = res["metrics"]
     assert m["estimation_error"] < 0.2 and m["misclustering"] <= 0.02
     assert m["byzantine_flagged"] > 0.9
-    assert res["communication"]["rounds"] == 1 + 20 * 4
+    assert res["communication"]["rounds"] == 1 + 4 - 1 + 20   # stage 3 batched after iteration 1
     assert len(res["device_clusters"]) == 100
 
 
@@ -27,4 +27,18 @@ def test_example_config_builds_the_protocol():
     proto, devices, seed = build_protocol(cfg, fed)
     assert proto.name == "robust-regression" and proto.supervised
     assert len(devices) == 200 and isinstance(devices[0], tuple) and seed == 0
+    assert type(proto).from_config(proto.config()).config() == proto.config()
+
+
+def test_classification_example_runs_from_the_cli(tmp_path):
+    example = EXAMPLE.parent / "robust_classification.toml"
+    assert main(["run", str(example), "--out", str(tmp_path), "--no-plot"]) == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    m = res["metrics"]
+    assert m["estimation_error"] < 0.3 and m["misclustering"] <= 0.03
+    assert m["byzantine_flagged"] > 0.9 and 0.8 < m["test_accuracy"] <= 1.0
+    assert res["communication"]["rounds"] == 1 + 3 - 1 + 40
+    cfg = load_config(example)
+    proto, _, _ = build_protocol(cfg, build_federation(cfg))
+    assert proto.name == "robust-regression" and proto.config()["loss"] == "logistic"
     assert type(proto).from_config(proto.config()).config() == proto.config()

@@ -3,7 +3,8 @@
 ``fedclust.core.robust`` — robust means (geometric median, coordinate-wise
 median and trimmed mean), re-exported here; ``clustering`` — trimmed k-means,
 k-geomedians (and plain Lloyd with the same API); ``edge_cutting`` —
-threshold-graph clustering; ``init`` — robust initialisation; ``local`` /
+threshold-graph clustering; ``filtering`` — iterative filtering (a robust
+mean in many dimensions); ``init`` — robust initialisation; ``local`` /
 ``server`` / ``messages`` / ``protocol`` / ``estimator`` — the three-stage
 pipeline :class:`RobustClusteredRegression`; ``data`` — mixtures of linear
 regressions with Byzantine machines; ``metrics`` — estimation error and
@@ -15,18 +16,22 @@ from ..core.registry import (Algorithm, DataSource, register_algorithm, register
 from ..core.robust import (aggregate, coordinate_mean, coordinate_median, geometric_median,
                            trimmed_mean)
 from .clustering import KGeomedians, KMeansLloyd, TrimmedKMeans
-from .data import MixtureRegression, make_mixture_regression, mixture_regression_source
+from .data import (MixtureRegression, make_mixture_logistic, make_mixture_regression,
+                   mixture_logistic_source, mixture_regression_source)
 from .edge_cutting import EdgeCutting
-from .estimator import (RobustClusteredRegression, fit_robust, plot_round_loss, robust_report,
-                        robust_result_fields)
+from .filtering import iterative_filtering
+from .estimator import (RobustClusteredClassification, RobustClusteredRegression, fit_robust,
+                        plot_round_loss, robust_report, robust_result_fields)
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
 
 __all__ = ["geometric_median", "trimmed_mean", "coordinate_median", "coordinate_mean", "aggregate",
+           "iterative_filtering",
            "TrimmedKMeans", "KGeomedians", "KMeansLloyd", "EdgeCutting",
-           "RobustClusteredRegression", "RobustRegressionProtocol", "RobustRegressionResult",
-           "MixtureRegression", "make_mixture_regression", "estimation_error",
-           "misclustering_rate"]
+           "RobustClusteredRegression", "RobustClusteredClassification",
+           "RobustRegressionProtocol", "RobustRegressionResult",
+           "MixtureRegression", "make_mixture_regression", "make_mixture_logistic",
+           "estimation_error", "misclustering_rate"]
 
 register_protocol(RobustRegressionProtocol, RobustRegressionResult)
 register_algorithm(Algorithm(
@@ -35,6 +40,13 @@ register_algorithm(Algorithm(
     columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
              ("test_mse", "test MSE")), baselines=()))
 register_data_source(DataSource("mixture-regression", mixture_regression_source, federated=True))
+register_algorithm(Algorithm(
+    "robust-classification", RobustClusteredClassification, required=("n_clusters",),
+    fit=fit_robust, report=robust_report, result_fields=robust_result_fields,
+    plot=plot_round_loss,
+    columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
+             ("test_accuracy", "test acc.")), baselines=()))
+register_data_source(DataSource("mixture-logistic", mixture_logistic_source, federated=True))
 
 #: ``fedclust demo robust``: the three-stage pipeline on 100 machines, 20% Byzantine.
 register_demo("robust", {

@@ -23,7 +23,8 @@ from ..core.random import RandomState, device_rng, root_seed, server_rng
 from ..core.validation import check_float, check_int
 from ..sim.byzantine import choose_byzantine
 
-__all__ = ["MixtureRegression", "make_mixture_regression", "mixture_regression_source"]
+__all__ = ["MixtureRegression", "make_mixture_regression", "mixture_regression_source",
+           "make_mixture_logistic", "mixture_logistic_source"]
 
 
 @dataclass
@@ -99,6 +100,73 @@ def mixture_regression_source(seed: int, *, n_machines: int = 100, n_samples: in
     return Federation(
         mr.Xs, mr.ys,
         f"mixture of {n_clusters} linear regressions ({n_machines} machines, d={n_features}, "
+        f"alpha={alpha})",
+        test_devices=mr.X_test or None, test_labels=mr.y_test or None,
+        extra={"coef": mr.coef, "intercept": mr.intercept, "clusters": mr.clusters.tolist(),
+               "byzantine": mr.byzantine})
+
+
+def make_mixture_logistic(n_machines: int = 100, n_samples: int = 100, n_features: int = 5,
+                          n_clusters: int = 2, *, alpha: float = 0.1, coef_scale: float = 2.0,
+                          byzantine_scale: float = 10.0, n_test: int = 0,
+                          random_state: RandomState = None) -> MixtureRegression:
+    """Mixture of logistic regressions over machines (the classification counterpart).
+
+    Honest machine i of cluster j: ``x ~ N(0, I_d)``, ``y ~ Bernoulli(σ(x·w*_j
+    + b*_j))`` with ``w*_j`` i.i.d. ``N(0, coef_scale²)`` and ``b*_j ~ N(0,
+    1)``; Byzantine machines (a fraction ``alpha``, drawn as for the
+    regressions) label their points with a model of their own, ``w ~ N(0,
+    byzantine_scale²)`` (data poisoning). Same fields as
+    :func:`make_mixture_regression` (``ys`` integer labels in {0, 1}). O(m n d).
+    """
+    m = check_int(n_machines, "n_machines", min_value=1)
+    n = check_int(n_samples, "n_samples", min_value=1)
+    d = check_int(n_features, "n_features", min_value=1)
+    k = check_int(n_clusters, "n_clusters", min_value=1)
+    coef_scale = check_float(coef_scale, "coef_scale", min_value=0.0)
+    byzantine_scale = check_float(byzantine_scale, "byzantine_scale", min_value=0.0)
+    n_test = check_int(n_test, "n_test", min_value=0)
+    seed = root_seed(random_state)
+    bad = set(choose_byzantine(range(m), alpha, seed))
+    honest = [i for i in range(m) if i not in bad]
+    if len(honest) < k:
+        raise ValidationError(
+            f"n_clusters={k} but only {len(honest)} honest machines (n_machines={m}, alpha={alpha})")
+    rng = server_rng(seed, 0)
+    W = coef_scale * rng.normal(size=(k, d))
+    b = rng.normal(size=k)
+    clusters = np.full(m, -1, dtype=np.int64)
+    lab = np.concatenate([np.arange(k), rng.integers(0, k, len(honest) - k)])
+    clusters[honest] = rng.permutation(lab)
+    Xs, ys, Xt, yt = [], [], [], []
+    for i in range(m):
+        r = device_rng(seed, i, 0)
+        if clusters[i] >= 0:
+            w, b0 = W[clusters[i]], b[clusters[i]]
+        else:
+            w, b0 = byzantine_scale * r.normal(size=d), byzantine_scale * r.normal()
+        for count, xs, ys_ in ((n, Xs, ys), (n_test, Xt, yt)):
+            if count:
+                X = r.normal(size=(count, d))
+                p = 0.5 * (1.0 + np.tanh(0.5 * (X @ w + b0)))
+                xs.append(X)
+                ys_.append((r.uniform(size=count) < p).astype(np.int64))
+    return MixtureRegression(Xs, ys, W, b, clusters, sorted(bad), Xt, yt)
+
+
+def mixture_logistic_source(seed: int, *, n_machines: int = 100, n_samples: int = 100,
+                            n_features: int = 5, n_clusters: int = 2, alpha: float = 0.1,
+                            coef_scale: float = 2.0, byzantine_scale: float = 10.0,
+                            n_test: int = 100):
+    """``[data] source = "mixture-logistic"``: a Federation of (X, y in {0, 1}) machines."""
+    from ..core.registry import Federation
+
+    mr = make_mixture_logistic(n_machines, n_samples, n_features, n_clusters, alpha=alpha,
+                               coef_scale=coef_scale, byzantine_scale=byzantine_scale,
+                               n_test=n_test, random_state=seed)
+    return Federation(
+        mr.Xs, mr.ys,
+        f"mixture of {n_clusters} logistic regressions ({n_machines} machines, d={n_features}, "
         f"alpha={alpha})",
         test_devices=mr.X_test or None, test_labels=mr.y_test or None,
         extra={"coef": mr.coef, "intercept": mr.intercept, "clusters": mr.clusters.tolist(),

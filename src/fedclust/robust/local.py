@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
+from scipy.optimize import minimize
 
 from ..core.exceptions import ValidationError
+from ..fl.models import LogisticRegression
 
-__all__ = ["local_erm"]
+__all__ = ["local_erm", "local_logistic_erm"]
 
 
 def local_erm(X: np.ndarray, y: np.ndarray, *, l2: float = 0.0, fit_intercept: bool = True,
@@ -50,3 +52,44 @@ def local_erm(X: np.ndarray, y: np.ndarray, *, l2: float = 0.0, fit_intercept: b
                 "so the least-squares ERM is not unique; pass l2 > 0 to regularise")
     b = ym - float(xm @ w)
     return np.concatenate([w, [b]]) if fit_intercept else np.concatenate([w, [0.0]])
+
+
+def local_logistic_erm(X: np.ndarray, y: np.ndarray, *, l2: float = 0.0,
+                       fit_intercept: bool = True, owner: str = "machine",
+                       tol: float = 1e-10, max_iter: int = 500) -> np.ndarray:
+    """Logistic ERM ``[w (d), b]`` (d + 1,) of one machine's (X, y in {0, 1}).
+
+    Minimises :class:`fedclust.fl.models.LogisticRegression`'s loss (mean
+    log-loss + ``l2/2 ||w||²``) with its own loss and gradient, by scipy's
+    L-BFGS (no second training loop: the objective is the FL model's, the
+    optimiser scipy's). Without ``l2`` the minimiser does not exist when the
+    machine's data are linearly separable (or hold one class only): that is
+    refused with a :class:`ValidationError` naming ``owner``. O(n p) per
+    L-BFGS iteration.
+    """
+    n, d = X.shape
+    model = LogisticRegression(d, l2=l2)
+
+    def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        if not fit_intercept:
+            theta = np.r_[theta, 0.0]
+        model.set_params(theta)
+        g = model.gradient(X, y)
+        return model.loss(X, y), (g if fit_intercept else g[:-1])
+
+    p = d + int(fit_intercept)
+    res = minimize(fun, np.zeros(p), jac=True, method="L-BFGS-B",
+                   options={"maxiter": max_iter, "gtol": tol, "ftol": 0.0})
+    theta = res.x if fit_intercept else np.r_[res.x, 0.0]
+    if l2 == 0.0:
+        one_class = np.unique(y).size < 2
+        pred = X @ theta[:-1] + theta[-1]
+        separable = bool(np.all((pred > 0) == (y > 0.5)))
+        if one_class or separable:
+            raise ValidationError(
+                f"{owner}: its labels are {'all one class' if one_class else 'linearly separable'},"
+                " so the logistic ERM does not exist (the weights grow without bound); pass "
+                "l2 > 0 to regularise")
+    if not np.isfinite(theta).all():
+        raise ValidationError(f"{owner}: the logistic ERM diverged; pass l2 > 0")
+    return theta

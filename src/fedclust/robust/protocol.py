@@ -1,17 +1,23 @@
-"""The three-stage robust clustered regression as one supervised protocol.
+"""The three-stage robust clustered regression (or classification) as one supervised protocol.
 
-Round 0 (``action="robust_erm"``): every machine fits its least-squares ERM
-and sends it once (:class:`~.messages.LocalERM`, ``8 (d + 1) + 8`` bytes). The
-server clusters the ERMs robustly (stage 2, :func:`.server.cluster_erms`).
-Then, for ``rounds`` rounds and for every cluster, the server sends the
-cluster's model to its members (:class:`~.messages.ClusterParams`) and each
-member answers with :func:`fedclust.fl.client.local_update` — one gradient
-step (``optimizer="gd"``) or ``local_steps`` full-batch steps (``"fedavg"``) —
-as FL's :class:`~fedclust.fl.messages.ModelUpdate`; the server combines them
-with the robust rule (stage 3, :func:`.server.robust_step`). One transport
-round per (stage-3 round, cluster). Machines judged Byzantine in stage 2
-(label -1) are not asked again. Finally every machine is told its cluster's
-model (:class:`~.messages.ClusterParams`).
+Round 0 (``action="robust_erm"``): every machine fits its ERM — least squares
+(``loss="squared"``) or logistic (``loss="logistic"``) — and sends it once
+(:class:`~.messages.LocalERM`, ``8 (d + 1) + 8`` bytes). The server clusters
+the ERMs robustly (stage 2, :func:`.server.cluster_erms`). Then, for
+``rounds`` iterations, the server sends all clusters' models at once
+(:class:`~.messages.ClusterModels`) and each member answers for its own
+cluster with :func:`fedclust.fl.client.local_update` — one
+gradient step (``optimizer="gd"``) or ``local_steps`` full-batch steps
+(``"fedavg"``) — as FL's :class:`~fedclust.fl.messages.ModelUpdate`; the
+server combines each cluster's replies with the robust rule (stage 3,
+:func:`.server.robust_step`). A machine learns its cluster in the first
+iteration, which goes cluster by cluster (:class:`~.messages.ClusterParams` to
+that cluster's members, kept in the machine's private state); machines that
+missed it are told in the next broadcast (its ``ids``/``clusters``). So
+``c - 1 + rounds`` transport rounds instead of ``c x rounds``, and no O(m)
+assignment list in every machine's download. Machines judged Byzantine in stage 2 (label -1) are not
+asked again. Finally every machine is told its cluster's model
+(:class:`~.messages.ClusterParams`).
 
 Ghosh, Hong, Yin & Ramchandran, "Robust federated learning in a heterogeneous
 environment", 2019 (Algorithm 1).
@@ -28,19 +34,19 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.random import device_rng
-from ..core.robust import AGGREGATORS
 from ..core.validation import check_choice, check_float, check_int
 from ..fl.client import local_update
 from ..fl.messages import ModelUpdate
-from ..fl.models import LinearRegression
-from .local import local_erm
-from .messages import ClusterParams, LocalERM
-from .server import CLUSTERINGS, OPTIMIZERS, cluster_erms, robust_step
+from ..fl.models import LinearRegression, LogisticRegression
+from .local import local_erm, local_logistic_erm
+from .messages import ClusterModels, ClusterParams, LocalERM
+from .server import CLUSTERINGS, OPTIMIZERS, STAGE3_AGGREGATORS, cluster_erms, robust_step
 
 __all__ = ["RobustRegressionProtocol", "RobustRegressionResult"]
 
 ERM = "robust_erm"
 STEP = "robust_step"
+LOSSES = ("squared", "logistic")
 
 
 @dataclass
@@ -50,7 +56,8 @@ class RobustRegressionResult:
     ``erms`` (m, p) the stage-1 ERMs (zeros where none); ``cluster_history`` (T + 1, m'):
     stage-2 labels per iteration over the machines that sent an ERM (``erm_ids``);
     ``initial_coef`` (c, p) stage-2 centres; ``round_loss`` (rounds, c): per stage-3 round
-    and cluster, the median over members of the local loss before the step."""
+    and cluster, the median over members of the local loss before the step; ``round_beta``
+    (rounds, c): the trim fraction the trimmed mean used (``adaptive_beta``; NaN: no step)."""
 
     coef: np.ndarray
     device_ids: np.ndarray
@@ -61,6 +68,7 @@ class RobustRegressionResult:
     clustering_iterations: int
     initial_coef: np.ndarray
     round_loss: np.ndarray
+    round_beta: np.ndarray
     log: RunLog = field(default_factory=RunLog)
 
 
@@ -76,13 +84,18 @@ class _State:
     initial: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     history: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     n_iter: int = 0
-    queue: list = field(default_factory=list)
+    step: int = 0
+    confirmed: set = field(default_factory=set)
+    first: list = field(default_factory=list)
+    asked: dict = field(default_factory=dict)
+    flags: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)
+    betas: list = field(default_factory=list)
 
 
 class RobustRegressionProtocol(Protocol):
-    """Robust clustered linear regression. Parameters as in
-    :class:`fedclust.robust.RobustClusteredRegression`."""
+    """Robust clustered linear (``loss="squared"``) or logistic (``loss="logistic"``)
+    regression. Parameters as in :class:`fedclust.robust.RobustClusteredRegression`."""
 
     name = "robust-regression"
     reply_types = {ERM: LocalERM, STEP: ModelUpdate}
@@ -92,12 +105,13 @@ class RobustRegressionProtocol(Protocol):
                  optimizer: str = "gd", aggregator: str = "trimmed-mean", beta: float = 0.1,
                  rounds: int = 20, lr: float = 0.1, local_steps: int = 5, l2: float = 0.0,
                  fit_intercept: bool = True, radius: float = 3.0, init: str = "k-means++",
-                 max_iter: int = 100, drop_outliers: bool = True):
+                 max_iter: int = 100, drop_outliers: bool = True, adaptive_beta: bool = True,
+                 loss: str = "squared"):
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.n_features = check_int(n_features, "n_features", min_value=1)
         self.clustering = check_choice(clustering, "clustering", CLUSTERINGS)
         self.optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
-        self.aggregator = check_choice(aggregator, "aggregator", AGGREGATORS)
+        self.aggregator = check_choice(aggregator, "aggregator", STAGE3_AGGREGATORS)
         self.beta = check_float(beta, "beta", min_value=0.0)
         if self.beta >= 0.5:
             raise ValidationError(f"beta={self.beta} must be < 0.5")
@@ -110,12 +124,14 @@ class RobustRegressionProtocol(Protocol):
         self.init = check_choice(init, "init", ("pairwise", "k-means++"))
         self.max_iter = check_int(max_iter, "max_iter", min_value=1)
         self.drop_outliers = bool(drop_outliers)
+        self.adaptive_beta = bool(adaptive_beta)
+        self.loss = check_choice(loss, "loss", LOSSES)
 
     def config(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "n_clusters", "n_features", "clustering", "optimizer", "aggregator", "beta", "rounds",
             "lr", "local_steps", "l2", "fit_intercept", "radius", "init", "max_iter",
-            "drop_outliers")}
+            "drop_outliers", "adaptive_beta", "loss")}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "RobustRegressionProtocol":
@@ -133,16 +149,27 @@ class RobustRegressionProtocol(Protocol):
         if state.phase == "erm":
             state.phase = "erm-sent"
             return self._req(state, ERM, None, None)
-        if not state.queue:
+        if state.phase != "steps" or state.step >= self.rounds:
             return None
-        j, r = state.queue[0]
-        members = tuple(z for z, c in sorted(state.clusters.items()) if c == j)
-        payload = ClusterParams(params=state.models[j].copy(), cluster=np.int64(j))
-        return self._req(state, STEP, payload, members)
+        if state.first:
+            # first iteration, cluster by cluster: each machine learns its cluster with its model
+            j = state.first[0]
+            members = tuple(z for z, c in sorted(state.clusters.items()) if c == j)
+            payload = ClusterParams(params=state.models[j].copy(), cluster=np.int64(j))
+            return self._req(state, STEP, payload, members, allow_empty=True)
+        members = tuple(z for z, c in sorted(state.clusters.items()) if c >= 0)
+        todo = [z for z in members if z not in state.confirmed]
+        payload = ClusterModels(params=state.models.copy(),
+                                ids=np.array(todo, dtype=np.int64),
+                                clusters=np.array([state.clusters[z] for z in todo],
+                                                  dtype=np.int64))
+        # a round nobody answered keeps the models
+        return self._req(state, STEP, payload, members, allow_empty=True)
 
-    def _req(self, state, action, payload, devices) -> Request:
+    def _req(self, state, action, payload, devices, allow_empty: bool = False) -> Request:
         state.req += 1
-        return Request(round=state.req - 1, action=action, payload=payload, devices=devices)
+        return Request(round=state.req - 1, action=action, payload=payload, devices=devices,
+                       allow_empty=allow_empty)
 
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
         want = self.reply_types[request.action]
@@ -154,18 +181,37 @@ class RobustRegressionProtocol(Protocol):
             raise IncompatibleMessageError(
                 f"device {device_id}: sent {vec.shape[0]} parameters but the model has "
                 f"d + 1 = {self.n_params}")
+        if isinstance(reply, ModelUpdate) and int(reply.cluster) != state.clusters.get(device_id):
+            raise IncompatibleMessageError(
+                f"device {device_id}: answered for cluster {int(reply.cluster)} but is in "
+                f"cluster {state.clusters.get(device_id)}")
 
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if request.action == ERM:
             self._cluster(state, replies)
             return
-        j, r = state.queue.pop(0)
-        ids = sorted(replies)
-        if ids:
+        r = state.step
+        if isinstance(request.payload, ClusterParams):
+            todo = [state.first.pop(0)]
+            if not state.first:
+                state.step += 1
+        else:
+            todo = list(range(state.models.shape[0]))
+            state.step += 1
+        for j in todo:
+            ids = sorted(z for z in replies if state.clusters[z] == j)
+            if not ids:
+                continue
             U = np.array([replies[z].params for z in ids], dtype=np.float64)
-            state.models[j] = robust_step(state.models[j], U, optimizer=self.optimizer,
-                                          lr=self.lr, aggregator=self.aggregator, beta=self.beta)
+            state.models[j], state.betas[r][j], flagged = robust_step(
+                state.models[j], U, optimizer=self.optimizer, lr=self.lr,
+                aggregator=self.aggregator, beta=self.beta, adaptive=self.adaptive_beta,
+                radius=self.radius)
+            for z, f in zip(ids, flagged):
+                state.asked[z] = state.asked.get(z, 0) + 1
+                state.flags[z] = state.flags.get(z, 0) + int(f)
             state.losses[r][j] = float(np.median([float(replies[z].loss) for z in ids]))
+        state.confirmed.update(replies)
 
     def _cluster(self, state: _State, replies: Mapping[int, Message]) -> None:
         ids = sorted(replies)
@@ -183,12 +229,20 @@ class RobustRegressionProtocol(Protocol):
         state.history = out.history.astype(np.int64)
         state.n_iter = out.n_iter
         c = state.models.shape[0]
-        present = sorted({lab for lab in out.labels.tolist() if lab >= 0})
-        state.queue = [(j, r) for r in range(self.rounds) for j in present]
         state.losses = [[float("nan")] * c for _ in range(self.rounds)]
+        state.betas = [[float("nan")] * c for _ in range(self.rounds)]
+        state.first = sorted({lab for lab in out.labels.tolist() if lab >= 0})
         state.phase = "steps"
 
     def finish(self, state: _State, log: RunLog) -> RobustRegressionResult:
+        for z in sorted(state.clusters):
+            if state.clusters[z] < 0:
+                log.distrusted[z] = (f"machine {z}: its ERM lies outside every cluster's "
+                                     "trimming radius (stage 2); left out of stage 3")
+            elif 2 * state.flags.get(z, 0) > state.asked.get(z, 0) > 0:
+                log.distrusted[z] = (
+                    f"machine {z}: its update was an outlier of its cluster in "
+                    f"{state.flags[z]} of {state.asked[z]} stage-3 rounds (trimmed)")
         ids = np.array(state.ids, dtype=np.int64)
         erms = np.zeros((len(ids), self.n_params))
         clusters = np.full(len(ids), -2, dtype=np.int64)
@@ -203,6 +257,8 @@ class RobustRegressionProtocol(Protocol):
             initial_coef=state.initial,
             round_loss=np.array(state.losses, dtype=np.float64).reshape(
                 len(state.losses), state.models.shape[0]),
+            round_beta=np.array(state.betas, dtype=np.float64).reshape(
+                len(state.betas), state.models.shape[0]),
             log=log)
 
     def final_message(self, result: RobustRegressionResult, device_id: int) -> Message | None:
@@ -213,10 +269,12 @@ class RobustRegressionProtocol(Protocol):
         return ClusterParams(params=result.coef[j].copy(), cluster=np.int64(j))
 
     # -- client ------------------------------------------------------------
-    def _model(self) -> LinearRegression:
+    def _model(self) -> LinearRegression | LogisticRegression:
+        if self.loss == "logistic":
+            return LogisticRegression(self.n_features, l2=self.l2)
         return LinearRegression(self.n_features, l2=self.l2)
 
-    def _data(self, model: LinearRegression, data: Any,
+    def _data(self, model: LinearRegression | LogisticRegression, data: Any,
               device_id: int) -> tuple[np.ndarray, np.ndarray]:
         if not (isinstance(data, (tuple, list)) and len(data) == 2):
             raise ValidationError(f"machine {device_id}: expected (X, y), got {type(data).__name__}")
@@ -229,20 +287,36 @@ class RobustRegressionProtocol(Protocol):
         model = self._model()
         Xd, y = self._data(model, X, device_id)
         if request.action == ERM:
-            coef = local_erm(Xd, y, l2=self.l2, fit_intercept=self.fit_intercept,
-                             owner=f"machine {device_id}")
+            erm = local_logistic_erm if self.loss == "logistic" else local_erm
+            coef = erm(Xd, y, l2=self.l2, fit_intercept=self.fit_intercept,
+                       owner=f"machine {device_id}")
             return LocalERM(coef=coef, n_samples=np.int64(Xd.shape[0]))
         if request.action != STEP:
             raise ValidationError(f"robust-regression has no client action {request.action!r}")
         msg = request.payload
+        if isinstance(msg, ClusterParams):           # first iteration: one cluster's round
+            j = int(msg.cluster)
+            state["cluster"] = np.array([j], dtype=np.int64)
+            params = msg.params
+        else:                                        # later: all models, pick our own
+            mine = np.flatnonzero(msg.ids == device_id)
+            if len(mine):
+                state["cluster"] = np.array([msg.clusters[mine[0]]], dtype=np.int64)
+            if "cluster" not in state:
+                raise ValidationError(f"machine {device_id}: asked for a stage-3 step but was "
+                                      "never told its cluster")
+            j = int(state["cluster"][0])
+            if j >= msg.params.shape[0]:
+                raise ValidationError(f"machine {device_id}: its cluster {j} has no model")
+            params = msg.params[j]
         gd = self.optimizer == "gd"
         new, n, loss = local_update(
-            model, msg.params, Xd, y, mode="gd" if gd else "sgd",
+            model, params, Xd, y, mode="gd" if gd else "sgd",
             epochs=1 if gd else self.local_steps, batch_size=Xd.shape[0], lr=self.lr,
             rng=None if gd else device_rng(seed, device_id, request.round))
         if not self.fit_intercept:
-            new[-1] = msg.params[-1]
-        return ModelUpdate(params=new, cluster=np.asarray(msg.cluster, dtype=np.int64),
+            new[-1] = params[-1]
+        return ModelUpdate(params=new, cluster=np.asarray(j, dtype=np.int64),
                            n_samples=np.int64(n), loss=np.float64(loss))
 
     def client_finish(self, message: Message | None, X: Any,

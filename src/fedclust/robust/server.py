@@ -13,13 +13,18 @@ import numpy as np
 from sklearn.cluster import KMeans
 
 from ..core.random import server_rng, sklearn_seed
+from ..core.robust import AGGREGATORS, geometric_median
 from ..fl.server import aggregate_updates
 from .clustering import KGeomedians, TrimmedKMeans
 from .edge_cutting import EdgeCutting
+from .filtering import iterative_filtering
 
-__all__ = ["ErmClustering", "cluster_erms", "robust_step", "CLUSTERINGS", "OPTIMIZERS"]
+__all__ = ["ErmClustering", "cluster_erms", "robust_step", "adaptive_beta", "outlier_share",
+           "STAGE3_AGGREGATORS", "CLUSTERINGS", "OPTIMIZERS"]
 
 CLUSTERINGS = ("trimmed-kmeans", "kgeomedians", "edge-cutting", "kmeans")
+#: stage-3 rules: FL's coordinate-wise ones plus iterative filtering
+STAGE3_AGGREGATORS = AGGREGATORS + ("filter",)
 OPTIMIZERS = ("gd", "fedavg")
 
 
@@ -65,16 +70,66 @@ def cluster_erms(W: np.ndarray, n_clusters: int, method: str, *, seed: int,
     return ErmClustering(lab, est.cluster_centers_, np.array(est.labels_history_), est.n_iter_)
 
 
+def outlier_share(V: np.ndarray, radius: float = 3.0) -> tuple[float, np.ndarray]:
+    """``(share, flagged)``: the rows of V (m, p) farther than ``radius`` x the median distance
+    from their geometric median — the trimmed k-means radius rule applied to one round's
+    updates. Breakdown 1/2: with fewer than half the rows lying, the geometric median and the
+    median distance are set by honest rows, so far lies are flagged however far they go.
+    O(m p · T_W)."""
+    m = V.shape[0]
+    if m < 3:
+        return 0.0, np.zeros(m, dtype=bool)
+    g = geometric_median(V)
+    dist = np.sqrt(((V - g) ** 2).sum(axis=1))
+    scale = float(np.median(dist))
+    flagged = dist > radius * scale
+    return float(flagged.mean()), flagged
+
+
+def _beta_for(n_flagged: int, m: int, beta: float) -> float:
+    """``max(beta, s / m)`` as a fraction with ``floor(fraction m) >= s``, capped below 1/2."""
+    s = min(n_flagged, (m - 1) // 2)
+    if s == 0 or s <= int(np.floor(beta * m)):
+        return beta
+    return min((s + 0.5) / m, 0.499999)
+
+
+def adaptive_beta(V: np.ndarray, beta: float, radius: float = 3.0) -> float:
+    """Trim fraction for one coordinate-wise trimmed mean of the rows of V (m, p).
+
+    ``max(beta, s / m)`` where s rows are flagged by :func:`outlier_share`, so
+    that ``floor(beta m) >= s`` rows are dropped at each end of every
+    coordinate and all flagged rows can be trimmed even when they sit on one
+    side; capped below 1/2. The trimmed mean is exact at breakdown β, so β
+    must exceed the liars' share *of this cluster*; a fixed β = α + 0.1 is too
+    small where the liars gather next to one cluster (measured: up to 43% of a
+    cluster under the ``between`` attack at α = 0.2).
+    """
+    _, flagged = outlier_share(V, radius)
+    return _beta_for(int(flagged.sum()), V.shape[0], beta)
+
+
 def robust_step(params: np.ndarray, updates: np.ndarray, *, optimizer: str, lr: float,
-                aggregator: str, beta: float) -> np.ndarray:
-    """One stage-3 round of one cluster: new parameters (p,) from the members' updates (m, p).
+                aggregator: str, beta: float, adaptive: bool = False,
+                radius: float = 3.0) -> tuple[np.ndarray, float, np.ndarray]:
+    """One stage-3 round of one cluster: ``(new parameters (p,), trim fraction used,
+    flagged (m,))``.
 
     ``"gd"``: the members' gradients ``(params - update_i) / lr`` are combined
     by ``aggregator`` and one step is taken (Yin et al. 2018);
     ``"fedavg"``: the locally trained models are combined by ``aggregator``.
     Unweighted: a Byzantine machine could lie about its sample count.
+    ``adaptive`` (trimmed mean only): the trim fraction follows the measured
+    share of outlying updates, never below ``beta`` (:func:`adaptive_beta`);
+    ``flagged`` marks those updates (all False otherwise).
+    ``"filter"``: :func:`fedclust.robust.filtering.iterative_filtering`.
     """
-    if optimizer == "gd":
-        grads = (params[None, :] - updates) / lr
-        return params - lr * aggregate_updates(grads, None, aggregator, beta)
-    return aggregate_updates(updates, None, aggregator, beta)
+    V = (params[None, :] - updates) / lr if optimizer == "gd" else updates
+    b = beta
+    flagged = np.zeros(V.shape[0], dtype=bool)
+    if adaptive and aggregator == "trimmed-mean":
+        _, flagged = outlier_share(V, radius)
+        b = _beta_for(int(flagged.sum()), V.shape[0], beta)
+    agg = (iterative_filtering(V) if aggregator == "filter"
+           else aggregate_updates(V, None, aggregator, b))
+    return (params - lr * agg if optimizer == "gd" else agg), b, flagged
