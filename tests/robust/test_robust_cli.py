@@ -42,3 +42,11 @@ def test_classification_example_runs_from_the_cli(tmp_path):
     proto, _, _ = build_protocol(cfg, build_federation(cfg))
     assert proto.name == "robust-regression" and proto.config()["loss"] == "logistic"
     assert type(proto).from_config(proto.config()).config() == proto.config()
+
+
+def test_classification_demo_is_the_example(tmp_path):
+    example = EXAMPLE.parent / "robust_classification.toml"
+    assert main(["demo", "robust-classification", "--out", str(tmp_path / "d"), "--no-plot"]) == 0
+    assert main(["run", str(example), "--out", str(tmp_path / "e"), "--no-plot"]) == 0
+    d, e = (json.loads((tmp_path / x / "result.json").read_text()) for x in "de")
+    assert d["metrics"] == e["metrics"] and d["device_clusters"] == e["device_clusters"]

@@ -58,3 +58,14 @@ register_demo("robust", {
                   "aggregator": "trimmed-mean", "beta": 0.2, "rounds": 20, "lr": 0.1},
     "simulation": {"dropout": 0.0, "late": 0.0},
 })
+register_demo("robust-classification", {
+    "title": "Robust clustered logistic regression: 3 models, 120 machines, 15% Byzantine",
+    "seed": 0,
+    "data": {"source": "mixture-logistic", "n_machines": 120, "n_samples": 200,
+             "n_features": 5, "n_clusters": 3, "alpha": 0.15, "coef_scale": 2.0,
+             "byzantine_scale": 10.0, "n_test": 100},
+    "algorithm": {"name": "robust-classification", "n_clusters": 3,
+                  "clustering": "trimmed-kmeans", "aggregator": "trimmed-mean", "beta": 0.25,
+                  "l2": 0.001, "rounds": 40, "lr": 1.0},
+    "simulation": {"dropout": 0.0, "late": 0.0},
+})
