@@ -91,3 +91,61 @@ def test_allowed_empty_round_goes_on_without_replies(transport):
     assert out.result.replies == [0, 2]
     assert sorted(out.log.rejected) == [0, 1]
     assert out.result.total == pytest.approx(6 * (3 + 4))  # devices 2 and 3 only
+
+
+@dataclass(frozen=True)
+class _Factor(Message):
+    factor: np.ndarray
+    schema: ClassVar = {"factor": (FLOAT, 1)}
+    kind: ClassVar[str] = "test_round_factor"
+
+
+class _PerDeviceFactors(Protocol):
+    """One round: device z gets its own factor vector (length z + 1) unless it is device 3,
+    which gets the shared payload; each replies sum(X) * sum(factor)."""
+
+    name = "test-per-device-factors"
+    reply_types = {"total": _Total}
+
+    def config(self):
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls()
+
+    def start(self, device_ids, seed):
+        return {"done": False, "result": _Sums()}
+
+    def next_request(self, state):
+        if state["done"]:
+            return None
+        own = {z: _Factor(np.full(z + 1, 2.0)) for z in range(3)}
+        return Request(0, "total", payload=_Factor(np.array([10.0])), payloads=own)
+
+    def server_step(self, state, request, replies):
+        state["result"].replies = [float(replies[z].total) for z in sorted(replies)]
+        state["done"] = True
+
+    def finish(self, state, log):
+        return state["result"]
+
+    def client_step(self, request, X, *, device_id, seed, state):
+        assert request.payloads is None  # a device sees only its own message
+        return _Total(np.asarray(X.sum() * request.payload.factor.sum(), dtype=np.float64))
+
+
+@pytest.mark.parametrize("transport", [InProcessTransport, FlowerInMemoryTransport])
+def test_per_device_payloads_reach_their_device_and_are_counted(transport):
+    saved = dict(registry.PROTOCOLS), dict(registry.RESULT_TYPES)
+    registry.register_protocol(_PerDeviceFactors, _Sums)
+    try:
+        out = transport().run(_PerDeviceFactors(), DEVICES, 0)
+    finally:
+        for table, old in zip((registry.PROTOCOLS, registry.RESULT_TYPES), saved):
+            table.clear()
+            table.update(old)
+    sums = [6.0 * (z + 1) for z in range(4)]
+    factors = [2.0 * (z + 1) for z in range(3)] + [10.0]
+    assert out.result.replies == pytest.approx([s * f for s, f in zip(sums, factors)])
+    assert [out.meter.down[z] for z in range(4)] == [8 * (z + 1) for z in range(3)] + [8]

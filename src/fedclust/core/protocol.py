@@ -22,7 +22,7 @@ by name and the round goes on without it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Protocol as TypingProtocol, Sequence, Union
 
 import numpy as np
@@ -44,7 +44,10 @@ DeviceData = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]
 class Request:
     """One round: ``action`` names the client step, ``payload`` is broadcast to ``devices``.
 
-    ``devices=None`` means every device still in the run. ``allow_empty=True``
+    ``devices=None`` means every device still in the run. ``payloads`` gives some
+    devices a message of their own instead of ``payload`` (e.g. each device its
+    cluster's model: one round for all clusters, each device downloading one
+    model); bytes are counted per device. ``allow_empty=True``
     lets the run go on when no device of the round gives a valid reply
     (``server_step`` then gets no replies), e.g. one cluster's round in clustered
     training whose members all dropped out; by default such a round stops the run.
@@ -56,6 +59,19 @@ class Request:
     payload: Message | None = None
     devices: tuple[int, ...] | None = None
     allow_empty: bool = False
+    payloads: Mapping[int, Message] | None = None
+
+    def payload_for(self, device_id: int) -> Message | None:
+        """What ``device_id`` receives in this round."""
+        if self.payloads is not None and device_id in self.payloads:
+            return self.payloads[device_id]
+        return self.payload
+
+    def for_device(self, device_id: int) -> "Request":
+        """The round as ``device_id`` sees it (its own payload, no per-device table)."""
+        if self.payloads is None:
+            return self
+        return replace(self, payload=self.payload_for(device_id), payloads=None)
 
 
 @dataclass

@@ -257,11 +257,10 @@ class _Server:
         return node_failed
 
     def round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
-        down = message_nbytes(request.payload)
         reply_type = self.protocol.reply_types[request.action]
         for z in targets:
-            self.meter.record_down(z, down)
-        got = self.send(request, targets)
+            self.meter.record_down(z, message_nbytes(request.payload_for(z)))
+        got = self.send(request, targets, payloads=request.payloads)
         replies = {}
         for z in targets:
             decoded = self._decode(z, got[z], reply_type)

@@ -124,7 +124,7 @@ class InProcessTransport:
 
     def _round(self, protocol, state, request: Request, targets, devices, states, seed, log,
                meter):
-        down = message_nbytes(request.payload)
+        down = None if request.payloads is not None else message_nbytes(request.payload)
         reply_type = protocol.reply_types[request.action]
         replies: dict[int, Message] = {}
         # Simulated devices are many small BLAS calls in a row: threading them
@@ -135,8 +135,18 @@ class InProcessTransport:
             self.n_jobs if self.n_jobs is not None else (os.cpu_count() or 1))
 
         def compute(chunk):
-            return protocol.client_steps(request, {z: devices[z] for z in chunk}, seed=seed,
-                                         states={z: states[z] for z in chunk})
+            if request.payloads is None:
+                return protocol.client_steps(request, {z: devices[z] for z in chunk}, seed=seed,
+                                             states={z: states[z] for z in chunk})
+            groups: dict[int, list[int]] = {}  # devices that receive the same message object
+            for z in chunk:
+                groups.setdefault(id(request.payload_for(z)), []).append(z)
+            out = {}
+            for zs in groups.values():
+                out.update(protocol.client_steps(request.for_device(zs[0]),
+                                                 {z: devices[z] for z in zs}, seed=seed,
+                                                 states={z: states[z] for z in zs}))
+            return out
 
         with one_blas_thread(), \
                 ThreadPoolExecutor(max(1, min(jobs, len(chunks)))) as pool:
@@ -147,7 +157,8 @@ class InProcessTransport:
                                                  len(targets)), results):
                 sent, wires = [], []
                 for z in chunk:
-                    meter.record_down(z, down)
+                    meter.record_down(z, message_nbytes(request.payload_for(z))
+                                      if down is None else down)
                     reply = computed[z]
                     if isinstance(reply, FedClustError):
                         if self.on_client_error == "raise":
