@@ -3,12 +3,8 @@
 Bytes (float64, p = d + 1 with the intercept):
 
 * :class:`LocalERM` (device -> server, stage 1, once): ``8 p + 8``;
-* :class:`ClusterParams` (server -> the machines of one cluster, in the first
-  stage-3 iteration, and to each machine at the end): its cluster's model and
-  index, ``8 p + 8``;
-* :class:`ClusterModels` (server -> every machine in stage 3, each later
-  iteration): all c models, ``8 c p``, plus ``16 a`` for the a machines that
-  missed the first iteration and have not been told their cluster;
+* :class:`ClusterParams` (server -> each machine, its own message in every
+  stage-3 round, and once at the end): its cluster's model and index, ``8 p + 8``;
 * :class:`fedclust.fl.messages.ModelUpdate` (device -> server, each stage-3
   round): ``8 p + 24``.
 """
@@ -22,7 +18,7 @@ import numpy as np
 
 from ..core.messages import FLOAT, INT, Message, reject
 
-__all__ = ["LocalERM", "ClusterParams", "ClusterModels"]
+__all__ = ["LocalERM", "ClusterParams"]
 
 
 @dataclass(frozen=True)
@@ -58,27 +54,3 @@ class ClusterParams(Message):
     def validate(self, sender: str) -> None:
         if self.params.size == 0 or int(self.cluster) < 0:
             reject(sender, f"robust_cluster_params: empty params or cluster={int(self.cluster)}")
-
-
-@dataclass(frozen=True)
-class ClusterModels(Message):
-    """Server -> every machine still in stage 3, once per round: all clusters' models
-    ``params`` (c, p), and the cluster of the machines that have not yet confirmed theirs
-    (``ids`` (a,), ``clusters`` (a,); empty unless some missed the first iteration). Each
-    machine keeps its cluster in its private state and trains that cluster's model."""
-
-    params: np.ndarray    # (c, p) float
-    ids: np.ndarray       # (a,) int64 machine ids
-    clusters: np.ndarray  # (a,) int64 in 0..c-1
-    schema: ClassVar = {"params": (FLOAT, 2), "ids": (INT, 1), "clusters": (INT, 1)}
-    kind: ClassVar[str] = "robust_cluster_models"
-
-    def validate(self, sender: str) -> None:
-        c = self.params.shape[0]
-        if c == 0 or self.params.shape[1] == 0:
-            reject(sender, f"robust_cluster_models: empty params of shape {self.params.shape}")
-        if self.ids.shape != self.clusters.shape:
-            reject(sender, f"robust_cluster_models: {self.ids.size} ids but "
-                           f"{self.clusters.size} clusters")
-        if self.clusters.size and (self.clusters.min() < 0 or self.clusters.max() >= c):
-            reject(sender, f"robust_cluster_models: cluster index outside 0..{c - 1}")

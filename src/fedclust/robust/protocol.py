@@ -4,18 +4,14 @@ Round 0 (``action="robust_erm"``): every machine fits its ERM — least squares
 (``loss="squared"``) or logistic (``loss="logistic"``) — and sends it once
 (:class:`~.messages.LocalERM`, ``8 (d + 1) + 8`` bytes). The server clusters
 the ERMs robustly (stage 2, :func:`.server.cluster_erms`). Then, for
-``rounds`` iterations, the server sends all clusters' models at once
-(:class:`~.messages.ClusterModels`) and each member answers for its own
-cluster with :func:`fedclust.fl.client.local_update` — one
-gradient step (``optimizer="gd"``) or ``local_steps`` full-batch steps
-(``"fedavg"``) — as FL's :class:`~fedclust.fl.messages.ModelUpdate`; the
-server combines each cluster's replies with the robust rule (stage 3,
-:func:`.server.robust_step`). A machine learns its cluster in the first
-iteration, which goes cluster by cluster (:class:`~.messages.ClusterParams` to
-that cluster's members, kept in the machine's private state); machines that
-missed it are told in the next broadcast (its ``ids``/``clusters``). So
-``c - 1 + rounds`` transport rounds instead of ``c x rounds``, and no O(m)
-assignment list in every machine's download. Machines judged Byzantine in stage 2 (label -1) are not
+``rounds`` iterations, one transport round each: every member machine receives
+its own cluster's model and index (:class:`~.messages.ClusterParams`, a
+per-device payload of the round: ``8 p + 8`` bytes, not all c models) and
+answers with :func:`fedclust.fl.client.local_update` — one gradient step
+(``optimizer="gd"``) or ``local_steps`` full-batch steps (``"fedavg"``) — as
+FL's :class:`~fedclust.fl.messages.ModelUpdate`; the server combines each
+cluster's replies with the robust rule (stage 3, :func:`.server.robust_step`).
+So ``1 + rounds`` transport rounds in all. Machines judged Byzantine in stage 2 (label -1) are not
 asked again. Finally every machine is told its cluster's model
 (:class:`~.messages.ClusterParams`).
 
@@ -39,7 +35,7 @@ from ..fl.client import local_update
 from ..fl.messages import ModelUpdate
 from ..fl.models import LinearRegression, LogisticRegression
 from .local import local_erm, local_logistic_erm
-from .messages import ClusterModels, ClusterParams, LocalERM
+from .messages import ClusterParams, LocalERM
 from .server import CLUSTERINGS, OPTIMIZERS, STAGE3_AGGREGATORS, cluster_erms, robust_step
 
 __all__ = ["RobustRegressionProtocol", "RobustRegressionResult"]
@@ -85,8 +81,6 @@ class _State:
     history: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     n_iter: int = 0
     step: int = 0
-    confirmed: set = field(default_factory=set)
-    first: list = field(default_factory=list)
     asked: dict = field(default_factory=dict)
     flags: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)
@@ -151,25 +145,19 @@ class RobustRegressionProtocol(Protocol):
             return self._req(state, ERM, None, None)
         if state.phase != "steps" or state.step >= self.rounds:
             return None
-        if state.first:
-            # first iteration, cluster by cluster: each machine learns its cluster with its model
-            j = state.first[0]
-            members = tuple(z for z, c in sorted(state.clusters.items()) if c == j)
-            payload = ClusterParams(params=state.models[j].copy(), cluster=np.int64(j))
-            return self._req(state, STEP, payload, members, allow_empty=True)
+        # one round for every cluster: each member gets its own cluster's model
+        own = {j: ClusterParams(params=state.models[j].copy(), cluster=np.int64(j))
+               for j in range(state.models.shape[0])}
         members = tuple(z for z, c in sorted(state.clusters.items()) if c >= 0)
-        todo = [z for z in members if z not in state.confirmed]
-        payload = ClusterModels(params=state.models.copy(),
-                                ids=np.array(todo, dtype=np.int64),
-                                clusters=np.array([state.clusters[z] for z in todo],
-                                                  dtype=np.int64))
+        payloads = {z: own[state.clusters[z]] for z in members}
         # a round nobody answered keeps the models
-        return self._req(state, STEP, payload, members, allow_empty=True)
+        return self._req(state, STEP, None, members, allow_empty=True, payloads=payloads)
 
-    def _req(self, state, action, payload, devices, allow_empty: bool = False) -> Request:
+    def _req(self, state, action, payload, devices, allow_empty: bool = False,
+             payloads=None) -> Request:
         state.req += 1
         return Request(round=state.req - 1, action=action, payload=payload, devices=devices,
-                       allow_empty=allow_empty)
+                       allow_empty=allow_empty, payloads=payloads)
 
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
         want = self.reply_types[request.action]
@@ -191,13 +179,8 @@ class RobustRegressionProtocol(Protocol):
             self._cluster(state, replies)
             return
         r = state.step
-        if isinstance(request.payload, ClusterParams):
-            todo = [state.first.pop(0)]
-            if not state.first:
-                state.step += 1
-        else:
-            todo = list(range(state.models.shape[0]))
-            state.step += 1
+        state.step += 1
+        todo = range(state.models.shape[0])
         for j in todo:
             ids = sorted(z for z in replies if state.clusters[z] == j)
             if not ids:
@@ -211,7 +194,6 @@ class RobustRegressionProtocol(Protocol):
                 state.asked[z] = state.asked.get(z, 0) + 1
                 state.flags[z] = state.flags.get(z, 0) + int(f)
             state.losses[r][j] = float(np.median([float(replies[z].loss) for z in ids]))
-        state.confirmed.update(replies)
 
     def _cluster(self, state: _State, replies: Mapping[int, Message]) -> None:
         ids = sorted(replies)
@@ -231,7 +213,6 @@ class RobustRegressionProtocol(Protocol):
         c = state.models.shape[0]
         state.losses = [[float("nan")] * c for _ in range(self.rounds)]
         state.betas = [[float("nan")] * c for _ in range(self.rounds)]
-        state.first = sorted({lab for lab in out.labels.tolist() if lab >= 0})
         state.phase = "steps"
 
     def finish(self, state: _State, log: RunLog) -> RobustRegressionResult:
@@ -294,21 +275,14 @@ class RobustRegressionProtocol(Protocol):
         if request.action != STEP:
             raise ValidationError(f"robust-regression has no client action {request.action!r}")
         msg = request.payload
-        if isinstance(msg, ClusterParams):           # first iteration: one cluster's round
-            j = int(msg.cluster)
-            state["cluster"] = np.array([j], dtype=np.int64)
-            params = msg.params
-        else:                                        # later: all models, pick our own
-            mine = np.flatnonzero(msg.ids == device_id)
-            if len(mine):
-                state["cluster"] = np.array([msg.clusters[mine[0]]], dtype=np.int64)
-            if "cluster" not in state:
-                raise ValidationError(f"machine {device_id}: asked for a stage-3 step but was "
-                                      "never told its cluster")
-            j = int(state["cluster"][0])
-            if j >= msg.params.shape[0]:
-                raise ValidationError(f"machine {device_id}: its cluster {j} has no model")
-            params = msg.params[j]
+        if not isinstance(msg, ClusterParams):
+            raise ValidationError(f"machine {device_id}: a stage-3 step needs its cluster's "
+                                  f"model, got {type(msg).__name__}")
+        j = int(msg.cluster)
+        if msg.params.shape != (self.n_params,):
+            raise ValidationError(f"machine {device_id}: the server sent {msg.params.size} "
+                                  f"parameters but the model has d + 1 = {self.n_params}")
+        params = msg.params
         gd = self.optimizer == "gd"
         new, n, loss = local_update(
             model, params, Xd, y, mode="gd" if gd else "sgd",
