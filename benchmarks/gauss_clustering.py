@@ -11,11 +11,14 @@ and the answer: on S3/S4 the clusters overlap so much that even it stays
 far below 0.9). The paper shows the figure only (no numbers): the "paper"
 column states what its figure shows. Targets (issue 12): S1, S2, S4, R15 ARI
 >= 0.9 and cluster count within 20%. Unseen Gaussian-like sets with 8-50
-clusters (A1-A3, D31, S3, Unbalance, the G2 sets in 2-D and 8-D, and generated
-``blobs_k_D_seed`` sets: k = 15-50 blobs of 4x-varying widths in D = 2-5) check
-that the defaults carry over. Seeds: 3 random owner splits (mean ARI). Every set
-is also run with ``merge_test="volume"`` (the previous default: the paper's volume
-criterion only) for a before/after comparison.
+clusters (A1-A3, D31, S3, Unbalance, the G2 sets in 2-D and 8-D, generated
+``blobs_k_D_seed`` sets: k = 15-50 blobs of 4x-varying widths in D = 2-5 placed at
+random, so some overlap, and ``gen_k_D_seed`` sets: k = 15-50 blobs of 4x-varying
+widths in D = 2, 3, 5 placed at least 2.5 (sigma_i + sigma_j) apart by
+:func:`fedclust.gauss.datasets.separated_blobs`, oracle ARI >= 0.98) check that the
+defaults carry over. Seeds: 3 random owner splits (mean ARI). Every set is also run
+with ``adaptive_prior=False`` (the previous default: Sigma_0 from the global-volume
+rule only) for a before/after comparison.
 
 Stream: Birch1 (100,000 x 2, 100 clusters; rows shuffled once) learnt by one
 :class:`~fedclust.EvolvingGaussians` in blocks of 1,000 rows; the time per
@@ -36,11 +39,16 @@ from sklearn.mixture import GaussianMixture
 
 import _common as C
 from fedclust import EvolvingGaussians, FedGaussClustering
+from fedclust.gauss.datasets import separated_blobs
 from fedclust.gauss.hooks import gauss_blobs
 
 FIG2 = ["s1", "s2", "s4", "r15", "aggregation", "flame", "jain", "spiral"]
 UNSEEN = ["a1", "a2", "a3", "d31", "s3", "unbalance"]
 GAUSSIAN = {"s1", "s2", "s4", "r15"}
+#: well-separated generated sets (k, D, seed): "Gaussian-like sets with 15-50 clusters"
+GENERATED = [f"gen_{k}_{D}_{s}" for k, D, s in [(20, 2, 0), (30, 2, 1), (50, 2, 2), (15, 3, 3),
+                                               (35, 3, 4), (25, 5, 5), (40, 5, 6), (50, 5, 7)]]
+GEN_SEPARATION = 2.5
 PAPER = {"s1": "good", "s2": "good", "s4": "good", "r15": "good",
          "aggregation": "one Gaussian cannot describe a cluster", "flame": "idem",
          "jain": "idem", "spiral": "idem"}
@@ -49,6 +57,9 @@ PAPER = {"s1": "good", "s2": "good", "s4": "good", "r15": "good",
 def load(args, name):
     if name.startswith("blobs_"):
         return synthetic(name)
+    if name.startswith("gen_"):
+        _, k, D, s = name.split("_")
+        return separated_blobs(int(s), int(k), int(D), separation=GEN_SEPARATION)
     base = Path(args.data_dir) / "clustering-benchmarks-v1"
     f = base / "sipu" / f"{name}.npz"
     if not f.exists():
@@ -104,16 +115,17 @@ def clustering(args, names, seeds, title):
         X, y = data
         k_ref = len(np.unique(y[y > 0]))
         aris, ks, models = run_set(X, y, seeds)
-        old_aris, old_ks, _ = run_set(X, y, seeds, merge_test="volume")  # the previous default
+        old_aris, old_ks, _ = run_set(X, y, seeds, adaptive_prior=False)  # the previous default
         orc = oracle_ari(X, y)
         within = abs(np.mean(ks) - k_ref) <= 0.2 * k_ref
         out[name] = {"ari": aris, "ari_mean": float(np.mean(aris)), "clusters": ks,
-                     "volume_only": {"ari_mean": float(np.mean(old_aris)), "clusters": old_ks},
+                     "before_fixed_prior": {"ari_mean": float(np.mean(old_aris)),
+                                            "clusters": old_ks},
                      "reference_clusters": k_ref, "oracle_gmm_ari": orc,
                      "bytes_up_per_owner": [m.communication_["bytes_up"] / 3 for m, _ in models],
                      "fit_seconds": [dt for _, dt in models]}
         target = "-"
-        if name in GAUSSIAN or name in UNSEEN or name.startswith("blobs_"):
+        if name in GAUSSIAN or name in UNSEEN or name.startswith(("blobs_", "gen_")):
             target = "yes" if (np.mean(aris) >= 0.9 and within) else "NO"
         rows.append([name, X.shape[0], k_ref, f"{np.mean(aris):.3f}", f"{np.min(aris):.3f}",
                      f"{np.mean(ks):.1f}", "yes" if within else "no", f"{orc:.3f}", target,
@@ -121,7 +133,8 @@ def clustering(args, names, seeds, title):
                      PAPER.get(name, "(unseen)")])
         figs[name] = (X, y, models[0][0])
     C.print_table(["set", "n", "ref k", "ARI mean", "ARI min", "clusters", "k within 20%",
-                   "oracle GMM ARI", "target met", "ARI volume-only", "clusters volume-only",
+                   "oracle GMM ARI", "target met", "ARI before (fixed prior)",
+                   "clusters before",
                    "paper (Fig. 2)"], rows, title=title)
     return out, figs
 
@@ -173,6 +186,9 @@ def main() -> None:
                    "blobs_25_5_5", "blobs_40_4_6"]
             payload["unseen"], _ = clustering(args, UNSEEN + g2, seeds,
                                               "Unseen Gaussian-like sets (same defaults)")
+            payload["generated"], _ = clustering(
+                args, GENERATED, seeds, f"Generated well-separated sets (separated_blobs, "
+                                        f"separation {GEN_SEPARATION}; same defaults)")
             X = load(args, "birch1")[0]
         else:
             print("note: no sipu data (or --quick): synthetic 2-D blobs instead")
@@ -184,6 +200,8 @@ def main() -> None:
                 figs[f"blobs{k}"] = (X, y, models[0][0])
                 print(f"blobs{k}: ARI {np.mean(aris):.3f}, clusters {ks} (reference {k})")
             payload["synthetic"] = out
+            gen, _ = clustering(args, ["gen_15_3_3"], seeds, "Generated well-separated set")
+            payload["generated"] = gen
             X = gauss_blobs(args.seed, n_clusters=50, n_per_cluster=400)[0]
         # a stationary stream: Birch1's file order walks the grid of clusters, so the cost
         # of a stretch there follows how many new regions it enters, not the stream length

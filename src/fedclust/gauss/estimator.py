@@ -16,6 +16,9 @@ The default rule (one setting for every data set; see docs/gauss.md):
   < kappa_m (=1.5, the paper's value) and the merged volume is at most
   ``max_volume`` of the global volume; on the server, clusters holding less than
   ``min_weight`` of the data are folded into their most likely neighbour;
+* clustering (``adaptive_prior=True``): once clusters mature, Sigma_0 shrinks to the
+  lower-quartile volume of the mature clusters when that is smaller (clusters much
+  smaller than the global-volume fraction are not swallowed by young neighbours);
 * clustering (``merge_test="both"``): a pair also merges when its pooled Gaussian loses
   at most ``overlap_tol`` (0) nats per sample of classification likelihood (no cap);
 * classifier: Fisher-score feature selection first (``kappa_f=0.01``: per-class counts,
@@ -79,6 +82,11 @@ _PARAMS_DOC = """
         the paper's volume criterion only.
     overlap_tol : float, default=0.0
         Nats per sample of classification likelihood a merge may lose.
+    adaptive_prior : bool, default=True (False for the classifier)
+        Shrink Sigma_0 to the lower-quartile volume of the mature clusters (n >= D + 1,
+        small-sample-corrected log det) when that is smaller than the volume rule;
+        re-evaluated online as the stream grows and on the server from the received and
+        the final clusters (deterministic, order-independent).
 """
 
 
@@ -144,7 +152,7 @@ class EvolvingGaussians(_Params):
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "both",
-                 overlap_tol: float = 0.0):
+                 overlap_tol: float = 0.0, adaptive_prior: bool = True):
         self._init(self, locals())
 
     def _model(self, D: int | None) -> ClusterSet | None:
@@ -192,9 +200,11 @@ class EvolvingGaussians(_Params):
         cs = getattr(self, "_cs", None)
         if cs is not None and cs.C > 1:
             with one_thread():
+                cs.adapt_prior()
                 cs.merge_all()
                 cs.absorb_fragments()
                 cs.prune()
+                cs.adapt_prior()
         return self
 
     def _fitted(self) -> ClusterSet:
@@ -329,7 +339,8 @@ class FedGaussClustering(_FedBase):
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "both",
-                 overlap_tol: float = 0.0, kappa_n: float = 1, n_rounds: int = 1,
+                 overlap_tol: float = 0.0, adaptive_prior: bool = True,
+                 kappa_n: float = 1, n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):
         self._init(self, locals())
 
@@ -421,7 +432,8 @@ class FedGaussClassifier(_FedBase):
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "volume",
-                 overlap_tol: float = 0.0, kappa_f: float = 0.01, kappa_n: float = 1,
+                 overlap_tol: float = 0.0, adaptive_prior: bool = False,
+                 kappa_f: float = 0.01, kappa_n: float = 1,
                  n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):
         self._init(self, locals())

@@ -68,6 +68,7 @@ def from_message(msg: GaussClusters, settings: Settings, n_classes: int) -> Clus
     cs.set_global(float(msg.global_count), msg.global_mean, msg.global_m2)
     cs.gc = (msg.class_count.copy(), msg.class_mean.copy(), msg.class_m2.copy())
     add_clusters(cs, msg)
+    cs.adapt_prior()  # the same Sigma_0 the server ended with (adaptive_prior)
     return cs
 
 

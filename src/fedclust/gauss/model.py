@@ -33,6 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.linalg import lapack
+from scipy.special import digamma
 from scipy.stats import chi2
 
 from ..core.threads import one_blas_thread
@@ -56,6 +57,10 @@ VOLUMES = {"det": 1.0, "sqrt_det": 0.5, "det_root": None}  # det_root: 1/D
 PREDICT_RULES = ("likelihood", "gamma")
 #: ridge (in units of Sigma_0) of the data covariances compared by the likelihood merge test
 ML_RIDGE = 0.1
+#: the adaptive Sigma_0 never shrinks below this fraction (per dimension) of the volume rule
+MIN_PRIOR_FACTOR = 0.01
+#: the adaptive Sigma_0 follows this quantile of the mature clusters' volumes (lower quartile)
+PRIOR_QUANTILE = 0.25
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class Settings:
     predict_rule: str = "likelihood"
     merge_test: str = "both"
     overlap_tol: float = 0.0
+    adaptive_prior: bool = True
 
 
 class ClusterSet:
@@ -89,6 +95,7 @@ class ClusterSet:
         self.full = settings.covariance == "full"
         self.n_classes = int(n_classes)
         self.n0 = float(2 * (D + 1) if settings.prior_weight is None else settings.prior_weight)
+        self._adapt_at = (0, 0)  # (samples seen, mature clusters) at the last evaluation
         if settings.n_sigma is not None:
             self.gate = float(settings.n_sigma) ** 2
         else:
@@ -121,11 +128,84 @@ class ClusterSet:
     def _set_prior(self) -> None:
         count, _, m2 = self.g
         self.var = feature_variances(count, m2, self.s.var_floor)
-        self.s0 = prior_variances(self.var, volume_fraction=self.s.volume_fraction,
-                                  n_r=self.s.n_r)
-        self.ld0 = float(np.log(self.s0).sum())
+        self.s0_rule = prior_variances(self.var, volume_fraction=self.s.volume_fraction,
+                                       n_r=self.s.n_r)
         self.ld_global = float(np.log(self.var).sum())
         self._g_refreshed = max(count, 1)
+        self.prior_factor = self._adaptive_factor()
+        self.s0 = self.s0_rule * self.prior_factor
+        self.ld0 = float(np.log(self.s0).sum())
+
+    # -- adaptive new-cluster scale ---------------------------------------------
+    def mature_count(self) -> float:
+        """Samples a cluster needs before its scatter shapes Sigma_0: D + 1 (S nonsingular)."""
+        return float(self.D + 1)
+
+    def _adaptive_factor(self) -> float:
+        """Shrink factor f <= 1 of Sigma_0 = f * (volume rule) from the mature clusters.
+
+        With ``adaptive_prior``: once at least two clusters hold >= :meth:`mature_count`
+        samples, f = min(1, lower quartile_i (det Sigma_i / det Sigma_0_rule)^(1/D)) over
+        them, Sigma_i estimated from the scatter: a new cluster is no wider (in volume)
+        than the smaller mature clusters. A deterministic function of the global
+        statistics and the clusters, so the server and an owner rebuilding the broadcast
+        model get the same value. Per-dimension volumes keep the rule free of D. The
+        log-determinants are corrected for their small-sample bias (Wishart), so clusters
+        count as mature from D + 1 samples; a quantile ignores a few merged giants or
+        tiles. Never below ``MIN_PRIOR_FACTOR``.
+        """
+        if not self.s.adaptive_prior or self.s.n_r is not None or self.C < 2:
+            return 1.0
+        idx = np.flatnonzero(self.n[:self.C] >= self.mature_count())
+        if idx.size < 2:
+            return 1.0
+        n = self.n[idx]
+        # unbiased log det Sigma from a scatter with n - 1 degrees of freedom (Wishart):
+        # E log det S = log det Sigma + sum_i digamma((n - i) / 2) + D log 2
+        # (diagonal: each variance separately, D digamma((n - 1) / 2) + D log 2)
+        dof = (n[:, None] - np.arange(1, self.D + 1)) if self.full else (n[:, None] - 1.0)
+        dof = np.broadcast_to(dof, (n.size, self.D))
+        ld = (self._data_logdet(self.S[idx], np.ones_like(n))
+              - digamma(dof / 2.0).sum(axis=1) - self.D * np.log(2.0))
+        ratio = np.exp((ld - float(np.log(self.s0_rule).sum())) / self.D)
+        return float(min(1.0, max(np.quantile(ratio, PRIOR_QUANTILE), MIN_PRIOR_FACTOR)))
+
+    def _data_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """log det of (S + ML_RIDGE Sigma_0_rule) / n (nearly the data covariance S / n)."""
+        if self.full:
+            A = S.copy()
+            A[:, np.arange(self.D), np.arange(self.D)] += ML_RIDGE * self.s0_rule
+            return np.linalg.slogdet(A / n[:, None, None])[1]
+        return np.log((S + ML_RIDGE * self.s0_rule) / n[:, None]).sum(axis=1)
+
+    def adapt_prior(self) -> bool:
+        """Re-evaluate the adaptive Sigma_0 from the current clusters; refresh the caches
+        when it moved. Returns whether it moved."""
+        f = self._adaptive_factor()
+        self._adapt_at = (self.t, int(np.count_nonzero(self.n[:self.C] >= self.mature_count())))
+        if f == self.prior_factor:
+            return False
+        self.prior_factor = f
+        self.s0 = self.s0_rule * f
+        self.ld0 = float(np.log(self.s0).sum())
+        self.refresh(np.arange(self.C))
+        return True
+
+    def _next_adapt_t(self) -> int:
+        return int(np.ceil(1.5 * max(self._adapt_at[0], 32)))
+
+    def _maybe_adapt(self) -> None:
+        """Online schedule: re-evaluate when the samples seen or the mature clusters have
+        grown by half since the last evaluation (O(log) evaluations per stream)."""
+        if not self.s.adaptive_prior:
+            return
+        m0 = self._adapt_at[1]
+        if self.t >= self._next_adapt_t():
+            self.adapt_prior()
+            return
+        m = int(np.count_nonzero(self.n[:self.C] >= self.mature_count()))
+        if m >= 2 and m >= 1.5 * max(m0, 1):
+            self.adapt_prior()
 
     def update_global(self, count: float, mean: np.ndarray, m2: np.ndarray) -> None:
         """Pool more global statistics in (Chan); refresh every cache when they moved."""
@@ -251,14 +331,21 @@ class ClusterSet:
         i, N = 0, X.shape[0]
         while i < N:
             act = np.empty(max(self.C, 1), np.int64)
+            stop = N  # the adaptive prior's schedule cuts the stream into stretches
+            if self.s.adaptive_prior:
+                stop = min(N, i + max(1, self._next_adapt_t() - self.t))
             i, j, code, t, na = _fast.scan_full(
-                X, yy, i, self.t, self.mu, self.S, self.P, self.ld, self.n, self.cls, self.last,
-                self.upd, self.C, self.gate, self.n0, self.refresh_every, act)
+                X[:stop], yy, i, self.t, self.mu, self.S, self.P, self.ld, self.n, self.cls,
+                self.last, self.upd, self.C, self.gate, self.n0, self.refresh_every, act)
             self.t = int(t)
             if code == _fast.DONE:
-                return
+                if stop == N:
+                    return
+                self._maybe_adapt()
+                continue
             if code == _fast.NEW:
                 self.t += 1
+                self._maybe_adapt()
                 self._new(X[i], int(yy[i]))
                 if self.C > self.s.max_clusters:
                     self.prune()
@@ -275,9 +362,12 @@ class ClusterSet:
         for i in range(X.shape[0]):
             x = X[i]
             c = -1 if y is None else int(y[i])
+            if self.s.adaptive_prior and self.t >= self._next_adapt_t():
+                self._maybe_adapt()  # between samples, where the compiled loop pauses too
             self.t += 1
             C = self.C
             if C == 0:
+                self._maybe_adapt()
                 self._new(x, c)
                 continue
             diff = x - self.mu[:C]
@@ -295,6 +385,7 @@ class ClusterSet:
                 if active.size > 1:
                     self._merge_around(j, active[active != j])
             else:
+                self._maybe_adapt()
                 self._new(x, c)
                 if self.C > self.s.max_clusters:
                     self.prune()
@@ -352,6 +443,10 @@ class ClusterSet:
         cap = 0.5 * ld > np.log(self.s.max_volume) + 0.5 * self.ld_global
         score = np.where(cap, np.inf, score)
         if self.s.merge_test == "both":
+            # the volume criterion only for a union at least as large as each part: in
+            # high D, pooling a narrow and a wide cluster can give a smaller det than the
+            # wide one's, so V_pq < kappa_m (V_p + V_q) would pass for disjoint clusters
+            score = np.where(ld < np.maximum(self.ld[p], self.ld[q]), np.inf, score)
             score = np.minimum(score, self._likelihood_loss(p, q, n, S) - self.s.overlap_tol)
         return score, (n, mu, S)
 

@@ -48,10 +48,12 @@ def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes:
     for m in parts:
         add_clusters(srv, m)
     _sort_canonical(srv)
+    srv.adapt_prior()  # Sigma_0 from the received mature clusters (adaptive_prior)
     srv.merge_all()
     srv.absorb_fragments()
     srv.prune()
     _sort_canonical(srv)
+    srv.adapt_prior()  # from the final clusters: what an owner rebuilding the model computes
     return srv
 
 
