@@ -343,7 +343,11 @@ def multimodal(args, repeats):
 
 
 def main() -> None:
-    args = C.finish_args(C.make_parser(__doc__.splitlines()[0]).parse_args())
+    parser = C.make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the learning time per sample (3-fold x 3, no baselines or "
+                             "studies): for a quiet machine")
+    args = C.finish_args(parser.parse_args())
     repeats = 1 if args.quick else 10
     from fedclust.gauss import _fast
 
@@ -354,7 +358,14 @@ def main() -> None:
           f"first fit (compile or cache load) {compile_s:.2f} s, excluded from the timings")
     with C.blas_limit(args):
         sets = load_sets(args)
-        payload = {"table1": table1(args, sets, repeats)}
+        if args.speed_only:
+            payload = {"table1": {name: run_cv(X, y, 3, args.seed, baselines=False)
+                                  for name, (X, y) in sets.items()}}
+            for name, v in payload["table1"].items():
+                print(f"  {name}: {v['fedgauss']['learn_merge_ms_per_sample']:.4f} ms wall, "
+                      f"{v['fedgauss']['learn_merge_cpu_ms_per_sample']:.4f} ms CPU per sample")
+        else:
+            payload = {"table1": table1(args, sets, repeats)}
         ms = [v["fedgauss"]["learn_merge_ms_per_sample"] for v in payload["table1"].values()]
         payload["median_learn_merge_ms_per_sample"] = float(np.median(ms))
         cpu = [v["fedgauss"]["learn_merge_cpu_ms_per_sample"] for v in payload["table1"].values()]
@@ -362,6 +373,11 @@ def main() -> None:
         print(f"learning time (local learning + server merge): median {np.median(ms):.4f} ms "
               f"wall, {np.median(cpu):.4f} ms CPU per training sample over {len(ms)} sets "
               f"(target <= 0.05; paper 0.56-1.45)")
+        if args.speed_only:
+            payload["numba"] = _fast.HAVE_NUMBA
+            payload["first_fit_seconds"] = compile_s
+            C.write_json(args, "gauss_classification_speed", payload)
+            return
         small = {k: v for k, v in sets.items() if k in ("wine", "digits", "iris")}
         payload["non_iid"] = non_iid(args, small, repeats)
         payload["multimodal"] = multimodal(args, 1 if args.quick else 3)
