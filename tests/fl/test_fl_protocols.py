@@ -151,13 +151,18 @@ def test_power_of_choice_keeps_m_devices(selection):
 def test_same_result_on_flower():
     from fedclust.flower import FlowerInMemoryTransport
 
-    for est in (IFCA(n_clusters=2, **SMALL),
-                ClusteredFedAvg(n_clusters=4, n_local_clusters=2, **SMALL)):
+    for est in (IFCA(n_clusters=2, n_init=2, restart_rounds=1, **SMALL),
+                ClusteredFedAvg(n_clusters=4, n_local_clusters=2, routing="gate", **SMALL)):
         a = est.fit(FED.devices, FED.labels).models_
         comm = est.communication_["bytes_total"]
+        gates = getattr(est, "device_gates_", None)
         b = est.fit(FED.devices, FED.labels, transport=FlowerInMemoryTransport())
         np.testing.assert_array_equal(a, b.models_)
         assert b.communication_["bytes_total"] == comm
+        if gates is not None:  # the devices' gates (client_finish) travel back through Flower
+            for g, h in zip(gates, b.device_gates_):
+                np.testing.assert_array_equal(g["clusters"], h["clusters"])
+                np.testing.assert_allclose(g["coef"], h["coef"], rtol=1e-6, atol=1e-9)
 
 
 def test_bad_input_names_device_and_value():
@@ -180,3 +185,34 @@ def test_bad_input_names_device_and_value():
         FedAvg(clients_per_round=4).fit(Xs, ys)
     with pytest.raises(ValidationError, match="device 0: X has shape"):
         FedAvg(SoftmaxRegression(10, 10)).fit(Xs, ys)
+
+
+def test_ifca_restarts_keep_the_start_with_the_lowest_loss_and_pay_for_all():
+    kw = dict(rounds=4, n_hidden=8, lr=0.1, random_state=3)
+    one = IFCA(n_clusters=4, **kw).fit(FED.devices, FED.labels)
+    many = IFCA(n_clusters=4, n_init=3, restart_rounds=2, **kw).fit(FED.devices, FED.labels)
+    assert one.restart_losses_.size == 0 and one.best_start_ == 0
+    assert many.restart_losses_.shape == (3,)
+    assert many.best_start_ == int(np.argmin(many.restart_losses_))
+    assert many.history_[1]["train_loss"] == pytest.approx(many.restart_losses_.min())
+    per_round = one.history_[0]["bytes_down"]  # all 12 devices download k models
+    assert [h["bytes_down"] for h in many.history_] == [3 * per_round] * 2 + [per_round] * 2
+    assert [h["devices"] for h in many.history_] == [12] * 4
+    # start 0 is the single-start run's initialisation: same loss in the first round
+    assert many.history_[0]["train_loss"] <= one.history_[0]["train_loss"] + 1e-12
+    with pytest.raises(ValidationError, match="restart_rounds=4 must be below rounds=4"):
+        IFCA(n_clusters=2, n_init=2, restart_rounds=4, rounds=4).fit(FED.devices, FED.labels)
+
+
+def test_ifca_power_of_choice_keeps_m_devices_and_pays_for_the_probes():
+    kw = dict(rounds=2, n_hidden=8, lr=0.1, random_state=3)
+    i = IFCA(n_clusters=2, selection="pow-d", clients_per_round=3, n_candidates=6,
+             **kw).fit(FED.devices, FED.labels)
+    p = i.models_.shape[1]
+    assert [h["devices"] for h in i.history_] == [3, 3]
+    # per round: 6 candidates download the k = 2 models to probe, 3 download them to train
+    assert [h["bytes_down"] for h in i.history_] == [(6 + 3) * 8 * 2 * p] * 2
+    assert i.communication_["setup_bytes_up"] == 12 * 16  # the size round
+    with pytest.raises(ValidationError, match="IFCA supports selection='random' or 'pow-d'"):
+        IFCA(n_clusters=2, selection="kfed-pow-d", clients_per_round=3,
+             **kw).fit(FED.devices, FED.labels)

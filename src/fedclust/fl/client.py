@@ -15,7 +15,8 @@ from ..core.exceptions import ValidationError
 from ..core.validation import check_choice, check_float, check_int
 from .models import Model
 
-__all__ = ["local_update", "choose_cluster", "LOCAL_MODES"]
+__all__ = ["local_update", "choose_cluster", "point_losses", "fit_gate", "gate_route",
+           "LOCAL_MODES"]
 
 LOCAL_MODES = ("sgd", "gd")
 
@@ -93,3 +94,59 @@ def choose_cluster(model: Model, params_k: np.ndarray, X: np.ndarray,
         model.set_params(theta)
         losses[j] = model.loss(X, y)
     return int(np.argmin(losses)), losses
+
+
+def point_losses(model: Model, params_k: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per-point loss (m, n) of each of the m models in ``params_k`` (m, p) on (X, y)
+    (cross-entropy for classifiers, half squared error for regression; no penalty). O(m n p)."""
+    out = np.empty((params_k.shape[0], X.shape[0]))
+    yi = np.asarray(y)
+    for j, theta in enumerate(params_k):
+        model.set_params(theta)
+        S = model.decision_function(X)
+        if not model.classifier:
+            out[j] = 0.5 * (S - yi) ** 2
+        elif S.ndim == 1:  # binary logistic: log(1 + exp(-s (2y - 1)))
+            out[j] = np.logaddexp(0.0, -S * (2.0 * yi - 1.0))
+        else:
+            M = S.max(axis=1, keepdims=True)
+            lse = M[:, 0] + np.log(np.exp(S - M).sum(axis=1))
+            out[j] = lse - S[np.arange(len(yi)), yi.astype(np.int64)]
+    return out
+
+
+def fit_gate(model: Model, params_k: np.ndarray, clusters: np.ndarray, X: np.ndarray,
+             y: np.ndarray) -> dict[str, np.ndarray]:
+    """A device's gate over its m cluster models, learned from its own labelled points.
+
+    Each training point is labelled by the model with the lowest loss on it
+    (:func:`point_losses`); a multinomial logistic regression (scikit-learn,
+    lbfgs, C = 1) learns to predict that choice from x alone, so unlabelled
+    points can be routed at prediction time (:func:`gate_route`). Local only: no
+    bytes. Returns ``coef`` (c, d), ``intercept`` (c,) and ``clusters`` (c,): point x
+    goes to ``clusters[argmax(coef @ x + intercept)]``. O(m n p) + the fit.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    clusters = np.asarray(clusters, dtype=np.int64)
+    choice = point_losses(model, params_k, X, y).argmin(axis=0)
+    present = np.unique(choice)
+    d = X.shape[1]
+    if len(present) == 1:
+        return {"coef": np.zeros((1, d)), "intercept": np.zeros(1),
+                "clusters": clusters[present]}
+    lr = LogisticRegression(C=1.0, max_iter=500).fit(X, choice)
+    coef, icpt = lr.coef_, lr.intercept_
+    if len(present) == 2:  # binary: class 1 iff w x + b > 0, i.e. argmax over [0; w]
+        coef = np.vstack([np.zeros((1, d)), coef])
+        icpt = np.concatenate([[0.0], icpt])
+    return {"coef": np.asarray(coef, dtype=np.float64), "intercept": np.asarray(icpt, dtype=np.float64),
+            "clusters": clusters[lr.classes_]}
+
+
+def gate_route(gate: dict[str, np.ndarray], X: np.ndarray) -> np.ndarray:
+    """The cluster :func:`fit_gate`'s gate sends each row of X to. O(n c d)."""
+    if len(gate["clusters"]) == 1:
+        return np.full(len(X), int(gate["clusters"][0]), dtype=np.int64)
+    S = X @ gate["coef"].T + gate["intercept"]
+    return np.asarray(gate["clusters"], dtype=np.int64)[S.argmax(axis=1)]

@@ -309,11 +309,23 @@ class IFCA(_FLEstimator):
     averages per cluster (a cluster nobody chose keeps its model). Other
     parameters as :class:`FedAvg` (selection is random).
 
+    ``selection="pow-d"`` (with ``clients_per_round`` m and ``n_candidates`` d):
+    power-of-choice, the d candidates (∝ size) report the loss of their best
+    model and the m highest train; ``"random"`` otherwise.
+
+    ``n_init`` random starts (Ghosh et al.'s restarts) run the first
+    ``restart_rounds`` rounds side by side (``n_init`` times IFCA's bytes in those
+    rounds); the start with the lowest training loss then goes on alone.
+
     Attributes
     ----------
     device_clusters_ : list of int
         The model each device chose when it last trained (-1: never selected).
     models_ : ndarray (k, p)
+    restart_losses_ : ndarray (n_init,) (empty when n_init = 1)
+        Each start's mean training loss in the last restart round.
+    best_start_ : int
+        The start kept.
     """
 
     _protocol_cls = IFCAProtocol
@@ -322,16 +334,32 @@ class IFCA(_FLEstimator):
                  local_epochs: int = 1, batch_size: int = 32, lr: float = 0.05,
                  clients_per_round: int | None = None, aggregator: str = "mean",
                  beta: float = 0.1, weighted: bool = True, local_mode: str = "sgd",
-                 n_hidden: int = 200, l2: float = 0.0, random_state: RandomState = None,
-                 progress: bool = False):
+                 n_init: int = 1, restart_rounds: int = 3, selection: str = "random",
+                 n_candidates: int | None = None, n_hidden: int = 200,
+                 l2: float = 0.0, random_state: RandomState = None, progress: bool = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
                          beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
                          l2=l2, random_state=random_state, progress=progress)
         self.n_clusters = n_clusters
+        self.n_init = n_init
+        self.restart_rounds = restart_rounds
+        self.selection = selection
+        self.n_candidates = n_candidates
 
     def _extra_config(self, n_devices):
-        return {"n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1)}
+        d = 0 if self.n_candidates is None else check_int(self.n_candidates, "n_candidates",
+                                                          min_value=1)
+        return {"n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1),
+                "n_init": check_int(self.n_init, "n_init", min_value=1),
+                "restart_rounds": check_int(self.restart_rounds, "restart_rounds", min_value=1),
+                "selection": self.selection, "n_candidates": d}
+
+    def _store(self, out, ids, tests):
+        loss = out.result.restart_loss
+        self.restart_losses_ = loss
+        self.best_start_ = int(np.argmin(loss)) if len(loss) else 0
+        super()._store(out, ids, tests)
 
     def _models_per_download(self) -> int:
         return int(self.n_clusters)
@@ -369,6 +397,26 @@ class ClusteredFedAvg(_FLEstimator):
     device belongs to one cluster and downloads only its model; with k' > 1 it
     trains the model of each of its local clusters on those points.
 
+    ``kfed_server`` is how the server clusters the k' Z local centers:
+    ``"kmeans++"`` (default: 10 k-means++ starts, Lloyd to convergence, lowest
+    inertia) or ``"farthest-lloyd1"`` (the k-FED paper's farthest-first start and
+    one Lloyd step). Both are one-shot (same bytes); on rotated MNIST with k' = 2
+    the paper's start lets one outlying local center claim a cluster and merges
+    90° with 270° (docs/fl.md), k-means++ does not.
+
+    ``routing`` (k' > 1) decides which of a device's cluster models serves each
+    of its points at prediction: ``"centers"`` (nearest local k-FED center, the
+    paper), ``"confidence"`` (the device's model with the lowest predictive
+    entropy) or ``"gate"`` (a logistic-regression gate each device fits on its own
+    training points, labelled by which of its final models has the lowest loss
+    on them; costs one final download of the device's m models, ``8 m p``
+    bytes, and no upload), or ``"soft-gate"`` (the same gate; the prediction
+    mixes the models' class probabilities with the gate's probabilities;
+    the default: best on rotated MNIST, k' = 2, docs/fl.md). Training always
+    routes by k-FED's local clusters.
+    ``history_`` curves use ``"centers"`` with either gate (the gate exists
+    only for the final models).
+
     Attributes
     ----------
     device_clusters_ : list of int
@@ -377,6 +425,9 @@ class ClusteredFedAvg(_FLEstimator):
         k-FED's centers (in the feature space).
     device_labels_ : list of ndarray or None
         k-FED's cluster of every training point of each device.
+    device_gates_ : list of dict or None
+        ``routing="gate"`` / ``"soft-gate"`` (k' > 1): each device's gate (``coef``, ``intercept``,
+        ``clusters``; :func:`fedclust.fl.client.gate_route`).
 
     Notes
     -----
@@ -392,8 +443,8 @@ class ClusteredFedAvg(_FLEstimator):
                  batch_size: int = 32, lr: float = 0.05, clients_per_round: int | None = None,
                  aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
                  local_mode: str = "sgd", feature_map: str = "raw", feature_dim: int = 50,
-                 n_hidden: int = 200, l2: float = 0.0, random_state: RandomState = None,
-                 progress: bool = False):
+                 kfed_server: str = "kmeans++", routing: str = "soft-gate", n_hidden: int = 200,
+                 l2: float = 0.0, random_state: RandomState = None, progress: bool = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
                          beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
@@ -402,6 +453,8 @@ class ClusteredFedAvg(_FLEstimator):
         self.n_local_clusters = n_local_clusters
         self.feature_map = feature_map
         self.feature_dim = feature_dim
+        self.kfed_server = kfed_server
+        self.routing = routing
 
     def _extra_config(self, n_devices):
         k = check_int(self.n_clusters, "n_clusters", min_value=1)
@@ -409,7 +462,8 @@ class ClusteredFedAvg(_FLEstimator):
         if kl * n_devices < k:
             raise ValidationError(f"n_local_clusters={kl} x {n_devices} devices < n_clusters={k}")
         return {"n_clusters": k, "n_local_clusters": kl, "feature_map": self.feature_map,
-                "feature_dim": check_int(self.feature_dim, "feature_dim", min_value=1)}
+                "feature_dim": check_int(self.feature_dim, "feature_dim", min_value=1),
+                "kfed_server": self.kfed_server, "routing": self.routing}
 
     def _build(self, Xs, ys, ids, eval_every):
         proto = super()._build(Xs, ys, ids, eval_every)
@@ -422,7 +476,35 @@ class ClusteredFedAvg(_FLEstimator):
 
     def _store(self, out, ids, tests):
         self.cluster_centers_ = out.result.centers
+        self.device_gates_ = []
+        for z in ids:
+            o = out.device_outputs.get(z, {})
+            self.device_gates_.append({k: o[f"gate_{k}"] for k in ("coef", "intercept", "clusters")}
+                                      if "gate_coef" in o else None)
+        self._routing = self.routing
         super()._store(out, ids, tests)
+
+    def score_devices(self, test_X: Sequence[Any], test_y: Sequence[Any], *,
+                      routing: str | None = None) -> np.ndarray:
+        """Accuracy of each device's serving models on its own test set (Z,), with the
+        given prediction ``routing`` (default: the fitted one; ``"gate"`` and
+        ``"soft-gate"`` need a fit with either, so that the devices have gates)."""
+        from .protocol import ROUTINGS
+        from ..core.validation import check_choice
+
+        self._check_fitted()
+        routing = self._protocol_.routing if routing is None else check_choice(routing, "routing",
+                                                                              ROUTINGS)
+        if routing in ("gate", "soft-gate") and self._protocol_.n_local_clusters > 1 \
+                and all(g is None for g in self.device_gates_):
+            raise ValidationError(f"routing={routing!r} needs a fit with routing='gate' or "
+                                  "'soft-gate'")
+        tX, ty = _check_federation(test_X, test_y, self.device_ids_, name="test_")
+        saved, self._routing = self._routing, routing
+        try:
+            return self._device_scores(self.models_, tX, ty)
+        finally:
+            self._routing = saved
 
     def _features(self, X: np.ndarray) -> np.ndarray:
         p = self._protocol_
@@ -452,8 +534,54 @@ class ClusteredFedAvg(_FLEstimator):
         if p.n_local_clusters == 1 or local is None:
             return super()._predict_device(pos, X, models)
         from ..kfed.server import assign_to_centers
+        from .client import gate_route
 
+        gate = self.device_gates_[pos]
+        if self._routing in ("gate", "soft-gate") and gate is not None and models is self.models_:
+            if self._routing == "soft-gate" and len(gate["clusters"]) > 1 \
+                    and self.model_.classifier:
+                return self._mixture(X, models, gate)
+            return self._predict_by_label(X, gate_route(gate, X), models)
+        mine = np.unique(self._result.center_labels[z])
+        if self._routing == "confidence" and len(mine) > 1 and self.model_.classifier:
+            return self._most_confident(X, models, mine)
         # the device's own local clusters decide which of its clusters' models serves a point
         near = assign_to_centers(self._features(X), local)
         labels = self._result.center_labels[z][near]
         return self._predict_by_label(X, labels, models)
+
+    def _mixture(self, X, models, gate):
+        """argmax_y sum_c g_c(x) p_c(y | x): the gate's probabilities mix the models'."""
+        G = X @ gate["coef"].T + gate["intercept"]
+        G = np.exp(G - G.max(axis=1, keepdims=True))
+        G /= G.sum(axis=1, keepdims=True)
+        m = self._scratch
+        self._loaded = None
+        mix = 0.0
+        for j, c in enumerate(gate["clusters"]):
+            m.set_params(models[int(c)])
+            S = m.decision_function(X)
+            if S.ndim == 1:
+                S = np.stack([np.zeros_like(S), S], axis=1)
+            P = np.exp(S - S.max(axis=1, keepdims=True))
+            mix = mix + G[:, j:j + 1] * (P / P.sum(axis=1, keepdims=True))
+        return np.asarray(mix.argmax(axis=1), dtype=np.int64)
+
+    def _most_confident(self, X, models, clusters):
+        """Per point, the prediction of the model (among ``clusters``) with the lowest entropy."""
+        m = self._scratch
+        self._loaded = None
+        best = np.full(len(X), np.inf)
+        pred = np.zeros(len(X), dtype=np.int64)
+        for c in clusters:
+            m.set_params(models[c])
+            S = m.decision_function(X)
+            if S.ndim == 1:
+                S = np.stack([np.zeros_like(S), S], axis=1)
+            logp = S - S.max(axis=1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+            ent = -(np.exp(logp) * logp).sum(axis=1)
+            better = ent < best
+            best[better] = ent[better]
+            pred[better] = logp.argmax(axis=1)[better]
+        return pred

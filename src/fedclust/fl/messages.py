@@ -8,7 +8,10 @@ Bytes (float64 parameters, p = ``model.n_params``):
   and which (device, local cluster) pairs train it): ``8 p + 8 + 16 m`` for m pairs;
 * :class:`ModelUpdate` (device -> server): ``8 p + 24`` (parameters, cluster,
   sample count, loss before training);
-* :class:`LossReport` (device -> server, power-of-choice candidates): ``16``.
+* :class:`LossReport` (device -> server, power-of-choice candidates): ``16``;
+* :class:`ServeModels` (server -> device after training, k-FED + FedAvg with
+  ``routing="gate"``): the device's k-FED label map and the final models of its
+  m clusters, ``8 k_z + 8 m + 8 m p``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 
 from ..core.messages import FLOAT, INT, Message, reject
 
-__all__ = ["ModelParams", "ModelSet", "ClusterModel", "ModelUpdate", "LossReport"]
+__all__ = ["ModelParams", "ModelSet", "ClusterModel", "ModelUpdate", "LossReport", "ServeModels"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +105,23 @@ class LossReport(Message):
     def validate(self, sender: str) -> None:
         if int(self.n_samples) < 1:
             reject(sender, f"n_samples={int(self.n_samples)} must be >= 1")
+
+
+@dataclass(frozen=True)
+class ServeModels(Message):
+    """Server -> device after training: its k-FED label map and the models that serve it.
+
+    ``global_labels[j]``: the cluster of local cluster j (as :class:`~fedclust.kfed.messages.LabelMap`);
+    ``params[i]``: the final model of cluster ``clusters[i]`` (the distinct clusters of
+    ``global_labels``, ascending).
+    """
+
+    global_labels: np.ndarray  # (k_z,) int64
+    clusters: np.ndarray       # (m,) int64
+    params: np.ndarray         # (m, p) float
+    schema: ClassVar = {"global_labels": (INT, 1), "clusters": (INT, 1), "params": (FLOAT, 2)}
+    kind: ClassVar[str] = "fl_serve_models"
+
+    def validate(self, sender: str) -> None:
+        if self.params.shape[0] != self.clusters.shape[0] or self.clusters.shape[0] == 0:
+            reject(sender, f"{self.clusters.shape[0]} clusters for {self.params.shape[0]} models")

@@ -14,6 +14,10 @@ Rounds (actions; every request names its devices, so bytes are exact):
     cluster's model (a device with k' > 1 trains it on the points of its local
     clusters mapped to that cluster).
 
+After training (k-FED + FedAvg) every device gets its k-FED label map, or, with
+k' > 1 and a gate routing, :class:`ServeModels` (its clusters' final models) to
+fit its gate on (:func:`fedclust.fl.client.fit_gate`).
+
 The base class :class:`FLProtocol` is parameterised entirely by scalars
 (model kind and sizes, aggregator, beta, rounds, local mode / epochs / batch /
 lr, selection), so another wing can reuse the rounds or write its own with
@@ -41,20 +45,24 @@ from ..core.validation import check_choice, check_float, check_int
 from ..kfed.messages import LabelMap, LocalCenters
 from ..kfed.protocol import KFedProtocol
 from ..kfed.server import assign_to_centers
-from .client import LOCAL_MODES, choose_cluster, local_update
-from .messages import ClusterModel, LossReport, ModelParams, ModelSet, ModelUpdate
+from .client import LOCAL_MODES, choose_cluster, fit_gate, local_update
+from .messages import ClusterModel, LossReport, ModelParams, ModelSet, ModelUpdate, ServeModels
 from .models import MODEL_KINDS, Model, build_model
-from .server import AGGREGATORS, SELECTIONS, average_per_cluster, sample_candidates, \
-    select_by_loss, select_random
+from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
+    cluster_local_centers, sample_candidates, select_by_loss, select_random
 
 __all__ = ["FLProtocol", "FedAvgProtocol", "IFCAProtocol", "ClusteredFedAvgProtocol", "FLResult",
            "FEATURE_MAPS", "feature_map"]
 
 TRAIN, LOSS, KFED = "fl_train", "fl_loss", "fl_kfed"
 FEATURE_MAPS = ("raw", "random-projection", "hidden")
+#: how a device with k' > 1 picks, per point, which of its cluster models serves it
+ROUTINGS = ("centers", "gate", "soft-gate", "confidence")
 _SELECT_BRANCH = 1000   # server_rng round index offset for selection draws
 _INIT_BRANCH = 500      # ... for model initialisation
 _PROJ_BRANCH = 499      # ... for the shared random projection
+_KFED_BRANCH = 498      # ... for the k-means++ server step on the local centers
+_RESTART_BRANCH = 100000  # IFCA start s > 0 draws its models from _INIT_BRANCH + s * this
 
 
 @dataclass
@@ -83,6 +91,8 @@ class FLResult:
     setup_bytes: list
     snapshots: dict[int, np.ndarray]
     log: RunLog = field(default_factory=RunLog)
+    #: IFCA with ``n_init > 1``: mean training loss of each start in the last restart round
+    restart_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass
@@ -274,7 +284,11 @@ class FLProtocol(Protocol):
         d = self.n_candidates or 2 * m
         sizes = [state.sizes.get(z, 1) for z in live]
         cands = sample_candidates(live, sizes, max(d, m), rng)
-        return [self._req(state, LOSS, ModelParams(state.models[0]), cands), "select"]
+        return [self._req(state, LOSS, self._probe_payload(state), cands), "select"]
+
+    def _probe_payload(self, state: _State) -> Message:
+        """What power-of-choice candidates evaluate their loss on (IFCA: all k models)."""
+        return ModelParams(state.models[0])
 
     def _train_request(self, state: _State, devices: Sequence[int]) -> Request | None:
         return self._req(state, TRAIN, ModelParams(state.models[0]), devices)
@@ -360,6 +374,7 @@ class FLProtocol(Protocol):
     n_local_clusters = 1
     kfed_map = "raw"
     feature_dim = 50
+    kfed_server = "farthest-lloyd1"
 
     def _kfed_dim(self) -> int:
         return {"raw": self.n_features, "random-projection": self.feature_dim,
@@ -373,6 +388,12 @@ class FLProtocol(Protocol):
         kstate = kfed.start(sorted(replies), state.seed)
         kfed.server_step(kstate, Request(0, "local_centers"), replies)
         res = kfed.finish(kstate, RunLog(participants=sorted(replies)))
+        if self.kfed_server == "kmeans++":
+            ids = sorted(res.local_centers)
+            centers, labels = cluster_local_centers(
+                [res.local_centers[z] for z in ids], self.n_clusters,
+                server_rng(state.seed, _KFED_BRANCH))
+            res.centers, res.center_labels = centers, dict(zip(ids, labels))
         state.centers = res.centers
         for z in res.center_labels:
             state.center_labels[z] = res.center_labels[z]
@@ -399,7 +420,8 @@ class FLProtocol(Protocol):
             round_bytes_down=np.asarray(h["down"], dtype=np.int64),
             round_devices=np.asarray(h["dev"], dtype=np.int64),
             setup_bytes=[int(state.setup[0]), int(state.setup[1])],
-            snapshots=dict(state.snapshots), log=log)
+            snapshots=dict(state.snapshots), log=log,
+            restart_loss=np.asarray(getattr(state, "restart_loss", np.zeros(0)), dtype=float))
 
     # -- client ---------------------------------------------------------------
     def _device_data(self, data: Any, device_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -420,6 +442,9 @@ class FLProtocol(Protocol):
         if request.action == LOSS:
             if request.payload is None:
                 return LossReport(loss=np.float64(0.0), n_samples=np.int64(len(y)))
+            if isinstance(request.payload, ModelSet):  # IFCA: the loss of the best of k
+                loss = float(choose_cluster(model, request.payload.params, X, y)[1].min())
+                return LossReport(loss=np.float64(loss), n_samples=np.int64(len(y)))
             model.set_params(request.payload.params)
             return LossReport(loss=np.float64(model.loss(X, y)), n_samples=np.int64(len(y)))
         if request.action == KFED:
@@ -467,20 +492,102 @@ class FedAvgProtocol(FLProtocol):
 class IFCAProtocol(FLProtocol):
     """IFCA (Ghosh et al. 2020): k models; every selected device downloads all k (8 k p bytes),
     keeps the one with the lowest local loss, trains it and sends it back tagged; the server
-    averages per cluster. Random selection only."""
+    averages per cluster. Random selection only.
+
+    Restarts (``n_init > 1``, as Ghosh et al.): ``n_init`` independent random starts
+    each run the first ``restart_rounds`` rounds side by side (a device downloads and
+    trains every start's k models: ``n_init`` times the bytes in those rounds); then
+    the start with the lowest mean training loss (the IFCA objective, min over its k
+    models, weighted by n_z) in the last restart round goes on alone. ``rounds``
+    counts the restart rounds (which select devices at random).
+
+    ``selection="pow-d"`` (Cho et al.): the d candidates download all k models and
+    report the loss of their best one (8 k p bytes down, 16 up each); the m with
+    the highest loss train.
+    """
 
     name = "ifca"
     reply_types = {TRAIN: ModelUpdate, LOSS: LossReport}
-    _EXTRA_KEYS = ("n_clusters",)
+    _EXTRA_KEYS = ("n_clusters", "n_init", "restart_rounds")
 
-    def _init_extra(self, n_clusters: int = 2) -> None:
+    def _init_extra(self, n_clusters: int = 2, n_init: int = 1, restart_rounds: int = 3) -> None:
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.n_models = self.n_clusters
-        if self.selection != "random":
-            raise ValidationError(f"IFCA supports selection='random' only, got {self.selection!r}")
+        self.n_init = check_int(n_init, "n_init", min_value=1)
+        self.restart_rounds = check_int(restart_rounds, "restart_rounds", min_value=1)
+        if self.n_init > 1 and self.restart_rounds >= self.rounds:
+            raise ValidationError(f"restart_rounds={self.restart_rounds} must be below "
+                                  f"rounds={self.rounds} when n_init > 1")
+        if self.selection not in ("random", "pow-d"):
+            raise ValidationError(
+                f"IFCA supports selection='random' or 'pow-d', got {self.selection!r}")
+
+    def start(self, device_ids, seed):
+        state = super().start(device_ids, seed)
+        if self.n_init > 1:
+            starts = [state.models]
+            for s in range(1, self.n_init):
+                init = self.new_model()
+                base = _INIT_BRANCH + _RESTART_BRANCH * s
+                M = np.stack([init.init_params(server_rng(seed, base + j))
+                              for j in range(self.n_models)])
+                if not hasattr(init, "hidden"):
+                    M += 0.01 * server_rng(seed, base - 1).standard_normal(M.shape)
+                starts.append(M)
+            state.starts = np.stack(starts)
+            state.start_acc = np.zeros((self.n_init, 2))
+            state.req_start = {}
+        return state
+
+    def _restarting(self, state) -> bool:
+        return self.n_init > 1 and state.fl_round <= self.restart_rounds
+
+    def _round_plan(self, state):
+        if not self._restarting(state):
+            return super()._round_plan(state)
+        state.restart_chosen = select_random(
+            self._live(state), self._m(state),
+            server_rng(state.seed, _SELECT_BRANCH + state.fl_round))
+        state.start_acc[:] = 0.0
+        return [f"start:{s}" for s in range(self.n_init)]
+
+    def _make(self, state, item):
+        if not item.startswith("start:"):
+            return super()._make(state, item)
+        s = int(item.split(":")[1])
+        state.req_start[state.req] = s  # the round number this request will carry
+        live = set(self._live(state))
+        return self._req(state, TRAIN, ModelSet(state.starts[s]),
+                         [z for z in state.restart_chosen if z in live])
+
+    def _train_step(self, state, request, replies):
+        s = state.req_start.get(request.round) if self.n_init > 1 else None
+        if s is None:
+            return super()._train_step(state, request, replies)
+        if replies:
+            state.starts[s] = self._aggregate(replies, state.starts[s])
+        for z, r in replies.items():
+            n = int(r.n_samples)
+            state.start_acc[s] += (float(r.loss) * n, n)
+            if s == 0:
+                state.acc["dev"] += 1
+
+    def _close_round(self, state):
+        if self._restarting(state):
+            loss = state.start_acc[:, 0] / np.maximum(state.start_acc[:, 1], 1)
+            best = int(np.argmin(loss))
+            state.models = state.starts[best].copy()
+            state.acc["loss"], state.acc["n"] = state.start_acc[best]
+            if state.fl_round == self.restart_rounds:
+                state.restart_loss = loss
+                state.center_labels, state.local_counts = {}, {}
+        super()._close_round(state)
 
     def _train_request(self, state, devices):
         return self._req(state, TRAIN, ModelSet(state.models), devices)
+
+    def _probe_payload(self, state):
+        return ModelSet(state.models)
 
     def _note_choice(self, state, z, reply):
         state.center_labels[z] = np.array([int(reply.cluster)], dtype=np.int64)
@@ -502,16 +609,33 @@ class ClusteredFedAvgProtocol(FLProtocol):
 
     ``feature_map``: what k-FED clusters — ``"raw"`` inputs, a shared
     ``"random-projection"`` to ``feature_dim`` dims, or the ``"hidden"`` layer of
-    the MLP after one global FedAvg round. Random selection only (m devices per round
-    over all clusters).
+    the MLP after one global FedAvg round. ``kfed_server``: how the server clusters
+    the local centers — ``"kmeans++"`` (k-means++ restarts + Lloyd to convergence;
+    default) or the paper's ``"farthest-lloyd1"`` (farthest-first + one Lloyd step).
+    Random selection only (m devices per round over all clusters).
+
+    ``routing`` (k' > 1; prediction only, training always uses k-FED's local
+    clusters; default ``"soft-gate"``): ``"centers"`` — nearest local k-FED center
+    (the paper);
+    ``"confidence"`` — the device's model with the lowest predictive entropy;
+    ``"gate"`` — after training every device gets its clusters' final models
+    (:class:`ServeModels`), labels each of its training points by the model with
+    the lowest loss and fits a logistic-regression gate on them
+    (:func:`fedclust.fl.client.fit_gate`), returned as its device output;
+    ``"soft-gate"`` — the same gate, but the prediction mixes the models'
+    class probabilities with the gate's probabilities (a mixture of experts).
     """
 
     name = "clustered-fedavg"
     reply_types = {KFED: LocalCenters, TRAIN: ModelUpdate, LOSS: LossReport}
-    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "feature_map", "feature_dim")
+    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "feature_map", "feature_dim", "kfed_server",
+                   "routing")
 
     def _init_extra(self, n_clusters: int = 2, n_local_clusters: int = 1,
-                    feature_map: str = "raw", feature_dim: int = 50) -> None:
+                    feature_map: str = "raw", feature_dim: int = 50,
+                    kfed_server: str = "kmeans++", routing: str = "soft-gate") -> None:
+        self.kfed_server = check_choice(kfed_server, "kfed_server", KFED_SERVERS)
+        self.routing = check_choice(routing, "routing", ROUTINGS)
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.n_models = self.n_clusters
         self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
@@ -583,9 +707,20 @@ class ClusteredFedAvgProtocol(FLProtocol):
 
     def final_message(self, result: FLResult, device_id: int) -> Message | None:
         labels = result.center_labels.get(device_id)
-        return None if labels is None else LabelMap(global_labels=labels.astype(np.int64))
+        if labels is None:
+            return None
+        labels = labels.astype(np.int64)
+        if self.routing not in ("gate", "soft-gate") or self.n_local_clusters == 1:
+            return LabelMap(global_labels=labels)
+        mine = np.unique(labels)
+        return ServeModels(global_labels=labels, clusters=mine, params=result.models[mine])
 
     def client_finish(self, message, X, state):
         if message is None or "local_labels" not in state:
             return {}
-        return {"labels": np.asarray(message.global_labels)[state["local_labels"]]}
+        out = {"labels": np.asarray(message.global_labels)[state["local_labels"]]}
+        if isinstance(message, ServeModels):
+            Xd, yd = self._device_data(X, -1)
+            gate = fit_gate(self._scratch, message.params, message.clusters, Xd, yd)
+            out.update({f"gate_{k}": v for k, v in gate.items()})
+        return out
