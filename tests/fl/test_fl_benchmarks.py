@@ -43,3 +43,7 @@ def test_fig4_quick(tmp_path):
     for runs in doc["runs"].values():
         assert all(len(r["curve"]) == doc["params"]["rounds"] for r in runs)
     assert all(r["setup_bytes_up"] > 0 for r in doc["runs"]["kfed-pow-d"])
+    assert doc["params"]["kfed_server"] == "kmeans++"
+    for runs in doc["runs"].values():  # the last-rounds summary: per-device scores of snapshots
+        assert all(0.0 <= r["tail_accuracy"] <= 1.0 and r["tail_variance"] >= 0.0 for r in runs)
+    assert doc["summary"]["random"]["tail_variance_change_vs_random"] == 0.0

@@ -5,7 +5,8 @@ import pytest
 from sklearn.cluster import KMeans
 
 from fedclust import ValidationError
-from fedclust.fl import MLP, ClusteredFedAvg, LinearRegression, LogisticRegression, \
+from fedclust.core.random import server_rng
+from fedclust.fl import MLP, ClusteredFedAvg, FedAvg, LinearRegression, LogisticRegression, \
     SoftmaxRegression, rotated_federation
 from fedclust.fl.client import fit_gate, gate_route, point_losses
 from fedclust.fl.messages import ServeModels
@@ -152,3 +153,30 @@ def test_serve_models_message_validates_shapes():
     with pytest.raises(Exception, match="2 clusters for 1 models"):
         ServeModels(global_labels=np.array([0, 2]), clusters=np.array([0, 2]),
                     params=np.zeros((1, 5))).validate("server")
+
+
+@pytest.mark.parametrize("kfed_server", ["kmeans++", "farthest-lloyd1"])
+def test_kfed_pow_d_uses_the_same_kfed_server_step_as_clustered_fedavg(kfed_server):
+    kw = dict(n_clusters=4, n_local_clusters=2, kfed_server=kfed_server, **SMALL)
+    sel = FedAvg(selection="kfed-pow-d", clients_per_round=3, n_candidates=6,
+                 **kw).fit(FED2.devices, FED2.labels)
+    ref = ClusteredFedAvg(**kw).fit(FED2.devices, FED2.labels)
+    assert sel._protocol_.config()["kfed_server"] == kfed_server
+    ids = sorted(ref._result.center_labels)
+    assert sorted(sel._result.center_labels) == ids
+    for z in ids:  # the same k-FED round: same local centers, same global labels
+        np.testing.assert_array_equal(sel._result.local_centers[z], ref._result.local_centers[z])
+        np.testing.assert_array_equal(sel._result.center_labels[z], ref._result.center_labels[z])
+    np.testing.assert_array_equal(sel._result.centers, ref._result.centers)
+    if kfed_server == "kmeans++":  # the server step itself, recomputed from the local centers
+        _, labels = cluster_local_centers([sel._result.local_centers[z] for z in ids], 4,
+                                          server_rng(sel.seed_, 498))
+        for z, lab in zip(ids, labels):
+            np.testing.assert_array_equal(sel._result.center_labels[z], lab)
+
+
+def test_fedavg_kfed_server_default_and_bad_value():
+    assert FedAvg().kfed_server == "kmeans++"
+    with pytest.raises(ValidationError, match="kfed_server"):
+        FedAvg(selection="kfed-pow-d", clients_per_round=3, kfed_server="lloyd",
+               **SMALL).fit(FED2.devices, FED2.labels)

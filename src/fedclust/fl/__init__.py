@@ -3,7 +3,8 @@
 ``models`` — plain-numpy models (flat parameters, loss, gradient, SGD);
 ``client`` — the device step (:func:`local_update`, IFCA's choice);
 ``server`` — aggregation (:func:`aggregate_updates`), per-cluster averages,
-client selection; ``messages`` / ``protocol`` — the rounds; ``estimator`` —
+client selection; ``messages`` / ``protocol`` — the rounds and FedAvg; ``ifca`` /
+``clustered`` — IFCA's and k-FED + FedAvg's protocols; ``estimator`` —
 the :class:`FedAvg`, :class:`IFCA`, :class:`ClusteredFedAvg` front doors;
 ``data`` — rotated-digits / MNIST and label-skewed federations.
 """
@@ -14,7 +15,9 @@ from .client import choose_cluster, local_update
 from .data import label_skew_federation, rotated_federation
 from .estimator import IFCA, ClusteredFedAvg, FedAvg
 from .models import MLP, LinearRegression, LogisticRegression, Model, SoftmaxRegression, make_model
-from .protocol import ClusteredFedAvgProtocol, FedAvgProtocol, FLProtocol, FLResult, IFCAProtocol
+from .clustered import ClusteredFedAvgProtocol
+from .ifca import IFCAProtocol
+from .protocol import FedAvgProtocol, FLProtocol, FLResult
 from .report import fit_supervised, fl_report, fl_result_fields, plot_history
 from .server import aggregate_updates
 

@@ -1,9 +1,9 @@
 """Front doors: :class:`FedAvg`, :class:`IFCA`, :class:`ClusteredFedAvg` (scikit-learn style).
 
 ``fit(devices_X, devices_y)`` validates the federation, builds one protocol
-(:mod:`fedclust.fl.protocol`) and runs it once through ``transport.run`` (the
-in-process simulator by default, or Flower). Labels are class indices
-0..C-1 (C = the largest label + 1) for the classifiers.
+(:mod:`fedclust.fl.protocol`, :mod:`.ifca`, :mod:`.clustered`) and runs it once
+through ``transport.run`` (the in-process simulator by default, or Flower).
+Labels are class indices 0..C-1 (C = the largest label + 1) for the classifiers.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_devices, check_int
 from ..sim.transport import InProcessTransport
 from .models import Model, build_model, make_model
-from .protocol import (ClusteredFedAvgProtocol, FedAvgProtocol, FLProtocol, FLResult,
-                       IFCAProtocol, feature_map)
+from .clustered import ROUTINGS, ClusteredFedAvgProtocol
+from .ifca import IFCAProtocol
+from .protocol import FedAvgProtocol, FLProtocol, FLResult, feature_map
 
 __all__ = ["FedAvg", "IFCA", "ClusteredFedAvg"]
 
@@ -251,6 +252,9 @@ class FedAvg(_FLEstimator):
         d (None: 2 m).
     n_clusters, n_local_clusters : int
         k and k' of the k-FED round of ``selection="kfed-pow-d"``.
+    kfed_server : {"kmeans++", "farthest-lloyd1"}
+        That round's server step, as in :class:`ClusteredFedAvg` (k-means++ restarts
+        on the local centers; or the k-FED paper's farthest-first + one Lloyd step).
 
     Attributes
     ----------
@@ -280,7 +284,8 @@ class FedAvg(_FLEstimator):
                  aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
                  local_mode: str = "sgd", selection: str = "random",
                  n_candidates: int | None = None, n_clusters: int = 10,
-                 n_local_clusters: int = 1, n_hidden: int = 200, l2: float = 0.0,
+                 n_local_clusters: int = 1, kfed_server: str = "kmeans++",
+                 n_hidden: int = 200, l2: float = 0.0,
                  random_state: RandomState = None, progress: bool = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
@@ -290,6 +295,7 @@ class FedAvg(_FLEstimator):
         self.n_candidates = n_candidates
         self.n_clusters = n_clusters
         self.n_local_clusters = n_local_clusters
+        self.kfed_server = kfed_server
 
     def _extra_config(self, n_devices):
         d = 0 if self.n_candidates is None else check_int(self.n_candidates, "n_candidates",
@@ -297,7 +303,8 @@ class FedAvg(_FLEstimator):
         return {"selection": self.selection, "n_candidates": d,
                 "n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1),
                 "n_local_clusters": check_int(self.n_local_clusters, "n_local_clusters",
-                                              min_value=1)}
+                                              min_value=1),
+                "kfed_server": self.kfed_server}
 
 
 class IFCA(_FLEstimator):
@@ -489,7 +496,6 @@ class ClusteredFedAvg(_FLEstimator):
         """Accuracy of each device's serving models on its own test set (Z,), with the
         given prediction ``routing`` (default: the fitted one; ``"gate"`` and
         ``"soft-gate"`` need a fit with either, so that the devices have gates)."""
-        from .protocol import ROUTINGS
         from ..core.validation import check_choice
 
         self._check_fitted()

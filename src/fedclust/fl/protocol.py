@@ -1,4 +1,5 @@
-"""FedAvg, IFCA and k-FED + FedAvg as protocols (one run = one ``transport.run``).
+"""The FL round machinery (:class:`FLProtocol`) and FedAvg; IFCA in :mod:`.ifca`, k-FED +
+FedAvg in :mod:`.clustered` (one run = one ``transport.run``).
 
 Rounds (actions; every request names its devices, so bytes are exact):
 
@@ -7,7 +8,9 @@ Rounds (actions; every request names its devices, so bytes are exact):
     their sample count (the size round that pow-d's sampling ∝ n_z needs);
 ``fl_kfed``  (k-FED + FedAvg, and FedAvg with ``selection="kfed-pow-d"``) one
     k-FED round (:class:`fedclust.kfed.KFedProtocol`'s device step on the raw
-    inputs or a feature map), aggregated by :func:`fedclust.kfed.server.aggregate_centers`;
+    inputs or a feature map), aggregated by the ``kfed_server`` step: k-means++ on
+    the local centers (:func:`fedclust.fl.server.cluster_local_centers`, default)
+    or the paper's :func:`fedclust.kfed.server.aggregate_centers`;
 ``fl_train`` the selected devices train what they receive and send a
     :class:`ModelUpdate`: FedAvg one model, IFCA all k models (the device keeps
     the lowest-loss one), k-FED + FedAvg one request per cluster with that
@@ -42,27 +45,22 @@ from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.random import device_rng, server_rng
 from ..core.validation import check_choice, check_float, check_int
-from ..kfed.messages import LabelMap, LocalCenters
+from ..kfed.messages import LocalCenters
 from ..kfed.protocol import KFedProtocol
-from ..kfed.server import assign_to_centers
-from .client import LOCAL_MODES, choose_cluster, fit_gate, local_update
-from .messages import ClusterModel, LossReport, ModelParams, ModelSet, ModelUpdate, ServeModels
+from .client import LOCAL_MODES, choose_cluster, local_update
+from .messages import LossReport, ModelParams, ModelSet, ModelUpdate
 from .models import MODEL_KINDS, Model, build_model
 from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
 
-__all__ = ["FLProtocol", "FedAvgProtocol", "IFCAProtocol", "ClusteredFedAvgProtocol", "FLResult",
-           "FEATURE_MAPS", "feature_map"]
+__all__ = ["FLProtocol", "FedAvgProtocol", "FLResult", "FEATURE_MAPS", "feature_map"]
 
 TRAIN, LOSS, KFED = "fl_train", "fl_loss", "fl_kfed"
 FEATURE_MAPS = ("raw", "random-projection", "hidden")
-#: how a device with k' > 1 picks, per point, which of its cluster models serves it
-ROUTINGS = ("centers", "gate", "soft-gate", "confidence")
 _SELECT_BRANCH = 1000   # server_rng round index offset for selection draws
 _INIT_BRANCH = 500      # ... for model initialisation
 _PROJ_BRANCH = 499      # ... for the shared random projection
 _KFED_BRANCH = 498      # ... for the k-means++ server step on the local centers
-_RESTART_BRANCH = 100000  # IFCA start s > 0 draws its models from _INIT_BRANCH + s * this
 
 
 @dataclass
@@ -476,251 +474,30 @@ class FLProtocol(Protocol):
 class FedAvgProtocol(FLProtocol):
     """FedAvg (McMahan et al. 2017): one global model; selection random / pow-d / kfed-pow-d.
 
-    ``kfed-pow-d`` first runs one k-FED round (``n_clusters``, ``n_local_clusters``)
-    whose clusters filter the power-of-choice candidates.
+    ``kfed-pow-d`` first runs one k-FED round (``n_clusters``, ``n_local_clusters``;
+    server step ``kfed_server`` as in :class:`ClusteredFedAvgProtocol`, default
+    ``"kmeans++"``) whose clusters filter the power-of-choice candidates.
     """
 
     name = "fedavg"
     reply_types = {TRAIN: ModelUpdate, LOSS: LossReport, KFED: LocalCenters}
-    _EXTRA_KEYS = ("n_clusters", "n_local_clusters")
+    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "kfed_server")
 
-    def _init_extra(self, n_clusters: int = 1, n_local_clusters: int = 1) -> None:
+    def _init_extra(self, n_clusters: int = 1, n_local_clusters: int = 1,
+                    kfed_server: str = "kmeans++") -> None:
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
-
-
-class IFCAProtocol(FLProtocol):
-    """IFCA (Ghosh et al. 2020): k models; every selected device downloads all k (8 k p bytes),
-    keeps the one with the lowest local loss, trains it and sends it back tagged; the server
-    averages per cluster. Random selection only.
-
-    Restarts (``n_init > 1``, as Ghosh et al.): ``n_init`` independent random starts
-    each run the first ``restart_rounds`` rounds side by side (a device downloads and
-    trains every start's k models: ``n_init`` times the bytes in those rounds); then
-    the start with the lowest mean training loss (the IFCA objective, min over its k
-    models, weighted by n_z) in the last restart round goes on alone. ``rounds``
-    counts the restart rounds (which select devices at random).
-
-    ``selection="pow-d"`` (Cho et al.): the d candidates download all k models and
-    report the loss of their best one (8 k p bytes down, 16 up each); the m with
-    the highest loss train.
-    """
-
-    name = "ifca"
-    reply_types = {TRAIN: ModelUpdate, LOSS: LossReport}
-    _EXTRA_KEYS = ("n_clusters", "n_init", "restart_rounds")
-
-    def _init_extra(self, n_clusters: int = 2, n_init: int = 1, restart_rounds: int = 3) -> None:
-        self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
-        self.n_models = self.n_clusters
-        self.n_init = check_int(n_init, "n_init", min_value=1)
-        self.restart_rounds = check_int(restart_rounds, "restart_rounds", min_value=1)
-        if self.n_init > 1 and self.restart_rounds >= self.rounds:
-            raise ValidationError(f"restart_rounds={self.restart_rounds} must be below "
-                                  f"rounds={self.rounds} when n_init > 1")
-        if self.selection not in ("random", "pow-d"):
-            raise ValidationError(
-                f"IFCA supports selection='random' or 'pow-d', got {self.selection!r}")
-
-    def start(self, device_ids, seed):
-        state = super().start(device_ids, seed)
-        if self.n_init > 1:
-            starts = [state.models]
-            for s in range(1, self.n_init):
-                init = self.new_model()
-                base = _INIT_BRANCH + _RESTART_BRANCH * s
-                M = np.stack([init.init_params(server_rng(seed, base + j))
-                              for j in range(self.n_models)])
-                if not hasattr(init, "hidden"):
-                    M += 0.01 * server_rng(seed, base - 1).standard_normal(M.shape)
-                starts.append(M)
-            state.starts = np.stack(starts)
-            state.start_acc = np.zeros((self.n_init, 2))
-            state.req_start = {}
-        return state
-
-    def _restarting(self, state) -> bool:
-        return self.n_init > 1 and state.fl_round <= self.restart_rounds
-
-    def _round_plan(self, state):
-        if not self._restarting(state):
-            return super()._round_plan(state)
-        state.restart_chosen = select_random(
-            self._live(state), self._m(state),
-            server_rng(state.seed, _SELECT_BRANCH + state.fl_round))
-        state.start_acc[:] = 0.0
-        return [f"start:{s}" for s in range(self.n_init)]
-
-    def _make(self, state, item):
-        if not item.startswith("start:"):
-            return super()._make(state, item)
-        s = int(item.split(":")[1])
-        state.req_start[state.req] = s  # the round number this request will carry
-        live = set(self._live(state))
-        return self._req(state, TRAIN, ModelSet(state.starts[s]),
-                         [z for z in state.restart_chosen if z in live])
-
-    def _train_step(self, state, request, replies):
-        s = state.req_start.get(request.round) if self.n_init > 1 else None
-        if s is None:
-            return super()._train_step(state, request, replies)
-        if replies:
-            state.starts[s] = self._aggregate(replies, state.starts[s])
-        for z, r in replies.items():
-            n = int(r.n_samples)
-            state.start_acc[s] += (float(r.loss) * n, n)
-            if s == 0:
-                state.acc["dev"] += 1
-
-    def _close_round(self, state):
-        if self._restarting(state):
-            loss = state.start_acc[:, 0] / np.maximum(state.start_acc[:, 1], 1)
-            best = int(np.argmin(loss))
-            state.models = state.starts[best].copy()
-            state.acc["loss"], state.acc["n"] = state.start_acc[best]
-            if state.fl_round == self.restart_rounds:
-                state.restart_loss = loss
-                state.center_labels, state.local_counts = {}, {}
-        super()._close_round(state)
-
-    def _train_request(self, state, devices):
-        return self._req(state, TRAIN, ModelSet(state.models), devices)
-
-    def _probe_payload(self, state):
-        return ModelSet(state.models)
-
-    def _note_choice(self, state, z, reply):
-        state.center_labels[z] = np.array([int(reply.cluster)], dtype=np.int64)
-        state.local_counts[z] = np.array([int(reply.n_samples)], dtype=np.int64)
-
-    def _train(self, request, X, y, *, device_id, seed, state):
-        params_k = request.payload.params
-        if params_k.shape[0] != self.n_clusters:
-            raise ValidationError(f"device {device_id}: got {params_k.shape[0]} models, "
-                                  f"expected {self.n_clusters}")
-        j, losses = choose_cluster(self._scratch, params_k, X, y)
-        return self._local(params_k[j], X, y, device_id, seed, request.round, cluster=j,
-                           loss=float(losses[j]))
-
-
-class ClusteredFedAvgProtocol(FLProtocol):
-    """k-FED + FedAvg (Dennis et al. 2021, §4.2.2): one k-FED round clusters the devices' data,
-    then FedAvg per cluster (one request per cluster and round, one model download each).
-
-    ``feature_map``: what k-FED clusters — ``"raw"`` inputs, a shared
-    ``"random-projection"`` to ``feature_dim`` dims, or the ``"hidden"`` layer of
-    the MLP after one global FedAvg round. ``kfed_server``: how the server clusters
-    the local centers — ``"kmeans++"`` (k-means++ restarts + Lloyd to convergence;
-    default) or the paper's ``"farthest-lloyd1"`` (farthest-first + one Lloyd step).
-    Random selection only (m devices per round over all clusters).
-
-    ``routing`` (k' > 1; prediction only, training always uses k-FED's local
-    clusters; default ``"soft-gate"``): ``"centers"`` — nearest local k-FED center
-    (the paper);
-    ``"confidence"`` — the device's model with the lowest predictive entropy;
-    ``"gate"`` — after training every device gets its clusters' final models
-    (:class:`ServeModels`), labels each of its training points by the model with
-    the lowest loss and fits a logistic-regression gate on them
-    (:func:`fedclust.fl.client.fit_gate`), returned as its device output;
-    ``"soft-gate"`` — the same gate, but the prediction mixes the models'
-    class probabilities with the gate's probabilities (a mixture of experts).
-    """
-
-    name = "clustered-fedavg"
-    reply_types = {KFED: LocalCenters, TRAIN: ModelUpdate, LOSS: LossReport}
-    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "feature_map", "feature_dim", "kfed_server",
-                   "routing")
-
-    def _init_extra(self, n_clusters: int = 2, n_local_clusters: int = 1,
-                    feature_map: str = "raw", feature_dim: int = 50,
-                    kfed_server: str = "kmeans++", routing: str = "soft-gate") -> None:
         self.kfed_server = check_choice(kfed_server, "kfed_server", KFED_SERVERS)
-        self.routing = check_choice(routing, "routing", ROUTINGS)
-        self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
-        self.n_models = self.n_clusters
-        self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
-        self.kfed_map = self.feature_map = check_choice(feature_map, "feature_map", FEATURE_MAPS)
-        self.feature_dim = check_int(feature_dim, "feature_dim", min_value=1)
-        if self.feature_map == "hidden" and self.model != "mlp":
-            raise ValidationError("feature_map='hidden' needs model='mlp'")
-        if self.selection != "random":
-            raise ValidationError(
-                f"clustered-fedavg supports selection='random' only, got {self.selection!r}")
 
-    def start(self, device_ids, seed):
-        state = super().start(device_ids, seed)
-        state.models[:] = state.models[0]  # one start for every cluster (clusters differ by data)
-        return state
 
-    def _setup_requests(self, state):
-        return ["hidden", "kfed"] if self.feature_map == "hidden" else ["kfed"]
+# IFCA and k-FED + FedAvg live in their own modules (:mod:`.ifca`, :mod:`.clustered`);
+# they stay importable from here, resolved on first use since those modules import this one.
+_MOVED = {"IFCAProtocol": "ifca", "ClusteredFedAvgProtocol": "clustered", "ROUTINGS": "clustered"}
 
-    def _round_plan(self, state):
-        live = self._live(state)
-        chosen = set(select_random(live, self._m(state),
-                                   server_rng(state.seed, _SELECT_BRANCH + state.fl_round)))
-        plan = []
-        for c in range(self.n_clusters):
-            pairs = [(z, j) for z in sorted(chosen) if z in state.center_labels
-                     for j in np.flatnonzero(state.center_labels[z] == c)]
-            if not pairs:
-                continue
-            members = np.array([p[0] for p in pairs], dtype=np.int64)
-            payload = ClusterModel(params=state.models[c], cluster=np.int64(c), members=members,
-                                   local_index=np.array([p[1] for p in pairs], dtype=np.int64))
-            plan.append(self._req(state, TRAIN, payload, np.unique(members)))
-        return plan
 
-    def check_reply(self, state, request, device_id, reply):
-        super().check_reply(state, request, device_id, reply)
-        if request.action == TRAIN and state.phase == "train" \
-                and int(reply.cluster) != int(request.payload.cluster):
-            raise IncompatibleMessageError(
-                f"device {device_id}: update for cluster {int(reply.cluster)} in the round of "
-                f"cluster {int(request.payload.cluster)}")
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from importlib import import_module
 
-    def _train(self, request, X, y, *, device_id, seed, state):
-        msg = request.payload
-        if isinstance(msg, ModelParams):  # the 'hidden' feature round
-            return self._local(msg.params, X, y, device_id, seed, request.round)
-        mine = msg.local_index[msg.members == device_id]
-        if "local_labels" not in state:
-            raise ValidationError(f"device {device_id}: no k-FED local clusters in its state")
-        mask = np.isin(state["local_labels"], mine)
-        if not mask.any():
-            raise ValidationError(f"device {device_id}: no points in local clusters "
-                                  f"{mine.tolist()} of cluster {int(msg.cluster)}")
-        return self._local(msg.params, X[mask], y[mask], device_id, seed, request.round,
-                           cluster=int(msg.cluster))
-
-    def assign_late(self, result: FLResult, device_id: int, reply: LocalCenters) -> np.ndarray:
-        """Map a late device's local centers to the k-FED centers (O(k_z k d)); no training."""
-        if reply.centers.shape[1] != result.centers.shape[1]:
-            raise IncompatibleMessageError(
-                f"device {device_id}: centers have {reply.centers.shape[1]} features but the "
-                f"k-FED centers have {result.centers.shape[1]}")
-        labels = assign_to_centers(reply.centers, result.centers)
-        result.center_labels[device_id] = labels
-        result.local_counts[device_id] = reply.counts
-        result.local_centers[device_id] = reply.centers
-        return labels
-
-    def final_message(self, result: FLResult, device_id: int) -> Message | None:
-        labels = result.center_labels.get(device_id)
-        if labels is None:
-            return None
-        labels = labels.astype(np.int64)
-        if self.routing not in ("gate", "soft-gate") or self.n_local_clusters == 1:
-            return LabelMap(global_labels=labels)
-        mine = np.unique(labels)
-        return ServeModels(global_labels=labels, clusters=mine, params=result.models[mine])
-
-    def client_finish(self, message, X, state):
-        if message is None or "local_labels" not in state:
-            return {}
-        out = {"labels": np.asarray(message.global_labels)[state["local_labels"]]}
-        if isinstance(message, ServeModels):
-            Xd, yd = self._device_data(X, -1)
-            gate = fit_gate(self._scratch, message.params, message.clusters, Xd, yd)
-            out.update({f"gate_{k}": v for k, v in gate.items()})
-        return out
+        return getattr(import_module(f".{_MOVED[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
