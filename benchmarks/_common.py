@@ -236,6 +236,22 @@ def save_plot(args: argparse.Namespace, name: str, draw: Callable[[Any], None]) 
 # ------------------------------------------------------------------ measuring
 
 @contextmanager
+def grouped_error_bars(ax: Any, rows: Sequence[dict[str, Any]], methods: Sequence[str],
+                       labels: Sequence[str], *, ncol: int = 3, capsize: float = 2.0,
+                       ylabel: str = "max_j |w_j - w*_j|") -> None:
+    """One group of bars per row, one bar per method: ``row[method]["error_mean"]`` with
+    ``error_std`` as the error bar (the robust-regression benchmarks' figure)."""
+    width = 0.8 / len(methods)
+    x = np.arange(len(rows))
+    for i, m in enumerate(methods):
+        ax.bar(x + i * width, [r[m]["error_mean"] for r in rows], width,
+               yerr=[r[m]["error_std"] for r in rows], label=m, capsize=capsize)
+    ax.set_xticks(x + 0.4 - width / 2)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7 if ncol < 3 else 6, ncol=ncol)
+
+
 def timer(store: dict[str, float], key: str):
     t0 = time.perf_counter()
     try:

@@ -139,19 +139,11 @@ def main(argv=None) -> dict:
     def draw(plt):
         fig, axes = plt.subplots(1, len(args.alphas), figsize=(6 * len(args.alphas), 3.6),
                                  squeeze=False)
-        width = 0.8 / len(PIPELINES)
         for ax, alpha in zip(axes[0], args.alphas):
             sub = [r for r in rows if r["alpha"] == alpha]
-            x = np.arange(len(sub))
-            for i, name in enumerate(PIPELINES):
-                ax.bar(x + i * width, [r[name]["error_mean"] for r in sub], width,
-                       yerr=[r[name]["error_std"] for r in sub], label=name, capsize=1.5)
+            C.grouped_error_bars(ax, sub, PIPELINES, [r["attack"] for r in sub], capsize=1.5)
             ax.set_yscale("log")
-            ax.set_xticks(x + 0.4 - width / 2)
-            ax.set_xticklabels([r["attack"] for r in sub], fontsize=7)
-            ax.set_ylabel("max_j |w_j - w*_j|")
             ax.set_title(f"alpha = {alpha}", fontsize=9)
-            ax.legend(fontsize=6, ncol=3)
 
     C.save_plot(args, "robust_fig2b", draw)
     res = {"params": {k: getattr(args, k) for k in (

@@ -141,16 +141,8 @@ def main(argv=None) -> dict:
 
     def draw(plt):
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        width = 0.8 / len(PIPELINES)
-        x = np.arange(len(rows))
-        for i, m in enumerate(PIPELINES):
-            ax.bar(x + i * width, [r[m]["error_mean"] for r in rows], width,
-                   yerr=[r[m]["error_std"] for r in rows], label=m, capsize=2)
-        ax.set_xticks(x + 0.4 - width / 2)
-        ax.set_xticklabels([f"alpha={r['alpha']}" for r in rows])
-        ax.set_ylabel("max_j |w_j - w*_j|")
+        C.grouped_error_bars(ax, rows, PIPELINES, [f"alpha={r['alpha']}" for r in rows], ncol=2)
         ax.set_title(f"robust clustered logistic regression ({name})", fontsize=9)
-        ax.legend(fontsize=7, ncol=2)
 
     C.save_plot(args, "robust_logistic", draw)
     res = {"params": {"dataset": name, **{k: getattr(args, k) for k in (

@@ -75,6 +75,12 @@ class _FLEstimator:
         self.random_state = random_state
         self.progress = progress
 
+    def _selection_config(self) -> dict[str, Any]:
+        """``selection`` and ``n_candidates`` (0: the protocol's default) for the protocol."""
+        d = 0 if self.n_candidates is None else check_int(self.n_candidates, "n_candidates",
+                                                          min_value=1)
+        return {"selection": self.selection, "n_candidates": d}
+
     def _extra_config(self, n_devices: int) -> dict[str, Any]:
         return {}
 
@@ -298,9 +304,7 @@ class FedAvg(_FLEstimator):
         self.kfed_server = kfed_server
 
     def _extra_config(self, n_devices):
-        d = 0 if self.n_candidates is None else check_int(self.n_candidates, "n_candidates",
-                                                          min_value=1)
-        return {"selection": self.selection, "n_candidates": d,
+        return {**self._selection_config(),
                 "n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1),
                 "n_local_clusters": check_int(self.n_local_clusters, "n_local_clusters",
                                               min_value=1),
@@ -355,12 +359,10 @@ class IFCA(_FLEstimator):
         self.n_candidates = n_candidates
 
     def _extra_config(self, n_devices):
-        d = 0 if self.n_candidates is None else check_int(self.n_candidates, "n_candidates",
-                                                          min_value=1)
         return {"n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1),
                 "n_init": check_int(self.n_init, "n_init", min_value=1),
                 "restart_rounds": check_int(self.restart_rounds, "restart_rounds", min_value=1),
-                "selection": self.selection, "n_candidates": d}
+                **self._selection_config()}
 
     def _store(self, out, ids, tests):
         loss = out.result.restart_loss

@@ -15,6 +15,7 @@ separation: ``||w*_i - w*_j|| ~ coef_scale·sqrt(2d)`` against an ERM noise of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -43,6 +44,53 @@ class MixtureRegression:
     y_test: list[np.ndarray] = field(default_factory=list)
 
 
+def _split_machines(seed: int, m: int, k: int, alpha: float) -> tuple[set, list[int]]:
+    """The Byzantine machines (from the seed) and the honest ones (at least k of them)."""
+    bad = set(choose_byzantine(range(m), alpha, seed))
+    honest = [i for i in range(m) if i not in bad]
+    if len(honest) < k:
+        raise ValidationError(
+            f"n_clusters={k} but only {len(honest)} honest machines (n_machines={m}, alpha={alpha})")
+    return bad, honest
+
+
+def _assign_clusters(rng: np.random.Generator, m: int, k: int, honest: list[int]) -> np.ndarray:
+    """Cluster of each machine (-1: Byzantine); every cluster gets at least one honest one."""
+    clusters = np.full(m, -1, dtype=np.int64)
+    lab = np.concatenate([np.arange(k), rng.integers(0, k, len(honest) - k)])
+    clusters[honest] = rng.permutation(lab)
+    return clusters
+
+
+def _draw_machines(seed: int, d: int, n: int, n_test: int, clusters: np.ndarray,
+                   W: np.ndarray, b: np.ndarray,
+                   liar_model: Callable[[np.random.Generator], tuple[np.ndarray, float]],
+                   respond: Callable[[np.ndarray, np.random.Generator], np.ndarray]) -> tuple:
+    """Each machine's training (and test) points from its own stream: x ~ N(0, I_d), the
+    response ``respond(x·w + b, rng)`` under its cluster's model or its own lie."""
+    Xs, ys, Xt, yt = [], [], [], []
+    for i, c in enumerate(clusters):
+        r = device_rng(seed, i, 0)
+        w, b0 = (W[c], b[c]) if c >= 0 else liar_model(r)
+        for count, xs, ys_ in ((n, Xs, ys), (n_test, Xt, yt)):
+            if count:
+                X = r.normal(size=(count, d))
+                xs.append(X)
+                ys_.append(respond(X @ w + b0, r))
+    return Xs, ys, Xt, yt
+
+
+def _federation(mr: MixtureRegression, what: str, n_machines: int, n_features: int,
+                alpha: float):
+    from ..core.registry import Federation
+
+    return Federation(
+        mr.Xs, mr.ys, f"mixture of {what} ({n_machines} machines, d={n_features}, alpha={alpha})",
+        test_devices=mr.X_test or None, test_labels=mr.y_test or None,
+        extra={"coef": mr.coef, "intercept": mr.intercept, "clusters": mr.clusters.tolist(),
+               "byzantine": mr.byzantine})
+
+
 def make_mixture_regression(n_machines: int = 100, n_samples: int = 50, n_features: int = 10,
                             n_clusters: int = 4, *, alpha: float = 0.1, noise: float = 0.5,
                             coef_scale: float = 1.0, byzantine_scale: float = 10.0,
@@ -58,30 +106,15 @@ def make_mixture_regression(n_machines: int = 100, n_samples: int = 50, n_featur
     byzantine_scale = check_float(byzantine_scale, "byzantine_scale", min_value=0.0)
     n_test = check_int(n_test, "n_test", min_value=0)
     seed = root_seed(random_state)
-    bad = set(choose_byzantine(range(m), alpha, seed))
-    honest = [i for i in range(m) if i not in bad]
-    if len(honest) < k:
-        raise ValidationError(
-            f"n_clusters={k} but only {len(honest)} honest machines (n_machines={m}, alpha={alpha})")
+    bad, honest = _split_machines(seed, m, k, alpha)
     rng = server_rng(seed, 0)
     W = coef_scale * rng.normal(size=(k, d))
     b = coef_scale * rng.normal(size=k) if intercept else np.zeros(k)
-    clusters = np.full(m, -1, dtype=np.int64)
-    lab = np.concatenate([np.arange(k), rng.integers(0, k, len(honest) - k)])
-    clusters[honest] = rng.permutation(lab)
-    Xs, ys, Xt, yt = [], [], [], []
-    for i in range(m):
-        r = device_rng(seed, i, 0)
-        if clusters[i] >= 0:
-            w, b0 = W[clusters[i]], b[clusters[i]]
-        else:
-            w, b0 = byzantine_scale * r.normal(size=d), (
-                byzantine_scale * r.normal() if intercept else 0.0)
-        for count, xs, ys_ in ((n, Xs, ys), (n_test, Xt, yt)):
-            if count:
-                X = r.normal(size=(count, d))
-                xs.append(X)
-                ys_.append(X @ w + b0 + noise * r.normal(size=count))
+    clusters = _assign_clusters(rng, m, k, honest)
+    liar = lambda r: (byzantine_scale * r.normal(size=d),
+                      byzantine_scale * r.normal() if intercept else 0.0)
+    Xs, ys, Xt, yt = _draw_machines(seed, d, n, n_test, clusters, W, b, liar,
+                                    lambda z, r: z + noise * r.normal(size=z.shape[0]))
     return MixtureRegression(Xs, ys, W, b, clusters, sorted(bad), Xt, yt)
 
 
@@ -91,19 +124,11 @@ def mixture_regression_source(seed: int, *, n_machines: int = 100, n_samples: in
                               byzantine_scale: float = 10.0, intercept: bool = False,
                               n_test: int = 50):
     """``[data] source = "mixture-regression"``: a Federation of (X, y) machines."""
-    from ..core.registry import Federation
-
     mr = make_mixture_regression(n_machines, n_samples, n_features, n_clusters, alpha=alpha,
                                  noise=noise, coef_scale=coef_scale,
                                  byzantine_scale=byzantine_scale, intercept=intercept,
                                  n_test=n_test, random_state=seed)
-    return Federation(
-        mr.Xs, mr.ys,
-        f"mixture of {n_clusters} linear regressions ({n_machines} machines, d={n_features}, "
-        f"alpha={alpha})",
-        test_devices=mr.X_test or None, test_labels=mr.y_test or None,
-        extra={"coef": mr.coef, "intercept": mr.intercept, "clusters": mr.clusters.tolist(),
-               "byzantine": mr.byzantine})
+    return _federation(mr, f"{n_clusters} linear regressions", n_machines, n_features, alpha)
 
 
 def make_mixture_logistic(n_machines: int = 100, n_samples: int = 100, n_features: int = 5,
@@ -127,30 +152,16 @@ def make_mixture_logistic(n_machines: int = 100, n_samples: int = 100, n_feature
     byzantine_scale = check_float(byzantine_scale, "byzantine_scale", min_value=0.0)
     n_test = check_int(n_test, "n_test", min_value=0)
     seed = root_seed(random_state)
-    bad = set(choose_byzantine(range(m), alpha, seed))
-    honest = [i for i in range(m) if i not in bad]
-    if len(honest) < k:
-        raise ValidationError(
-            f"n_clusters={k} but only {len(honest)} honest machines (n_machines={m}, alpha={alpha})")
+    bad, honest = _split_machines(seed, m, k, alpha)
     rng = server_rng(seed, 0)
     W = coef_scale * rng.normal(size=(k, d))
     b = rng.normal(size=k)
-    clusters = np.full(m, -1, dtype=np.int64)
-    lab = np.concatenate([np.arange(k), rng.integers(0, k, len(honest) - k)])
-    clusters[honest] = rng.permutation(lab)
-    Xs, ys, Xt, yt = [], [], [], []
-    for i in range(m):
-        r = device_rng(seed, i, 0)
-        if clusters[i] >= 0:
-            w, b0 = W[clusters[i]], b[clusters[i]]
-        else:
-            w, b0 = byzantine_scale * r.normal(size=d), byzantine_scale * r.normal()
-        for count, xs, ys_ in ((n, Xs, ys), (n_test, Xt, yt)):
-            if count:
-                X = r.normal(size=(count, d))
-                p = 0.5 * (1.0 + np.tanh(0.5 * (X @ w + b0)))
-                xs.append(X)
-                ys_.append((r.uniform(size=count) < p).astype(np.int64))
+    clusters = _assign_clusters(rng, m, k, honest)
+    liar = lambda r: (byzantine_scale * r.normal(size=d), byzantine_scale * r.normal())
+    # sigmoid(z) = (1 + tanh(z / 2)) / 2: no overflow for large |z|
+    label = lambda z, r: (r.uniform(size=z.shape[0]) < 0.5 * (1.0 + np.tanh(0.5 * z))).astype(
+        np.int64)
+    Xs, ys, Xt, yt = _draw_machines(seed, d, n, n_test, clusters, W, b, liar, label)
     return MixtureRegression(Xs, ys, W, b, clusters, sorted(bad), Xt, yt)
 
 
@@ -159,15 +170,7 @@ def mixture_logistic_source(seed: int, *, n_machines: int = 100, n_samples: int 
                             coef_scale: float = 2.0, byzantine_scale: float = 10.0,
                             n_test: int = 100):
     """``[data] source = "mixture-logistic"``: a Federation of (X, y in {0, 1}) machines."""
-    from ..core.registry import Federation
-
     mr = make_mixture_logistic(n_machines, n_samples, n_features, n_clusters, alpha=alpha,
                                coef_scale=coef_scale, byzantine_scale=byzantine_scale,
                                n_test=n_test, random_state=seed)
-    return Federation(
-        mr.Xs, mr.ys,
-        f"mixture of {n_clusters} logistic regressions ({n_machines} machines, d={n_features}, "
-        f"alpha={alpha})",
-        test_devices=mr.X_test or None, test_labels=mr.y_test or None,
-        extra={"coef": mr.coef, "intercept": mr.intercept, "clusters": mr.clusters.tolist(),
-               "byzantine": mr.byzantine})
+    return _federation(mr, f"{n_clusters} logistic regressions", n_machines, n_features, alpha)
