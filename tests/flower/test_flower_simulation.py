@@ -80,7 +80,7 @@ def _same(a, b, where=""):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["coreset", "gauss", "fl", "robust"])
+@pytest.mark.parametrize("family", ["coreset", "gauss", "fl", "robust", "robust-classification"])
 def test_every_family_demo_is_the_same_on_flower_simulation(family, tmp_path):
     """Each family's registered demo, with the same protocol object, on Flower's simulation
     engine (Ray, one virtual SuperNode per device) against the in-process transport."""
