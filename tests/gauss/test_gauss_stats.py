@@ -212,5 +212,5 @@ def test_compact_folds_an_online_models_fragments_without_losing_a_sample():
     assert m.counts_.sum() == 3000
     pooled = (m.counts_[:, None] * m.means_).sum(0) / 3000
     np.testing.assert_allclose(pooled, X.mean(0), rtol=1e-9, atol=1e-9)
-    f = EvolvingGaussians().fit(X)  # fit = partial_fit on a fresh model + compact
+    f = EvolvingGaussians().fit(X)  # pilot pass + pass + compact: here the pilot changes nothing
     np.testing.assert_array_equal(f.means_, m.means_)

@@ -38,7 +38,7 @@ from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_device_ids, check_devices
 from ..sim.transport import InProcessTransport
-from .local import from_message
+from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
 from .protocol import (SETTING_NAMES, GaussClassifierProtocol, GaussProtocol, GaussResult,
                        check_settings, predict_labels, result_message)
@@ -86,7 +86,16 @@ _PARAMS_DOC = """
         Shrink Sigma_0 to the lower-quartile volume of the mature clusters (n >= D + 1,
         small-sample-corrected log det) when that is smaller than the volume rule;
         re-evaluated online as the stream grows and on the server from the received and
-        the final clusters (deterministic, order-independent).
+        the final clusters (deterministic, order-independent). An owner (and ``fit``)
+        holds all its rows, so it streams them twice: a pilot pass measures the factor,
+        the second pass starts from it (without it the first clusters, born under the
+        volume rule, which is wide in high D, swallow neighbouring blobs for good).
+    max_dip : float, default=0.75
+        With ``merge_test="both"``, the volume criterion merges a pair only when the
+        two-Gaussian mixture density has no valley deeper than this (in log density)
+        on the segment between the means (0.75: two equal Gaussians about 3.5 sigma
+        apart). The likelihood test is not gated. A core and its halo pass; young
+        clusters of two neighbouring blobs (which the volume rule joins in D >= 5) do not.
 """
 
 
@@ -152,7 +161,8 @@ class EvolvingGaussians(_Params):
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "both",
-                 overlap_tol: float = 0.0, adaptive_prior: bool = True):
+                 overlap_tol: float = 0.0, adaptive_prior: bool = True,
+                 max_dip: float = 0.75):
         self._init(self, locals())
 
     def _model(self, D: int | None) -> ClusterSet | None:
@@ -186,9 +196,16 @@ class EvolvingGaussians(_Params):
         return self
 
     def fit(self, X: Any, y: None = None) -> "EvolvingGaussians":
-        """Forget everything, learn X in one pass, then :meth:`compact` (as the server does)."""
+        """Forget everything, learn X as one owner does (one pass, or a pilot pass and
+        one with ``adaptive_prior``), then :meth:`compact` (as the server does)."""
         self._cs = None
-        return self.partial_fit(X).compact()
+        X = self._check_X(X)
+        if X.shape[0]:
+            with one_thread():
+                self._cs = learn_local(X, None, self._settings(), 0)
+        else:
+            self._model(X.shape[1])
+        return self.compact()
 
     def compact(self) -> "EvolvingGaussians":
         """The server's clean-up on this model: merge every passing pair (not only pairs
@@ -340,7 +357,7 @@ class FedGaussClustering(_FedBase):
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "both",
                  overlap_tol: float = 0.0, adaptive_prior: bool = True,
-                 kappa_n: float = 1, n_rounds: int = 1,
+                 max_dip: float = 0.75, kappa_n: float = 1, n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):
         self._init(self, locals())
 
@@ -433,6 +450,7 @@ class FedGaussClassifier(_FedBase):
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "volume",
                  overlap_tol: float = 0.0, adaptive_prior: bool = False,
+                 max_dip: float = 0.75,
                  kappa_f: float = 0.01, kappa_n: float = 1,
                  n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):

@@ -3,7 +3,8 @@
 ``learn_local`` first pools the owner's global statistics (exact per-feature
 mean and variance of its rows, plus any broadcast global statistics), so the
 new-cluster covariance Sigma_0 and the variance floor come from the data scale,
-then streams the rows once (O(n c D^2) time, O(c D^2) memory).
+then streams the rows once (O(n c D^2) time, O(c D^2) memory); twice with the
+adaptive Sigma_0 (the clustering default), the first pass only measuring it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,24 @@ __all__ = ["learn_local", "to_message", "from_message"]
 
 def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_classes: int,
                 prior: tuple[float, np.ndarray, np.ndarray] | None = None) -> ClusterSet:
-    """One pass over the owner's rows (``y``: class indices 0..M-1, or None)."""
-    cs = ClusterSet(X.shape[1], settings, n_classes)
+    """Learn the owner's rows (``y``: class indices 0..M-1, or None) in one pass; with
+    ``adaptive_prior``, two: a pilot pass only measures the adaptive Sigma_0 factor,
+    which then caps Sigma_0 from the first row of the second pass."""
     own = moments(X)
-    cs.set_global(*(own if prior is None else merge_moments(prior, own)))
+    g = own if prior is None else merge_moments(prior, own)
+    cs = _one_pass(X, y, settings, n_classes, g, 1.0)
+    if settings.adaptive_prior and settings.n_r is None:
+        # pilot pass: the rows are all here, so the second pass starts from the Sigma_0
+        # the first one ended with; otherwise the first clusters, born under the
+        # global-volume rule (wide in high D), swallow neighbouring blobs for good
+        cs = _one_pass(X, y, settings, n_classes, g, cs.prior_factor)
+    return cs
+
+
+def _one_pass(X, y, settings, n_classes, g, cap):
+    cs = ClusterSet(X.shape[1], settings, n_classes)
+    cs.prior_cap = cap
+    cs.set_global(*g)
     cs.learn(X, y)
     return cs
 

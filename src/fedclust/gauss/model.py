@@ -83,6 +83,7 @@ class Settings:
     merge_test: str = "both"
     overlap_tol: float = 0.0
     adaptive_prior: bool = True
+    max_dip: float = 0.75
 
 
 class ClusterSet:
@@ -96,6 +97,7 @@ class ClusterSet:
         self.n_classes = int(n_classes)
         self.n0 = float(2 * (D + 1) if settings.prior_weight is None else settings.prior_weight)
         self._adapt_at = (0, 0)  # (samples seen, mature clusters) at the last evaluation
+        self.prior_cap = 1.0  # upper bound of the adaptive factor (a pilot pass sets it)
         if settings.n_sigma is not None:
             self.gate = float(settings.n_sigma) ** 2
         else:
@@ -152,13 +154,17 @@ class ClusterSet:
         model get the same value. Per-dimension volumes keep the rule free of D. The
         log-determinants are corrected for their small-sample bias (Wishart), so clusters
         count as mature from D + 1 samples; a quantile ignores a few merged giants or
-        tiles. Never below ``MIN_PRIOR_FACTOR``.
+        tiles. Never below ``MIN_PRIOR_FACTOR``, never above ``prior_cap`` (1, or the
+        factor a pilot pass over the same rows ended with: :func:`learn_local`).
         """
-        if not self.s.adaptive_prior or self.s.n_r is not None or self.C < 2:
+        if not self.s.adaptive_prior or self.s.n_r is not None:
             return 1.0
+        cap = self.prior_cap
+        if self.C < 2:
+            return cap
         idx = np.flatnonzero(self.n[:self.C] >= self.mature_count())
         if idx.size < 2:
-            return 1.0
+            return cap
         n = self.n[idx]
         # unbiased log det Sigma from a scatter with n - 1 degrees of freedom (Wishart):
         # E log det S = log det Sigma + sum_i digamma((n - i) / 2) + D log 2
@@ -168,7 +174,7 @@ class ClusterSet:
         ld = (self._data_logdet(self.S[idx], np.ones_like(n))
               - digamma(dof / 2.0).sum(axis=1) - self.D * np.log(2.0))
         ratio = np.exp((ld - float(np.log(self.s0_rule).sum())) / self.D)
-        return float(min(1.0, max(np.quantile(ratio, PRIOR_QUANTILE), MIN_PRIOR_FACTOR)))
+        return float(min(cap, max(np.quantile(ratio, PRIOR_QUANTILE), MIN_PRIOR_FACTOR)))
 
     def _data_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
         """log det of (S + ML_RIDGE Sigma_0_rule) / n (nearly the data covariance S / n)."""
@@ -443,12 +449,32 @@ class ClusterSet:
         cap = 0.5 * ld > np.log(self.s.max_volume) + 0.5 * self.ld_global
         score = np.where(cap, np.inf, score)
         if self.s.merge_test == "both":
-            # the volume criterion only for a union at least as large as each part: in
-            # high D, pooling a narrow and a wide cluster can give a smaller det than the
-            # wide one's, so V_pq < kappa_m (V_p + V_q) would pass for disjoint clusters
-            score = np.where(ld < np.maximum(self.ld[p], self.ld[q]), np.inf, score)
+            # the volume criterion only for a pair whose mixture has no valley between the
+            # means: in D >= 5 young clusters of two neighbouring blobs pass it (their
+            # union's volume grows along one axis only), a core and its halo do not dip
+            score = np.where(self._dip(p, q) < -self.s.max_dip, np.inf, score)
             score = np.minimum(score, self._likelihood_loss(p, q, n, S) - self.s.overlap_tol)
         return score, (n, mu, S)
+
+    def _dip(self, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Deepest valley of the two-cluster mixture density on the segment between the means.
+
+        min_t log f(t) - min(log f(0), log f(1)) <= 0 over 33 points t in [0, 1],
+        f(t) = n_p N(x_t; mu_p, Sigma_p) + n_q N(x_t; mu_q, Sigma_q) (0: no valley).
+        Two equal Gaussians delta sigma apart dip by
+        log(2 exp(-delta^2 / 8) / (1 + exp(-delta^2 / 2))): 0.75 at delta ~ 3.4.
+        O(D^2) per pair from the cached (shrunk) precisions."""
+        diff = self.mu[q] - self.mu[p]
+        if self.full:
+            a = np.einsum("kd,kde,ke->k", diff, self.P[p], diff)
+            b = np.einsum("kd,kde,ke->k", diff, self.P[q], diff)
+        else:
+            a = (diff ** 2 * self.P[p]).sum(axis=1)
+            b = (diff ** 2 * self.P[q]).sum(axis=1)
+        t = np.linspace(0.0, 1.0, 33)[:, None]
+        lf = np.logaddexp(np.log(self.n[p]) - 0.5 * (t ** 2 * a + self.ld[p]),
+                          np.log(self.n[q]) - 0.5 * ((1 - t) ** 2 * b + self.ld[q]))
+        return lf.min(axis=0) - np.minimum(lf[0], lf[-1])
 
     def _ml_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
         """log det of the data covariance (S + ML_RIDGE Sigma_0) / n (nearly S / n, never singular)."""
