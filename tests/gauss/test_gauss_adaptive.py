@@ -209,7 +209,7 @@ def test_valley_gate_keeps_neighbouring_5d_blobs_apart():
     parts = np.array_split(np.random.default_rng(0).permutation(len(X)), 3)
     owners = [X[p] for p in parts]
     gated = FedGaussClustering(random_state=0).fit(owners)
-    ungated = FedGaussClustering(random_state=0, max_dip=1e9).fit(owners)
+    ungated = FedGaussClustering(random_state=0, max_dip=np.inf).fit(owners)
     a_gated = adjusted_rand_score(y, gated.predict(X))
     assert a_gated >= 0.95 and abs(gated.n_clusters_ - 25) <= 3
     assert a_gated > adjusted_rand_score(y, ungated.predict(X)) + 0.1
@@ -232,3 +232,9 @@ def test_pilot_pass_recovers_10d_blobs_like_a_gaussian_mixture():
     parts = np.array_split(np.random.default_rng(0).permutation(len(X)), 3)
     fed = FedGaussClustering(random_state=0).fit([X[p] for p in parts])
     assert adjusted_rand_score(y, fed.predict(X)) >= ref - 0.02
+
+
+@pytest.mark.parametrize("bad", [-0.1, np.nan, "deep"])
+def test_max_dip_must_be_a_nonnegative_number(bad):
+    with pytest.raises(ValidationError, match="max_dip"):
+        FedGaussClustering(max_dip=bad).fit([np.arange(10.0).reshape(5, 2)] * 2)

@@ -94,7 +94,7 @@ _PARAMS_DOC = """
         With ``merge_test="both"``, the volume criterion merges a pair only when the
         two-Gaussian mixture density has no valley deeper than this (in log density)
         on the segment between the means (0.75: two equal Gaussians about 3.5 sigma
-        apart). The likelihood test is not gated. A core and its halo pass; young
+        apart; ``inf``: no gate). The likelihood test is not gated. A core and its halo pass; young
         clusters of two neighbouring blobs (which the volume rule joins in D >= 5) do not.
 """
 
