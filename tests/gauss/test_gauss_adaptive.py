@@ -182,17 +182,21 @@ def test_volume_criterion_is_gated_by_the_valley_between_the_pair():
     assert scores["volume"] < 0 < scores["both"]
 
 
+@pytest.mark.parametrize("covariance", ["full", "diag"])
 @pytest.mark.parametrize("delta", [1.0, 2.5, 3.2, 3.6, 5.0])
-def test_dip_is_the_closed_form_for_two_equal_gaussians(delta):
+def test_dip_is_the_closed_form_for_two_equal_gaussians(delta, covariance):
     """Two equal Gaussians delta sigma apart (equal weights): the mixture on the segment
     is lowest at the midpoint when delta > 2, where log f(1/2) - log f(0) =
     log(2 exp(-delta^2/8) / (1 + exp(-delta^2/2))); unimodal (0) when delta <= 2."""
     D = 3
-    cs = ClusterSet(D, Settings())
+    cs = ClusterSet(D, Settings(covariance=covariance))
     cs.set_global(1000, np.zeros(D), 1000 * np.ones(D))
     S = 50.0 * np.diag([1.0, 2.0, 0.5])
+    if covariance == "diag":
+        S = np.diag(S)
     cs.add(np.zeros((1, D)), S[None], np.array([51.0]), np.array([-1]), np.array([0]))
-    sigma = np.sqrt(cs.covariance(np.array([0]))[0][0, 0])
+    cov = cs.covariance(np.array([0]))[0]
+    sigma = np.sqrt(cov[0, 0] if covariance == "full" else cov[0])
     mu = np.array([[delta * sigma, 0.0, 0.0]])
     cs.add(mu, S[None], np.array([51.0]), np.array([-1]), np.array([0]))
     got = float(cs._dip(np.array([0]), np.array([1]))[0])
