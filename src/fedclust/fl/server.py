@@ -106,29 +106,20 @@ def select_by_loss(losses: dict[int, float], m: int,
 
 
 def cluster_local_centers(centers: Sequence[np.ndarray], n_clusters: int,
-                          rng: np.random.Generator, *, n_init: int = 10,
+                          rng: np.random.Generator, *,
                           max_iter: int = 300) -> tuple[np.ndarray, list[np.ndarray]]:
-    """k-means on the devices' local centers: ``n_init`` k-means++ starts, Lloyd to
-    convergence, the lowest inertia kept (the ``kfed_server="kmeans++"`` server step).
+    """The ``kfed_server="kmeans++"`` step: k-FED's ``"kmeans++"`` server
+    (:func:`fedclust.kfed.server.aggregate_centers`: 10 k-means++ starts, Lloyd to
+    convergence, the lowest inertia kept) on the devices' local centers.
 
     ``centers``: one (k_z, d) array per device. Returns the (k, d) global centers and,
     per device, the (k_z,) global label of each of its local centers. Unlike the
     paper's farthest-first start, an outlying local center (a device whose local
     split followed the digits rather than the rotations) cannot claim a cluster of
-    its own. Same one-shot communication as k-FED; O(n_init N k d) per Lloyd pass
-    for N = Σ k_z centers.
+    its own.
     """
-    from ..core.kmeans import kmeans_plusplus, lloyd
+    from ..kfed.server import aggregate_centers
 
-    C = np.concatenate([np.asarray(c, dtype=np.float64) for c in centers], axis=0)
-    if len(C) < n_clusters:
-        raise ValidationError(f"{len(C)} local centers in all but n_clusters={n_clusters}")
-    best = None
-    for _ in range(max(1, int(n_init))):
-        res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng)], max_iter=max_iter)
-        if best is None or res.inertia < best.inertia:
-            best = res
-    offsets = np.cumsum([0] + [len(c) for c in centers])
-    labels = [best.labels[offsets[i]:offsets[i + 1]].astype(np.int64)
-              for i in range(len(centers))]
-    return best.centers, labels
+    agg = aggregate_centers([np.asarray(c, dtype=np.float64) for c in centers], n_clusters,
+                            method="kmeans++", rng=rng, max_iter=max_iter)
+    return agg.centers, [lab.astype(np.int64) for lab in agg.center_labels]

@@ -38,10 +38,12 @@ class KFed(CenterEstimatorMixin):
         k, the number of global clusters.
     n_local_clusters : int or sequence of int
         k' for every device, or one k_z per device (devices may differ).
-    server : {"farthest-lloyd1", "farthest-lloyd", "single-linkage"}
+    server : {"farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++"}
         Aggregation: the paper's farthest-point initialisation + one Lloyd
-        round (default), Lloyd to convergence (the authors' code), or the
-        poster's union-find / single-linkage merge.
+        round (default), Lloyd to convergence (the authors' code), the
+        poster's union-find / single-linkage merge, or (ours) 10 k-means++
+        starts with Lloyd to convergence, the lowest inertia kept: an outlying
+        device center no longer claims a final cluster of its own.
     weighted : bool, default=False
         Weight device centers by their point counts in the server's Lloyd.
     first_device : {"widest", "random"} or int, default="widest"

@@ -16,6 +16,12 @@ Methods (``method=``):
     Union the closest pair of centers until k sets remain. Done exactly via a
     Euclidean minimum spanning tree (Borůvka with blockwise BLAS distances), so
     memory is O(N) for N = Σ k_z centers; no N x N matrix is ever built.
+``"kmeans++"`` (ours, not in the paper)
+    ``KMEANS_PP_INIT`` k-means++ starts drawn from the server's stream, Lloyd to
+    convergence from each, the lowest inertia kept. Farthest-first gives an
+    outlying device center (noise, a device whose local split followed another
+    structure) a final cluster of its own; k-means++ seeding rarely does. The
+    same one-shot communication; O(n_init N k d) per Lloyd round.
 
 Which device seeds M (``first_device=``): ``"widest"`` (default) takes the
 device with the most centers, ties broken by the largest minimum distance
@@ -36,13 +42,15 @@ import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
 from ..core.exceptions import ValidationError
-from ..core.kmeans import assign, lloyd
+from ..core.kmeans import assign, kmeans_plusplus, lloyd
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
 __all__ = ["AggregationResult", "aggregate_centers", "farthest_first", "assign_to_centers",
            "single_linkage", "SERVER_METHODS"]
 
-SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage")
+SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++")
+#: k-means++ starts of the ``"kmeans++"`` server (scikit-learn's KMeans default before 1.4)
+KMEANS_PP_INIT = 10
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,16 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         res = lloyd(C, C[init_idx], weights=w,
                     max_iter=1 if method == "farthest-lloyd1" else max_iter, tol=tol)
         final, labels, n_iter = res.centers, res.labels, res.n_iter
+    elif method == "kmeans++":
+        if rng is None:
+            raise ValidationError("method='kmeans++' needs the server's random stream (rng)")
+        best = None
+        for _ in range(KMEANS_PP_INIT):
+            res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng, weights=w)], weights=w,
+                        max_iter=max_iter, tol=tol)
+            if best is None or res.inertia < best.inertia:
+                best = res
+        final, labels, n_iter = best.centers, best.labels, best.n_iter
     else:
         raise ValidationError(f"method={method!r} is not supported; choose one of {list(SERVER_METHODS)}")
     center_labels = [labels[offsets[z]:offsets[z + 1]].copy() for z in range(len(sizes))]
