@@ -96,6 +96,10 @@ _PARAMS_DOC = """
         on the segment between the means (0.75: two equal Gaussians about 3.5 sigma
         apart; ``inf``: no gate). The likelihood test is not gated. A core and its halo pass; young
         clusters of two neighbouring blobs (which the volume rule joins in D >= 5) do not.
+    pooled_shrinkage : float, default=0.0 (0.5 for the classifier)
+        w > 0: at prediction, a cluster's covariance is (S_i + n0 T) / (n_i + n0 - 1)
+        with T = w x the model's pooled within-cluster variance (diagonal) instead of
+        Sigma_0 (see :meth:`ClusterSet.scoring_precisions`); learning is unchanged.
 """
 
 
@@ -162,7 +166,7 @@ class EvolvingGaussians(_Params):
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "both",
                  overlap_tol: float = 0.0, adaptive_prior: bool = True,
-                 max_dip: float = 0.75):
+                 max_dip: float = 0.75, pooled_shrinkage: float = 0.0):
         self._init(self, locals())
 
     def _model(self, D: int | None) -> ClusterSet | None:
@@ -357,7 +361,8 @@ class FedGaussClustering(_FedBase):
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "both",
                  overlap_tol: float = 0.0, adaptive_prior: bool = True,
-                 max_dip: float = 0.75, kappa_n: float = 1, n_rounds: int = 1,
+                 max_dip: float = 0.75, pooled_shrinkage: float = 0.0,
+                 kappa_n: float = 1, n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):
         self._init(self, locals())
 
@@ -450,7 +455,7 @@ class FedGaussClassifier(_FedBase):
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "volume",
                  overlap_tol: float = 0.0, adaptive_prior: bool = False,
-                 max_dip: float = 0.75,
+                 max_dip: float = 0.75, pooled_shrinkage: float = 0.5,
                  kappa_f: float = 0.01, kappa_n: float = 1,
                  n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):

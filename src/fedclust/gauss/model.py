@@ -84,6 +84,7 @@ class Settings:
     overlap_tol: float = 0.0
     adaptive_prior: bool = True
     max_dip: float = 0.75
+    pooled_shrinkage: float = 0.0
 
 
 class ClusterSet:
@@ -636,16 +637,42 @@ class ClusterSet:
     def log_scores(self, X: np.ndarray, rule: str) -> np.ndarray:
         """(N, C): log mixture-weighted Gaussian density ("likelihood") or log gamma."""
         C = self.C
+        P, ld = self.scoring_precisions()
         out = np.empty((X.shape[0], C))
         for k in range(C):
             diff = X - self.mu[k]
             if self.full:
-                d2 = np.einsum("ij,jk,ik->i", diff, self.P[k], diff, optimize=True)
+                d2 = np.einsum("ij,jk,ik->i", diff, P[k], diff, optimize=True)
             else:
-                d2 = (diff ** 2 * self.P[k]).sum(axis=1)
+                d2 = (diff ** 2 * P[k]).sum(axis=1)
             d2 = np.maximum(d2, 0.0)
             if rule == "gamma":
                 out[:, k] = -d2 / self.D
             else:
-                out[:, k] = -0.5 * (d2 + self.ld[k]) + np.log(self.n[k])
+                out[:, k] = -0.5 * (d2 + ld[k]) + np.log(self.n[k])
         return out
+
+    def scoring_precisions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Precisions (C, D, D) or (C, D) and log-determinants (C,) used to score samples.
+
+        With ``pooled_shrinkage`` = 0 these are the learning caches, i.e. the covariances
+        (S_i + n0 Sigma_0) / (n_i + n0 - 1). With w > 0 (the classifier's default) the
+        prior is replaced at prediction by T = w x the pooled within-cluster variance
+        (diagonal: sum_i diag S_i / sum_i n_i, floored like the global variances): a
+        regularised-discriminant-analysis-like shrinkage toward the clusters' own scale
+        instead of the new-cluster scale, which in high D is nearly the whole data's
+        spread. Computed from the broadcast model alone (no extra bytes); O(C D^3).
+        """
+        C = self.C
+        w = self.s.pooled_shrinkage
+        if w <= 0.0 or C == 0:
+            return self.P[:C], self.ld[:C]
+        n = self.n[:C]
+        Sd = np.diagonal(self.S[:C], axis1=1, axis2=2) if self.full else self.S[:C]
+        T = w * feature_variances(float(n.sum()), Sd.sum(axis=0), self.s.var_floor)
+        denom = n + self.n0 - 1.0
+        if self.full:
+            A = self.S[:C].copy()
+            A[:, np.arange(self.D), np.arange(self.D)] += self.n0 * T
+            return self._factor(A / denom[:, None, None])
+        return self._factor((self.S[:C] + self.n0 * T) / denom[:, None])

@@ -65,6 +65,7 @@ def check_settings(**kw: Any) -> Settings:
     check_choice(s.predict_rule, "predict_rule", PREDICT_RULES)
     check_choice(s.merge_test, "merge_test", ("both", "volume"))
     check_float(s.overlap_tol, "overlap_tol")
+    check_float(s.pooled_shrinkage, "pooled_shrinkage", min_value=0.0)
     if s.max_dip != np.inf:  # inf: no valley gate (the paper's volume criterion)
         check_float(s.max_dip, "max_dip", min_value=0.0)
     if not isinstance(s.adaptive_prior, (bool, np.bool_)):
