@@ -24,7 +24,9 @@ The default rule (one setting for every data set; see docs/gauss.md):
 * classifier: Fisher-score feature selection first (``kappa_f=0.01``: per-class counts,
   means and variances pooled exactly in an extra round; features scoring below 1 % of
   the best are dropped before learning);
-* predict by the Gaussian likelihood (measured better than gamma; both offered).
+* predict by the Gaussian likelihood (measured better than gamma; both offered); the
+  classifier scores with covariances shrunk toward half the model's pooled
+  within-cluster variance (``pooled_shrinkage=0.5``) rather than toward Sigma_0.
 """
 
 from __future__ import annotations

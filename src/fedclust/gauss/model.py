@@ -59,6 +59,9 @@ PREDICT_RULES = ("likelihood", "gamma")
 ML_RIDGE = 0.1
 #: the adaptive Sigma_0 never shrinks below this fraction (per dimension) of the volume rule
 MIN_PRIOR_FACTOR = 0.01
+#: the valley test's grid on the segment between two means: t^2 and (1 - t)^2, 33 points
+_T2 = np.linspace(0.0, 1.0, 33)[:, None] ** 2
+_U2 = _T2[::-1]
 #: the adaptive Sigma_0 follows this quantile of the mature clusters' volumes (lower quartile)
 PRIOR_QUANTILE = 0.25
 
@@ -453,7 +456,10 @@ class ClusterSet:
             # the volume criterion only for a pair whose mixture has no valley between the
             # means: in D >= 5 young clusters of two neighbouring blobs pass it (their
             # union's volume grows along one axis only), a core and its halo do not dip
-            score = np.where(self._dip(p, q) < -self.s.max_dip, np.inf, score)
+            cand = score < 0.0  # the valley only matters where the volume criterion passes
+            if np.isfinite(self.s.max_dip) and cand.any():
+                deep = self._dip(p[cand], q[cand]) < -self.s.max_dip
+                score[np.flatnonzero(cand)[deep]] = np.inf
             score = np.minimum(score, self._likelihood_loss(p, q, n, S) - self.s.overlap_tol)
         return score, (n, mu, S)
 
@@ -467,14 +473,14 @@ class ClusterSet:
         O(D^2) per pair from the cached (shrunk) precisions."""
         diff = self.mu[q] - self.mu[p]
         if self.full:
-            a = np.einsum("kd,kde,ke->k", diff, self.P[p], diff)
-            b = np.einsum("kd,kde,ke->k", diff, self.P[q], diff)
+            dv = diff[:, None, :]
+            a = (dv @ self.P[p] @ diff[:, :, None])[:, 0, 0]
+            b = (dv @ self.P[q] @ diff[:, :, None])[:, 0, 0]
         else:
             a = (diff ** 2 * self.P[p]).sum(axis=1)
             b = (diff ** 2 * self.P[q]).sum(axis=1)
-        t = np.linspace(0.0, 1.0, 33)[:, None]
-        lf = np.logaddexp(np.log(self.n[p]) - 0.5 * (t ** 2 * a + self.ld[p]),
-                          np.log(self.n[q]) - 0.5 * ((1 - t) ** 2 * b + self.ld[q]))
+        lf = np.logaddexp(np.log(self.n[p]) - 0.5 * (_T2 * a + self.ld[p]),
+                          np.log(self.n[q]) - 0.5 * (_U2 * b + self.ld[q]))
         return lf.min(axis=0) - np.minimum(lf[0], lf[-1])
 
     def _ml_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
