@@ -15,6 +15,11 @@ from .messages import GaussClusters
 from .model import ClusterSet, Settings
 from .stats import merge_moments, moments, pack_scatter, unpack_scatter
 
+#: a second pass that leaves more than this share of the rows outside mature clusters
+#: (n >= D + 1) shows a Sigma_0 too narrow for part of the data: the rows are learnt once
+#: more with the median instead of the lower-quartile cluster volume
+MAX_IMMATURE_SHARE = 0.5
+
 __all__ = ["learn_local", "to_message", "from_message"]
 
 
@@ -22,7 +27,9 @@ def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_class
                 prior: tuple[float, np.ndarray, np.ndarray] | None = None) -> ClusterSet:
     """Learn the owner's rows (``y``: class indices 0..M-1, or None) in one pass; with
     ``adaptive_prior``, two: a pilot pass only measures the adaptive Sigma_0 factor,
-    which then caps Sigma_0 from the first row of the second pass."""
+    which then caps Sigma_0 from the first row of the second pass; and a third, with the
+    median mature-cluster volume, when the second leaves more than
+    ``MAX_IMMATURE_SHARE`` of the rows outside mature clusters."""
     own = moments(X)
     g = own if prior is None else merge_moments(prior, own)
     cs = _one_pass(X, y, settings, n_classes, g, 1.0)
@@ -30,13 +37,22 @@ def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_class
         # pilot pass: the rows are all here, so the second pass starts from the Sigma_0
         # the first one ended with; otherwise the first clusters, born under the
         # global-volume rule (wide in high D), swallow neighbouring blobs for good
-        cs = _one_pass(X, y, settings, n_classes, g, cs.prior_factor)
+        pilot = cs
+        cs = _one_pass(X, y, settings, n_classes, g, pilot.prior_factor)
+        mature = cs.n[:cs.C] >= cs.mature_count()
+        if pilot.prior_factor < 1.0 and cs.n[:cs.C][mature].sum() < (1 - MAX_IMMATURE_SHARE) * len(X):
+            # blob volumes that differ by orders of magnitude (4x widths in 10-D): the
+            # smaller clusters' scale leaves the wide blobs' rows as singletons
+            pilot.prior_quantile = 0.5
+            cs = _one_pass(X, y, settings, n_classes, g, pilot._adaptive_factor(), quantile=0.5)
     return cs
 
 
-def _one_pass(X, y, settings, n_classes, g, cap):
+def _one_pass(X, y, settings, n_classes, g, cap, quantile=None):
     cs = ClusterSet(X.shape[1], settings, n_classes)
     cs.prior_cap = cap
+    if quantile is not None:
+        cs.prior_quantile = quantile
     cs.set_global(*g)
     cs.learn(X, y)
     return cs

@@ -102,6 +102,7 @@ class ClusterSet:
         self.n0 = float(2 * (D + 1) if settings.prior_weight is None else settings.prior_weight)
         self._adapt_at = (0, 0)  # (samples seen, mature clusters) at the last evaluation
         self.prior_cap = 1.0  # upper bound of the adaptive factor (a pilot pass sets it)
+        self.prior_quantile = PRIOR_QUANTILE
         if settings.n_sigma is not None:
             self.gate = float(settings.n_sigma) ** 2
         else:
@@ -178,7 +179,7 @@ class ClusterSet:
         ld = (self._data_logdet(self.S[idx], np.ones_like(n))
               - digamma(dof / 2.0).sum(axis=1) - self.D * np.log(2.0))
         ratio = np.exp((ld - float(np.log(self.s0_rule).sum())) / self.D)
-        return float(min(cap, max(np.quantile(ratio, PRIOR_QUANTILE), MIN_PRIOR_FACTOR)))
+        return float(min(cap, max(np.quantile(ratio, self.prior_quantile), MIN_PRIOR_FACTOR)))
 
     def _data_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
         """log det of (S + ML_RIDGE Sigma_0_rule) / n (nearly the data covariance S / n)."""
