@@ -19,6 +19,8 @@ from .stats import merge_moments, moments, pack_scatter, unpack_scatter
 #: (n >= D + 1) shows a Sigma_0 too narrow for part of the data: the rows are learnt once
 #: more with the median instead of the lower-quartile cluster volume
 MAX_IMMATURE_SHARE = 0.5
+#: the cluster-volume quantile of that third pass (the median)
+WIDE_QUANTILE = 0.5
 
 __all__ = ["learn_local", "to_message", "from_message"]
 
@@ -39,16 +41,19 @@ def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_class
         # global-volume rule (wide in high D), swallow neighbouring blobs for good
         pilot = cs
         cs = _one_pass(X, y, settings, n_classes, g, pilot.prior_factor)
-        mature = cs.n[:cs.C] >= cs.mature_count()
-        if pilot.prior_factor < 1.0 and cs.n[:cs.C][mature].sum() < (1 - MAX_IMMATURE_SHARE) * len(X):
+        in_mature = cs.n[:cs.C][cs.n[:cs.C] >= cs.mature_count()].sum()
+        if pilot.prior_factor < 1.0 and in_mature < (1.0 - MAX_IMMATURE_SHARE) * len(X):
             # blob volumes that differ by orders of magnitude (4x widths in 10-D): the
             # smaller clusters' scale leaves the wide blobs' rows as singletons
-            pilot.prior_quantile = 0.5
-            cs = _one_pass(X, y, settings, n_classes, g, pilot._adaptive_factor(), quantile=0.5)
+            cs = _one_pass(X, y, settings, n_classes, g, pilot.adaptive_factor(WIDE_QUANTILE),
+                           quantile=WIDE_QUANTILE)
     return cs
 
 
-def _one_pass(X, y, settings, n_classes, g, cap, quantile=None):
+def _one_pass(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_classes: int,
+              g: tuple, cap: float, quantile: float | None = None) -> ClusterSet:
+    """A fresh cluster set with global statistics ``g``, Sigma_0 factor at most ``cap``
+    (and the adaptive factor's volume quantile), after one pass over the rows."""
     cs = ClusterSet(X.shape[1], settings, n_classes)
     cs.prior_cap = cap
     if quantile is not None:

@@ -149,6 +149,9 @@ class ClusterSet:
         return float(self.D + 1)
 
     def _adaptive_factor(self) -> float:
+        return self.adaptive_factor(self.prior_quantile)
+
+    def adaptive_factor(self, quantile: float) -> float:
         """Shrink factor f <= 1 of Sigma_0 = f * (volume rule) from the mature clusters.
 
         With ``adaptive_prior``: once at least two clusters hold >= :meth:`mature_count`
@@ -179,7 +182,7 @@ class ClusterSet:
         ld = (self._data_logdet(self.S[idx], np.ones_like(n))
               - digamma(dof / 2.0).sum(axis=1) - self.D * np.log(2.0))
         ratio = np.exp((ld - float(np.log(self.s0_rule).sum())) / self.D)
-        return float(min(cap, max(np.quantile(ratio, self.prior_quantile), MIN_PRIOR_FACTOR)))
+        return float(min(cap, max(np.quantile(ratio, quantile), MIN_PRIOR_FACTOR)))
 
     def _data_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
         """log det of (S + ML_RIDGE Sigma_0_rule) / n (nearly the data covariance S / n)."""
