@@ -139,7 +139,7 @@ class ClusterSet:
                                        n_r=self.s.n_r)
         self.ld_global = float(np.log(self.var).sum())
         self._g_refreshed = max(count, 1)
-        self.prior_factor = self._adaptive_factor()
+        self.prior_factor = self.adaptive_factor()
         self.s0 = self.s0_rule * self.prior_factor
         self.ld0 = float(np.log(self.s0).sum())
 
@@ -148,10 +148,7 @@ class ClusterSet:
         """Samples a cluster needs before its scatter shapes Sigma_0: D + 1 (S nonsingular)."""
         return float(self.D + 1)
 
-    def _adaptive_factor(self) -> float:
-        return self.adaptive_factor(self.prior_quantile)
-
-    def adaptive_factor(self, quantile: float) -> float:
+    def adaptive_factor(self, quantile: float | None = None) -> float:
         """Shrink factor f <= 1 of Sigma_0 = f * (volume rule) from the mature clusters.
 
         With ``adaptive_prior``: once at least two clusters hold >= :meth:`mature_count`
@@ -179,23 +176,25 @@ class ClusterSet:
         # (diagonal: each variance separately, D digamma((n - 1) / 2) + D log 2)
         dof = (n[:, None] - np.arange(1, self.D + 1)) if self.full else (n[:, None] - 1.0)
         dof = np.broadcast_to(dof, (n.size, self.D))
-        ld = (self._data_logdet(self.S[idx], np.ones_like(n))
+        ld = (self._ridged_logdet(self.S[idx], np.ones_like(n), self.s0_rule)
               - digamma(dof / 2.0).sum(axis=1) - self.D * np.log(2.0))
         ratio = np.exp((ld - float(np.log(self.s0_rule).sum())) / self.D)
-        return float(min(cap, max(np.quantile(ratio, quantile), MIN_PRIOR_FACTOR)))
+        q = self.prior_quantile if quantile is None else quantile
+        return float(min(cap, max(np.quantile(ratio, q), MIN_PRIOR_FACTOR)))
 
-    def _data_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
-        """log det of (S + ML_RIDGE Sigma_0_rule) / n (nearly the data covariance S / n)."""
+    def _ridged_logdet(self, S: np.ndarray, n: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """log det of the data covariances (S + ML_RIDGE diag(base)) / n (nearly S / n,
+        never singular)."""
         if self.full:
             A = S.copy()
-            A[:, np.arange(self.D), np.arange(self.D)] += ML_RIDGE * self.s0_rule
+            A[:, np.arange(self.D), np.arange(self.D)] += ML_RIDGE * base
             return np.linalg.slogdet(A / n[:, None, None])[1]
-        return np.log((S + ML_RIDGE * self.s0_rule) / n[:, None]).sum(axis=1)
+        return np.log((S + ML_RIDGE * base) / n[:, None]).sum(axis=1)
 
     def adapt_prior(self) -> bool:
         """Re-evaluate the adaptive Sigma_0 from the current clusters; refresh the caches
         when it moved. Returns whether it moved."""
-        f = self._adaptive_factor()
+        f = self.adaptive_factor()
         self._adapt_at = (self.t, int(np.count_nonzero(self.n[:self.C] >= self.mature_count())))
         if f == self.prior_factor:
             return False
@@ -487,14 +486,6 @@ class ClusterSet:
                           np.log(self.n[q]) - 0.5 * (_U2 * b + self.ld[q]))
         return lf.min(axis=0) - np.minimum(lf[0], lf[-1])
 
-    def _ml_logdet(self, S: np.ndarray, n: np.ndarray) -> np.ndarray:
-        """log det of the data covariance (S + ML_RIDGE Sigma_0) / n (nearly S / n, never singular)."""
-        if self.full:
-            A = S.copy()
-            A[:, np.arange(self.D), np.arange(self.D)] += ML_RIDGE * self.s0
-            return np.linalg.slogdet(A / n[:, None, None])[1]
-        return np.log((S + ML_RIDGE * self.s0) / n[:, None]).sum(axis=1)
-
     def _likelihood_loss(self, p: np.ndarray, q: np.ndarray, n: np.ndarray, S: np.ndarray
                          ) -> np.ndarray:
         """Classification log-likelihood per sample lost by pooling p and q into one Gaussian.
@@ -511,8 +502,8 @@ class ClusterSet:
         wq = 1.0 - wp
         ent = -(wp * np.log(wp) + wq * np.log(wq))
         k = n.shape[0]  # one LAPACK call for the three sets of matrices
-        ld = self._ml_logdet(np.concatenate([S, self.S[p], self.S[q]]),
-                             np.concatenate([n, self.n[p], self.n[q]]))
+        ld = self._ridged_logdet(np.concatenate([S, self.S[p], self.S[q]]),
+                                 np.concatenate([n, self.n[p], self.n[q]]), self.s0)
         lpq, lp, lq = ld[:k], ld[k:2 * k], ld[2 * k:]
         return 0.5 * (lpq - wp * lp - wq * lq) - ent
 

@@ -44,6 +44,22 @@ class MixtureRegression:
     y_test: list[np.ndarray] = field(default_factory=list)
 
 
+def _setup(n_machines, n_samples, n_features, n_clusters, alpha, coef_scale, byzantine_scale,
+           n_test, random_state) -> tuple:
+    """The checks and draws the two mixture generators share: validated sizes and scales,
+    the root seed, the Byzantine split and the server stream that draws the truth."""
+    m = check_int(n_machines, "n_machines", min_value=1)
+    n = check_int(n_samples, "n_samples", min_value=1)
+    d = check_int(n_features, "n_features", min_value=1)
+    k = check_int(n_clusters, "n_clusters", min_value=1)
+    coef_scale = check_float(coef_scale, "coef_scale", min_value=0.0)
+    byzantine_scale = check_float(byzantine_scale, "byzantine_scale", min_value=0.0)
+    n_test = check_int(n_test, "n_test", min_value=0)
+    seed = root_seed(random_state)
+    bad, honest = _split_machines(seed, m, k, alpha)
+    return m, n, d, k, n_test, coef_scale, byzantine_scale, seed, bad, honest, server_rng(seed, 0)
+
+
 def _split_machines(seed: int, m: int, k: int, alpha: float) -> tuple[set, list[int]]:
     """The Byzantine machines (from the seed) and the honest ones (at least k of them)."""
     bad = set(choose_byzantine(range(m), alpha, seed))
@@ -97,17 +113,10 @@ def make_mixture_regression(n_machines: int = 100, n_samples: int = 50, n_featur
                             intercept: bool = False, n_test: int = 0,
                             random_state: RandomState = None) -> MixtureRegression:
     """Draw the federation (see the module docstring). O(m n d)."""
-    m = check_int(n_machines, "n_machines", min_value=1)
-    n = check_int(n_samples, "n_samples", min_value=1)
-    d = check_int(n_features, "n_features", min_value=1)
-    k = check_int(n_clusters, "n_clusters", min_value=1)
     noise = check_float(noise, "noise", min_value=0.0)
-    coef_scale = check_float(coef_scale, "coef_scale", min_value=0.0)
-    byzantine_scale = check_float(byzantine_scale, "byzantine_scale", min_value=0.0)
-    n_test = check_int(n_test, "n_test", min_value=0)
-    seed = root_seed(random_state)
-    bad, honest = _split_machines(seed, m, k, alpha)
-    rng = server_rng(seed, 0)
+    m, n, d, k, n_test, coef_scale, byzantine_scale, seed, bad, honest, rng = _setup(
+        n_machines, n_samples, n_features, n_clusters, alpha, coef_scale, byzantine_scale,
+        n_test, random_state)
     W = coef_scale * rng.normal(size=(k, d))
     b = coef_scale * rng.normal(size=k) if intercept else np.zeros(k)
     clusters = _assign_clusters(rng, m, k, honest)
@@ -144,16 +153,9 @@ def make_mixture_logistic(n_machines: int = 100, n_samples: int = 100, n_feature
     byzantine_scale²)`` (data poisoning). Same fields as
     :func:`make_mixture_regression` (``ys`` integer labels in {0, 1}). O(m n d).
     """
-    m = check_int(n_machines, "n_machines", min_value=1)
-    n = check_int(n_samples, "n_samples", min_value=1)
-    d = check_int(n_features, "n_features", min_value=1)
-    k = check_int(n_clusters, "n_clusters", min_value=1)
-    coef_scale = check_float(coef_scale, "coef_scale", min_value=0.0)
-    byzantine_scale = check_float(byzantine_scale, "byzantine_scale", min_value=0.0)
-    n_test = check_int(n_test, "n_test", min_value=0)
-    seed = root_seed(random_state)
-    bad, honest = _split_machines(seed, m, k, alpha)
-    rng = server_rng(seed, 0)
+    m, n, d, k, n_test, coef_scale, byzantine_scale, seed, bad, honest, rng = _setup(
+        n_machines, n_samples, n_features, n_clusters, alpha, coef_scale, byzantine_scale,
+        n_test, random_state)
     W = coef_scale * rng.normal(size=(k, d))
     b = rng.normal(size=k)
     clusters = _assign_clusters(rng, m, k, honest)
