@@ -69,13 +69,13 @@ def test_predict_is_nearest_center(fed, fitted):
         np.testing.assert_array_equal(fitted.predict(X), lab)
 
 
-def test_fit_predict_returns_device_labels(fed):
+def test_fit_predict_returns_labels(fed):
     devices, _, _ = fed
     labs = KFed(K, KL, random_state=3).fit_predict(devices)
-    ref = KFed(K, KL, random_state=3).fit(devices).device_labels_
-    assert len(labs) == len(ref)
-    for a, b in zip(labs, ref):
-        np.testing.assert_array_equal(a, b)
+    ref = KFed(K, KL, random_state=3).fit(devices)
+    assert isinstance(labs, np.ndarray) and labs.shape == (sum(len(X) for X in devices),)
+    np.testing.assert_array_equal(labs, ref.labels_)
+    np.testing.assert_array_equal(labs, np.concatenate(ref.device_labels_))
 
 
 # ------------------------------------------------------------------ accuracy
@@ -321,8 +321,17 @@ def test_empty_device_list():
     _bad_fit([], "empty")
 
 
-def test_single_array_instead_of_list():
-    _bad_fit(_good(), "single array")
+def test_single_array_is_one_device():
+    X = _good(n=40)
+    one = KFed(2, 3, random_state=0).fit(X)
+    ref = KFed(2, 3, random_state=0).fit([X])
+    np.testing.assert_array_equal(one.cluster_centers_, ref.cluster_centers_)
+    np.testing.assert_array_equal(one.labels_, ref.labels_)
+    assert len(one.device_labels_) == 1
+
+
+def test_three_d_array_refused():
+    _bad_fit(np.zeros((2, 5, 3)), "2-D", "(2, 5, 3)")
 
 
 def test_bad_device_ids():

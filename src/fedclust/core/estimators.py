@@ -1,35 +1,167 @@
-"""What every center-based front door shares (k-FED, distributed k-means, ...).
+"""What every federated front door shares: the input forms of ``fit`` and the labels.
 
-scikit-learn's pattern: ``fit`` sets ``cluster_centers_``, ``n_features_in_``
-and ``device_labels_``; these methods read them.
+``fit`` accepts a federation in three forms (:func:`split_federation`):
+
+* a sequence of per-device 2-D arrays ``[X_0, X_1, ...]`` (and ``[y_0, y_1, ...]``);
+* one 2-D array ``X`` (n, d) with ``groups`` (n,), each row's device id (the
+  ``fit(X, groups=site_ids)`` form of scikit-learn's group-aware tools). Devices
+  are ordered by their sorted group ids; a device's id is its group value when
+  the groups are non-negative integers, else its position in that order.
+  ``labels_`` then comes back in the row order of ``X``;
+* one 2-D array ``X`` without ``groups``: a federation of one device (the
+  centralized case, and what scikit-learn's own checks pass).
+
+scikit-learn's pattern for the center-based families: ``fit`` sets
+``cluster_centers_``, ``n_features_in_`` and ``device_labels_``; ``labels_``,
+``predict`` and ``fit_predict`` read them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from .exceptions import NotFittedError, ValidationError
 from .kmeans import assign
 from .validation import check_array
 
-__all__ = ["CenterEstimatorMixin"]
+__all__ = ["CenterEstimatorMixin", "DeviceLabelsMixin", "Federation", "RowOrder",
+           "split_federation"]
 
 
-class CenterEstimatorMixin:
+@dataclass(frozen=True)
+class RowOrder:
+    """Where the devices' rows sit in the caller's ``X``.
+
+    ``order`` (groups form only): the rows of ``X`` in device order, so that
+    ``X[order]`` is the devices' rows concatenated; ``sizes``: rows per device.
+    Both are ``None`` for the list form.
+    """
+
+    order: np.ndarray | None = None
+    sizes: np.ndarray | None = None
+
+    def to_rows(self, per_device: list[np.ndarray | None], fill: int = -1) -> np.ndarray:
+        """Concatenate per-device arrays; in the groups form, back in the row order of X.
+
+        A device without output (``None``: it did not take part) is left out in
+        the list form and filled with ``fill`` in the groups form.
+        """
+        if self.order is None:
+            parts = [a for a in per_device if a is not None]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        parts = [np.full(int(n), fill, dtype=np.int64) if a is None else np.asarray(a)
+                 for a, n in zip(per_device, self.sizes)]
+        flat = np.concatenate(parts)
+        out = np.empty_like(flat)
+        out[self.order] = flat
+        return out
+
+
+@dataclass(frozen=True)
+class Federation:
+    """A federation as ``fit`` received it, split into devices (``labels``: None for clustering;
+    ``device_ids``: None for the default 0..Z-1)."""
+
+    devices: list[Any]
+    labels: list[Any] | None
+    device_ids: list[int] | None
+    rows: RowOrder = RowOrder()
+
+
+def _is_single_array(X: Any) -> bool:
+    """One array (numpy, pandas, anything with ``__array__``), not a sequence of devices."""
+    if isinstance(X, np.ndarray):
+        return X.dtype.kind != "O" or X.ndim == 2
+    return not isinstance(X, (list, tuple)) and hasattr(X, "__array__")
+
+
+def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: Any = None,
+                     x_name: str = "X", y_name: str = "y") -> Federation:
+    """Bring any of the three input forms of ``fit`` (module docstring) to a list of devices.
+
+    Only the split happens here; the estimator validates the devices' contents
+    (``check_devices``) as before. ``y`` is ``None`` for clustering.
+    """
+    if sp.issparse(X):
+        raise ValidationError(f"{x_name} is a scipy sparse matrix; fedclust needs dense arrays "
+                              f"(pass {x_name}.toarray())")
+    single = _is_single_array(X)
+    if groups is None:
+        if not single:
+            return Federation(X, y, None if device_ids is None else list(device_ids))
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise ValidationError(
+                f"{x_name} must be one 2-D array (n, d) or a sequence of per-device 2-D arrays, "
+                f"got an array of shape {X.shape}")
+        ys = None if y is None else [np.asarray(y)]
+        return Federation([X], ys, None if device_ids is None else list(device_ids))
+    if not single:
+        raise ValidationError(f"groups= needs {x_name} as one 2-D array (n, d); got a "
+                              f"{type(X).__name__} of devices (drop groups, or stack the rows)")
+    if device_ids is not None:
+        raise ValidationError("pass groups or device_ids, not both (with groups, the device "
+                              "ids are the group values)")
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ValidationError(f"{x_name} must be 2-D (n, d) with groups, got shape {X.shape}")
+    g = np.asarray(groups)
+    if g.ndim != 1 or g.shape[0] != X.shape[0]:
+        raise ValidationError(f"groups has shape {g.shape} but {x_name} has {X.shape[0]} rows; "
+                              "give one device id per row")
+    if g.dtype.kind not in "biuUS":
+        raise ValidationError(f"groups has dtype {g.dtype}; device ids must be integers or "
+                              "strings")
+    if g.shape[0] == 0:
+        raise ValidationError(f"{x_name} has 0 rows: nothing to fit")
+    ids, codes = np.unique(g, return_inverse=True)
+    order = np.argsort(codes, kind="stable")
+    sizes = np.bincount(codes, minlength=len(ids))
+    cuts = np.cumsum(sizes)[:-1]
+    devices = np.split(X[order], cuts)
+    ys = None
+    if y is not None:
+        y = np.asarray(y)
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValidationError(f"{y_name} has shape {y.shape} but {x_name} has "
+                                  f"{X.shape[0]} rows")
+        ys = np.split(y[order], cuts)
+    named = ids.dtype.kind in "iu" and (ids.dtype.kind == "u" or ids.min() >= 0)
+    return Federation(devices, ys, [int(z) for z in ids] if named else None,
+                      RowOrder(order, sizes))
+
+
+class DeviceLabelsMixin:
+    """``labels_`` and ``fit_predict`` from ``device_labels_`` (set by ``fit``)."""
+
+    def _check_fitted(self) -> Any:
+        if not hasattr(self, "device_labels_"):
+            raise NotFittedError(f"this {type(self).__name__} instance is not fitted yet; "
+                                 "call fit first")
+
+    @property
+    def labels_(self) -> np.ndarray:
+        """Every point's cluster: the devices' labels concatenated in device order, or in the
+        row order of X for ``fit(X, groups=...)`` (-1 for a device that did not take part)."""
+        self._check_fitted()
+        return getattr(self, "_rows", RowOrder()).to_rows(self.device_labels_)
+
+    def fit_predict(self, X: Any, y: Any = None, **fit_kw: Any) -> np.ndarray:
+        """Fit and return ``labels_`` (one array, in the order described there)."""
+        return self.fit(X, y, **fit_kw).labels_
+
+
+class CenterEstimatorMixin(DeviceLabelsMixin):
     """``labels_``, ``predict`` (nearest final center) and ``fit_predict`` for a fitted model."""
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
             raise NotFittedError(f"this {type(self).__name__} instance is not fitted yet; "
                                  "call fit(devices) first")
-
-    @property
-    def labels_(self) -> np.ndarray:
-        """Labels of all participating devices' points, concatenated in device order."""
-        self._check_fitted()
-        return np.concatenate([lab for lab in self.device_labels_ if lab is not None])
 
     def predict(self, X: Any) -> np.ndarray:
         """Nearest final center of every row of X (n, d)."""
@@ -39,7 +171,3 @@ class CenterEstimatorMixin:
             raise ValidationError(
                 f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
         return assign(X, self.cluster_centers_.astype(X.dtype, copy=False))[0]
-
-    def fit_predict(self, devices: Sequence[Any], y: None = None, **fit_kw: Any) -> list:
-        """Fit and return ``device_labels_``."""
-        return self.fit(devices, **fit_kw).device_labels_

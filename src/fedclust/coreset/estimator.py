@@ -14,11 +14,12 @@ from typing import Any, Sequence
 import numpy as np
 
 import networkx as nx
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.estimators import CenterEstimatorMixin
+from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_choice, check_device_ids, check_devices,
                                check_int)
 from ..sim.transport import InProcessTransport
@@ -68,7 +69,7 @@ def _run(protocol: CoresetProtocol, devices: list[np.ndarray], ids: list[int], g
     return run, run.summary(), g
 
 
-class DistributedPCA:
+class DistributedPCA(TransformerMixin, BaseEstimator):
     """Distributed PCA (disPCA; Liang, Balcan, Kanchanapally & Woodruff, NIPS 2014, Alg. 1).
 
     Optional global centring (one round of sums and counts), then every node
@@ -121,17 +122,19 @@ class DistributedPCA:
         self.random_state = random_state
         self.progress = progress
 
-    def fit(self, devices: Sequence[Any], y: None = None, *,
+    def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "DistributedPCA":
-        """Fit on ``devices`` (a sequence of (n_i, d) arrays; empty nodes allowed).
+        """Fit on a federation of (n_i, d) arrays (empty nodes allowed); ``X``, ``groups``
+        and ``transport`` as in :meth:`fedclust.KFed.fit`.
 
         ``device_ids`` names the nodes (default 0..n-1); random streams follow
         the ids, so permuting devices with their ids changes nothing.
         """
+        fed = split_federation(X, groups=groups, device_ids=device_ids)
         t = check_int(self.n_components, "n_components", min_value=1)
-        devices = _federation(devices)
-        ids = check_device_ids(device_ids, len(devices))
+        devices = _federation(fed.devices)
+        ids = check_device_ids(fed.device_ids, len(devices))
         d = devices[0].shape[1]
         t = min(t, d)
         t1 = t if self.local_components is None else check_int(
@@ -172,7 +175,7 @@ class DistributedPCA:
         return Z @ self.components_ + self.mean_
 
 
-class DistributedKMeans(CenterEstimatorMixin):
+class DistributedKMeans(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     """Distributed k-means by a distributed coreset, optionally after distributed PCA.
 
     ``method="coreset"``: Balcan, Ehrlich & Liang (NIPS 2013), Algorithm 1 —
@@ -213,6 +216,8 @@ class DistributedKMeans(CenterEstimatorMixin):
     Attributes
     ----------
     cluster_centers_ : ndarray (k, d), in the original space
+    labels_ : ndarray (n,)
+        Every point's cluster (device order, or the row order of X with ``groups``).
     device_labels_ : list of ndarray (n_i,) or None (a node that did not take part)
     coreset_ : tuple (points (s, t'), weights (s,))
         Signed weights; they add up to the number of points. t' = n_components or d.
@@ -275,17 +280,19 @@ class DistributedKMeans(CenterEstimatorMixin):
                                local_max_iter=self.local_max_iter, max_iter=self.max_iter,
                                n_features=d)
 
-    def fit(self, devices: Sequence[Any], y: None = None, *,
+    def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "DistributedKMeans":
-        """Fit on ``devices`` (a sequence of (n_i, d) arrays; empty nodes allowed).
+        """Fit on a federation of (n_i, d) arrays (empty nodes allowed); ``X``, ``groups``
+        and ``transport`` as in :meth:`fedclust.KFed.fit`.
 
         ``device_ids`` names the nodes (default 0..n-1); random streams follow
         the ids and the coreset is assembled in id order, so permuting devices
         together with their ids leaves the result unchanged.
         """
-        devices = _federation(devices)
-        ids = check_device_ids(device_ids, len(devices))
+        fed = split_federation(X, groups=groups, device_ids=device_ids)
+        devices = _federation(fed.devices)
+        ids = check_device_ids(fed.device_ids, len(devices))
         d = devices[0].shape[1]
         protocol = self._protocol(d)
         n_total = sum(len(X) for X in devices)
@@ -312,5 +319,6 @@ class DistributedKMeans(CenterEstimatorMixin):
         self.coreset_digests_ = getattr(out, "coreset_digests", {})
         self.run_log_ = out.log
         self._protocol_ = protocol
+        self._rows = fed.rows
         return self
 

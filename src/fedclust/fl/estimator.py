@@ -12,6 +12,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sklearn.base import BaseEstimator
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.utils import ClassifierTags, RegressorTags
+
+from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
@@ -50,8 +55,12 @@ def _check_federation(devices_X: Any, devices_y: Any, ids: Sequence[int] | None,
     return Xs, out
 
 
-class _FLEstimator:
-    """Shared fit / predict / history code; subclasses name the protocol."""
+class _FLEstimator(BaseEstimator):
+    """Shared fit / predict / history code; subclasses name the protocol.
+
+    A classifier for every model but ``"linear"`` (a regressor): the tags and
+    :meth:`score` follow ``model``.
+    """
 
     _protocol_cls: type[FLProtocol] = FedAvgProtocol
 
@@ -110,11 +119,45 @@ class _FLEstimator:
             clients_per_round=m or 0, snapshot_every=eval_every,
             **self._extra_config(len(Xs)))
 
-    def fit(self, devices_X: Sequence[Any], devices_y: Sequence[Any], *,
+    def _is_classifier(self) -> bool:
+        if isinstance(self.model, Model):
+            return bool(self.model.classifier)
+        return self.model != "linear"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        if self._is_classifier():
+            tags.estimator_type = "classifier"
+            tags.classifier_tags = ClassifierTags()
+        else:
+            tags.estimator_type = "regressor"
+            tags.regressor_tags = RegressorTags()
+        return tags
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Accuracy of :meth:`predict` (classifiers) or its R² (``model="linear"``)."""
+        metric = accuracy_score if self._is_classifier() else r2_score
+        return float(metric(y, self.predict(X), sample_weight=sample_weight))
+
+    def fit(self, X: Any, y: Any, *, groups: Any = None,
             device_ids: Sequence[int] | None = None, test_X: Sequence[Any] | None = None,
             test_y: Sequence[Any] | None = None, transport: Transport | None = None):
-        """Train over the devices' (X_z, y_z); ``test_X``/``test_y`` (one per device) fill
-        ``history_``'s test accuracy (averaged over devices, each with the model serving it)."""
+        """Train over the devices' (X_z, y_z).
+
+        ``X``/``y``: one array per device; or all rows with ``groups`` (n,), each
+        row's device id; or one array pair alone, a federation of one device
+        (see :meth:`fedclust.KFed.fit`). ``test_X``/``test_y`` (one per device, in
+        device order) fill ``history_``'s test accuracy (averaged over devices, each
+        with the model serving it).
+        """
+        fed = split_federation(X, y, groups=groups, device_ids=device_ids)
+        devices_X, devices_y, device_ids = fed.devices, fed.labels, fed.device_ids
+        if devices_y is None:
+            raise ValidationError(f"{type(self).__name__}.fit needs the labels y")
+        if test_X is not None and not isinstance(test_X, (list, tuple)) \
+                and len(devices_X) == 1 and groups is None:
+            test_X, test_y = [test_X], [test_y]
         if device_ids is not None:
             device_ids = [check_int(z, f"device_ids[{i}]", min_value=0)
                           for i, z in enumerate(device_ids)]

@@ -35,6 +35,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sklearn.base import BaseEstimator, ClassifierMixin, ClusterMixin
+
+from ..core.estimators import DeviceLabelsMixin, split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
@@ -105,17 +108,9 @@ _PARAMS_DOC = """
 """
 
 
-class _Params:
-    """Hyper-parameter plumbing shared by the three front doors."""
-
-    def _settings(self) -> Settings:
-        return check_settings(**{k: getattr(self, k) for k in SETTING_NAMES})
-
-    @staticmethod
-    def _init(obj: Any, local: dict[str, Any]) -> None:
-        for k, v in local.items():
-            if k not in ("self", "__class__"):
-                setattr(obj, k, v)
+def _settings(est: Any) -> Settings:
+    """The validated model settings of an estimator's parameters (done in ``fit``)."""
+    return check_settings(**{k: getattr(est, k) for k in SETTING_NAMES})
 
 
 def _cluster_attrs(cs: ClusterSet) -> dict[str, np.ndarray]:
@@ -128,7 +123,7 @@ def _cluster_attrs(cs: ClusterSet) -> dict[str, np.ndarray]:
             "scat": cs.S[:C].copy()}
 
 
-class EvolvingGaussians(_Params):
+class EvolvingGaussians(ClusterMixin, BaseEstimator):
     __doc__ = """Self-evolving Gaussian clustering of one owner's stream (eGAUSS+ style).
 
     No preset number of clusters: ``learn_one`` / ``partial_fit`` absorb a sample
@@ -152,6 +147,9 @@ class EvolvingGaussians(_Params):
     ages_ : ndarray (c,)
         Samples seen since each cluster was last activated.
     n_samples_seen_ : int
+    labels_ : ndarray (N,)
+        Set by :meth:`fit` (and ``fit_predict``): the cluster of every row of
+        its X under the final model (``partial_fit`` leaves it alone).
 
     Notes
     -----
@@ -169,12 +167,29 @@ class EvolvingGaussians(_Params):
                  predict_rule: str = "likelihood", merge_test: str = "both",
                  overlap_tol: float = 0.0, adaptive_prior: bool = True,
                  max_dip: float = 0.75, pooled_shrinkage: float = 0.0):
-        self._init(self, locals())
+        self.covariance = covariance
+        self.gate_quantile = gate_quantile
+        self.n_sigma = n_sigma
+        self.volume_fraction = volume_fraction
+        self.n_r = n_r
+        self.prior_weight = prior_weight
+        self.kappa_m = kappa_m
+        self.volume = volume
+        self.max_volume = max_volume
+        self.max_clusters = max_clusters
+        self.min_weight = min_weight
+        self.var_floor = var_floor
+        self.predict_rule = predict_rule
+        self.merge_test = merge_test
+        self.overlap_tol = overlap_tol
+        self.adaptive_prior = adaptive_prior
+        self.max_dip = max_dip
+        self.pooled_shrinkage = pooled_shrinkage
 
     def _model(self, D: int | None) -> ClusterSet | None:
         cs = getattr(self, "_cs", None)
         if cs is None and D is not None:
-            cs = self._cs = ClusterSet(D, self._settings())
+            cs = self._cs = ClusterSet(D, _settings(self))
         return cs
 
     def _check_X(self, X: Any, name: str = "X") -> np.ndarray:
@@ -208,10 +223,13 @@ class EvolvingGaussians(_Params):
         X = self._check_X(X)
         if X.shape[0]:
             with one_thread():
-                self._cs = learn_local(X, None, self._settings(), 0)
+                self._cs = learn_local(X, None, _settings(self), 0)
         else:
             self._model(X.shape[1])
-        return self.compact()
+        self.compact()
+        self.labels_ = (predict_labels(self._cs, X, self._cs.s.predict_rule) if self._cs.C
+                        else np.zeros(0, dtype=np.int64))
+        return self
 
     def compact(self) -> "EvolvingGaussians":
         """The server's clean-up on this model: merge every passing pair (not only pairs
@@ -246,9 +264,6 @@ class EvolvingGaussians(_Params):
         cs = self._fitted()
         return proba(cs.log_scores(self._check_X(X), cs.s.predict_rule))
 
-    def fit_predict(self, X: Any, y: None = None) -> np.ndarray:
-        return self.fit(X).predict(X)
-
     @property
     def n_clusters_(self) -> int:
         cs = getattr(self, "_cs", None)
@@ -271,12 +286,12 @@ class EvolvingGaussians(_Params):
                                else int(self._cs.t))
 
 
-class _FedBase(_Params):
+class _FedBase:
     _protocol_cls: type = GaussProtocol
 
     def _store(self, out: Any, device_ids: Sequence[int], n_classes: int) -> None:
         res: GaussResult = out.result
-        settings = self._settings()
+        settings = _settings(self)
         self._cs = from_message(result_message(res, settings), settings, 0)
         if n_classes:
             cs = ClusterSet(self._cs.D, settings, n_classes)
@@ -320,7 +335,7 @@ class _FedBase(_Params):
         return X if self.features_.all() else X[:, self.features_]
 
 
-class FedGaussClustering(_FedBase):
+class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimator):
     __doc__ = """Federated self-evolving Gaussian clustering (one round, no preset k).
 
     Each owner learns its rows in one pass (:class:`EvolvingGaussians` rules),
@@ -345,6 +360,8 @@ class FedGaussClustering(_FedBase):
     ----------
     n_clusters_, means_ (K, D), covariances_, scatters_, counts_ (K,), ages_ (K,)
     cluster_centers_ : alias of ``means_``
+    labels_ : ndarray (n,)
+        Every row's cluster (owner order, or the row order of X with ``groups``).
     device_labels_ : list of ndarray (n_z,) or None
     communication_ : dict (bytes up/down per owner and in total)
     run_log_, seed_
@@ -366,27 +383,52 @@ class FedGaussClustering(_FedBase):
                  max_dip: float = 0.75, pooled_shrinkage: float = 0.0,
                  kappa_n: float = 1, n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):
-        self._init(self, locals())
+        self.covariance = covariance
+        self.gate_quantile = gate_quantile
+        self.n_sigma = n_sigma
+        self.volume_fraction = volume_fraction
+        self.n_r = n_r
+        self.prior_weight = prior_weight
+        self.kappa_m = kappa_m
+        self.volume = volume
+        self.max_volume = max_volume
+        self.max_clusters = max_clusters
+        self.min_weight = min_weight
+        self.var_floor = var_floor
+        self.predict_rule = predict_rule
+        self.merge_test = merge_test
+        self.overlap_tol = overlap_tol
+        self.adaptive_prior = adaptive_prior
+        self.max_dip = max_dip
+        self.pooled_shrinkage = pooled_shrinkage
+        self.kappa_n = kappa_n
+        self.n_rounds = n_rounds
+        self.random_state = random_state
+        self.progress = progress
 
     def _protocol(self, n_features: int) -> GaussProtocol:
         return GaussProtocol(kappa_n=self.kappa_n, n_rounds=self.n_rounds, n_features=n_features,
                              **{k: getattr(self, k) for k in SETTING_NAMES})
 
-    def fit(self, owners: Sequence[Any], y: None = None, *,
+    def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "FedGaussClustering":
-        """Fit on ``owners``: a sequence of (n_z, D) arrays."""
-        ids = check_device_ids(device_ids, len(list(owners)) if not isinstance(owners, np.ndarray) else 1)
+        """Fit on the owners' (n_z, D) arrays; ``X``, ``groups``, ``device_ids`` and
+        ``transport`` as in :meth:`fedclust.KFed.fit`."""
+        fed = split_federation(X, groups=groups, device_ids=device_ids)
+        owners = list(fed.devices)
+        ids = check_device_ids(fed.device_ids, len(owners))
         devices = check_devices(owners, ids=ids)
         devices = [X.astype(np.float64, copy=False) for X in devices]
         protocol = self._protocol(devices[0].shape[1])
-        self._settings()
+        _settings(self)
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         out = transport.run(protocol, dict(zip(ids, devices)), self.seed_)
         with one_thread():
             self._store(out, ids, 0)
         self._protocol_ = protocol
+        self._rows = fed.rows
         return self
 
     def predict(self, X: Any) -> np.ndarray:
@@ -398,16 +440,9 @@ class FedGaussClustering(_FedBase):
         cs = self._check_fitted()
         return proba(cs.log_scores(self._check_X(X), cs.s.predict_rule))
 
-    def fit_predict(self, owners: Sequence[Any], y: None = None, **kw: Any) -> list:
-        return self.fit(owners, **kw).device_labels_
-
-    @property
-    def labels_(self) -> np.ndarray:
-        self._check_fitted()
-        return np.concatenate([lab for lab in self.device_labels_ if lab is not None])
 
 
-class FedGaussClassifier(_FedBase):
+class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
     __doc__ = """Federated evolving Gaussian classifier (one cluster set per class, merged per class).
 
     Like :class:`FedGaussClustering`, but every cluster carries a class, a
@@ -461,24 +496,48 @@ class FedGaussClassifier(_FedBase):
                  kappa_f: float = 0.01, kappa_n: float = 1,
                  n_rounds: int = 1,
                  random_state: RandomState = None, progress: bool = False):
-        self._init(self, locals())
+        self.covariance = covariance
+        self.gate_quantile = gate_quantile
+        self.n_sigma = n_sigma
+        self.volume_fraction = volume_fraction
+        self.n_r = n_r
+        self.prior_weight = prior_weight
+        self.kappa_m = kappa_m
+        self.volume = volume
+        self.max_volume = max_volume
+        self.max_clusters = max_clusters
+        self.min_weight = min_weight
+        self.var_floor = var_floor
+        self.predict_rule = predict_rule
+        self.merge_test = merge_test
+        self.overlap_tol = overlap_tol
+        self.adaptive_prior = adaptive_prior
+        self.max_dip = max_dip
+        self.pooled_shrinkage = pooled_shrinkage
+        self.kappa_f = kappa_f
+        self.kappa_n = kappa_n
+        self.n_rounds = n_rounds
+        self.random_state = random_state
+        self.progress = progress
 
-    def fit(self, owners_X: Sequence[Any], owners_y: Sequence[Any], *,
+    def fit(self, X: Any, y: Any, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "FedGaussClassifier":
-        """Fit on per-owner arrays ``owners_X[z]`` (n_z, D) and labels ``owners_y[z]`` (n_z,)."""
-        if isinstance(owners_X, np.ndarray):
-            raise ValidationError("owners_X must be a sequence of per-owner 2-D arrays, got one "
-                                  f"array of shape {owners_X.shape}; wrap it as [X]")
-        owners_X = list(owners_X)
+        """Fit on per-owner arrays ``X[z]`` (n_z, D) and labels ``y[z]`` (n_z,); or on
+        one array X (n, D) and y (n,) with ``groups`` (n,) naming every row's owner
+        (without ``groups``: one owner). See :meth:`fedclust.KFed.fit`."""
+        fed = split_federation(X, y, groups=groups, device_ids=device_ids)
+        owners_X, owners_y, device_ids = list(fed.devices), fed.labels, fed.device_ids
+        if owners_y is None:
+            raise ValidationError("FedGaussClassifier.fit needs the labels y")
         owners_y = list(owners_y) if not isinstance(owners_y, np.ndarray) or owners_y.dtype == object \
             else None
         if owners_y is None:
-            raise ValidationError("owners_y must be a sequence of per-owner label arrays; wrap "
-                                  "one array as [y]")
+            raise ValidationError("y must be one label array per owner when X is a sequence "
+                                  "of owners")
         if len(owners_y) != len(owners_X):
-            raise ValidationError(f"owners_X has {len(owners_X)} owners but owners_y has "
-                                  f"{len(owners_y)}")
+            raise ValidationError(f"X has {len(owners_X)} owners but y has {len(owners_y)} "
+                                  "label arrays")
         ids = check_device_ids(device_ids, len(owners_X))
         devices = check_devices(owners_X, ids=ids)
         ys = []
@@ -533,11 +592,3 @@ class FedGaussClassifier(_FedBase):
 
     def predict(self, X: Any) -> np.ndarray:
         return self.classes_[np.argmax(self.decision_function(X), axis=1)]
-
-    def score(self, X: Any, y: Any) -> float:
-        """Accuracy on (X, y)."""
-        y = np.asarray(y)
-        pred = self.predict(X)
-        if y.shape != pred.shape:
-            raise ValidationError(f"y has shape {y.shape} but X has {pred.shape[0]} rows")
-        return float(np.mean(pred == y))

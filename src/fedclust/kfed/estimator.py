@@ -12,8 +12,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sklearn.base import BaseEstimator, ClusterMixin
+
 from ..core.random import RandomState, root_seed
-from ..core.estimators import CenterEstimatorMixin
+from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
                                check_n_local_clusters)
 from ..core.exceptions import ValidationError
@@ -25,7 +27,7 @@ from ..sim.transport import InProcessTransport
 __all__ = ["KFed"]
 
 
-class KFed(CenterEstimatorMixin):
+class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     """k-FED: one-shot federated k-means (Dennis, Li & Smith, ICML 2021).
 
     Each device runs the Awasthi–Sheffet local k-means with k_z clusters and
@@ -114,15 +116,29 @@ class KFed(CenterEstimatorMixin):
             local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points,
             n_features=n_features, trim=self.trim)
 
-    def fit(self, devices: Sequence[Any], y: None = None, *,
+    def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "KFed":
-        """Run k-FED over ``devices`` (a sequence of (n_z, d) arrays).
+        """Run k-FED over a federation.
 
-        ``device_ids`` names the devices (default 0..Z-1); a device's random
-        stream follows its id, so permuting devices together with their ids
-        leaves the result unchanged.
+        Parameters
+        ----------
+        X : sequence of ndarray (n_z, d), or ndarray (n, d)
+            One array per device; or all rows with ``groups``; or one array
+            alone, a federation of one device
+            (:func:`fedclust.core.estimators.split_federation`).
+        y : ignored
+        groups : array (n,) or None
+            Device id of every row of ``X``; ``labels_`` then follows the rows of X.
+        device_ids : sequence of int or None
+            Names the devices (default 0..Z-1); a device's random stream follows
+            its id, so permuting devices together with their ids leaves the
+            result unchanged.
+        transport : Transport or None
+            Default: the in-process simulator.
         """
+        fed = split_federation(X, groups=groups, device_ids=device_ids)
+        devices, device_ids = fed.devices, fed.device_ids
         n_clusters = check_int(self.n_clusters, "n_clusters", min_value=1)
         if device_ids is not None:
             device_ids = [check_int(z, f"device_ids[{i}]", min_value=0)
@@ -147,6 +163,7 @@ class KFed(CenterEstimatorMixin):
         out = transport.run(protocol, dict(zip(device_ids, devices)), self.seed_)
         self._store(out.result, out.device_outputs, out.meter, device_ids)
         self._protocol_ = protocol
+        self._rows = fed.rows
         return self
 
     def _store(self, result: KFedResult, outputs, meter, device_ids) -> None:

@@ -9,8 +9,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sklearn.base import BaseEstimator, ClusterMixin
+
+from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_devices, check_int
+from ..core.validation import check_device_ids, check_devices, check_int
 from ..core.exceptions import ValidationError
 from .protocol import DistributedLloydProtocol
 from ..core.protocol import Transport
@@ -35,7 +38,7 @@ def centralized_kmeans(devices: Sequence[Any], n_clusters: int, *, n_init: int =
                   random_state=seed).fit(X)
 
 
-class DistributedLloyd:
+class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     """Naive distributed Lloyd as an estimator (see :mod:`fedclust.lloyd.protocol`).
 
     Parameters
@@ -50,7 +53,11 @@ class DistributedLloyd:
 
     Attributes
     ----------
-    cluster_centers_, device_labels_, cost_history_, n_rounds_, communication_
+    cluster_centers_ : ndarray (k, d)
+    labels_ : ndarray (n,)
+        Every point's cluster (device order, or the row order of X with ``groups``).
+    device_labels_ : list of ndarray (n_z,) or None
+    cost_history_, n_rounds_, communication_
     """
 
     def __init__(self, n_clusters: int = 8, *, points_per_device: int | None = None,
@@ -63,9 +70,16 @@ class DistributedLloyd:
         self.random_state = random_state
         self.progress = progress
 
-    def fit(self, devices: Sequence[Any], y: None = None, *,
+    def fit(self, X: Any, y: None = None, *, groups: Any = None,
+            device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "DistributedLloyd":
-        devices = check_devices(devices)
+        """Run Lloyd over a federation; ``X``, ``groups``, ``device_ids`` and ``transport``
+        as in :meth:`fedclust.KFed.fit`."""
+        fed = split_federation(X, groups=groups, device_ids=device_ids)
+        ids = None if fed.device_ids is None else [
+            check_int(z, f"device_ids[{i}]", min_value=0) for i, z in enumerate(fed.device_ids)]
+        devices = check_devices(fed.devices, ids=ids)
+        ids = check_device_ids(ids, len(devices))
         k = check_int(self.n_clusters, "n_clusters", min_value=1)
         total = sum(len(X) for X in devices)
         if total < k:
@@ -77,14 +91,16 @@ class DistributedLloyd:
                                             max_rounds=self.max_rounds, tol=self.tol)
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
-        out = transport.run(protocol, dict(enumerate(devices)), self.seed_)
+        out = transport.run(protocol, dict(zip(ids, devices)), self.seed_)
         res = out.result
         self.cluster_centers_ = res.centers
         self.cost_history_ = res.cost_history
         self.n_rounds_ = out.meter.rounds
         self.converged_ = res.converged
-        self.device_labels_ = [out.device_outputs.get(z, {}).get("labels")
-                               for z in range(len(devices))]
+        self.n_features_in_ = devices[0].shape[1]
+        self.device_ids_ = ids
+        self.device_labels_ = [out.device_outputs.get(z, {}).get("labels") for z in ids]
+        self._rows = fed.rows
         self.communication_ = out.meter.summary()
         self.run_log_ = out.log
         return self

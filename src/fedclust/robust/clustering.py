@@ -42,6 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClusterMixin
 
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.kmeans import assign
@@ -65,7 +66,7 @@ def _weighted_quantile(values: np.ndarray, w: np.ndarray | None, q: float) -> fl
     return float(values[order][min(pos, len(values) - 1)])
 
 
-class _RobustLloyd:
+class _RobustLloyd(ClusterMixin, BaseEstimator):
     """The shared loop (see the module docstring); subclasses define :meth:`_center`.
 
     ``duplicates="once"`` (default for the robust estimators): rows that
@@ -193,9 +194,6 @@ class _RobustLloyd:
             raise ValidationError(
                 f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
         return assign(X.astype(np.float64, copy=False), self.cluster_centers_)[0]
-
-    def fit_predict(self, X: Any, y: None = None, **fit_kw: Any) -> np.ndarray:
-        return self.fit(X, **fit_kw).labels_
 
 
 class TrimmedKMeans(_RobustLloyd):

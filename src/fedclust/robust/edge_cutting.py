@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from scipy.sparse.csgraph import connected_components
+from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.neighbors import NearestNeighbors
 
 from ..core.exceptions import NotFittedError, ValidationError
@@ -33,7 +34,7 @@ from ..core.validation import check_array, check_float, check_int
 __all__ = ["EdgeCutting"]
 
 
-class EdgeCutting:
+class EdgeCutting(ClusterMixin, BaseEstimator):
     """Threshold-graph clustering that drops low-degree points.
 
     Parameters
@@ -129,6 +130,3 @@ class EdgeCutting:
             raise ValidationError(
                 f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
         return assign(X.astype(np.float64, copy=False), self.cluster_centers_)[0]
-
-    def fit_predict(self, X: Any, y: None = None) -> np.ndarray:
-        return self.fit(X).labels_

@@ -8,6 +8,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from sklearn.base import BaseEstimator
+
+from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
@@ -54,7 +57,7 @@ def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
     return out_X, out_y
 
 
-class RobustClusteredRegression:
+class RobustClusteredRegression(BaseEstimator):
     """Byzantine-robust clustered linear regression: the three-stage modular algorithm.
 
     Stage 1: each machine's least-squares ERM, sent once. Stage 2: robust
@@ -164,11 +167,22 @@ class RobustClusteredRegression:
         self.random_state = random_state
         self.progress = progress
 
-    def fit(self, Xs: Sequence[Any], ys: Sequence[Any], *,
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        return tags
+
+    def fit(self, X: Any, y: Any, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "RobustClusteredRegression":
-        """Fit on per-machine arrays ``Xs[i]`` (n_i, d) and ``ys[i]`` (n_i,)."""
-        m = len(Xs) if Xs is not None else 0
+        """Fit on per-machine arrays ``X[i]`` (n_i, d) and ``y[i]`` (n_i,); or on one
+        array X (n, d) and y (n,) with ``groups`` (n,) naming every row's machine
+        (without ``groups``: one machine). See :meth:`fedclust.KFed.fit`."""
+        if X is None or y is None:
+            raise ValidationError(f"{type(self).__name__}.fit needs X and y")
+        fed = split_federation(X, y, groups=groups, device_ids=device_ids)
+        Xs, ys, device_ids = fed.devices, fed.labels, fed.device_ids
+        m = len(Xs)
         device_ids = check_device_ids(device_ids, m)
         Xs, ys = _check_machines(Xs, ys, device_ids)
         k = check_int(self.n_clusters, "n_clusters", min_value=1)
