@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from .exceptions import NotFittedError, ValidationError
 from .kmeans import assign
-from .validation import check_array
+from .validation import check_array, check_n_features
 
 __all__ = ["CenterEstimatorMixin", "DeviceLabelsMixin", "Federation", "RowOrder",
            "split_federation"]
@@ -73,10 +73,26 @@ class Federation:
 
 
 def _is_single_array(X: Any) -> bool:
-    """One array (numpy, pandas, anything with ``__array__``), not a sequence of devices."""
+    """One array (numpy, pandas, anything with ``__array__``, or a list of 1-D rows), not a
+    sequence of per-device 2-D arrays."""
     if isinstance(X, np.ndarray):
         return X.dtype.kind != "O" or X.ndim == 2
-    return not isinstance(X, (list, tuple)) and hasattr(X, "__array__")
+    if isinstance(X, (list, tuple)):
+        return len(X) > 0 and np.ndim(X[0]) == 1
+    return hasattr(X, "__array__")
+
+
+def _as_2d(X: Any, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(X)
+    except ValueError as exc:  # a ragged list of rows
+        raise ValidationError(f"{name} reads as a list of rows (its first entry is 1-D) but the "
+                              f"rows do not stack ({exc}); pass one 2-D array per device") from None
+    if arr.ndim != 2:
+        raise ValidationError(
+            f"{name} must be one 2-D array (n, d) or a sequence of per-device 2-D arrays, "
+            f"got an array of shape {arr.shape}")
+    return arr
 
 
 def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: Any = None,
@@ -93,11 +109,7 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
     if groups is None:
         if not single:
             return Federation(X, y, None if device_ids is None else list(device_ids))
-        X = np.asarray(X)
-        if X.ndim != 2:
-            raise ValidationError(
-                f"{x_name} must be one 2-D array (n, d) or a sequence of per-device 2-D arrays, "
-                f"got an array of shape {X.shape}")
+        X = _as_2d(X, x_name)
         ys = None if y is None else [np.asarray(y)]
         return Federation([X], ys, None if device_ids is None else list(device_ids))
     if not single:
@@ -106,9 +118,7 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
     if device_ids is not None:
         raise ValidationError("pass groups or device_ids, not both (with groups, the device "
                               "ids are the group values)")
-    X = np.asarray(X)
-    if X.ndim != 2:
-        raise ValidationError(f"{x_name} must be 2-D (n, d) with groups, got shape {X.shape}")
+    X = _as_2d(X, x_name)
     g = np.asarray(groups)
     if g.ndim != 1 or g.shape[0] != X.shape[0]:
         raise ValidationError(f"groups has shape {g.shape} but {x_name} has {X.shape[0]} rows; "
@@ -166,8 +176,5 @@ class CenterEstimatorMixin(DeviceLabelsMixin):
     def predict(self, X: Any) -> np.ndarray:
         """Nearest final center of every row of X (n, d)."""
         self._check_fitted()
-        X = check_array(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise ValidationError(
-                f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
+        X = check_n_features(check_array(X, "X"), self)
         return assign(X, self.cluster_centers_.astype(X.dtype, copy=False))[0]

@@ -7,6 +7,8 @@ the offending parameter or device and its value, and say what to do.
 
 from __future__ import annotations
 
+from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
+
 __all__ = [
     "FedClustError",
     "ValidationError",
@@ -33,5 +35,6 @@ class ConfigError(ValidationError):
     """An experiment configuration (TOML) is missing a key or has a bad value."""
 
 
-class NotFittedError(FedClustError, AttributeError):
-    """An estimator was used before ``fit``."""
+class NotFittedError(FedClustError, _SklearnNotFittedError):
+    """An estimator was used before ``fit`` (scikit-learn's ``NotFittedError``: a
+    ``ValueError`` and an ``AttributeError``)."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from .exceptions import ValidationError
 
@@ -23,6 +24,7 @@ __all__ = [
     "check_devices",
     "check_n_local_clusters",
     "check_device_ids",
+    "check_n_features",
 ]
 
 
@@ -71,16 +73,23 @@ def check_array(X: Any, name: str = "X", *, dtype: Any = None,
     Floats keep their precision (float32 stays float32); integers and bools
     become float64. Strings, objects and complex numbers are refused.
     """
+    if sp.issparse(X):
+        raise ValidationError(f"{name} is a scipy sparse matrix; sparse data is not supported "
+                              f"(pass {name}.toarray())")
     try:
         arr = np.asarray(X)
     except Exception as exc:  # ragged nested lists and the like
         raise ValidationError(f"{name} could not be read as an array: {exc}") from None
+    if arr.dtype.kind == "c":
+        raise ValidationError(f"{name} has dtype {arr.dtype}: Complex data not supported; "
+                              "expected real numbers (int or float)")
     if arr.dtype.kind not in "biuf":
         raise ValidationError(
             f"{name} has dtype {arr.dtype} ({_kind_name(arr.dtype)}); "
             "expected real numbers (int or float)")
     if arr.ndim != ndim:
-        hint = " (reshape a single feature with X.reshape(-1, 1))" if arr.ndim == 1 and ndim == 2 else ""
+        hint = (" (Reshape your data: X.reshape(-1, 1) for a single feature)"
+                if arr.ndim == 1 and ndim == 2 else "")
         raise ValidationError(
             f"{name} must be {ndim}-D, got an array of shape {arr.shape}{hint}")
     if dtype is not None:
@@ -193,3 +202,14 @@ def check_n_local_clusters(n_local_clusters: Any, n_devices: int) -> list[int]:
         raise ValidationError(
             f"n_local_clusters has {len(values)} values but there are {n_devices} devices")
     return [check_int(v, f"n_local_clusters[{z}]", min_value=1) for z, v in enumerate(values)]
+
+
+def check_n_features(X: np.ndarray, estimator: Any, n_features: int | None = None,
+                     name: str = "X") -> np.ndarray:
+    """Refuse a 2-D ``X`` whose width differs from the fitted ``n_features_in_`` (scikit-learn's
+    wording)."""
+    n = estimator.n_features_in_ if n_features is None else n_features
+    if X.shape[1] != n:
+        raise ValidationError(f"{name} has {X.shape[1]} features, but {type(estimator).__name__} "
+                              f"is expecting {n} features as input")
+    return X

@@ -21,7 +21,7 @@ from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_choice, check_device_ids, check_devices,
-                               check_int)
+                               check_int, check_n_features)
 from ..sim.transport import InProcessTransport
 from .graph import TOPOLOGIES, check_graph, make_graph, run_on_graph
 from .messages import WORD_BYTES
@@ -159,10 +159,7 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
     def _check(self, X: Any, width: int, name: str) -> np.ndarray:
         if not hasattr(self, "components_"):
             raise NotFittedError("this DistributedPCA instance is not fitted yet; call fit first")
-        X = check_array(X, name)
-        if X.shape[1] != width:
-            raise ValidationError(f"{name} has {X.shape[1]} columns, expected {width}")
-        return X
+        return check_n_features(check_array(X, name), self, width, name)
 
     def transform(self, X: Any) -> np.ndarray:
         """Project (n, d) -> (n, t): ``(X − mean_) components_ᵀ``."""

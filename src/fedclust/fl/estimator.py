@@ -20,7 +20,7 @@ from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_devices, check_int
+from ..core.validation import check_array, check_devices, check_int, check_n_features
 from ..sim.transport import InProcessTransport
 from .models import Model, build_model, make_model
 from .clustered import ROUTINGS, ClusteredFedAvgProtocol
@@ -154,7 +154,8 @@ class _FLEstimator(BaseEstimator):
         fed = split_federation(X, y, groups=groups, device_ids=device_ids)
         devices_X, devices_y, device_ids = fed.devices, fed.labels, fed.device_ids
         if devices_y is None:
-            raise ValidationError(f"{type(self).__name__}.fit needs the labels y")
+            raise ValidationError(f"{type(self).__name__} requires y to be passed, but the "
+                                  "target y is None")
         if test_X is not None and not isinstance(test_X, (list, tuple)) \
                 and len(devices_X) == 1 and groups is None:
             test_X, test_y = [test_X], [test_y]
@@ -192,6 +193,8 @@ class _FLEstimator(BaseEstimator):
         self._scratch = self._model(res.models[0])
         self._loaded = None
         self.n_features_in_ = self.model_.n_features
+        if self.model_.classifier:
+            self.classes_ = np.arange(self.model_.n_classes)
         self.device_clusters_ = self._device_clusters(res, ids)
         self.device_labels_ = [out.device_outputs.get(z, {}).get("labels") for z in ids]
         self.run_log_ = out.log
@@ -211,6 +214,7 @@ class _FLEstimator(BaseEstimator):
                 accs = self._device_scores(models.astype(np.float64), *tests)
                 self.history_[r - 1]["test_accuracy"] = float(np.mean(accs))
             self.device_test_accuracy_ = self._device_scores(res.models, *tests)
+        self._loaded = None
 
     def _models_per_download(self) -> int:
         return 1
@@ -238,17 +242,16 @@ class _FLEstimator(BaseEstimator):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
 
     def _check_X(self, X: Any) -> np.ndarray:
-        X = check_array(X, "X").astype(np.float64, copy=False)
-        if X.shape[1] != self.n_features_in_:
-            raise ValidationError(
-                f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
-        return X
+        return check_n_features(check_array(X, "X").astype(np.float64, copy=False), self)
 
     def predict(self, X: Any) -> np.ndarray:
         """Predictions of the global model (FedAvg) or of each point's routed cluster model."""
         self._check_fitted()
         self._loaded = None
-        return self._route(self._check_X(X), self.models_)
+        try:
+            return self._route(self._check_X(X), self.models_)
+        finally:
+            self._loaded = None  # the cache lives for one call: predict leaves no state
 
     def predict_device(self, i: int, X: Any) -> np.ndarray:
         """Predictions of the model that serves device ``i`` (its id) on X."""
@@ -256,7 +259,10 @@ class _FLEstimator(BaseEstimator):
         if i not in self.device_ids_:
             raise ValidationError(f"device {i} is not in the federation {self.device_ids_[:10]}")
         self._loaded = None
-        return self._predict_device(self.device_ids_.index(i), self._check_X(X), self.models_)
+        try:
+            return self._predict_device(self.device_ids_.index(i), self._check_X(X), self.models_)
+        finally:
+            self._loaded = None
 
     def _predict_device(self, pos: int, X: np.ndarray, models: np.ndarray) -> np.ndarray:
         c = self.device_clusters_[pos]
@@ -264,9 +270,17 @@ class _FLEstimator(BaseEstimator):
             return self._route(X, models)
         return self._predict_with(models[c], X, (models, c))
 
+    def _scratch_model(self) -> Model:
+        """The model whose parameters predictions load; rebuilt when it came back read-only
+        (an estimator loaded by joblib with ``mmap_mode``)."""
+        if not self._scratch.theta.flags.writeable:
+            self._scratch = self._model(self.models_[0])
+            self._loaded = None
+        return self._scratch
+
     def _predict_with(self, params: np.ndarray, X: np.ndarray, key: Any = None) -> np.ndarray:
         # ``key`` = (models array, row): skip reloading p parameters for every device
-        m = self._scratch
+        m = self._scratch_model()
         if key is None or self._loaded is None or self._loaded[0] is not key[0] \
                 or self._loaded[1] != key[1]:
             m.set_params(params)
@@ -420,7 +434,7 @@ class IFCA(_FLEstimator):
         """Per point, the model with the highest confidence (largest top score margin)."""
         if len(models) == 1 or not self.model_.classifier:
             return self._predict_with(models[0], X)
-        m = self._scratch
+        m = self._scratch_model()
         self._loaded = None
         best_conf = np.full(len(X), -np.inf)
         pred = np.zeros(len(X), dtype=np.int64)
@@ -606,7 +620,7 @@ class ClusteredFedAvg(_FLEstimator):
         G = X @ gate["coef"].T + gate["intercept"]
         G = np.exp(G - G.max(axis=1, keepdims=True))
         G /= G.sum(axis=1, keepdims=True)
-        m = self._scratch
+        m = self._scratch_model()
         self._loaded = None
         mix = 0.0
         for j, c in enumerate(gate["clusters"]):
@@ -620,7 +634,7 @@ class ClusteredFedAvg(_FLEstimator):
 
     def _most_confident(self, X, models, clusters):
         """Per point, the prediction of the model (among ``clusters``) with the lowest entropy."""
-        m = self._scratch
+        m = self._scratch_model()
         self._loaded = None
         best = np.full(len(X), np.inf)
         pred = np.zeros(len(X), dtype=np.int64)

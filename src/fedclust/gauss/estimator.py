@@ -41,7 +41,7 @@ from ..core.estimators import DeviceLabelsMixin, split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_device_ids, check_devices
+from ..core.validation import check_array, check_device_ids, check_devices, check_n_features
 from ..sim.transport import InProcessTransport
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
@@ -190,13 +190,14 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         cs = getattr(self, "_cs", None)
         if cs is None and D is not None:
             cs = self._cs = ClusterSet(D, _settings(self))
+            self.n_features_in_ = D
         return cs
 
     def _check_X(self, X: Any, name: str = "X") -> np.ndarray:
         X = check_array(X, name).astype(np.float64, copy=False)
         cs = getattr(self, "_cs", None)
-        if cs is not None and X.shape[1] != cs.D:
-            raise ValidationError(f"{name} has {X.shape[1]} features but the model has {cs.D}")
+        if cs is not None:
+            check_n_features(X, self, cs.D, name)
         return X
 
     def learn_one(self, x: Any) -> "EvolvingGaussians":
@@ -224,6 +225,7 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         if X.shape[0]:
             with one_thread():
                 self._cs = learn_local(X, None, _settings(self), 0)
+            self.n_features_in_ = X.shape[1]
         else:
             self._model(X.shape[1])
         self.compact()
@@ -328,10 +330,7 @@ class _FedBase:
     def _check_X(self, X: Any) -> np.ndarray:
         """Validated X over the features the model uses (the selected ones)."""
         self._check_fitted()
-        X = check_array(X, "X").astype(np.float64, copy=False)
-        if X.shape[1] != self.n_features_in_:
-            raise ValidationError(f"X has {X.shape[1]} features but the model was fitted "
-                                  f"with {self.n_features_in_}")
+        X = check_n_features(check_array(X, "X").astype(np.float64, copy=False), self)
         return X if self.features_.all() else X[:, self.features_]
 
 
@@ -529,7 +528,8 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         fed = split_federation(X, y, groups=groups, device_ids=device_ids)
         owners_X, owners_y, device_ids = list(fed.devices), fed.labels, fed.device_ids
         if owners_y is None:
-            raise ValidationError("FedGaussClassifier.fit needs the labels y")
+            raise ValidationError("FedGaussClassifier requires y to be passed, but the target y "
+                                  "is None")
         owners_y = list(owners_y) if not isinstance(owners_y, np.ndarray) or owners_y.dtype == object \
             else None
         if owners_y is None:
@@ -543,6 +543,8 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         ys = []
         for z, X, y in zip(ids, devices, owners_y):
             y = np.asarray(y)
+            if y.dtype.kind == "O" and all(isinstance(v, str) for v in y.ravel()):
+                y = y.astype(str)  # pandas' object column of strings
             if y.ndim != 1 or y.shape[0] != X.shape[0]:
                 raise ValidationError(f"owner {z}: y has shape {y.shape} but X has {X.shape[0]} rows")
             if y.dtype.kind == "f" and not np.isfinite(y).all():
@@ -581,14 +583,21 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self._protocol_ = protocol
         return self
 
-    def decision_function(self, X: Any) -> np.ndarray:
-        """(N, M) class log scores."""
+    def _class_scores(self, X: Any) -> np.ndarray:
         cs = self._check_fitted()
         return class_log_scores(cs, self._check_X(X), cs.s.predict_rule)
 
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Class log scores (N, M); for two classes (scikit-learn's convention) the
+        score of ``classes_[1]`` minus that of ``classes_[0]`` (N,)."""
+        scores = self._class_scores(X)
+        return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
+
     def predict_proba(self, X: Any) -> np.ndarray:
         """(N, M) class probabilities in the order of ``classes_`` (rows sum to 1)."""
-        return proba(self.decision_function(X))
+        return proba(self._class_scores(X))
 
     def predict(self, X: Any) -> np.ndarray:
-        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+        """The most likely class of every row (N,)."""
+        scores = self._class_scores(X)
+        return self.classes_[np.argmax(scores, axis=1)]

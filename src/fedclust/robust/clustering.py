@@ -49,7 +49,8 @@ from ..core.kmeans import assign
 from ..core.random import RandomState, root_seed, server_rng
 from ..core.robust import coordinate_mean, geometric_median, trimmed_mean
 from .init import coincident_groups
-from ..core.validation import check_array, check_choice, check_float, check_int
+from ..core.validation import (check_array, check_choice, check_float, check_int,
+                               check_n_features)
 from .init import INITS, robust_init
 
 __all__ = ["TrimmedKMeans", "KGeomedians", "KMeansLloyd", "RADIUS_RULES"]
@@ -112,6 +113,9 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
         w = None
         if sample_weight is not None:
             w = np.asarray(sample_weight, dtype=np.float64)
+            if w.shape == (n,) and np.isfinite(w).all() and (w >= 0).all() and w.sum() == 0:
+                raise ValidationError("sample_weight is all zero; at least one weight must be "
+                                      "positive")
             if w.shape != (n,) or not np.isfinite(w).all() or (w < 0).any() or not w.sum() > 0:
                 raise ValidationError(
                     f"sample_weight must be {n} finite non-negative numbers with a positive "
@@ -189,10 +193,7 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
         """Nearest centre of every row of X."""
         if not hasattr(self, "cluster_centers_"):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X) first")
-        X = check_array(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise ValidationError(
-                f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
+        X = check_n_features(check_array(X, "X"), self)
         return assign(X.astype(np.float64, copy=False), self.cluster_centers_)[0]
 
 

@@ -29,7 +29,7 @@ from sklearn.neighbors import NearestNeighbors
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.kmeans import assign
 from ..core.robust import geometric_median
-from ..core.validation import check_array, check_float, check_int
+from ..core.validation import check_array, check_float, check_int, check_n_features
 
 __all__ = ["EdgeCutting"]
 
@@ -72,7 +72,10 @@ class EdgeCutting(ClusterMixin, BaseEstimator):
         """Cluster the rows of X (n, d)."""
         X = check_array(X, "X").astype(np.float64, copy=False)
         n = X.shape[0]
-        min_degree = check_int(self.min_degree, "min_degree", min_value=0, max_value=n - 1)
+        min_degree = check_int(self.min_degree, "min_degree", min_value=0)
+        if min_degree > n - 1:
+            raise ValidationError(f"X has {n} sample(s) but min_degree={min_degree} needs at "
+                                  f"least {min_degree + 1}")
         min_size = check_int(self.min_cluster_size, "min_cluster_size", min_value=1)
         k = None if self.n_clusters is None else check_int(self.n_clusters, "n_clusters",
                                                             min_value=1, max_value=n)
@@ -125,8 +128,5 @@ class EdgeCutting(ClusterMixin, BaseEstimator):
         """Nearest cluster centre of every row of X (never -1)."""
         if not hasattr(self, "cluster_centers_"):
             raise NotFittedError("this EdgeCutting is not fitted yet; call fit(X) first")
-        X = check_array(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise ValidationError(
-                f"X has {X.shape[1]} features but the model was fitted with {self.n_features_in_}")
+        X = check_n_features(check_array(X, "X"), self)
         return assign(X.astype(np.float64, copy=False), self.cluster_centers_)[0]

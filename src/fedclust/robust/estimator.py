@@ -34,6 +34,8 @@ def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
     for z, X, y in zip(ids, Xs, ys):
         X = np.asarray(X)
         y = np.asarray(y)
+        if X.dtype.kind == "c" or y.dtype.kind == "c":
+            raise ValidationError(f"machine {z}: Complex data not supported; expected real numbers")
         if X.ndim != 2 or X.dtype.kind not in "biuf":
             raise ValidationError(f"machine {z}: X must be a 2-D numeric array, got shape {X.shape}")
         if X.shape[0] == 0:
@@ -46,7 +48,8 @@ def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
         for name, A in (("X", X), ("y", y)):
             if not np.isfinite(A).all():
                 bad = A[~np.isfinite(A)].ravel()[0]
-                raise ValidationError(f"machine {z}: {name} contains a non-finite value ({bad})")
+                raise ValidationError(f"machine {z}: {name} contains a non-finite value ({bad}); "
+                                      "remove or impute NaN/inf first")
         if d is None:
             d = X.shape[1]
         elif X.shape[1] != d:
@@ -179,7 +182,8 @@ class RobustClusteredRegression(BaseEstimator):
         array X (n, d) and y (n,) with ``groups`` (n,) naming every row's machine
         (without ``groups``: one machine). See :meth:`fedclust.KFed.fit`."""
         if X is None or y is None:
-            raise ValidationError(f"{type(self).__name__}.fit needs X and y")
+            raise ValidationError(f"{type(self).__name__} requires y to be passed, but the "
+                                  f"target y is None" if y is None else "X is None")
         fed = split_federation(X, y, groups=groups, device_ids=device_ids)
         Xs, ys, device_ids = fed.devices, fed.labels, fed.device_ids
         m = len(Xs)
