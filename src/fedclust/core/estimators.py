@@ -73,12 +73,13 @@ class Federation:
 
 
 def _is_single_array(X: Any) -> bool:
-    """One array (numpy, pandas, anything with ``__array__``, or a list of 1-D rows), not a
-    sequence of per-device 2-D arrays."""
+    """One array (numpy, pandas, anything with ``__array__``, or a list of rows given as lists,
+    as ``X.tolist()`` makes), not a sequence of per-device 2-D arrays. A list of 1-D numpy
+    arrays stays a list of devices, so that a 1-D device gets its own error."""
     if isinstance(X, np.ndarray):
         return X.dtype.kind != "O" or X.ndim == 2
     if isinstance(X, (list, tuple)):
-        return len(X) > 0 and np.ndim(X[0]) == 1
+        return len(X) > 0 and isinstance(X[0], (list, tuple)) and np.ndim(X[0]) == 1
     return hasattr(X, "__array__")
 
 
@@ -86,7 +87,7 @@ def _as_2d(X: Any, name: str) -> np.ndarray:
     try:
         arr = np.asarray(X)
     except ValueError as exc:  # a ragged list of rows
-        raise ValidationError(f"{name} reads as a list of rows (its first entry is 1-D) but the "
+        raise ValidationError(f"{name} reads as a list of rows (its first entry is a list) but the "
                               f"rows do not stack ({exc}); pass one 2-D array per device") from None
     if arr.ndim != 2:
         raise ValidationError(
