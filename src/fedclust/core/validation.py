@@ -141,7 +141,8 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
                 f"device {z} has {arr.shape[0]} points; every device needs at "
                 f"least {min_points}")
         if arr.shape[1] == 0:
-            raise ValidationError(f"device {z} has 0 features")
+            raise ValidationError(f"device {z} has 0 feature(s) (shape={arr.shape}) while a "
+                                  "minimum of 1 is required (every device needs d >= 1)")
         if d0 is None:
             d0, first = arr.shape[1], z
         elif arr.shape[1] != d0:

@@ -222,15 +222,17 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         one with ``adaptive_prior``), then :meth:`compact` (as the server does)."""
         self._cs = None
         X = self._check_X(X)
-        if X.shape[0]:
-            with one_thread():
-                self._cs = learn_local(X, None, _settings(self), 0)
-            self.n_features_in_ = X.shape[1]
-        else:
-            self._model(X.shape[1])
+        if X.shape[0] == 0:
+            raise ValidationError("X has 0 rows: nothing to fit (partial_fit accepts an empty "
+                                  "batch)")
+        if X.shape[1] == 0:
+            raise ValidationError(f"X has 0 feature(s) (shape={X.shape}) while a minimum of 1 "
+                                  "is required.")
+        with one_thread():
+            self._cs = learn_local(X, None, _settings(self), 0)
+        self.n_features_in_ = X.shape[1]
         self.compact()
-        self.labels_ = (predict_labels(self._cs, X, self._cs.s.predict_rule) if self._cs.C
-                        else np.zeros(0, dtype=np.int64))
+        self.labels_ = predict_labels(self._cs, X, self._cs.s.predict_rule)
         return self
 
     def compact(self) -> "EvolvingGaussians":

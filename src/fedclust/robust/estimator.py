@@ -40,6 +40,9 @@ def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
             raise ValidationError(f"machine {z}: X must be a 2-D numeric array, got shape {X.shape}")
         if X.shape[0] == 0:
             raise ValidationError(f"machine {z} is empty (X has 0 rows)")
+        if X.shape[1] == 0:
+            raise ValidationError(f"machine {z} has 0 feature(s) (shape={X.shape}) while a "
+                                  "minimum of 1 is required (every machine needs d >= 1)")
         if y.ndim != 1 or y.shape[0] != X.shape[0] or y.dtype.kind not in "biuf":
             raise ValidationError(
                 f"machine {z}: X has {X.shape[0]} rows but y has shape {y.shape}")
