@@ -70,6 +70,10 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     Attributes
     ----------
     cluster_centers_ : ndarray (k, d)
+    labels_ : ndarray (n,)
+        Every point's cluster: the devices' labels concatenated in device order,
+        or in the row order of X for ``fit(X, groups=...)``; ``fit_predict``
+        returns it.
     device_labels_ : list of ndarray (n_z,) or None
         Induced clustering of every device (``None`` for a device that did not
         take part, e.g. dropped by the transport).
