@@ -373,3 +373,18 @@ def test_docs_table_lists_every_excluded_check():
             listed.update((check, n) for n in names)
     expected = {(c, n) for n, d in EXPECTED_FAILED.items() for c in d}
     assert listed == expected
+
+
+def test_model_selection_tools_accept_the_estimators():
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import make_pipeline
+
+    X, y, _ = _federation()
+    pipe = make_pipeline(fc.DistributedPCA(2, random_state=0), fc.KFed(3, 3, random_state=0))
+    labels = pipe.fit_predict(X)
+    ref = fc.KFed(3, 3, random_state=0).fit_predict(
+        fc.DistributedPCA(2, random_state=0).fit_transform(X))
+    np.testing.assert_array_equal(labels, ref)
+    assert list(pipe[0].get_feature_names_out()) == ["distributedpca0", "distributedpca1"]
+    search = GridSearchCV(fc.FedGaussClassifier(), {"kappa_f": [0.0, 0.01]}, cv=3).fit(X, y)
+    assert search.best_params_["kappa_f"] in (0.0, 0.01) and search.best_score_ > 0.9

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 
 import networkx as nx
-from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
+from sklearn.base import (BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin,
+                          TransformerMixin)
 
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
@@ -69,7 +70,7 @@ def _run(protocol: CoresetProtocol, devices: list[np.ndarray], ids: list[int], g
     return run, run.summary(), g
 
 
-class DistributedPCA(TransformerMixin, BaseEstimator):
+class DistributedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Distributed PCA (disPCA; Liang, Balcan, Kanchanapally & Woodruff, NIPS 2014, Alg. 1).
 
     Optional global centring (one round of sums and counts), then every node
@@ -155,6 +156,11 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
         self.n_features_in_ = d
         self.run_log_ = out.log
         return self
+
+    @property
+    def _n_features_out(self) -> int:
+        """Output width for ``get_feature_names_out`` (distributedpca0, ...)."""
+        return self.n_components_
 
     def _check(self, X: Any, width: int, name: str) -> np.ndarray:
         if not hasattr(self, "components_"):
