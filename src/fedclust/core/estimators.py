@@ -8,8 +8,10 @@
   are ordered by their sorted group ids; a device's id is its group value when
   the groups are non-negative integers, else its position in that order.
   ``labels_`` then comes back in the row order of ``X``;
-* one 2-D array ``X`` without ``groups``: a federation of one device (the
-  centralized case, and what scikit-learn's own checks pass).
+* one 2-D array ``X`` without ``groups`` (numpy, pandas, or a list of rows as
+  ``X.tolist()`` makes): a federation of one device (the centralized case, and
+  what scikit-learn's own checks pass). A list of numpy arrays is always a list
+  of devices, so that a 1-D device gets its own error.
 
 scikit-learn's pattern for the center-based families: ``fit`` sets
 ``cluster_centers_``, ``n_features_in_`` and ``device_labels_``; ``labels_``,
@@ -147,7 +149,8 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
 
 
 class DeviceLabelsMixin:
-    """``labels_`` and ``fit_predict`` from ``device_labels_`` (set by ``fit``)."""
+    """``labels_`` from ``device_labels_`` (set by ``fit``); scikit-learn's ``ClusterMixin``
+    turns it into ``fit_predict``."""
 
     def _check_fitted(self) -> Any:
         if not hasattr(self, "device_labels_"):
@@ -161,13 +164,9 @@ class DeviceLabelsMixin:
         self._check_fitted()
         return getattr(self, "_rows", RowOrder()).to_rows(self.device_labels_)
 
-    def fit_predict(self, X: Any, y: Any = None, **fit_kw: Any) -> np.ndarray:
-        """Fit and return ``labels_`` (one array, in the order described there)."""
-        return self.fit(X, y, **fit_kw).labels_
-
 
 class CenterEstimatorMixin(DeviceLabelsMixin):
-    """``labels_``, ``predict`` (nearest final center) and ``fit_predict`` for a fitted model."""
+    """``labels_`` and ``predict`` (nearest final center) for a fitted model."""
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
