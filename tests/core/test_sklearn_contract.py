@@ -388,3 +388,13 @@ def test_model_selection_tools_accept_the_estimators():
     assert list(pipe[0].get_feature_names_out()) == ["distributedpca0", "distributedpca1"]
     search = GridSearchCV(fc.FedGaussClassifier(), {"kappa_f": [0.0, 0.01]}, cv=3).fit(X, y)
     assert search.best_params_["kappa_f"] in (0.0, 0.01) and search.best_score_ > 0.9
+
+
+def test_fl_single_array_with_a_test_set():
+    X, y, _ = _federation()
+    a = fc.FedAvg(model="softmax", rounds=2, random_state=0).fit(
+        X[:200], y[:200], test_X=X[200:], test_y=y[200:])
+    b = fc.FedAvg(model="softmax", rounds=2, random_state=0).fit(
+        [X[:200]], [y[:200]], test_X=[X[200:]], test_y=[y[200:]])
+    assert [h["test_accuracy"] for h in a.history_] == [h["test_accuracy"] for h in b.history_]
+    assert a.history_[-1]["test_accuracy"] == a.score(X[200:], y[200:])
