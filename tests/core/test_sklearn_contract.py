@@ -83,7 +83,7 @@ EXPECTED_FAILED: dict[str, dict[str, str]] = {
     "FedGaussClassifier": {
         **_COMMON,
         "check_classifiers_regression_target": "labels may be any sortable values, floats "
-                                               "included: a float target is many classes",
+                                               "included: float labels are that many classes",
         "check_supervised_y_2d": _Y2D},
     **{name: {**_COMMON, "check_classifiers_classes": _LABELS_FL,
               "check_classifiers_regression_target": _CONTINUOUS_FL,
