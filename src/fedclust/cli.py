@@ -25,7 +25,8 @@ from .core.exceptions import FedClustError
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedclust`` argument parser (also renders the documentation's CLI reference)."""
     p = argparse.ArgumentParser(prog="fedclust", description="Federated clustering experiments.")
     p.add_argument("--version", action="version", version=f"fedclust {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -120,7 +121,7 @@ def _json_default(obj):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         from .config import check_config, load_config
         from .core.registry import DEMOS

@@ -140,13 +140,13 @@ class EvolvingGaussians(_Params):
 
     Parameters
     ----------""" + _PARAMS_DOC + """
-    Attributes (valid before the first sample: zero clusters)
+    Attributes
     ----------
     n_clusters_ : int
     means_ : ndarray (c, D)
     covariances_ : ndarray (c, D, D) or (c, D) for ``covariance="diag"``
         The covariances the model uses, (S + n0 Sigma_0) / (n + n0 - 1).
-    scatters_ : ndarray, like covariances_
+    scatters_ : ndarray, like ``covariances_``
         Exact scatter matrices sum (x - mu)(x - mu)^T.
     counts_ : ndarray (c,)
     ages_ : ndarray (c,)
@@ -344,6 +344,7 @@ class FedGaussClustering(_FedBase):
     Attributes
     ----------
     n_clusters_, means_ (K, D), covariances_, scatters_, counts_ (K,), ages_ (K,)
+        As in :class:`EvolvingGaussians`.
     cluster_centers_ : alias of ``means_``
     device_labels_ : list of ndarray (n_z,) or None
     communication_ : dict (bytes up/down per owner and in total)
@@ -433,6 +434,7 @@ class FedGaussClassifier(_FedBase):
     ----------
     classes_ : ndarray (M,)
     n_clusters_, means_, covariances_, scatters_, counts_, ages_
+        As in :class:`EvolvingGaussians`.
     cluster_classes_ : ndarray (K,) of labels in ``classes_``
     clusters_per_class_ : dict label -> int
     features_ : ndarray (D,) of bool

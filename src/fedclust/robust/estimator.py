@@ -105,8 +105,9 @@ class RobustClusteredRegression:
 
     Attributes
     ----------
-    coef_ : ndarray (c, d), intercept_ : ndarray (c,)
+    coef_ : ndarray (c, d)
         One model per cluster found (c = n_clusters unless edge cutting found fewer).
+    intercept_ : ndarray (c,)
     device_clusters_ : ndarray (m,)
         Cluster of every machine; -1: judged Byzantine / outlier; -2: sent no ERM.
     erms_ : ndarray (m, d + 1)
