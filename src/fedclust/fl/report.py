@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core.registry import Federation
 
-__all__ = ["fit_supervised", "fl_report", "fl_result_fields", "plot_history"]
+__all__ = ["fit_supervised", "fl_report", "fl_result_fields", "plot_history", "fl_rounds_note"]
 
 
 def fit_supervised(model: Any, fed: Federation, transport: Any) -> None:
@@ -37,6 +37,40 @@ def fl_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, 
             t, p = zip(*got)
             out["cluster_accuracy"] = metrics.matched_accuracy(np.array(t), np.array(p))
     return out
+
+
+def _setup_phases(model: Any) -> list[str]:
+    """What the protocol exchanges before the first training round (see ``_setup_requests``)."""
+    if type(model).__name__ == "ClusteredFedAvg":
+        hidden = ["feature map"] if getattr(model, "feature_map", None) == "hidden" else []
+        return hidden + ["k-FED"]
+    selection = getattr(model, "selection", "random")
+    return {"kfed-pow-d": ["k-FED"], "pow-d": ["size probe"]}.get(selection, [])
+
+
+def fl_rounds_note(model: Any, communication: Mapping[str, Any]) -> str | None:
+    """Why the table's transport rounds differ from the training rounds set, e.g.
+    ``1 k-FED round + 15 training rounds x 4 clusters = 61 transport rounds``.
+
+    A training round of a clustered model is one exchange per cluster (each
+    cluster's devices get their cluster's model); power-of-choice adds a loss
+    probe before each round's training.
+    """
+    total = int(communication.get("rounds", 0))
+    trained = int(communication.get("fl_rounds", 0))
+    if not trained or total == trained:
+        return None
+    setup = _setup_phases(model)
+    per, rest = divmod(total - len(setup), trained)
+    head = " + ".join(f"1 {name} round" for name in setup)
+    head = f"{head} + " if head else ""
+    if rest or per < 1:
+        return (f"{total} transport rounds: {head}{trained} training rounds whose exchanges "
+                "vary (clusters with no selected device are skipped)")
+    unit = "exchanges (loss probe, training)" if getattr(model, "selection", "") in (
+        "pow-d", "kfed-pow-d") and per == 2 else (
+        "clusters" if per == getattr(model, "n_clusters", None) else "exchanges")
+    return f"{head}{trained} training rounds × {per} {unit} = {total} transport rounds"
 
 
 def fl_result_fields(model: Any) -> dict[str, Any]:
