@@ -80,7 +80,7 @@ def fl_result_fields(model: Any) -> dict[str, Any]:
 
 def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
     """Test accuracy (or train loss) per round."""
-    from ..plotting import have_matplotlib
+    from ..plotting import have_matplotlib, wrap_title
 
     if not have_matplotlib() or not model.history_:
         return None
@@ -94,7 +94,7 @@ def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path
     ax.plot([h["round"] for h in model.history_], [h[key] for h in model.history_], marker=".")
     ax.set_xlabel("round")
     ax.set_ylabel(key.replace("_", " "))
-    ax.set_title(result.get("title") or type(model).__name__, fontsize=9)
+    ax.set_title(wrap_title(result.get("title") or type(model).__name__, 4.5, 9), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -294,7 +294,7 @@ def robust_result_fields(model: Any) -> dict[str, Any]:
 
 def plot_round_loss(model: Any, fed: Any, result: dict[str, Any], path: Path) -> Path | None:
     """Stage-3 median local loss per round, one line per cluster."""
-    from ..plotting import have_matplotlib
+    from ..plotting import have_matplotlib, wrap_title
 
     loss = model.stage_log_["round_loss"]
     if not have_matplotlib() or loss.size == 0:
@@ -304,13 +304,14 @@ def plot_round_loss(model: Any, fed: Any, result: dict[str, Any], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(5.5, 4))
     for j in range(loss.shape[1]):
         ax.semilogy(np.arange(1, loss.shape[0] + 1), loss[:, j], marker=".", label=f"cluster {j}")
     ax.set_xlabel("stage-3 round")
     ax.set_ylabel("median local loss")
     ax.legend(fontsize=7)
-    ax.set_title(result.get("title") or "robust-regression", fontsize=9)
+    ax.set_title(wrap_title(result.get("title") or result.get("algorithm", ""), 5.0, 9),
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
