@@ -132,7 +132,7 @@ class RobustClusteredRegression:
     cluster's model and index, one round per cluster) and ``8 c (d + 1)`` (all c
     models, ``+ 16 a`` when a machines missed the first iteration) in each later
     one; ``8 (d + 1) + 8`` down at the end. Transport rounds: ``1 + c - 1 +
-    rounds`` (was ``1 + c x rounds`` with one round per iteration and cluster). Server work: stage 2
+    rounds`` (all clusters' models travel together after the first iteration). Server work: stage 2
     O(T m k d) plus the geometric medians; stage 3 O(rounds · m d log m).
 
     Ghosh, Hong, Yin & Ramchandran, "Robust federated learning in a
