@@ -42,7 +42,7 @@ PATTERNS = [
     ("work history (sessions)", re.compile(
         r"\b(this|previous|last|earlier|next|same) session\b|\bsession\s+#?\d", _I)),
     ("work history (passes)", re.compile(
-        r"\b(previous|earlier) pass\b|\bpass(es)?\s+#?\d+\b|\bnumbered pass", _I)),
+        r"\b(previous|earlier) pass\b|\bpass(es)? #?\d+\b|\bnumbered pass", _I)),
     ("work history (earlier runs)", re.compile(
         r"\bearlier (run|version|table|measurement|commit)s?\b|\bprevious (table|commit|"
         r"setting|version|values?)\b|\bre-?measured\b|\bno longer\b|\bold behaviou?r\b|"
@@ -51,7 +51,7 @@ PATTERNS = [
     ("now against before", re.compile(r"\bnow\b[^.\n]{0,60}\bbefore\b|\bbefore\b[^.\n]{0,60}"
                                       r"\bnow\b|\bbefore/after\b", _I)),
     # paths and links
-    ("a temporary path", re.compile(r"(?<![\w.])/tmp/\w")),
+    ("a temporary or machine-specific path", re.compile(r"(?<![\w.])/(tmp|work|home)/\w")),
     ("a path outside the repository", re.compile(r"\.\./shared\b")),
     ("a file outside the repository", re.compile(r"\b(ARCHITECTURE|ALGORITHMS)\.md\b")),
 ]
@@ -99,6 +99,7 @@ def test_the_scan_covers_the_documentation_and_the_code():
     "gen_25_5_5 0.829 -> 0.987 (previous pass)",
     "measured in session 4 with the new default",
     "python bench.py --out /tmp/bench_full",
+    "MNIST 70k (/work/shared/data, pixels / 255)",
     "FEDCLUST_DATA=../shared/data fedclust run",
     "Specification: `ALGORITHMS.md` §3.",
     "see [the plan](../shared/docs/ARCHITECTURE.md)",
