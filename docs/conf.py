@@ -49,8 +49,10 @@ html_theme = "pydata_sphinx_theme"
 html_title = f"fedclust {release}"
 html_theme_options = {
     "navigation_with_keys": False,
-    "header_links_before_dropdown": 4,
+    "header_links_before_dropdown": 6,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
 }
 html_static_path: list[str] = []
+# Pages without sub-pages need no section navigation on the left.
+html_sidebars = {page: [] for page in ("index", "getting-started", "flower", "reproducing", "cli")}

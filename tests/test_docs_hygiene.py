@@ -38,6 +38,7 @@ PATTERNS = [
         r"\b[Tt]argets?\s*(\(|<=|>=|≤|≥|<|>)|\bTargets?:|\b[Tt]argets?\s+(is\s+|are\s+|was\s+)?"
         r"(met|missed)\b")),
     ("a work-plan marker", re.compile(r"\[decide\]|\bTODO\b|\bFIXME\b|\bXXX\b")),
+    ("a seed file number", re.compile(r"\bseed 0\d+\b|\bseed files?\b", _I)),
     # work history
     ("work history (sessions)", re.compile(
         r"\b(this|previous|last|earlier|next|same) session\b|\bsession\s+#?\d", _I)),
@@ -100,6 +101,7 @@ def test_the_scan_covers_the_documentation_and_the_code():
     "measured in session 4 with the new default",
     "python bench.py --out /tmp/bench_full",
     "MNIST 70k (/work/shared/data, pixels / 255)",
+    "Federated learning with self-evolving Gaussian clusters (seed 002; the lineage)",
     "FEDCLUST_DATA=../shared/data fedclust run",
     "Specification: `ALGORITHMS.md` §3.",
     "see [the plan](../shared/docs/ARCHITECTURE.md)",
@@ -127,6 +129,7 @@ def test_planning_and_history_lines_are_caught(line, tmp_path):
     "    def send(self, request, targets: list[int]):",
     "    target : array-like (p,), optional",
     "this pass only confirmed the previous update",
+    "federation and run seed 0, 1, 2",
     'ray_tmp = mkdtemp(dir="/tmp")',
 ])
 def test_ordinary_prose_is_not_flagged(line):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import os
 import sys
 from pathlib import Path
@@ -30,8 +31,11 @@ __all__ = ["main"]
 def _demo_list() -> str:
     """``demo --help``'s list of the registered demos, one line each."""
     width = max((len(n) for n in DEMOS), default=0)
-    lines = [f"  {name.ljust(width)}  {DEMO_DESCRIPTIONS.get(name, '')}".rstrip()
-             for name in DEMOS]
+    lines = []
+    for name in DEMOS:
+        text = DEMO_DESCRIPTIONS.get(name, "") or "-"
+        lines += textwrap.wrap(text, 88, initial_indent=f"  {name.ljust(width)}  ",
+                               subsequent_indent=" " * (width + 4))
     return "demos:\n" + "\n".join(lines)
 
 
@@ -41,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"fedclust {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a family's embedded example (seconds)",
-                          description="Run a small embedded example of a family; writes "
+                          description="Run a small embedded example of a family; writes\n"
                           "result.json and result.png into --out.",
                           epilog=_demo_list(), formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("name", nargs="?", default=None, metavar="NAME",
@@ -49,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="fedclust-demo", help="output folder (default: %(default)s)")
     demo.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     run = sub.add_parser("run", help="run a configured experiment",
-                         description="Run the experiment a TOML configuration describes; writes "
-                         "result.json (and result.png) into --out.",
+                         description="Run the experiment a TOML configuration describes; "
+                         "writes\nresult.json (and result.png) into --out.",
                          epilog=describe_config() + "\n\nexamples/ has a commented "
                          "configuration per family.",
                          formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -153,8 +153,8 @@ def describe_config() -> str:
     lines += ["", "[partition]  kind = how pooled data is split over n_devices devices:"]
     for kind in PARTITION_OPTIONS:
         lines += entry(kind, partition_keys(kind) - {"n_devices"})
-    lines += ["", "[algorithm]  name = one of the registered algorithms, then its estimator's "
-              "parameters (* required):"]
+    lines += ["", "[algorithm]  name = one of the registered algorithms, then its estimator's",
+              "             parameters (* required):"]
     for name, algorithm in ALGORITHMS.items():
         keys = sorted(algorithm_keys(name))
         lines += entry(name, [f"{k}*" if k in algorithm.required else k for k in keys])

@@ -48,4 +48,4 @@ register_demo("fl", {
     "algorithm": {"name": "clustered-fedavg", "n_clusters": 4, "n_local_clusters": 1,
                   "rounds": 15, "lr": 0.1, "n_hidden": 50},
     "simulation": {"dropout": 0.0, "late": 0.0},
-}, description="clustered FL (k-FED + FedAvg): rotated 8x8 digits on 20 devices")
+}, description="k-FED + FedAvg: rotated 8x8 digits on 20 devices")

@@ -34,4 +34,4 @@ register_demo("gauss", {
     "algorithm": {"name": "gauss"},
     "simulation": {"dropout": 0.0, "late": 0.0},
     "baselines": {},
-}, description="evolving Gaussian clustering: 15 blobs in 2-D over 3 owners, one round")
+}, description="evolving Gaussians: 15 blobs in 2-D over 3 owners")

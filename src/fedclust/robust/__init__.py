@@ -57,7 +57,7 @@ register_demo("robust", {
     "algorithm": {"name": "robust-regression", "n_clusters": 4, "clustering": "trimmed-kmeans",
                   "aggregator": "trimmed-mean", "beta": 0.2, "rounds": 20, "lr": 0.1},
     "simulation": {"dropout": 0.0, "late": 0.0},
-}, description="Byzantine-robust clustered regression: 100 machines, 20% Byzantine")
+}, description="robust clustered regression: 100 machines, 20% Byzantine")
 register_demo("robust-classification", {
     "title": "Robust clustered logistic regression: 3 models, 120 machines, 15% Byzantine",
     "seed": 0,
@@ -68,4 +68,4 @@ register_demo("robust-classification", {
                   "clustering": "trimmed-kmeans", "aggregator": "trimmed-mean", "beta": 0.25,
                   "l2": 0.001, "rounds": 40, "lr": 1.0},
     "simulation": {"dropout": 0.0, "late": 0.0},
-}, description="Byzantine-robust clustered logistic regression: 120 machines, 15% Byzantine")
+}, description="robust clustered logistic regression: 120 machines, 15% liars")
