@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -29,7 +30,8 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_ext", "_templates", "Thumbs.db", ".DS_Store"]
+templates_path = ["_templates"]
 
 # The guides are Markdown (MyST); headings get anchors for in-page links.
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
@@ -39,7 +41,7 @@ myst_heading_anchors = 3
 write_api_pages(HERE / "api")
 autosummary_generate = True
 autosummary_imported_members = True
-autodoc_default_options = {"members": True, "inherited-members": False, "exclude-members": "__init__"}
+autodoc_default_options = {"members": True, "exclude-members": "__init__"}
 autodoc_typehints = "none"
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
@@ -56,3 +58,14 @@ html_theme_options = {
 html_static_path: list[str] = []
 # Pages without sub-pages need no section navigation on the left.
 html_sidebars = {page: [] for page in ("index", "getting-started", "flower", "reproducing", "cli")}
+
+
+def _skip_sklearn_plumbing(app, what, name, obj, skip, options):
+    """scikit-learn's metadata-routing methods (``set_fit_request``, ...) are not fedclust's API."""
+    if re.fullmatch(r"set_\w+_request|get_metadata_routing", name):
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_sklearn_plumbing)
