@@ -212,3 +212,19 @@ def test_fl_report_explains_transport_rounds(tmp_path, capsys):
     line = (f"rounds: 1 k-FED round + {rounds} training rounds × {k} clusters = "
             f"{1 + rounds * k} transport rounds")
     assert line in out and res["rounds_note"] == line.removeprefix("rounds: ")
+
+
+def test_robust_report_explains_transport_rounds(tmp_path, capsys):
+    assert main(["demo", "robust", "--out", str(tmp_path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "result.json").read_text())
+    rounds = res["config"]["algorithm"]["rounds"]
+    assert res["communication"]["rounds"] == 1 + rounds
+    assert (f"rounds: 1 local-ERM round + {rounds} stage-3 rounds = {1 + rounds} "
+            "transport rounds") in out
+
+
+def test_clustering_report_has_no_rounds_note(tmp_path, capsys):
+    assert main(["run", str(_write(tmp_path)), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    assert "\nrounds:" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["rounds_note"] is None

@@ -131,8 +131,8 @@ class RobustClusteredRegression:
     up per iteration, down ``8 (d + 1) + 8`` in the first iteration (its
     cluster's model and index, one round per cluster) and ``8 c (d + 1)`` (all c
     models, ``+ 16 a`` when a machines missed the first iteration) in each later
-    one; ``8 (d + 1) + 8`` down at the end. Transport rounds: ``1 + c - 1 +
-    rounds`` (all clusters' models travel together after the first iteration). Server work: stage 2
+    one; ``8 (d + 1) + 8`` down at the end. Transport rounds: ``1 + rounds``
+    (the local ERMs, then one per stage-3 iteration). Server work: stage 2
     O(T m k d) plus the geometric medians; stage 3 O(rounds · m d log m).
 
     Ghosh, Hong, Yin & Ramchandran, "Robust federated learning in a
@@ -284,6 +284,14 @@ def robust_report(model: Any, fed: Any, cfg: Mapping[str, Any]) -> dict[str, Any
                                   - fed.test_labels[i]) ** 2)) for i in honest]
             out["test_mse"] = float(np.mean(mse))
     return out
+
+
+def robust_rounds_note(model: Any, communication: Mapping[str, Any]) -> str | None:
+    """``1 local-ERM round + 20 stage-3 rounds = 21 transport rounds``."""
+    total, rounds = int(communication.get("rounds", 0)), int(model.rounds)
+    if total != 1 + rounds:
+        return None
+    return f"1 local-ERM round + {rounds} stage-3 rounds = {total} transport rounds"
 
 
 def robust_result_fields(model: Any) -> dict[str, Any]:
