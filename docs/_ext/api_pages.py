@@ -23,6 +23,13 @@ SECTIONS = [
      "Robust clustering and clustered regression (Ghosh, Hong, Yin & Ramchandran 2019)."),
     ("fedclust.datasets", "Datasets", "Generators and loaders of federations."),
     ("fedclust.metrics", "Metrics", "Clustering accuracy and cost."),
+    ("fedclust.sim", "Simulation", "The in-process transport, faults, Byzantine devices and the "
+     "byte meter."),
+    ("fedclust.config", "Configurations", "Read and check the TOML configuration of an experiment."),
+    ("fedclust.experiment", "Experiments", "Run a configuration from Python, as ``fedclust run`` "
+     "does."),
+    ("fedclust.core.registry", "Registry", "What a family registers so that the command line, "
+     "the configurations and the Flower apps serve it."),
 ]
 
 
