@@ -1,6 +1,7 @@
 """The command line: demo, run, configs, one-line errors."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +229,20 @@ def test_clustering_report_has_no_rounds_note(tmp_path, capsys):
     assert main(["run", str(_write(tmp_path)), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
     assert "\nrounds:" not in capsys.readouterr().out
     assert json.loads((tmp_path / "o" / "result.json").read_text())["rounds_note"] is None
+
+
+STAR = Path(__file__).resolve().parents[1] / "examples" / "coreset_star.toml"
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ("n_points = 3000", "n_points = -5", "[data] n_points=-5 must be >= 1"),
+    ("n_points = 3000", "n_points = 3000\nn_samples = 0", "[data] n_samples=0 must be >= 1"),
+    ("n_devices = 8", 'n_devices = "x"', "[partition] n_devices='x' must be an integer"),
+    ("coreset_size = 500", "coreset_size = 2.5", "[algorithm] coreset_size=2.5 must be an integer"),
+])
+def test_value_errors_name_file_table_and_key_in_the_config_words(tmp_path, capsys, old, new,
+                                                                  needle):
+    path = tmp_path / "star.toml"
+    path.write_text(STAR.read_text().replace(old, new, 1))
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == f"fedclust: error: {path}: {needle}\n"

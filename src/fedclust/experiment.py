@@ -45,6 +45,10 @@ def build_federation(cfg: Mapping[str, Any]) -> Federation:
     if source.federated:
         return source.build(seed, **data)
     n_samples = data.pop("n_samples", None)
+    if n_samples is not None:
+        from .core.validation import check_int
+
+        n_samples = check_int(n_samples, "n_samples", min_value=1)
     X, y = source.build(seed, **data)
     if n_samples is not None and n_samples < len(X):
         keep = np.sort(np.random.default_rng(seed).choice(len(X), size=int(n_samples),
