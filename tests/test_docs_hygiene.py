@@ -68,6 +68,16 @@ def _outside(path: Path, target: str) -> bool:
     return ROOT not in resolved.parents and resolved != ROOT
 
 
+def _missing(path: Path, target: str) -> bool:
+    """A relative link inside the repository to a file that does not exist (a Sphinx
+    document may be named without its suffix)."""
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target, _I) or target.startswith("#"):
+        return False
+    resolved = (path.parent / target.split("#")[0]).resolve()
+    return not any(p.exists() for p in (resolved, resolved.with_name(resolved.name + ".md"),
+                                        resolved.with_name(resolved.name + ".rst")))
+
+
 def problems(path: Path, text: str) -> list[str]:
     rel = path.relative_to(ROOT)
     out = []
@@ -79,6 +89,8 @@ def problems(path: Path, text: str) -> list[str]:
         for target in _LINK.findall(line):
             if _outside(path, target):
                 out.append(f"{rel}:{number}: a link leaving the repository: {target!r}")
+            elif _missing(path, target):
+                out.append(f"{rel}:{number}: a link to a missing file: {target!r}")
     return out
 
 
@@ -105,6 +117,7 @@ def test_the_scan_covers_the_documentation_and_the_code():
     "FEDCLUST_DATA=../shared/data fedclust run",
     "Specification: `ALGORITHMS.md` §3.",
     "see [the plan](../shared/docs/ARCHITECTURE.md)",
+    "see [the old guide](old-guide.md)",
     "**yes** (was no: 94.6)",
     "k' = 2 now; before it was 0.55",
     "Target <= 0.05 ms: met in CPU time",
