@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import textwrap
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
