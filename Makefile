@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV_DEMO := .venv
 VENV_TEST := .venv-test
 VENV_FLOWER := .venv-flower
+VENV_DOCS := .venv-docs
 OUT ?= fedclust-demo
 
-.PHONY: demo test bench clean test-loopback
+.PHONY: demo test bench docs clean test-loopback
 
 $(VENV_DEMO)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_DEMO)
@@ -31,8 +32,19 @@ test: $(VENV_TEST)/.installed
 bench: $(VENV_DEMO)/.installed
 	$(VENV_DEMO)/bin/python benchmarks/run_all.py --quick
 
+$(VENV_DOCS)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_DOCS)
+	$(VENV_DOCS)/bin/python -m pip install -q --upgrade pip
+	$(VENV_DOCS)/bin/python -m pip install -q -e ".[docs]"
+	touch $@
+
+## make docs: the documentation site (Sphinx) into docs/_build/html; a warning is an error
+docs: $(VENV_DOCS)/.installed
+	$(VENV_DOCS)/bin/python -m sphinx -b html -W --keep-going -q docs docs/_build/html
+
 clean:
-	rm -rf $(VENV_DEMO) $(VENV_TEST) $(VENV_FLOWER) $(OUT) .pytest_cache
+	rm -rf $(VENV_DEMO) $(VENV_TEST) $(VENV_FLOWER) $(VENV_DOCS) $(OUT) .pytest_cache \
+		docs/_build docs/api
 
 $(VENV_FLOWER)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLOWER)

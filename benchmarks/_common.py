@@ -8,8 +8,8 @@ Common flags
 ------------
 --quick            reduced sizes (seconds; what CI and the smoke test run)
 --out DIR          where JSON/PNG go (default ``benchmarks/results``)
---data-dir DIR     real data (default ``$FEDCLUST_DATA`` or ``../shared/data``
-                   relative to the repository root)
+--data-dir DIR     real data (default ``$FEDCLUST_DATA``, else the ``data`` folder
+                   beside the repository)
 --seed N           root seed (run r uses ``seed + r``)
 --blas-threads N   cap BLAS threads for the whole run (threadpoolctl); default:
                    leave the BLAS library alone (what a user gets)
@@ -48,7 +48,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help=f"output folder for JSON/PNG (default {DEFAULT_OUT.relative_to(REPO)})")
     p.add_argument("--data-dir", type=Path, default=None,
-                   help="real-data folder (default $FEDCLUST_DATA or ../shared/data)")
+                   help="real-data folder (default $FEDCLUST_DATA, else the data folder beside "
+                        "the repository)")
     p.add_argument("--seed", type=int, default=0, help="root seed (run r uses seed + r)")
     p.add_argument("--blas-threads", type=int, default=None,
                    help="cap BLAS threads for the whole run (default: leave as is)")

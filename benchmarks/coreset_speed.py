@@ -1,6 +1,6 @@
 """Speed of distributed PCA + distributed coreset k-means against pooled scikit-learn.
 
-The issue's target: on MNIST (70,000 x 784, pixels / 255) split over 10 nodes
+The check: on MNIST (70,000 x 784, pixels / 255) split over 10 nodes
 (star, IID split), ``DistributedKMeans(k=10, coreset_size=5000,
 n_components=40).fit`` end to end (every node step in this process, the
 in-process transport with its message codec, the coreset solve, centers lifted
@@ -96,7 +96,7 @@ def main() -> None:
                         f"data {data_mb:.0f} MiB)")
     ok_time = t_km <= 0.5 * t_sk
     ok_cost = cost_km <= 1.05 * cost_sk
-    print(f"issue target: time <= 0.5x sklearn -> {t_km / t_sk:.3f}x "
+    print(f"check: time <= 0.5x sklearn -> {t_km / t_sk:.3f}x "
           f"({'met' if ok_time else 'NOT met'}); cost <= 1.05x -> {cost_km / cost_sk:.4f}x "
           f"({'met' if ok_cost else 'NOT met'})", flush=True)
     payload = {

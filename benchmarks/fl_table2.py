@@ -27,7 +27,7 @@ mixture of the models (``"soft-gate"``, the reported k-FED + FedAvg number).
 Reported: test accuracy averaged over devices (paper's number beside it),
 k-FED / IFCA cluster recovery at k' = 1 (matched accuracy of device clusters vs
 rotations), bytes up / down, wall time. Speed: one local epoch of 250 MNIST
-images through the numpy MLP (target <= 20 ms) and the wall time of the
+images through the numpy MLP (bound: 20 ms) and the wall time of the
 100-device rows. ``--quick``: scikit-learn's 8x8 digits (no data needed) when
 MNIST is missing, 20 devices, 10 rounds.
 """
@@ -144,7 +144,7 @@ def main():
     maps = args.feature_maps.split(",")
     epoch_ms = mlp_epoch_ms(dataset, args.data_dir)
     print(f"MLP {('784' if dataset == 'mnist' else '64')}-200-10: one epoch of 250 images "
-          f"{epoch_ms:.1f} ms (target <= 20 ms)", flush=True)
+          f"{epoch_ms:.1f} ms (bound: 20 ms)", flush=True)
     kw = dict(rounds=rounds, local_epochs=args.local_epochs, batch_size=args.batch_size,
               lr=args.lr, n_hidden=n_hidden, random_state=args.seed)
     todo = set(args.methods.split(","))

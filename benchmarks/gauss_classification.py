@@ -372,7 +372,7 @@ def main() -> None:
         payload["median_learn_merge_cpu_ms_per_sample"] = float(np.median(cpu))
         print(f"learning time (local learning + server merge): median {np.median(ms):.4f} ms "
               f"wall, {np.median(cpu):.4f} ms CPU per training sample over {len(ms)} sets "
-              f"(target <= 0.05; paper 0.56-1.45)")
+              f"(bound 0.05; paper 0.56-1.45)")
         if args.speed_only:
             payload["numba"] = _fast.HAVE_NUMBA
             payload["first_fit_seconds"] = compile_s

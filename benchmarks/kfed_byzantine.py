@@ -1,6 +1,6 @@
 """k-FED under attack: Table-1 federations with Byzantine devices, trim=0 vs trim=α.
 
-Issue "Byzantine-robust clustering ...": a fraction α ∈ {0, 0.1, 0.2, 0.3} of
+A fraction α ∈ {0, 0.1, 0.2, 0.3} of
 the devices (drawn from the seed, :class:`fedclust.sim.byzantine.ByzantineTamper`)
 replace the centers they send, on the wire, by
 
@@ -13,7 +13,7 @@ replace the centers they send, on the wire, by
 Measured: Hungarian-matched accuracy on the *honest* devices' points for the
 paper's server (``trim=0``) and the robust server (``trim=α``), mean over
 ``--runs`` seeds. No paper number exists (the paper has no robust server);
-the target is ≥ 0.98 with ``trim=α`` up to α = 0.2. The guarantee of
+the check is ≥ 0.98 with ``trim=α`` up to α = 0.2. The guarantee of
 :mod:`fedclust.kfed.robust_server` needs every true cluster held by more
 devices than lie (here m0 = 5 devices per group: t = ⌊αZ⌋ = 2, 4, 6 of Z = 20);
 liars placed at random can outnumber the honest devices of one group (column

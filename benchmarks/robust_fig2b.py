@@ -12,7 +12,7 @@ matched) over 20 trials for
 * FA+TM  — trimmed k-means, FedAvg (5 local full-batch steps) combined by trimmed mean.
 
 Paper: robust clustering + trimmed-mean optimisation beats the non-robust
-pipeline by at least 53% (synthetic). The issue's target: >= 53% on every
+pipeline by at least 53% (synthetic). The check: >= 53% on every
 attack at alpha up to 0.2, with <= 2% of honest machines misclustered.
 
 Attacks: ``data`` — the paper's Byzantine machines, whose own data follow an

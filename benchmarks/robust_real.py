@@ -7,7 +7,7 @@ means as the truth ``w*_j``, every cluster's points split into random batches
 squared loss ``||x - w||²``), and adversarial machines made of random points
 from unused data whose ERM is moved by a vector. They report that trimmed
 k-means + trimmed-mean optimisation is about **two times better** than k-means
-+ sample mean (the issue quotes a >= 33% gain).
++ sample mean (we check a >= 33% gain).
 
 Here: scikit-learn's bundled ``digits`` (1797 x 64, default) or MNIST
 (``--dataset mnist`` from ``--data-dir``), the classes as clusters, 20% of

@@ -3,7 +3,7 @@
 Cases (full mode; ``--quick`` shrinks every one to seconds):
 
 ``authors-40x800``
-    40 devices x 800 points, d=100, k=64, k'=8 (the issue's reference: the
+    40 devices x 800 points, d=100, k=64, k'=8 (reference: the
     authors' code took 20.8 s there, scikit-learn on the pooled data 1.7 s).
 ``large-1000x1000``
     1,000 devices x 1,000 points (10^6 points), d=100, k=100, k'=10.
@@ -49,7 +49,7 @@ Peak memory: the kernel's per-process high-water mark (``VmHWM``, reset before
 every phase through ``/proc/self/clear_refs``) minus the resident size before
 the phase, i.e. the extra memory the phase needed on top of the data.
 
-Targets (the issue): k-FED end to end no slower than scikit-learn on the
+Checks: k-FED end to end no slower than scikit-learn on the
 pooled data, k-means cost within 5% of it; server step for 10^5 devices'
 centers under 2 s; memory linear in the data.
 """
@@ -110,7 +110,7 @@ FULL = [
     Case("large-1000x1000", 1000, 1000, 100, 100, 10, repeats=2),
     Case("many-small-1e5x20", 100_000, 20, 100, 100, 2, authors_devices=2000,
          authors_server=False, repeats=2),
-    # cross-device: very many tiny devices in low dimension (issue: <= 0.5x scikit-learn)
+    # cross-device: very many tiny devices in low dimension (check: <= 0.5x scikit-learn)
     Case("tiny-5e4x20", 50_000, 20, 20, 50, 2, authors_devices=2000, authors_server=False,
          repeats=2),
     # real, high-dimensional data (skipped with a note when MNIST is absent)
@@ -307,7 +307,7 @@ def main(argv=None) -> dict:
     C.print_table(["case", "k-FED fit s", "fit−server s", "server s", "sklearn s", "authors s",
                    "kfed/sk time", "authors/kfed", "kfed/sk cost", "authors/sk cost",
                    "kfed +MiB", "sklearn +MiB", "data MiB"], table,
-                  title="Speed — min over repeats; the issue's reference for authors-40x800: "
+                  title="Speed — min over repeats; reference for authors-40x800: "
                         "authors' code 20.8 s, sklearn pooled 1.7 s"
                         f"{' — quick' if args.quick else ''}")
     srv = [[r["case"], r["n_local_centers"],
@@ -318,7 +318,7 @@ def main(argv=None) -> dict:
            for r in rows]
     C.print_table(["case", "device centers", "farthest-lloyd1 s", "farthest-lloyd s",
                    "farthest-lloyd cost/sk", "server +MiB"], srv,
-                  title="Server step alone (target: < 2 s for 10^5 devices' centers)")
+                  title="Server step alone (bound: < 2 s for 10^5 devices' centers)")
     out = {"params": {"separation": 100.0, "cases": [vars(c) for c in cases],
                       "memory": "VmHWM after reset minus RSS before the phase (MiB)"},
            "reference": {"authors_40x800_s": 20.8, "sklearn_40x800_s": 1.7},

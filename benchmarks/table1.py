@@ -11,7 +11,7 @@ Full mode uses ``n_per_component = max(10 m0, 2 d)`` (the generator's default:
 components). ``--quick`` uses 25 per component (5 points per component per
 device) and 3 runs: the hard regime where n_z < d on every device.
 
-Target (the issue): ours >= paper - 1 point on every row.
+Check: ours >= paper - 1 point on every row.
 
     python benchmarks/table1.py            # paper sizes, 10 runs (about a minute)
     python benchmarks/table1.py --quick    # seconds

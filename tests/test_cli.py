@@ -1,6 +1,7 @@
 """The command line: demo, run, configs, one-line errors."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,3 +137,112 @@ def test_run_writes_png_figure(tmp_path):
     assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 0  # dev extra has matplotlib
     png = (tmp_path / "o" / "result.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def _help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_demo_help_lists_every_registered_demo_with_its_description(capsys):
+    from fedclust.core.registry import DEMO_DESCRIPTIONS, DEMOS
+
+    out = _help(["demo", "--help"], capsys)
+    assert len(DEMOS) >= 6 and "robust-classification" in DEMOS
+    listed = out.split("demos:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in listed] == list(DEMOS)
+    for name, line in zip(DEMOS, listed):
+        assert DEMO_DESCRIPTIONS[name] and line.split(None, 1)[1] == DEMO_DESCRIPTIONS[name]
+
+
+def test_run_help_documents_every_table_and_registered_name(capsys):
+    from fedclust.config import algorithm_keys
+    from fedclust.core.registry import ALGORITHMS, DATA_SOURCES
+
+    out = _help(["run", "--help"], capsys)
+    for table in ("[data]", "[partition]", "[algorithm]", "[simulation]", "[baselines]"):
+        assert table in out
+    for name in (*ALGORITHMS, *DATA_SOURCES, "byzantine", "attack_scale", "dirichlet"):
+        assert f"{name}" in out
+    # the keys come from the estimator's signature, required ones marked
+    flat = " ".join(out.split())
+    assert "n_local_clusters*" in flat and "trim" in flat
+    assert "coreset_size" in flat and "coreset_size" in algorithm_keys("coreset")
+
+
+def test_parameter_error_names_file_table_and_key(tmp_path, capsys):
+    cfg = _write(tmp_path, extra="n_local_clusters = 2").read_text()
+    path = tmp_path / "myfed.toml"
+    path.write_text(cfg.replace('name = "kfed"\nn_clusters = 6', 'name = "kfed"\nn_clusters = "two"'))
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fedclust: error: {path}: [algorithm] n_clusters='two' must be an integer\n"
+
+
+def test_data_error_names_the_data_table(tmp_path, capsys):
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace("n_features = 20", "n_features = 0"))
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedclust: error: {path}: [data] n_features=0") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("line,needle", [
+    ("byzantine = 0.5", "[simulation] byzantine=0.5 must be >= 0 and < 0.5"),
+    ("dropout = 1.5", "[simulation] dropout=1.5 must be a fraction"),
+    ("byzantine = 0.1\nattack = 'teleport'", "[simulation] attack='teleport' is not supported"),
+    ("attack_scale = 3.0", "attack/attack_scale need byzantine"),
+])
+def test_simulation_errors_speak_the_config_words(tmp_path, capsys, line, needle):
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace("late = 0.0", line))
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {needle}" in err or needle in err
+    assert str(path) in err and "alpha" not in err and err.count("\n") == 1
+
+
+def test_fl_report_explains_transport_rounds(tmp_path, capsys):
+    assert main(["demo", "fl", "--out", str(tmp_path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "result.json").read_text())
+    k, rounds = res["config"]["algorithm"]["n_clusters"], res["config"]["algorithm"]["rounds"]
+    assert res["communication"]["rounds"] == 1 + rounds * k
+    line = (f"rounds: 1 k-FED round + {rounds} training rounds × {k} clusters = "
+            f"{1 + rounds * k} transport rounds")
+    assert line in out and res["rounds_note"] == line.removeprefix("rounds: ")
+
+
+def test_robust_report_explains_transport_rounds(tmp_path, capsys):
+    assert main(["demo", "robust", "--out", str(tmp_path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "result.json").read_text())
+    rounds = res["config"]["algorithm"]["rounds"]
+    assert res["communication"]["rounds"] == 1 + rounds
+    assert (f"rounds: 1 local-ERM round + {rounds} stage-3 rounds = {1 + rounds} "
+            "transport rounds") in out
+
+
+def test_clustering_report_has_no_rounds_note(tmp_path, capsys):
+    assert main(["run", str(_write(tmp_path)), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    assert "\nrounds:" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["rounds_note"] is None
+
+
+STAR = Path(__file__).resolve().parents[1] / "examples" / "coreset_star.toml"
+
+
+@pytest.mark.parametrize("old,new,needle", [
+    ("n_points = 3000", "n_points = -5", "[data] n_points=-5 must be >= 1"),
+    ("n_points = 3000", "n_points = 3000\nn_samples = 0", "[data] n_samples=0 must be >= 1"),
+    ("n_devices = 8", 'n_devices = "x"', "[partition] n_devices='x' must be an integer"),
+    ("coreset_size = 500", "coreset_size = 2.5", "[algorithm] coreset_size=2.5 must be an integer"),
+])
+def test_value_errors_name_file_table_and_key_in_the_config_words(tmp_path, capsys, old, new,
+                                                                  needle):
+    path = tmp_path / "star.toml"
+    path.write_text(STAR.read_text().replace(old, new, 1))
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == f"fedclust: error: {path}: {needle}\n"

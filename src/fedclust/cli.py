@@ -16,28 +16,52 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
+from .config import describe_config
 from .core.exceptions import FedClustError
+from .core.registry import DEMO_DESCRIPTIONS, DEMOS
 
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def _demo_list() -> str:
+    """``demo --help``'s list of the registered demos, one line each."""
+    width = max((len(n) for n in DEMOS), default=0)
+    lines = []
+    for name in DEMOS:
+        text = DEMO_DESCRIPTIONS.get(name, "") or "-"
+        lines += textwrap.wrap(text, 88, initial_indent=f"  {name.ljust(width)}  ",
+                               subsequent_indent=" " * (width + 4))
+    return "demos:\n" + "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedclust`` argument parser (also renders the documentation's CLI reference)."""
     p = argparse.ArgumentParser(prog="fedclust", description="Federated clustering experiments.")
     p.add_argument("--version", action="version", version=f"fedclust {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a family's embedded example (seconds)")
-    demo.add_argument("name", nargs="?", default=None,
-                      help="which family's demo (default: the first registered, k-FED)")
+    demo = sub.add_parser("demo", help="run a family's embedded example (seconds)",
+                          description="Run a small embedded example of a family; writes\n"
+                          "result.json and result.png into --out.",
+                          epilog=_demo_list(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("name", nargs="?", default=None, metavar="NAME",
+                      help=f"which demo (default: {next(iter(DEMOS), '-')}; listed below)")
     demo.add_argument("--out", default="fedclust-demo", help="output folder (default: %(default)s)")
     demo.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
-    run = sub.add_parser("run", help="run a configured experiment")
-    run.add_argument("config", help="TOML configuration (see examples/)")
+    run = sub.add_parser("run", help="run a configured experiment",
+                         description="Run the experiment a TOML configuration describes; "
+                         "writes\nresult.json (and result.png) into --out.",
+                         epilog=describe_config() + "\n\nexamples/ has a commented "
+                         "configuration per family.",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("config", help="TOML configuration (tables below; see examples/)")
     run.add_argument("--out", required=True, help="output folder for result.json")
-    run.add_argument("--transport", choices=("inprocess", "flower"), default="inprocess")
+    run.add_argument("--transport", choices=("inprocess", "flower"), default="inprocess",
+                     help="in-process simulator (default) or Flower's simulation engine")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     _add_flower_parser(sub)
@@ -83,17 +107,20 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool) -> dict[str, Any]:
+def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool,
+             source: str = "config") -> dict[str, Any]:
     from .experiment import run_experiment
 
     out.mkdir(parents=True, exist_ok=True)
-    exp = run_experiment(cfg, transport=transport)
+    exp = run_experiment(cfg, transport=transport, source=source)
     result = exp.result
     path = out / "result.json"
     path.write_text(json.dumps(result, indent=1, default=_json_default))
     print(result.get("title") or result["federation"])
     print(f"federation: {result['federation']}")
     print(format_table(result))
+    if result.get("rounds_note"):
+        print(f"rounds: {result['rounds_note']}")
     print(f"wrote {path}")
     if plot:
         from .core.registry import get_algorithm
@@ -120,7 +147,7 @@ def _json_default(obj):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         from .config import check_config, load_config
         from .core.registry import DEMOS
@@ -132,12 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name not in DEMOS:
                 raise FedClustError(f"no demo named {name!r}; available: {sorted(DEMOS)}")
             cfg = check_config(DEMOS[name], source=f"demo {name}")
-            _execute(cfg, Path(args.out), "inprocess", not args.no_plot)
+            _execute(cfg, Path(args.out), "inprocess", not args.no_plot, source=f"demo {name}")
         else:
             cfg = load_config(args.config)
             if args.seed is not None:
                 cfg["seed"] = args.seed
-            _execute(cfg, Path(args.out), args.transport, not args.no_plot)
+            _execute(cfg, Path(args.out), args.transport, not args.no_plot, source=args.config)
     except (FedClustError, OSError, ImportError) as exc:
         if os.environ.get("FEDCLUST_DEBUG"):
             raise

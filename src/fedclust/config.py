@@ -20,20 +20,24 @@ registers an algorithm or a data source is configurable with no edit here.
 from __future__ import annotations
 
 import copy
+import re
 import sys
+import textwrap
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .core.exceptions import ConfigError
+from .core.exceptions import ConfigError, ValidationError
 from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, estimator_params,
                             keyword_params)
 
-__all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys"]
+__all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys",
+           "describe_config", "config_errors"]
 
 _SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale"}
 _TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title"}
@@ -69,6 +73,101 @@ def load_config(path: str | Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     return check_config(cfg, source=str(path))
+
+
+def _check_simulation(sim: dict, source: str) -> None:
+    """The [simulation] values, with messages in the config's own words."""
+    from .sim.byzantine import ATTACKS
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{source}: [simulation] {key}={sim[key]!r} {why}")
+
+    def number(key: str) -> float | None:
+        value = sim.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise bad(key, "must be a number")
+        return float(value)
+
+    for key in ("dropout", "late"):
+        value = number(key)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise bad(key, "must be a fraction of the devices in [0, 1]")
+    alpha = number("byzantine")
+    if alpha is not None and not 0.0 <= alpha < 0.5:
+        raise bad("byzantine", "must be >= 0 and < 0.5 (Byzantine devices must be a minority)")
+    if "attack" in sim and sim["attack"] not in ATTACKS:
+        raise bad("attack", f"is not supported; choose one of {list(ATTACKS)}")
+    scale = number("attack_scale")
+    if scale is not None and not (scale > 0 and scale != float("inf")):
+        raise bad("attack_scale", "must be a finite number > 0")
+    if {"attack", "attack_scale"} & set(sim) and not alpha:
+        raise ConfigError(f"{source}: [simulation] attack/attack_scale need "
+                          "byzantine = <fraction> > 0")
+    if "progress" in sim and not isinstance(sim["progress"], bool):
+        raise bad("progress", "must be true or false")
+
+
+_KEY_FIRST = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*)(?:=|\b)")
+
+
+@contextmanager
+def config_errors(cfg: Mapping[str, Any], section: str, source: str = "config"
+                  ) -> Iterator[None]:
+    """Re-raise a :class:`ValidationError` about a key of ``cfg[section]`` as a
+    :class:`ConfigError` naming the file, the table and the key.
+
+    Estimators and data builders validate their own parameters and name them
+    (``n_clusters='two' must be an integer``); inside this block such a message
+    becomes ``myfed.toml: [algorithm] n_clusters='two' must be an integer``.
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValidationError as exc:
+        match = _KEY_FIRST.match(str(exc))
+        if match is None or match["key"] not in cfg.get(section, {}):
+            raise
+        raise ConfigError(f"{source}: [{section}] {exc}") from exc
+
+
+def describe_config() -> str:
+    """The tables and keys a configuration may have, from the registry (``run --help``)."""
+    from .core.registry import DATA_SOURCES
+    from .sim.byzantine import ATTACKS
+    from .sim.partition import PARTITION_OPTIONS
+
+    def entry(head: str, keys: Any) -> list[str]:
+        text = ", ".join(sorted(keys)) or "(no other keys)"
+        return textwrap.wrap(text, 86, initial_indent=f"    {head}: ",
+                             subsequent_indent=" " * 8)
+
+    lines = ["a configuration is a TOML file with these tables (unknown keys are errors):",
+             "", "seed = <int>   title = <str>", "",
+             "[data]  source = one of the registered sources, then its keys:"]
+    for name in DATA_SOURCES:
+        federated = " (federated: no [partition])" if DATA_SOURCES[name].federated else ""
+        lines += entry(f"{name}{federated}", data_keys(name))
+    lines += ["", "[partition]  kind = how pooled data is split over n_devices devices:"]
+    for kind in PARTITION_OPTIONS:
+        lines += entry(kind, partition_keys(kind) - {"n_devices"})
+    lines += ["", "[algorithm]  name = one of the registered algorithms, then its estimator's",
+              "             parameters (* required):"]
+    for name, algorithm in ALGORITHMS.items():
+        keys = sorted(algorithm_keys(name))
+        lines += entry(name, [f"{k}*" if k in algorithm.required else k for k in keys])
+    lines += ["", "[simulation]  faults, on either transport:",
+              "    dropout, late = fraction of devices that never reply / reply late (0..1)",
+              "    byzantine = fraction of devices that lie on the wire (< 0.5), with",
+              f"    attack = {' | '.join(ATTACKS)}, attack_scale = <float>",
+              "    progress = true for a progress bar", "",
+              "[baselines]  <name> = true, among those the algorithm registers:"]
+    for name, algorithm in ALGORITHMS.items():
+        if algorithm.baselines:
+            lines += entry(name, algorithm.baselines)
+    return "\n".join(lines)
 
 
 def _table(cfg: dict, key: str, source: str) -> dict:
@@ -128,7 +227,9 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
             f"{source}: source={data['source']!r} is federated by construction; remove [partition]")
     sim = _table(cfg, "simulation", source)
     if set(sim) - _SIMULATION:
-        raise ConfigError(f"{source}: [simulation] has unknown keys {sorted(set(sim) - _SIMULATION)}")
+        raise ConfigError(f"{source}: [simulation] has unknown keys {sorted(set(sim) - _SIMULATION)}; "
+                          f"allowed: {sorted(_SIMULATION)}")
+    _check_simulation(sim, source)
     base = _table(cfg, "baselines", source)
     allowed_base = set(ALGORITHMS[algo["name"]].baselines) & set(BASELINES)
     if set(base) - allowed_base:

@@ -239,7 +239,7 @@ def _resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
             raise DataNotFoundError(
                 f"no data directory: pass data_dir=... or set the environment variable "
                 f"{DATA_ENV_VAR} to the folder holding the datasets "
-                "(e.g. the project's ../shared/data)")
+                "(see the README's Data section)")
     path = Path(data_dir).expanduser()
     if not path.is_dir():
         raise DataNotFoundError(

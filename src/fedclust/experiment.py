@@ -45,6 +45,10 @@ def build_federation(cfg: Mapping[str, Any]) -> Federation:
     if source.federated:
         return source.build(seed, **data)
     n_samples = data.pop("n_samples", None)
+    if n_samples is not None:
+        from .core.validation import check_int
+
+        n_samples = check_int(n_samples, "n_samples", min_value=1)
     X, y = source.build(seed, **data)
     if n_samples is not None and n_samples < len(X):
         keep = np.sort(np.random.default_rng(seed).choice(len(X), size=int(n_samples),
@@ -124,15 +128,26 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
 
 
 def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
-                   federation: Federation | None = None) -> Experiment:
-    """Run ``cfg`` (already checked by :func:`fedclust.config.check_config`)."""
-    fed = federation or build_federation(cfg)
+                   federation: Federation | None = None, source: str = "config") -> Experiment:
+    """Run ``cfg`` (already checked by :func:`fedclust.config.check_config`).
+
+    An invalid value that the data builder or the estimator finds is reported
+    against ``source`` (the file name) and its table: ``myfed.toml: [algorithm]
+    n_clusters='two' must be an integer``.
+    """
+    from .config import config_errors
+
+    if federation is None:
+        with config_errors(cfg, "data", source), config_errors(cfg, "partition", source):
+            federation = build_federation(cfg)
+    fed = federation
     seed = cfg["seed"]
     algorithm = get_algorithm(cfg["algorithm"]["name"])
-    model = build_estimator(cfg)
     t0 = time.perf_counter()
     wire = make_transport(cfg, transport, n_devices=len(fed.devices))
-    algorithm.fit(model, fed, wire)
+    with config_errors(cfg, "algorithm", source):
+        model = build_estimator(cfg)
+        algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
     n_points = sum(len(X) for X in fed.devices)
     out: dict[str, Any] = {
@@ -147,6 +162,8 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         **algorithm.result_fields(model),
         "metrics": algorithm.report(model, fed, cfg),
         "communication": _comm(model.communication_, len(fed.devices)),
+        "rounds_note": algorithm.rounds_note(model, model.communication_)
+        if algorithm.rounds_note else None,
         "run_log": {k: v for k, v in vars(model.run_log_).items()},
         "byzantine": list(getattr(getattr(wire, "tamper", None), "byzantine", [])),
         "time_s": {"fit": fit_time},

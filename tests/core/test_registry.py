@@ -150,10 +150,13 @@ def test_simulation_byzantine_keys_make_devices_lie_in_process(tmp_path):
             assert sorted(int(z) for z in res["run_log"]["distrusted"]) == res["byzantine"]
     assert accs["trim = 0.2"] > accs[""]
     from fedclust.experiment import make_transport
-    cfg = check_config({"data": {"source": "gaussians"}, "simulation": {"attack": "scale"},
-                        "algorithm": {"name": "kfed", "n_clusters": 2, "n_local_clusters": 1}})
+    raw = {"data": {"source": "gaussians"}, "simulation": {"attack": "scale"},
+           "algorithm": {"name": "kfed", "n_clusters": 2, "n_local_clusters": 1}}
+    with pytest.raises(ConfigError, match=r"\[simulation\] attack/attack_scale need byzantine"):
+        check_config(raw)
     with pytest.raises(ConfigError, match="byzantine"):
-        make_transport(cfg, n_devices=4)
+        make_transport({**raw, "seed": 0}, n_devices=4)
+    cfg = check_config({**raw, "simulation": {}})
     cfg["simulation"] = {"byzantine": 0.25}
     # the same liars on both transports (the Flower clients rebuild the hook from its config)
     local, flower = make_transport(cfg, n_devices=8), make_transport(cfg, "flower", n_devices=8)

@@ -39,7 +39,7 @@ def test_cost_vs_comm_quick(tmp_path):
 
 def test_speed_quick(tmp_path):
     doc, out = _run("coreset_speed", tmp_path)
-    assert "issue target" in out
+    assert "check: time <= 0.5x sklearn" in out
     names = [r["method"] for r in doc["rows"]]
     assert names[0].startswith("sklearn") and "DistributedKMeans" in names[1]
     assert doc["target"]["cost_ratio"] < 1.1

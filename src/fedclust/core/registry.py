@@ -33,7 +33,7 @@ __all__ = [
     "register_protocol", "register_algorithm", "register_data_source", "register_baseline",
     "register_demo", "protocol_from_config", "all_actions", "get_algorithm", "get_data_source",
     "estimator_params", "PROTOCOLS", "RESULT_TYPES", "ALGORITHMS", "DATA_SOURCES", "BASELINES",
-    "DEMOS", "clustering_report", "plot_clustering",
+    "DEMOS", "DEMO_DESCRIPTIONS", "clustering_report", "plot_clustering",
 ]
 
 
@@ -120,6 +120,10 @@ class Algorithm:
     baselines : tuple of str
         Registered baselines that make sense for it (a config's
         ``[baselines]`` table may turn on only these).
+    rounds_note : callable(model, communication) -> str or None
+        One line under the printed table that explains the ``rounds`` column
+        (transport rounds) when they differ from the rounds a user set; default
+        none.
     """
 
     name: str
@@ -132,6 +136,7 @@ class Algorithm:
     columns: tuple[tuple[str, str], ...] = (("accuracy", "accuracy"), ("ari", "ARI"),
                                             ("cost_ratio_vs_centralized", "cost / centralized"))
     baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
+    rounds_note: Callable[[Any, dict], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,8 @@ DATA_SOURCES: dict[str, DataSource] = {}
 BASELINES: dict[str, Baseline] = {}
 #: ``fedclust demo NAME`` -> embedded config (the first registered is the default)
 DEMOS: dict[str, dict[str, Any]] = {}
+#: ``fedclust demo NAME`` -> one line for ``fedclust demo --help``
+DEMO_DESCRIPTIONS: dict[str, str] = {}
 
 
 def _taken(kind: str, name: str, table: Mapping[str, Any], obj: Any) -> None:
@@ -200,9 +207,14 @@ def register_baseline(baseline: Baseline) -> None:
     BASELINES[baseline.name] = baseline
 
 
-def register_demo(name: str, config: Mapping[str, Any]) -> None:
-    """``fedclust demo NAME`` runs ``config`` (a full experiment config, checked when run)."""
+def register_demo(name: str, config: Mapping[str, Any], description: str = "") -> None:
+    """``fedclust demo NAME`` runs ``config`` (a full experiment config, checked when run).
+
+    ``description`` is the line ``fedclust demo --help`` shows (default: the
+    config's ``title``).
+    """
     DEMOS[name] = dict(config)
+    DEMO_DESCRIPTIONS[name] = description or str(config.get("title", ""))
 
 
 def protocol_from_config(name: str, config: Mapping[str, Any]) -> Protocol:

@@ -117,8 +117,8 @@ def geometric_median(X: Any, weights: Any = None, *, eps: float = 1e-12, max_ite
     The minimiser of ``sum_i w_i ||z - x_i||``. Breakdown point 1/2: fewer than
     half the weight, placed anywhere, moves it a bounded distance.
 
-    Method
-    ------
+    The method:
+
     1. *Collinear points* (rank-1 after centring, including one repeated
        point): the problem is one-dimensional and the answer is the weighted
        median along the line, computed exactly (the midpoint of the median

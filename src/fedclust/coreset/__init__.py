@@ -56,4 +56,4 @@ register_demo("coreset", {
     "partition": {"kind": "weighted", "n_devices": 10},
     "algorithm": {"name": "coreset", "n_clusters": 8, "coreset_size": 500, "n_components": 10},
     "baselines": {"centralized": True, "distributed_lloyd": True},
-})
+}, description="distributed PCA + coreset k-means: 3000 x 200, 10 nodes")

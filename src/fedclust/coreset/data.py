@@ -54,6 +54,7 @@ def _source(seed: int, *, n_points: int = 9120, n_features: int = 5625, n_cluste
             signal_dim: int = 30, separation: float = 4.0, within: float = 1.0,
             noise: float = 0.5):
     # ``n_points``, not ``n_samples``: the config's pooled ``n_samples`` subsamples afterwards
+    n_points = check_int(n_points, "n_points", min_value=1)  # named as the config names it
     return make_low_rank_mixture(n_points, n_features, n_clusters, signal_dim=signal_dim,
                                  separation=separation, within=within, noise=noise,
                                  random_state=seed)

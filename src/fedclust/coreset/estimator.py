@@ -185,7 +185,7 @@ class DistributedKMeans(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     every node finds a local solution B_i (k-means++ + Lloyd) and sends its
     cost c_i; it then samples t_i = ⌈t c_i / Σ c_j⌉ points with probability ∝
     cost, weight Σc_j / (t m_q), and adds its centers with weight
-    |P_b| − Σ w_q. ``method="combine"``: the COMBINE baseline (each node an
+    ``|P_b| − Σ w_q``. ``method="combine"``: the COMBINE baseline (each node an
     independent coreset of size ⌈t / n⌉). The union is solved by weighted
     k-means (k-means++, ``n_init`` inits, Lloyd) with one seed, so every node
     that solves gets the same centers. With ``n_components`` the data are

@@ -18,7 +18,7 @@ from .models import MLP, LinearRegression, LogisticRegression, Model, SoftmaxReg
 from .clustered import ClusteredFedAvgProtocol
 from .ifca import IFCAProtocol
 from .protocol import FedAvgProtocol, FLProtocol, FLResult
-from .report import fit_supervised, fl_report, fl_result_fields, plot_history
+from .report import fit_supervised, fl_report, fl_result_fields, fl_rounds_note, plot_history
 from .server import aggregate_updates
 
 __all__ = ["FedAvg", "IFCA", "ClusteredFedAvg", "MLP", "SoftmaxRegression", "LogisticRegression",
@@ -30,7 +30,7 @@ for _proto in (FedAvgProtocol, IFCAProtocol, ClusteredFedAvgProtocol):
     register_protocol(_proto, FLResult)
 
 _HOOKS = dict(fit=fit_supervised, report=fl_report, result_fields=fl_result_fields,
-              plot=plot_history, columns=(("test_accuracy", "test accuracy"),
+              plot=plot_history, rounds_note=fl_rounds_note, columns=(("test_accuracy", "test accuracy"),
                                           ("train_loss", "train loss")), baselines=())
 register_algorithm(Algorithm("fedavg", FedAvg, **_HOOKS))
 register_algorithm(Algorithm("ifca", IFCA, required=("n_clusters",), **_HOOKS))
@@ -48,4 +48,4 @@ register_demo("fl", {
     "algorithm": {"name": "clustered-fedavg", "n_clusters": 4, "n_local_clusters": 1,
                   "rounds": 15, "lr": 0.1, "n_hidden": 50},
     "simulation": {"dropout": 0.0, "late": 0.0},
-})
+}, description="k-FED + FedAvg: rotated 8x8 digits on 20 devices")

@@ -321,7 +321,8 @@ class FedAvg(_FLEstimator):
 
     Attributes
     ----------
-    models_ : ndarray (1, p); model_ : Model
+    models_ : ndarray (1, p)
+    model_ : Model
     history_ : list of dict
         Per round: ``train_loss`` (weighted mean local loss of the received
         model), ``bytes_up``, ``bytes_down``, ``devices``, ``test_accuracy``

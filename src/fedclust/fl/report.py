@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core.registry import Federation
 
-__all__ = ["fit_supervised", "fl_report", "fl_result_fields", "plot_history"]
+__all__ = ["fit_supervised", "fl_report", "fl_result_fields", "plot_history", "fl_rounds_note"]
 
 
 def fit_supervised(model: Any, fed: Federation, transport: Any) -> None:
@@ -39,6 +39,40 @@ def fl_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, 
     return out
 
 
+def _setup_phases(model: Any) -> list[str]:
+    """What the protocol exchanges before the first training round (see ``_setup_requests``)."""
+    if type(model).__name__ == "ClusteredFedAvg":
+        hidden = ["feature map"] if getattr(model, "feature_map", None) == "hidden" else []
+        return hidden + ["k-FED"]
+    selection = getattr(model, "selection", "random")
+    return {"kfed-pow-d": ["k-FED"], "pow-d": ["size probe"]}.get(selection, [])
+
+
+def fl_rounds_note(model: Any, communication: Mapping[str, Any]) -> str | None:
+    """Why the table's transport rounds differ from the training rounds set, e.g.
+    ``1 k-FED round + 15 training rounds x 4 clusters = 61 transport rounds``.
+
+    A training round of a clustered model is one exchange per cluster (each
+    cluster's devices get their cluster's model); power-of-choice adds a loss
+    probe before each round's training.
+    """
+    total = int(communication.get("rounds", 0))
+    trained = int(communication.get("fl_rounds", 0))
+    if not trained or total == trained:
+        return None
+    setup = _setup_phases(model)
+    per, rest = divmod(total - len(setup), trained)
+    head = " + ".join(f"1 {name} round" for name in setup)
+    head = f"{head} + " if head else ""
+    if rest or per < 1:
+        return (f"{total} transport rounds: {head}{trained} training rounds whose exchanges "
+                "vary (clusters with no selected device are skipped)")
+    unit = "exchanges (loss probe, training)" if getattr(model, "selection", "") in (
+        "pow-d", "kfed-pow-d") and per == 2 else (
+        "clusters" if per == getattr(model, "n_clusters", None) else "exchanges")
+    return f"{head}{trained} training rounds × {per} {unit} = {total} transport rounds"
+
+
 def fl_result_fields(model: Any) -> dict[str, Any]:
     return {"history": model.history_,
             "device_clusters": [int(c) for c in model.device_clusters_]}
@@ -46,7 +80,7 @@ def fl_result_fields(model: Any) -> dict[str, Any]:
 
 def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
     """Test accuracy (or train loss) per round."""
-    from ..plotting import have_matplotlib
+    from ..plotting import have_matplotlib, wrap_title
 
     if not have_matplotlib() or not model.history_:
         return None
@@ -60,7 +94,7 @@ def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path
     ax.plot([h["round"] for h in model.history_], [h[key] for h in model.history_], marker=".")
     ax.set_xlabel("round")
     ax.set_ylabel(key.replace("_", " "))
-    ax.set_title(result.get("title") or type(model).__name__, fontsize=9)
+    ax.set_title(wrap_title(result.get("title") or type(model).__name__, 4.5, 9), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -34,4 +34,4 @@ register_demo("gauss", {
     "algorithm": {"name": "gauss"},
     "simulation": {"dropout": 0.0, "late": 0.0},
     "baselines": {},
-})
+}, description="evolving Gaussians: 15 blobs in 2-D over 3 owners")

@@ -135,13 +135,13 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
 
     Parameters
     ----------""" + _PARAMS_DOC + """
-    Attributes (valid before the first sample: zero clusters)
+    Attributes
     ----------
     n_clusters_ : int
     means_ : ndarray (c, D)
     covariances_ : ndarray (c, D, D) or (c, D) for ``covariance="diag"``
         The covariances the model uses, (S + n0 Sigma_0) / (n + n0 - 1).
-    scatters_ : ndarray, like covariances_
+    scatters_ : ndarray, like ``covariances_``
         Exact scatter matrices sum (x - mu)(x - mu)^T.
     counts_ : ndarray (c,)
     ages_ : ndarray (c,)
@@ -360,6 +360,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
     Attributes
     ----------
     n_clusters_, means_ (K, D), covariances_, scatters_, counts_ (K,), ages_ (K,)
+        As in :class:`EvolvingGaussians`.
     cluster_centers_ : alias of ``means_``
     labels_ : ndarray (n,)
         Every row's cluster (owner order, or the row order of X with ``groups``).
@@ -469,6 +470,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
     ----------
     classes_ : ndarray (M,)
     n_clusters_, means_, covariances_, scatters_, counts_, ages_
+        As in :class:`EvolvingGaussians`.
     cluster_classes_ : ndarray (K,) of labels in ``classes_``
     clusters_per_class_ : dict label -> int
     features_ : ndarray (D,) of bool

@@ -48,7 +48,7 @@ def gauss_result_fields(model: Any) -> dict[str, Any]:
 
 
 def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
-    """Data and global clusters as 2-sigma ellipses (first two features)."""
+    """Data coloured by cluster and the global clusters as 2-sigma ellipses (PCA view when D > 2)."""
     from ..plotting import have_matplotlib, plot_gaussian_clusters
 
     if not have_matplotlib():
@@ -58,16 +58,21 @@ def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    X = np.concatenate(fed.devices)
+    got = [(X, lab) for X, lab in zip(fed.devices, getattr(model, "device_labels_", None)
+                                      or [None] * len(fed.devices)) if lab is not None]
+    X = np.concatenate([X for X, _ in got] if got else fed.devices)
+    labels = np.concatenate([lab for _, lab in got]) if got else None
     if X.shape[1] < 2:
         return None
     result.setdefault("metrics", {})["n_clusters"] = int(model.n_clusters_)
-    fig, ax = plt.subplots(figsize=(6, 5.5))
+    fig, ax = plt.subplots(figsize=(6.5, 6))
     ari = result.get("metrics", {}).get("ari")
     title = f"{result.get('algorithm', 'gauss')}: {model.n_clusters_} clusters"
     if ari is not None:
         title += f", ARI {ari:.3f}"
-    plot_gaussian_clusters(ax, X, model.means_, model.covariances_, title=title)
+    if result.get("title"):
+        title = f"{result['title']}\n{title}"
+    plot_gaussian_clusters(ax, X, model.means_, model.covariances_, labels, title=title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -8,7 +8,7 @@ that is kept current by rank-one (Sherman–Morrison / matrix-determinant-lemma)
 updates and refreshed from a Cholesky factor every ``max(32, D)`` updates, so a
 sample costs O(c D^2) and no matrix is ever inverted blindly.
 
-A cluster's covariance (documented choice for ALGORITHMS.md §3.1 [decide]) is the
+A cluster's covariance (a documented choice) is the
 posterior-mean-like shrinkage
 
     Sigma_i = (S_i + n0 Sigma_0) / (n_i + n0 - 1),

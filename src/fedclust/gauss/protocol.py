@@ -1,4 +1,4 @@
-"""Federated evolving Gaussians as a protocol (Ožbot & Škrjanc, §3.2 of ALGORITHMS.md).
+"""Federated evolving Gaussians as a protocol (Ožbot & Škrjanc).
 
 Round r (``action="gauss_clusters"``): every owner learns, in one pass, the
 r-th of ``n_rounds`` contiguous chunks of its rows into a fresh local cluster

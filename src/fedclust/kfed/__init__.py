@@ -22,4 +22,4 @@ register_demo("kfed", {
     "algorithm": {"name": "kfed", "n_clusters": 16, "n_local_clusters": 4},
     "simulation": {"dropout": 0.0, "late": 0.0},
     "baselines": {"centralized": True, "distributed_lloyd": True},
-})
+}, description="k-FED: 16 Gaussians in d=100 over 20 devices")

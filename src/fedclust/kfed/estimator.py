@@ -45,7 +45,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         round (default), Lloyd to convergence (the authors' code), the
         poster's union-find / single-linkage merge, or (ours) 10 k-means++
         starts with Lloyd to convergence, the lowest inertia kept: an outlying
-        device center no longer claims a final cluster of its own.
+        device center does not claim a final cluster of its own.
     weighted : bool, default=False
         Weight device centers by their point counts in the server's Lloyd.
     first_device : {"widest", "random"} or int, default="widest"

@@ -21,7 +21,7 @@ from .data import (MixtureRegression, make_mixture_logistic, make_mixture_regres
 from .edge_cutting import EdgeCutting
 from .filtering import iterative_filtering
 from .estimator import (RobustClusteredClassification, RobustClusteredRegression, fit_robust,
-                        plot_round_loss, robust_report, robust_result_fields)
+                        plot_round_loss, robust_report, robust_result_fields, robust_rounds_note)
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
 
@@ -37,13 +37,14 @@ register_protocol(RobustRegressionProtocol, RobustRegressionResult)
 register_algorithm(Algorithm(
     "robust-regression", RobustClusteredRegression, required=("n_clusters",), fit=fit_robust,
     report=robust_report, result_fields=robust_result_fields, plot=plot_round_loss,
+    rounds_note=robust_rounds_note,
     columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
              ("test_mse", "test MSE")), baselines=()))
 register_data_source(DataSource("mixture-regression", mixture_regression_source, federated=True))
 register_algorithm(Algorithm(
     "robust-classification", RobustClusteredClassification, required=("n_clusters",),
     fit=fit_robust, report=robust_report, result_fields=robust_result_fields,
-    plot=plot_round_loss,
+    plot=plot_round_loss, rounds_note=robust_rounds_note,
     columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
              ("test_accuracy", "test acc.")), baselines=()))
 register_data_source(DataSource("mixture-logistic", mixture_logistic_source, federated=True))
@@ -57,7 +58,7 @@ register_demo("robust", {
     "algorithm": {"name": "robust-regression", "n_clusters": 4, "clustering": "trimmed-kmeans",
                   "aggregator": "trimmed-mean", "beta": 0.2, "rounds": 20, "lr": 0.1},
     "simulation": {"dropout": 0.0, "late": 0.0},
-})
+}, description="robust clustered regression: 100 machines, 20% Byzantine")
 register_demo("robust-classification", {
     "title": "Robust clustered logistic regression: 3 models, 120 machines, 15% Byzantine",
     "seed": 0,
@@ -68,4 +69,4 @@ register_demo("robust-classification", {
                   "clustering": "trimmed-kmeans", "aggregator": "trimmed-mean", "beta": 0.25,
                   "l2": 0.001, "rounds": 40, "lr": 1.0},
     "simulation": {"dropout": 0.0, "late": 0.0},
-})
+}, description="robust clustered logistic regression: 120 machines, 15% liars")

@@ -114,8 +114,9 @@ class RobustClusteredRegression(BaseEstimator):
 
     Attributes
     ----------
-    coef_ : ndarray (c, d), intercept_ : ndarray (c,)
+    coef_ : ndarray (c, d)
         One model per cluster found (c = n_clusters unless edge cutting found fewer).
+    intercept_ : ndarray (c,)
     device_clusters_ : ndarray (m,)
         Cluster of every machine; -1: judged Byzantine / outlier; -2: sent no ERM.
     erms_ : ndarray (m, d + 1)
@@ -139,8 +140,8 @@ class RobustClusteredRegression(BaseEstimator):
     up per iteration, down ``8 (d + 1) + 8`` in the first iteration (its
     cluster's model and index, one round per cluster) and ``8 c (d + 1)`` (all c
     models, ``+ 16 a`` when a machines missed the first iteration) in each later
-    one; ``8 (d + 1) + 8`` down at the end. Transport rounds: ``1 + c - 1 +
-    rounds`` (was ``1 + c x rounds`` with one round per iteration and cluster). Server work: stage 2
+    one; ``8 (d + 1) + 8`` down at the end. Transport rounds: ``1 + rounds``
+    (the local ERMs, then one per stage-3 iteration). Server work: stage 2
     O(T m k d) plus the geometric medians; stage 3 O(rounds · m d log m).
 
     Ghosh, Hong, Yin & Ramchandran, "Robust federated learning in a
@@ -306,6 +307,14 @@ def robust_report(model: Any, fed: Any, cfg: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
+def robust_rounds_note(model: Any, communication: Mapping[str, Any]) -> str | None:
+    """``1 local-ERM round + 20 stage-3 rounds = 21 transport rounds``."""
+    total, rounds = int(communication.get("rounds", 0)), int(model.rounds)
+    if total != 1 + rounds:
+        return None
+    return f"1 local-ERM round + {rounds} stage-3 rounds = {total} transport rounds"
+
+
 def robust_result_fields(model: Any) -> dict[str, Any]:
     return {"coef": model.coef_.tolist(), "intercept": model.intercept_.tolist(),
             "device_clusters": model.device_clusters_.tolist(),
@@ -314,7 +323,7 @@ def robust_result_fields(model: Any) -> dict[str, Any]:
 
 def plot_round_loss(model: Any, fed: Any, result: dict[str, Any], path: Path) -> Path | None:
     """Stage-3 median local loss per round, one line per cluster."""
-    from ..plotting import have_matplotlib
+    from ..plotting import have_matplotlib, wrap_title
 
     loss = model.stage_log_["round_loss"]
     if not have_matplotlib() or loss.size == 0:
@@ -324,13 +333,14 @@ def plot_round_loss(model: Any, fed: Any, result: dict[str, Any], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(5.5, 4))
     for j in range(loss.shape[1]):
         ax.semilogy(np.arange(1, loss.shape[0] + 1), loss[:, j], marker=".", label=f"cluster {j}")
     ax.set_xlabel("stage-3 round")
     ax.set_ylabel("median local loss")
     ax.legend(fontsize=7)
-    ax.set_title(result.get("title") or "robust-regression", fontsize=9)
+    ax.set_title(wrap_title(result.get("title") or result.get("algorithm", ""), 5.0, 9),
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

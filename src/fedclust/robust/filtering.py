@@ -1,4 +1,4 @@
-"""Iterative filtering: a robust mean in many dimensions (the issue's optional estimator).
+"""Iterative filtering: a robust mean in many dimensions (an optional estimator).
 
 Diakonikolas, Kamath, Kane, Li, Moitra & Stewart, "Robust estimators in high
 dimensions without the computational intractability" (FOCS 2016); Steinhardt,

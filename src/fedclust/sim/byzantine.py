@@ -1,6 +1,6 @@
 """Byzantine devices for the simulator: liars on the wire, and poisoned data.
 
-Two threat models (Ghosh, Hong, Yin & Ramchandran 2019, §4.3 of ALGORITHMS.md):
+Two threat models (Ghosh, Hong, Yin & Ramchandran 2019, §4.3):
 
 * **Liars on the wire** — :class:`ByzantineTamper` is a ``tamper(device_id,
   round, arrays) -> arrays`` hook for :class:`~fedclust.sim.InProcessTransport`
