@@ -57,6 +57,7 @@ PATTERNS = [
     ("a file outside the repository", re.compile(r"\b(ARCHITECTURE|ALGORITHMS)\.md\b")),
 ]
 
+GENERATED = ROOT / "docs" / "api"
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -74,6 +75,8 @@ def _missing(path: Path, target: str) -> bool:
     if re.match(r"^[a-z][a-z0-9+.-]*:", target, _I) or target.startswith("#"):
         return False
     resolved = (path.parent / target.split("#")[0]).resolve()
+    if GENERATED in resolved.parents:
+        return False  # docs/api/ is written by docs/conf.py at build time
     return not any(p.exists() for p in (resolved, resolved.with_name(resolved.name + ".md"),
                                         resolved.with_name(resolved.name + ".rst")))
 
