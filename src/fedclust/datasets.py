@@ -29,6 +29,9 @@ __all__ = [
     "load_npz",
     "load_mnist",
     "load_benchmark",
+    "load_sites",
+    "load_table_sites",
+    "SiteFederation",
 ]
 
 DATA_ENV_VAR = "FEDCLUST_DATA"
@@ -460,3 +463,6 @@ def _register_sources() -> None:
 
 
 _register_sources()
+
+
+from .sites import SiteFederation, load_sites, load_table_sites  # noqa: E402  (site files)
