@@ -470,7 +470,9 @@ def _build(tables: list[RawTable], label: str | None, features: Sequence[str] | 
         if not v:
             raise ValidationError(f"categorical column {c!r} has no value at any site")
     labels = [label_values(t, label) for t in tables] if label is not None else None
-    classes = _union_classes(labels, [t.path for t in tables]) if labels is not None else None
+    classes = None
+    if labels is not None and not any(y.dtype.kind == "f" for y in labels):  # not regression
+        classes = _union_classes(labels, [t.path for t in tables])
     if labels is not None and any(y.dtype.kind in "US" for y in labels):
         labels = [y.astype(str) for y in labels]
     schema = SiteSchema(tuple(feats), cats, label, classes, tuple(id_columns))
@@ -556,3 +558,121 @@ def load_table_sites(path: str | os.PathLike, site_column: str, label: str | Non
         tables.append(RawTable(str(s), f"{table.path}[{site_column}={s}]", cols,
                                [c for c in table.features if c != site_column]))
     return _build(tables, label, features, categorical, id_columns)
+
+
+# ------------------------------------------------------- as a configured data source
+
+@dataclass
+class SiteInfo:
+    """What the experiment runner keeps about site data (``Federation.extra["sites"]``).
+
+    ``rows[z]`` is every row of site z in file order (encoded, NaN where missing);
+    ``train[z]`` / ``test[z]`` index into it; ``targets[z]`` the label of every row
+    (class index, or value for regression), or None.
+    """
+
+    federation: SiteFederation
+    rows: list[np.ndarray]
+    train: list[np.ndarray]
+    test: list[np.ndarray] | None
+    targets: list[np.ndarray] | None
+
+    @property
+    def names(self) -> list[str]:
+        return self.federation.names
+
+    @property
+    def schema(self) -> SiteSchema:
+        return self.federation.schema
+
+
+def label_indices(y: np.ndarray, classes: Sequence[Any], where: str) -> np.ndarray:
+    """Class index of every label; an unknown value is an error naming its row."""
+    index = {c: i for i, c in enumerate(classes)}
+    out = np.empty(len(y), np.int64)
+    for i, v in enumerate(y.tolist()):
+        j = index.get(v)
+        if j is None and isinstance(v, str):
+            j = index.get(int(v)) if v.lstrip("-").isdigit() else None
+        if j is None:
+            j = index.get(str(v))
+        if j is None:
+            raise ValidationError(f"{where}: row {i}: label {v!r} is not one of the classes "
+                                  f"the model knows {list(classes)}")
+        out[i] = j
+    return out
+
+
+def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = None,
+                  description: str | None = None) -> Any:
+    """A :class:`~fedclust.core.registry.Federation` of the sites' training rows.
+
+    Labels become class indices (0..C-1 over the union of the sites' classes;
+    regression targets stay values). ``test_fraction`` holds out that share of
+    every site's rows (at least one row stays for training), drawn from ``seed``.
+    """
+    from .core.registry import Federation
+    from .core.validation import check_float
+
+    targets = None
+    if sf.labels is not None:
+        targets = ([label_indices(y, sf.classes, p) for y, p in zip(sf.labels, sf.paths)]
+                   if sf.classes is not None else [np.asarray(y, np.float64) for y in sf.labels])
+    train, test = [], None
+    if test_fraction:
+        check_float(test_fraction, "test_fraction", min_value=0.0, max_value=1.0,
+                    min_inclusive=False)
+        if test_fraction >= 1.0:
+            raise ValidationError(f"test_fraction={test_fraction} must be < 1")
+        test = []
+        for z, X in enumerate(sf.devices):
+            rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x7E57, z]))
+            n = len(X)
+            n_test = min(int(round(test_fraction * n)), n - 1)
+            perm = rng.permutation(n)
+            test.append(np.sort(perm[:n_test]))
+            train.append(np.sort(perm[n_test:]))
+    else:
+        train = [np.arange(len(X)) for X in sf.devices]
+    info = SiteInfo(sf, sf.devices, train, test, targets)
+    n = sum(len(X) for X in sf.devices)
+    desc = description or (f"{sf.n_sites} sites ({', '.join(sf.names[:4])}"
+                           f"{', ...' if sf.n_sites > 4 else ''}; {n} rows, "
+                           f"{len(sf.columns)} columns)")
+    return Federation(
+        devices=[X[i] for X, i in zip(sf.devices, train)],
+        labels=None if targets is None else [y[i] for y, i in zip(targets, train)],
+        description=desc,
+        test_devices=None if test is None else [X[i] for X, i in zip(sf.devices, test)],
+        test_labels=None if (test is None or targets is None) else
+        [y[i] for y, i in zip(targets, test)],
+        extra={"sites": info})
+
+
+def files_source(seed: int, *, paths: Any, label: str | None = None,
+                 features: Sequence[str] | None = None, categorical: Sequence[str] | None = None,
+                 id_columns: Sequence[str] | None = None, test_fraction: float | None = None,
+                 base_dir: str | None = None) -> Any:
+    """``[data] source = "files"``: one file per site (see :func:`load_sites`)."""
+    sf = load_sites(paths, label, features, categorical, id_columns, base_dir=base_dir)
+    return to_federation(sf, seed, test_fraction)
+
+
+def table_source(seed: int, *, path: str, site_column: str, label: str | None = None,
+                 features: Sequence[str] | None = None, categorical: Sequence[str] | None = None,
+                 id_columns: Sequence[str] | None = None, test_fraction: float | None = None,
+                 base_dir: str | None = None) -> Any:
+    """``[data] source = "table"``: one table split into sites by ``site_column``."""
+    sf = load_table_sites(path, site_column, label, features, categorical, id_columns,
+                          base_dir=base_dir)
+    return to_federation(sf, seed, test_fraction)
+
+
+def _register() -> None:
+    from .core.registry import DataSource, register_data_source
+
+    register_data_source(DataSource("files", files_source, federated=True))
+    register_data_source(DataSource("table", table_source, federated=True))
+
+
+_register()
