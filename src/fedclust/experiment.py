@@ -162,7 +162,7 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
                           n_devices=len(fed.devices))
     pre.fit(fed.devices, columns=columns, names=names, transport=wire)
     where = names or [f"device {z}" for z in range(len(fed.devices))]
-    extra = dict(fed.extra)
+    extra = dict(fed.extra, raw_devices=fed.devices)
     if sites is not None:
         extra["site_rows"] = [pre.transform(X, where=p)
                               for X, p in zip(sites.rows, sites.federation.paths)]
@@ -223,6 +223,11 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
     model = build_estimator(cfg)
     t0 = time.perf_counter()
     wire = make_transport(cfg, transport, n_devices=len(fed.devices))
+    if pre is not None and transport != "inprocess":
+        # the nodes hold raw data and preprocess it themselves (same numbers as in process)
+        from .site_protocol import SiteTransformTransport
+
+        wire = SiteTransformTransport(wire, dict(enumerate(fed.extra["raw_devices"])), pre)
     algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
     n_points = sum(len(X) for X in fed.devices)
