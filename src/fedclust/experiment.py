@@ -100,7 +100,8 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
         return InProcessTransport(progress=bool(sim.get("progress", False)), tamper=tamper, **kw)
     from .flower.transport import FlowerSimulationTransport  # optional extra
 
-    return FlowerSimulationTransport(tamper=tamper, **kw)
+    return FlowerSimulationTransport(tamper=tamper, progress=bool(sim.get("progress", False)),
+                                     **kw)
 
 
 class _Captured(Exception):

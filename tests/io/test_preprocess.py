@@ -85,3 +85,10 @@ def test_all_missing_column_is_refused():
         X[:, 2] = np.nan
     with pytest.raises(ValidationError, match="column 'x2' has no value at any site"):
         FederatedPreprocessor().fit(devs)
+
+
+def test_progress_shows_rounds_and_devices(capsys):
+    FederatedPreprocessor(progress=True).fit(_federation(0))
+    err = capsys.readouterr().err
+    assert "preprocess rounds" in err and "column_moments: 4/4 devices" in err
+    assert "round 0 (column_moments)" in err and "4/4" in err

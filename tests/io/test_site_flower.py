@@ -41,14 +41,16 @@ def _labels(folder, names):
 @pytest.mark.slow
 @pytest.mark.parametrize("algo, extra", [("kfed", "n_clusters = 2\nn_local_clusters = 2"),
                                          ("gauss-classifier", "")])
-def test_flower_simulation_gives_the_in_process_labels(tmp_path, algo, extra):
+def test_flower_simulation_gives_the_in_process_labels(tmp_path, algo, extra, capsys):
     paths, _ = write_sites(tmp_path, n_sites=3)
     cfg = tmp_path / "fed.toml"
     cfg.write_text(CFG.format(algo=algo, extra=extra))
     names = [p.stem for p in paths]
     assert main(["run", str(cfg), "--out", str(tmp_path / "a"), "--no-plot"]) == 0
     assert main(["run", str(cfg), "--out", str(tmp_path / "b"), "--no-plot",
-                 "--transport", "flower"]) == 0
+                 "--transport", "flower", "--progress"]) == 0
+    # --progress: a bar over the rounds, read from the ServerApp as it runs
+    assert f"{'preprocess'} rounds (flower)" in capsys.readouterr().err
     a = json.loads((tmp_path / "a" / "result.json").read_text())
     b = json.loads((tmp_path / "b" / "result.json").read_text())
     assert b["transport"] == "flower"
