@@ -125,13 +125,25 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
     deployed run is the in-process run. Device data is ``X`` or ``(X, y)``.
     """
     fed = federation or build_federation(cfg)
-    fed, _ = preprocess_federation(cfg, fed)
+    fed, pre = preprocess_federation(cfg, fed)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     cap = _CaptureTransport()
     try:
         algorithm.fit(build_estimator(cfg), fed, cap)
     except _Captured:
-        return cap.protocol, cap.devices, int(cap.seed)
+        if pre is None:
+            return cap.protocol, cap.devices, int(cap.seed)
+        # preprocessed data: the nodes get the raw rows (or their own site files) and the
+        # schema + pooled transform in the protocol, and preprocess themselves
+        from .site_protocol import SiteTransformProtocol
+
+        sites = fed.extra.get("sites")
+        protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
+                                              None if sites is None else sites.schema)
+        raw = fed.extra["raw_devices"]
+        devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]
+                   for z, d in cap.devices.items()}
+        return protocol, devices, int(cap.seed)
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
 
 

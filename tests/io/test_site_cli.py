@@ -148,3 +148,26 @@ def test_table_source_matches_files_source(tmp_path):
     for s in range(3):
         assert _read(tmp_path / "a" / "labels" / f"site{s}.csv") == \
             _read(tmp_path / "b" / "labels" / f"site{s}.csv")
+
+
+def test_a_node_reading_its_own_site_file_preprocesses_like_the_server(tmp_path):
+    from fedclust.config import load_config
+    from fedclust.experiment import build_protocol, build_federation, preprocess_federation
+    from fedclust.flower.dataio import load_device_file
+
+    cfg_path, paths, truth = _setup(tmp_path, algo="gauss-classifier", algo_extra="",
+                                    data_extra='categorical = ["smoker"]\ntest_fraction = 0.2')
+    cfg = load_config(cfg_path)
+    protocol, devices, _ = build_protocol(cfg)
+    # what a Flower client rebuilds from the run config, on a node holding only its CSV
+    node = type(protocol).from_config(protocol.config())
+    fed, pre = preprocess_federation(cfg, build_federation(cfg))
+    sites = fed.extra["sites"]
+    for z, path in enumerate(paths):
+        table, _ = load_device_file(path)
+        X, y = node.local_data(table)
+        Xr, yr = node.local_data(devices[z])
+        np.testing.assert_array_equal(X[sites.train[z]], Xr)
+        np.testing.assert_array_equal(y[sites.train[z]], yr)
+        np.testing.assert_array_equal(Xr, fed.devices[z])  # = the server-side preprocessing
+        assert not np.isnan(X).any()
