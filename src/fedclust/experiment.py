@@ -196,6 +196,7 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
     rows, pooled = [], {}
     hits = n_test = 0
     sq = 0.0
+    truth, found = [], []
     for z, name in enumerate(sites.names):
         train = sites.train[z]
         test = sites.test[z] if sites.test is not None else np.zeros(0, np.int64)
@@ -216,6 +217,8 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
             n_test += len(test)
         elif y is not None and predictor.task == "clustering" and len(train) > 1:
             entry["ari"] = metrics.adjusted_rand(y[train], p[train])
+            truth.append(y[train])
+            found.append(p[train])
         if predictor.task == "clustering":
             entry["cluster_sizes"] = np.bincount(p, minlength=0).tolist()
         rows.append(entry)
@@ -223,6 +226,8 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
         pooled["test_accuracy_pooled"] = hits / n_test
     elif n_test and predictor.task == "regression":
         pooled["test_mse_pooled"] = sq / n_test
+    if found:  # the saved model's clusters (nearest center), as in labels/<site>.csv
+        pooled["ari_pooled"] = metrics.adjusted_rand(np.concatenate(truth), np.concatenate(found))
     return rows, pooled, preds
 
 

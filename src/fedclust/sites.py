@@ -158,7 +158,13 @@ def expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike],
     for p in paths:
         text = os.path.expanduser(os.path.expandvars(str(p)))
         if "$" in text:
-            raise ValidationError(f"path {str(p)!r}: an environment variable in it is not set")
+            import re
+
+            unset = re.findall(r"\$\{?(\w+)", text)
+            hint = (" (the folder holding the datasets, e.g. the project's ../shared/data)"
+                    if "FEDCLUST_DATA" in unset else "")
+            raise ValidationError(f"path {str(p)!r}: the environment variable "
+                                  f"{unset[0] if unset else '$'} is not set{hint}")
         if base_dir is not None and not os.path.isabs(text):
             text = os.path.join(str(base_dir), text)
         if _has_magic(text):
@@ -202,7 +208,7 @@ def _frame_columns(df: Any) -> dict[str, np.ndarray]:
     out = {}
     for c in df.columns:
         s = df[c]
-        kind = s.dtype.kind
+        kind = s.dtype.kind if isinstance(s.dtype, np.dtype) else "O"  # nullable/categorical
         if kind in "biuf":
             out[str(c)] = s.to_numpy(dtype=np.float64 if kind == "f" else s.dtype)
         elif kind == "b":
