@@ -161,7 +161,7 @@ def _write_model_outputs(exp: Any, out: Path) -> None:
                       columns=None if sites is not None or exp.preprocessor is not None else
                       [f"x{j}" for j in range(exp.result["n_features"])],
                       sites=[] if sites is None else sites.names)
-    print(f"wrote {path}  (fedclust predict {path} NEW_SITE_FILE)")
+    print(f"wrote {path}  (fedclust predict {path} NEW_FILE)")
 
 
 def _predict(args) -> int:

@@ -119,15 +119,23 @@ class SavedModel:
         table = read_table(Path(path))
         if table.n_rows == 0:
             raise ValidationError(f"{path}: the file has no rows")
-        if self.schema is None:
-            raise ValidationError(f"{self.path}: the model was not trained on site files")
-        Z = self.transform(table, where=str(path))
+        if self.schema is None:  # trained on arrays: the file's feature columns, in order
+            X = np.column_stack([np.asarray(table.columns[c], dtype=np.float64)
+                                 if np.asarray(table.columns[c]).dtype.kind in "biuf" else
+                                 _not_numeric(path, c) for c in table.features])
+            Z = self.transform(X, where=str(path))
+        else:
+            Z = self.transform(table, where=str(path))
         name = _stem(Path(path))
         pos = self.sites.index(name) if name in self.sites else None
         out = self.predictor.predict(Z, site=pos)
         if self.task == "classification" and self.classes is not None:
             out = np.asarray(self.classes, dtype=object if _mixed(self.classes) else None)[out]
         return out, table
+
+
+def _not_numeric(path: Any, column: str) -> np.ndarray:
+    raise ValidationError(f"{path}: column {column!r} is not numeric; the model takes numbers")
 
 
 def _mixed(values: Sequence[Any]) -> bool:
