@@ -39,8 +39,7 @@ def _labels(folder, names):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo, extra", [("kfed", "n_clusters = 2\nn_local_clusters = 2"),
-                                         ("gauss-classifier", "")])
+@pytest.mark.parametrize("algo, extra", [("gauss-classifier", "")])
 def test_flower_simulation_gives_the_in_process_labels(tmp_path, algo, extra, capsys):
     paths, _ = write_sites(tmp_path, n_sites=3)
     cfg = tmp_path / "fed.toml"
