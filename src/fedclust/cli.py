@@ -134,7 +134,7 @@ def format_sites(result: dict[str, Any]) -> str:
                       *(fmt(k, e.get(k)) for k in keys)) for e in sites]
     m = result["metrics"]
     pooled = {"test_accuracy": m.get("test_accuracy_pooled"), "test_mse": m.get("test_mse_pooled"),
-              "train_accuracy": m.get("train_accuracy"), "ari": m.get("ari_pooled")}
+              "train_accuracy": m.get("train_accuracy_pooled"), "ari": m.get("ari_pooled")}
     rows.append(("pooled", str(sum(e["n_rows"] for e in sites)),
                  str(sum(e["n_train"] for e in sites)), str(sum(e["n_test"] for e in sites)),
                  *(fmt(k, pooled.get(k)) for k in keys)))

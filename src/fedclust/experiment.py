@@ -195,6 +195,7 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
     preds = [predictor.predict(X, site=z) for z, X in enumerate(fed.extra["site_rows"])]
     rows, pooled = [], {}
     hits = n_test = 0
+    train_hits = n_train = 0
     sq = 0.0
     truth, found = [], []
     for z, name in enumerate(sites.names):
@@ -207,6 +208,8 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
         p = preds[z]
         if y is not None and predictor.task == "classification":
             entry["train_accuracy"] = float(np.mean(p[train] == y[train]))
+            train_hits += int(np.sum(p[train] == y[train]))
+            n_train += len(train)
             if len(test):
                 entry["test_accuracy"] = float(np.mean(p[test] == y[test]))
                 hits += int(np.sum(p[test] == y[test]))
@@ -222,6 +225,8 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
         if predictor.task == "clustering":
             entry["cluster_sizes"] = np.bincount(p, minlength=0).tolist()
         rows.append(entry)
+    if n_train:
+        pooled["train_accuracy_pooled"] = train_hits / n_train
     if n_test and predictor.task == "classification":
         pooled["test_accuracy_pooled"] = hits / n_test
     elif n_test and predictor.task == "regression":
