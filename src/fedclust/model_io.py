@@ -70,10 +70,10 @@ class SavedModel:
 
     # -- inputs -----------------------------------------------------------------------
     def _encode(self, X: Any, where: str) -> np.ndarray:
-        from .sites import RawTable, _frame_columns, encode_table, label_indices
+        from .sites import RawTable, encode_table, frame_columns, label_indices
 
         if hasattr(X, "columns") and hasattr(X, "iloc"):  # a pandas DataFrame
-            cols = _frame_columns(X)
+            cols = frame_columns(X)
             X = RawTable(where, where, cols, list(cols))
         if isinstance(X, RawTable):
             if self.schema is None:
@@ -114,7 +114,7 @@ class SavedModel:
 
     def predict_file(self, path: str | os.PathLike) -> tuple[np.ndarray, Any]:
         """Predictions for a site file (CSV/Parquet/npz) and the table read."""
-        from .sites import _stem, read_table
+        from .sites import file_stem, read_table
 
         table = read_table(Path(path))
         if table.n_rows == 0:
@@ -126,7 +126,7 @@ class SavedModel:
             Z = self.transform(X, where=str(path))
         else:
             Z = self.transform(table, where=str(path))
-        name = _stem(Path(path))
+        name = file_stem(Path(path))
         pos = self.sites.index(name) if name in self.sites else None
         out = self.predictor.predict(Z, site=pos)
         if self.task == "classification" and self.classes is not None:
