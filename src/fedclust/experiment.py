@@ -158,6 +158,11 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     ``(fed, None)`` when there is nothing to do.
     """
     sites = fed.extra.get("sites")
+    if sites is not None and get_algorithm(cfg["algorithm"]["name"]).label_kind == "value":
+        from .sites import as_values
+
+        fed = as_values(fed)
+        sites = fed.extra["sites"]
     opts = dict(cfg.get("preprocess") or {})
     if not opts and sites is None:
         return fed, None

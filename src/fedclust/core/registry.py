@@ -184,6 +184,9 @@ class Algorithm:
     export : callable(model, federation) -> Exported, or None
         The fitted model as ``model.npz`` saves it and ``fedclust predict`` applies
         it (:func:`register_predictor`); default :func:`export_centers`.
+    label_kind : {"class", "value"}
+        How labels read from site files reach it: class indices 0..C-1 (default)
+        or numbers (regression targets).
     """
 
     name: str
@@ -197,6 +200,7 @@ class Algorithm:
                                             ("cost_ratio_vs_centralized", "cost / centralized"))
     baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
     export: Callable[[Any, Federation], Exported] | None = export_centers
+    label_kind: str = "class"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ register_algorithm(Algorithm(
     "robust-regression", RobustClusteredRegression, required=("n_clusters",), fit=fit_robust,
     report=robust_report, result_fields=robust_result_fields, plot=plot_round_loss,
     columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
-             ("test_mse", "test MSE")), baselines=(), export=robust_export))
+             ("test_mse", "test MSE")), baselines=(), export=robust_export, label_kind="value"))
 register_data_source(DataSource("mixture-regression", mixture_regression_source, federated=True))
 register_algorithm(Algorithm(
     "robust-classification", RobustClusteredClassification, required=("n_clusters",),

@@ -20,8 +20,8 @@ mean imputation fills it with the pooled category frequencies. Federated
 imputation and scaling are :class:`fedclust.preprocess.FederatedPreprocessor`.
 """
 
-from .federation import (SiteFederation, SiteInfo, files_source, load_sites, load_table_sites,
-                         table_source, to_federation)
+from .federation import (SiteFederation, SiteInfo, as_values, files_source, load_sites,
+                         load_table_sites, table_source, to_federation)
 from .schema import (SiteSchema, encode_table, label_indices, label_values, site_categories,
                      union_categories)
 from .tables import NA_VALUES, RawTable, expand_paths, file_stem, frame_columns, read_table
@@ -29,4 +29,5 @@ from .tables import NA_VALUES, RawTable, expand_paths, file_stem, frame_columns,
 __all__ = ["SiteFederation", "SiteInfo", "SiteSchema", "RawTable", "load_sites",
            "load_table_sites", "read_table", "encode_table", "union_categories",
            "site_categories", "label_values", "label_indices", "expand_paths", "file_stem",
-           "frame_columns", "to_federation", "files_source", "table_source", "NA_VALUES"]
+           "frame_columns", "to_federation", "files_source", "table_source", "as_values",
+           "NA_VALUES"]

@@ -15,7 +15,7 @@ from .schema import (SiteSchema, category_text, encode_table, label_indices, lab
 from .tables import NA_VALUES, RawTable, expand_paths, read_table
 
 __all__ = ["SiteFederation", "SiteInfo", "load_sites", "load_table_sites", "to_federation",
-           "files_source", "table_source"]
+           "files_source", "table_source", "as_values"]
 
 
 @dataclass
@@ -265,6 +265,30 @@ def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = N
         test_labels=None if (test is None or targets is None) else
         [y[i] for y, i in zip(targets, test)],
         extra={"sites": info})
+
+
+def as_values(fed: Any) -> Any:
+    """The same site federation with the labels as numbers (regression targets), not classes.
+
+    Integer labels are read as classes by default; an algorithm that fits values
+    (``Algorithm.label_kind == "value"``) gets them back as floats.
+    """
+    from dataclasses import replace
+
+    info: SiteInfo | None = fed.extra.get("sites")
+    if info is None or info.targets is None or info.schema.classes is None:
+        return fed
+    sf = info.federation
+    if any(y.dtype.kind in "US" for y in sf.labels):
+        raise ValidationError(f"label column {sf.schema.label!r} holds text; this algorithm "
+                              "fits numbers")
+    values = [np.asarray(y, np.float64) for y in sf.labels]
+    sf = replace(sf, schema=replace(sf.schema, classes=None))
+    info = SiteInfo(sf, info.rows, info.train, info.test, values)
+    return replace(fed, labels=[y[i] for y, i in zip(values, info.train)],
+                   test_labels=None if info.test is None else
+                   [y[i] for y, i in zip(values, info.test)],
+                   extra=dict(fed.extra, sites=info))
 
 
 def files_source(seed: int, *, paths: Any, label: str | None = None,
