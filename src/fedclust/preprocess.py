@@ -233,8 +233,14 @@ class FederatedPreprocessor:
 
     def fit(self, devices: Sequence[Any], y: None = None, *, columns: Sequence[str] | None = None,
             names: Sequence[str] | None = None, transport: Any = None) -> "FederatedPreprocessor":
-        """Run the round over ``devices`` (a list of (n_z, d) arrays, NaN = missing)."""
+        """Run the round over ``devices``: a list of (n_z, d) arrays (NaN = missing), or a
+        :class:`~fedclust.sites.SiteFederation` (its columns and site names then name errors)."""
         from .sim.transport import InProcessTransport
+
+        if hasattr(devices, "devices") and hasattr(devices, "names"):  # a SiteFederation
+            columns = devices.columns if columns is None else columns
+            names = devices.names if names is None else names
+            devices = devices.devices
 
         check_choice(self.impute, "impute", IMPUTE)
         check_choice(self.scale, "scale", SCALE)
@@ -273,6 +279,8 @@ class FederatedPreprocessor:
         """Impute and scale one (n, d) array, or each array of a list (a federation)."""
         if not hasattr(self, "mean_"):
             raise NotFittedError("this FederatedPreprocessor is not fitted yet; call fit first")
+        if hasattr(X, "devices") and hasattr(X, "names"):  # a SiteFederation
+            return [self.transform(Xz, where=p) for Xz, p in zip(X.devices, X.paths)]
         if isinstance(X, (list, tuple)):
             return [self.transform(Xz, where=f"device {z}") for z, Xz in enumerate(X)]
         X = np.array(X, dtype=np.float64)  # a copy: the caller's array is left alone

@@ -80,3 +80,20 @@ def test_bad_input_is_one_line_naming_file_row_column(tmp_path, case, pattern):
         load_sites(target, label="diagnosis", categorical=["smoker"], id_columns=["pid"],
                    features=None if case != "missing-column" else None)
     assert "\n" not in str(err.value)
+
+
+def test_preprocessing_a_site_federation_names_file_row_column(tmp_path):
+    from fedclust.preprocess import FederatedPreprocessor
+
+    paths, truth = write_sites(tmp_path, n_sites=2)
+    fed = load_sites(paths, label="diagnosis", categorical=["smoker"], id_columns=["pid"])
+    Xs = FederatedPreprocessor().fit(fed).transform(fed)
+    pooled, Z = np.vstack(fed.devices), np.vstack(Xs)
+    np.testing.assert_allclose(Z.mean(axis=0), 0.0, atol=1e-12)   # pooled mean removed
+    np.testing.assert_allclose(Z.std(axis=0), 1.0, rtol=1e-12)     # pooled scale
+    assert (Z[np.isnan(pooled)] == 0.0).all()                      # imputed = the pooled mean
+    i = int(np.flatnonzero(np.isnan(fed.devices[0]).any(axis=1))[0])
+    j = int(np.flatnonzero(np.isnan(fed.devices[0][i]))[0])
+    with pytest.raises(ValidationError, match=rf"site0: row {i}, column '{fed.columns[j]}' is "
+                                              "missing and impute='none'"):
+        FederatedPreprocessor(impute="none").fit(fed)
