@@ -147,12 +147,11 @@ def read_table(path: str | os.PathLike, *, na_values: Sequence[str] = NA_VALUES)
             raise ValidationError(f"{path} could not be read as CSV: {exc}") from None
     else:
         raise ValidationError(f"{path}: unknown file type; use .csv, .tsv, .parquet or .npz")
-    dup = [c for c in df.columns if list(df.columns).count(c) > 1]
-    if dup or any(str(c).startswith("Unnamed:") and df[c].isna().all() for c in df.columns):
-        df = df.loc[:, [c for c in df.columns if not (str(c).startswith("Unnamed:")
-                                                       and df[c].isna().all())]]
     cols = frame_columns(df)
-    return RawTable(file_stem(path), str(path), cols, list(cols))
+    # a column without a header (pandas' "Unnamed: 0", e.g. a written index) is no feature
+    # unless asked for by name
+    return RawTable(file_stem(path), str(path), cols,
+                    [c for c in cols if not c.startswith("Unnamed: ")])
 
 
 def _read_npz(path: Path) -> RawTable:
