@@ -292,7 +292,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
     exported = predictor = preds = None
     if algorithm.export is not None:
         exported = algorithm.export(model, fed)
-        predictor = get_predictor(exported)
+        predictor = None if exported is None else get_predictor(exported)
     if predictor is not None and "sites" in fed.extra:
         out["sites"], pooled, preds = _site_report(predictor, fed)
         out["metrics"].update(pooled)

@@ -150,9 +150,13 @@ class CentersPredictor:
         return assign(X, self.centers)[0].astype(np.int64)
 
 
-def export_centers(model: Any, fed: Federation) -> Exported:
-    """The default export: the final ``cluster_centers_`` (nearest-center assignment)."""
-    return Exported("centers", {"centers": np.asarray(model.cluster_centers_, np.float64)})
+def export_centers(model: Any, fed: Federation) -> Exported | None:
+    """The default export: the final ``cluster_centers_`` (nearest-center assignment);
+    None (no saved model) for an estimator without them."""
+    centers = getattr(model, "cluster_centers_", None)
+    if centers is None:
+        return None
+    return Exported("centers", {"centers": np.asarray(centers, np.float64)})
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,7 @@ class Algorithm:
     columns: tuple[tuple[str, str], ...] = (("accuracy", "accuracy"), ("ari", "ARI"),
                                             ("cost_ratio_vs_centralized", "cost / centralized"))
     baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
-    export: Callable[[Any, Federation], Exported] | None = export_centers
+    export: Callable[[Any, Federation], Exported | None] | None = export_centers
     label_kind: str = "class"
 
 
