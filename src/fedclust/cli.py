@@ -148,9 +148,12 @@ def _write_model_outputs(exp: Any, out: Path) -> None:
     """``model.npz`` (the exported model + preprocessing) and, for site data, ``labels/``."""
     from .model_io import save_model, write_site_labels
 
-    if exp.exported is None:
-        return
     sites = exp.federation.extra.get("sites")
+    if exp.exported is None:
+        if sites is not None:
+            print(f"({exp.result['algorithm']} registers no model export: no labels/ or "
+                  "model.npz)")
+        return
     if sites is not None:
         print(format_sites(exp.result))
         for p in write_site_labels(out, exp)[:1]:
