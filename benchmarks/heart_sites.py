@@ -10,7 +10,8 @@ method — exactly what ``fedclust run examples/heart_sites.toml`` does.
 
 Classification (``y_binary``, disease): test accuracy per hospital and pooled
 over the four test sets, for the federated classifiers (evolving-Gaussian
-classifier, FedAvg logistic regression, IFCA with 2 models) beside each
+classifier, FedAvg logistic regression, IFCA with 2 models, k-FED + FedAvg with 2
+models, the Byzantine-robust pipeline with one logistic model) beside each
 hospital alone (imputer + scaler + logistic regression fitted on its own
 training rows only) and a pooled scikit-learn pipeline (the same, on all
 hospitals' training rows, i.e. what one would do if the data could be pooled).
@@ -44,6 +45,10 @@ CLASSIFIERS = {
     "fed: fedavg (logistic)": {"name": "fedavg", "model": "logistic", "rounds": 50, "lr": 0.1},
     "fed: ifca (2 logistic)": {"name": "ifca", "n_clusters": 2, "model": "logistic",
                                "rounds": 50, "lr": 0.1},
+    "fed: k-FED + FedAvg (2 logistic)": {"name": "clustered-fedavg", "n_clusters": 2,
+                                         "model": "logistic", "rounds": 50, "lr": 0.1},
+    "fed: robust pipeline (1 logistic)": {"name": "robust-classification", "n_clusters": 1,
+                                          "rounds": 50},
 }
 CLUSTERINGS = {
     "fed: kfed (k=2)": {"name": "kfed", "n_clusters": 2, "n_local_clusters": 2},
