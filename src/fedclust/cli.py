@@ -1,7 +1,8 @@
 """``fedclust`` command line.
 
     fedclust demo [NAME] [--out DIR]                embedded run of a family (default k-FED)
-    fedclust run CONFIG.toml --out DIR [--transport inprocess|flower]
+    fedclust run CONFIG.toml --out DIR [--transport inprocess|flower] [--progress]
+    fedclust predict MODEL.npz SITE_FILE [--out LABELS.csv]   apply a saved model, no refit
     fedclust flower app DIR --config CONFIG.toml    write a deployable Flower app
     fedclust flower split CONFIG.toml --out DIR     one data file per SuperNode
     fedclust flower result DIR [--compare result.json]
@@ -19,6 +20,8 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
 
 from . import __version__
 from .config import describe_config
@@ -64,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="in-process simulator (default) or Flower's simulation engine")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
+    run.add_argument("--progress", action="store_true",
+                     help="progress bars over rounds and devices (as [simulation] progress = true)")
+    pred = sub.add_parser("predict", help="apply a saved model.npz to a site file (no refit)")
+    pred.add_argument("model", help="model.npz written by `fedclust run`")
+    pred.add_argument("data", help="site file (.csv, .tsv, .parquet, .npz) with the training columns")
+    pred.add_argument("--out", default=None,
+                      help="CSV to write (row, id columns, cluster or prediction); default stdout")
     _add_flower_parser(sub)
     return p
 
@@ -122,6 +132,7 @@ def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool,
     if result.get("rounds_note"):
         print(f"rounds: {result['rounds_note']}")
     print(f"wrote {path}")
+    _write_model_outputs(exp, out)
     if plot:
         from .core.registry import get_algorithm
 
@@ -132,6 +143,77 @@ def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool,
         elif draw is not None:
             print("(matplotlib not installed: no figure; pip install 'fedclust[plot]')")
     return result
+
+
+def format_sites(result: dict[str, Any]) -> str:
+    """Per-site sizes and scores of a site-data run (and the pooled figure)."""
+    sites = result.get("sites") or []
+    keys = [k for k in ("test_accuracy", "train_accuracy", "test_mse", "ari")
+            if any(k in e for e in sites)]
+    head = ("site", "rows", "train", "test", *(k.replace("_", " ") for k in keys))
+
+    def fmt(k, v):
+        if v is None:
+            return "-"
+        return f"{100 * v:.2f}%" if k.endswith("accuracy") else f"{v:.4f}"
+
+    rows = [head] + [(e["site"], str(e["n_rows"]), str(e["n_train"]), str(e["n_test"]),
+                      *(fmt(k, e.get(k)) for k in keys)) for e in sites]
+    m = result["metrics"]
+    pooled = {"test_accuracy": m.get("test_accuracy_pooled"), "test_mse": m.get("test_mse_pooled"),
+              "train_accuracy": m.get("train_accuracy_pooled"), "ari": m.get("ari_pooled")}
+    rows.append(("pooled", str(sum(e["n_rows"] for e in sites)),
+                 str(sum(e["n_train"] for e in sites)), str(sum(e["n_test"] for e in sites)),
+                 *(fmt(k, pooled.get(k)) for k in keys)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _write_model_outputs(exp: Any, out: Path) -> None:
+    """``model.npz`` (the exported model + preprocessing) and, for site data, ``labels/``."""
+    from .model_io import save_model, write_site_labels
+
+    sites = exp.federation.extra.get("sites")
+    if exp.exported is None:
+        if sites is not None:
+            print(f"({exp.result['algorithm']} registers no model export: no labels/ or "
+                  "model.npz)")
+        return
+    if sites is not None:
+        print(format_sites(exp.result))
+        for p in write_site_labels(out, exp)[:1]:
+            print(f"wrote {p.parent}/<site>.csv ({len(sites.names)} files)")
+    path = save_model(out / "model.npz", exp.exported, algorithm=exp.result["algorithm"],
+                      preprocessor=exp.preprocessor,
+                      schema=None if sites is None else sites.schema,
+                      columns=None if sites is not None or exp.preprocessor is not None else
+                      [f"x{j}" for j in range(exp.result["n_features"])],
+                      sites=[] if sites is None else sites.names)
+    print(f"wrote {path}  (fedclust predict {path} NEW_FILE)")
+
+
+def _predict(args) -> int:
+    from .model_io import load_model, write_labels_csv
+
+    model = load_model(args.model)
+    values, table = model.predict_file(args.data)
+    column = "cluster" if model.task == "clustering" else "prediction"
+    ids = {}
+    if model.schema is not None:
+        ids = {c: table.columns[c] for c in model.schema.id_columns if c in table.columns}
+    if args.out:
+        path = write_labels_csv(args.out, values, column, ids=ids)
+        print(f"wrote {path} ({len(values)} rows)")
+    else:
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(["row", *ids, column])
+        for i, v in enumerate(np.asarray(values).tolist()):
+            w.writerow([i, *(ids[c][i] for c in ids), v])
+    return 0
 
 
 def _json_default(obj):
@@ -154,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.command == "flower":
             return _flower(args)
+        if args.command == "predict":
+            return _predict(args)
         if args.command == "demo":
             name = args.name or next(iter(DEMOS))
             if name not in DEMOS:
@@ -164,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = load_config(args.config)
             if args.seed is not None:
                 cfg["seed"] = args.seed
+            if args.progress:
+                cfg.setdefault("simulation", {})["progress"] = True
             _execute(cfg, Path(args.out), args.transport, not args.no_plot, source=args.config)
     except (FedClustError, OSError, ImportError) as exc:
         if os.environ.get("FEDCLUST_DEBUG"):

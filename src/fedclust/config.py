@@ -12,6 +12,12 @@ silently ignored)::
     [simulation]  dropout, late, progress; byzantine (fraction of devices that lie on the
                   wire, on either transport), attack (fedclust.sim.byzantine.ATTACKS), attack_scale
     [baselines]   name = true for the baselines the algorithm registers
+    [preprocess]  impute = "mean" | "none", scale = "standard" | "none": federated imputation
+                  and scaling before the algorithm (:mod:`fedclust.preprocess`); site data
+                  sources ("files", "table") get it by default
+
+Relative paths of a source that takes ``base_dir`` (the site files) are read
+from the config file's folder.
 
 What is allowed comes from :mod:`fedclust.core.registry`: a family that
 registers an algorithm or a data source is configurable with no edit here.
@@ -40,7 +46,9 @@ __all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partit
            "describe_config", "config_errors"]
 
 _SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale"}
-_TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title"}
+_TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title",
+        "preprocess"}
+_PREPROCESS = {"impute": ("mean", "none"), "scale": ("standard", "none")}
 #: [data] keys every pooled (non-federated) source accepts: a random subsample
 _POOLED = {"n_samples"}
 
@@ -72,7 +80,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    return check_config(cfg, source=str(path))
+    cfg = check_config(cfg, source=str(path))
+    data = cfg["data"]
+    if "base_dir" in data_keys(data["source"]) and "base_dir" not in data:
+        data["base_dir"] = str(path.resolve().parent)  # site files next to the config
+    return cfg
 
 
 def _check_simulation(sim: dict, source: str) -> None:
@@ -236,5 +248,15 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         raise ConfigError(
             f"{source}: [baselines] has unknown keys {sorted(set(base) - allowed_base)} for "
             f"name={algo['name']!r}; allowed: {sorted(allowed_base)}")
+    pre = _table(cfg, "preprocess", source)
+    for key, value in pre.items():
+        if key not in _PREPROCESS:
+            raise ConfigError(f"{source}: [preprocess] has unknown key {key!r}; allowed: "
+                              f"{sorted(_PREPROCESS)}")
+        if value not in _PREPROCESS[key]:
+            raise ConfigError(f"{source}: [preprocess] {key}={value!r} must be one of "
+                              f"{list(_PREPROCESS[key])}")
     cfg.update(data=data, algorithm=algo, partition=part, simulation=sim, baselines=base)
+    if pre:
+        cfg["preprocess"] = pre
     return cfg

@@ -29,6 +29,9 @@ __all__ = [
     "load_npz",
     "load_mnist",
     "load_benchmark",
+    "load_sites",
+    "load_table_sites",
+    "SiteFederation",
 ]
 
 DATA_ENV_VAR = "FEDCLUST_DATA"
@@ -442,8 +445,8 @@ def _mnist_source(seed: int, *, path: str | None = None, subset: str = "all", sc
     return load_mnist(path, subset=subset, scale=scale)
 
 
-def _npz_source(seed: int, *, path: str):
-    return load_npz(path)
+def _npz_source(seed: int, *, path: str, label: str = "y"):
+    return load_npz(path, y_key=label)  # label: the labels array, e.g. "y_binary"
 
 
 def _benchmark_source(seed: int, *, name: str, data_dir: str | None = None):
@@ -460,3 +463,6 @@ def _register_sources() -> None:
 
 
 _register_sources()
+
+
+from .sites import SiteFederation, load_sites, load_table_sites  # noqa: E402  (site files)

@@ -10,29 +10,39 @@ return a JSON-ready dict. Every family-specific step goes through
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
 
 from .core.exceptions import ConfigError
 from .core.protocol import Protocol
-from .core.registry import BASELINES, Federation, get_algorithm, get_data_source
+from .core.registry import BASELINES, Federation, get_algorithm, get_data_source, get_predictor
 from .sim.transport import InProcessTransport
 
 __all__ = ["Federation", "Experiment", "build_federation", "build_estimator", "build_protocol",
-           "make_transport", "run_experiment", "TRANSPORTS"]
+           "make_transport", "run_experiment", "preprocess_federation", "TRANSPORTS"]
 
 TRANSPORTS = ("inprocess", "flower")
 
 
 @dataclass
 class Experiment:
-    """``result`` is what ``result.json`` holds; ``model`` the fitted estimator."""
+    """``result`` is what ``result.json`` holds; ``model`` the fitted estimator.
+
+    ``preprocessor`` is the fitted federated preprocessing (or None); ``exported``
+    the model as ``model.npz`` saves it and ``predictor`` its loaded form (None
+    for an algorithm without an export hook); ``site_predictions`` the saved
+    model's output for every row of every site, in file order (site data only).
+    """
 
     result: dict[str, Any]
     model: Any
     federation: Federation
+    preprocessor: Any = None
+    exported: Any = None
+    predictor: Any = None
+    site_predictions: list[Any] | None = None
 
 
 def build_federation(cfg: Mapping[str, Any]) -> Federation:
@@ -94,7 +104,8 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
         return InProcessTransport(progress=bool(sim.get("progress", False)), tamper=tamper, **kw)
     from .flower.transport import FlowerSimulationTransport  # optional extra
 
-    return FlowerSimulationTransport(tamper=tamper, **kw)
+    return FlowerSimulationTransport(tamper=tamper, progress=bool(sim.get("progress", False)),
+                                     **kw)
 
 
 class _Captured(Exception):
@@ -118,13 +129,120 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
     deployed run is the in-process run. Device data is ``X`` or ``(X, y)``.
     """
     fed = federation or build_federation(cfg)
+    fed, pre = preprocess_federation(cfg, fed)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     cap = _CaptureTransport()
     try:
         algorithm.fit(build_estimator(cfg), fed, cap)
     except _Captured:
-        return cap.protocol, cap.devices, int(cap.seed)
+        if pre is None:
+            return cap.protocol, cap.devices, int(cap.seed)
+        # preprocessed data: the nodes get the raw rows (or their own site files) and the
+        # schema + pooled transform in the protocol, and preprocess themselves
+        from .site_protocol import SiteTransformProtocol
+
+        sites = fed.extra.get("sites")
+        protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
+                                              None if sites is None else sites.schema)
+        raw = fed.extra["raw_devices"]
+        devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]
+                   for z, d in cap.devices.items()}
+        return protocol, devices, int(cap.seed)
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
+
+
+def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: str = "inprocess"
+                          ) -> tuple[Federation, Any]:
+    """Fit ``[preprocess]`` (default for site data) in one counted round; transform every device.
+
+    Runs on the same transport as the algorithm, without the simulated faults of
+    ``[simulation]`` (they are the algorithm's experiment). Returns the
+    transformed federation (``extra["site_rows"]``: every site row, transformed)
+    and the fitted :class:`~fedclust.preprocess.FederatedPreprocessor`, or
+    ``(fed, None)`` when there is nothing to do.
+    """
+    sites = fed.extra.get("sites")
+    if sites is not None and get_algorithm(cfg["algorithm"]["name"]).label_kind == "value":
+        from .sites import as_values
+
+        fed = as_values(fed)
+        sites = fed.extra["sites"]
+    opts = dict(cfg.get("preprocess") or {})
+    if not opts and sites is None:
+        return fed, None
+    from .preprocess import FederatedPreprocessor, check_no_missing
+
+    progress = bool(cfg.get("simulation", {}).get("progress", False))
+    pre = FederatedPreprocessor(**opts, progress=progress)
+    columns = names = None
+    if sites is not None:
+        columns, names = sites.federation.columns, sites.names
+        if pre.impute == "none":  # name the file row, not the training row
+            for X, path in zip(sites.rows, sites.federation.paths):
+                check_no_missing(X, path, columns)
+    wire = make_transport({"seed": cfg["seed"], "simulation": {"progress": progress}}, transport,
+                          n_devices=len(fed.devices))
+    pre.fit(fed.devices, columns=columns, names=names, transport=wire)
+    where = names or [f"device {z}" for z in range(len(fed.devices))]
+    extra = dict(fed.extra, raw_devices=fed.devices)
+    if sites is not None:
+        extra["site_rows"] = [pre.transform(X, where=p)
+                              for X, p in zip(sites.rows, sites.federation.paths)]
+    new = replace(fed, devices=[pre.transform(X, where=w) for X, w in zip(fed.devices, where)],
+                  test_devices=None if fed.test_devices is None else
+                  [pre.transform(X, where=w) for X, w in zip(fed.test_devices, where)],
+                  extra=extra)
+    return new, pre
+
+
+def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                           list[Any]]:
+    """Per site: sizes and the saved model's scores; pooled test figures; every row's output."""
+    from . import metrics
+
+    sites = fed.extra["sites"]
+    preds = [predictor.predict(X, site=z) for z, X in enumerate(fed.extra["site_rows"])]
+    rows, pooled = [], {}
+    hits = n_test = 0
+    train_hits = n_train = 0
+    sq = 0.0
+    truth, found = [], []
+    for z, name in enumerate(sites.names):
+        train = sites.train[z]
+        test = sites.test[z] if sites.test is not None else np.zeros(0, np.int64)
+        entry: dict[str, Any] = {"site": name, "path": sites.federation.paths[z],
+                                 "n_rows": int(len(sites.rows[z])), "n_train": int(len(train)),
+                                 "n_test": int(len(test))}
+        y = None if sites.targets is None else sites.targets[z]
+        p = preds[z]
+        if y is not None and predictor.task == "classification":
+            entry["train_accuracy"] = float(np.mean(p[train] == y[train]))
+            train_hits += int(np.sum(p[train] == y[train]))
+            n_train += len(train)
+            if len(test):
+                entry["test_accuracy"] = float(np.mean(p[test] == y[test]))
+                hits += int(np.sum(p[test] == y[test]))
+                n_test += len(test)
+        elif y is not None and predictor.task == "regression" and len(test):
+            entry["test_mse"] = float(np.mean((p[test] - y[test]) ** 2))
+            sq += float(np.sum((p[test] - y[test]) ** 2))
+            n_test += len(test)
+        elif y is not None and predictor.task == "clustering" and len(train) > 1:
+            entry["ari"] = metrics.adjusted_rand(y[train], p[train])
+            truth.append(y[train])
+            found.append(p[train])
+        if predictor.task == "clustering":
+            entry["cluster_sizes"] = np.bincount(p, minlength=0).tolist()
+        rows.append(entry)
+    if n_train:
+        pooled["train_accuracy_pooled"] = train_hits / n_train
+    if n_test and predictor.task == "classification":
+        pooled["test_accuracy_pooled"] = hits / n_test
+    elif n_test and predictor.task == "regression":
+        pooled["test_mse_pooled"] = sq / n_test
+    if found:  # the saved model's clusters (nearest center), as in labels/<site>.csv
+        pooled["ari_pooled"] = metrics.adjusted_rand(np.concatenate(truth), np.concatenate(found))
+    return rows, pooled, preds
 
 
 def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
@@ -141,10 +259,17 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         with config_errors(cfg, "data", source), config_errors(cfg, "partition", source):
             federation = build_federation(cfg)
     fed = federation
+    with config_errors(cfg, "preprocess", source):
+        fed, pre = preprocess_federation(cfg, fed, transport)
     seed = cfg["seed"]
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     t0 = time.perf_counter()
     wire = make_transport(cfg, transport, n_devices=len(fed.devices))
+    if pre is not None and transport != "inprocess":
+        # the nodes hold raw data and preprocess it themselves (same numbers as in process)
+        from .site_protocol import SiteTransformTransport
+
+        wire = SiteTransformTransport(wire, dict(enumerate(fed.extra["raw_devices"])), pre)
     with config_errors(cfg, "algorithm", source):
         model = build_estimator(cfg)
         algorithm.fit(model, fed, wire)
@@ -179,7 +304,19 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         for entry in out["baselines"].values():
             if "kmeans_cost" in entry:
                 entry["cost_ratio_vs_centralized"] = entry["kmeans_cost"] / ref
-    return Experiment(out, model, fed)
+    if pre is not None:
+        out["preprocess"] = {"impute": pre.impute, "scale": pre.scale,
+                             "communication": _comm(pre.communication_, len(fed.devices))}
+    exported = predictor = preds = None
+    if algorithm.export is not None:
+        exported = algorithm.export(model, fed)
+        predictor = None if exported is None else get_predictor(exported)
+    if predictor is not None and "sites" in fed.extra:
+        out["sites"], pooled, preds = _site_report(predictor, fed)
+        out["metrics"].update(pooled)
+        if "test_accuracy_pooled" in pooled:
+            out["metrics"].setdefault("test_accuracy", pooled["test_accuracy_pooled"])
+    return Experiment(out, model, fed, pre, exported, predictor, preds)
 
 
 def _comm(summary: dict[str, Any], n_devices: int) -> dict[str, Any]:

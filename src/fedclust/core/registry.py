@@ -33,7 +33,8 @@ __all__ = [
     "register_protocol", "register_algorithm", "register_data_source", "register_baseline",
     "register_demo", "protocol_from_config", "all_actions", "get_algorithm", "get_data_source",
     "estimator_params", "PROTOCOLS", "RESULT_TYPES", "ALGORITHMS", "DATA_SOURCES", "BASELINES",
-    "DEMOS", "DEMO_DESCRIPTIONS", "clustering_report", "plot_clustering",
+    "DEMOS", "DEMO_DESCRIPTIONS", "clustering_report", "plot_clustering", "Exported", "PREDICTORS",
+    "register_predictor", "get_predictor", "export_centers", "CentersPredictor",
 ]
 
 
@@ -95,6 +96,70 @@ def plot_clustering(model: Any, fed: Federation, result: dict[str, Any], path: P
 
 
 @dataclass(frozen=True)
+class Exported:
+    """A fitted model as saved in ``model.npz``: a registered predictor ``kind``, its
+    arrays (no object arrays: no pickle) and a JSON-ready ``meta``.
+
+    ``meta["site_models"]``, where present, says which of the model's parts serves
+    each training site (in the federation's device order); a predictor uses it when
+    asked to predict for a known site.
+    """
+
+    kind: str
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+#: predictor kind -> ``load(arrays, meta)`` returning an object with
+#: ``task`` ("clustering" | "classification" | "regression") and ``predict(X, site=None)``
+#: over preprocessed rows (``site``: position of a training site, or None for a new one)
+PREDICTORS: dict[str, Callable[[Mapping[str, np.ndarray], Mapping[str, Any]], Any]] = {}
+
+
+def register_predictor(kind: str, load: Callable[[Mapping[str, np.ndarray], Mapping[str, Any]],
+                                                 Any]) -> None:
+    _taken("predictor", kind, PREDICTORS, load)
+    PREDICTORS[kind] = load
+
+
+def get_predictor(exported: Exported) -> Any:
+    try:
+        load = PREDICTORS[exported.kind]
+    except KeyError:
+        raise ValidationError(f"unknown model kind {exported.kind!r}; registered: "
+                              f"{sorted(PREDICTORS)}") from None
+    return load(exported.arrays, exported.meta)
+
+
+class CentersPredictor:
+    """Nearest center of every row: the saved form of a center-based clustering."""
+
+    task = "clustering"
+
+    def __init__(self, centers: np.ndarray):
+        self.centers = np.asarray(centers, dtype=np.float64)
+
+    @classmethod
+    def load(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> "CentersPredictor":
+        return cls(arrays["centers"])
+
+    def predict(self, X: np.ndarray, site: int | None = None) -> np.ndarray:
+        from .kmeans import assign
+
+        X = np.asarray(X, dtype=np.float64)
+        return assign(X, self.centers)[0].astype(np.int64)
+
+
+def export_centers(model: Any, fed: Federation) -> Exported | None:
+    """The default export: the final ``cluster_centers_`` (nearest-center assignment);
+    None (no saved model) for an estimator without them."""
+    centers = getattr(model, "cluster_centers_", None)
+    if centers is None:
+        return None
+    return Exported("centers", {"centers": np.asarray(centers, np.float64)})
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """An ``[algorithm] name = ...`` entry.
 
@@ -124,6 +189,12 @@ class Algorithm:
         One line under the printed table that explains the ``rounds`` column
         (transport rounds) when they differ from the rounds a user set; default
         none.
+    export : callable(model, federation) -> Exported, or None
+        The fitted model as ``model.npz`` saves it and ``fedclust predict`` applies
+        it (:func:`register_predictor`); default :func:`export_centers`.
+    label_kind : {"class", "value"}
+        How labels read from site files reach it: class indices 0..C-1 (default)
+        or numbers (regression targets).
     """
 
     name: str
@@ -137,6 +208,8 @@ class Algorithm:
                                             ("cost_ratio_vs_centralized", "cost / centralized"))
     baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
     rounds_note: Callable[[Any, dict], str | None] | None = None
+    export: Callable[[Any, Federation], Exported | None] | None = export_centers
+    label_kind: str = "class"
 
 
 @dataclass(frozen=True)
@@ -262,3 +335,6 @@ def keyword_params(func: Callable[..., Any], skip: Sequence[str] = ()) -> list[s
 def estimator_params(algorithm: Algorithm) -> list[str]:
     """The ``[algorithm]`` keys of ``algorithm``: its estimator's ``__init__`` parameters."""
     return keyword_params(algorithm.estimator.__init__)
+
+
+register_predictor("centers", CentersPredictor.load)

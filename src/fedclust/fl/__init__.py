@@ -10,7 +10,7 @@ the :class:`FedAvg`, :class:`IFCA`, :class:`ClusteredFedAvg` front doors;
 """
 
 from ..core.registry import (Algorithm, DataSource, register_algorithm, register_data_source,
-                             register_demo, register_protocol)
+                             register_demo, register_predictor, register_protocol)
 from .client import choose_cluster, local_update
 from .data import label_skew_federation, rotated_federation
 from .estimator import IFCA, ClusteredFedAvg, FedAvg
@@ -18,7 +18,8 @@ from .models import MLP, LinearRegression, LogisticRegression, Model, SoftmaxReg
 from .clustered import ClusteredFedAvgProtocol
 from .ifca import IFCAProtocol
 from .protocol import FedAvgProtocol, FLProtocol, FLResult
-from .report import fit_supervised, fl_report, fl_result_fields, fl_rounds_note, plot_history
+from .report import (FLPredictor, fit_supervised, fl_export, fl_report, fl_result_fields,
+                     fl_rounds_note, plot_history)
 from .server import aggregate_updates
 
 __all__ = ["FedAvg", "IFCA", "ClusteredFedAvg", "MLP", "SoftmaxRegression", "LogisticRegression",
@@ -30,8 +31,10 @@ for _proto in (FedAvgProtocol, IFCAProtocol, ClusteredFedAvgProtocol):
     register_protocol(_proto, FLResult)
 
 _HOOKS = dict(fit=fit_supervised, report=fl_report, result_fields=fl_result_fields,
-              plot=plot_history, rounds_note=fl_rounds_note, columns=(("test_accuracy", "test accuracy"),
-                                          ("train_loss", "train loss")), baselines=())
+              plot=plot_history, rounds_note=fl_rounds_note,
+              columns=(("test_accuracy", "test accuracy"), ("train_loss", "train loss")),
+              baselines=(), export=fl_export)
+register_predictor("fl-models", FLPredictor.load)
 register_algorithm(Algorithm("fedavg", FedAvg, **_HOOKS))
 register_algorithm(Algorithm("ifca", IFCA, required=("n_clusters",), **_HOOKS))
 register_algorithm(Algorithm("clustered-fedavg", ClusteredFedAvg, required=("n_clusters",),

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..core.registry import Federation
 
-__all__ = ["fit_supervised", "fl_report", "fl_result_fields", "plot_history", "fl_rounds_note"]
+__all__ = ["fit_supervised", "fl_report", "fl_result_fields", "plot_history", "fl_rounds_note",
+           "FLPredictor", "fl_export"]
 
 
 def fit_supervised(model: Any, fed: Federation, transport: Any) -> None:
@@ -100,3 +101,63 @@ def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+# -- saved model (model.npz) -------------------------------------------------------------
+class FLPredictor:
+    """A saved FL model: the cluster models, and which one serves each training site.
+
+    A training site uses its own cluster's model (as in training); a new site
+    takes, per row, the prediction of the most confident model (IFCA's routing;
+    the one model of FedAvg).
+    """
+
+    def __init__(self, models: np.ndarray, site_models: np.ndarray, meta: Mapping[str, Any]):
+        from .models import build_model
+
+        self.models = np.asarray(models, np.float64)
+        self.site_models = np.asarray(site_models, np.int64)
+        self._m = build_model(meta["model"], int(meta["n_features"]),
+                              max(int(meta["n_classes"]), 2), n_hidden=int(meta["n_hidden"]),
+                              l2=float(meta["l2"]))
+        self.task = "classification" if self._m.classifier else "regression"
+
+    @classmethod
+    def load(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> "FLPredictor":
+        return cls(arrays["models"], arrays["site_models"], meta)
+
+    def predict(self, X: np.ndarray, site: int | None = None) -> np.ndarray:
+        X = np.asarray(X, np.float64)
+        c = int(self.site_models[site]) if site is not None and site < len(self.site_models) \
+            else -1
+        if c >= 0 or len(self.models) == 1 or not self._m.classifier:
+            self._m.set_params(self.models[max(c, 0)])
+            return self._m.predict(X)
+        best = np.full(len(X), -np.inf)
+        pred = np.zeros(len(X), dtype=np.int64)
+        for theta in self.models:
+            self._m.set_params(theta)
+            S = self._m.decision_function(X)
+            if S.ndim == 1:
+                S = np.stack([np.zeros_like(S), S], axis=1)
+            P = np.exp(S - S.max(axis=1, keepdims=True))
+            conf = (P / P.sum(axis=1, keepdims=True)).max(axis=1)
+            better = conf > best
+            best[better] = conf[better]
+            pred[better] = S.argmax(axis=1)[better]
+        return pred
+
+
+def fl_export(model: Any, fed: Federation) -> Any:
+    """``model.npz`` form of FedAvg / IFCA / k-FED + FedAvg: parameters of every cluster model."""
+    from ..core.registry import Exported
+
+    p = model._protocol_
+    n_models = len(model.models_)
+    sites = [c if 0 <= c < n_models else -1 for c in model.device_clusters_]
+    if n_models == 1:
+        sites = [0] * len(sites)
+    meta = {"model": p.model, "n_features": int(p.n_features), "n_classes": int(p.n_classes),
+            "n_hidden": int(p.n_hidden), "l2": float(p.l2)}
+    return Exported("fl-models", {"models": np.asarray(model.models_, np.float64),
+                                  "site_models": np.asarray(sites, np.int64)}, meta)

@@ -54,6 +54,7 @@ from ..core.registry import all_actions, protocol_from_config
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
 from .results import save_error, save_run_output
+from ..site_protocol import device_data_for
 
 __all__ = ["ServerSpec", "make_server_app", "make_client_app", "run_server",
            "save_device_file", "load_device_file", "load_node_data"]
@@ -408,6 +409,16 @@ def load_node_data(context: Context, data_dir: str | Path | None = None) -> tupl
     return z, X
 
 
+def _data_shape(data: Any) -> tuple[int, int]:
+    """(rows, columns) of a node's data (-1 columns: a table, encoded by the protocol)."""
+    from ..sites import RawTable
+
+    if isinstance(data, RawTable):
+        return data.n_rows, -1
+    X = np.asarray(data[0] if isinstance(data, tuple) else data)
+    return int(X.shape[0]), int(X.shape[1]) if X.ndim == 2 else -1
+
+
 def _load_state(context: Context) -> dict[str, np.ndarray]:
     rec = context.state.array_records.get(_STATE)
     return {} if rec is None else record_to_arrays(rec, sender="client state")
@@ -435,14 +446,15 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
             else:
                 device_id, X = load_node_data(context, data_dir)
             if request.action == HELLO_ACTION:
-                X = np.asarray(X[0] if isinstance(X, tuple) else X)
+                n, d = _data_shape(X)
                 content = RecordDict({HELLO: ConfigRecord({
-                    "device-id": int(device_id), "n-points": int(X.shape[0]),
-                    "n-features": int(X.shape[1]) if X.ndim == 2 else -1})})
+                    "device-id": int(device_id), "n-points": n, "n-features": d})})
             elif request.action == FINISH_ACTION:
+                X = device_data_for(protocol, X, f"device {device_id}")
                 out = protocol.client_finish(request.payload, X, _load_state(context))
                 content = RecordDict({OUTPUT: arrays_to_record(out if head.get("collect") else {})})
             else:
+                X = device_data_for(protocol, X, f"device {device_id}")
                 state = _load_state(context)
                 # one BLAS thread, as a simulated device in process: same rounding on both
                 with one_blas_thread():

@@ -1,5 +1,10 @@
-"""Per-device data files for Flower clients (``.npz``: ``X``, optional ``y`` and
-``device_id``; no pickle, no flwr)."""
+"""Per-device data files for Flower clients (no pickle, no flwr).
+
+``.npz``: ``X``, optional ``y`` and ``device_id``. ``.csv`` / ``.tsv`` /
+``.parquet``: a site table (:class:`fedclust.sites.RawTable`), which a protocol
+run on site data (:class:`fedclust.site_protocol.SiteTransformProtocol`)
+encodes and preprocesses on the node with the federation's schema.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +34,12 @@ def save_device_file(path: str | Path, data: Any, device_id: int | None = None) 
 
 
 def load_device_file(path: str | Path) -> tuple[Any, int | None]:
-    """Read ``(data, device_id or None)``; ``data`` is ``X``, or ``(X, y)`` when the file has ``y``."""
+    """Read ``(data, device_id or None)``; ``data`` is ``X``, or ``(X, y)`` when the file has ``y``,
+    or a :class:`~fedclust.sites.RawTable` for a CSV/Parquet file."""
+    if not str(path).lower().endswith(".npz"):
+        from ..sites import read_table
+
+        return read_table(path), None
     with np.load(path, allow_pickle=False) as data:
         if "X" not in data.files:
             raise ValidationError(f"{path}: no 'X' array (keys: {data.files})")

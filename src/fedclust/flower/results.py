@@ -107,8 +107,11 @@ def save_run_output(out: RunOutput, protocol_name: str, directory: str | Path,
         for i, a in enumerate(d.values()):
             arrays[f"output.{int(z)}.{i}"] = np.asarray(a)
     m = out.meter
+    # a wrapping protocol (site preprocessing) returns its inner protocol's result type
+    result_type = next((n for n, c in RESULT_TYPES.items() if c is type(result)), protocol_name)
     meta = {
-        "format": _FORMAT, "protocol": protocol_name, "seed": int(out.seed),
+        "format": _FORMAT, "protocol": protocol_name, "result_type": result_type,
+        "seed": int(out.seed),
         "result_fields": fields, "log": log_to_json(out.log), "outputs": outputs,
         "meter": {"up": {str(z): n for z, n in m.up.items()},
                   "down": {str(z): n for z, n in m.down.items()},
@@ -146,7 +149,7 @@ def load_run_output(directory: str | Path) -> tuple[RunOutput, dict[str, Any]]:
         raise IncompatibleMessageError(f"{npz}: not a fedclust run result (no {_META})") from None
     if meta.get("format") != _FORMAT:
         raise IncompatibleMessageError(f"{npz}: unknown format {meta.get('format')!r}")
-    name = meta["protocol"]
+    name = meta.get("result_type", meta["protocol"])
     try:
         cls = RESULT_TYPES[name]
     except KeyError:
@@ -189,7 +192,7 @@ def raise_saved_error(directory: str | Path) -> None:
     if not path.exists():
         return
     err = json.loads(path.read_text())
-    from .. import exceptions
+    from ..core import exceptions
 
     cls = getattr(exceptions, err.get("type", ""), None)
     if not (isinstance(cls, type) and issubclass(cls, FedClustError)):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,9 @@ class FlowerSimulationTransport:
     tamper : ByzantineTamper or None
         Byzantine devices lying on the wire, as with ``InProcessTransport``: the
         client process rebuilds the hook from its config (the same liars and lies).
+    progress : bool, default=False
+        A tqdm bar over the rounds (devices that replied of those asked), read
+        from the ServerApp's log as the simulation runs.
 
     Attributes
     ----------
@@ -123,6 +127,7 @@ class FlowerSimulationTransport:
     keep_dir: str | None = None
     verbose: bool = False
     tamper: ByzantineTamper | None = None
+    progress: bool = False
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None) -> RunOutput:
@@ -170,14 +175,11 @@ class FlowerSimulationTransport:
             env = flower_env(work / "flwr-home", ray_tmp)
             t0 = time.perf_counter()
             with open(log_path, "wb") as fh:
-                try:
-                    proc = subprocess.run(
-                        [sys.executable, "-m", "fedclust.flower.simulation", str(job_path)],
-                        stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(work),
-                        timeout=self.timeout_s)
-                    rc = proc.returncode
-                except subprocess.TimeoutExpired:
-                    rc = None
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "fedclust.flower.simulation", str(job_path)],
+                    stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(work))
+                rc = _wait(proc, log_path, self.timeout_s, protocol.name if self.progress
+                           else None)
             wall = time.perf_counter() - t0
             if not (result_dir / "result.npz").exists():
                 from .results import raise_saved_error
@@ -195,3 +197,40 @@ class FlowerSimulationTransport:
             shutil.rmtree(ray_tmp, ignore_errors=True)
             if not self.keep_dir:
                 shutil.rmtree(work, ignore_errors=True)
+
+
+_ROUND_LINE = re.compile(r"fedclust: round (-?\d+) \((\w+)\): (\d+) of (\d+) devices replied")
+
+
+def _wait(proc: subprocess.Popen, log_path: Path, timeout_s: float | None,
+          progress: str | None) -> int | None:
+    """Wait for the simulation (None: killed at ``timeout_s``); with ``progress`` (the
+    protocol's name), advance a tqdm bar per round line of the ServerApp's log."""
+    bar = None
+    seen = 0
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=f"{progress} rounds (flower)", unit="round")
+    t0 = time.perf_counter()
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                rc = None
+            if bar is not None:
+                lines = _ROUND_LINE.findall(log_path.read_text(errors="replace"))
+                for _, action, got, asked in lines[seen:]:
+                    bar.set_postfix_str(f"{action}: {got}/{asked} devices")
+                    bar.update(1)
+                seen = len(lines)
+            if rc is not None:
+                return rc
+            if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                proc.wait()
+                return None
+    finally:
+        if bar is not None:
+            bar.close()

@@ -8,9 +8,11 @@ round(s); ``estimator`` — :class:`EvolvingGaussians`, :class:`FedGaussClusteri
 """
 
 from ..core.registry import (Algorithm, DataSource, register_algorithm, register_data_source,
-                             register_demo, register_protocol)
+                             register_demo, register_predictor, register_protocol)
 from .estimator import EvolvingGaussians, FedGaussClassifier, FedGaussClustering
-from .hooks import gauss_blobs, gauss_report, gauss_result_fields, plot_gauss
+from .hooks import (GaussPredictor, fit_classifier, gauss_blobs, gauss_classifier_report,
+                    gauss_export, gauss_report,
+                    gauss_result_fields, plot_gauss)
 from .protocol import GaussClassifierProtocol, GaussProtocol, GaussResult
 
 __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier", "GaussProtocol",
@@ -23,7 +25,14 @@ register_algorithm(Algorithm(
     report=gauss_report,
     columns=(("accuracy", "accuracy"), ("ari", "ARI"), ("n_clusters", "clusters"),
              ("n_clusters_reference", "reference clusters")),
-    baselines=()))
+    baselines=(), export=gauss_export))
+register_predictor("gauss", GaussPredictor.load)
+#: the classifier on a site federation: ``[data] label = ...``; test accuracy per site and pooled
+register_algorithm(Algorithm(
+    "gauss-classifier", FedGaussClassifier, fit=fit_classifier, report=gauss_classifier_report,
+    result_fields=gauss_result_fields, plot=None,
+    columns=(("test_accuracy", "test accuracy"), ("n_clusters", "clusters")),
+    baselines=(), export=gauss_export))
 register_data_source(DataSource("gauss-blobs", gauss_blobs))
 #: ``fedclust demo gauss``: 15 Gaussian blobs in 2-D over 3 owners, one round, defaults.
 register_demo("gauss", {

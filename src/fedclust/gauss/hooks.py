@@ -10,7 +10,8 @@ import numpy as np
 from ..core.registry import Federation
 from ..core.validation import check_float, check_int
 
-__all__ = ["gauss_blobs", "plot_gauss", "gauss_result_fields", "gauss_report"]
+__all__ = ["gauss_blobs", "plot_gauss", "gauss_result_fields", "gauss_report", "fit_classifier",
+           "gauss_export", "GaussPredictor", "gauss_classifier_report"]
 
 
 def gauss_blobs(seed: int, *, n_clusters: int = 15, n_per_cluster: int = 200,
@@ -89,3 +90,67 @@ def gauss_report(model: Any, fed: Federation, cfg: Any) -> dict[str, Any]:
     if fed.labels is not None:
         out["n_clusters_reference"] = int(len(np.unique(np.concatenate(fed.labels))))
     return out
+
+
+# -- saved model (model.npz) and the classifier on a Federation --------------------------
+_RESULT_ARRAYS = ("means", "scatters", "counts", "ages", "classes", "global_mean", "global_m2",
+                  "class_count", "class_mean", "class_m2", "features")
+
+
+def fit_classifier(model: Any, fed: Federation, transport: Any) -> None:
+    """``fed.labels`` are the owners' class labels."""
+    model.fit(fed.devices, fed.labels, transport=transport)
+
+
+def gauss_classifier_report(model: Any, fed: Federation, cfg: Any) -> dict[str, Any]:
+    """Cluster count and accuracy on the owners' training rows (test figures: per site)."""
+    out: dict[str, Any] = {"n_clusters": int(model.n_clusters_)}
+    if fed.labels is not None:
+        pred = np.concatenate([model.predict(X) for X in fed.devices])
+        out["train_accuracy"] = float(np.mean(pred == np.concatenate(fed.labels)))
+    return out
+
+
+def gauss_export(model: Any, fed: Federation) -> Any:
+    """``model.npz`` form: the global model (the server's result arrays) and the settings."""
+    from ..core.registry import Exported
+    from .protocol import SETTING_NAMES
+
+    res = model._result
+    arrays = {k: np.asarray(getattr(res, k)) for k in _RESULT_ARRAYS}
+    meta: dict[str, Any] = {"estimator": type(model).__name__,
+                            "settings": {k: getattr(model, k) for k in SETTING_NAMES},
+                            "global_count": int(res.global_count)}
+    if hasattr(model, "classes_"):
+        arrays["classes_"] = np.asarray(model.classes_)
+    return Exported("gauss", arrays, meta)
+
+
+class GaussPredictor:
+    """A saved evolving-Gaussian model: the clustering's or the classifier's ``predict``."""
+
+    def __init__(self, estimator: Any, task: str):
+        self.estimator = estimator
+        self.task = task
+
+    @classmethod
+    def load(cls, arrays: Any, meta: Any) -> "GaussPredictor":
+        from types import SimpleNamespace
+
+        from .estimator import FedGaussClassifier, FedGaussClustering
+        from .protocol import GaussResult
+
+        supervised = meta["estimator"] == "FedGaussClassifier"
+        est = (FedGaussClassifier if supervised else FedGaussClustering)(**meta["settings"])
+        res = GaussResult(global_count=int(meta["global_count"]),
+                          **{k: np.asarray(arrays[k]) for k in _RESULT_ARRAYS})
+        out = SimpleNamespace(result=res, device_outputs={},
+                              meter=SimpleNamespace(summary=lambda: {}))
+        n_classes = len(arrays["classes_"]) if supervised else 0
+        est._store(out, [], n_classes)
+        if supervised:
+            est.classes_ = np.asarray(arrays["classes_"])
+        return cls(est, "classification" if supervised else "clustering")
+
+    def predict(self, X: np.ndarray, site: int | None = None) -> np.ndarray:
+        return np.asarray(self.estimator.predict(X))

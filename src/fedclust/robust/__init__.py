@@ -12,7 +12,7 @@ misclustering. Byzantine devices on the wire: :mod:`fedclust.sim.byzantine`.
 """
 
 from ..core.registry import (Algorithm, DataSource, register_algorithm, register_data_source,
-                             register_demo, register_protocol)
+                             register_demo, register_predictor, register_protocol)
 from ..core.robust import (aggregate, coordinate_mean, coordinate_median, geometric_median,
                            trimmed_mean)
 from .clustering import KGeomedians, KMeansLloyd, TrimmedKMeans
@@ -20,8 +20,9 @@ from .data import (MixtureRegression, make_mixture_logistic, make_mixture_regres
                    mixture_logistic_source, mixture_regression_source)
 from .edge_cutting import EdgeCutting
 from .filtering import iterative_filtering
-from .estimator import (RobustClusteredClassification, RobustClusteredRegression, fit_robust,
-                        plot_round_loss, robust_report, robust_result_fields, robust_rounds_note)
+from .estimator import (RobustClusteredClassification, RobustClusteredRegression,
+                        RobustPredictor, fit_robust, plot_round_loss, robust_export,
+                        robust_report, robust_result_fields, robust_rounds_note)
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
 
@@ -39,14 +40,15 @@ register_algorithm(Algorithm(
     report=robust_report, result_fields=robust_result_fields, plot=plot_round_loss,
     rounds_note=robust_rounds_note,
     columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
-             ("test_mse", "test MSE")), baselines=()))
+             ("test_mse", "test MSE")), baselines=(), export=robust_export, label_kind="value"))
 register_data_source(DataSource("mixture-regression", mixture_regression_source, federated=True))
 register_algorithm(Algorithm(
     "robust-classification", RobustClusteredClassification, required=("n_clusters",),
     fit=fit_robust, report=robust_report, result_fields=robust_result_fields,
     plot=plot_round_loss, rounds_note=robust_rounds_note,
     columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
-             ("test_accuracy", "test acc.")), baselines=()))
+             ("test_accuracy", "test acc.")), baselines=(), export=robust_export))
+register_predictor("robust-linear", RobustPredictor.load)
 register_data_source(DataSource("mixture-logistic", mixture_logistic_source, federated=True))
 
 #: ``fedclust demo robust``: the three-stage pipeline on 100 machines, 20% Byzantine.

@@ -389,3 +389,42 @@ class RobustClusteredClassification(RobustClusteredRegression):
     def predict_device(self, i: int, X: Any) -> np.ndarray:
         """Labels in {0, 1} (n,) for the machine at position ``i``."""
         return (self.decision_function_device(i, X) > 0).astype(np.int64)
+
+
+# -- saved model (model.npz) ----------------------------------------------------------------
+class RobustPredictor:
+    """Saved clustered linear / logistic models; a training site uses its own cluster's model,
+    a new site the most confident model per row (classification) or the largest cluster's."""
+
+    def __init__(self, coef: np.ndarray, intercept: np.ndarray, site_models: np.ndarray,
+                 task: str):
+        self.coef, self.intercept = np.asarray(coef, float), np.asarray(intercept, float)
+        self.site_models = np.asarray(site_models, np.int64)
+        self.task = task
+
+    @classmethod
+    def load(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> "RobustPredictor":
+        return cls(arrays["coef"], arrays["intercept"], arrays["site_models"], meta["task"])
+
+    def predict(self, X: np.ndarray, site: int | None = None) -> np.ndarray:
+        X = np.asarray(X, float)
+        if site is not None and site < len(self.site_models):
+            j = int(self.site_models[site])
+            S = X @ self.coef[j] + self.intercept[j]
+        elif self.task == "classification":
+            scores = X @ self.coef.T + self.intercept        # (n, k)
+            S = scores[np.arange(len(X)), np.abs(scores).argmax(axis=1)]
+        else:
+            j = int(np.bincount(self.site_models, minlength=len(self.coef)).argmax())
+            S = X @ self.coef[j] + self.intercept[j]
+        return (S > 0).astype(np.int64) if self.task == "classification" else S
+
+
+def robust_export(model: Any, fed: Any) -> Any:
+    from ..core.registry import Exported
+
+    sites = [model.device_model(i) for i in range(len(model.device_ids_))]
+    task = "classification" if isinstance(model, RobustClusteredClassification) else "regression"
+    return Exported("robust-linear", {"coef": model.coef_, "intercept": model.intercept_,
+                                      "site_models": np.asarray(sites, np.int64)},
+                    {"task": task})

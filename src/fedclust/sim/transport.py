@@ -55,7 +55,7 @@ class InProcessTransport:
         Rewrites chosen replies on the wire; the server validates them like
         any other reply, rejecting and naming malformed ones.
     progress : bool, default=False
-        Show a progress bar over devices (tqdm).
+        Progress bars (tqdm): one over the rounds, one over each round's devices.
     n_jobs : int or None, default=None
         Simulated devices computed at once, in threads, for protocols that
         declare ``parallel_safe`` (k-FED): ``None`` uses every core, as
@@ -90,14 +90,21 @@ class InProcessTransport:
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         meter = CommunicationMeter()
         state = protocol.start(active, seed)
+        rounds_bar = _rounds_bar(self.progress, protocol.name)
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
             replies = self._round(protocol, state, request, targets, devices, states, seed, log,
                                   meter)
             meter.rounds += 1
+            if rounds_bar is not None:
+                rounds_bar.set_postfix_str(f"{request.action}: {len(replies)}/{len(targets)} "
+                                           "devices")
+                rounds_bar.update(1)
             require_replies(request, targets, replies, log)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
+        if rounds_bar is not None:
+            rounds_bar.close()
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
             result = protocol.finish(state, log)
@@ -240,6 +247,15 @@ def _chunks(items, size):
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def _rounds_bar(enabled: bool, name: str):
+    """The outer bar: one step per round (the number of rounds is the protocol's to decide)."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(desc=f"{name} rounds", unit="round", position=0)
+
+
 def _progress(chunks, enabled: bool, desc: str, total: int):
     """Yield the chunks, advancing a tqdm bar by devices when enabled."""
     if not enabled:
@@ -247,7 +263,7 @@ def _progress(chunks, enabled: bool, desc: str, total: int):
         return
     from tqdm.auto import tqdm
 
-    with tqdm(total=total, desc=desc, unit="device", leave=False) as bar:
+    with tqdm(total=total, desc=desc, unit="device", leave=False, position=1) as bar:
         for chunk in chunks:
             yield chunk
             bar.update(len(chunk))

@@ -1,0 +1,33 @@
+"""Site files in, a federation out: one file = one site (device), named by its file stem.
+
+:func:`load_sites` reads CSV (``.csv``, ``.csv.gz``, ``.tsv``), Parquet
+(``.parquet``, ``.pq``) and ``.npz`` files (``allow_pickle=False``; ``X`` with
+optional ``feature_names`` and any 1-D arrays of the same length, such as
+``y``), or one table split into sites by a column (:func:`load_table_sites`).
+CSV and Parquet need pandas (and pyarrow for Parquet): ``pip install
+'fedclust[io]'``; ``.npz`` needs nothing more than numpy.
+
+What crosses sites here is what a federated schema round would carry: each
+site's column names and, for categorical columns, the set of categories it
+holds. The server's union of those sets (:func:`union_categories`) fixes the
+one-hot columns, so every site encodes its rows identically without sending
+one. The same :class:`SiteSchema` encodes a new site's file at prediction time
+(:func:`encode_table`), so a saved model applies the training encoding.
+
+Missing values (empty cells, ``NA``, ``?``, NaN) stay NaN in the numeric
+columns; a missing categorical value is NaN in all of its indicator columns, so
+mean imputation fills it with the pooled category frequencies. Federated
+imputation and scaling are :class:`fedclust.preprocess.FederatedPreprocessor`.
+"""
+
+from .federation import (SiteFederation, SiteInfo, as_values, files_source, load_sites,
+                         load_table_sites, table_source, to_federation)
+from .schema import (SiteSchema, encode_table, label_indices, label_values, site_categories,
+                     union_categories)
+from .tables import NA_VALUES, RawTable, expand_paths, file_stem, frame_columns, read_table
+
+__all__ = ["SiteFederation", "SiteInfo", "SiteSchema", "RawTable", "load_sites",
+           "load_table_sites", "read_table", "encode_table", "union_categories",
+           "site_categories", "label_values", "label_indices", "expand_paths", "file_stem",
+           "frame_columns", "to_federation", "files_source", "table_source", "as_values",
+           "NA_VALUES"]
