@@ -111,8 +111,22 @@ def _expected_failed(estimator) -> dict[str, str]:
     return EXPECTED_FAILED[type(estimator).__name__]
 
 
-@parametrize_with_checks(_check_instances(), expected_failed_checks=_expected_failed,
-                         xfail_strict=True)
+def _applicable(estimator, check) -> bool:
+    # check_array_api_input skips itself unless SCIPY_ARRAY_API is set and the
+    # estimator supports the array API; fedclust is numpy-only, so it never applies.
+    name = getattr(check, "func", check).__name__
+    return name != "check_array_api_input"
+
+
+_ALL = parametrize_with_checks(_check_instances(), expected_failed_checks=_expected_failed,
+                               xfail_strict=True)
+_CHECKS = pytest.mark.parametrize(
+    _ALL.args[0], [p for p in _ALL.args[1]
+                   if _applicable(*(p.values if hasattr(p, "values") else p))],
+    **_ALL.kwargs)
+
+
+@_CHECKS
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 
