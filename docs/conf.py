@@ -61,8 +61,11 @@ html_sidebars = {page: [] for page in ("index", "getting-started", "flower", "re
 
 
 def _skip_sklearn_plumbing(app, what, name, obj, skip, options):
-    """scikit-learn's metadata-routing methods (``set_fit_request``, ...) are not fedclust's API."""
+    """Methods inherited from scikit-learn (``get_params``, ``set_output``, the metadata-routing
+    ``set_fit_request``, ...) are documented by scikit-learn, not here."""
     if re.fullmatch(r"set_\w+_request|get_metadata_routing", name):
+        return True
+    if str(getattr(obj, "__module__", "") or "").startswith("sklearn."):
         return True
     return None
 
