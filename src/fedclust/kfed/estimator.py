@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.random import RandomState, root_seed
+from ..privacy import DifferentialPrivacy
 from ..core.estimators import CenterEstimatorMixin
 from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
                                check_n_local_clusters)
@@ -60,8 +61,17 @@ class KFed(CenterEstimatorMixin):
         left out of the seeding and Lloyd, final centers are trimmed means, and
         ``run_log_.distrusted`` names the devices concerned
         (:mod:`fedclust.kfed.robust_server`). 0 is the paper's server.
+    privacy : DifferentialPrivacy or None
+        Point-level (ε, δ)-DP local centers (needs ``data_bound``): each device
+        clips its points, releases noisy moments and noisy candidate sums
+        calibrated to its own counts (noise added on the device, the server is
+        not trusted), and computes its k_z centers from them; a point lives on
+        one device, so the fit costs two releases whatever the number of
+        devices. ``unit="device"`` is refused (it would need local DP noise of
+        the order of ``data_bound`` on every center). See ``docs/privacy.md``.
     random_state : int, Generator or None
-        Seeds everything; every device has its own stream keyed by its id.
+        Seeds everything but the privacy noise; every device has its own
+        stream keyed by its id.
     progress : bool, default=False
         Progress bar over devices.
 
@@ -79,6 +89,9 @@ class KFed(CenterEstimatorMixin):
         Participants, dropped, late, failed and rejected devices.
     seed_ : int
         The root seed actually used (reproduces the run when ``random_state=None``).
+    privacy_ : dict or None
+        The budget, the accountant's composed ε, every release and the points
+        clipped on each device.
 
     Notes
     -----
@@ -90,7 +103,8 @@ class KFed(CenterEstimatorMixin):
                  server: str = "farthest-lloyd1", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
-                 trim: float = 0.0, random_state: RandomState = None, progress: bool = False):
+                 trim: float = 0.0, privacy: DifferentialPrivacy | None = None,
+                 random_state: RandomState = None, progress: bool = False):
         self.n_clusters = n_clusters
         self.n_local_clusters = n_local_clusters
         self.server = server
@@ -101,6 +115,7 @@ class KFed(CenterEstimatorMixin):
         self.local_max_iter = local_max_iter
         self.allow_raw_points = allow_raw_points
         self.trim = trim
+        self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
 
@@ -112,7 +127,7 @@ class KFed(CenterEstimatorMixin):
             self.n_clusters, k_local, server=self.server, weighted=self.weighted,
             first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
             local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points,
-            n_features=n_features, trim=self.trim)
+            n_features=n_features, trim=self.trim, privacy=self.privacy)
 
     def fit(self, devices: Sequence[Any], y: None = None, *,
             device_ids: Sequence[int] | None = None,
@@ -141,12 +156,21 @@ class KFed(CenterEstimatorMixin):
                         f"device {device_ids[pos]} has n_z={X.shape[0]} points but "
                         f"n_local_clusters={k_z}: its centers would be its raw points. Lower "
                         "n_local_clusters for it, drop it, or pass allow_raw_points=True")
+        if self.privacy is not None and not isinstance(self.privacy, DifferentialPrivacy):
+            raise ValidationError(f"privacy={self.privacy!r} must be a "
+                                  "fedclust.privacy.DifferentialPrivacy or None")
         protocol = self._protocol(device_ids, k_locals, devices[0].shape[1])
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         out = transport.run(protocol, dict(zip(device_ids, devices)), self.seed_)
         self._store(out.result, out.device_outputs, out.meter, device_ids)
         self._protocol_ = protocol
+        self.privacy_ = None
+        if protocol.plan is not None:
+            self.privacy_ = protocol.plan.summary()
+            self.privacy_["clipped"] = [
+                None if out.device_outputs.get(z, {}).get("n_clipped") is None
+                else int(out.device_outputs[z]["n_clipped"]) for z in device_ids]
         return self
 
     def _store(self, result: KFedResult, outputs, meter, device_ids) -> None:

@@ -171,3 +171,29 @@ def centers_from_candidates(sums: np.ndarray, counts: np.ndarray, k: int, *, bou
     km = KMeans(k, n_init=10, random_state=seed % (2**31 - 1)).fit(C, sample_weight=w)
     weights = np.bincount(km.labels_, weights=w, minlength=k)
     return km.cluster_centers_, weights
+
+
+def private_local_centers(X: np.ndarray, k: int, spec: DifferentialPrivacy,
+                          releases: Sequence[Release], rng: np.random.Generator,
+                          noise: np.random.Generator, seed: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """A device's own DP k-means: noisy moments, then noisy candidate sums, both
+    noised on the device and calibrated to its own counts (local trust model).
+
+    ``X`` is already clipped; ``releases`` are the calibrated (moments,
+    candidates) releases; ``rng`` is the device's ordinary stream (candidate
+    draws), ``noise`` its privacy-noise stream. Returns k centers and their
+    noisy counts.
+    """
+    B = float(spec.data_bound)
+    d = X.shape[1]
+    n, s, Q = device_moments(X, spec)
+    n, s, Q = noisy_moments(n, s, Q, releases[0], B, noise)
+    mean, basis, lam = gaussian_subspace(n, s, Q, min(k, d))
+    count_std = releases[1].noise_std / count_weight(B, d)
+    M = n_candidates(n, count_std, k)
+    coords = draw_candidates(mean, basis, lam, M, rng)
+    sums, counts, _ = candidate_sums(X, mean, basis, coords, spec)
+    sums, counts = noisy_cluster_sums(sums, counts, releases[1], B, noise)
+    return centers_from_candidates(sums, counts, k, bound=B,
+                                   min_count=max(1.0, 3.0 * count_std), seed=seed)
