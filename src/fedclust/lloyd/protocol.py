@@ -117,11 +117,21 @@ class DistributedLloydProtocol(Protocol):
                     for r, z in zip(releases, noise_multipliers)), math.nan)
 
     def releases(self) -> list[Release]:
-        """What a private fit releases (the budget is split evenly over them)."""
+        """What a private fit releases.
+
+        The last Lloyd round's noise stays in the final centers, while earlier
+        releases only have to place points in the right cluster: the last round
+        gets half the budget (in 1/z², which adds up over Gaussian releases),
+        the others share the rest evenly.
+        """
         d = int(self.n_features)
-        return [pk.moments_release(self.privacy),
-                pk.sums_release(self.privacy, d, what=pk.CANDIDATES),
-                pk.sums_release(self.privacy, d, repeats=self.max_rounds)]
+        T = self.max_rounds
+        out = [pk.moments_release(self.privacy),
+               pk.sums_release(self.privacy, d, what=pk.CANDIDATES)]
+        if T > 1:
+            out.append(pk.sums_release(self.privacy, d, repeats=T - 1))
+        out.append(pk.sums_release(self.privacy, d, what=pk.FINAL, share=float(T + 1)))
+        return out
 
     @property
     def noisy(self) -> bool:
@@ -241,7 +251,8 @@ class DistributedLloydProtocol(Protocol):
         counts = sum(r.counts for r in replies)
         new = state.centers.copy()
         if self.noisy:
-            rel = self.plan.releases[2]
+            last = state.lloyd_rounds == self.max_rounds - 1
+            rel = self.plan.releases[-1 if last else 2]
             bound = float(self.privacy.data_bound)
             sums, counts = pk.noisy_cluster_sums(sums.astype(np.float64),
                                                  counts.astype(np.float64), rel, bound,

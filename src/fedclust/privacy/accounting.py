@@ -30,6 +30,7 @@ __all__ = ["Release", "PrivacyPlan", "calibrate", "composed_epsilon", "MAX_NOISE
 #: usable signal for federations below ~10^7 points per cluster; a budget
 #: needing more is refused as too small
 MAX_NOISE_MULTIPLIER = 1000.0
+_MIN_MULTIPLIER = 0.25
 _PLD_DISCRETIZATION = 1e-3   # pessimistic either way; 1e-4 is 5-10x slower for <0.01 % of ε
 
 
@@ -149,11 +150,19 @@ def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
             f"privacy: epsilon={eps:g} is too small for the {n_releases} releases of {family} "
             f"(the noise would exceed {MAX_NOISE_MULTIPLIER:g} x the sensitivity); the smallest "
             f"epsilon that works is {eps_min:.4g} (or declare fewer rounds)")
-    lo, hi = 1e-3, 1.0
-    while f(hi) > eps:
-        lo, hi = hi, min(hi * 2.0, z_max)
-    while f(lo) <= eps and lo > 1e-6:
-        hi, lo = lo, lo / 2.0
+    # bracket [lo, hi] with f(lo) > eps >= f(hi); multipliers below _MIN_MULTIPLIER are
+    # never used (the accountant's grids explode there and ε is beyond ~100 anyway)
+    lo, hi = _MIN_MULTIPLIER, 1.0
+    if f(hi) > eps:
+        while f(hi) > eps:
+            lo, hi = hi, min(hi * 2.0, z_max)
+    else:
+        while hi / 2.0 >= _MIN_MULTIPLIER and f(hi / 2.0) <= eps:
+            hi = hi / 2.0
+        lo = max(hi / 2.0, _MIN_MULTIPLIER)
+        if lo == hi:
+            return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=z) for r, (z, _) in
+                                           zip(releases, _multipliers(releases, hi))), f(hi))
     while hi / lo > 1.0 + 1e-3:
         mid = math.sqrt(lo * hi)
         if f(mid) > eps:

@@ -42,6 +42,7 @@ __all__ = ["moments_release", "sums_release", "device_moments", "noisy_moments",
 MOMENTS = "moments: count, sum and second-moment matrix (central DP)"
 CANDIDATES = "candidates: per-candidate sums and counts"
 LLOYD = "lloyd round: per-cluster sums and counts"
+FINAL = "final lloyd round: per-cluster sums and counts"
 
 
 def _scale(spec: DifferentialPrivacy) -> float:
