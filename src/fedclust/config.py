@@ -12,6 +12,9 @@ silently ignored)::
     [simulation]  dropout, late, progress; byzantine (fraction of devices that lie on the
                   wire, on either transport), attack (fedclust.sim.byzantine.ATTACKS), attack_scale
     [baselines]   name = true for the baselines the algorithm registers
+    [privacy]     epsilon, delta, unit, data_bound, clip_norm, noise_seed, accountant
+                  (fedclust.privacy.DifferentialPrivacy), for algorithms whose estimator
+                  takes privacy=
 
 What is allowed comes from :mod:`fedclust.core.registry`: a family that
 registers an algorithm or a data source is configurable with no edit here.
@@ -30,13 +33,14 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .core.exceptions import ConfigError
-from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, estimator_params,
-                            keyword_params)
+from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, accepts_privacy,
+                            estimator_params, keyword_params)
 
 __all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys"]
 
 _SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale"}
-_TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title"}
+_TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title",
+        "privacy"}
 #: [data] keys every pooled (non-federated) source accepts: a random subsample
 _POOLED = {"n_samples"}
 
@@ -135,5 +139,17 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         raise ConfigError(
             f"{source}: [baselines] has unknown keys {sorted(set(base) - allowed_base)} for "
             f"name={algo['name']!r}; allowed: {sorted(allowed_base)}")
-    cfg.update(data=data, algorithm=algo, partition=part, simulation=sim, baselines=base)
+    priv = _table(cfg, "privacy", source)
+    if priv:
+        if not accepts_privacy(ALGORITHMS[algo["name"]]):
+            raise ConfigError(f"{source}: [privacy] is set but algorithm {algo['name']!r} takes "
+                              "no privacy parameter")
+        from .privacy import DifferentialPrivacy
+
+        try:
+            DifferentialPrivacy.from_config(priv)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: [privacy] {exc}") from None
+    cfg.update(data=data, algorithm=algo, partition=part, simulation=sim, baselines=base,
+               privacy=priv)
     return cfg

@@ -241,3 +241,44 @@ def test_flower_simulation_gives_the_same_noisy_run():
     ka = KFed(3, 2, privacy=dp, random_state=1).fit(devs)
     kb = KFed(3, 2, privacy=dp, random_state=1).fit(devs, transport=FlowerSimulationTransport())
     assert np.array_equal(ka.cluster_centers_, kb.cluster_centers_)
+
+
+def _config(algorithm, privacy):
+    return {"seed": 3,
+            "data": {"source": "gaussians", "n_features": 4, "n_clusters": 3,
+                     "n_local_clusters": 3, "m0": 4, "separation": 30.0, "n_per_component": 60},
+            "algorithm": algorithm, "privacy": privacy,
+            "baselines": {"centralized": False}}
+
+
+def test_config_privacy_table_reaches_the_estimator():
+    import json
+    from fedclust.config import check_config
+    from fedclust.experiment import run_experiment
+
+    cfg = check_config(_config({"name": "distributed-lloyd", "n_clusters": 3, "max_rounds": 2},
+                               {"epsilon": 2.0, "delta": 1e-6, "unit": "point",
+                                "data_bound": 200.0, "noise_seed": 1}))
+    exp = run_experiment(cfg)
+    rec = exp.result["privacy"]
+    assert rec["epsilon"] == 2.0 and rec["epsilon_spent"] <= 2.0
+    assert exp.model.privacy == DifferentialPrivacy(2.0, 1e-6, data_bound=200.0, noise_seed=1)
+    json.dumps(exp.result, allow_nan=False)
+    inf = run_experiment(check_config(_config(
+        {"name": "distributed-lloyd", "n_clusters": 3, "max_rounds": 2},
+        {"epsilon": "inf", "delta": 1e-6, "data_bound": 200.0})))
+    json.dumps(inf.result, allow_nan=False)
+
+
+@pytest.mark.parametrize("privacy,text", [
+    ({"epsilon": 0.0, "delta": 1e-6, "data_bound": 2.0}, "[privacy] privacy: epsilon=0.0"),
+    ({"epsilon": 1.0, "delta": 1e-6, "bound": 2.0}, "unknown key(s) ['bound']"),
+    ({"delta": 1e-6}, "epsilon and delta are required"),
+])
+def test_config_privacy_table_errors(privacy, text):
+    from fedclust.config import check_config
+    from fedclust.core.exceptions import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        check_config(_config({"name": "kfed", "n_clusters": 3, "n_local_clusters": 3}, privacy))
+    assert text in str(exc.value) and "\n" not in str(exc.value)
