@@ -12,12 +12,14 @@ from ..core.registry import (Algorithm, DataSource, register_algorithm, register
 from .estimator import EvolvingGaussians, FedGaussClassifier, FedGaussClustering
 from .hooks import gauss_blobs, gauss_report, gauss_result_fields, plot_gauss
 from .protocol import GaussClassifierProtocol, GaussProtocol, GaussResult
+from .private import PrivateGaussClassifierProtocol
 
 __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier", "GaussProtocol",
            "GaussClassifierProtocol", "GaussResult"]
 
 register_protocol(GaussProtocol, GaussResult)
 register_protocol(GaussClassifierProtocol, GaussResult)
+register_protocol(PrivateGaussClassifierProtocol, GaussResult)
 register_algorithm(Algorithm(
     "gauss", FedGaussClustering, plot=plot_gauss, result_fields=gauss_result_fields,
     report=gauss_report,

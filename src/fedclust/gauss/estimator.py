@@ -39,6 +39,7 @@ from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_device_ids, check_devices
+from ..privacy import refuse_privacy
 from ..sim.transport import InProcessTransport
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
@@ -336,6 +337,9 @@ class FedGaussClustering(_FedBase):
         Owners send clusters with n > kappa_n (each owner sends at least one).
     n_rounds : int, default=1
         Rounds; round r streams the r-th chunk of every owner's rows.
+    privacy : None
+        Refused: an owner's evolving clusters depend on all its samples, so
+        their statistics have no bounded sensitivity (see ``docs/privacy.md``).
     random_state : int, Generator or None
         Recorded as ``seed_`` (the method itself is deterministic).
     progress : bool
@@ -364,7 +368,7 @@ class FedGaussClustering(_FedBase):
                  predict_rule: str = "likelihood", merge_test: str = "both",
                  overlap_tol: float = 0.0, adaptive_prior: bool = True,
                  max_dip: float = 0.75, pooled_shrinkage: float = 0.0,
-                 kappa_n: float = 1, n_rounds: int = 1,
+                 kappa_n: float = 1, n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self._init(self, locals())
 
@@ -376,6 +380,10 @@ class FedGaussClustering(_FedBase):
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "FedGaussClustering":
         """Fit on ``owners``: a sequence of (n_z, D) arrays."""
+        refuse_privacy(self.privacy, "FedGaussClustering",
+                       "an owner's evolving clusters depend on all its samples, so their "
+                       "statistics have no bounded sensitivity; FedGaussClassifier and "
+                       "DistributedLloyd have DP")
         ids = check_device_ids(device_ids, len(list(owners)) if not isinstance(owners, np.ndarray) else 1)
         devices = check_devices(owners, ids=ids)
         devices = [X.astype(np.float64, copy=False) for X in devices]
@@ -428,6 +436,12 @@ class FedGaussClassifier(_FedBase):
         scatter) is below ``kappa_f`` x the best score are dropped before learning.
         0 turns the selection (and its round) off.
     kappa_n, n_rounds, random_state, progress : as in :class:`FedGaussClustering`
+    privacy : DifferentialPrivacy or None
+        Central (ε, δ)-DP (needs ``data_bound``): one round of per-class count,
+        sum and second moments of the clipped rows, noised on the server, one
+        Gaussian per class with a PSD repair (:mod:`fedclust.gauss.private`);
+        the evolving per-class clusters and the Fisher selection are not used.
+        ``privacy_`` records the budget, the release and the clipped rows.
 
     Attributes
     ----------
@@ -459,7 +473,7 @@ class FedGaussClassifier(_FedBase):
                  overlap_tol: float = 0.0, adaptive_prior: bool = False,
                  max_dip: float = 0.75, pooled_shrinkage: float = 0.5,
                  kappa_f: float = 0.01, kappa_n: float = 1,
-                 n_rounds: int = 1,
+                 n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self._init(self, locals())
 
@@ -504,10 +518,19 @@ class FedGaussClassifier(_FedBase):
         except TypeError as exc:
             raise ValidationError(f"labels of the owners cannot be compared ({exc})") from None
         self.classes_ = classes
-        protocol = GaussClassifierProtocol(
-            classes=classes.tolist(), kappa_f=self.kappa_f, kappa_n=self.kappa_n,
-            n_rounds=self.n_rounds,
-            n_features=devices[0].shape[1], **{k: getattr(self, k) for k in SETTING_NAMES})
+        kw = dict(classes=classes.tolist(), kappa_f=self.kappa_f, kappa_n=self.kappa_n,
+                  n_rounds=self.n_rounds, n_features=devices[0].shape[1],
+                  **{k: getattr(self, k) for k in SETTING_NAMES})
+        if self.privacy is None:
+            protocol = GaussClassifierProtocol(**kw)
+        else:
+            from ..privacy import DifferentialPrivacy
+            from .private import PrivateGaussClassifierProtocol
+
+            if not isinstance(self.privacy, DifferentialPrivacy):
+                raise ValidationError(f"privacy={self.privacy!r} must be a "
+                                      "fedclust.privacy.DifferentialPrivacy or None")
+            protocol = PrivateGaussClassifierProtocol(privacy=self.privacy, **kw)
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         data = {z: (X.astype(np.float64, copy=False), y) for z, X, y in zip(ids, devices, ys)}
@@ -520,6 +543,12 @@ class FedGaussClassifier(_FedBase):
                                     for i, c in enumerate(classes)}
         self.fisher_scores_ = self._result.fisher.copy()
         self._protocol_ = protocol
+        self.privacy_ = None
+        if self.privacy is not None:
+            self.privacy_ = protocol.plan.summary()
+            self.privacy_["clipped"] = [
+                None if out.device_outputs.get(z, {}).get("n_clipped") is None
+                else int(out.device_outputs[z]["n_clipped"]) for z in ids]
         return self
 
     def decision_function(self, X: Any) -> np.ndarray:
