@@ -282,3 +282,15 @@ def test_config_privacy_table_errors(privacy, text):
     with pytest.raises(ConfigError) as exc:
         check_config(_config({"name": "kfed", "n_clusters": 3, "n_local_clusters": 3}, privacy))
     assert text in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("make", [
+    lambda dp: __import__("fedclust").DistributedKMeans(2, 10, privacy=dp).fit(blobs(9)),
+    lambda dp: __import__("fedclust.robust", fromlist=["x"]).RobustClusteredRegression(
+        2, privacy=dp).fit([np.ones((5, 2))] * 4, [np.ones(5)] * 4),
+])
+def test_families_without_dp_refuse_privacy(make):
+    with pytest.raises(ValidationError) as exc:
+        make(DifferentialPrivacy(1.0, 1e-6, data_bound=1.0))
+    assert "has no differentially private version yet" in str(exc.value)
+    assert "\n" not in str(exc.value)
