@@ -58,3 +58,20 @@ def test_clustering_refuses_privacy():
         FedGaussClustering(privacy=DifferentialPrivacy(1.0, 1e-6, data_bound=5.0)).fit(Xs)
     assert "no differentially private version yet" in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+def test_diagonal_release_and_noise_floor():
+    Xs, ys, X, y = two_classes(3, n=400, d=6)
+    exact = FedGaussClassifier(covariance="diag", privacy=DifferentialPrivacy(
+        math.inf, 1e-6, data_bound=100.0), random_state=0).fit(Xs, ys)
+    for c in (0, 1):
+        i = list(exact.cluster_classes_).index(c)
+        Xc = X[y == c]
+        assert np.allclose(exact.scatters_[i], ((Xc - Xc.mean(0)) ** 2).sum(0))
+    dp = DifferentialPrivacy(0.3, 1e-6, data_bound=10.0, noise_seed=4)
+    m = FedGaussClassifier(covariance="diag", privacy=dp, random_state=0).fit(Xs, ys)
+    rel = m.privacy_["releases"][0]
+    assert rel["sensitivity"] == pytest.approx(math.sqrt(3) * 100.0)
+    # no variance below its own noise level (the repair), so no class is spuriously peaked
+    var = m.scatters_ / m.counts_[:, None]
+    assert (var >= rel["noise_std"] / m.counts_[:, None] * (1 - 1e-2)).all()

@@ -14,9 +14,18 @@ added or removed. One round:
   release, since a sample touches one class (central DP, the server trusted
   with the individual replies; :mod:`fedclust.privacy.kmeans`);
 * **PSD repair**: each class covariance Q_c/n_c − μ_c μ_cᵀ is symmetrised and
-  its eigenvalues below ``max(var_floor, 1e-6 · trace / D)`` are raised to
-  that floor, so every class Gaussian has a positive definite covariance;
-  noisy counts below 2 are set to 2.
+  its eigenvalues are raised to at least the noise level 2√D·σ/n_c (σ the
+  noise std on Q; 2√D·σ is about the spectral norm of the symmetric noise
+  matrix, so a smaller eigenvalue cannot be told from noise) and to
+  ``var_floor``; every class Gaussian is then positive definite and no
+  direction gets a variance the noise invented. Noisy counts below 2 are set
+  to 2.
+
+With ``covariance="diag"`` only the per-class sums of squares Σ x_i² are
+released (D numbers per class instead of D²): the release (B² n_c, B s_c,
+(x_i²)_i) has sensitivity √3·B², each variance is floored at its own noise
+level σ/n_c, and the noise no longer spreads over D² entries — the better
+choice once D is more than a few.
 
 The global model is then one cluster per class, scored as in
 :class:`fedclust.FedGaussClassifier` (no Fisher feature selection: that round
@@ -36,7 +45,7 @@ from ..core.messages import FLOAT, Message, reject
 from ..core.protocol import Request, RunLog
 from ..privacy import DifferentialPrivacy, PrivacyPlan, calibrate, clip_contribution, clip_points
 from ..privacy import kmeans as pk
-from ..privacy import noise_rng
+from ..privacy import gaussian, noise_rng
 from ..privacy.mechanisms import SERVER
 from .protocol import GaussClassifierProtocol, GaussResult
 
@@ -47,17 +56,18 @@ ACTION = "gauss_class_moments"
 
 @dataclass(frozen=True)
 class GaussClassMoments(Message):
-    """Owner -> server: per-class count (M,), sum (M, D), second moments Σ x xᵀ (M, D, D)."""
+    """Owner -> server: per-class count (M,), sum (M, D) and second moments: Σ x xᵀ
+    flattened (M, D²), or the sums of squares (M, D) for diagonal covariances."""
 
     n: np.ndarray
     s: np.ndarray
     Q: np.ndarray
-    schema: ClassVar = {"n": (FLOAT, 1), "s": (FLOAT, 2), "Q": (FLOAT, 3)}
+    schema: ClassVar = {"n": (FLOAT, 1), "s": (FLOAT, 2), "Q": (FLOAT, 2)}
     kind: ClassVar[str] = "gauss_class_moments"
 
     def validate(self, sender: str) -> None:
         M, D = self.s.shape
-        if self.n.shape != (M,) or self.Q.shape != (M, D, D):
+        if self.n.shape != (M,) or self.Q.shape not in ((M, D * D), (M, D)):
             reject(sender, f"class moments have shapes {self.n.shape}, {self.s.shape}, "
                            f"{self.Q.shape}")
         if (self.n < 0).any():
@@ -87,8 +97,14 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
                         family="FedGaussClassifier")
         if self.n_features is None:
             raise ValidationError("privacy: the private Gaussian classifier needs n_features")
+        self.diag = self.settings.covariance == "diag"
         release = pk.moments_release(privacy, what="class moments: per-class count, sum and "
                                      "second-moment matrix (central DP)")
+        if self.diag:
+            from dataclasses import replace
+            release = replace(release, what="class moments: per-class count, sum and sums of "
+                              "squares (central DP)", sensitivity=release.sensitivity
+                              * math.sqrt(3.0) / 2.0)
         if noise_multipliers is None:
             self.plan: PrivacyPlan = calibrate(privacy, [release],
                                                family="this FedGaussClassifier fit")
@@ -133,11 +149,18 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
         n = sum(replies[z].n for z in ids).astype(np.float64)
         s = sum(replies[z].s for z in ids).astype(np.float64)
         Q = sum(replies[z].Q for z in ids).astype(np.float64)
+        M, D = s.shape
         rng = noise_rng(self.privacy.noise_seed, SERVER, request.round)
         B = float(self.privacy.data_bound)
         rel = self.plan.releases[0]
-        for c in range(self.n_classes):
-            n[c], s[c], Q[c] = pk.noisy_moments(n[c], s[c], Q[c], rel, B, rng)
+        if self.diag:   # entries (B² n, B s, x²) all carry noise std z Δ
+            n = gaussian(n, rel.noise_std / (B * B), rng)
+            s = gaussian(s, rel.noise_std / B, rng)
+            Q = gaussian(Q, rel.noise_std, rng)
+        else:
+            Q = Q.reshape(M, D, D)
+            for c in range(M):
+                n[c], s[c], Q[c] = pk.noisy_moments(n[c], s[c], Q[c], rel, B, rng)
         state.result = self._gaussians(n, s, Q)
         state.local_counts = {z: np.rint(replies[z].n).astype(np.int64) for z in ids}
         state.round += 1
@@ -146,11 +169,14 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
         M, D = s.shape
         counts = np.maximum(n, 2.0)
         means = s / counts[:, None]
+        if self.diag:
+            return self._diag_gaussians(counts, means, Q)
         scat = np.empty((M, D, D))
         for c in range(M):
             C = Q[c] / counts[c] - np.outer(means[c], means[c])
             lam, V = np.linalg.eigh((C + C.T) / 2.0)
-            floor = max(self.settings.var_floor, 1e-6 * max(float(lam.sum()), 0.0) / D)
+            floor = max(self.settings.var_floor, 1e-6 * max(float(lam.sum()), 0.0) / D,
+                        2.0 * math.sqrt(D) * self.plan.releases[0].noise_std / counts[c])
             scat[c] = (V * np.maximum(lam, floor)) @ V.T * counts[c]
         counts = np.rint(counts)
         N = float(counts.sum())
@@ -164,6 +190,25 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
             global_count=int(N), global_mean=gmean, global_m2=gm2,
             class_count=counts.astype(np.int64), class_mean=means.copy(),
             class_m2=class_m2, features=np.ones(D, np.int64))
+
+    def _diag_gaussians(self, counts: np.ndarray, means: np.ndarray, Q: np.ndarray
+                        ) -> GaussResult:
+        M, D = means.shape
+        var = Q / counts[:, None] - means ** 2
+        floor = np.maximum(self.settings.var_floor,
+                           1e-6 * np.maximum(var.sum(axis=1, keepdims=True), 0.0) / D)
+        floor = np.maximum(floor, self.plan.releases[0].noise_std / counts[:, None])
+        counts = np.rint(counts)
+        scat = np.maximum(var, floor) * counts[:, None]
+        N = float(counts.sum())
+        gmean = means.T @ counts / N
+        gm2 = np.maximum(Q.sum(axis=0) - N * gmean ** 2, 0.0)
+        return GaussResult(
+            means=means, scatters=scat, counts=counts.astype(np.int64),
+            ages=np.zeros(M, np.int64), classes=np.arange(M, dtype=np.int64),
+            global_count=int(N), global_mean=gmean, global_m2=gm2,
+            class_count=counts.astype(np.int64), class_mean=means.copy(), class_m2=scat.copy(),
+            features=np.ones(D, np.int64))
 
     def finish(self, state: _State, log: RunLog) -> GaussResult:
         if state.result is None:
@@ -187,15 +232,21 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
         n = np.bincount(y, minlength=M).astype(np.float64)
         s = np.zeros((M, D))
         np.add.at(s, y, Xc)
-        Q = np.zeros((M, D, D))
-        for c in np.unique(y):
-            Xk = Xc[y == c]
-            Q[c] = Xk.T @ Xk
+        if self.diag:
+            Q = np.zeros((M, D))
+            np.add.at(Q, y, Xc * Xc)
+        else:
+            Q = np.zeros((M, D, D))
+            for c in np.unique(y):
+                Xk = Xc[y == c]
+                Q[c] = Xk.T @ Xk
         if self.privacy.unit == "device":
             B = float(self.privacy.data_bound)
-            (n, s, Q), _ = clip_contribution([n, s, Q], [B * B, math.sqrt(2.0) * B, 1.0],
-                                             2.0 * B * float(self.privacy.clip_norm))
-        return GaussClassMoments(n=n, s=s, Q=Q)
+            rel = self.plan.releases[0]
+            (n, s, Q), _ = clip_contribution(
+                [n, s, Q], [B * B, B if self.diag else math.sqrt(2.0) * B, 1.0],
+                rel.sensitivity)
+        return GaussClassMoments(n=n, s=s, Q=Q.reshape(M, -1))
 
     def client_finish(self, message, X, state) -> dict[str, np.ndarray]:
         out = super().client_finish(message, X, state)

@@ -93,8 +93,17 @@ class PrivacyPlan:
                 "releases": [r.as_dict() for r in self.releases]}
 
 
+def _dp_accounting():
+    try:
+        import dp_accounting
+    except ImportError:  # pragma: no cover - the extra is part of dev installs
+        raise ImportError("differential privacy needs the accountant: "
+                          "pip install 'fedclust[privacy]' (dp-accounting)") from None
+    return dp_accounting
+
+
 def _event(multipliers: tuple[tuple[float, int], ...]):
-    import dp_accounting
+    dp_accounting = _dp_accounting()
 
     events = [dp_accounting.GaussianDpEvent(z) if n == 1 else
               dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), n)
@@ -104,6 +113,7 @@ def _event(multipliers: tuple[tuple[float, int], ...]):
 
 @lru_cache(maxsize=4096)
 def _epsilon(multipliers: tuple[tuple[float, int], ...], delta: float, accountant: str) -> float:
+    _dp_accounting()
     from dp_accounting import pld, rdp
 
     acc = (pld.PLDAccountant(value_discretization_interval=_PLD_DISCRETIZATION)
