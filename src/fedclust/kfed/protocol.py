@@ -115,13 +115,21 @@ class KFedProtocol(Protocol):
             raise ValidationError("privacy: KFedProtocol needs n_features")
         releases = [pk.moments_release(spec, what="device moments: count, sum and "
                                        "second-moment matrix (noised on the device)"),
-                    pk.sums_release(spec, self.n_features, what="device candidates: "
-                                    "per-candidate sums and counts (noised on the device)")]
+                    pk.sums_release(spec, min(self.min_k_local(), self.n_features),
+                                    what="device candidates: per-candidate sums and counts "
+                                    "(noised on the device)")]
         if multipliers is None:
             return calibrate(spec, releases, family="this KFed fit")
         from dataclasses import replace
         return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
                                        for r, z in zip(releases, multipliers)), float("nan"))
+
+    def min_k_local(self) -> int:
+        """The smallest k_z: a private device releases sums in min(k_z, d) dimensions, and
+        fewer dimensions mean a larger sensitivity B√(1 + 1/p), so the smallest is declared."""
+        if isinstance(self.n_local_clusters, int):
+            return self.n_local_clusters
+        return min(self.n_local_clusters.values())
 
     def k_local(self, device_id: int) -> int:
         """k_z of a device (clear error for a device without one)."""

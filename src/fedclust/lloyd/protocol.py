@@ -127,7 +127,7 @@ class DistributedLloydProtocol(Protocol):
         d = int(self.n_features)
         T = self.max_rounds
         out = [pk.moments_release(self.privacy),
-               pk.sums_release(self.privacy, d, what=pk.CANDIDATES)]
+               pk.sums_release(self.privacy, min(self.n_clusters, d), what=pk.CANDIDATES)]
         if T > 1:
             out.append(pk.sums_release(self.privacy, d, repeats=T - 1))
         out.append(pk.sums_release(self.privacy, d, what=pk.FINAL, share=float(T + 1)))
@@ -176,8 +176,7 @@ class DistributedLloydProtocol(Protocol):
             raise IncompatibleMessageError(
                 f"device {device_id}: sums have shape {reply.sums.shape}, expected "
                 f"{state.centers.shape}")
-        if request.action == "candidates" and reply.sums.shape != (
-                state.candidates.coords.shape[0], state.candidates.mean.shape[0]):
+        if request.action == "candidates" and reply.sums.shape != state.candidates.coords.shape:
             raise IncompatibleMessageError(
                 f"device {device_id}: candidate sums have shape {reply.sums.shape}")
         if request.action == "moments" and self.n_features is not None and \
@@ -223,10 +222,12 @@ class DistributedLloydProtocol(Protocol):
             rng = self._noise(state, request)
             n, s, Q = pk.noisy_moments(n, s, Q, self.plan.releases[0],
                                        self.privacy.data_bound, rng)
-            cand = self.plan.releases[1]
-            count_std = cand.noise_std / pk.count_weight(self.privacy.data_bound, len(s))
         d = len(s)
-        mean, basis, lam = pk.gaussian_subspace(n, s, Q, min(self.n_clusters, d))
+        p = min(self.n_clusters, d)
+        if self.plan is not None:
+            cand = self.plan.releases[1]
+            count_std = cand.noise_std / pk.count_weight(self.privacy.data_bound, p)
+        mean, basis, lam = pk.gaussian_subspace(n, s, Q, p)
         M = pk.n_candidates(n, count_std, self.n_clusters)
         coords = pk.draw_candidates(mean, basis, lam, M, server_rng(state.seed, 1))
         state.candidates = CandidateBroadcast(mean, basis, coords)
@@ -242,9 +243,11 @@ class DistributedLloydProtocol(Protocol):
                                                  self._noise(state, request))
             bound = float(self.privacy.data_bound)
             min_count = max(1.0, 3.0 * rel.noise_std / pk.count_weight(bound, sums.shape[1]))
-        state.centers, _ = pk.centers_from_candidates(
+        centers, _ = pk.centers_from_candidates(
             sums, counts, self.n_clusters, bound=bound, min_count=min_count,
             seed=sklearn_seed(server_rng(state.seed, 2)))
+        cb = state.candidates
+        state.centers = pk.lift(centers, cb.mean, cb.basis)
 
     def _lloyd_step(self, state: _State, request: Request, replies: list[ClusterSums]) -> None:
         sums = sum(r.sums for r in replies)

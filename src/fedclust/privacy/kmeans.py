@@ -15,9 +15,13 @@ clipped to ``clip_norm`` C (device level):
   γ = B/√d: sensitivity B√(1 + 1/d); the count noise is 1/γ of it.
 * **candidates** — an initialisation with no raw point and no k-means++ on
   data: M candidate centers drawn from the private Gaussian fit inside its
-  top-p subspace (p = min(k, d)); points go to their nearest candidate in
-  that subspace; the noisy per-candidate centroids, weighted by their noisy
-  counts, are clustered into k by weighted k-means (post-processing, free).
+  top-p subspace V (p = min(k, d)); points go to their nearest candidate in
+  that subspace and each candidate's sum of the *projected* points Vᵀx (p
+  numbers, not d: ‖Vᵀx‖ ≤ B, so the sensitivity is B√(1 + 1/p) with γ = B/√p)
+  and count are released; the noisy candidate centroids, weighted by their
+  noisy counts, are clustered into k by weighted k-means and lifted back as
+  V c + (I − V Vᵀ) μ (post-processing, free). Releasing p coordinates
+  instead of d keeps the noise where the clusters are told apart.
 
 Device-level: each release's contribution of a device is clipped to
 (point sensitivity) × C / B, which is then the sensitivity.
@@ -37,7 +41,8 @@ from .spec import DifferentialPrivacy
 
 __all__ = ["moments_release", "sums_release", "device_moments", "noisy_moments",
            "gaussian_subspace", "draw_candidates", "candidate_sums", "cluster_sums",
-           "noisy_cluster_sums", "centers_from_candidates", "n_candidates", "count_weight"]
+           "noisy_cluster_sums", "centers_from_candidates", "n_candidates", "count_weight",
+           "lift", "private_local_centers"]
 
 MOMENTS = "moments: count, sum and second-moment matrix (central DP)"
 CANDIDATES = "candidates: per-candidate sums and counts"
@@ -99,10 +104,16 @@ def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, spec: DifferentialPr
 
 def candidate_sums(X: np.ndarray, mean: np.ndarray, basis: np.ndarray, coords: np.ndarray,
                    spec: DifferentialPrivacy | None):
-    """Nearest candidate of every point in the subspace, then per-candidate full sums and counts."""
-    Y = (X - mean) @ basis
-    labels = assign(Y, coords.astype(Y.dtype, copy=False))[0]
-    return cluster_sums(X, labels, coords.shape[0], spec)
+    """Nearest candidate of every point in the subspace (coordinates of x − mean), then
+    per-candidate sums of the projected points Vᵀx (M, p) and counts (M,)."""
+    P = X @ basis
+    labels = assign(P - mean @ basis, coords.astype(P.dtype, copy=False))[0]
+    return cluster_sums(P, labels, coords.shape[0], spec)
+
+
+def lift(centers_p: np.ndarray, mean: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """Subspace centers (k, p) of Vᵀx back to (k, d): V c + (I − V Vᵀ) mean."""
+    return centers_p @ basis.T + (mean - basis @ (basis.T @ mean))
 
 
 # -- server side (or a device releasing its own statistics) --------------------------
@@ -190,11 +201,13 @@ def private_local_centers(X: np.ndarray, k: int, spec: DifferentialPrivacy,
     d = X.shape[1]
     n, s, Q = device_moments(X, spec)
     n, s, Q = noisy_moments(n, s, Q, releases[0], B, noise)
-    mean, basis, lam = gaussian_subspace(n, s, Q, min(k, d))
-    count_std = releases[1].noise_std / count_weight(B, d)
+    p = min(k, d)
+    mean, basis, lam = gaussian_subspace(n, s, Q, p)
+    count_std = releases[1].noise_std / count_weight(B, p)
     M = n_candidates(n, count_std, k)
     coords = draw_candidates(mean, basis, lam, M, rng)
     sums, counts, _ = candidate_sums(X, mean, basis, coords, spec)
     sums, counts = noisy_cluster_sums(sums, counts, releases[1], B, noise)
-    return centers_from_candidates(sums, counts, k, bound=B,
-                                   min_count=max(1.0, 3.0 * count_std), seed=seed)
+    centers, weights = centers_from_candidates(sums, counts, k, bound=B,
+                                               min_count=max(1.0, 3.0 * count_std), seed=seed)
+    return lift(centers, mean, basis), weights
