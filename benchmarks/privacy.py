@@ -16,7 +16,7 @@ pooled data, in the same process):
   set its bound).
 
 Methods: DP distributed Lloyd (central DP: moments + candidates
-initialisation, 5 Lloyd rounds, the last with half the budget) and DP k-FED
+initialisation, 3 Lloyd rounds, the defaults) and DP k-FED
 (point level: each device's moments and candidate sums noised on the device,
 k' = k, the k-means++ server weighted by the noisy counts; device level is
 refused). ε = ∞ runs the same mechanisms without noise.
@@ -148,7 +148,7 @@ def supervised_tables(args, runs: int, rows_out: list) -> None:
 
 def fit(method: str, devs, k: int, dp: DifferentialPrivacy, seed: int):
     if method == "dp-lloyd":
-        return DistributedLloyd(k, max_rounds=5, privacy=dp, random_state=seed).fit(devs)
+        return DistributedLloyd(k, privacy=dp, random_state=seed).fit(devs)
     return KFed(k, k, server="kmeans++", weighted=True, privacy=dp, random_state=seed).fit(devs)
 
 

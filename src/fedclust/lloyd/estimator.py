@@ -47,8 +47,9 @@ class DistributedLloyd:
         ``init="sample"``: raw points each device sends to seed k-means++
         (default: enough for about 20 k points in all).
     max_rounds : int or None
-        Lloyd rounds at most (default 100; 5 under privacy, where exactly this
-        many run and each is a release).
+        Lloyd rounds at most (default 100; 3 under privacy, where exactly this
+        many run and each is a release: from the candidates initialisation a
+        few rounds converge, and fewer releases leave less noise in each).
     tol : float
         Relative cost-improvement tolerance (not used under privacy).
     init : {"sample", "candidates"} or None
@@ -105,7 +106,7 @@ class DistributedLloyd:
         init = self.init or ("sample" if self.privacy is None else "candidates")
         rounds = self.max_rounds
         if rounds is None:
-            rounds = 100 if self.privacy is None else 5
+            rounds = 100 if self.privacy is None else 3
         protocol = DistributedLloydProtocol(k, points_per_device=ppd, max_rounds=rounds,
                                             tol=self.tol, init=init, privacy=self.privacy,
                                             n_features=devices[0].shape[1])

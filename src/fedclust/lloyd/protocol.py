@@ -119,15 +119,18 @@ class DistributedLloydProtocol(Protocol):
     def releases(self) -> list[Release]:
         """What a private fit releases.
 
-        The last Lloyd round's noise stays in the final centers, while earlier
-        releases only have to place points in the right cluster: the last round
-        gets half the budget (in 1/z², which adds up over Gaussian releases),
-        the others share the rest evenly.
+        Two releases leave noise no later round removes: the candidates (they
+        decide which basin Lloyd starts in) and the last Lloyd round (its noise
+        stays in the final centers). Each gets the weight of all the other
+        releases together (T + 1 in 1/z², which adds up over Gaussian
+        releases); the moments and the first T − 1 rounds, which only have to
+        place points in the right cluster, get 1 each.
         """
         d = int(self.n_features)
         T = self.max_rounds
         out = [pk.moments_release(self.privacy),
-               pk.sums_release(self.privacy, min(self.n_clusters, d), what=pk.CANDIDATES)]
+               pk.sums_release(self.privacy, min(self.n_clusters, d), what=pk.CANDIDATES,
+                               share=float(T + 1))]
         if T > 1:
             out.append(pk.sums_release(self.privacy, d, repeats=T - 1))
         out.append(pk.sums_release(self.privacy, d, what=pk.FINAL, share=float(T + 1)))
