@@ -294,3 +294,27 @@ def test_families_without_dp_refuse_privacy(make):
         make(DifferentialPrivacy(1.0, 1e-6, data_bound=1.0))
     assert "has no differentially private version yet" in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+def test_private_protocols_rebuild_from_their_config():
+    """What a Flower client rebuilds: the same noise scales, never recalibrated."""
+    import json
+    from fedclust.gauss.private import PrivateGaussClassifierProtocol
+    from fedclust.kfed.protocol import KFedProtocol
+    from fedclust.lloyd.protocol import DistributedLloydProtocol
+
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=3.0, noise_seed=7)
+    protos = [DistributedLloydProtocol(4, init="candidates", max_rounds=3, privacy=dp,
+                                       n_features=5),
+              KFedProtocol(4, 2, n_features=5, privacy=dp),
+              PrivateGaussClassifierProtocol(privacy=dp, classes=[0, 1], n_features=5)]
+    for proto in protos:
+        cfg = json.loads(json.dumps(proto.config()))        # scalars only
+        again = type(proto).from_config(cfg)
+        assert again.privacy == dp
+        assert [r.noise_std for r in again.plan.releases] == \
+            [r.noise_std for r in proto.plan.releases]
+    inf = DistributedLloydProtocol(4, init="candidates", privacy=DifferentialPrivacy(
+        math.inf, 1e-6, data_bound=3.0), n_features=5)
+    assert DistributedLloydProtocol.from_config(
+        json.loads(json.dumps(inf.config()))).privacy.epsilon == math.inf
