@@ -318,3 +318,17 @@ def test_private_protocols_rebuild_from_their_config():
         math.inf, 1e-6, data_bound=3.0), n_features=5)
     assert DistributedLloydProtocol.from_config(
         json.loads(json.dumps(inf.config()))).privacy.epsilon == math.inf
+
+
+def test_kfed_new_device_runs_the_private_local_step():
+    devs = blobs(10, Z=6, n=400, k=3, d=4, sep=10.0)
+    dp = DifferentialPrivacy(2.0, 1e-6, data_bound=16.0, noise_seed=1)
+    km = KFed(3, 3, server="kmeans++", weighted=True, privacy=dp, random_state=0).fit(devs[:5])
+    km.assign_device(devs[5])
+    new_centers = km.local_centers_[-1]
+    # the same device through a private fit sends the same (seeded) noisy centers
+    again = KFed(3, 3, server="kmeans++", weighted=True, privacy=dp, random_state=0).fit(
+        devs[5:], device_ids=[5])
+    assert np.allclose(new_centers, again.local_centers_[0])
+    plain = KFed(3, 3, random_state=0).fit(devs[5:], device_ids=[5])
+    assert not np.allclose(new_centers, plain.local_centers_[0])

@@ -213,9 +213,14 @@ class KFed(CenterEstimatorMixin):
         if device_id is None:
             device_id = max(self.device_ids_) + 1
         device_id = check_int(device_id, "device_id", min_value=0)
+        plan = getattr(self._protocol_, "plan", None)
         proto = KFedProtocol(self.n_clusters, {device_id: k_z}, tol=self.tol,
                              local_max_iter=self.local_max_iter,
-                             allow_raw_points=self.allow_raw_points)
+                             allow_raw_points=self.allow_raw_points,
+                             n_features=self.n_features_in_ if plan else None,
+                             privacy=self.privacy if plan else None,
+                             noise_multipliers=[r.noise_multiplier for r in plan.releases]
+                             if plan else None)
 
         state: dict[str, np.ndarray] = {}
         reply = proto.client_step(Request(0, "local_centers"), X_new, device_id=device_id,
