@@ -13,7 +13,10 @@ pooled data, in the same process):
 * ``s1-2sites`` — S1 (5,000 points, k = 15) split uniformly at random over 2
   sites, point-level DP; the data are centred on their public domain
   [0, 10^6]^2 and bounded by its half-diagonal (DP does not read the data to
-  set its bound).
+  set its bound);
+* ``mnist-rp50`` — the 60,000 MNIST training images through a fixed Gaussian
+  random projection to 50 dimensions (data-independent), k = 10, split at
+  random over 100 devices, point level, ``data_bound = 12`` (see below).
 
 Methods: DP distributed Lloyd (central DP: moments + candidates
 initialisation, 3 Lloyd rounds, the defaults) and DP k-FED
@@ -91,6 +94,16 @@ def settings(args):
         yield "s1-2sites", lambda s: s1_sites(s, args.data_dir), "point", None
     except Exception as exc:   # no data folder: say so, keep going
         print(f"S1 skipped: {exc}")
+    if C.mnist_path(args.data_dir) is not None:
+        yield "mnist-rp50", lambda s: mnist_devices(args, s), "point", None
+    else:
+        print("MNIST skipped: no mnist_70k.npz under the data folder")
+
+
+def mnist_devices(args, seed: int, n_devices: int = 100):
+    Xtr = supervised_data(args, seed)[0]
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(Xtr)), n_devices)
+    return [Xtr[p] for p in parts], 10, 12.0
 
 
 def supervised_data(args, seed: int):
@@ -155,10 +168,16 @@ def fit(method: str, devs, k: int, dp: DifferentialPrivacy, seed: int):
 def main() -> None:
     p = C.make_parser(__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=None)
+    p.add_argument("--only", default=None,
+                   help="comma-separated settings (gauss-point, gauss-device, s1-2sites, "
+                        "mnist-rp50, supervised)")
     args = C.finish_args(p.parse_args())
+    only = None if args.only is None else set(args.only.split(","))
     runs = args.runs or (1 if args.quick else 3)
     rows, records = [], []
     for name, make, unit, clip in settings(args):
+        if only is not None and name not in only:
+            continue
         data = [make(args.seed + r) for r in range(runs)]
         refs = []
         for devs, k, _ in data:
@@ -199,7 +218,8 @@ def main() -> None:
                   title=f"DP k-means, δ={DELTA:g}, {runs} run(s) per cell; FedDP-KMeans "
                         "(gauss-point): 1.0113 at ε=0.31, 1.00015 at ε=3.13 with public data")
     supervised: list = []
-    supervised_tables(args, runs, supervised)
+    if only is None or "supervised" in only:
+        supervised_tables(args, runs, supervised)
     C.write_json(args, "privacy", {"runs": runs, "delta": DELTA, "rows": records,
                                    "supervised": supervised})
 
