@@ -121,10 +121,10 @@ class DistributedLloydProtocol(Protocol):
 
         Two releases leave noise no later round removes: the candidates (they
         decide which basin Lloyd starts in) and the last Lloyd round (its noise
-        stays in the final centers). Each gets the weight of all the other
-        releases together (T + 1 in 1/z², which adds up over Gaussian
-        releases); the moments and the first T − 1 rounds, which only have to
-        place points in the right cluster, get 1 each.
+        stays in the final centers). Each gets weight T + 1 in 1/z² (which adds
+        up over Gaussian releases): more than the moments and the first T − 1
+        rounds together, which only have to place points in the right cluster
+        and get 1 each.
         """
         d = int(self.n_features)
         T = self.max_rounds
