@@ -15,6 +15,9 @@ silently ignored)::
     [preprocess]  impute = "mean" | "none", scale = "standard" | "none": federated imputation
                   and scaling before the algorithm (:mod:`fedclust.preprocess`); site data
                   sources ("files", "table") get it by default
+    [privacy]     epsilon, delta, unit, data_bound, clip_norm, noise_seed, accountant
+                  (fedclust.privacy.DifferentialPrivacy), for algorithms whose estimator
+                  takes privacy=
 
 Relative paths of a source that takes ``base_dir`` (the site files) are read
 from the config file's folder.
@@ -39,15 +42,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .core.exceptions import ConfigError, ValidationError
-from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, estimator_params,
-                            keyword_params)
+from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, accepts_privacy,
+                            estimator_params, keyword_params)
 
 __all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys",
            "describe_config", "config_errors"]
 
 _SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale"}
 _TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title",
-        "preprocess"}
+        "preprocess", "privacy"}
 _PREPROCESS = {"impute": ("mean", "none"), "scale": ("standard", "none")}
 #: [data] keys every pooled (non-federated) source accepts: a random subsample
 _POOLED = {"n_samples"}
@@ -256,7 +259,19 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         if value not in _PREPROCESS[key]:
             raise ConfigError(f"{source}: [preprocess] {key}={value!r} must be one of "
                               f"{list(_PREPROCESS[key])}")
-    cfg.update(data=data, algorithm=algo, partition=part, simulation=sim, baselines=base)
+    priv = _table(cfg, "privacy", source)
+    if priv:
+        if not accepts_privacy(ALGORITHMS[algo["name"]]):
+            raise ConfigError(f"{source}: [privacy] is set but algorithm {algo['name']!r} takes "
+                              "no privacy parameter")
+        from .privacy import DifferentialPrivacy
+
+        try:
+            DifferentialPrivacy.from_config(priv)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: [privacy] {exc}") from None
+    cfg.update(data=data, algorithm=algo, partition=part, simulation=sim, baselines=base,
+               privacy=priv)
     if pre:
         cfg["preprocess"] = pre
     return cfg

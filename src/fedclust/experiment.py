@@ -9,6 +9,7 @@ return a JSON-ready dict. Every family-specific step goes through
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
@@ -77,6 +78,10 @@ def build_estimator(cfg: Mapping[str, Any]) -> Any:
     """The registered front-door estimator of ``cfg['algorithm']``, seeded by ``cfg['seed']``."""
     params = dict(cfg["algorithm"])
     algorithm = get_algorithm(params.pop("name"))
+    if cfg.get("privacy"):
+        from .privacy import DifferentialPrivacy
+
+        params["privacy"] = DifferentialPrivacy.from_config(cfg["privacy"])
     return algorithm.estimator(**params, random_state=cfg["seed"])
 
 
@@ -292,6 +297,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         "run_log": {k: v for k, v in vars(model.run_log_).items()},
         "byzantine": list(getattr(getattr(wire, "tamper", None), "byzantine", [])),
         "time_s": {"fit": fit_time},
+        "privacy": _json_privacy(getattr(model, "privacy_", None)),
         "baselines": {},
         "config": dict(cfg),
     }
@@ -317,6 +323,17 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         if "test_accuracy_pooled" in pooled:
             out["metrics"].setdefault("test_accuracy", pooled["test_accuracy_pooled"])
     return Experiment(out, model, fed, pre, exported, predictor, preds)
+
+
+def _json_privacy(record: Any) -> Any:
+    """``privacy_`` with infinite / NaN numbers as strings (strict JSON)."""
+    if isinstance(record, dict):
+        return {k: _json_privacy(v) for k, v in record.items()}
+    if isinstance(record, (list, tuple)):
+        return [_json_privacy(v) for v in record]
+    if isinstance(record, float) and not math.isfinite(record):
+        return str(record)
+    return record
 
 
 def _comm(summary: dict[str, Any], n_devices: int) -> dict[str, Any]:

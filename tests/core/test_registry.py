@@ -53,10 +53,10 @@ def toy_family():
 
 def test_allowed_keys_are_the_estimator_signature():
     params = inspect.signature(KFed.__init__).parameters
-    expected = {p for p in params if p not in ("self", "random_state", "progress")}
+    expected = {p for p in params if p not in ("self", "random_state", "progress", "privacy")}
     assert algorithm_keys("kfed") == expected
     assert set(estimator_params(registry.ALGORITHMS["distributed-lloyd"])) == {
-        "n_clusters", "points_per_device", "max_rounds", "tol"}
+        "n_clusters", "points_per_device", "max_rounds", "tol", "init"}
 
 
 def test_unknown_key_error_lists_the_valid_keys():

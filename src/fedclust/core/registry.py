@@ -31,7 +31,7 @@ from .protocol import Protocol
 __all__ = [
     "Federation", "Algorithm", "DataSource", "Baseline",
     "register_protocol", "register_algorithm", "register_data_source", "register_baseline",
-    "register_demo", "protocol_from_config", "all_actions", "get_algorithm", "get_data_source",
+    "register_demo", "protocol_from_config", "accepts_privacy", "all_actions", "get_algorithm", "get_data_source",
     "estimator_params", "PROTOCOLS", "RESULT_TYPES", "ALGORITHMS", "DATA_SOURCES", "BASELINES",
     "DEMOS", "DEMO_DESCRIPTIONS", "clustering_report", "plot_clustering", "Exported", "PREDICTORS",
     "register_predictor", "get_predictor", "export_centers", "CentersPredictor",
@@ -321,7 +321,8 @@ def get_data_source(name: str) -> DataSource:
             f"unknown data source {name!r}; registered: {sorted(DATA_SOURCES)}") from None
 
 
-_NOT_CONFIGURABLE = {"self", "random_state", "progress"}
+#: ``privacy`` is set by a config's own ``[privacy]`` table, not under ``[algorithm]``
+_NOT_CONFIGURABLE = {"self", "random_state", "progress", "privacy"}
 
 
 def keyword_params(func: Callable[..., Any], skip: Sequence[str] = ()) -> list[str]:
@@ -330,6 +331,11 @@ def keyword_params(func: Callable[..., Any], skip: Sequence[str] = ()) -> list[s
     return [p.name for p in sig.parameters.values()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             and p.name not in _NOT_CONFIGURABLE and p.name not in skip]
+
+
+def accepts_privacy(algorithm: Algorithm) -> bool:
+    """Whether the algorithm's estimator takes ``privacy=`` (a ``[privacy]`` table)."""
+    return "privacy" in inspect.signature(algorithm.estimator.__init__).parameters
 
 
 def estimator_params(algorithm: Algorithm) -> list[str]:

@@ -27,6 +27,7 @@ from ..sim.transport import InProcessTransport
 from .graph import TOPOLOGIES, check_graph, make_graph, run_on_graph
 from .messages import WORD_BYTES
 from .protocol import METHODS, CoresetProtocol
+from ..privacy import refuse_privacy
 
 __all__ = ["DistributedPCA", "DistributedKMeans"]
 
@@ -214,6 +215,9 @@ class DistributedKMeans(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         k-means++ inits of the coreset solve.
     local_max_iter, max_iter : int
         Lloyd rounds of the local solutions and of the coreset solve.
+    privacy : None
+        Refused with a one-line error: no differentially private version yet
+        (see ``docs/privacy.md``).
     random_state : int, Generator or None
 
     Attributes
@@ -247,10 +251,11 @@ class DistributedKMeans(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
                  n_components: int | None = None, local_components: int | None = None,
                  center: bool = True, graph: Any = None, graph_p: float = 0.3,
                  graph_m: int = 2, method: str = "coreset", n_init: int = 5,
-                 local_max_iter: int = 20, max_iter: int = 300,
+                 local_max_iter: int = 20, max_iter: int = 300, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.n_clusters = n_clusters
         self.coreset_size = coreset_size
+        self.privacy = privacy
         self.n_components = n_components
         self.local_components = local_components
         self.center = center
@@ -293,6 +298,9 @@ class DistributedKMeans(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         the ids and the coreset is assembled in id order, so permuting devices
         together with their ids leaves the result unchanged.
         """
+        refuse_privacy(self.privacy, "DistributedKMeans",
+                       "the local disPCA bases and the sampled coreset points are released "
+                       "without noise; DistributedLloyd has DP")
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         devices = _federation(fed.devices)
         ids = check_device_ids(fed.device_ids, len(devices))

@@ -58,6 +58,11 @@ class ClusteredFedAvgProtocol(FLProtocol):
     _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "feature_map", "feature_dim", "kfed_server",
                    "routing")
 
+    def _refuse_private(self, spec):
+        return ("its k-FED round has no device-level DP (hiding a whole device's local "
+                "centers needs local noise of the order of the data's scale); use FedAvg "
+                "or IFCA")
+
     def _init_extra(self, n_clusters: int = 2, n_local_clusters: int = 1,
                     feature_map: str = "raw", feature_dim: int = 50,
                     kfed_server: str = "kmeans++", routing: str = "soft-gate") -> None:

@@ -21,6 +21,7 @@ from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_devices, check_int, check_n_features
+from ..privacy import DifferentialPrivacy
 from ..sim.transport import InProcessTransport
 from .models import Model, build_model, make_model
 from .clustered import ROUTINGS, ClusteredFedAvgProtocol
@@ -117,7 +118,14 @@ class _FLEstimator(BaseEstimator):
             local_epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
             aggregator=self.aggregator, beta=self.beta, weighted=self.weighted,
             clients_per_round=m or 0, snapshot_every=eval_every,
-            **self._extra_config(len(Xs)))
+            privacy=self._privacy(), **self._extra_config(len(Xs)))
+
+    def _privacy(self):
+        privacy = getattr(self, "privacy", None)
+        if privacy is not None and not isinstance(privacy, DifferentialPrivacy):
+            raise ValidationError(f"privacy={privacy!r} must be a "
+                                  "fedclust.privacy.DifferentialPrivacy or None")
+        return privacy
 
     def _is_classifier(self) -> bool:
         if isinstance(self.model, Model):
@@ -181,6 +189,7 @@ class _FLEstimator(BaseEstimator):
         out = transport.run(protocol, dict(zip(ids, zip(Xs, ys))), self.seed_)
         self._protocol_ = protocol
         self._store(out, ids, tests)
+        self.privacy_ = None if protocol.plan is None else protocol.plan.summary()
         return self
 
     # -- results ----------------------------------------------------------------
@@ -318,6 +327,12 @@ class FedAvg(_FLEstimator):
     kfed_server : {"kmeans++", "farthest-lloyd1"}
         That round's server step, as in :class:`ClusteredFedAvg` (k-means++ restarts
         on the local centers; or the k-FED paper's farthest-first + one Lloyd step).
+    privacy : DifferentialPrivacy or None
+        DP-FedAvg, device level (``unit="device"``, ``clip_norm`` bounds each
+        update's L2 norm), central DP: the server clips, sums, adds Gaussian
+        noise, one release per round (:class:`fedclust.fl.protocol.FLProtocol`);
+        needs ``aggregator="mean"`` and ``selection="random"``; updates are
+        unweighted. See ``docs/privacy.md``.
 
     Attributes
     ----------
@@ -349,7 +364,7 @@ class FedAvg(_FLEstimator):
                  local_mode: str = "sgd", selection: str = "random",
                  n_candidates: int | None = None, n_clusters: int = 10,
                  n_local_clusters: int = 1, kfed_server: str = "kmeans++",
-                 n_hidden: int = 200, l2: float = 0.0,
+                 n_hidden: int = 200, l2: float = 0.0, privacy: DifferentialPrivacy | None = None,
                  random_state: RandomState = None, progress: bool = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
@@ -360,6 +375,7 @@ class FedAvg(_FLEstimator):
         self.n_clusters = n_clusters
         self.n_local_clusters = n_local_clusters
         self.kfed_server = kfed_server
+        self.privacy = privacy
 
     def _extra_config(self, n_devices):
         return {**self._selection_config(),
@@ -386,6 +402,10 @@ class IFCA(_FLEstimator):
     ``restart_rounds`` rounds side by side (``n_init`` times IFCA's bytes in those
     rounds); the start with the lowest training loss then goes on alone.
 
+    ``privacy``: DP-FedAvg per model as in :class:`FedAvg` (one release per
+    round covers all k models: a device adds its clipped update to the model it
+    chose); needs ``n_init=1`` (restarts are chosen by unreleased losses).
+
     Attributes
     ----------
     device_clusters_ : list of int
@@ -405,7 +425,8 @@ class IFCA(_FLEstimator):
                  beta: float = 0.1, weighted: bool = True, local_mode: str = "sgd",
                  n_init: int = 1, restart_rounds: int = 3, selection: str = "random",
                  n_candidates: int | None = None, n_hidden: int = 200,
-                 l2: float = 0.0, random_state: RandomState = None, progress: bool = False):
+                 l2: float = 0.0, privacy: DifferentialPrivacy | None = None,
+                 random_state: RandomState = None, progress: bool = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
                          beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
@@ -415,6 +436,7 @@ class IFCA(_FLEstimator):
         self.restart_rounds = restart_rounds
         self.selection = selection
         self.n_candidates = n_candidates
+        self.privacy = privacy
 
     def _extra_config(self, n_devices):
         return {"n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1),
@@ -484,6 +506,8 @@ class ClusteredFedAvg(_FLEstimator):
     ``history_`` curves use ``"centers"`` with either gate (the gate exists
     only for the final models).
 
+    ``privacy`` is refused: the k-FED round has no device-level DP yet.
+
     Attributes
     ----------
     device_clusters_ : list of int
@@ -511,7 +535,8 @@ class ClusteredFedAvg(_FLEstimator):
                  aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
                  local_mode: str = "sgd", feature_map: str = "raw", feature_dim: int = 50,
                  kfed_server: str = "kmeans++", routing: str = "soft-gate", n_hidden: int = 200,
-                 l2: float = 0.0, random_state: RandomState = None, progress: bool = False):
+                 l2: float = 0.0, privacy: DifferentialPrivacy | None = None,
+                 random_state: RandomState = None, progress: bool = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
                          beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
@@ -522,6 +547,7 @@ class ClusteredFedAvg(_FLEstimator):
         self.feature_dim = feature_dim
         self.kfed_server = kfed_server
         self.routing = routing
+        self.privacy = privacy
 
     def _extra_config(self, n_devices):
         k = check_int(self.n_clusters, "n_clusters", min_value=1)

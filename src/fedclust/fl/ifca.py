@@ -55,6 +55,12 @@ class IFCAProtocol(FLProtocol):
             raise ValidationError(
                 f"IFCA supports selection='random' or 'pow-d', got {self.selection!r}")
 
+    def _refuse_private(self, spec):
+        if self.n_init > 1:
+            return (f"n_init={self.n_init} picks a start by the devices' losses, which have no "
+                    "DP release; use n_init=1")
+        return super()._refuse_private(spec)
+
     def start(self, device_ids, seed):
         state = super().start(device_ids, seed)
         if self.n_init > 1:

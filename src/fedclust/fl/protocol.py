@@ -52,6 +52,8 @@ from .messages import LossReport, ModelParams, ModelSet, ModelUpdate
 from .models import MODEL_KINDS, Model, build_model
 from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
+from ..privacy import DifferentialPrivacy, PrivacyPlan, Release, calibrate, noise_rng
+from ..privacy.mechanisms import SERVER, clip_contribution
 
 __all__ = ["FLProtocol", "FedAvgProtocol", "FLResult", "FEATURE_MAPS", "feature_map"]
 
@@ -152,6 +154,13 @@ class FLProtocol(Protocol):
         Client selection (power-of-choice: d = n_candidates, 0 = 2 m).
     snapshot_every : int
         Keep the models every this many rounds (0: never).
+    privacy : DifferentialPrivacy or None
+        DP-FedAvg (McMahan et al., ICLR 2018), device level, central DP: the
+        server clips each device's update (its model minus the model it
+        received) to ``clip_norm``, sums them per model, adds Gaussian noise to
+        the sums and to the per-model device counts (one joint release per
+        round, sensitivity ``clip_norm·√2``), and moves each model by noisy sum
+        ÷ noisy count. Updates are unweighted, devices report no loss.
     """
 
     supervised = True
@@ -162,7 +171,8 @@ class FLProtocol(Protocol):
                  local_epochs: int = 1, batch_size: int = 32, lr: float = 0.05,
                  aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
                  clients_per_round: int = 0, selection: str = "random", n_candidates: int = 0,
-                 snapshot_every: int = 0, **extra: Any):
+                 snapshot_every: int = 0, privacy: DifferentialPrivacy | None = None,
+                 noise_multipliers: Sequence[float] | None = None, **extra: Any):
         self.model = check_choice(model, "model", MODEL_KINDS)
         self.n_features = check_int(n_features, "n_features", min_value=1)
         self.n_classes = check_int(n_classes, "n_classes", min_value=1)
@@ -182,6 +192,35 @@ class FLProtocol(Protocol):
         self.snapshot_every = check_int(snapshot_every, "snapshot_every", min_value=0)
         self._init_extra(**extra)
         self._scratch = self.new_model()
+        self.privacy = privacy
+        self.plan: PrivacyPlan | None = None
+        if privacy is not None:
+            self.plan = self._calibrate(privacy, noise_multipliers)
+
+    def _refuse_private(self, spec: DifferentialPrivacy) -> str | None:
+        """Why this configuration has no DP (None: it has)."""
+        if spec.unit != "device":
+            return ("federated learning has device-level DP only (point level needs "
+                    "per-example clipping, DP-SGD); use unit='device'")
+        if self.aggregator != "mean":
+            return f"aggregator={self.aggregator!r} has no DP version; use 'mean'"
+        if self.selection != "random":
+            return (f"selection={self.selection!r} reads the devices' losses or a k-FED round "
+                    "without DP; use 'random'")
+        return None
+
+    def _calibrate(self, spec: DifferentialPrivacy, multipliers) -> PrivacyPlan:
+        why = self._refuse_private(spec)
+        if why:
+            raise ValidationError(f"privacy: {self.name}: {why}")
+        spec.require(clip_norm=True, family=self.name)
+        releases = [Release("fl round: per-model sums of clipped updates and device counts",
+                            float(spec.clip_norm) * math.sqrt(2.0), repeats=self.rounds)]
+        if multipliers is None:
+            return calibrate(spec, releases, family=f"this {self.name} fit")
+        from dataclasses import replace
+        return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
+                                       for r, z in zip(releases, multipliers)), math.nan)
 
     def _init_extra(self, **extra: Any) -> None:
         if extra:
@@ -199,11 +238,20 @@ class FLProtocol(Protocol):
     _EXTRA_KEYS: tuple[str, ...] = ()
 
     def config(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._KEYS + self._EXTRA_KEYS}
+        cfg = {k: getattr(self, k) for k in self._KEYS + self._EXTRA_KEYS}
+        if self.plan is not None:
+            cfg.update({f"privacy_{key}": v for key, v in self.privacy.to_config().items()})
+            cfg["noise_multipliers"] = [r.noise_multiplier for r in self.plan.releases]
+        return cfg
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "FLProtocol":
-        return cls(**dict(config))
+        cfg = dict(config)
+        priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg)
+                if key.startswith("privacy_")}
+        if priv:
+            cfg["privacy"] = DifferentialPrivacy.from_config(priv)
+        return cls(**cfg)
 
     # -- server ---------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
@@ -333,7 +381,10 @@ class FLProtocol(Protocol):
         else:
             self._train_step(state, request, replies)
 
-    def _aggregate(self, replies: Mapping[int, Message], previous: np.ndarray) -> np.ndarray:
+    def _aggregate(self, replies: Mapping[int, Message], previous: np.ndarray,
+                   round_index: int = 0) -> np.ndarray:
+        if self.plan is not None:
+            return self._private_aggregate(replies, previous, round_index)
         ids = sorted(replies)
         P = np.stack([replies[z].params for z in ids])
         w = (np.array([int(replies[z].n_samples) for z in ids], dtype=float)
@@ -342,9 +393,30 @@ class FLProtocol(Protocol):
         return average_per_cluster(P, clusters, previous, weights=w, aggregator=self.aggregator,
                                    beta=self.beta)
 
+    def _private_aggregate(self, replies: Mapping[int, Message], previous: np.ndarray,
+                           round_index: int) -> np.ndarray:
+        """DP-FedAvg's server step (see the class docstring); noise on every model, used or not."""
+        C = float(self.privacy.clip_norm)
+        std = self.plan.releases[0].noise_std
+        rng = noise_rng(self.privacy.noise_seed, SERVER, round_index)
+        k, p = previous.shape
+        sums, counts = np.zeros((k, p)), np.zeros(k)
+        for z in sorted(replies):
+            j = int(replies[z].cluster)
+            (delta,), _ = clip_contribution([replies[z].params - previous[j]], [1.0], C)
+            sums[j] += delta
+            counts[j] += 1.0
+        if std > 0:
+            sums += rng.normal(0.0, std, size=sums.shape)
+            counts += rng.normal(0.0, std / C, size=k)
+        out = np.array(previous, dtype=np.float64, copy=True)
+        ok = counts > max(1.0, 3.0 * std / C)  # a model with a count lost in noise stays
+        out[ok] += sums[ok] / counts[ok, None]
+        return out
+
     def _train_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if replies:
-            state.models = self._aggregate(replies, state.models)
+            state.models = self._aggregate(replies, state.models, request.round)
         for z, r in replies.items():
             n = int(r.n_samples)
             state.acc["loss"] += float(r.loss) * n
@@ -464,6 +536,8 @@ class FLProtocol(Protocol):
                                     epochs=self.local_epochs, batch_size=self.batch_size,
                                     lr=self.lr, rng=device_rng(seed, device_id, round_index),
                                     loss_before=loss)
+        if self.plan is not None and self.privacy.private:
+            loss = 0.0   # not released under privacy
         return ModelUpdate(params=new, cluster=np.int64(cluster), n_samples=np.int64(n),
                            loss=np.float64(loss))
 

@@ -14,12 +14,14 @@ from .hooks import (GaussPredictor, fit_classifier, gauss_blobs, gauss_classifie
                     gauss_export, gauss_report,
                     gauss_result_fields, plot_gauss)
 from .protocol import GaussClassifierProtocol, GaussProtocol, GaussResult
+from .private import PrivateGaussClassifierProtocol
 
 __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier", "GaussProtocol",
            "GaussClassifierProtocol", "GaussResult"]
 
 register_protocol(GaussProtocol, GaussResult)
 register_protocol(GaussClassifierProtocol, GaussResult)
+register_protocol(PrivateGaussClassifierProtocol, GaussResult)
 register_algorithm(Algorithm(
     "gauss", FedGaussClustering, plot=plot_gauss, result_fields=gauss_result_fields,
     report=gauss_report,

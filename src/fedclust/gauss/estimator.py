@@ -42,6 +42,7 @@ from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_device_ids, check_devices, check_n_features
+from ..privacy import refuse_privacy
 from ..sim.transport import InProcessTransport
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
@@ -352,6 +353,9 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         Owners send clusters with n > kappa_n (each owner sends at least one).
     n_rounds : int, default=1
         Rounds; round r streams the r-th chunk of every owner's rows.
+    privacy : None
+        Refused: an owner's evolving clusters depend on all its samples, so
+        their statistics have no bounded sensitivity (see ``docs/privacy.md``).
     random_state : int, Generator or None
         Recorded as ``seed_`` (the method itself is deterministic).
     progress : bool
@@ -383,7 +387,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
                  predict_rule: str = "likelihood", merge_test: str = "both",
                  overlap_tol: float = 0.0, adaptive_prior: bool = True,
                  max_dip: float = 0.75, pooled_shrinkage: float = 0.0,
-                 kappa_n: float = 1, n_rounds: int = 1,
+                 kappa_n: float = 1, n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -405,6 +409,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         self.pooled_shrinkage = pooled_shrinkage
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
+        self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
 
@@ -417,6 +422,10 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
             transport: Transport | None = None) -> "FedGaussClustering":
         """Fit on the owners' (n_z, D) arrays; ``X``, ``groups``, ``device_ids`` and
         ``transport`` as in :meth:`fedclust.KFed.fit`."""
+        refuse_privacy(self.privacy, "FedGaussClustering",
+                       "an owner's evolving clusters depend on all its samples, so their "
+                       "statistics have no bounded sensitivity; FedGaussClassifier and "
+                       "DistributedLloyd have DP")
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         owners = list(fed.devices)
         ids = check_device_ids(fed.device_ids, len(owners))
@@ -465,6 +474,12 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         scatter) is below ``kappa_f`` x the best score are dropped before learning.
         0 turns the selection (and its round) off.
     kappa_n, n_rounds, random_state, progress : as in :class:`FedGaussClustering`
+    privacy : DifferentialPrivacy or None
+        Central (ε, δ)-DP (needs ``data_bound``): one round of per-class count,
+        sum and second moments of the clipped rows, noised on the server, one
+        Gaussian per class with a PSD repair (:mod:`fedclust.gauss.private`);
+        the evolving per-class clusters and the Fisher selection are not used.
+        ``privacy_`` records the budget, the release and the clipped rows.
 
     Attributes
     ----------
@@ -497,7 +512,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                  overlap_tol: float = 0.0, adaptive_prior: bool = False,
                  max_dip: float = 0.75, pooled_shrinkage: float = 0.5,
                  kappa_f: float = 0.01, kappa_n: float = 1,
-                 n_rounds: int = 1,
+                 n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -520,6 +535,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self.kappa_f = kappa_f
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
+        self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
 
@@ -569,10 +585,19 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         except TypeError as exc:
             raise ValidationError(f"labels of the owners cannot be compared ({exc})") from None
         self.classes_ = classes
-        protocol = GaussClassifierProtocol(
-            classes=classes.tolist(), kappa_f=self.kappa_f, kappa_n=self.kappa_n,
-            n_rounds=self.n_rounds,
-            n_features=devices[0].shape[1], **{k: getattr(self, k) for k in SETTING_NAMES})
+        kw = dict(classes=classes.tolist(), kappa_f=self.kappa_f, kappa_n=self.kappa_n,
+                  n_rounds=self.n_rounds, n_features=devices[0].shape[1],
+                  **{k: getattr(self, k) for k in SETTING_NAMES})
+        if self.privacy is None:
+            protocol = GaussClassifierProtocol(**kw)
+        else:
+            from ..privacy import DifferentialPrivacy
+            from .private import PrivateGaussClassifierProtocol
+
+            if not isinstance(self.privacy, DifferentialPrivacy):
+                raise ValidationError(f"privacy={self.privacy!r} must be a "
+                                      "fedclust.privacy.DifferentialPrivacy or None")
+            protocol = PrivateGaussClassifierProtocol(privacy=self.privacy, **kw)
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         data = {z: (X.astype(np.float64, copy=False), y) for z, X, y in zip(ids, devices, ys)}
@@ -585,6 +610,12 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                                     for i, c in enumerate(classes)}
         self.fisher_scores_ = self._result.fisher.copy()
         self._protocol_ = protocol
+        self.privacy_ = None
+        if self.privacy is not None:
+            self.privacy_ = protocol.plan.summary()
+            self.privacy_["clipped"] = [
+                None if out.device_outputs.get(z, {}).get("n_clipped") is None
+                else int(out.device_outputs[z]["n_clipped"]) for z in ids]
         return self
 
     def _class_scores(self, X: Any) -> np.ndarray:

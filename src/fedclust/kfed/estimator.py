@@ -15,6 +15,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin
 
 from ..core.random import RandomState, root_seed
+from ..privacy import DifferentialPrivacy
 from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
                                check_n_local_clusters)
@@ -62,8 +63,17 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         left out of the seeding and Lloyd, final centers are trimmed means, and
         ``run_log_.distrusted`` names the devices concerned
         (:mod:`fedclust.kfed.robust_server`). 0 is the paper's server.
+    privacy : DifferentialPrivacy or None
+        Point-level (ε, δ)-DP local centers (needs ``data_bound``): each device
+        clips its points, releases noisy moments and noisy candidate sums
+        calibrated to its own counts (noise added on the device, the server is
+        not trusted), and computes its k_z centers from them; a point lives on
+        one device, so the fit costs two releases whatever the number of
+        devices. ``unit="device"`` is refused (it would need local DP noise of
+        the order of ``data_bound`` on every center). See ``docs/privacy.md``.
     random_state : int, Generator or None
-        Seeds everything; every device has its own stream keyed by its id.
+        Seeds everything but the privacy noise; every device has its own
+        stream keyed by its id.
     progress : bool, default=False
         Progress bar over devices.
 
@@ -85,6 +95,9 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Participants, dropped, late, failed and rejected devices.
     seed_ : int
         The root seed actually used (reproduces the run when ``random_state=None``).
+    privacy_ : dict or None
+        The budget, the accountant's composed ε, every release and the points
+        clipped on each device.
 
     Notes
     -----
@@ -96,7 +109,8 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
                  server: str = "farthest-lloyd1", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
-                 trim: float = 0.0, random_state: RandomState = None, progress: bool = False):
+                 trim: float = 0.0, privacy: DifferentialPrivacy | None = None,
+                 random_state: RandomState = None, progress: bool = False):
         self.n_clusters = n_clusters
         self.n_local_clusters = n_local_clusters
         self.server = server
@@ -107,6 +121,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.local_max_iter = local_max_iter
         self.allow_raw_points = allow_raw_points
         self.trim = trim
+        self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
 
@@ -118,7 +133,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             self.n_clusters, k_local, server=self.server, weighted=self.weighted,
             first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
             local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points,
-            n_features=n_features, trim=self.trim)
+            n_features=n_features, trim=self.trim, privacy=self.privacy)
 
     def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
@@ -161,6 +176,9 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
                         f"device {device_ids[pos]} has n_z={X.shape[0]} points but "
                         f"n_local_clusters={k_z}: its centers would be its raw points. Lower "
                         "n_local_clusters for it, drop it, or pass allow_raw_points=True")
+        if self.privacy is not None and not isinstance(self.privacy, DifferentialPrivacy):
+            raise ValidationError(f"privacy={self.privacy!r} must be a "
+                                  "fedclust.privacy.DifferentialPrivacy or None")
         protocol = self._protocol(device_ids, k_locals, devices[0].shape[1])
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
@@ -168,6 +186,12 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self._store(out.result, out.device_outputs, out.meter, device_ids)
         self._protocol_ = protocol
         self._rows = fed.rows
+        self.privacy_ = None
+        if protocol.plan is not None:
+            self.privacy_ = protocol.plan.summary()
+            self.privacy_["clipped"] = [
+                None if out.device_outputs.get(z, {}).get("n_clipped") is None
+                else int(out.device_outputs[z]["n_clipped"]) for z in device_ids]
         return self
 
     def _store(self, result: KFedResult, outputs, meter, device_ids) -> None:
@@ -210,9 +234,14 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if device_id is None:
             device_id = max(self.device_ids_) + 1
         device_id = check_int(device_id, "device_id", min_value=0)
+        plan = getattr(self._protocol_, "plan", None)
         proto = KFedProtocol(self.n_clusters, {device_id: k_z}, tol=self.tol,
                              local_max_iter=self.local_max_iter,
-                             allow_raw_points=self.allow_raw_points)
+                             allow_raw_points=self.allow_raw_points,
+                             n_features=self.n_features_in_ if plan else None,
+                             privacy=self.privacy if plan else None,
+                             noise_multipliers=[r.noise_multiplier for r in plan.releases]
+                             if plan else None)
 
         state: dict[str, np.ndarray] = {}
         reply = proto.client_step(Request(0, "local_centers"), X_new, device_id=device_id,

@@ -29,6 +29,9 @@ from ..core.messages import Message
 from .messages import LabelMap, LocalCenters
 from .server import SERVER_METHODS, aggregate_centers, assign_to_centers
 from ..core.protocol import Protocol, Request, RunLog
+from ..privacy import DifferentialPrivacy, PrivacyPlan, calibrate, clip_points, noise_rng
+from ..privacy import kmeans as pk
+from ..privacy.mechanisms import DEVICE
 
 __all__ = ["KFedProtocol", "KFedResult"]
 
@@ -69,7 +72,9 @@ class KFedProtocol(Protocol):
                  server: str = "farthest-lloyd1", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
-                 n_features: int | None = None, trim: float = 0.0):
+                 n_features: int | None = None, trim: float = 0.0,
+                 privacy: DifferentialPrivacy | None = None,
+                 noise_multipliers: Sequence[float] | None = None):
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         # Known d lets the server judge every reply on its own; without it the
         # majority d of the replies wins (a liar cannot get honest devices rejected).
@@ -94,6 +99,37 @@ class KFedProtocol(Protocol):
         if self.trim >= 0.5:
             raise ValidationError(f"trim={self.trim} must be < 0.5 (at most a minority of "
                                   "devices may lie)")
+        self.privacy = privacy
+        self.plan: PrivacyPlan | None = None
+        if privacy is not None:
+            self.plan = self._calibrate(privacy, noise_multipliers)
+
+    def _calibrate(self, spec: DifferentialPrivacy, multipliers) -> PrivacyPlan:
+        if spec.unit == "device":
+            raise ValidationError(
+                "privacy: k-FED has no device-level DP: every device sends its own centers, so "
+                "hiding a whole device means local DP with noise of the order of data_bound on "
+                "every coordinate of every center; use unit='point' or DistributedLloyd")
+        spec.require(data_bound=True, family="KFed")
+        if self.n_features is None:
+            raise ValidationError("privacy: KFedProtocol needs n_features")
+        releases = [pk.moments_release(spec, what="device moments: count, sum and "
+                                       "second-moment matrix (noised on the device)"),
+                    pk.sums_release(spec, min(self.min_k_local(), self.n_features),
+                                    what="device candidates: per-candidate sums and counts "
+                                    "(noised on the device)")]
+        if multipliers is None:
+            return calibrate(spec, releases, family="this KFed fit")
+        from dataclasses import replace
+        return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
+                                       for r, z in zip(releases, multipliers)), float("nan"))
+
+    def min_k_local(self) -> int:
+        """The smallest k_z: a private device releases sums in min(k_z, d) dimensions, and
+        fewer dimensions mean a larger sensitivity B√(1 + 1/p), so the smallest is declared."""
+        if isinstance(self.n_local_clusters, int):
+            return self.n_local_clusters
+        return min(self.n_local_clusters.values())
 
     def k_local(self, device_id: int) -> int:
         """k_z of a device (clear error for a device without one)."""
@@ -116,6 +152,9 @@ class KFedProtocol(Protocol):
         }
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
+        if self.plan is not None:
+            cfg.update({f"privacy_{key}": v for key, v in self.privacy.to_config().items()})
+            cfg["noise_multipliers"] = [r.noise_multiplier for r in self.plan.releases]
         if isinstance(self.n_local_clusters, int):
             cfg["n_local_clusters"] = self.n_local_clusters
         else:
@@ -131,6 +170,10 @@ class KFedProtocol(Protocol):
             ids = cfg.pop("n_local_clusters_ids")
             vals = cfg.pop("n_local_clusters_values")
             cfg["n_local_clusters"] = dict(zip(ids, vals))
+        priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg)
+                if key.startswith("privacy_")}
+        if priv:
+            cfg["privacy"] = DifferentialPrivacy.from_config(priv)
         n_clusters = cfg.pop("n_clusters")
         n_local = cfg.pop("n_local_clusters")
         return cls(n_clusters, n_local, **cfg)
@@ -242,6 +285,8 @@ class KFedProtocol(Protocol):
         if request.action != ACTION:
             raise ValidationError(f"k-FED has no client action {request.action!r}")
         k = self.k_local(device_id)
+        if self.plan is not None:
+            return self._private_step(request, X, k, device_id, seed, state)
         res = local_kmeans(X, k, device_rng(seed, device_id, request.round),
                            max_iter=self.local_max_iter, tol=self.tol,
                            allow_raw_points=self.allow_raw_points, device=f"device {device_id}",
@@ -250,10 +295,27 @@ class KFedProtocol(Protocol):
         state["local_labels"] = res.labels
         return res.message
 
+    def _private_step(self, request: Request, X: np.ndarray, k: int, device_id: int, seed: int,
+                      state: dict[str, np.ndarray]) -> LocalCenters:
+        """DP local centers: clip, then noisy moments and candidate sums on the device."""
+        from ..core.validation import check_array
+
+        X = check_array(X, f"device {device_id}")
+        Xc, n_clipped = clip_points(X, float(self.privacy.data_bound))
+        rng = device_rng(seed, device_id, request.round)
+        centers, counts = pk.private_local_centers(
+            Xc, k, self.privacy, self.plan.releases, rng,
+            noise_rng(self.privacy.noise_seed, DEVICE, device_id, request.round),
+            seed=int(rng.integers(0, 2**31 - 1)))
+        state["local_labels"] = assign_to_centers(X, centers.astype(X.dtype, copy=False))
+        state["n_clipped"] = np.asarray(n_clipped, dtype=np.int64)
+        return LocalCenters(centers=centers.astype(X.dtype, copy=False),
+                            counts=np.maximum(np.rint(counts), 1).astype(np.int64))
+
     def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
                      states: Mapping[int, dict[str, np.ndarray]]):
         """Vectorised device steps: devices of one shape and one k_z run as a batch."""
-        if request.action != ACTION:
+        if request.action != ACTION or self.plan is not None:
             return super().client_steps(request, devices, seed=seed, states=states)
         groups: dict[tuple, list[int]] = defaultdict(list)
         single: dict[int, np.ndarray] = {}
@@ -296,4 +358,7 @@ class KFedProtocol(Protocol):
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if message is None or "local_labels" not in state:
             return {}
-        return {"labels": np.asarray(message.global_labels)[state["local_labels"]]}
+        out = {"labels": np.asarray(message.global_labels)[state["local_labels"]]}
+        if "n_clipped" in state:
+            out["n_clipped"] = state["n_clipped"]
+        return out

@@ -13,6 +13,7 @@ from sklearn.base import BaseEstimator, ClusterMixin
 
 from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.random import RandomState, root_seed
+from ..privacy import DifferentialPrivacy
 from ..core.validation import check_device_ids, check_devices, check_int
 from ..core.exceptions import ValidationError
 from .protocol import DistributedLloydProtocol
@@ -39,17 +40,31 @@ def centralized_kmeans(devices: Sequence[Any], n_clusters: int, *, n_init: int =
 
 
 class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
-    """Naive distributed Lloyd as an estimator (see :mod:`fedclust.lloyd.protocol`).
+    """Distributed Lloyd as an estimator, optionally differentially private
+    (see :mod:`fedclust.lloyd.protocol`).
 
     Parameters
     ----------
     n_clusters : int
     points_per_device : int or None
-        Raw points each device sends to seed k-means++ (default: enough for
-        about 20 k points in all).
-    max_rounds, tol : int, float
-        Lloyd rounds and relative cost-improvement tolerance.
+        ``init="sample"``: raw points each device sends to seed k-means++
+        (default: enough for about 20 k points in all).
+    max_rounds : int or None
+        Lloyd rounds at most (default 100; 3 under privacy, where exactly this
+        many run and each is a release: from the candidates initialisation a
+        few rounds converge, and fewer releases leave less noise in each).
+    tol : float
+        Relative cost-improvement tolerance (not used under privacy).
+    init : {"sample", "candidates"} or None
+        Raw-point sample + k-means++ (default without privacy), or the
+        private-capable moments + candidates initialisation (default with
+        privacy; no raw point leaves a device).
+    privacy : DifferentialPrivacy or None
+        Central (ε, δ)-DP over the whole fit (needs ``data_bound``; ``clip_norm``
+        too at ``unit="device"``): the server adds Gaussian noise to the sums of
+        the moments, candidate and Lloyd replies; see ``docs/privacy.md``.
     random_state : int, Generator or None
+        Seeds everything but the privacy noise.
 
     Attributes
     ----------
@@ -58,15 +73,27 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Every point's cluster (device order, or the row order of X with ``groups``).
     device_labels_ : list of ndarray (n_z,) or None
     cost_history_, n_rounds_, communication_
+    privacy_ : dict or None
+        epsilon, delta, unit, accountant, epsilon_spent (the accountant's
+        composed ε), every release (what, sensitivity, noise multiplier and
+        std) and ``clipped`` (points clipped on each device, counted there).
+
+    Notes
+    -----
+    Init ``candidates`` costs each device ``(d² + d + 1) 8`` bytes up once and
+    ``M (d + 1) 8`` once; every Lloyd round ``k (d + 1) 8 + 8`` up, ``k d 8`` down.
     """
 
     def __init__(self, n_clusters: int = 8, *, points_per_device: int | None = None,
-                 max_rounds: int = 100, tol: float = 1e-4, random_state: RandomState = None,
+                 max_rounds: int | None = None, tol: float = 1e-4, init: str | None = None,
+                 privacy: DifferentialPrivacy | None = None, random_state: RandomState = None,
                  progress: bool = False):
         self.n_clusters = n_clusters
         self.points_per_device = points_per_device
         self.max_rounds = max_rounds
         self.tol = tol
+        self.init = init
+        self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
 
@@ -87,8 +114,16 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         ppd = self.points_per_device
         if ppd is None:
             ppd = max(1, math.ceil(20 * k / len(devices)))
-        protocol = DistributedLloydProtocol(k, points_per_device=ppd,
-                                            max_rounds=self.max_rounds, tol=self.tol)
+        if self.privacy is not None and not isinstance(self.privacy, DifferentialPrivacy):
+            raise ValidationError(f"privacy={self.privacy!r} must be a "
+                                  "fedclust.privacy.DifferentialPrivacy or None")
+        init = self.init or ("sample" if self.privacy is None else "candidates")
+        rounds = self.max_rounds
+        if rounds is None:
+            rounds = 100 if self.privacy is None else 3
+        protocol = DistributedLloydProtocol(k, points_per_device=ppd, max_rounds=rounds,
+                                            tol=self.tol, init=init, privacy=self.privacy,
+                                            n_features=devices[0].shape[1])
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         out = transport.run(protocol, dict(zip(ids, devices)), self.seed_)
@@ -103,4 +138,10 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self._rows = fed.rows
         self.communication_ = out.meter.summary()
         self.run_log_ = out.log
+        self.privacy_ = None
+        if protocol.plan is not None:
+            self.privacy_ = protocol.plan.summary()
+            self.privacy_["clipped"] = [
+                None if out.device_outputs.get(z, {}).get("n_clipped") is None
+                else int(out.device_outputs[z]["n_clipped"]) for z in ids]
         return self

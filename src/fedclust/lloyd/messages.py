@@ -1,4 +1,5 @@
-"""Distributed Lloyd's messages: a point sample to seed, centers down, cluster sums up."""
+"""Distributed Lloyd's messages: a point sample or moments and candidates to seed,
+centers down, cluster sums up."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from ..core.messages import FLOAT, INT, Message, reject
 
-__all__ = ["CenterBroadcast", "ClusterSums", "PointSample"]
+__all__ = ["CenterBroadcast", "ClusterSums", "PointSample", "Moments", "CandidateBroadcast"]
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,16 @@ class CenterBroadcast(Message):
 
 @dataclass(frozen=True)
 class ClusterSums(Message):
-    """Distributed Lloyd device -> server: per-center sums (k, d), counts (k,), local cost ()."""
+    """Distributed Lloyd device -> server: per-center sums (k, d), counts (k,), local cost ().
+
+    Counts are int64, or float64 when device-level privacy scaled the device's
+    contribution; the cost is 0 under privacy (it is not released).
+    """
 
     sums: np.ndarray
     counts: np.ndarray
     cost: np.ndarray
-    schema: ClassVar = {"sums": (FLOAT, 2), "counts": (INT, 1),
+    schema: ClassVar = {"sums": (FLOAT, 2), "counts": (INT + FLOAT, 1),
                          "cost": (FLOAT, 0)}
     kind: ClassVar[str] = "cluster_sums"
 
@@ -58,3 +63,34 @@ class PointSample(Message):
         if int(self.n_points) < self.points.shape[0]:
             reject(sender, f"n_points={int(self.n_points)} is smaller than the sample size "
                           f"{self.points.shape[0]}")
+
+
+@dataclass(frozen=True)
+class Moments(Message):
+    """Device -> server: count (), sum (d,) and second-moment matrix Σ x xᵀ (d, d)
+    of the device's clipped points (``(d^2 + d + 1) 8`` bytes)."""
+
+    n: np.ndarray
+    s: np.ndarray
+    Q: np.ndarray
+    schema: ClassVar = {"n": (FLOAT, 0), "s": (FLOAT, 1), "Q": (FLOAT, 2)}
+    kind: ClassVar[str] = "moments"
+
+    def validate(self, sender: str) -> None:
+        d = self.s.shape[0]
+        if self.Q.shape != (d, d):
+            reject(sender, f"Q has shape {self.Q.shape} for a sum of {d} features")
+        if float(self.n) < 0:
+            reject(sender, f"n={float(self.n)} must be >= 0")
+
+
+@dataclass(frozen=True)
+class CandidateBroadcast(Message):
+    """Server -> devices: mean (d,), subspace basis (d, p) and M candidate
+    coordinates in it (M, p); devices send per-candidate sums back."""
+
+    mean: np.ndarray
+    basis: np.ndarray
+    coords: np.ndarray
+    schema: ClassVar = {"mean": (FLOAT, 1), "basis": (FLOAT, 2), "coords": (FLOAT, 2)}
+    kind: ClassVar[str] = "candidate_broadcast"

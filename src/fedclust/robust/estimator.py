@@ -18,6 +18,7 @@ from ..core.validation import check_device_ids, check_int
 from ..sim.transport import InProcessTransport
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
+from ..privacy import refuse_privacy
 
 __all__ = ["RobustClusteredRegression", "RobustClusteredClassification", "fit_robust",
            "robust_report", "robust_result_fields", "plot_round_loss"]
@@ -110,6 +111,9 @@ class RobustClusteredRegression(BaseEstimator):
         farther than ``radius`` median distances from their geometric median
         (:func:`fedclust.robust.server.adaptive_beta`): liars can gather in
         one cluster beyond the global ``beta``.
+    privacy : None
+        Refused with a one-line error: no differentially private version yet
+        (see ``docs/privacy.md``).
     random_state : int, Generator or None
 
     Attributes
@@ -155,8 +159,9 @@ class RobustClusteredRegression(BaseEstimator):
                  rounds: int = 20, lr: float = 0.1, local_steps: int = 5, l2: float = 0.0,
                  fit_intercept: bool = True, radius: float = 3.0, init: str = "k-means++",
                  max_iter: int = 100, drop_outliers: bool = True, adaptive_beta: bool = True,
-                 random_state: RandomState = None, progress: bool = False):
+                 privacy: Any = None, random_state: RandomState = None, progress: bool = False):
         self.n_clusters = n_clusters
+        self.privacy = privacy
         self.clustering = clustering
         self.optimizer = optimizer
         self.aggregator = aggregator
@@ -185,6 +190,9 @@ class RobustClusteredRegression(BaseEstimator):
         """Fit on per-machine arrays ``X[i]`` (n_i, d) and ``y[i]`` (n_i,); or on one
         array X (n, d) and y (n,) with ``groups`` (n,) naming every row's machine
         (without ``groups``: one machine). See :meth:`fedclust.KFed.fit`."""
+        refuse_privacy(self.privacy, type(self).__name__,
+                       "each machine's local model is released without noise and the robust "
+                       "aggregators (trimmed mean, median) have no DP calibration")
         if X is None or y is None:
             raise ValidationError(f"{type(self).__name__} requires y to be passed, but the "
                                   f"target y is None" if y is None else "X is None")
@@ -370,13 +378,13 @@ class RobustClusteredClassification(RobustClusteredRegression):
                  rounds: int = 20, lr: float = 1.0, local_steps: int = 5, l2: float = 1e-3,
                  fit_intercept: bool = True, radius: float = 3.0, init: str = "k-means++",
                  max_iter: int = 100, drop_outliers: bool = True, adaptive_beta: bool = True,
-                 random_state: RandomState = None, progress: bool = False):
+                 privacy: Any = None, random_state: RandomState = None, progress: bool = False):
         super().__init__(n_clusters, clustering=clustering, optimizer=optimizer,
                          aggregator=aggregator, beta=beta, rounds=rounds, lr=lr,
                          local_steps=local_steps, l2=l2, fit_intercept=fit_intercept,
                          radius=radius, init=init, max_iter=max_iter,
                          drop_outliers=drop_outliers, adaptive_beta=adaptive_beta,
-                         random_state=random_state, progress=progress)
+                         privacy=privacy, random_state=random_state, progress=progress)
 
     def decision_function_device(self, i: int, X: Any) -> np.ndarray:
         """Scores ``X w_c + b_c`` (n,) for the machine at position ``i``."""

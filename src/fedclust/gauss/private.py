@@ -1,0 +1,255 @@
+"""Differentially private federated Gaussian classifier: one noisy Gaussian per class.
+
+The evolving clusters of an owner depend on the order and values of all its
+samples (one extra sample can change every later assignment), so their
+per-cluster statistics have no bounded sensitivity. A class, in contrast, is
+an attribute of the sample itself: per-class count n_c, sum s_c and
+second-moment matrix Q_c = Σ x xᵀ move by one sample's worth when a sample is
+added or removed. One round:
+
+* each owner clips its rows to ``data_bound`` B and sends its per-class
+  (n_c, s_c, Q_c) (:class:`GaussClassMoments`, ``8 M (D² + D + 1)`` bytes);
+* the server sums them and adds Gaussian noise to the upper triangles of
+  Σ a aᵀ, a = (B, x), per class — L2 sensitivity ‖a‖² ≤ 2B² for the whole
+  release, since a sample touches one class (central DP, the server trusted
+  with the individual replies; :mod:`fedclust.privacy.kmeans`);
+* **PSD repair**: each class covariance Q_c/n_c − μ_c μ_cᵀ is symmetrised and
+  its eigenvalues are raised to at least the noise level 2√D·σ/n_c (σ the
+  noise std on Q; 2√D·σ is about the spectral norm of the symmetric noise
+  matrix, so a smaller eigenvalue cannot be told from noise) and to
+  ``var_floor``; every class Gaussian is then positive definite and no
+  direction gets a variance the noise invented. Noisy counts below 2 are set
+  to 2.
+
+With ``covariance="diag"`` only the per-class sums of squares Σ x_i² are
+released (D numbers per class instead of D²): the release (B² n_c, B s_c,
+(x_i²)_i) has sensitivity √3·B², each variance is floored at its own noise
+level σ/n_c, and the noise does not spread over D² entries — the better
+choice once D is more than a few.
+
+The global model is then one cluster per class, scored as in
+:class:`fedclust.FedGaussClassifier` (no Fisher feature selection: that round
+has no DP release).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.messages import FLOAT, Message, reject
+from ..core.protocol import Request, RunLog
+from ..privacy import DifferentialPrivacy, PrivacyPlan, calibrate, clip_contribution, clip_points
+from ..privacy import kmeans as pk
+from ..privacy import gaussian, noise_rng
+from ..privacy.mechanisms import SERVER
+from .protocol import GaussClassifierProtocol, GaussResult
+
+__all__ = ["GaussClassMoments", "PrivateGaussClassifierProtocol"]
+
+ACTION = "gauss_class_moments"
+
+
+@dataclass(frozen=True)
+class GaussClassMoments(Message):
+    """Owner -> server: per-class count (M,), sum (M, D) and second moments: Σ x xᵀ
+    flattened (M, D²), or the sums of squares (M, D) for diagonal covariances."""
+
+    n: np.ndarray
+    s: np.ndarray
+    Q: np.ndarray
+    schema: ClassVar = {"n": (FLOAT, 1), "s": (FLOAT, 2), "Q": (FLOAT, 2)}
+    kind: ClassVar[str] = "gauss_class_moments"
+
+    def validate(self, sender: str) -> None:
+        M, D = self.s.shape
+        if self.n.shape != (M,) or self.Q.shape not in ((M, D * D), (M, D)):
+            reject(sender, f"class moments have shapes {self.n.shape}, {self.s.shape}, "
+                           f"{self.Q.shape}")
+        if (self.n < 0).any():
+            reject(sender, "class counts must be >= 0")
+
+
+@dataclass
+class _State:
+    device_ids: tuple[int, ...]
+    seed: int
+    round: int = 0
+    result: GaussResult | None = None
+    local_counts: dict = None
+
+
+class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
+    """:class:`GaussClassifierProtocol` under (ε, δ)-DP: one noisy Gaussian per class."""
+
+    name = "gauss-classifier-dp"
+    reply_types = {ACTION: GaussClassMoments}
+
+    def __init__(self, *, privacy: DifferentialPrivacy, noise_multipliers=None, **kw: Any):
+        super().__init__(**kw)
+        self.selects = False
+        self.privacy = privacy
+        privacy.require(data_bound=True, clip_norm=privacy.unit == "device",
+                        family="FedGaussClassifier")
+        if self.n_features is None:
+            raise ValidationError("privacy: the private Gaussian classifier needs n_features")
+        self.diag = self.settings.covariance == "diag"
+        release = pk.moments_release(privacy, what="class moments: per-class count, sum and "
+                                     "second-moment matrix (central DP)")
+        if self.diag:
+            from dataclasses import replace
+            release = replace(release, what="class moments: per-class count, sum and sums of "
+                              "squares (central DP)", sensitivity=release.sensitivity
+                              * math.sqrt(3.0) / 2.0)
+        if noise_multipliers is None:
+            self.plan: PrivacyPlan = calibrate(privacy, [release],
+                                               family="this FedGaussClassifier fit")
+        else:
+            from dataclasses import replace
+            self.plan = PrivacyPlan(privacy, (replace(release, noise_multiplier=float(
+                noise_multipliers[0])),), math.nan)
+
+    def config(self) -> dict[str, Any]:
+        cfg = super().config()
+        cfg.update({f"privacy_{key}": v for key, v in self.privacy.to_config().items()})
+        cfg["noise_multipliers"] = [r.noise_multiplier for r in self.plan.releases]
+        return cfg
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "PrivateGaussClassifierProtocol":
+        cfg = dict(config)
+        priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg)
+                if key.startswith("privacy_")}
+        return cls(privacy=DifferentialPrivacy.from_config(priv), **cfg)
+
+    # -- server ------------------------------------------------------------
+    def start(self, device_ids: Sequence[int], seed: int) -> _State:
+        return _State(tuple(int(z) for z in device_ids), int(seed), local_counts={})
+
+    def next_request(self, state: _State) -> Request | None:
+        return Request(0, ACTION) if state.round == 0 else None
+
+    def check_reply(self, state, request, device_id, reply) -> None:
+        if not isinstance(reply, GaussClassMoments):
+            raise IncompatibleMessageError(
+                f"device {device_id}: expected {ACTION}, got {type(reply).__name__}")
+        if reply.s.shape != (self.n_classes, self.n_features):
+            raise IncompatibleMessageError(
+                f"device {device_id}: class moments over {reply.s.shape} (classes, features); "
+                f"the federation has ({self.n_classes}, {self.n_features})")
+
+    def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+        if not replies:
+            raise ValidationError("no device replied; no model")
+        ids = sorted(replies)
+        n = sum(replies[z].n for z in ids).astype(np.float64)
+        s = sum(replies[z].s for z in ids).astype(np.float64)
+        Q = sum(replies[z].Q for z in ids).astype(np.float64)
+        M, D = s.shape
+        rng = noise_rng(self.privacy.noise_seed, SERVER, request.round)
+        B = float(self.privacy.data_bound)
+        rel = self.plan.releases[0]
+        if self.diag:   # entries (B² n, B s, x²) all carry noise std z Δ
+            n = gaussian(n, rel.noise_std / (B * B), rng)
+            s = gaussian(s, rel.noise_std / B, rng)
+            Q = gaussian(Q, rel.noise_std, rng)
+        else:
+            Q = Q.reshape(M, D, D)
+            for c in range(M):
+                n[c], s[c], Q[c] = pk.noisy_moments(n[c], s[c], Q[c], rel, B, rng)
+        state.result = self._gaussians(n, s, Q)
+        state.local_counts = {z: np.rint(replies[z].n).astype(np.int64) for z in ids}
+        state.round += 1
+
+    def _gaussians(self, n: np.ndarray, s: np.ndarray, Q: np.ndarray) -> GaussResult:
+        M, D = s.shape
+        counts = np.maximum(n, 2.0)
+        means = s / counts[:, None]
+        if self.diag:
+            return self._diag_gaussians(counts, means, Q)
+        scat = np.empty((M, D, D))
+        for c in range(M):
+            C = Q[c] / counts[c] - np.outer(means[c], means[c])
+            lam, V = np.linalg.eigh((C + C.T) / 2.0)
+            floor = max(self.settings.var_floor, 1e-6 * max(float(lam.sum()), 0.0) / D,
+                        2.0 * math.sqrt(D) * self.plan.releases[0].noise_std / counts[c])
+            scat[c] = (V * np.maximum(lam, floor)) @ V.T * counts[c]
+        counts = np.rint(counts)
+        N = float(counts.sum())
+        gmean = means.T @ counts / N
+        gm2 = np.maximum(np.einsum("cii->i", Q) - N * gmean ** 2, 0.0)
+        class_m2 = np.einsum("cii->ci", scat)
+        scatters = scat if self.settings.covariance == "full" else class_m2.copy()
+        return GaussResult(
+            means=means, scatters=scatters, counts=counts.astype(np.int64),
+            ages=np.zeros(M, np.int64), classes=np.arange(M, dtype=np.int64),
+            global_count=int(N), global_mean=gmean, global_m2=gm2,
+            class_count=counts.astype(np.int64), class_mean=means.copy(),
+            class_m2=class_m2, features=np.ones(D, np.int64))
+
+    def _diag_gaussians(self, counts: np.ndarray, means: np.ndarray, Q: np.ndarray
+                        ) -> GaussResult:
+        M, D = means.shape
+        var = Q / counts[:, None] - means ** 2
+        floor = np.maximum(self.settings.var_floor,
+                           1e-6 * np.maximum(var.sum(axis=1, keepdims=True), 0.0) / D)
+        floor = np.maximum(floor, self.plan.releases[0].noise_std / counts[:, None])
+        counts = np.rint(counts)
+        scat = np.maximum(var, floor) * counts[:, None]
+        N = float(counts.sum())
+        gmean = means.T @ counts / N
+        gm2 = np.maximum(Q.sum(axis=0) - N * gmean ** 2, 0.0)
+        return GaussResult(
+            means=means, scatters=scat, counts=counts.astype(np.int64),
+            ages=np.zeros(M, np.int64), classes=np.arange(M, dtype=np.int64),
+            global_count=int(N), global_mean=gmean, global_m2=gm2,
+            class_count=counts.astype(np.int64), class_mean=means.copy(), class_m2=scat.copy(),
+            features=np.ones(D, np.int64))
+
+    def finish(self, state: _State, log: RunLog) -> GaussResult:
+        if state.result is None:
+            raise ValidationError("no device replied (all dropped, failed or rejected); no model")
+        state.result.local_counts = dict(state.local_counts)
+        state.result.log = log
+        return state.result
+
+    # -- client ------------------------------------------------------------
+    def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
+                    state: dict[str, np.ndarray]) -> Message:
+        if request.action != ACTION:
+            raise ValidationError(f"gauss-classifier-dp has no client action {request.action!r}")
+        Xd, y = self._device_data(X, device_id)
+        if Xd.shape[1] != self.n_features:
+            raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
+                                  f"federation has n_features={self.n_features}")
+        Xc, n_clipped = clip_points(Xd, float(self.privacy.data_bound))
+        state["n_clipped"] = np.asarray(n_clipped, dtype=np.int64)
+        M, D = self.n_classes, Xd.shape[1]
+        n = np.bincount(y, minlength=M).astype(np.float64)
+        s = np.zeros((M, D))
+        np.add.at(s, y, Xc)
+        if self.diag:
+            Q = np.zeros((M, D))
+            np.add.at(Q, y, Xc * Xc)
+        else:
+            Q = np.zeros((M, D, D))
+            for c in np.unique(y):
+                Xk = Xc[y == c]
+                Q[c] = Xk.T @ Xk
+        if self.privacy.unit == "device":
+            B = float(self.privacy.data_bound)
+            rel = self.plan.releases[0]
+            (n, s, Q), _ = clip_contribution(
+                [n, s, Q], [B * B, B if self.diag else math.sqrt(2.0) * B, 1.0],
+                rel.sensitivity)
+        return GaussClassMoments(n=n, s=s, Q=Q.reshape(M, -1))
+
+    def client_finish(self, message, X, state) -> dict[str, np.ndarray]:
+        out = super().client_finish(message, X, state)
+        if "n_clipped" in state:
+            out["n_clipped"] = state["n_clipped"]
+        return out

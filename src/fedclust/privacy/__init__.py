@@ -1,0 +1,31 @@
+"""Differential privacy for the federated families (cross-cutting layer).
+
+* :class:`DifferentialPrivacy` — the user's request: total (ε, δ), the unit
+  of privacy (a point or a whole device), the user's bounds, the accountant.
+* :func:`calibrate` — a fit's declared :class:`Release` list -> noise scales,
+  composed with ``dp-accounting`` (PLD or RDP) within the total budget.
+* :mod:`~fedclust.privacy.mechanisms` — clipping and Gaussian noise, from an
+  OS-seeded generator (never the run's ``random_state``).
+* :mod:`~fedclust.privacy.moments` — the private moments and candidate
+  initialisation shared by the k-means families.
+
+A wing declares its releases and calls these; it never draws privacy noise
+from its own random streams. See ``docs/privacy.md`` for each family's
+mechanism, guarantee and trust model.
+"""
+
+from .accounting import MAX_NOISE_MULTIPLIER, PrivacyPlan, Release, calibrate, composed_epsilon
+from .mechanisms import clip_contribution, clip_points, gaussian, noise_rng, symmetric_gaussian
+from .spec import DifferentialPrivacy, UNITS
+from ..core.exceptions import ValidationError
+
+__all__ = ["DifferentialPrivacy", "Release", "PrivacyPlan", "calibrate", "composed_epsilon",
+           "clip_points", "clip_contribution", "noise_rng", "gaussian", "symmetric_gaussian",
+           "UNITS", "MAX_NOISE_MULTIPLIER", "refuse_privacy"]
+
+
+def refuse_privacy(privacy: object, family: str, missing: str) -> None:
+    """One-line refusal for a family without differential privacy yet."""
+    if privacy is not None:
+        raise ValidationError(f"privacy: {family} has no differentially private version yet "
+                              f"({missing}); pass privacy=None")

@@ -1,0 +1,34 @@
+"""Smoke test of ``benchmarks/privacy.py --quick`` (subprocess; generated data and digits)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.mark.slow
+def test_privacy_benchmark_quick(tmp_path):
+    cmd = [sys.executable, str(BENCH / "privacy.py"), "--quick", "--out", str(tmp_path),
+           "--data-dir", str(tmp_path / "no-data")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "privacy.json").read_text())
+    assert doc["benchmark"] == "privacy" and doc["quick"] is True
+    rows = doc["rows"]
+    assert {r["method"] for r in rows} == {"dp-lloyd", "dp-kfed"}
+    for r in rows:
+        assert all(math.isfinite(c) and c >= 0.99 for c in r["cost_ratio"])
+        eps = float(r["epsilon"])
+        assert all(s <= eps for s in r["epsilon_spent"])
+    inf = [r for r in rows if r["method"] == "dp-lloyd" and r["epsilon"] == "inf"]
+    assert inf and max(inf[0]["cost_ratio"]) < 1.01
+    accs = {(r["method"], r["epsilon"]): r["accuracy"][0] for r in doc["supervised"]}
+    assert all(0.0 <= a <= 1.0 for a in accs.values())
+    assert accs[("gauss-classifier", "inf")] > 0.8 and accs[("dp-fedavg", "inf")] > 0.8

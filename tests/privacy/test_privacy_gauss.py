@@ -1,0 +1,77 @@
+"""DP Gaussian classifier (noisy per-class moments, PSD repair) and the clustering refusal."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedclust import FedGaussClassifier, FedGaussClustering
+from fedclust.core.exceptions import ValidationError
+from fedclust.privacy import DifferentialPrivacy
+
+
+def two_classes(seed=0, n=300, d=3):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    X = rng.standard_normal((n, d)) + 3.0 * y[:, None]
+    return np.array_split(X, 4), np.array_split(y, 4), X, y
+
+
+def test_infinite_epsilon_is_the_exact_per_class_gaussian():
+    Xs, ys, X, y = two_classes()
+    m = FedGaussClassifier(privacy=DifferentialPrivacy(math.inf, 1e-6, data_bound=100.0),
+                           random_state=0).fit(Xs, ys)
+    for c in (0, 1):
+        Xc = X[y == c]
+        i = list(m.cluster_classes_).index(c)
+        assert np.allclose(m.means_[i], Xc.mean(0))
+        assert np.allclose(m.scatters_[i], (Xc - Xc.mean(0)).T @ (Xc - Xc.mean(0)))
+    assert m.score(X, y) > 0.95
+
+
+def test_noisy_model_is_psd_and_budget_holds():
+    Xs, ys, X, y = two_classes(1, n=200, d=4)
+    dp = DifferentialPrivacy(0.5, 1e-6, data_bound=6.0, noise_seed=0)
+    m = FedGaussClassifier(privacy=dp, random_state=0).fit(Xs, ys)
+    for S in m.scatters_:
+        assert np.allclose(S, S.T)
+        assert np.linalg.eigvalsh(S).min() > 0              # the PSD repair
+    assert m.privacy_["epsilon_spent"] <= 0.5
+    assert m.privacy_["releases"][0]["sensitivity"] == 2 * 6.0 ** 2
+    assert m.privacy_["clipped"] == [int((np.linalg.norm(Xz, axis=1) > 6.0).sum()) for Xz in Xs]
+    assert np.isfinite(m.predict_proba(X)).all()
+
+
+def test_accuracy_improves_with_budget():
+    Xs, ys, X, y = two_classes(2, n=2000, d=3)
+    acc = [np.mean([FedGaussClassifier(privacy=DifferentialPrivacy(
+        eps, 1e-6, data_bound=8.0, noise_seed=s), random_state=0).fit(Xs, ys).score(X, y)
+        for s in range(3)]) for eps in (0.05, 4.0)]
+    assert acc[1] > 0.95 and acc[1] >= acc[0]
+
+
+def test_clustering_refuses_privacy():
+    Xs, _, _, _ = two_classes()
+    with pytest.raises(ValidationError) as exc:
+        FedGaussClustering(privacy=DifferentialPrivacy(1.0, 1e-6, data_bound=5.0)).fit(Xs)
+    assert "no differentially private version yet" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_diagonal_release_and_noise_floor():
+    Xs, ys, X, y = two_classes(3, n=400, d=6)
+    exact = FedGaussClassifier(covariance="diag", privacy=DifferentialPrivacy(
+        math.inf, 1e-6, data_bound=100.0), random_state=0).fit(Xs, ys)
+    for c in (0, 1):
+        i = list(exact.cluster_classes_).index(c)
+        Xc = X[y == c]
+        assert np.allclose(exact.scatters_[i], ((Xc - Xc.mean(0)) ** 2).sum(0))
+    dp = DifferentialPrivacy(0.3, 1e-6, data_bound=10.0, noise_seed=4)
+    m = FedGaussClassifier(covariance="diag", privacy=dp, random_state=0).fit(Xs, ys)
+    rel = m.privacy_["releases"][0]
+    assert rel["sensitivity"] == pytest.approx(math.sqrt(3) * 100.0)
+    # no variance below its own noise level (the repair), so no class is spuriously peaked
+    var = m.scatters_ / m.counts_[:, None]
+    assert (var >= rel["noise_std"] / m.counts_[:, None] * (1 - 1e-2)).all()
