@@ -22,6 +22,11 @@ SECTIONS = [
     ("fedclust.robust", "Byzantine-robust clustering",
      "Robust clustering and clustered regression (Ghosh, Hong, Yin & Ramchandran 2019)."),
     ("fedclust.datasets", "Datasets", "Generators and loaders of federations."),
+    ("fedclust.sites", "Site files", "One file per site in (CSV, Parquet, npz), the saved model out."),
+    ("fedclust.preprocess", "Federated preprocessing",
+     "Pooled mean imputation and standard scaling in one counted round."),
+    ("fedclust.privacy", "Differential privacy",
+     "Clipping, Gaussian noise and the accountant (dp-accounting) behind ``privacy=``."),
     ("fedclust.metrics", "Metrics", "Clustering accuracy and cost."),
     ("fedclust.sim", "Simulation", "The in-process transport, faults, Byzantine devices and the "
      "byte meter."),
