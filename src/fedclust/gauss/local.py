@@ -3,8 +3,10 @@
 ``learn_local`` first pools the owner's global statistics (exact per-feature
 mean and variance of its rows, plus any broadcast global statistics), so the
 new-cluster covariance Sigma_0 and the variance floor come from the data scale,
-then streams the rows once (O(n c D^2) time, O(c D^2) memory) and, with the BIC
-merge test, merges the passing pairs of its clusters (:meth:`ClusterSet.merge_all`).
+then streams the rows once (O(n c D^2) time, O(c D^2) memory). With the BIC merge
+test an owner merges only when its cluster count passes ``max_clusters``: the server
+decides the other merges on the pooled samples (BIC judges a pair by how many samples
+it holds, and a merge cannot be undone).
 """
 
 from __future__ import annotations
@@ -23,16 +25,13 @@ def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_class
     """Learn the owner's rows (``y``: class indices 0..M-1, or None) in one pass.
 
     ``merge_test="bic"``: new clusters start at the rows' neighbourhood scale
-    (:meth:`ClusterSet.set_birth_scale`) and the clusters are merged by BIC after the
-    pass, so the owner sends what its data supports."""
+    (:meth:`ClusterSet.set_birth_scale`)."""
     own = moments(X)
     g = own if prior is None else merge_moments(prior, own)
     cs = ClusterSet(X.shape[1], settings, n_classes)
     cs.set_global(*g)
     cs.set_birth_scale(X)
     cs.learn(X, y)
-    if settings.merge_test == "bic":
-        cs.merge_all()
     return cs
 
 

@@ -243,11 +243,12 @@ class ClusterSet:
         self.C -= 1
 
     def prune(self) -> None:
-        """Enforce ``max_clusters``. With ``merge_test="bic"`` the BIC merges run first
-        (:meth:`compact`, no sample lost); past the cap the oldest clusters are removed
-        (never a class's last cluster) and their samples counted in ``removed``."""
+        """Enforce ``max_clusters``. With ``merge_test="bic"`` the passing BIC merges run
+        first, best first, until half the cap is left (no sample lost; the least certain
+        merges wait for more data); past the cap the oldest clusters are removed (never a
+        class's last cluster) and their samples counted in ``removed``."""
         if self.C > self.s.max_clusters and self.s.merge_test == "bic":
-            self.merge_all()
+            self.merge_all(until=self.s.max_clusters // 2)
         while self.C > self.s.max_clusters:
             age = self.t - self.last[:self.C]
             if self.n_classes:
@@ -401,26 +402,33 @@ class ClusterSet:
         Maximum-likelihood covariances (S + Sigma_rule) / n: the volume-rule Sigma_0 once,
         as one pseudo-sample, keeps a young cluster's covariance nonsingular.
         """
-        D = self.D
-        k = n.shape[0]
-        nn = np.concatenate([n, self.n[p], self.n[q]])
-        SS = np.concatenate([S, self.S[p], self.S[q]])
-        diag = np.diagonal(SS, axis1=1, axis2=2) if self.full else SS
-        lds = [(np.log((diag + self.s0_rule) / nn[:, None]).sum(axis=1), 2 * D)]
-        if self.full:
-            A = SS.copy()
-            A[:, np.arange(D), np.arange(D)] += self.s0_rule
-            lds.append((np.linalg.slogdet(A / nn[:, None, None])[1], D + D * (D + 1) // 2))
+        own = self._bic_logdets(self.n, self.S) if self._ld_cache is None else self._ld_cache
+        pooled = self._bic_logdets(n, S)
         w = self.n[p] / n
         labels = self.n[p] * np.log(w) + self.n[q] * np.log1p(-w)  # <= 0
-        one = np.full(k, np.inf)
-        two = np.full(k, np.inf)
+        one = np.full(n.shape[0], np.inf)
+        two = np.full(n.shape[0], np.inf)
         logn = np.log(n)
-        for ld, npar in lds:
-            one = np.minimum(one, n * ld[:k] + npar * logn)
-            two = np.minimum(two, self.n[p] * ld[k:2 * k] + self.n[q] * ld[2 * k:]
+        for (ld, npar), (ld_own, _) in zip(pooled, own):
+            one = np.minimum(one, n * ld + npar * logn)
+            two = np.minimum(two, self.n[p] * ld_own[p] + self.n[q] * ld_own[q]
                              - 2.0 * labels + (2 * npar + 1) * logn)
         return (one - two) / (2.0 * n)
+
+    #: per-cluster log-determinants of the BIC, cached while :meth:`merge_all` runs
+    _ld_cache: list | None = None
+
+    def _bic_logdets(self, n: np.ndarray, S: np.ndarray) -> list:
+        """[(log det of the diagonal ML covariances, 2D parameters), (full, D + D(D+1)/2)]
+        of the statistics (n, S), ridged by the volume-rule Sigma_0 as one pseudo-sample."""
+        D = self.D
+        diag = np.diagonal(S, axis1=-2, axis2=-1) if self.full else S
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = [(np.log((diag + self.s0_rule) / n[..., None]).sum(axis=-1), 2 * D)]
+            if self.full:
+                A = S + np.diag(self.s0_rule)
+                out.append((np.linalg.slogdet(A / n[..., None, None])[1], D + D * (D + 1) // 2))
+        return out
 
     def _merge_pair(self, p: int, q: int, stats: tuple, k: int) -> int:
         """Replace p by the union of p and q, delete q; returns p's final index."""
@@ -447,22 +455,24 @@ class ClusterSet:
             cand = [c for i, c in enumerate(cand) if i != k]
             cand = [qk if c == last else c for c in cand]  # the last cluster moved to q's slot
 
-    def merge_all(self) -> int:
+    def merge_all(self, until: int = 1) -> int:
         """Merge the globally best same-class pair while its score is < 0; returns #merges.
 
         Candidates: every pair (``"bic"``), or pairs with one mean inside the other's
         gate (``"volume"``). The order of the clusters does not matter beyond exact ties.
-        O(C^2 D^3) for C clusters.
+        Stops early when ``until`` clusters are left. O(C^2 D^3) for C clusters.
         """
         merges = 0
         C = self.C
         if C < 2:
             return 0
+        if self.s.merge_test == "bic":
+            self._ld_cache = self._bic_logdets(self.n[:C].copy(), self.S[:C])
         R = np.full((C, C), np.inf)
         for p in range(C):
-            self._score_row(R, p, C)
+            self._score_row(R, p, C, upper=self.s.merge_test == "bic")
         alive = np.ones(C, bool)
-        while True:
+        while C - merges > until:
             flat = int(np.argmin(R))
             p, q = divmod(flat, C)
             if not R[p, q] < 0.0:
@@ -472,12 +482,16 @@ class ClusterSet:
             self.n[p], self.mu[p], self.S[p] = n[0], mu[0], S[0]
             self.last[p] = max(self.last[p], self.last[q])
             self.refresh(np.array([p]))
+            if self._ld_cache is not None:
+                for (ld, _), (new, _) in zip(self._ld_cache, self._bic_logdets(n, S)):
+                    ld[p] = new[0]
             alive[q] = False
             self.n[q] = 0.0
             R[q, :] = np.inf
             R[:, q] = np.inf
             self._score_row(R, p, C, alive)
             merges += 1
+        self._ld_cache = None
         keep = np.flatnonzero(alive)
         for name in ("mu", "S", "P", "n", "ld", "cls", "last", "upd"):
             arr = getattr(self, name)
@@ -523,9 +537,12 @@ class ClusterSet:
                 break
         return folded
 
-    def _score_row(self, R: np.ndarray, p: int, C: int, alive: np.ndarray | None = None) -> None:
+    def _score_row(self, R: np.ndarray, p: int, C: int, alive: np.ndarray | None = None,
+                   upper: bool = False) -> None:
+        """Scores of p against the other live same-class clusters (``upper``: only those
+        after p, for the first fill of R) into row and column p of R."""
         others = np.arange(C)
-        ok = (others != p) & (self.cls[:C] == self.cls[p])
+        ok = (others > p if upper else others != p) & (self.cls[:C] == self.cls[p])
         if alive is not None:
             ok &= alive
         if not ok.any():
@@ -548,6 +565,12 @@ class ClusterSet:
             qn = q[near]
             score, _ = self._merge_scores(np.full(qn.size, p), qn)
             row[qn] = score
+            if upper:
+                R[p, qn] = score
+                R[qn, p] = score
+                return
+        if upper:
+            return
         R[p, :] = row
         R[:, p] = row
         R[p, p] = np.inf
