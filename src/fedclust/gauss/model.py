@@ -546,6 +546,8 @@ class ClusterSet:
         if alive is not None:
             ok &= alive
         if not ok.any():
+            if upper:
+                return
             R[p, :] = np.inf
             R[:, p] = np.inf
             return
