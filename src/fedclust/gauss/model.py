@@ -143,7 +143,8 @@ class ClusterSet:
         """
         if self.s.merge_test != "bic" or self.s.n_r is not None or X.shape[0] < 3:
             return
-        self.birth_ratio = neighbour_variance(X, self.var)
+        # never below the variance floor (duplicated rows have no neighbourhood at all)
+        self.birth_ratio = max(neighbour_variance(X, self.var), self.s.var_floor)
         self._set_prior()
         self.refresh(np.arange(self.C))
 
