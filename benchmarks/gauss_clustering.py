@@ -383,7 +383,7 @@ def main() -> None:
         fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 4 * rows), squeeze=False)
         for ax, (name, (X, y, fc)) in zip(axes.ravel(), figs.items()):
             ari = adjusted_rand_score(y, fc.predict(X))
-            plot_gaussian_clusters(ax, X, fc.means_, fc.covariances_,
+            plot_gaussian_clusters(ax, X, fc.means_, fc.covariances_, fc.predict(X),
                                    title=f"{name}: {fc.n_clusters_} clusters, ARI {ari:.2f}")
         for ax in axes.ravel()[n:]:
             ax.axis("off")

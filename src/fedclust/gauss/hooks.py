@@ -48,7 +48,8 @@ def gauss_result_fields(model: Any) -> dict[str, Any]:
 
 
 def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
-    """Data and global clusters as 2-sigma ellipses (first two features)."""
+    """Data coloured by global cluster and the clusters as 2-sigma ellipses (first two
+    features)."""
     from ..plotting import have_matplotlib, plot_gaussian_clusters
 
     if not have_matplotlib():
@@ -67,7 +68,8 @@ def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) 
     title = f"{result.get('algorithm', 'gauss')}: {model.n_clusters_} clusters"
     if ari is not None:
         title += f", ARI {ari:.3f}"
-    plot_gaussian_clusters(ax, X, model.means_, model.covariances_, title=title)
+    plot_gaussian_clusters(ax, X, model.means_, model.covariances_, model.predict(X),
+                           title=title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
