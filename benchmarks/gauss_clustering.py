@@ -17,8 +17,17 @@ random, so some overlap, and ``gen_k_D_seed`` sets: k = 15-50 blobs of 4x-varyin
 widths in D = 2, 3, 5 placed at least 2.5 (sigma_i + sigma_j) apart by
 :func:`fedclust.gauss.datasets.separated_blobs`, oracle ARI >= 0.98) check that the
 defaults carry over. Seeds: 3 random owner splits (mean ARI). Every set is also run
-without the valley gate on the volume merge (``max_dip=inf``: the paper's volume
-criterion alone) to show what the gate changes.
+with the paper's volume merge criterion (``merge_test="volume"``) for comparison.
+
+Plain data: one Gaussian (2-D and 10-D, 5,000 points), a uniform square and cube, two
+elongated overlapping Gaussians and the four heart-disease hospitals (standardised,
+one owner each), beside scikit-learn's ``BayesianGaussianMixture`` (Dirichlet-process
+prior, 30 components) and ``GaussianMixture`` with the number of components chosen by
+BIC over 1..30, both on the pooled data: clusters found (components that hold a sample)
+and ARI where labels exist. Reference methods on Aggregation and S4: k-means with the
+true k, GaussianMixture with BIC-chosen k, the oracle GaussianMixture.
+
+Mechanisms (``--ablation``): the default with one piece removed at a time, one split.
 
 Stream: Birch1 (100,000 x 2, 100 clusters; rows shuffled once) learnt by one
 :class:`~fedclust.EvolvingGaussians` in blocks of 1,000 rows; the time per
@@ -128,12 +137,12 @@ def clustering(args, names, seeds, title):
         X, y = data
         k_ref = len(np.unique(y[y > 0]))
         aris, ks, models = run_set(X, y, seeds)
-        old_aris, old_ks, _ = run_set(X, y, seeds, max_dip=np.inf)  # no valley gate
+        old_aris, old_ks, _ = run_set(X, y, seeds, merge_test="volume")  # the paper's rule
         orc = oracle_ari(X, y)
         within = abs(np.mean(ks) - k_ref) <= 0.2 * k_ref
         out[name] = {"ari": aris, "ari_mean": float(np.mean(aris)), "clusters": ks,
-                     "without_valley_gate": {"ari_mean": float(np.mean(old_aris)),
-                                            "clusters": old_ks},
+                     "paper_volume_rule": {"ari_mean": float(np.mean(old_aris)),
+                                           "clusters": old_ks},
                      "reference_clusters": k_ref, "oracle_gmm_ari": orc,
                      "bytes_up_per_owner": [m.communication_["bytes_up"] / 3 for m, _ in models],
                      "fit_seconds": [dt for _, dt in models]}
@@ -146,10 +155,136 @@ def clustering(args, names, seeds, title):
                      PAPER.get(name, "(unseen)")])
         figs[name] = (X, y, models[0][0])
     C.print_table(["set", "n", "ref k", "ARI mean", "ARI min", "clusters", "k within 20%",
-                   "oracle GMM ARI", "check met", "ARI without valley gate",
-                   "clusters without",
+                   "oracle GMM ARI", "check met", "ARI, paper's volume rule",
+                   "clusters, volume rule",
                    "paper (Fig. 2)"], rows, title=title)
     return out, figs
+
+
+def plain_sets(args, quick):
+    """The plain-data block: (name, X, labels or None, list of owners' rows)."""
+    rng = np.random.default_rng(args.seed)
+    n = 1500 if quick else 5000
+    out = [("one Gaussian 2-D", rng.standard_normal((n, 2)), None),
+           ("one Gaussian 10-D", rng.standard_normal((n, 10)), None),
+           ("uniform square", rng.uniform(size=(n // 2, 2)), None),
+           ("uniform cube", rng.uniform(size=(n // 2, 3)), None)]
+    A = np.diag([4.0, 0.5])
+    rot = np.array([[0.8, 0.6], [-0.6, 0.8]])
+    X = np.vstack([rng.standard_normal((n // 4, 2)) @ A,
+                   rng.standard_normal((n // 4, 2)) @ A @ rot + [0.0, 1.5]])
+    out.append(("two elongated overlapping", X, np.repeat([0, 1], n // 4)))
+    # three owners with random rows each
+    out = [(name, X, y, [X[i] for i in np.array_split(rng.permutation(len(X)), 3)])
+           for name, X, y in out]
+    heart = Path(args.data_dir) / "uci-extra" / "heart-disease"
+    if (heart / "heart_cleveland.npz").exists() and not quick:
+        hs = [np.load(heart / f"heart_{h}.npz", allow_pickle=False)["X"]
+              for h in ("cleveland", "hungarian", "switzerland", "va")]
+        X = np.vstack(hs)
+        X = np.where(np.isnan(X), np.nanmean(X, axis=0), X)
+        sd = X.std(axis=0)
+        X = (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+        cuts = np.cumsum([len(h) for h in hs])[:-1]
+        out.append(("heart hospitals (standardised)", X, None, np.split(X, cuts)))
+    return out
+
+
+def plain(args, quick):
+    """Clusters found on plain data, ours beside two scikit-learn references."""
+    from sklearn.mixture import BayesianGaussianMixture
+
+    rows, out = [], {}
+    kmax = 10 if quick else 30
+    for name, X, y, owners in plain_sets(args, quick):
+        fc = FedGaussClustering(random_state=args.seed).fit(owners)
+        ours = fc.predict(X)
+        dp = BayesianGaussianMixture(
+            n_components=30, weight_concentration_prior_type="dirichlet_process",
+            max_iter=500, random_state=args.seed).fit(X).predict(X)
+        bics = [GaussianMixture(k, random_state=args.seed).fit(X) for k in range(1, kmax + 1)]
+        best = min(bics, key=lambda g: g.bic(X))
+        bic = best.predict(X)
+        top2 = float(np.sort(fc.counts_)[::-1][:2].sum() / len(X))
+        ari = (lambda lab: f"{adjusted_rand_score(y, lab):.3f}") if y is not None else (
+            lambda lab: "-")
+        out[name] = {"n": len(X), "D": X.shape[1], "owners": len(owners),
+                     "clusters": int(fc.n_clusters_), "share_in_two_largest": top2,
+                     "counts_sum": int(fc.counts_.sum()), "removed": int(fc.removed_samples_),
+                     "dp_clusters": int(np.unique(dp).size), "bic_k": int(best.n_components),
+                     "ari": None if y is None else float(adjusted_rand_score(y, ours)),
+                     "dp_ari": None if y is None else float(adjusted_rand_score(y, dp)),
+                     "bic_ari": None if y is None else float(adjusted_rand_score(y, bic))}
+        rows.append([name, len(X), X.shape[1], len(owners), fc.n_clusters_, f"{top2:.2f}",
+                     f"{int(fc.counts_.sum())} + {fc.removed_samples_}", ari(ours),
+                     np.unique(dp).size, ari(dp), best.n_components, ari(bic)])
+    C.print_table(["data", "n", "D", "owners", "clusters (ours)", "share in 2 largest",
+                   "counts + removed", "ARI (ours)", "DP-GMM clusters", "DP-GMM ARI",
+                   "GMM BIC k", "GMM BIC ARI"], rows,
+                  title=f"Plain data (ours: defaults; references on the pooled data, "
+                        f"BIC over k = 1..{kmax})")
+    return out
+
+
+def references(args, names):
+    """k-means with the true k and GaussianMixture with BIC-chosen k, pooled data."""
+    from sklearn.cluster import KMeans
+
+    rows, out = [], {}
+    for name in names:
+        data = load(args, name)
+        if data is None:
+            continue
+        X, y = data
+        k = len(np.unique(y[y > 0]))
+        km = KMeans(k, n_init=10, random_state=args.seed).fit_predict(X)
+        fits = [GaussianMixture(j, random_state=args.seed).fit(X) for j in range(1, 31)]
+        best = min(fits, key=lambda g: g.bic(X))
+        out[name] = {"kmeans_ari": float(adjusted_rand_score(y, km)),
+                     "gmm_bic_k": int(best.n_components),
+                     "gmm_bic_ari": float(adjusted_rand_score(y, best.predict(X))),
+                     "oracle_gmm_ari": oracle_ari(X, y)}
+        rows.append([name, k, f"{out[name]['kmeans_ari']:.3f}", best.n_components,
+                     f"{out[name]['gmm_bic_ari']:.3f}", f"{out[name]['oracle_gmm_ari']:.3f}"])
+    C.print_table(["set", "ref k", "k-means ARI (true k)", "GMM BIC k", "GMM BIC ARI",
+                   "oracle GMM ARI"], rows, title="Reference methods (pooled data)")
+    return out
+
+
+def ablation(args, names):
+    """The default with one mechanism removed at a time (one owner split)."""
+    from fedclust.gauss import model as M
+
+    variants = {
+        "default": {},
+        "no neighbour birth scale": {"patch": ("set_birth_scale", lambda self, X: None)},
+        "BIC with full covariances only": {"patch": (
+            "_bic_logdets", lambda self, n, S, f=M.ClusterSet._bic_logdets: f(self, n, S)[-1:])},
+        "paper's volume rule instead of BIC": {"kw": {"merge_test": "volume"}},
+    }
+    rows, out = [], {}
+    for name in names:
+        data = load(args, name)
+        if data is None:
+            continue
+        X, y = data
+        row = [name]
+        for label, v in variants.items():
+            patch = v.get("patch")
+            old = getattr(M.ClusterSet, patch[0]) if patch else None
+            if patch:
+                setattr(M.ClusterSet, patch[0], patch[1])
+            try:
+                aris, ks, _ = run_set(X, y, [args.seed], **v.get("kw", {}))
+            finally:
+                if patch:
+                    setattr(M.ClusterSet, patch[0], old)
+            out.setdefault(name, {})[label] = {"ari": aris[0], "clusters": ks[0]}
+            row.append(f"{aris[0]:.3f} / {ks[0]}")
+        rows.append(row)
+    C.print_table(["set"] + [f"{k}: ARI / clusters" for k in variants], rows,
+                  title="Mechanisms of the default, one removed at a time (one split)")
+    return out
 
 
 def stream(args, X, block=1000, stretch=10000, passes=3):
@@ -187,11 +322,26 @@ def stream(args, X, block=1000, stretch=10000, passes=3):
 
 
 def main() -> None:
-    args = C.finish_args(C.make_parser(__doc__.splitlines()[0]).parse_args())
+    parser = C.make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--ablation", action="store_true",
+                        help="also run the default with one mechanism removed at a time")
+    parser.add_argument("--plain-only", action="store_true",
+                        help="only the plain-data block and the reference methods")
+    args = C.finish_args(parser.parse_args())
     seeds = [args.seed] if args.quick else [args.seed + r for r in range(3)]
     payload = {}
     with C.blas_limit(args):
         have_data = load(args, "s1") is not None and not args.quick
+        payload["plain"] = plain(args, args.quick)
+        if have_data:
+            payload["references"] = references(args, ["aggregation", "s4"])
+        if args.ablation and have_data:
+            payload["ablation"] = ablation(args, ["s1", "s2", "r15", "a1", "a3", "d31", "s4",
+                                                  "aggregation", "gen_40_5_6", "mb_40_10_2",
+                                                  "gen_30_10_2", "dim_16_64_1"])
+        if args.plain_only:
+            C.write_json(args, "gauss_clustering", payload)
+            return
         if have_data:
             payload["fig2"], figs = clustering(args, FIG2, seeds, "Figure 2 sets (3 owners, one round, defaults)")
             g2 = [f"g2mg_2_{o}" for o in (10, 30, 50, 70)] + ["g2mg_8_30", "g2mg_8_50"]
@@ -233,7 +383,7 @@ def main() -> None:
         fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 4 * rows), squeeze=False)
         for ax, (name, (X, y, fc)) in zip(axes.ravel(), figs.items()):
             ari = adjusted_rand_score(y, fc.predict(X))
-            plot_gaussian_clusters(ax, X, fc.means_, fc.covariances_,
+            plot_gaussian_clusters(ax, X, fc.means_, fc.covariances_, fc.predict(X),
                                    title=f"{name}: {fc.n_clusters_} clusters, ARI {ari:.2f}")
         for ax in axes.ravel()[n:]:
             ax.axis("off")

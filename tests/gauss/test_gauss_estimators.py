@@ -29,6 +29,9 @@ def test_online_model_is_valid_before_the_first_sample_and_learns_a_stream():
         m.learn_one(x)
     m.partial_fit(X[5:])
     assert m.n_samples_seen_ == 1200 and m.counts_.sum() == 1200
+    assert m.n_clusters_ <= 200  # the stream over-segments; merges wait for compact()
+    m.compact()
+    assert m.counts_.sum() == 1200 and m.removed_samples_ == 0
     assert 8 <= m.n_clusters_ <= 12
     assert adjusted_rand_score(y, m.predict(X)) > 0.95
     big = np.argsort(m.counts_)[::-1][:8]

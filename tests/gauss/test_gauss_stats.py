@@ -98,76 +98,13 @@ def test_merge_criterion_by_hand_in_one_dimension():
         assert (cs.C == 1) is merged
 
 
-def _pair(D, delta, n=(10**6, 10**6), scale=None, kappa_m=1e-12, tol=0.0):
-    """Two clusters with covariance I (scatter n I) at distance delta along axis 0."""
-    scale = np.ones(D) if scale is None else np.asarray(scale, float)
-    s = Settings(kappa_m=kappa_m, max_volume=1e9, prior_weight=1.0, n_sigma=1e3,
-                 overlap_tol=tol)
-    cs = ClusterSet(D, s)
-    N = float(sum(n))
-    cs.set_global(N, np.zeros(D), N * 100.0 * scale ** 2)
-    mu = np.zeros((2, D))
-    mu[1, 0] = delta
-    S = np.stack([m * np.diag(scale ** 2) for m in n]).astype(float)
-    cs.add(mu * scale, S, np.array(n, float), np.full(2, -1), np.zeros(2, np.int64))
-    return cs
-
-
-@pytest.mark.parametrize("D", [1, 3, 8])
-def test_likelihood_merge_threshold_by_hand(D):
-    # two equal unit Gaussians: the pooled one loses 0.5 log(1 + delta^2/4) nats per sample,
-    # the split spends log 2 on labels -> merge iff delta < 2 sqrt 3 = 3.464, whatever D
-    for delta, merged in ((3.40, True), (3.52, False)):
-        cs = _pair(D, delta)
-        cs.merge_all()
-        assert (cs.C == 1) is merged
-    cs = _pair(D, 3.0)
-    loss = cs._likelihood_loss(np.array([0]), np.array([1]), np.array([2e6]),
-                               cs.S[:1] + cs.S[1:2] + 0.5e6 * np.outer(cs.mu[1], cs.mu[1]))[0]
-    assert loss == pytest.approx(0.5 * np.log(1 + 9 / 4) - np.log(2), abs=1e-5)
-
-
-def test_likelihood_merge_matches_numpy_on_data_and_is_invariant():
-    rng = np.random.default_rng(7)
-    A = rng.normal(0, 1, (400, 3))
-    B = rng.normal(0, 1, (150, 3)) * [2, 1, 0.5] + [2.5, 0, 0]
-    s = Settings(n_sigma=1e3, max_volume=1e9)
-    cs = ClusterSet(3, s)
-    U = np.vstack([A, B])
-    cs.set_global(*moments(U))
-    cs.add(np.stack([A.mean(0), B.mean(0)]), np.stack([scatter(A), scatter(B)]),
-           np.array([400.0, 150.0]), np.full(2, -1), np.zeros(2, np.int64))
-    n, _, S = merge_clusters(cs.n[[0]], cs.mu[[0]], cs.S[[0]], cs.n[[1]], cs.mu[[1]], cs.S[[1]])
-    got = cs._likelihood_loss(np.array([0]), np.array([1]), n, S)[0]
-
-    def ld(Z):  # log det of the ML covariance plus the documented small ridge
-        return np.linalg.slogdet(np.cov(Z.T, bias=True) + 0.1 * np.diag(cs.s0) / len(Z))[1]
-
-    w = 400 / 550
-    want = 0.5 * (ld(U) - w * ld(A) - (1 - w) * ld(B)) + w * np.log(w) + (1 - w) * np.log(1 - w)
-    assert got == pytest.approx(want, rel=1e-9)
-    # symmetric in the pair and invariant to rescaling a feature (the scale rule follows)
-    back = cs._likelihood_loss(np.array([1]), np.array([0]), n, S)[0]
-    assert back == pytest.approx(got, rel=1e-12)
-    k = np.array([1e3, 1.0, 1e-2])
-    cs2 = ClusterSet(3, s)
-    cs2.set_global(*moments(U * k))
-    cs2.add(np.stack([A.mean(0), B.mean(0)]) * k,
-            np.stack([scatter(A * k), scatter(B * k)]), np.array([400.0, 150.0]),
-            np.full(2, -1), np.zeros(2, np.int64))
-    n2, _, S2 = merge_clusters(cs2.n[[0]], cs2.mu[[0]], cs2.S[[0]], cs2.n[[1]], cs2.mu[[1]],
-                               cs2.S[[1]])
-    assert cs2._likelihood_loss(np.array([0]), np.array([1]), n2, S2)[0] == pytest.approx(
-        got, rel=1e-9)
-
-
-def test_likelihood_merge_joins_a_large_cluster_split_in_tiles():
+def test_bic_merge_joins_a_large_cluster_split_in_tiles():
     # one Gaussian blob cut into 4 quadrant tiles: with kappa_m = 1.2 the volume criterion
-    # keeps the tiles (det ratio of two quadrants 1 / (1 - 2/pi) / 2 = 1.38), the likelihood
-    # test (0.5 log 2.75 = 0.51 < log 2 nats) puts the blob back together
+    # keeps the tiles (det ratio of two quadrants 1 / (1 - 2/pi) / 2 = 1.38); BIC puts the
+    # blob back together (one Gaussian explains two quadrants better than two do)
     X = np.random.default_rng(3).normal(size=(4000, 2))
     parts = [X[((X[:, 0] > 0) == a) & ((X[:, 1] > 0) == b)] for a in (0, 1) for b in (0, 1)]
-    for test, want in (("volume", 4), ("both", 1)):
+    for test, want in (("volume", 4), ("bic", 1)):
         s = Settings(merge_test=test, max_volume=1e9, kappa_m=1.2)
         cs = ClusterSet(2, s)
         cs.set_global(*moments(X))
@@ -175,6 +112,7 @@ def test_likelihood_merge_joins_a_large_cluster_split_in_tiles():
                np.array([len(P) for P in parts], float), np.full(4, -1), np.zeros(4, np.int64))
         cs.merge_all()
         assert cs.C == want
+        assert cs.n[:cs.C].sum() == 4000
 
 
 def test_compiled_loop_matches_the_numpy_loop(monkeypatch):
@@ -201,7 +139,7 @@ def test_compiled_loop_matches_the_numpy_loop(monkeypatch):
     np.testing.assert_allclose(a.mu[:a.C], b.mu[:b.C], rtol=1e-10)
 
 
-def test_compact_folds_an_online_models_fragments_without_losing_a_sample():
+def test_compact_merges_an_online_models_pieces_without_losing_a_sample():
     from fedclust import EvolvingGaussians
 
     rng = np.random.default_rng(0)
@@ -211,9 +149,9 @@ def test_compact_folds_an_online_models_fragments_without_losing_a_sample():
     m = EvolvingGaussians().partial_fit(X)
     before = m.n_clusters_
     m.compact()
-    assert m.n_clusters_ == 3 < before  # the stream left fragments; compact removes them
-    assert m.counts_.sum() == 3000
+    assert m.n_clusters_ == 3 < before  # the stream over-segments; compact merges by BIC
+    assert m.counts_.sum() == 3000 and m.removed_samples_ == 0
     pooled = (m.counts_[:, None] * m.means_).sum(0) / 3000
     np.testing.assert_allclose(pooled, X.mean(0), rtol=1e-9, atol=1e-9)
-    f = EvolvingGaussians().fit(X)  # pilot pass + pass + compact: here the pilot changes nothing
-    np.testing.assert_array_equal(f.means_, m.means_)
+    f = EvolvingGaussians().fit(X)  # one pass, the owner's merges, compact
+    assert f.n_clusters_ == 3 and f.counts_.sum() == 3000

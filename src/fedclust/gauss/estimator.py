@@ -4,29 +4,23 @@
 The default rule (one setting for every data set; see docs/gauss.md):
 
 * scale from the data: per-feature variances of all data, pooled exactly across
-  owners (Chan), each floored at ``var_floor`` x the median variance (never the
-  mean variance, which one huge raw feature dominates);
-* a new cluster starts at x with Sigma_0 = r diag(var), r = volume_fraction^(2/D):
-  its volume is a fixed fraction of the global volume in every dimension (the
-  authors' ``diag(var / N_r)`` with a per-data-set N_r is available as ``n_r``);
-* a sample joins its best cluster when d_M^2 <= chi^2_D quantile ``gate_quantile``
-  (the gate scales with D; the authors' d_M <= N_sigma is available as ``n_sigma``);
+  owners (Chan), each floored at ``var_floor`` x the median variance;
+* birth: a sample joins its best cluster when d_M^2 <= chi^2_D quantile
+  ``gate_quantile`` (the authors' d_M <= N_sigma is available as ``n_sigma``),
+  otherwise it starts a new cluster with Sigma_0 = r diag(var), r = volume_fraction^(2/D)
+  (clustering: no wider than the neighbourhood scale of the owner's rows);
 * a cluster's covariance is (S + n0 Sigma_0) / (n + n0 - 1), n0 = 2 (D + 1);
-* merge the best candidate pair while det(Sigma_pq) / (det Sigma_p + det Sigma_q)
-  < kappa_m (=1.5, the paper's value) and the merged volume is at most
-  ``max_volume`` of the global volume; on the server, clusters holding less than
-  ``min_weight`` of the data are folded into their most likely neighbour;
-* clustering (``adaptive_prior=True``): once clusters mature, Sigma_0 shrinks to the
-  lower-quartile volume of the mature clusters when that is smaller (clusters much
-  smaller than the global-volume fraction are not swallowed by young neighbours);
-* clustering (``merge_test="both"``): a pair also merges when its pooled Gaussian loses
-  at most ``overlap_tol`` (0) nats per sample of classification likelihood (no cap);
-* classifier: Fisher-score feature selection first (``kappa_f=0.01``: per-class counts,
-  means and variances pooled exactly in an extra round; features scoring below 1 % of
-  the best are dropped before learning);
-* predict by the Gaussian likelihood (measured better than gamma; both offered); the
-  classifier scores with covariances shrunk toward half the model's pooled
-  within-cluster variance (``pooled_shrinkage=0.5``) rather than toward Sigma_0.
+* clustering (``merge_test="bic"``): two clusters merge when BIC prefers one Gaussian
+  to two on their exact pooled statistics — after an owner's pass, whenever the
+  count passes ``max_clusters``, and on the server (every pair, best first);
+* classifier (``merge_test="volume"``, the paper's rule): merge active pairs online while
+  det(Sigma_pq) / (det Sigma_p + det Sigma_q) < kappa_m within a size cap, fold
+  clusters holding less than ``min_weight`` on the server; Fisher-score feature
+  selection first (``kappa_f=0.01``); scoring covariances shrunk toward half the model's
+  pooled within-cluster variance (``pooled_shrinkage=0.5``);
+* past ``max_clusters`` the oldest clusters are removed; their samples are counted in
+  ``removed_samples_``, so ``counts_.sum() + removed_samples_`` is every sample learnt;
+* predict by the Gaussian likelihood (the paper's gamma is ``predict_rule="gamma"``).
 """
 
 from __future__ import annotations
@@ -67,41 +61,28 @@ _PARAMS_DOC = """
     prior_weight : float or None
         n0 in Sigma = (S + n0 Sigma_0) / (n + n0 - 1); default 2 (D + 1).
     kappa_m : float, default=1.5
-        Merge while V_pq / (V_p + V_q) < kappa_m (paper's kappa_m).
+        ``merge_test="volume"``: merge while V_pq / (V_p + V_q) < kappa_m (paper's kappa_m).
     volume : {"det", "sqrt_det", "det_root"}, default="det"
         V = det(Sigma), sqrt(det(Sigma)) or det(Sigma)^(1/D) (the authors' variants).
     max_volume : float, default=0.1
-        Size cap: a merge may not make sqrt(det Sigma) exceed this fraction of
-        the global volume.
+        ``merge_test="volume"``: a merge may not make sqrt(det Sigma) exceed this
+        fraction of the global volume (size cap).
     max_clusters : int, default=200
-        Past it the oldest cluster is removed (never a class's last one).
+        Past it the BIC merges run (``"bic"``); clusters still past it are removed,
+        oldest first (never a class's last one), and counted in ``removed_samples_``.
     min_weight : float, default=0.005
-        Server: clusters with less than this fraction of all samples are folded
-        into their most likely neighbour (exact statistics).
+        ``merge_test="volume"``, server: clusters with less than this fraction of all
+        samples are folded into their most likely neighbour (exact statistics).
     var_floor : float, default=1e-6
         Per-feature variance floor as a fraction of the median feature variance.
     predict_rule : {"likelihood", "gamma"}, default="likelihood"
         Gaussian likelihood d_M^2 + log det Sigma (+ log n), or the paper's gamma.
-    merge_test : {"both", "volume"}, default="both"
-        "both": a pair also merges when one Gaussian explains it about as well as
-        two (classification likelihood per sample, see ``overlap_tol``); "volume":
-        the paper's volume criterion only.
-    overlap_tol : float, default=0.0
-        Nats per sample of classification likelihood a merge may lose.
-    adaptive_prior : bool, default=True (False for the classifier)
-        Shrink Sigma_0 to the lower-quartile volume of the mature clusters (n >= D + 1,
-        small-sample-corrected log det) when that is smaller than the volume rule;
-        re-evaluated online as the stream grows and on the server from the received and
-        the final clusters (deterministic, order-independent). An owner (and ``fit``)
-        holds all its rows, so it streams them twice: a pilot pass measures the factor,
-        the second pass starts from it (without it the first clusters, born under the
-        volume rule, which is wide in high D, swallow neighbouring blobs for good).
-    max_dip : float, default=0.75
-        With ``merge_test="both"``, the volume criterion merges a pair only when the
-        two-Gaussian mixture density has no valley deeper than this (in log density)
-        on the segment between the means (0.75: two equal Gaussians about 3.5 sigma
-        apart; ``inf``: no gate). The likelihood test is not gated. A core and its halo pass; young
-        clusters of two neighbouring blobs (which the volume rule joins in D >= 5) do not.
+    merge_test : {"bic", "volume"}, default="bic" ("volume" for the classifier)
+        "bic": two clusters merge when the Bayesian information criterion prefers one
+        Gaussian to two on their exact pooled statistics (full or diagonal covariance,
+        whichever it prefers); merges run after an owner's pass, at ``max_clusters`` and
+        on the server, never between two samples of a stream. "volume": the paper's
+        volume criterion, online for the clusters active for a sample and on the server.
     pooled_shrinkage : float, default=0.0 (0.5 for the classifier)
         w > 0: at prediction, a cluster's covariance is (S_i + n0 T) / (n_i + n0 - 1)
         with T = w x the model's pooled within-cluster variance (diagonal) instead of
@@ -129,10 +110,13 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
 
     No preset number of clusters: ``learn_one`` / ``partial_fit`` absorb a sample
     into its best cluster (Mahalanobis gate) with exact rank-one updates of the
-    mean and scatter, or start a new cluster; overlapping clusters merge by the
-    volume criterion with a size cap; past ``max_clusters`` the oldest is removed.
-    ``partial_fit(X)`` first pools X's per-feature statistics (so the scale rule
-    sees the batch), then streams its rows.
+    mean and scatter, or start a new cluster; clusters merge when BIC prefers one
+    Gaussian to two (``merge_test="bic"``: when the count passes ``max_clusters``,
+    and in :meth:`fit` / :meth:`compact`) or by the paper's volume criterion
+    (``"volume"``: online); clusters still past ``max_clusters`` are removed, oldest
+    first, and counted in ``removed_samples_``. ``partial_fit(X)`` first pools X's
+    per-feature statistics (so the scale rule sees the batch; the first batch also
+    sets the new-cluster neighbourhood scale), then streams its rows.
 
     Parameters
     ----------""" + _PARAMS_DOC + """
@@ -151,6 +135,9 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
     labels_ : ndarray (N,)
         Set by :meth:`fit` (and ``fit_predict``): the cluster of every row of
         its X under the final model (``partial_fit`` leaves it alone).
+    removed_samples_ : int
+        Samples of the clusters removed past ``max_clusters``:
+        ``counts_.sum() + removed_samples_ == n_samples_seen_`` always.
 
     Notes
     -----
@@ -165,9 +152,8 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
                  n_r: float | None = None, prior_weight: float | None = None,
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
-                 predict_rule: str = "likelihood", merge_test: str = "both",
-                 overlap_tol: float = 0.0, adaptive_prior: bool = True,
-                 max_dip: float = 0.75, pooled_shrinkage: float = 0.0):
+                 predict_rule: str = "likelihood", merge_test: str = "bic",
+                 pooled_shrinkage: float = 0.0):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
         self.n_sigma = n_sigma
@@ -182,9 +168,6 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         self.var_floor = var_floor
         self.predict_rule = predict_rule
         self.merge_test = merge_test
-        self.overlap_tol = overlap_tol
-        self.adaptive_prior = adaptive_prior
-        self.max_dip = max_dip
         self.pooled_shrinkage = pooled_shrinkage
 
     def _model(self, D: int | None) -> ClusterSet | None:
@@ -215,12 +198,14 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         if X.shape[0]:
             with one_thread():
                 cs.update_global(*moments(X))
+                if cs.t == 0:
+                    cs.set_birth_scale(X)
                 cs.learn(X)
         return self
 
     def fit(self, X: Any, y: None = None) -> "EvolvingGaussians":
-        """Forget everything, learn X as one owner does (one pass, or a pilot pass and
-        one with ``adaptive_prior``), then :meth:`compact` (as the server does)."""
+        """Forget everything, learn X as one owner does (one pass, then the owner's
+        merges), then :meth:`compact` (as the server does)."""
         self._cs = None
         X = self._check_X(X)
         if X.shape[0] == 0:
@@ -237,20 +222,17 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         return self
 
     def compact(self) -> "EvolvingGaussians":
-        """The server's clean-up on this model: merge every passing pair (not only pairs
-        active for one sample), fold clusters holding < ``min_weight`` of the samples into
-        their most likely neighbour (exact statistics, no sample lost), prune past
-        ``max_clusters``. ``partial_fit`` / ``learn_one`` never call it, so a cluster that
-        is just emerging in a stream is not folded away; call it when a summary is wanted.
-        O(c^2 D^2 + merges c D^3)."""
+        """The server's clean-up on this model: merge the best passing pair while there is
+        one (every pair for ``"bic"``), fold fragments (``"volume"``), prune past
+        ``max_clusters``; no sample is lost except by the pruning (``removed_samples_``).
+        ``partial_fit`` / ``learn_one`` call it only at ``max_clusters``; call it when a
+        summary is wanted. O(c^2 D^3)."""
         cs = getattr(self, "_cs", None)
         if cs is not None and cs.C > 1:
             with one_thread():
-                cs.adapt_prior()
                 cs.merge_all()
                 cs.absorb_fragments()
                 cs.prune()
-                cs.adapt_prior()
         return self
 
     def _fitted(self) -> ClusterSet:
@@ -289,6 +271,8 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
                      else (self._cs.t - self._cs.last[:self._cs.C]).astype(np.int64))
     n_samples_seen_ = property(lambda self: 0 if getattr(self, "_cs", None) is None
                                else int(self._cs.t))
+    removed_samples_ = property(lambda self: 0 if getattr(self, "_cs", None) is None
+                                else int(round(self._cs.removed)))
 
 
 class _FedBase:
@@ -321,6 +305,8 @@ class _FedBase:
         self.local_counts_ = [res.local_counts.get(z) for z in device_ids]
         self.communication_ = out.meter.summary()
         self.run_log_ = res.log
+        self.removed_by_owner_ = {z: int(res.removed_by_owner.get(z, 0)) for z in device_ids}
+        self.removed_samples_ = sum(self.removed_by_owner_.values()) + int(res.removed_by_server)
         self.global_count_ = int(res.global_count)
         self.global_mean_ = res.global_mean.copy()
         self.global_var_ = res.global_m2 / max(res.global_count, 1)
@@ -341,16 +327,17 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
     __doc__ = """Federated self-evolving Gaussian clustering (one round, no preset k).
 
     Each owner learns its rows in one pass (:class:`EvolvingGaussians` rules),
-    sends its clusters with n > ``kappa_n`` (mean, packed scatter, count, age)
-    and its per-feature (count, mean, m2); the server pools everything exactly,
-    merges overlapping clusters, folds fragments, removes the oldest past
-    ``max_clusters`` and broadcasts the global model, which each owner uses to
+    merges its clusters by BIC, sends those with n > ``kappa_n`` (mean, packed
+    scatter, count, age) and its per-feature (count, mean, m2); the server pools
+    everything exactly, merges by BIC (every pair, best first), removes the oldest
+    past ``max_clusters`` and broadcasts the global model, which each owner uses to
     label its rows.
 
     Parameters
     ----------""" + _PARAMS_DOC + """
-    kappa_n : float, default=1
-        Owners send clusters with n > kappa_n (each owner sends at least one).
+    kappa_n : float, default=0
+        Owners send clusters with n > kappa_n (each owner sends at least one); the
+        samples of the others count in ``removed_samples_``.
     n_rounds : int, default=1
         Rounds; round r streams the r-th chunk of every owner's rows.
     privacy : None
@@ -370,6 +357,10 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         Every row's cluster (owner order, or the row order of X with ``groups``).
     device_labels_ : list of ndarray (n_z,) or None
     communication_ : dict (bytes up/down per owner and in total)
+    removed_samples_ : int
+        Samples learnt but in no cluster: clusters an owner did not send (n <= kappa_n)
+        or removed past ``max_clusters`` (owner or server);
+        ``counts_.sum() + removed_samples_`` = all rows. Per owner: ``removed_by_owner_``.
     run_log_, seed_
 
     Notes
@@ -384,10 +375,9 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
                  n_r: float | None = None, prior_weight: float | None = None,
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
-                 predict_rule: str = "likelihood", merge_test: str = "both",
-                 overlap_tol: float = 0.0, adaptive_prior: bool = True,
-                 max_dip: float = 0.75, pooled_shrinkage: float = 0.0,
-                 kappa_n: float = 1, n_rounds: int = 1, privacy: Any = None,
+                 predict_rule: str = "likelihood", merge_test: str = "bic",
+                 pooled_shrinkage: float = 0.0,
+                 kappa_n: float = 0, n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -403,9 +393,6 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         self.var_floor = var_floor
         self.predict_rule = predict_rule
         self.merge_test = merge_test
-        self.overlap_tol = overlap_tol
-        self.adaptive_prior = adaptive_prior
-        self.max_dip = max_dip
         self.pooled_shrinkage = pooled_shrinkage
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
@@ -466,7 +453,8 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
     Parameters
     ----------""" + _PARAMS_DOC + """
     merge_test : default="volume" for the classifier
-        (the likelihood test measured 0.5 point worse on average over 14 sets).
+        (clusters never cross classes, so the count of clusters per class matters less
+        than the boundaries; the paper's rule keeps Table 1).
     kappa_f : float, default=0.01
         Fisher-score feature selection (the paper's kappa_F): a first round pools
         every owner's per-class counts, means and variances exactly (M (2D + 1) + 2D + 1
@@ -509,8 +497,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "volume",
-                 overlap_tol: float = 0.0, adaptive_prior: bool = False,
-                 max_dip: float = 0.75, pooled_shrinkage: float = 0.5,
+                 pooled_shrinkage: float = 0.5,
                  kappa_f: float = 0.01, kappa_n: float = 1,
                  n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
@@ -528,9 +515,6 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self.var_floor = var_floor
         self.predict_rule = predict_rule
         self.merge_test = merge_test
-        self.overlap_tol = overlap_tol
-        self.adaptive_prior = adaptive_prior
-        self.max_dip = max_dip
         self.pooled_shrinkage = pooled_shrinkage
         self.kappa_f = kappa_f
         self.kappa_n = kappa_n

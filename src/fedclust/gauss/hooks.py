@@ -73,7 +73,8 @@ def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) 
         title += f", ARI {ari:.3f}"
     if result.get("title"):
         title = f"{result['title']}\n{title}"
-    plot_gaussian_clusters(ax, X, model.means_, model.covariances_, labels, title=title)
+    plot_gaussian_clusters(ax, X, model.means_, model.covariances_,
+                           labels if labels is not None else model.predict(X), title=title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -3,8 +3,10 @@
 ``learn_local`` first pools the owner's global statistics (exact per-feature
 mean and variance of its rows, plus any broadcast global statistics), so the
 new-cluster covariance Sigma_0 and the variance floor come from the data scale,
-then streams the rows once (O(n c D^2) time, O(c D^2) memory); twice with the
-adaptive Sigma_0 (the clustering default), the first pass only measuring it.
+then streams the rows once (O(n c D^2) time, O(c D^2) memory). With the BIC merge
+test an owner merges only when its cluster count passes ``max_clusters``: the server
+decides the other merges on the pooled samples (BIC judges a pair by how many samples
+it holds, and a merge cannot be undone).
 """
 
 from __future__ import annotations
@@ -15,50 +17,20 @@ from .messages import GaussClusters
 from .model import ClusterSet, Settings
 from .stats import merge_moments, moments, pack_scatter, unpack_scatter
 
-#: a second pass that leaves more than this share of the rows outside mature clusters
-#: (n >= D + 1) shows a Sigma_0 too narrow for part of the data: the rows are learnt once
-#: more with the median instead of the lower-quartile cluster volume
-MAX_IMMATURE_SHARE = 0.5
-#: the cluster-volume quantile of that third pass (the median)
-WIDE_QUANTILE = 0.5
-
 __all__ = ["learn_local", "to_message", "from_message"]
 
 
 def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_classes: int,
                 prior: tuple[float, np.ndarray, np.ndarray] | None = None) -> ClusterSet:
-    """Learn the owner's rows (``y``: class indices 0..M-1, or None) in one pass; with
-    ``adaptive_prior``, two: a pilot pass only measures the adaptive Sigma_0 factor,
-    which then caps Sigma_0 from the first row of the second pass; and a third, with the
-    median mature-cluster volume, when the second leaves more than
-    ``MAX_IMMATURE_SHARE`` of the rows outside mature clusters."""
+    """Learn the owner's rows (``y``: class indices 0..M-1, or None) in one pass.
+
+    ``merge_test="bic"``: new clusters start at the rows' neighbourhood scale
+    (:meth:`ClusterSet.set_birth_scale`)."""
     own = moments(X)
     g = own if prior is None else merge_moments(prior, own)
-    cs = _one_pass(X, y, settings, n_classes, g, 1.0)
-    if settings.adaptive_prior and settings.n_r is None:
-        # pilot pass: the rows are all here, so the second pass starts from the Sigma_0
-        # the first one ended with; otherwise the first clusters, born under the
-        # global-volume rule (wide in high D), swallow neighbouring blobs for good
-        pilot = cs
-        cs = _one_pass(X, y, settings, n_classes, g, pilot.prior_factor)
-        in_mature = cs.n[:cs.C][cs.n[:cs.C] >= cs.mature_count()].sum()
-        if pilot.prior_factor < 1.0 and in_mature < (1.0 - MAX_IMMATURE_SHARE) * len(X):
-            # blob volumes that differ by orders of magnitude (4x widths in 10-D): the
-            # smaller clusters' scale leaves the wide blobs' rows as singletons
-            cs = _one_pass(X, y, settings, n_classes, g, pilot.adaptive_factor(WIDE_QUANTILE),
-                           quantile=WIDE_QUANTILE)
-    return cs
-
-
-def _one_pass(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_classes: int,
-              g: tuple, cap: float, quantile: float | None = None) -> ClusterSet:
-    """A fresh cluster set with global statistics ``g``, Sigma_0 factor at most ``cap``
-    (and the adaptive factor's volume quantile), after one pass over the rows."""
     cs = ClusterSet(X.shape[1], settings, n_classes)
-    cs.prior_cap = cap
-    if quantile is not None:
-        cs.prior_quantile = quantile
     cs.set_global(*g)
+    cs.set_birth_scale(X)
     cs.learn(X, y)
     return cs
 
@@ -104,7 +76,6 @@ def from_message(msg: GaussClusters, settings: Settings, n_classes: int) -> Clus
     cs.set_global(float(msg.global_count), msg.global_mean, msg.global_m2)
     cs.gc = (msg.class_count.copy(), msg.class_mean.copy(), msg.class_m2.copy())
     add_clusters(cs, msg)
-    cs.adapt_prior()  # the same Sigma_0 the server ended with (adaptive_prior)
     return cs
 
 

@@ -17,9 +17,9 @@ which is Sigma_0 for a single sample (the paper's new-cluster rule), tends to
 S_i / n_i as the cluster grows, and is never singular (duplicates, constant
 features, D > n_i). ``n0`` (``prior_weight``) defaults to 2 (D + 1).
 
-Merging: the paper's volume criterion (with a size cap) and, optionally (the
-clustering default), a classification-likelihood test on the exact pooled
-statistics (:meth:`ClusterSet._likelihood_loss`).
+Merging (``merge_test``): by default a pair merges when BIC prefers one Gaussian to
+two on their exact pooled statistics (:meth:`ClusterSet._bic_scores`); the paper's
+volume criterion (with a size cap) stays available as ``"volume"``.
 
 Ožbot & Škrjanc, "Federated learning with self-evolving Gaussian clusters";
 Škrjanc, "Cluster-volume-based merging approach for incrementally evolving
@@ -33,14 +33,14 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.linalg import lapack
-from scipy.special import digamma
 from scipy.stats import chi2
 
 from ..core.threads import one_blas_thread
 from . import _fast
-from .stats import feature_variances, merge_clusters, merge_moments, prior_variances
+from .stats import (feature_variances, merge_clusters, merge_moments, neighbour_variance,
+                    prior_variances)
 
-__all__ = ["Settings", "ClusterSet", "VOLUMES", "PREDICT_RULES", "one_thread"]
+__all__ = ["Settings", "ClusterSet", "VOLUMES", "PREDICT_RULES", "MERGE_TESTS", "one_thread"]
 
 
 #: BLAS on one thread: these are many small (D x D) operations, for which a
@@ -55,15 +55,7 @@ def _chi2_gate(quantile: float, D: int) -> float:
 #: volume measure of the merge criterion -> exponent applied to det(Sigma)
 VOLUMES = {"det": 1.0, "sqrt_det": 0.5, "det_root": None}  # det_root: 1/D
 PREDICT_RULES = ("likelihood", "gamma")
-#: ridge (in units of Sigma_0) of the data covariances compared by the likelihood merge test
-ML_RIDGE = 0.1
-#: the adaptive Sigma_0 never shrinks below this fraction (per dimension) of the volume rule
-MIN_PRIOR_FACTOR = 0.01
-#: the valley test's grid on the segment between two means: t^2 and (1 - t)^2, 33 points
-_T2 = np.linspace(0.0, 1.0, 33)[:, None] ** 2
-_U2 = _T2[::-1]
-#: the adaptive Sigma_0 follows this quantile of the mature clusters' volumes (lower quartile)
-PRIOR_QUANTILE = 0.25
+MERGE_TESTS = ("bic", "volume")
 
 
 @dataclass(frozen=True)
@@ -83,10 +75,7 @@ class Settings:
     min_weight: float = 0.005
     var_floor: float = 1e-6
     predict_rule: str = "likelihood"
-    merge_test: str = "both"
-    overlap_tol: float = 0.0
-    adaptive_prior: bool = True
-    max_dip: float = 0.75
+    merge_test: str = "bic"
     pooled_shrinkage: float = 0.0
 
 
@@ -100,9 +89,8 @@ class ClusterSet:
         self.full = settings.covariance == "full"
         self.n_classes = int(n_classes)
         self.n0 = float(2 * (D + 1) if settings.prior_weight is None else settings.prior_weight)
-        self._adapt_at = (0, 0)  # (samples seen, mature clusters) at the last evaluation
-        self.prior_cap = 1.0  # upper bound of the adaptive factor (a pilot pass sets it)
-        self.prior_quantile = PRIOR_QUANTILE
+        self.removed = 0.0  # samples dropped with the clusters removed past max_clusters
+        self.birth_ratio = np.inf  # neighbour scale of new clusters (set_birth_scale), / var
         if settings.n_sigma is not None:
             self.gate = float(settings.n_sigma) ** 2
         else:
@@ -139,86 +127,26 @@ class ClusterSet:
                                        n_r=self.s.n_r)
         self.ld_global = float(np.log(self.var).sum())
         self._g_refreshed = max(count, 1)
-        self.prior_factor = self.adaptive_factor()
-        self.s0 = self.s0_rule * self.prior_factor
+        self.s0 = np.minimum(self.s0_rule, self.birth_ratio * self.var)
         self.ld0 = float(np.log(self.s0).sum())
 
-    # -- adaptive new-cluster scale ---------------------------------------------
-    def mature_count(self) -> float:
-        """Samples a cluster needs before its scatter shapes Sigma_0: D + 1 (S nonsingular)."""
-        return float(self.D + 1)
+    def set_birth_scale(self, X: np.ndarray) -> None:
+        """Narrow Sigma_0 to the neighbourhood scale of the rows X (``merge_test="bic"``).
 
-    def adaptive_factor(self, quantile: float | None = None) -> float:
-        """Shrink factor f <= 1 of Sigma_0 = f * (volume rule) from the mature clusters.
-
-        With ``adaptive_prior``: once at least two clusters hold >= :meth:`mature_count`
-        samples, f = min(1, lower quartile_i (det Sigma_i / det Sigma_0_rule)^(1/D)) over
-        them, Sigma_i estimated from the scatter: a new cluster is no wider (in volume)
-        than the smaller mature clusters. A deterministic function of the global
-        statistics and the clusters, so the server and an owner rebuilding the broadcast
-        model get the same value. Per-dimension volumes keep the rule free of D. The
-        log-determinants are corrected for their small-sample bias (Wishart), so clusters
-        count as mature from D + 1 samples; a quantile ignores a few merged giants or
-        tiles. Never below ``MIN_PRIOR_FACTOR``, never above ``prior_cap`` (1, or the
-        factor a pilot pass over the same rows ended with: :func:`learn_local`).
+        Sigma_0 = min(volume rule, v diag(var)), v the median squared distance (features
+        scaled by the global variances, per dimension) from a row to its ceil(sqrt(n) / 2)-th
+        nearest row (:func:`~fedclust.gauss.stats.neighbour_variance`). New clusters then
+        start no wider than a local neighbourhood, so a birth never spans two clusters that
+        are close relative to the global spread (high D); the BIC merges join the pieces.
+        Only the learning owner uses it; the server and the broadcast model keep the volume
+        rule (no rows there), which only touches the covariance of very small clusters.
         """
-        if not self.s.adaptive_prior or self.s.n_r is not None:
-            return 1.0
-        cap = self.prior_cap
-        if self.C < 2:
-            return cap
-        idx = np.flatnonzero(self.n[:self.C] >= self.mature_count())
-        if idx.size < 2:
-            return cap
-        n = self.n[idx]
-        # unbiased log det Sigma from a scatter with n - 1 degrees of freedom (Wishart):
-        # E log det S = log det Sigma + sum_i digamma((n - i) / 2) + D log 2
-        # (diagonal: each variance separately, D digamma((n - 1) / 2) + D log 2)
-        dof = (n[:, None] - np.arange(1, self.D + 1)) if self.full else (n[:, None] - 1.0)
-        dof = np.broadcast_to(dof, (n.size, self.D))
-        ld = (self._ridged_logdet(self.S[idx], np.ones_like(n), self.s0_rule)
-              - digamma(dof / 2.0).sum(axis=1) - self.D * np.log(2.0))
-        ratio = np.exp((ld - float(np.log(self.s0_rule).sum())) / self.D)
-        q = self.prior_quantile if quantile is None else quantile
-        return float(min(cap, max(np.quantile(ratio, q), MIN_PRIOR_FACTOR)))
-
-    def _ridged_logdet(self, S: np.ndarray, n: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """log det of the data covariances (S + ML_RIDGE diag(base)) / n (nearly S / n,
-        never singular)."""
-        if self.full:
-            A = S.copy()
-            A[:, np.arange(self.D), np.arange(self.D)] += ML_RIDGE * base
-            return np.linalg.slogdet(A / n[:, None, None])[1]
-        return np.log((S + ML_RIDGE * base) / n[:, None]).sum(axis=1)
-
-    def adapt_prior(self) -> bool:
-        """Re-evaluate the adaptive Sigma_0 from the current clusters; refresh the caches
-        when it moved. Returns whether it moved."""
-        f = self.adaptive_factor()
-        self._adapt_at = (self.t, int(np.count_nonzero(self.n[:self.C] >= self.mature_count())))
-        if f == self.prior_factor:
-            return False
-        self.prior_factor = f
-        self.s0 = self.s0_rule * f
-        self.ld0 = float(np.log(self.s0).sum())
+        if self.s.merge_test != "bic" or self.s.n_r is not None or X.shape[0] < 3:
+            return
+        # never below the variance floor (duplicated rows have no neighbourhood at all)
+        self.birth_ratio = max(neighbour_variance(X, self.var), self.s.var_floor)
+        self._set_prior()
         self.refresh(np.arange(self.C))
-        return True
-
-    def _next_adapt_t(self) -> int:
-        return int(np.ceil(1.5 * max(self._adapt_at[0], 32)))
-
-    def _maybe_adapt(self) -> None:
-        """Online schedule: re-evaluate when the samples seen or the mature clusters have
-        grown by half since the last evaluation (O(log) evaluations per stream)."""
-        if not self.s.adaptive_prior:
-            return
-        m0 = self._adapt_at[1]
-        if self.t >= self._next_adapt_t():
-            self.adapt_prior()
-            return
-        m = int(np.count_nonzero(self.n[:self.C] >= self.mature_count()))
-        if m >= 2 and m >= 1.5 * max(m0, 1):
-            self.adapt_prior()
 
     def update_global(self, count: float, mean: np.ndarray, m2: np.ndarray) -> None:
         """Pool more global statistics in (Chan); refresh every cache when they moved."""
@@ -316,7 +244,12 @@ class ClusterSet:
         self.C -= 1
 
     def prune(self) -> None:
-        """Remove the oldest clusters past ``max_clusters`` (never a class's last cluster)."""
+        """Enforce ``max_clusters``. With ``merge_test="bic"`` the passing BIC merges run
+        first, best first, until half the cap is left (no sample lost; the least certain
+        merges wait for more data); past the cap the oldest clusters are removed (never a
+        class's last cluster) and their samples counted in ``removed``."""
+        if self.C > self.s.max_clusters and self.s.merge_test == "bic":
+            self.merge_all(until=self.s.max_clusters // 2)
         while self.C > self.s.max_clusters:
             age = self.t - self.last[:self.C]
             if self.n_classes:
@@ -326,10 +259,11 @@ class ClusterSet:
                     return
             # oldest first; among equals the smallest cluster goes
             order = np.lexsort((self.n[:self.C], -age))
+            self.removed += float(self.n[int(order[0])])
             self.remove(int(order[0]))
 
     # -- online learning ---------------------------------------------------------
-    #: use the compiled loop when numba is installed (tests switch it off to compare)
+    #: use the compiled loop when numba imports (tests switch it off to compare)
     use_fast = True
 
     def learn(self, X: np.ndarray, y: np.ndarray | None = None) -> None:
@@ -338,27 +272,28 @@ class ClusterSet:
             return self._learn_fast(np.ascontiguousarray(X, dtype=np.float64), y)
         return self._learn_numpy(X, y)
 
+    @property
+    def merges_online(self) -> bool:
+        """The paper's rule merges pairs active for a sample as it streams; the BIC rule
+        merges only in :meth:`merge_all` (end of a pass, cap, server): a merge decided on a
+        few samples could not be undone later."""
+        return self.s.merge_test == "volume"
+
     def _learn_fast(self, X: np.ndarray, y: np.ndarray | None) -> None:
         yy = (np.full(X.shape[0], -1, np.int64) if y is None
               else np.ascontiguousarray(y, dtype=np.int64))
         i, N = 0, X.shape[0]
         while i < N:
             act = np.empty(max(self.C, 1), np.int64)
-            stop = N  # the adaptive prior's schedule cuts the stream into stretches
-            if self.s.adaptive_prior:
-                stop = min(N, i + max(1, self._next_adapt_t() - self.t))
             i, j, code, t, na = _fast.scan_full(
-                X[:stop], yy, i, self.t, self.mu, self.S, self.P, self.ld, self.n, self.cls,
-                self.last, self.upd, self.C, self.gate, self.n0, self.refresh_every, act)
+                X, yy, i, self.t, self.mu, self.S, self.P, self.ld, self.n, self.cls,
+                self.last, self.upd, self.C, self.gate, self.n0, self.refresh_every, act,
+                self.merges_online)
             self.t = int(t)
             if code == _fast.DONE:
-                if stop == N:
-                    return
-                self._maybe_adapt()
-                continue
+                return
             if code == _fast.NEW:
                 self.t += 1
-                self._maybe_adapt()
                 self._new(X[i], int(yy[i]))
                 if self.C > self.s.max_clusters:
                     self.prune()
@@ -372,15 +307,13 @@ class ClusterSet:
     def _learn_numpy(self, X: np.ndarray, y: np.ndarray | None = None) -> None:
         full = self.full
         gate = self.gate
+        online = self.merges_online
         for i in range(X.shape[0]):
             x = X[i]
             c = -1 if y is None else int(y[i])
-            if self.s.adaptive_prior and self.t >= self._next_adapt_t():
-                self._maybe_adapt()  # between samples, where the compiled loop pauses too
             self.t += 1
             C = self.C
             if C == 0:
-                self._maybe_adapt()
                 self._new(x, c)
                 continue
             diff = x - self.mu[:C]
@@ -394,11 +327,11 @@ class ClusterSet:
             j = int(np.argmin(d2))
             if d2[j] <= gate:
                 self._absorb(j, x, diff[j], Pd[j], float(d2[j]))
-                active = np.flatnonzero(d2 <= gate)
-                if active.size > 1:
-                    self._merge_around(j, active[active != j])
+                if online:
+                    active = np.flatnonzero(d2 <= gate)
+                    if active.size > 1:
+                        self._merge_around(j, active[active != j])
             else:
-                self._maybe_adapt()
                 self._new(x, c)
                 if self.C > self.s.max_clusters:
                     self.prune()
@@ -433,15 +366,18 @@ class ClusterSet:
 
     # -- merging -------------------------------------------------------------------
     def _merge_scores(self, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """Merge score of p[k] with q[k]: merge while < 0.
-
-        Volume criterion: log(V_pq / (V_p + V_q)) - log kappa_m, inf where the size
-        cap forbids the merge. With ``merge_test="both"`` also the likelihood test
-        (:meth:`_likelihood_loss` - ``overlap_tol``, no cap: it bounds itself);
-        the smaller of the two scores counts.
-        """
+        """Merge score of p[k] with q[k] (merge while < 0) and the pooled (n, mu, S)."""
         n, mu, S = merge_clusters(self.n[p], self.mu[p], self.S[p],
                                   self.n[q], self.mu[q], self.S[q])
+        if self.s.merge_test == "bic":
+            return self._bic_scores(p, q, n, S), (n, mu, S)
+        return self._volume_scores(p, q, n, S), (n, mu, S)
+
+    def _volume_scores(self, p: np.ndarray, q: np.ndarray, n: np.ndarray, S: np.ndarray
+                       ) -> np.ndarray:
+        """The paper's criterion: log(V_pq / (V_p + V_q)) - log kappa_m, V = det(Sigma)^w
+        of the shrunk covariances; inf where the merged sqrt det exceeds ``max_volume`` of
+        the global one (the size cap)."""
         denom = n + self.n0 - 1.0
         if self.full:
             A = S.copy()
@@ -452,60 +388,48 @@ class ClusterSet:
             ld = np.log((S + self.n0 * self.s0) / denom[:, None]).sum(axis=1)
         w = self.vol_w
         score = w * ld - np.logaddexp(w * self.ld[p], w * self.ld[q]) - np.log(self.s.kappa_m)
-        # the size cap bounds the volume criterion (loose for unequal sizes)
         cap = 0.5 * ld > np.log(self.s.max_volume) + 0.5 * self.ld_global
-        score = np.where(cap, np.inf, score)
-        if self.s.merge_test == "both":
-            # the volume criterion only for a pair whose mixture has no valley between the
-            # means: in D >= 5 young clusters of two neighbouring blobs pass it (their
-            # union's volume grows along one axis only), a core and its halo do not dip
-            cand = score < 0.0  # the valley only matters where the volume criterion passes
-            if np.isfinite(self.s.max_dip) and cand.any():
-                deep = self._dip(p[cand], q[cand]) < -self.s.max_dip
-                score[np.flatnonzero(cand)[deep]] = np.inf
-            score = np.minimum(score, self._likelihood_loss(p, q, n, S) - self.s.overlap_tol)
-        return score, (n, mu, S)
+        return np.where(cap, np.inf, score)
 
-    def _dip(self, p: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """Deepest valley of the two-cluster mixture density on the segment between the means.
+    def _bic_scores(self, p: np.ndarray, q: np.ndarray, n: np.ndarray, S: np.ndarray
+                    ) -> np.ndarray:
+        """(BIC of one Gaussian - BIC of two) / (2 n_pq) for the pairs (p, q): merge while < 0.
 
-        min_t log f(t) - min(log f(0), log f(1)) <= 0 over 33 points t in [0, 1],
-        f(t) = n_p N(x_t; mu_p, Sigma_p) + n_q N(x_t; mu_q, Sigma_q) (0: no valley).
-        Two equal Gaussians delta sigma apart dip by
-        log(2 exp(-delta^2 / 8) / (1 + exp(-delta^2 / 2))): 0.75 at delta ~ 3.4.
-        O(D^2) per pair from the cached (shrunk) precisions."""
-        diff = self.mu[q] - self.mu[p]
-        if self.full:
-            dv = diff[:, None, :]
-            a = (dv @ self.P[p] @ diff[:, :, None])[:, 0, 0]
-            b = (dv @ self.P[q] @ diff[:, :, None])[:, 0, 0]
-        else:
-            a = (diff ** 2 * self.P[p]).sum(axis=1)
-            b = (diff ** 2 * self.P[q]).sum(axis=1)
-        lf = np.logaddexp(np.log(self.n[p]) - 0.5 * (_T2 * a + self.ld[p]),
-                          np.log(self.n[q]) - 0.5 * (_U2 * b + self.ld[q]))
-        return lf.min(axis=0) - np.minimum(lf[0], lf[-1])
-
-    def _likelihood_loss(self, p: np.ndarray, q: np.ndarray, n: np.ndarray, S: np.ndarray
-                         ) -> np.ndarray:
-        """Classification log-likelihood per sample lost by pooling p and q into one Gaussian.
-
-        0.5 [log det Sigma_pq - w log det Sigma_p - (1 - w) log det Sigma_q] - H(w),
-        w = n_p / n_pq, H the entropy of (w, 1 - w): the labels the split spends
-        (Celeux & Govaert's classification likelihood). Scale- and dimension-free:
-        two equal unit Gaussians pass when closer than 2 sqrt 3 sigma; a small
-        cluster passes into a large one when KL(p || q) <~ log(1 / w) + 1. The
-        data covariances (prior weight ~0), not the shrunk ones, are compared:
-        the prior would make young clusters look alike.
+        BIC = -2 log-likelihood + (parameters) log n_pq of the pair's samples under one
+        Gaussian (pooled statistics) or two (their own statistics, plus the labels:
+        n_p log w + n_q log(1 - w) with w = n_p / n_pq, and one mixing weight). Each
+        Gaussian is full or diagonal, whichever gives the lower BIC (``covariance="diag"``:
+        diagonal only), so 64 samples in 64-D are judged by a model they can support.
+        Maximum-likelihood covariances (S + Sigma_rule) / n: the volume-rule Sigma_0 once,
+        as one pseudo-sample, keeps a young cluster's covariance nonsingular.
         """
-        wp = self.n[p] / n
-        wq = 1.0 - wp
-        ent = -(wp * np.log(wp) + wq * np.log(wq))
-        k = n.shape[0]  # one LAPACK call for the three sets of matrices
-        ld = self._ridged_logdet(np.concatenate([S, self.S[p], self.S[q]]),
-                                 np.concatenate([n, self.n[p], self.n[q]]), self.s0)
-        lpq, lp, lq = ld[:k], ld[k:2 * k], ld[2 * k:]
-        return 0.5 * (lpq - wp * lp - wq * lq) - ent
+        own = self._bic_logdets(self.n, self.S) if self._ld_cache is None else self._ld_cache
+        pooled = self._bic_logdets(n, S)
+        w = self.n[p] / n
+        labels = self.n[p] * np.log(w) + self.n[q] * np.log1p(-w)  # <= 0
+        one = np.full(n.shape[0], np.inf)
+        two = np.full(n.shape[0], np.inf)
+        logn = np.log(n)
+        for (ld, npar), (ld_own, _) in zip(pooled, own):
+            one = np.minimum(one, n * ld + npar * logn)
+            two = np.minimum(two, self.n[p] * ld_own[p] + self.n[q] * ld_own[q]
+                             - 2.0 * labels + (2 * npar + 1) * logn)
+        return (one - two) / (2.0 * n)
+
+    #: per-cluster log-determinants of the BIC, cached while :meth:`merge_all` runs
+    _ld_cache: list | None = None
+
+    def _bic_logdets(self, n: np.ndarray, S: np.ndarray) -> list:
+        """[(log det of the diagonal ML covariances, 2D parameters), (full, D + D(D+1)/2)]
+        of the statistics (n, S), ridged by the volume-rule Sigma_0 as one pseudo-sample."""
+        D = self.D
+        diag = np.diagonal(S, axis1=-2, axis2=-1) if self.full else S
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = [(np.log((diag + self.s0_rule) / n[..., None]).sum(axis=-1), 2 * D)]
+            if self.full:
+                A = S + np.diag(self.s0_rule)
+                out.append((np.linalg.slogdet(A / n[..., None, None])[1], D + D * (D + 1) // 2))
+        return out
 
     def _merge_pair(self, p: int, q: int, stats: tuple, k: int) -> int:
         """Replace p by the union of p and q, delete q; returns p's final index."""
@@ -532,21 +456,24 @@ class ClusterSet:
             cand = [c for i, c in enumerate(cand) if i != k]
             cand = [qk if c == last else c for c in cand]  # the last cluster moved to q's slot
 
-    def merge_all(self) -> int:
-        """Server merge: repeatedly merge the best nearby same-class pair; returns #merges.
+    def merge_all(self, until: int = 1) -> int:
+        """Merge the globally best same-class pair while its score is < 0; returns #merges.
 
-        Candidate pairs: one mean inside the other's gate. The order of the
-        clusters does not matter beyond exact ties (the best pair is global).
+        Candidates: every pair (``"bic"``), or pairs with one mean inside the other's
+        gate (``"volume"``). The order of the clusters does not matter beyond exact ties.
+        Stops early when ``until`` clusters are left. O(C^2 D^3) for C clusters.
         """
         merges = 0
         C = self.C
         if C < 2:
             return 0
+        if self.s.merge_test == "bic":
+            self._ld_cache = self._bic_logdets(self.n[:C].copy(), self.S[:C])
         R = np.full((C, C), np.inf)
         for p in range(C):
-            self._score_row(R, p, C)
+            self._score_row(R, p, C, upper=self.s.merge_test == "bic")
         alive = np.ones(C, bool)
-        while True:
+        while C - merges > until:
             flat = int(np.argmin(R))
             p, q = divmod(flat, C)
             if not R[p, q] < 0.0:
@@ -556,12 +483,16 @@ class ClusterSet:
             self.n[p], self.mu[p], self.S[p] = n[0], mu[0], S[0]
             self.last[p] = max(self.last[p], self.last[q])
             self.refresh(np.array([p]))
+            if self._ld_cache is not None:
+                for (ld, _), (new, _) in zip(self._ld_cache, self._bic_logdets(n, S)):
+                    ld[p] = new[0]
             alive[q] = False
             self.n[q] = 0.0
             R[q, :] = np.inf
             R[:, q] = np.inf
             self._score_row(R, p, C, alive)
             merges += 1
+        self._ld_cache = None
         keep = np.flatnonzero(alive)
         for name in ("mu", "S", "P", "n", "ld", "cls", "last", "upd"):
             arr = getattr(self, name)
@@ -570,13 +501,15 @@ class ClusterSet:
         return merges
 
     def absorb_fragments(self) -> int:
-        """Fold clusters holding less than ``min_weight`` of the data into their best neighbour.
+        """(``merge_test="volume"``; the BIC merges need no fold.) Fold clusters holding less than ``min_weight`` of the data into their best neighbour.
 
         A fragment's statistics join the same-class cluster under which its mean
         is most likely (exact pooled statistics, no point is lost); a class's
         only cluster is kept. Returns the number of fragments folded.
         """
         folded = 0
+        if self.s.merge_test == "bic":
+            return 0
         total = float(self.n[:self.C].sum())
         while self.C > 1:
             small = np.flatnonzero(self.n[:self.C] < self.s.min_weight * total)
@@ -605,31 +538,42 @@ class ClusterSet:
                 break
         return folded
 
-    def _score_row(self, R: np.ndarray, p: int, C: int, alive: np.ndarray | None = None) -> None:
+    def _score_row(self, R: np.ndarray, p: int, C: int, alive: np.ndarray | None = None,
+                   upper: bool = False) -> None:
+        """Scores of p against the other live same-class clusters (``upper``: only those
+        after p, for the first fill of R) into row and column p of R."""
         others = np.arange(C)
-        ok = (others != p) & (self.cls[:C] == self.cls[p])
+        ok = (others > p if upper else others != p) & (self.cls[:C] == self.cls[p])
         if alive is not None:
             ok &= alive
         if not ok.any():
+            if upper:
+                return
             R[p, :] = np.inf
             R[:, p] = np.inf
             return
         q = others[ok]
-        diff = self.mu[q] - self.mu[p]
-        if self.full:
-            d_pq = np.einsum("kd,de,ke->k", diff, self.P[p], diff)
-            d_qp = np.einsum("kd,kde,ke->k", diff, self.P[q], diff)
-        else:
-            d_pq = (diff ** 2 * self.P[p]).sum(axis=1)
-            d_qp = (diff ** 2 * self.P[q]).sum(axis=1)
-        near = (d_pq <= self.gate) | (d_qp <= self.gate)
-        if self.s.merge_test == "both":  # the midpoint inside both gates (as online)
-            near |= (d_pq <= 4.0 * self.gate) & (d_qp <= 4.0 * self.gate)
+        near = np.ones(q.size, bool)
+        if self.s.merge_test == "volume":
+            diff = self.mu[q] - self.mu[p]
+            if self.full:
+                d_pq = np.einsum("kd,de,ke->k", diff, self.P[p], diff)
+                d_qp = np.einsum("kd,kde,ke->k", diff, self.P[q], diff)
+            else:
+                d_pq = (diff ** 2 * self.P[p]).sum(axis=1)
+                d_qp = (diff ** 2 * self.P[q]).sum(axis=1)
+            near = (d_pq <= self.gate) | (d_qp <= self.gate)
         row = np.full(C, np.inf)
         if near.any():
             qn = q[near]
             score, _ = self._merge_scores(np.full(qn.size, p), qn)
             row[qn] = score
+            if upper:
+                R[p, qn] = score
+                R[qn, p] = score
+                return
+        if upper:
+            return
         R[p, :] = row
         R[:, p] = row
         R[p, p] = np.inf

@@ -29,7 +29,7 @@ from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
 from .local import from_message, learn_local, to_message
 from .messages import GaussClassStats, GaussClusters, GaussFeatures, GaussModel
-from .model import PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
+from .model import MERGE_TESTS, PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
 from .server import merge_messages
 from .stats import (class_moments, fisher_mask, fisher_scores, merge_class_moments, moments,
                     pack_scatter)
@@ -63,13 +63,8 @@ def check_settings(**kw: Any) -> Settings:
     check_float(s.min_weight, "min_weight", min_value=0.0, max_value=1.0)
     check_float(s.var_floor, "var_floor", min_value=0.0, min_inclusive=False)
     check_choice(s.predict_rule, "predict_rule", PREDICT_RULES)
-    check_choice(s.merge_test, "merge_test", ("both", "volume"))
-    check_float(s.overlap_tol, "overlap_tol")
+    check_choice(s.merge_test, "merge_test", MERGE_TESTS)
     check_float(s.pooled_shrinkage, "pooled_shrinkage", min_value=0.0)
-    if s.max_dip != np.inf:  # inf: no valley gate (the paper's volume criterion)
-        check_float(s.max_dip, "max_dip", min_value=0.0)
-    if not isinstance(s.adaptive_prior, (bool, np.bool_)):
-        raise ValidationError(f"adaptive_prior={s.adaptive_prior!r} must be True or False")
     return s
 
 
@@ -94,6 +89,10 @@ class GaussResult:
     features: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (D_all,) 0/1
     fisher: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (D_all,) Fisher scores
     local_counts: dict[int, np.ndarray] = field(default_factory=dict)  # what each owner sent
+    #: samples learnt but not in ``counts``: per owner (clusters with n <= kappa_n and
+    #: clusters removed past max_clusters) and on the server (removed past max_clusters)
+    removed_by_owner: dict[int, int] = field(default_factory=dict)
+    removed_by_server: int = 0
     n_rounds: int = 1
     log: RunLog = field(default_factory=RunLog)
 
@@ -105,6 +104,8 @@ class _State:
     round: int = 0
     model: GaussModel | None = None
     local_counts: dict[int, np.ndarray] = field(default_factory=dict)
+    removed_by_owner: dict[int, int] = field(default_factory=dict)
+    removed_by_server: int = 0
     features: np.ndarray | None = None   # (D_all,) 0/1 once the selection round is done
     fisher: np.ndarray | None = None
 
@@ -223,9 +224,12 @@ class GaussProtocol(Protocol):
             prev = state.local_counts.get(z)
             cnt = np.asarray(replies[z].counts)
             state.local_counts[z] = cnt if prev is None else np.concatenate([prev, cnt])
+            state.removed_by_owner[z] = (state.removed_by_owner.get(z, 0)
+                                         + int(replies[z].global_count) - int(cnt.sum()))
         if msgs:
             with one_thread():
                 cs = merge_messages(msgs, self.settings, self.n_classes, state.model)  # type: ignore[arg-type]
+                state.removed_by_server += int(round(cs.removed))
                 state.model = model_message(cs, state.features)
         state.round += 1
 
@@ -260,6 +264,8 @@ class GaussProtocol(Protocol):
             features=m.features.copy(),
             fisher=np.zeros(0) if state.fisher is None else state.fisher.copy(),
             local_counts=dict(state.local_counts),
+            removed_by_owner=dict(state.removed_by_owner),
+            removed_by_server=state.removed_by_server,
             n_rounds=state.round, log=log)
 
     def final_message(self, result: GaussResult, device_id: int) -> Message | None:

@@ -3,10 +3,10 @@
 The global statistics are pooled with Chan's formula; the clusters of every
 owner are put in one canonical order (class, then size, then mean), so the
 result does not depend on the order in which owners reply; then the best
-same-class pair is merged while it passes the volume criterion and the size
-cap (:meth:`ClusterSet.merge_all`), fragments below ``min_weight`` are folded
-into their most likely neighbour, and the oldest clusters past
-``max_clusters`` are removed. Work: O(K^2 D^2 + m K D^3) for K received
+same-class pair is merged while it passes the merge test (:meth:`ClusterSet.merge_all`:
+BIC by default; the paper's volume criterion with its size cap, followed by folding
+fragments below ``min_weight``, with ``merge_test="volume"``), and the oldest
+clusters past ``max_clusters`` are removed (their samples counted in ``removed``). Work: O(K^2 D^2 + m K D^3) for K received
 clusters and m merges.
 """
 
@@ -48,12 +48,10 @@ def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes:
     for m in parts:
         add_clusters(srv, m)
     _sort_canonical(srv)
-    srv.adapt_prior()  # Sigma_0 from the received mature clusters (adaptive_prior)
     srv.merge_all()
     srv.absorb_fragments()
     srv.prune()
     _sort_canonical(srv)
-    srv.adapt_prior()  # from the final clusters: what an owner rebuilding the model computes
     return srv
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["merge_moments", "moments", "merge_clusters", "pack_scatter", "unpack_scatter",
-           "feature_variances", "prior_variances", "psd_violation", "class_moments",
+           "feature_variances", "prior_variances", "neighbour_variance", "psd_violation", "class_moments",
            "merge_class_moments", "fisher_scores", "fisher_mask"]
 
 
@@ -128,6 +128,25 @@ def prior_variances(var: np.ndarray, *, volume_fraction: float | None, n_r: floa
         return var / n_r
     D = var.shape[0]
     return var * float(volume_fraction) ** (2.0 / D)
+
+
+def neighbour_variance(X: np.ndarray, var: np.ndarray, n_query: int = 256) -> float:
+    """Local scale of the rows X, per dimension, in units of the feature variances ``var``.
+
+    The median over (at most ``n_query``, evenly spaced) rows of the squared distance to
+    the ceil(sqrt(n) / 2)-th nearest other row, with every feature divided by its standard
+    deviation, divided by D. O(n_query n D) time, O(n_query n) memory in blocks.
+    """
+    n, D = X.shape
+    Z = X / np.sqrt(var)
+    k = min(n - 1, max(1, int(np.ceil(0.5 * np.sqrt(n)))))
+    rows = np.unique(np.linspace(0, n - 1, min(n, n_query)).astype(np.int64))
+    q = Z[rows]
+    zz = np.einsum("ij,ij->i", Z, Z)
+    d2 = np.einsum("ij,ij->i", q, q)[:, None] + zz[None, :] - 2.0 * (q @ Z.T)
+    d2[np.arange(rows.size), rows] = np.inf  # not its own neighbour
+    kth = np.partition(np.maximum(d2, 0.0), k - 1, axis=1)[:, k - 1]
+    return max(float(np.median(kth)) / D, np.finfo(float).tiny)
 
 
 def class_moments(X: np.ndarray, y: np.ndarray, M: int
