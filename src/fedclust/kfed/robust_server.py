@@ -5,30 +5,45 @@ picks the most remote center first, so one far-away lie takes a global center
 and two true clusters merge; a plain Lloyd mean is pulled arbitrarily far. With
 ``trim = α`` (at most ``t = ⌊α Z⌋`` of the Z replying devices lie):
 
-1. **Groups.** The scale of honest disagreement is the median, over all
-   centers, of the distance to the nearest center of *another* device
-   (honest devices are the majority and report nearby estimates of the same
-   true means). Centers closer than ``factor ×`` that scale are linked; the
-   connected components are the candidate groups.
-2. **Support.** A group's support is the number of distinct devices with a
-   center in it, where devices whose reports coincide (closer than
-   ``COINCIDE ×`` the scale) count once: estimates from independent samples
-   never coincide, so identical reports are one witness (collusion or copied
-   data), not several. A group supported by more than t devices cannot be made of
-   liars alone: it is kept. If fewer than k groups are kept, the next most
-   supported groups are added until k are (the server knows k: a true
-   cluster held by more devices than any set of colluding liars wins).
-   Centers of the other groups are *distrusted*: left out of seeding and
-   Lloyd, still labelled (nearest final center), and their devices named.
-3. **Seeding and Lloyd** as the chosen ``method`` on the trusted centers, then
+1. **Scale.** The scale of honest disagreement ``s`` is the median, over all
+   centers, of the distance to the nearest center of *another* device (honest
+   devices are the majority and report nearby estimates of the same true
+   means; a minority of lies, however far, cannot move a median).
+2. **Groups: a greedy cover by balls, not linkage.** A center's *support* is
+   the number of distinct devices with a center within ``R = factor × s`` of
+   it, where devices whose reports coincide (closer than ``COINCIDE × s``)
+   count once: estimates from independent samples never coincide, so
+   identical reports are one witness (collusion or copied data). The most
+   supported free center opens a group; the group is re-centred on the
+   coordinate-wise median of its ball and takes every free center within its
+   own radius ``r_g = min(2R, max(R, GROUP_FACTOR × median member distance))``
+   (a per-group robust scale: a wide true cluster is not split, a far
+   liar is not reached); its centers stop being free; repeat. Balls have a
+   fixed size, so neighbouring true clusters never chain into one group, and
+   a far lie never widens a radius (the old connected-components grouping
+   chained neighbouring clusters at moderate separation, kept fewer than k
+   groups and then filled up with the liars' singletons).
+3. **Trust.** A group supported by more than t devices cannot be made of
+   liars alone: it is kept (however many there are). Otherwise a group is
+   kept only as one of the first k groups of the cover (the server knows k: a
+   true cluster held by more devices than any set of colluding liars wins)
+   *and* only when at least two devices support it — a center no other device
+   corroborates is never trusted, so when fewer than k groups qualify the
+   plain server splits the kept ones rather than admitting lone lies.
+   Centers of the other groups, and centers no group took, are *distrusted*:
+   left out of seeding and Lloyd, still labelled (nearest final center), and
+   their devices named.
+4. **Seeding and Lloyd** as the chosen ``method`` on the trusted centers, then
    every final center becomes the coordinate-wise α-trimmed mean of its trusted
    members (:func:`fedclust.core.robust.trimmed_mean`), so a lie that joined a
    true group moves it by a bounded amount.
 
-What no server can do: when t colluding liars report one point and a true
-cluster is held by t devices or fewer, the two look the same from the centers.
-``trim = 0`` is exactly the paper's server. Cost: O(N² d) for N = Σ k_z centers,
-in row blocks (O(block · N) memory), plus a connected-components pass.
+What no server can do: when t colluding liars (with data of their own, so
+their reports do not coincide) form one tight group and a true cluster is held
+by t devices or fewer, the two look the same from the centers. ``trim = 0``
+is exactly the paper's server. Cost: O(N² d) for N = Σ k_z centers, in row
+blocks (O(block · N) memory), plus O(G · nnz) for the cover (G groups, nnz
+the pairs within R).
 """
 
 from __future__ import annotations
@@ -45,10 +60,12 @@ from ..core.robust import trimmed_mean
 
 __all__ = ["distrusted_centers", "robust_means", "relabel", "DISTRUST_FACTOR", "Distrust"]
 
-#: centers closer than this multiple of the median nearest-other-device distance are linked
+#: ball radius of the cover, in median nearest-other-device distances
 DISTRUST_FACTOR = 4.0
 #: reports closer than this multiple of that scale coincide: independent estimates never do
 COINCIDE = 1e-3
+#: a group takes the free centers within this multiple of its members' median distance
+GROUP_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,7 @@ class Distrust:
 
     keep: np.ndarray          # (N,) bool over the concatenated centers
     support: np.ndarray       # (N,) distinct devices in each center's group
-    radius: float             # linking distance of the groups
+    radius: float             # ball radius of the cover (R)
     n_trim: int               # t: devices that may lie
 
 
@@ -84,9 +101,25 @@ def _pairwise_within(C: np.ndarray, owner: np.ndarray):
     return np.sqrt(np.maximum(nearest_other, 0.0)), graph
 
 
+def _ball_support(G: csr_matrix, free: np.ndarray, owner: np.ndarray,
+                  spot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per center: distinct supporting devices among the free centers of its ball, and how
+    many free centers the ball holds (coinciding reports count once)."""
+    n = G.shape[0]
+    rows, cols = G.nonzero()
+    sel = free[cols] & free[rows]
+    rows, cols = rows[sel], cols[sel]
+    count = np.bincount(rows, minlength=n)
+    if not len(rows):
+        return np.zeros(n, dtype=np.int64), count
+    dev = np.unique(rows * (owner.max() + 1) + owner[cols]) // (owner.max() + 1)
+    spt = np.unique(rows * (spot.max() + 1) + spot[cols]) // (spot.max() + 1)
+    return np.minimum(np.bincount(dev, minlength=n), np.bincount(spt, minlength=n)), count
+
+
 def distrusted_centers(centers: Sequence[np.ndarray], trim: float, n_clusters: int,
                        factor: float = DISTRUST_FACTOR) -> Distrust:
-    """Steps 1–2 of the module docstring over the devices' centers (one array per device)."""
+    """Steps 1–3 of the module docstring over the devices' centers (one array per device)."""
     n_devices = len(centers)
     t = int(np.floor(trim * n_devices))
     sizes = np.array([len(c) for c in centers])
@@ -96,22 +129,38 @@ def distrusted_centers(centers: Sequence[np.ndarray], trim: float, n_clusters: i
     owner = np.repeat(np.arange(n_devices), sizes)
     C = np.concatenate(centers, axis=0).astype(np.float64, copy=False)
     nearest_other, graph = _pairwise_within(C, owner)
-    scale = float(np.median(nearest_other[np.isfinite(nearest_other)]))
+    finite = nearest_other[np.isfinite(nearest_other)]
+    scale = float(np.median(finite)) if len(finite) else 0.0
     radius = factor * scale
-    _, group = connected_components(graph(radius), directed=False)
-    # distinct devices per group; reports that coincide count once (see the module docstring)
     _, spot = connected_components(graph(COINCIDE * scale), directed=False)
-    n_groups = group.max() + 1
-    devices_in = np.bincount(np.unique(np.stack([group, owner], 1), axis=0)[:, 0],
-                             minlength=n_groups)
-    spots_in = np.bincount(np.unique(np.stack([group, spot], 1), axis=0)[:, 0],
-                           minlength=n_groups)
-    support = np.minimum(devices_in, spots_in)
-    keep_group = support > t
-    if keep_group.sum() < n_clusters:
-        order = np.argsort(-support, kind="stable")
-        keep_group[order[:n_clusters]] = True
-    return Distrust(keep_group[group], support[group], radius, t)
+    G = graph(radius)
+    free = np.ones(n, dtype=bool)
+    group = np.full(n, -1, dtype=np.int64)
+    support = np.zeros(n, dtype=np.int64)
+    keep = np.zeros(n, dtype=bool)
+    n_groups = 0
+    while free.any():
+        sup, count = _ball_support(G, free, owner, spot)
+        sup[~free] = -1
+        best = int(np.lexsort((-count, -sup))[0])        # most devices, then most centers
+        if sup[best] < 2 or (n_groups >= n_clusters and sup[best] <= t):
+            break
+        ball = free & (G.getrow(best).toarray().ravel() > 0)
+        middle = np.median(C[ball], axis=0)
+        dist = np.sqrt(np.maximum(squared_distances(C, middle[None, :])[:, 0], 0.0))
+        r_g = min(2.0 * radius, max(radius, GROUP_FACTOR * float(np.median(dist[ball]))))
+        members = free & ((dist <= r_g) | ball)
+        s = min(len(np.unique(owner[members])), len(np.unique(spot[members])))
+        group[members] = n_groups
+        support[members] = s
+        keep[members] = s > t or (n_groups < n_clusters and s >= 2)
+        free &= ~members
+        n_groups += 1
+    if free.any():                     # left out: report the support of their own ball
+        support[free] = _ball_support(G, np.ones(n, dtype=bool), owner, spot)[0][free]
+    if keep.sum() < n_clusters:        # nothing is corroborated (e.g. one center per device)
+        keep[:] = True
+    return Distrust(keep, support, radius, t)
 
 
 def robust_means(C: np.ndarray, labels: np.ndarray, previous: np.ndarray, beta: float,
