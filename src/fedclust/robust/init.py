@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.cluster import KMeans
+from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from sklearn.neighbors import NearestNeighbors
 
 from ..core.random import sklearn_seed
 from ..core.robust import geometric_median
 
-__all__ = ["robust_subspace", "dense_points", "dense_farthest_seeds", "robust_init", "INITS"]
+__all__ = ["robust_subspace", "dense_points", "dense_farthest_seeds", "supported_groups",
+           "robust_init", "INITS"]
 
 INITS = ("pairwise", "k-means++")
 
@@ -128,18 +130,64 @@ def dense_farthest_seeds(P: np.ndarray, n_clusters: int, dense: np.ndarray,
     return idx[np.asarray(chosen, dtype=np.int64)]
 
 
+#: k-means pieces per cluster before the pieces of one cluster are merged again
+OVERSEGMENT = 2
+#: two pieces are one group when their medians are closer than this x the sum of their radii
+MERGE = 1.5
+
+
+def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Labels (n,) in ``0..k-1`` of the k best-supported groups of the rows of P, -1 elsewhere.
+
+    k-means (k-means++ seeding, 10 restarts) cuts P into ``OVERSEGMENT x k``
+    pieces; pieces whose medians are closer than ``MERGE`` x the sum of their
+    radii (median member distance to the piece's median: a per-group robust
+    scale) are one group (union-find). The k groups with the most distinct
+    reports (``spot``: coinciding rows count once) are kept: a colluding group
+    smaller than every honest cluster is the one left over, instead of taking
+    a centre and merging two true clusters. When fewer than k groups are found
+    (clusters closer than their spread), plain k-means with k clusters labels P.
+    O(n k d) per k-means iteration plus O(k² d).
+    """
+    n = len(P)
+    K = int(min(n, OVERSEGMENT * n_clusters))
+    seed = sklearn_seed(rng)
+    lab = KMeans(K, n_init=10, random_state=seed).fit(P).labels_
+    pieces = np.unique(lab)
+    med = np.array([np.median(P[lab == j], axis=0) for j in pieces])
+    rad = np.array([float(np.median(np.linalg.norm(P[lab == j] - m, axis=1)))
+                    for j, m in zip(pieces, med)])
+    gap = np.sqrt(((med[:, None] - med[None]) ** 2).sum(axis=2))
+    close = gap <= MERGE * (rad[:, None] + rad[None, :])
+    _, group_of_piece = connected_components(csr_matrix(close), directed=False)
+    group = group_of_piece[np.searchsorted(pieces, lab)]
+    n_groups = int(group.max()) + 1
+    if n_groups < n_clusters:
+        return KMeans(n_clusters, n_init=10, random_state=seed).fit(P).labels_.astype(np.int64)
+    support = np.array([len(np.unique(spot[group == g])) for g in range(n_groups)])
+    size = np.bincount(group, minlength=n_groups)
+    order = np.lexsort((-size, -support))[:n_clusters]
+    relabel = np.full(n_groups, -1, dtype=np.int64)
+    relabel[order] = np.arange(n_clusters)
+    return relabel[group]
+
+
 def robust_init(X: np.ndarray, n_clusters: int, method: str,
                 rng: np.random.Generator) -> np.ndarray:
-    """Initial centres (k, d): robust projection, dense points, then ``method`` seeding."""
-    center, V = robust_subspace(X, n_clusters)
+    """Initial centres (k, d): robust projection, dense points, then ``method`` seeding.
+
+    The projection keeps k + 1 directions, so a group beyond the k clusters (a
+    colluding one) stays apart from them in P.
+    """
+    center, V = robust_subspace(X, n_clusters + 1)
     P = (X - center) @ V.T
     dense, r = dense_points(P, n_clusters)
     if method == "k-means++":
-        # k-means (k-means++ seeding, 10 restarts) on the dense points only: outliers are not
-        # dense, so they neither seed nor pull; the centres are the groups' means in X
+        # the k best-supported groups of the dense points (:func:`supported_groups`): outliers
+        # are not dense, so they neither seed nor pull; the centres are the groups' means in X
         idx = np.flatnonzero(dense)
-        km = KMeans(n_clusters, n_init=10, random_state=sklearn_seed(rng)).fit(P[idx])
-        C = np.array([X[idx[km.labels_ == j]].mean(axis=0) for j in range(n_clusters)])
-        return C
+        lab = supported_groups(P[idx], coincident_groups(P[idx]), n_clusters, rng)
+        return np.array([X[idx[lab == j]].mean(axis=0) for j in range(n_clusters)])
     seeds = dense_farthest_seeds(P, n_clusters, dense, r)
     return X[seeds].copy()
