@@ -100,7 +100,9 @@ class RobustClusteredRegression:
         fraction is ``max(beta, s / m_j)`` where s of the m_j replies lie
         farther than ``radius`` median distances from their geometric median
         (:func:`fedclust.robust.server.adaptive_beta`): liars can gather in
-        one cluster beyond the global ``beta``.
+        one cluster beyond the global ``beta``. It is also at least the share
+        of the cluster's members that stage 2 found in a group beyond the k
+        best-supported ones (:func:`fedclust.robust.server.share_beta`).
     random_state : int, Generator or None
 
     Attributes
