@@ -23,9 +23,11 @@ points (target ≥ 0.98 at α ≤ 0.2 where the honest-only run reaches 1.0);
 clustering: misclustered honest points and the worst centre error; pipeline:
 gain = 1 − error(TKM+TM)/error(KM+SM) and honest machines misclustered
 (target ≥ 53 % gain with ≤ 2 % misclustered at α ≤ 0.2). A cell fails when
-its target is missed; a k-FED cell where some true cluster is held by ≤ t
-honest devices is marked "bound" (a colluding group of t devices looks the
-same as that cluster).
+its target is missed; a cell is marked "bound" when, in some run, a group of
+liars who report consistently (the same transform of the same data, points on
+one short segment, or one
+shared point with honest-looking noise) is at least as large as the honest
+holders of some true cluster: from what they send, the two look the same.
 """
 
 from __future__ import annotations
@@ -113,13 +115,17 @@ def kfed_cell(attack, alpha, c, scale, *, d, k, m0, runs, seed, n_per):
             devices, bad = poison(attack, fd.devices, alpha, s, spread, scale, fd.means,
                                   honest_spread)
         honest = [z for z in ids if z not in set(bad)]
-        t = int(math.floor(alpha * len(ids)))
-        # a group of devices (one set of k' clusters) held by <= t honest devices
-        groups = {}
-        for z in honest:
-            groups.setdefault(tuple(np.unique(fd.labels[z])), set()).add(z)
-        n_groups = math.ceil(k / kp)
-        bound += int(len(groups) < n_groups or min(len(g) for g in groups.values()) <= t)
+        # liars of one device group who report consistent centers (the same transform of
+        # the same data, or one shared point with honest-looking noise) corroborate each other:
+        # as many of them as the honest devices of some group look like a true cluster
+        group_of = {z: tuple(np.unique(fd.labels[z])) for z in ids}
+        n_honest, n_liars = {}, {}
+        for z in ids:
+            side = n_liars if z in set(bad) else n_honest
+            side[group_of[z]] = side.get(group_of[z], 0) + 1
+        fewest = min(n_honest.get(g, 0) for g in set(group_of.values()))
+        consistent = attack in ("sign-flip", "scale", "coordinated", "near", "between")
+        bound += int(fewest == 0 or (consistent and max(n_liars.values(), default=0) >= fewest))
         y = np.concatenate([fd.labels[z] for z in honest])
         for key, trim in (("plain", 0.0), ("robust", alpha)):
             m = KFed(k, kp, trim=trim, random_state=s).fit(

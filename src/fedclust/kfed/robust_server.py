@@ -6,19 +6,28 @@ and two true clusters merge; a plain Lloyd mean is pulled arbitrarily far. With
 ``trim = α`` (at most ``t = ⌊α Z⌋`` of the Z replying devices lie):
 
 1. **Scale.** The scale of honest disagreement ``s`` is the median, over all
-   centers, of the distance to the nearest center of *another* device (honest
-   devices are the majority and report nearby estimates of the same true
-   means; a minority of lies, however far, cannot move a median).
+   centers, of the distance to the nearest center of *another* device
+   (honest devices are the majority and report nearby estimates of the same
+   true means; a minority of lies, however far, cannot move a median). It
+   only sizes the first ball of each group; the group then takes its own
+   scale (step 2), since the nearest neighbour is about as far as a typical
+   neighbour in high dimension but much closer in low dimension.
 2. **Groups: a greedy cover by balls, not linkage.** A center's *support* is
    the number of distinct devices with a center within ``R = factor × s`` of
    it, where devices whose reports coincide (closer than ``COINCIDE × s``)
    count once: estimates from independent samples never coincide, so
    identical reports are one witness (collusion or copied data). The most
-   supported free center opens a group; the group is re-centred on the
-   coordinate-wise median of its ball and takes every free center within its
-   own radius ``r_g = min(2R, max(R, GROUP_FACTOR × median member distance))``
-   (a per-group robust scale: a wide true cluster is not split, a far
-   liar is not reached); its centers stop being free; repeat. Balls have a
+   supported free center opens a group with its ball; the group then grows
+   by one linking step (free centers within R of a member) and is cut back
+   to its own radius ``r_g = max(R, GROUP_FACTOR × median distance)`` around
+   the coordinate-wise median of its members, until its members stop
+   changing. The cut is a per-group robust scale: linking lets a true cluster
+   wider than one ball (low dimension, few devices) be taken whole, and the
+   cut stops the chain at the next cluster, whose centers are a minority of
+   what was linked and cannot move the median; its centers stop being free;
+   repeat. Centers left over join the nearest group when within
+   ``STRAGGLER_FACTOR ×`` the pooled scale (the median distance of all grouped
+   centers to their group's median): the sparse outskirts of a true cluster. Balls have a
    fixed size, so neighbouring true clusters never chain into one group, and
    a far lie never widens a radius (the old connected-components grouping
    chained neighbouring clusters at moderate separation, kept fewer than k
@@ -60,12 +69,16 @@ from ..core.robust import trimmed_mean
 
 __all__ = ["distrusted_centers", "robust_means", "relabel", "DISTRUST_FACTOR", "Distrust"]
 
-#: ball radius of the cover, in median nearest-other-device distances
-DISTRUST_FACTOR = 4.0
+#: first ball radius of a group, in median nearest-other-device distances
+DISTRUST_FACTOR = 2.0
 #: reports closer than this multiple of that scale coincide: independent estimates never do
 COINCIDE = 1e-3
 #: a group takes the free centers within this multiple of its members' median distance
 GROUP_FACTOR = 3.0
+#: at most this many re-centring steps per group
+GROUP_STEPS = 10
+#: a left-over center joins the nearest group within this multiple of the pooled scale
+STRAGGLER_FACTOR = GROUP_FACTOR
 
 
 @dataclass(frozen=True)
@@ -76,17 +89,33 @@ class Distrust:
     support: np.ndarray       # (N,) distinct devices in each center's group
     radius: float             # ball radius of the cover (R)
     n_trim: int               # t: devices that may lie
+    #: (N,) group of every center (-1: none); a device's rows in one group share one weight
+    group: np.ndarray | None = None
+
+    def device_weights(self, owner: np.ndarray) -> np.ndarray:
+        """(N,) weight 1 / (rows of the same device in the same group): one device is one
+        witness per group, however many identical rows it sends there."""
+        if self.group is None:
+            return np.ones(len(owner))
+        key = np.stack([owner, self.group], 1)
+        _, inv, cnt = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        return 1.0 / cnt[inv.ravel()]
 
 
-def _pairwise_within(C: np.ndarray, owner: np.ndarray):
-    """Nearest other-device distance of every center, and a function giving the radius graph."""
+def _pairwise_within(C: np.ndarray, owner: np.ndarray, q: int):
+    """Distance of every center to the nearest center of its q-th nearest other device, and a
+    function giving the radius graph. ``owner`` is sorted (each device's rows contiguous)."""
     n = len(C)
     block = max(1, BLOCK * 64 // max(n, 1))
-    nearest_other = np.empty(n)
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    devs = owner[starts]
+    q = int(min(max(q, 1), max(len(devs) - 1, 1)))
+    kth_other = np.empty(n)
     for s in range(0, n, block):
         D = squared_distances(C[s:s + block], C)
-        D[owner[s:s + block][:, None] == owner[None, :]] = np.inf
-        nearest_other[s:s + block] = D.min(axis=1)
+        per_device = np.minimum.reduceat(D, starts, axis=1)          # (block, devices)
+        per_device[owner[s:s + block][:, None] == devs[None, :]] = np.inf
+        kth_other[s:s + block] = np.partition(per_device, q - 1, axis=1)[:, q - 1]
 
     def graph(radius: float) -> csr_matrix:
         rows, cols = [], []
@@ -98,7 +127,7 @@ def _pairwise_within(C: np.ndarray, owner: np.ndarray):
         r, c = np.concatenate(rows), np.concatenate(cols)
         return csr_matrix((np.ones(len(r), dtype=np.int8), (r, c)), shape=(n, n))
 
-    return np.sqrt(np.maximum(nearest_other, 0.0)), graph
+    return np.sqrt(np.maximum(kth_other, 0.0)), graph
 
 
 def _ball_support(G: csr_matrix, free: np.ndarray, owner: np.ndarray,
@@ -128,8 +157,8 @@ def distrusted_centers(centers: Sequence[np.ndarray], trim: float, n_clusters: i
         return Distrust(np.ones(n, dtype=bool), np.zeros(n, dtype=np.int64), np.inf, t)
     owner = np.repeat(np.arange(n_devices), sizes)
     C = np.concatenate(centers, axis=0).astype(np.float64, copy=False)
-    nearest_other, graph = _pairwise_within(C, owner)
-    finite = nearest_other[np.isfinite(nearest_other)]
+    kth_other, graph = _pairwise_within(C, owner, 1)
+    finite = kth_other[np.isfinite(kth_other)]
     scale = float(np.median(finite)) if len(finite) else 0.0
     radius = factor * scale
     _, spot = connected_components(graph(COINCIDE * scale), directed=False)
@@ -145,22 +174,42 @@ def distrusted_centers(centers: Sequence[np.ndarray], trim: float, n_clusters: i
         best = int(np.lexsort((-count, -sup))[0])        # most devices, then most centers
         if sup[best] < 2 or (n_groups >= n_clusters and sup[best] <= t):
             break
-        ball = free & (G.getrow(best).toarray().ravel() > 0)
-        middle = np.median(C[ball], axis=0)
-        dist = np.sqrt(np.maximum(squared_distances(C, middle[None, :])[:, 0], 0.0))
-        r_g = min(2.0 * radius, max(radius, GROUP_FACTOR * float(np.median(dist[ball]))))
-        members = free & ((dist <= r_g) | ball)
-        s = min(len(np.unique(owner[members])), len(np.unique(spot[members])))
+        members = free & (G.getrow(best).toarray().ravel() > 0)
+        for _ in range(GROUP_STEPS):
+            # one linking step (free centers within R of a member), then the group's own
+            # radius around its median cuts back whatever does not belong
+            linked = members | (free & (np.asarray(G[members].sum(axis=0)).ravel() > 0))
+            middle = np.median(C[linked], axis=0)
+            dist = np.sqrt(np.maximum(squared_distances(C, middle[None, :])[:, 0], 0.0))
+            r_g = max(radius, GROUP_FACTOR * float(np.median(dist[linked])))
+            grown = linked & (dist <= r_g)
+            if np.array_equal(grown, members) or not grown.any():
+                break
+            members = grown
         group[members] = n_groups
-        support[members] = s
-        keep[members] = s > t or (n_groups < n_clusters and s >= 2)
         free &= ~members
         n_groups += 1
+    if n_groups and free.any():
+        # stragglers (a sparse cluster's outskirts) join the nearest group within STRAGGLER_FACTOR x
+        # the pooled scale: the median distance of all grouped centers to their group's median
+        middles = np.array([np.median(C[group == g], axis=0) for g in range(n_groups)])
+        grouped = group >= 0
+        pooled = float(np.median(np.linalg.norm(C[grouped] - middles[group[grouped]], axis=1)))
+        near, d2 = assign(C[free], middles)
+        take = np.sqrt(np.maximum(d2, 0.0)) <= STRAGGLER_FACTOR * pooled
+        idx = np.flatnonzero(free)[take]
+        group[idx] = near[take]
+        free[idx] = False
+    for g in range(n_groups):
+        members = group == g
+        s = min(len(np.unique(owner[members])), len(np.unique(spot[members])))
+        support[members] = s
+        keep[members] = s > t or (g < n_clusters and s >= 2)
     if free.any():                     # left out: report the support of their own ball
         support[free] = _ball_support(G, np.ones(n, dtype=bool), owner, spot)[0][free]
     if keep.sum() < n_clusters:        # nothing is corroborated (e.g. one center per device)
         keep[:] = True
-    return Distrust(keep, support, radius, t)
+    return Distrust(keep, support, radius, t, group)
 
 
 def robust_means(C: np.ndarray, labels: np.ndarray, previous: np.ndarray, beta: float,
