@@ -38,7 +38,7 @@ import numpy as np
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_device_ids, check_devices
+from ..core.validation import check_array, check_device_ids, check_devices, check_scale
 from ..sim.transport import InProcessTransport
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
@@ -179,6 +179,7 @@ class EvolvingGaussians(_Params):
 
     def _check_X(self, X: Any, name: str = "X") -> np.ndarray:
         X = check_array(X, name).astype(np.float64, copy=False)
+        check_scale([X], name)
         cs = getattr(self, "_cs", None)
         if cs is not None and X.shape[1] != cs.D:
             raise ValidationError(f"{name} has {X.shape[1]} features but the model has {cs.D}")

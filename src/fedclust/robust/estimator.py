@@ -11,7 +11,7 @@ import numpy as np
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_device_ids, check_int
+from ..core.validation import check_device_ids, check_int, check_scale
 from ..sim.transport import InProcessTransport
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
@@ -51,6 +51,8 @@ def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
                 f"machine {z} has d={X.shape[1]} features but machine {ids[0]} has d={d}")
         out_X.append(X)
         out_y.append(y)
+    check_scale(out_X, "machines' X", list(ids))
+    check_scale([y[:, None] for y in out_y], "machines' y", list(ids))
     return out_X, out_y
 
 
