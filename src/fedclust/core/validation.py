@@ -173,24 +173,18 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     tiny = float(np.sqrt(fi.tiny)) * _HEADROOM
     lo = np.full(arrays[0].shape[1], np.inf)
     hi = np.full(arrays[0].shape[1], -np.inf)
-    top, where = 0.0, 0
     for s in range(0, len(arrays), _SMALL_DEVICE):
         part = arrays[s:s + _SMALL_DEVICE]
         stacked = np.concatenate(part) if len(part) > 1 else part[0]
-        row_top = np.abs(stacked).max(axis=1)
-        starts = np.cumsum([0] + [len(a) for a in part[:-1]])
-        dev_top = np.maximum.reduceat(row_top, starts)
-        j = int(np.argmax(dev_top))
-        if dev_top[j] > top:
-            top, where = float(dev_top[j]), s + j
         np.minimum(lo, stacked.min(axis=0), out=lo)
         np.maximum(hi, stacked.max(axis=0), out=hi)
-    label = lambda pos: pos if ids is None else ids[pos]
+    top = float(max(hi.max(), -lo.min()))
     if top > huge:
+        where = next(pos for pos, a in enumerate(arrays) if np.abs(a).max() > huge)
         raise ValidationError(
-            f"{name}: values reach {top:.3g} (device {label(where)}); squared distances "
-            f"overflow {fi.dtype} beyond about {huge:.1e}: divide the data by one constant "
-            "(e.g. its largest absolute value) before fitting")
+            f"{name}: values reach {top:.3g} (device {where if ids is None else ids[where]}); "
+            f"squared distances overflow {fi.dtype} beyond about {huge:.1e}: divide the data "
+            "by one constant (e.g. its largest absolute value) before fitting")
     span = float((hi - lo).max())
     if 0.0 < span < tiny:
         raise ValidationError(
