@@ -243,8 +243,8 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
                       X only: ``X - mean(X) + target`` (each keeps its own
                       shape, so no two reports coincide); (X, y): X kept and
                       ``y = X w_target + r``, r the device's own least-squares
-                      residuals (honest-looking noise), ``target`` the
-                      coefficients (an intercept column is not added).
+                      residuals in a random order (honest-sized noise),
+                      ``target`` the coefficients (no intercept column).
 
     The poisoned devices are :func:`choose_byzantine` of the ids (so the same
     seed poisons the same devices a tamper hook would make lie).
@@ -286,8 +286,10 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
             X = X - X.mean(axis=0) + shared
         if attack == "coordinated" and supervised:
             y = np.asarray(data[1], dtype=np.float64)
+            # the device's own residuals, shuffled: honest-sized noise that is no longer
+            # orthogonal to X, so the liars' ERMs scatter around the target like honest ones
             resid = y - X @ np.linalg.lstsq(X, y, rcond=None)[0]
-            y = X @ shared + resid
+            y = X @ shared + rng.permutation(resid)
         elif attack == "regression":
             y = X @ (scale * rng.normal(size=X.shape[1]))
         elif attack == "label-flip":
