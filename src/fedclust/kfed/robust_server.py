@@ -32,9 +32,13 @@ and two true clusters merge; a plain Lloyd mean is pulled arbitrarily far. With
    a far lie never widens a radius (the old connected-components grouping
    chained neighbouring clusters at moderate separation, kept fewer than k
    groups and then filled up with the liars' singletons).
-3. **Trust.** A group supported by more than t devices cannot be made of
-   liars alone: it is kept (however many there are). Otherwise a group is
-   kept only as one of the first k groups of the cover (the server knows k: a
+3. **Trust.** A group's support is finally counted in its core, the
+   centers within ``CORE_FACTOR ×`` the pooled scale of its median (liars
+   spread along a segment link into one loose group, but few of them sit in
+   its core; an honest group is as tight as the others). A group supported
+   by more than t devices cannot be made of liars alone: it is kept (however
+   many there are). Otherwise a group is kept only as one of the k most
+   supported groups (the server knows k: a
    true cluster held by more devices than any set of colluding liars wins)
    *and* only when at least two devices support it — a center no other device
    corroborates is never trusted, so when fewer than k groups qualify the
@@ -79,6 +83,8 @@ GROUP_FACTOR = 3.0
 GROUP_STEPS = 10
 #: a left-over center joins the nearest group within this multiple of the pooled scale
 STRAGGLER_FACTOR = GROUP_FACTOR
+#: a group's support counts the devices within this multiple of the pooled scale of its median
+CORE_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ def distrusted_centers(centers: Sequence[np.ndarray], trim: float, n_clusters: i
         sup, count = _ball_support(G, free, owner, spot)
         sup[~free] = -1
         best = int(np.lexsort((-count, -sup))[0])        # most devices, then most centers
-        if sup[best] < 2 or (n_groups >= n_clusters and sup[best] <= t):
+        if sup[best] < 2:             # every group is a candidate; step 3 decides
             break
         members = free & (G.getrow(best).toarray().ravel() > 0)
         for _ in range(GROUP_STEPS):
@@ -189,22 +195,35 @@ def distrusted_centers(centers: Sequence[np.ndarray], trim: float, n_clusters: i
         group[members] = n_groups
         free &= ~members
         n_groups += 1
-    if n_groups and free.any():
-        # stragglers (a sparse cluster's outskirts) join the nearest group within STRAGGLER_FACTOR x
+    if n_groups:
         # the pooled scale: the median distance of all grouped centers to their group's median
+        # (honest groups are the majority of the grouped centers)
         middles = np.array([np.median(C[group == g], axis=0) for g in range(n_groups)])
         grouped = group >= 0
         pooled = float(np.median(np.linalg.norm(C[grouped] - middles[group[grouped]], axis=1)))
-        near, d2 = assign(C[free], middles)
-        take = np.sqrt(np.maximum(d2, 0.0)) <= STRAGGLER_FACTOR * pooled
-        idx = np.flatnonzero(free)[take]
-        group[idx] = near[take]
-        free[idx] = False
-    for g in range(n_groups):
-        members = group == g
-        s = min(len(np.unique(owner[members])), len(np.unique(spot[members])))
-        support[members] = s
-        keep[members] = s > t or (g < n_clusters and s >= 2)
+        if free.any():
+            # stragglers (a sparse cluster's outskirts) join the nearest group within
+            # STRAGGLER_FACTOR x the pooled scale
+            near, d2 = assign(C[free], middles)
+            take = np.sqrt(np.maximum(d2, 0.0)) <= STRAGGLER_FACTOR * pooled
+            idx = np.flatnonzero(free)[take]
+            group[idx] = near[take]
+            free[idx] = False
+        # a group's support counts the devices in its core (within CORE_FACTOR x the pooled
+        # scale of its median): liars spread along a line link into one loose group, but only
+        # a few of them sit in its core
+        core_support = np.zeros(n_groups, dtype=np.int64)
+        for g in range(n_groups):
+            members = group == g
+            core = members & (np.linalg.norm(C - middles[g], axis=1) <= CORE_FACTOR * pooled)
+            core_support[g] = min(len(np.unique(owner[core])), len(np.unique(spot[core])))
+        rank = np.empty(n_groups, dtype=np.int64)
+        rank[np.argsort(-core_support, kind="stable")] = np.arange(n_groups)
+        for g in range(n_groups):
+            members = group == g
+            s = int(core_support[g])
+            support[members] = s
+            keep[members] = s > t or (rank[g] < n_clusters and s >= 2)
     if free.any():                     # left out: report the support of their own ball
         support[free] = _ball_support(G, np.ones(n, dtype=bool), owner, spot)[0][free]
     if keep.sum() < n_clusters:        # nothing is corroborated (e.g. one center per device)
