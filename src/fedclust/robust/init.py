@@ -144,7 +144,7 @@ SPARE_GAIN = 2.0 / 3.0
 def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``(labels (n,), suspect (n,) bool)``. Labels: ``0..k-1`` the k best-supported groups
-    of the rows of P, ``k..`` the groups beyond k with at least ``max(3, n / (4k))``
+    of the rows of P, ``k..`` the groups beyond k with at least ``max(3, n / (8k))``
     distinct reports (spare groups), -1 the rest; ``suspect``: the rows of those spare
     groups, also when plain k-means is chosen and absorbs them into a cluster.
 
@@ -193,9 +193,9 @@ def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
     support = np.array([len(np.unique(spot[group == g])) for g in range(n_groups)])
     size = np.bincount(group, minlength=n_groups)
     order = np.lexsort((-size, -support))
-    # a spare group must be cluster-sized (the density count of :func:`dense_points`, at
-    # least 3): a few points cut off a small cloud are no group of their own
-    least = max(3, -(-n // (4 * n_clusters)))
+    # a spare group must hold at least an eighth of the fair share n/k (and 3 points): a few
+    # points cut off a small cloud are no group of their own
+    least = max(3, -(-n // (8 * n_clusters)))
     order = np.concatenate([order[:n_clusters],
                             [g for g in order[n_clusters:] if support[g] >= least]]
                            ).astype(np.int64)
