@@ -27,19 +27,18 @@ and two true clusters merge; a plain Lloyd mean is pulled arbitrarily far. With
    what was linked and cannot move the median; its centers stop being free;
    repeat. Centers left over join the nearest group when within
    ``STRAGGLER_FACTOR ×`` the pooled scale (the median distance of all grouped
-   centers to their group's median): the sparse outskirts of a true cluster. Balls have a
-   fixed size, so neighbouring true clusters never chain into one group, and
-   a far lie never widens a radius (the old connected-components grouping
-   chained neighbouring clusters at moderate separation, kept fewer than k
-   groups and then filled up with the liars' singletons).
+   centers to their group's median): the sparse outskirts of a true cluster.
+   A linkage at one global radius would chain neighbouring true clusters at
+   moderate separation into fewer than k groups, and filling up to k would
+   then admit the liars' lone centers; here a far lie never widens a radius.
 3. **Trust.** A group's support is finally counted in its core, the
    centers within ``CORE_FACTOR ×`` the pooled scale of its median (liars
    spread along a segment link into one loose group, but few of them sit in
    its core; an honest group is as tight as the others). A group supported
    by more than t devices cannot be made of liars alone: it is kept (however
    many there are). Otherwise a group is kept only as one of the k most
-   supported groups (the server knows k: a
-   true cluster held by more devices than any set of colluding liars wins)
+   supported groups (the server knows k: a true cluster held by more
+   devices than any set of colluding liars wins)
    *and* only when at least two devices support it — a center no other device
    corroborates is never trusted, so when fewer than k groups qualify the
    plain server splits the kept ones rather than admitting lone lies.
@@ -49,7 +48,9 @@ and two true clusters merge; a plain Lloyd mean is pulled arbitrarily far. With
 4. **Seeding and Lloyd** as the chosen ``method`` on the trusted centers, then
    every final center becomes the coordinate-wise α-trimmed mean of its trusted
    members (:func:`fedclust.core.robust.trimmed_mean`), so a lie that joined a
-   true group moves it by a bounded amount.
+   true group moves it by a bounded amount. In both, a device's rows in one
+   group share one unit of weight (:meth:`Distrust.device_weights`): k'
+   identical lies weigh as one witness.
 
 What no server can do: when t colluding liars (with data of their own, so
 their reports do not coincide) form one tight group and a true cluster is held
