@@ -259,6 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedclust: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # never a raw numpy/scipy traceback: one line, the traceback on demand
+        if os.environ.get("FEDCLUST_DEBUG"):
+            raise
+        print(f"fedclust: internal error: {type(exc).__name__}: {exc} "
+              "(set FEDCLUST_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -46,3 +46,20 @@ def test_logistic_quick_falls_back_to_digits(tmp_path):
         assert {"KM+SM", "TKM+SM", "TKM+TM", "KGM+TM", "gain_vs_KM+SM"} <= set(row)
         assert 0.5 < row["TKM+TM"]["accuracy_mean"] <= 1.0
         assert row["TKM+TM"]["error_mean"] > 0
+
+
+def test_attack_matrix_quick(tmp_path):
+    doc, out = _run("attack_matrix", tmp_path)
+    assert "k-FED" in out and "3-stage pipeline" in out
+    rows = doc["rows"]
+    assert {r["part"] for r in rows} == {"kfed", "clustering", "pipeline"}
+    kfed = {r["attack"]: r for r in rows if r["part"] == "kfed"}
+    assert "label-flip" not in kfed                       # no labels in k-FED
+    for attack in ("large-norm", "scattered"):            # far lies: the paper's server collapses
+        assert kfed[attack]["plain_mean"] < 0.9 <= 0.98 <= kfed[attack]["robust_mean"]
+    pipe = {r["attack"]: r for r in rows if r["part"] == "pipeline"}
+    assert pipe["coordinated"]["gain"] >= 0.53 and pipe["coordinated"]["miscl_max"] <= 0.02
+    for attack in ("large-norm", "scale", "collude", "scattered", "coordinated"):
+        # far liars left out: within a factor 2 of the run on the honest machines alone
+        assert pipe[attack]["TKM+TM_mean"] <= 2 * pipe[attack]["bound (honest only)_mean"]
+    assert {f["part"] for f in doc["failing"]} <= {"kfed", "pipeline"}

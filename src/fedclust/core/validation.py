@@ -25,7 +25,11 @@ __all__ = [
     "check_n_local_clusters",
     "check_device_ids",
     "check_n_features",
+    "check_scale",
 ]
+
+#: squared distances are sums of up to ~1e8 squares: keep this factor of headroom
+_HEADROOM = 1e4
 
 
 def check_int(value: Any, name: str, *, min_value: int | None = None,
@@ -152,7 +156,51 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
         out.append(arr)
     if not all(a.dtype == np.float32 for a in out):
         out = [a.astype(np.float64, copy=False) for a in out]
+    check_scale(out, name, ids)
     return out
+
+
+def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
+                ids: Sequence[int] | None = None) -> None:
+    """Refuse, in one line, data whose squared distances overflow or underflow its float type.
+
+    Every family computes squared distances, scatter matrices or squared
+    residuals: with values beyond about ``sqrt(max) / 1e4`` (1.3e150 in float64)
+    they overflow to inf (an eigensolver then fails to converge, k-means++
+    draws NaN probabilities); with every feature spanning less than about
+    ``sqrt(tiny) * 1e4`` (1.5e-150) they underflow to 0 and distinct points
+    look identical. Both are a units problem the user can fix by multiplying
+    the data by one constant, which every clustering here is equivariant to.
+    ``arrays``: finite 2-D float arrays with one number of columns (checked
+    already); errors name the device (by ``ids``, default its position).
+    O(total size), in chunks of devices.
+    """
+    arrays = [a for a in arrays if a.size]
+    if not arrays:
+        return
+    fi = np.finfo(np.result_type(*[a.dtype for a in arrays]))
+    huge = float(np.sqrt(fi.max)) / _HEADROOM
+    tiny = float(np.sqrt(fi.tiny)) * _HEADROOM
+    lo = np.full(arrays[0].shape[1], np.inf)
+    hi = np.full(arrays[0].shape[1], -np.inf)
+    for s in range(0, len(arrays), _SMALL_DEVICE):
+        part = arrays[s:s + _SMALL_DEVICE]
+        stacked = np.concatenate(part) if len(part) > 1 else part[0]
+        np.minimum(lo, stacked.min(axis=0), out=lo)
+        np.maximum(hi, stacked.max(axis=0), out=hi)
+    top = float(max(hi.max(), -lo.min()))
+    if top > huge:
+        where = next(pos for pos, a in enumerate(arrays) if np.abs(a).max() > huge)
+        raise ValidationError(
+            f"{name}: values reach {top:.3g} (device {where if ids is None else ids[where]}); "
+            f"squared distances overflow {fi.dtype} beyond about {huge:.1e}: divide the data "
+            "by one constant (e.g. its largest absolute value) before fitting")
+    span = float((hi - lo).max())
+    if 0.0 < span < tiny:
+        raise ValidationError(
+            f"{name}: the widest feature spans only {span:.3g}; squared distances underflow "
+            f"{fi.dtype} below about {tiny:.1e}: multiply the data by one constant (e.g. "
+            "1 / its largest range) before fitting")
 
 
 #: devices with more values than this are checked one by one (stacking them only copies data)

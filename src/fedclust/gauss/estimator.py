@@ -35,7 +35,8 @@ from ..core.estimators import DeviceLabelsMixin, split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_device_ids, check_devices, check_n_features
+from ..core.validation import (check_array, check_device_ids, check_devices, check_n_features,
+                               check_scale)
 from ..privacy import refuse_privacy
 from ..sim.transport import InProcessTransport
 from .local import from_message, learn_local
@@ -179,6 +180,7 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
 
     def _check_X(self, X: Any, name: str = "X") -> np.ndarray:
         X = check_array(X, name).astype(np.float64, copy=False)
+        check_scale([X], name)
         cs = getattr(self, "_cs", None)
         if cs is not None:
             check_n_features(X, self, cs.D, name)

@@ -234,7 +234,7 @@ class KFedProtocol(Protocol):
                     log.distrusted[z] = (
                         f"device {z}: {n_bad} of its {len(centers[pos])} centers in groups that "
                         f"too few devices support (at most {agg.distrust.n_trim} may lie; "
-                        f"linking radius {agg.distrust.radius:.4g})")
+                        f"ball radius {agg.distrust.radius:.4g})")
         return KFedResult(
             centers=agg.centers,
             local_centers=dict(zip(ids, centers)),

@@ -158,7 +158,15 @@ def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_de
     keep = [distrust.keep[offsets[z]:offsets[z + 1]] for z in range(len(centers))]
     kept_devices = [z for z in range(len(centers)) if keep[z].any()]
     kept = [centers[z][keep[z]] for z in kept_devices]
-    kept_counts = None if counts is None else [counts[z][keep[z]] for z in kept_devices]
+    # one device is one witness per group: its rows in a group share one unit of weight
+    # (times its counts when ``weighted``), so k' identical lies weigh as one
+    share = distrust.device_weights(np.repeat(np.arange(len(centers)), sizes))
+    share = [share[offsets[z]:offsets[z + 1]][keep[z]] for z in kept_devices]
+    if weighted:
+        if counts is None:
+            raise ValidationError("weighted=True needs the devices' counts")
+        share = [w * counts[z][keep[z]] for w, z in zip(share, kept_devices)]
+    kept_counts = share
     if sum(len(c) for c in kept) < n_clusters:
         raise ValidationError(
             f"only {sum(len(c) for c in kept)} device centers are corroborated by enough devices "
@@ -167,10 +175,10 @@ def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_de
         first_device = kept_devices.index(int(first_device)) if int(first_device) in kept_devices \
             else "widest"
     plain = aggregate_centers(kept, n_clusters, counts=kept_counts, method=method,
-                              weighted=weighted, first_device=first_device, rng=rng,
+                              weighted=True, first_device=first_device, rng=rng,
                               max_iter=max_iter, tol=tol)
     Ck = np.concatenate(kept, axis=0)
-    wk = np.concatenate(kept_counts).astype(float) if weighted and kept_counts else None
+    wk = np.concatenate(kept_counts).astype(float)
     final = robust_means(Ck, np.concatenate(plain.center_labels), plain.centers,
                          min(trim, 0.49), wk)
     C = np.concatenate(centers, axis=0)

@@ -51,7 +51,7 @@ from ..core.robust import coordinate_mean, geometric_median, trimmed_mean
 from .init import coincident_groups
 from ..core.validation import (check_array, check_choice, check_float, check_int,
                                check_n_features)
-from .init import INITS, robust_init
+from .init import INITS, robust_init_groups
 
 __all__ = ["TrimmedKMeans", "KGeomedians", "KMeansLloyd", "RADIUS_RULES"]
 
@@ -137,26 +137,40 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
                     f"init_labels must be {n} integers in 0..{k - 1}, got shape {lab.shape}")
             lab = lab.astype(np.int64)
             empty = np.setdiff1d(np.arange(k), lab)
-            centers = (self._initial_centers(X, k) if len(empty)
+            centers = (self._initial_centers(X, k)[0] if len(empty)
                        else np.zeros((k, X.shape[1])))
             self._update(X, w, lab, centers, np.ones(n, dtype=bool))
             history.append(lab)
-        else:
-            centers = self._initial_centers(X, k)
+        spare = np.zeros((0, X.shape[1]))
+        self.suspect_mask_ = np.zeros(n, dtype=bool)
+        if init_labels is None:
+            centers, spare, self.suspect_mask_ = self._initial_centers(X, k)
         labels = history[-1] if history else None
         kept = np.ones(n, dtype=bool)
         centers_hist = [centers.copy()]
         converged = False
         n_iter = 0
+        full = None
         for n_iter in range(1, max_iter + 1):
-            new_labels = assign(X, centers)[0]
-            if labels is not None and np.array_equal(new_labels, labels):
+            # spare centres (groups beyond k, :func:`fedclust.robust.init.supported_groups`)
+            # hold their members out of the k clusters: they are outliers
+            new_full = assign(X, np.vstack([centers, spare]))[0]
+            out = new_full >= k
+            new_labels = np.where(out, assign(X, centers)[0], new_full) if out.any() \
+                else new_full
+            out |= self._minority_suspects(new_labels, k)
+            if full is not None and np.array_equal(new_full, full) or (
+                    full is None and labels is not None and np.array_equal(new_labels, labels)):
                 converged = True
                 n_iter -= 1
                 break
-            labels = new_labels
+            labels, full = new_labels, new_full
             history.append(labels)
-            self._update(X, w, labels, centers, kept)
+            self._update(X, w, np.where(out, -1, labels), centers, kept)
+            kept[out] = False
+            for e in range(len(spare)):
+                if (full == k + e).any():
+                    spare[e] = X[full == k + e].mean(axis=0)
             centers_hist.append(centers.copy())
         self.cluster_centers_ = centers
         self.labels_ = labels
@@ -176,17 +190,39 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
             if sel.any():
                 centers[j], kept[sel] = self._center(X[sel], None if w is None else w[sel])
 
-    def _initial_centers(self, X: np.ndarray, k: int) -> np.ndarray:
+    #: keep the spare centres of groups beyond k (False: the non-robust Lloyd)
+    uses_spare: bool = True
+
+    def _minority_suspects(self, labels: np.ndarray, k: int) -> np.ndarray:
+        """Suspect points (a group beyond k) that are a minority of the cluster absorbing them:
+        held out of it — a smaller group the over-segmentation found apart from the cluster's
+        own is not part of it (where suspects are the majority, they are the cluster)."""
+        sus = self.suspect_mask_
+        out = np.zeros(len(labels), dtype=bool)
+        if not self.uses_spare or not sus.any():
+            return out
+        for j in range(k):
+            members = labels == j
+            n_sus = int((sus & members).sum())
+            if 0 < 2 * n_sus < int(members.sum()):
+                out |= sus & members
+        return out
+
+    def _initial_centers(self, X: np.ndarray, k: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(centres (k, d), spare centres (e, d), suspect (n,))`` (none for given centres)."""
         init = self.init
         if isinstance(init, str):
             check_choice(init, "init", INITS)
             rng = server_rng(root_seed(self.random_state), 0)
-            return robust_init(X, k, init, rng)
+            centers, spare, suspect = robust_init_groups(X, k, init, rng)
+            return centers, (spare if self.uses_spare else spare[:0]), suspect
         C = check_array(init, "init")
         if C.shape != (k, X.shape[1]):
             raise ValidationError(
                 f"init has shape {C.shape}; expected (n_clusters, n_features) = {(k, X.shape[1])}")
-        return C.astype(np.float64, copy=True)
+        return (C.astype(np.float64, copy=True), np.zeros((0, X.shape[1])),
+                np.zeros(len(X), dtype=bool))
 
     # -- use ----------------------------------------------------------------
     def predict(self, X: Any) -> np.ndarray:
@@ -225,7 +261,12 @@ class TrimmedKMeans(_RobustLloyd):
     cluster_centers_ : ndarray (k, d)
     labels_ : ndarray (n,)
     inlier_mask_ : ndarray (n,) bool
-        Points kept by the last centre step (False: trimmed as outliers).
+        Points kept by the last centre step (False: trimmed as outliers, or held
+        by a spare group beyond k, :func:`fedclust.robust.init.supported_groups`).
+    suspect_mask_ : ndarray (n,) bool
+        Points of a group beyond the k best-supported ones (a colluding group),
+        whether held out or absorbed by a cluster (stage 3 trims at least their
+        share of that cluster).
     n_iter_ : int
         Centre updates performed.
     converged_ : bool
@@ -318,6 +359,7 @@ class KMeansLloyd(_RobustLloyd):
     reference (scikit-learn's ``KMeans`` from the same ``init`` gives the same labels)."""
 
     coincident_once = False
+    uses_spare = False
 
     def _center(self, X, w):
         return coordinate_mean(X, w), np.ones(len(X), dtype=bool)

@@ -14,7 +14,7 @@ from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_device_ids, check_int
+from ..core.validation import check_device_ids, check_int, check_scale
 from ..sim.transport import InProcessTransport
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
@@ -61,6 +61,8 @@ def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
                 f"machine {z} has d={X.shape[1]} features but machine {ids[0]} has d={d}")
         out_X.append(X)
         out_y.append(y)
+    check_scale(out_X, "machines' X", list(ids))
+    check_scale([y[:, None] for y in out_y], "machines' y", list(ids))
     return out_X, out_y
 
 
@@ -110,7 +112,9 @@ class RobustClusteredRegression(BaseEstimator):
         fraction is ``max(beta, s / m_j)`` where s of the m_j replies lie
         farther than ``radius`` median distances from their geometric median
         (:func:`fedclust.robust.server.adaptive_beta`): liars can gather in
-        one cluster beyond the global ``beta``.
+        one cluster beyond the global ``beta``. It is also at least the share
+        of the cluster's members that stage 2 found in a group beyond the k
+        best-supported ones (:func:`fedclust.robust.server.share_beta`).
     privacy : None
         Refused with a one-line error: no differentially private version yet
         (see ``docs/privacy.md``).

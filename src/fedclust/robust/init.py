@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.cluster import KMeans
+from scipy.sparse import csr_matrix
+from scipy.spatial import cKDTree
 from scipy.sparse.csgraph import connected_components
 from sklearn.neighbors import NearestNeighbors
 
 from ..core.random import sklearn_seed
 from ..core.robust import geometric_median
 
-__all__ = ["robust_subspace", "dense_points", "dense_farthest_seeds", "robust_init", "INITS"]
+__all__ = ["robust_subspace", "dense_points", "dense_farthest_seeds", "supported_groups",
+           "robust_init", "robust_init_groups", "INITS"]
 
 INITS = ("pairwise", "k-means++")
 
@@ -128,18 +131,127 @@ def dense_farthest_seeds(P: np.ndarray, n_clusters: int, dense: np.ndarray,
     return idx[np.asarray(chosen, dtype=np.int64)]
 
 
+#: k-means pieces per cluster before the pieces of one cluster are merged again
+OVERSEGMENT = 2
+#: two pieces are one group when their medians are closer than this x the sum of their radii
+MERGE = 1.5
+#: ... or when their closest pair is within this x the median nearest-neighbour distance
+LINK = 2.0
+#: leaving groups out must cut the trimmed k-means cost to at most this fraction (by a third)
+SPARE_GAIN = 2.0 / 3.0
+
+
+def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``(labels (n,), suspect (n,) bool)``. Labels: ``0..k-1`` the k best-supported groups
+    of the rows of P, ``k..`` the groups beyond k with at least ``max(3, n / (8k))``
+    distinct reports (spare groups), -1 the rest; ``suspect``: the rows of those spare
+    groups, also when plain k-means is chosen and absorbs them into a cluster.
+
+    k-means (k-means++ seeding, 10 restarts) cuts P into ``OVERSEGMENT x k``
+    pieces; pieces whose medians are closer than ``MERGE`` x the sum of their
+    radii (median member distance to the piece's median: a per-group robust
+    scale), or whose closest pair is within ``LINK`` x the median
+    nearest-neighbour distance (a cloud cut in two touches along the cut), are
+    one group (union-find). The k groups with the most distinct
+    reports (``spot``: coinciding rows count once) are kept: a colluding group
+    smaller than every honest cluster is the one left over, instead of taking
+    a centre and merging two true clusters. Plain k-means with k clusters
+    labels P instead when fewer than k groups are found (clusters closer than
+    their spread) or when leaving the other groups out does not cut the
+    trimmed k-means cost by a third (``SPARE_GAIN``; squared distances capped at
+    ``(3 r)²``, r the pooled median member distance of the chosen groups).
+    O(n k d) per k-means iteration plus O(k² d).
+    """
+    n = len(P)
+    K = int(min(n, OVERSEGMENT * n_clusters))
+    seed = sklearn_seed(rng)
+    lab = KMeans(K, n_init=10, random_state=seed).fit(P).labels_
+    pieces = np.unique(lab)
+    med = np.array([np.median(P[lab == j], axis=0) for j in pieces])
+    rad = np.array([float(np.median(np.linalg.norm(P[lab == j] - m, axis=1)))
+                    for j, m in zip(pieces, med)])
+    gap = np.sqrt(((med[:, None] - med[None]) ** 2).sum(axis=2))
+    close = gap <= MERGE * (rad[:, None] + rad[None, :])
+    # or they touch: their closest pair is within LINK x the typical nearest-neighbour distance
+    # (a cloud cut in two, however few its points, touches along the cut)
+    which = np.searchsorted(pieces, lab)
+    nn = cKDTree(P).query(P, k=2)[0][:, 1]
+    touch = LINK * float(np.median(nn))
+    for a in range(len(pieces)):
+        tree = cKDTree(P[which == a])
+        dist = tree.query(P[which != a], k=1)[0]
+        other = which[which != a]
+        for b in np.unique(other[dist <= touch]):
+            close[a, b] = close[b, a] = True
+    _, group_of_piece = connected_components(csr_matrix(close), directed=False)
+    group = group_of_piece[np.searchsorted(pieces, lab)]
+    n_groups = int(group.max()) + 1
+    if n_groups < n_clusters:
+        return (KMeans(n_clusters, n_init=10, random_state=seed).fit(P).labels_.astype(np.int64),
+                np.zeros(n, dtype=bool))
+    support = np.array([len(np.unique(spot[group == g])) for g in range(n_groups)])
+    size = np.bincount(group, minlength=n_groups)
+    order = np.lexsort((-size, -support))
+    # a spare group must hold at least an eighth of the fair share n/k (and 3 points): a few
+    # points cut off a small cloud are no group of their own
+    least = max(3, -(-n // (8 * n_clusters)))
+    order = np.concatenate([order[:n_clusters],
+                            [g for g in order[n_clusters:] if support[g] >= least]]
+                           ).astype(np.int64)
+    relabel = np.full(n_groups, -1, dtype=np.int64)
+    relabel[order] = np.arange(len(order))
+    chosen = relabel[group]
+    if n_groups == n_clusters:
+        return chosen, np.zeros(n, dtype=bool)
+    spare = chosen >= n_clusters
+    # Leaving a group out must pay: the k chosen groups replace plain k-means only when they
+    # cut the trimmed k-means cost by at least a third (squared distances capped at (3 r)^2, r the
+    # pooled median distance of the chosen groups' members to their means). A colluding
+    # group beyond k makes plain k-means merge two true clusters (a large cost); a loose
+    # group as large as a true cluster (liars spread between two clusters) does not.
+    plain = KMeans(n_clusters, n_init=10, random_state=seed).fit(P)
+    mine = np.array([P[chosen == j].mean(axis=0) for j in range(n_clusters)])
+    inside = chosen >= 0
+    r = float(np.median(np.linalg.norm(P[inside & (chosen < n_clusters)]
+                                       - mine[chosen[inside & (chosen < n_clusters)]], axis=1)))
+    cap = (3.0 * r) ** 2
+
+    def cost(centers: np.ndarray) -> float:
+        d2 = ((P[:, None, :] - centers[None]) ** 2).sum(axis=2).min(axis=1)
+        return float(np.minimum(d2, cap).sum())
+
+    if cost(mine) <= SPARE_GAIN * cost(plain.cluster_centers_):
+        return chosen, spare
+    return plain.labels_.astype(np.int64), spare
+
+
 def robust_init(X: np.ndarray, n_clusters: int, method: str,
                 rng: np.random.Generator) -> np.ndarray:
     """Initial centres (k, d): robust projection, dense points, then ``method`` seeding."""
-    center, V = robust_subspace(X, n_clusters)
+    return robust_init_groups(X, n_clusters, method, rng)[0]
+
+
+def robust_init_groups(X: np.ndarray, n_clusters: int, method: str, rng: np.random.Generator
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(centres (k, d), spare (e, d), suspect (n,) bool)``: :func:`robust_init`, the means
+    of the spare groups beyond k (the robust Lloyd keeps their members out) and the rows of
+    every group beyond k (:func:`supported_groups`; ``"k-means++"`` only).
+
+    The projection keeps k + 1 directions, so a group beyond the k clusters (a
+    colluding one) stays apart from them in P.
+    """
+    center, V = robust_subspace(X, n_clusters + 1)
     P = (X - center) @ V.T
     dense, r = dense_points(P, n_clusters)
     if method == "k-means++":
-        # k-means (k-means++ seeding, 10 restarts) on the dense points only: outliers are not
-        # dense, so they neither seed nor pull; the centres are the groups' means in X
+        # the k best-supported groups of the dense points (:func:`supported_groups`): outliers
+        # are not dense, so they neither seed nor pull; the centres are the groups' means in X
         idx = np.flatnonzero(dense)
-        km = KMeans(n_clusters, n_init=10, random_state=sklearn_seed(rng)).fit(P[idx])
-        C = np.array([X[idx[km.labels_ == j]].mean(axis=0) for j in range(n_clusters)])
-        return C
+        lab, beyond = supported_groups(P[idx], coincident_groups(P[idx]), n_clusters, rng)
+        means = np.array([X[idx[lab == j]].mean(axis=0) for j in range(int(lab.max()) + 1)])
+        suspect = np.zeros(len(X), dtype=bool)
+        suspect[idx[beyond]] = True
+        return means[:n_clusters], means[n_clusters:], suspect
     seeds = dense_farthest_seeds(P, n_clusters, dense, r)
-    return X[seeds].copy()
+    return X[seeds].copy(), np.zeros((0, X.shape[1])), np.zeros(len(X), dtype=bool)

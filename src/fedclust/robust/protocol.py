@@ -36,7 +36,8 @@ from ..fl.messages import ModelUpdate
 from ..fl.models import LinearRegression, LogisticRegression
 from .local import local_erm, local_logistic_erm
 from .messages import ClusterParams, LocalERM
-from .server import CLUSTERINGS, OPTIMIZERS, STAGE3_AGGREGATORS, cluster_erms, robust_step
+from .server import (CLUSTERINGS, OPTIMIZERS, STAGE3_AGGREGATORS, cluster_erms, robust_step,
+                     share_beta)
 
 __all__ = ["RobustRegressionProtocol", "RobustRegressionResult"]
 
@@ -76,6 +77,7 @@ class _State:
     phase: str = "erm"
     erms: dict = field(default_factory=dict)
     clusters: dict = field(default_factory=dict)
+    suspect: dict = field(default_factory=dict)
     models: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     initial: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     history: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
@@ -186,9 +188,12 @@ class RobustRegressionProtocol(Protocol):
             if not ids:
                 continue
             U = np.array([replies[z].params for z in ids], dtype=np.float64)
+            # trim at least the share of a group beyond k that this cluster absorbed
+            beta = share_beta(sum(state.suspect.get(z, False) for z in ids), len(ids),
+                              self.beta) if self.adaptive_beta else self.beta
             state.models[j], state.betas[r][j], flagged = robust_step(
                 state.models[j], U, optimizer=self.optimizer, lr=self.lr,
-                aggregator=self.aggregator, beta=self.beta, adaptive=self.adaptive_beta,
+                aggregator=self.aggregator, beta=beta, adaptive=self.adaptive_beta,
                 radius=self.radius)
             for z, f in zip(ids, flagged):
                 state.asked[z] = state.asked.get(z, 0) + 1
@@ -206,6 +211,8 @@ class RobustRegressionProtocol(Protocol):
                            radius=self.radius, beta=self.beta, init=self.init,
                            max_iter=self.max_iter, drop_outliers=self.drop_outliers)
         state.clusters = {z: int(c) for z, c in zip(ids, out.labels)}
+        if out.suspect is not None:
+            state.suspect = {z: bool(f) for z, f in zip(ids, out.suspect)}
         state.models = np.array(out.centers, dtype=np.float64)
         state.initial = state.models.copy()
         state.history = out.history.astype(np.int64)

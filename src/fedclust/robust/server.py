@@ -20,6 +20,7 @@ from .edge_cutting import EdgeCutting
 from .filtering import iterative_filtering
 
 __all__ = ["ErmClustering", "cluster_erms", "robust_step", "adaptive_beta", "outlier_share",
+           "share_beta",
            "STAGE3_AGGREGATORS", "CLUSTERINGS", "OPTIMIZERS"]
 
 CLUSTERINGS = ("trimmed-kmeans", "kgeomedians", "edge-cutting", "kmeans")
@@ -31,12 +32,14 @@ OPTIMIZERS = ("gd", "fedavg")
 @dataclass
 class ErmClustering:
     """Stage-2 outcome: ``labels`` (m,) (-1: judged Byzantine / outlier), ``centers`` (c, p),
-    ``history`` (T + 1, m) labels per iteration, ``n_iter``."""
+    ``history`` (T + 1, m) labels per iteration, ``n_iter``, ``suspect`` (m,) bool: members
+    of a group beyond the k best-supported ones (stage 3 trims at least their share)."""
 
     labels: np.ndarray
     centers: np.ndarray
     history: np.ndarray
     n_iter: int
+    suspect: np.ndarray | None = None
 
 
 def cluster_erms(W: np.ndarray, n_clusters: int, method: str, *, seed: int,
@@ -45,8 +48,10 @@ def cluster_erms(W: np.ndarray, n_clusters: int, method: str, *, seed: int,
     """Cluster the machines' ERMs W (m, p) with ``method`` in :data:`CLUSTERINGS`.
 
     ``"trimmed-kmeans"`` marks the machines outside the last trimming radius
-    -1 when ``drop_outliers``; ``"edge-cutting"`` marks its low-degree points
-    -1; ``"kgeomedians"`` and ``"kmeans"`` label every machine. ``"kmeans"`` is
+    -1 when ``drop_outliers``, and (as ``"kgeomedians"`` does) the members of a
+    spare group beyond k (:func:`fedclust.robust.init.supported_groups`: a
+    colluding group smaller than every honest cluster); ``"edge-cutting"``
+    marks its low-degree points -1; ``"kmeans"`` labels every machine. ``"kmeans"`` is
     the non-robust reference a user would reach for: scikit-learn's k-means++
     (10 restarts, best inertia) and Lloyd.
     """
@@ -65,9 +70,10 @@ def cluster_erms(W: np.ndarray, n_clusters: int, method: str, *, seed: int,
                             random_state=seed)
     est.fit(W)
     lab = est.labels_.copy()
-    if drop_outliers and method == "trimmed-kmeans":
+    if drop_outliers:
         lab[~est.inlier_mask_] = -1
-    return ErmClustering(lab, est.cluster_centers_, np.array(est.labels_history_), est.n_iter_)
+    return ErmClustering(lab, est.cluster_centers_, np.array(est.labels_history_), est.n_iter_,
+                         est.suspect_mask_.copy())
 
 
 def outlier_share(V: np.ndarray, radius: float = 3.0) -> tuple[float, np.ndarray]:
@@ -84,6 +90,13 @@ def outlier_share(V: np.ndarray, radius: float = 3.0) -> tuple[float, np.ndarray
     scale = float(np.median(dist))
     flagged = dist > radius * scale
     return float(flagged.mean()), flagged
+
+
+def share_beta(n_suspect: int, m: int, beta: float) -> float:
+    """Stage-3 trim fraction of a cluster of m members of which ``n_suspect`` belong to a
+    group beyond k (:func:`fedclust.robust.init.supported_groups`): at least their share,
+    so that every one of them can be trimmed in every coordinate; never below ``beta``."""
+    return _beta_for(n_suspect, m, beta)
 
 
 def _beta_for(n_flagged: int, m: int, beta: float) -> float:

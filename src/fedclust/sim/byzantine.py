@@ -51,7 +51,7 @@ __all__ = ["ByzantineTamper", "choose_byzantine", "poison_devices", "ATTACKS", "
            "BYZANTINE_ROUND"]
 
 ATTACKS = ("large-norm", "sign-flip", "scale", "collude", "between")
-POISONS = ("shift", "noise", "regression", "label-flip")
+POISONS = ("shift", "noise", "regression", "label-flip", "coordinated")
 
 #: server-stream round index reserved for drawing the Byzantine devices
 BYZANTINE_ROUND = 11
@@ -225,7 +225,8 @@ class ByzantineTamper:
 def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomState = None, *,
                    attack: str = "shift", scale: float = 10.0,
                    device_ids: Sequence[int] | None = None,
-                   n_classes: int | None = None) -> tuple[list[Any], list[int]]:
+                   n_classes: int | None = None,
+                   target: Any = None) -> tuple[list[Any], list[int]]:
     """Data poisoning: a fraction ``alpha`` of devices hold adversarial data.
 
     ``devices`` are arrays X (n_z, d) or pairs (X, y). Returns the new list
@@ -235,7 +236,15 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
     ``"shift"``       X + scale · u, u a random unit vector per device;
     ``"noise"``       X replaced by N(0, scale²) points;
     ``"regression"``  (X, y) with y = X w_adv, w_adv ~ N(0, scale²) (arbitrary ERMs);
-    ``"label-flip"``  (X, y) with y -> n_classes - 1 - y.
+    ``"label-flip"``  (X, y) with y -> n_classes - 1 - y;
+    ``"coordinated"`` colluders with data of their own, agreeing on one point
+                      ``target`` (default: one random vector of norm ``scale``
+                      drawn from the seed, shared by every poisoned device).
+                      X only: ``X - mean(X) + target`` (each keeps its own
+                      shape, so no two reports coincide); (X, y): X kept and
+                      ``y = X w_target + r``, r the device's own least-squares
+                      residuals in a random order (honest-sized noise),
+                      ``target`` the coefficients (no intercept column).
 
     The poisoned devices are :func:`choose_byzantine` of the ids (so the same
     seed poisons the same devices a tamper hook would make lie).
@@ -248,6 +257,17 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
         raise ValidationError(f"{len(devices)} devices but {len(ids)} device_ids")
     bad = choose_byzantine(ids, alpha, seed)
     out = list(devices)
+    shared = None
+    if attack == "coordinated":
+        p = np.asarray(devices[0][0] if isinstance(devices[0], tuple) else devices[0]).shape[1]
+        if target is not None:
+            shared = np.asarray(target, dtype=np.float64).ravel()
+            if shared.shape != (p,):
+                raise ValidationError(f"target has shape {shared.shape}; the data has {p} features")
+        else:
+            v = np.random.default_rng(np.random.SeedSequence(
+                seed, spawn_key=(_ATTACK_BRANCH + 3, p))).normal(size=p)
+            shared = scale * v / max(float(np.linalg.norm(v)), 1e-300)
     for pos, z in enumerate(ids):
         if z not in bad:
             continue
@@ -262,7 +282,15 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
             X = X + scale * u / np.linalg.norm(u)
         elif attack == "noise":
             X = scale * rng.normal(size=X.shape)
-        if attack == "regression":
+        elif attack == "coordinated" and not supervised:
+            X = X - X.mean(axis=0) + shared
+        if attack == "coordinated" and supervised:
+            y = np.asarray(data[1], dtype=np.float64)
+            # the device's own residuals, shuffled: honest-sized noise that is not
+            # orthogonal to X, so the liars' ERMs scatter around the target like honest ones
+            resid = y - X @ np.linalg.lstsq(X, y, rcond=None)[0]
+            y = X @ shared + rng.permutation(resid)
+        elif attack == "regression":
             y = X @ (scale * rng.normal(size=X.shape[1]))
         elif attack == "label-flip":
             y = np.asarray(data[1])

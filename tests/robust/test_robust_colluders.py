@@ -1,0 +1,97 @@
+"""Colluding groups with data of their own (tight, consistent, well-formed) against the 3-stage
+pipeline and the robust clustering: constructions other than the benchmark's (d, k, m, α,
+distances, seeds)."""
+
+import numpy as np
+import pytest
+
+from fedclust.core.random import server_rng
+from fedclust.robust import (RobustClusteredRegression, TrimmedKMeans, estimation_error,
+                             make_mixture_regression, misclustering_rate)
+from fedclust.robust.init import coincident_groups, supported_groups
+from fedclust.robust.local import local_erm
+from fedclust.sim.byzantine import poison_devices
+
+
+def _run(mr, ys, clusters, seed, **kw):
+    truth = np.hstack([mr.coef, mr.intercept[:, None]])
+    out = {}
+    for name, conf in (("plain", dict(clustering="kmeans", aggregator="mean")), ("robust", {})):
+        r = RobustClusteredRegression(len(truth), rounds=8, random_state=seed, **conf, **kw).fit(
+            mr.Xs, ys)
+        out[name] = (estimation_error(np.hstack([r.coef_, r.intercept_[:, None]]), truth),
+                     misclustering_rate(r.device_clusters_, clusters), r)
+    return out
+
+
+@pytest.mark.parametrize("m, d, k, alpha, far, seed", [
+    (200, 8, 4, 0.12, 20.0, 3),
+    (150, 6, 2, 0.2, 6.0, 8),
+])
+def test_coordinated_far_group_is_left_out(m, d, k, alpha, far, seed):
+    mr = make_mixture_regression(m, 30, d, k, alpha=0.0, noise=0.3, random_state=seed)
+    rng = np.random.default_rng(seed)
+    target = far * rng.normal(size=d)
+    poisoned, bad = poison_devices(list(zip(mr.Xs, mr.ys)), alpha, seed, attack="coordinated",
+                                   target=target)
+    clusters = mr.clusters.copy()
+    clusters[bad] = -1
+    res = _run(mr, [y for _, y in poisoned], clusters, seed, beta=alpha + 0.1)
+    assert res["robust"][0] <= 0.47 * res["plain"][0]          # gain >= 53%
+    assert res["robust"][1] <= 0.02
+    assert (res["robust"][2].device_clusters_[bad] == -1).all()
+
+
+def test_colluders_next_to_a_true_cluster_do_not_pollute_it():
+    seed = 17
+    mr = make_mixture_regression(210, 40, 9, 3, alpha=0.0, noise=0.5, random_state=seed)
+    erm_spread = 0.5 * np.sqrt(10 / 40)
+    u = np.random.default_rng(1).normal(size=9)
+    target = mr.coef[1] + 4.0 * erm_spread * u / np.linalg.norm(u)
+    poisoned, bad = poison_devices(list(zip(mr.Xs, mr.ys)), 0.15, seed, attack="coordinated",
+                                   target=target)
+    clusters = mr.clusters.copy()
+    clusters[bad] = -1
+    res = _run(mr, [y for _, y in poisoned], clusters, seed, beta=0.25)
+    assert res["robust"][0] <= 0.47 * res["plain"][0]
+    assert res["robust"][1] <= 0.02
+
+
+def test_supported_groups_leave_out_a_smaller_group_and_nothing_on_clean_data():
+    rng = np.random.default_rng(5)
+    honest = np.concatenate([c + 0.3 * rng.normal(size=(60, 3))
+                             for c in ([0, 0, 0], [6, 0, 0], [0, 6, 0])])
+    lab, suspect = supported_groups(honest, coincident_groups(honest), 3, server_rng(0, 0))
+    assert not suspect.any() and (lab >= 0).all()
+    assert len(set(zip(lab, np.repeat(np.arange(3), 60)))) == 3
+    group = np.array([40.0, 40.0, 0.0]) + 0.3 * rng.normal(size=(25, 3))
+    P = np.vstack([honest, group])
+    lab, suspect = supported_groups(P, coincident_groups(P), 3, server_rng(0, 0))
+    assert suspect[180:].all() and not suspect[:180].any()
+    assert (lab[180:] >= 3).all() and (lab[:180] < 3).all()
+
+
+def test_trimmed_kmeans_holds_the_spare_group_out():
+    rng = np.random.default_rng(6)
+    X = np.concatenate([c + rng.normal(size=(80, 5)) for c in np.eye(5)[:3] * 12]
+                       + [np.full(5, 60.0) + rng.normal(size=(30, 5))])
+    est = TrimmedKMeans(3, random_state=0).fit(X)
+    assert not est.inlier_mask_[240:].any() and est.suspect_mask_[240:].all()
+    truth = np.repeat(np.arange(3), 80)
+    assert misclustering_rate(est.labels_[:240], truth) == 0.0
+
+
+def test_coordinated_poisoning_keeps_honest_sized_noise():
+    mr = make_mixture_regression(40, 50, 5, 2, alpha=0.0, noise=1.0, random_state=2)
+    target = np.arange(5.0)
+    poisoned, bad = poison_devices(list(zip(mr.Xs, mr.ys)), 0.25, 2, attack="coordinated",
+                                   target=target)
+    assert len(bad) == 10
+    for z in range(40):
+        if z not in bad:
+            assert poisoned[z][1] is mr.ys[z]
+    W = np.array([local_erm(X, y, fit_intercept=False) for X, y in poisoned])[bad][:, :5]
+    spread = np.linalg.norm(W - target, axis=1)
+    # ERMs around the target at the honest noise scale (sqrt(p / n) = 0.32), none coinciding
+    assert 0.1 < np.median(spread) < 0.6
+    assert len(np.unique(coincident_groups(W))) == len(bad)
