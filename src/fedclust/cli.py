@@ -5,9 +5,12 @@
     fedclust flower app DIR --config CONFIG.toml    write a deployable Flower app
     fedclust flower split CONFIG.toml --out DIR     one data file per SuperNode
     fedclust flower result DIR [--compare result.json]
+    fedclust flower run APP [SUPERLINK]              flwr run; exit 1 unless the run completed
+    fedclust flower certs DIR --host NAME_OR_IP ...  CA + SuperLink TLS certificate
+    fedclust flower keys DIR --nodes N              SuperNode authentication key pairs
 
-Errors are one line on stderr and exit status 2; no traceback (set
-``FEDCLUST_DEBUG=1`` to see one).
+Errors are one line on stderr and exit status 2 (a failed Flower run: 1; an
+unexpected internal error: 3); no traceback (set ``FEDCLUST_DEBUG=1`` to see one).
 """
 
 from __future__ import annotations
@@ -141,12 +144,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FedClustError, OSError, ImportError) as exc:
         if os.environ.get("FEDCLUST_DEBUG"):
             raise
-        print(f"fedclust: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"fedclust: error: {_one_line(exc)}", file=sys.stderr)
+        return 1 if type(exc).__name__ == "DeploymentError" else 2
     except KeyboardInterrupt:
         print("fedclust: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: still one line first, the traceback on request
+        if os.environ.get("FEDCLUST_DEBUG"):
+            raise
+        print(f"fedclust: internal error: {type(exc).__name__}: {_one_line(exc)} "
+              "(set FEDCLUST_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 3
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 # -- fedclust flower ... (deployment helpers; flwr is not needed to write an app) --------
@@ -175,6 +188,22 @@ def _add_flower_parser(sub) -> None:
     res.add_argument("dir", help="the app's result folder (holds result.npz)")
     res.add_argument("--compare", default=None, metavar="RESULT_JSON",
                      help="exit 1 unless the centers equal those of this `fedclust run` result")
+    run = fsub.add_parser("run", help="`flwr run APP SUPERLINK --stream`, exit 1 with the reason "
+                          "unless the run finished as completed")
+    run.add_argument("app", help="the app folder (written by `fedclust flower app`)")
+    run.add_argument("superlink", nargs="?", default=None,
+                     help="SuperLink connection name of the Flower configuration")
+    certs = fsub.add_parser("certs", help="a CA and a SuperLink TLS certificate for given hosts")
+    certs.add_argument("dir", help="output folder (ca.crt, ca.key, server.pem, server.key)")
+    certs.add_argument("--host", action="append", required=True, metavar="NAME_OR_IP",
+                       help="a DNS name or IP address SuperNodes and `flwr` use to reach the "
+                            "SuperLink (repeat for several)")
+    certs.add_argument("--days", type=int, default=365, help="validity (default: %(default)s)")
+    certs.add_argument("--force", action="store_true", help="overwrite existing files")
+    keys = fsub.add_parser("keys", help="SuperNode authentication key pairs (OpenSSH ECDSA)")
+    keys.add_argument("dir", help="output folder (node-<i>, node-<i>.pub, public-keys.csv)")
+    keys.add_argument("--nodes", type=int, required=True, help="how many SuperNodes")
+    keys.add_argument("--force", action="store_true", help="overwrite existing files")
 
 
 def _flower(args) -> int:
@@ -193,6 +222,26 @@ def _flower(args) -> int:
         print(f"wrote {path} and {Path(args.dir) / 'fedclust_app'}/")
         print("start a SuperLink and one SuperNode per device, then: "
               f"flwr run {args.dir} <connection> --stream  (see docs/flower.md)")
+        return 0
+    if args.flower_command == "run":
+        from .flower.runner import flwr_run
+
+        run_id = flwr_run(args.app, args.superlink)
+        print(f"fedclust: run {run_id} finished:completed")
+        return 0
+    if args.flower_command == "certs":
+        from .flower.pki import write_certificates
+
+        paths = write_certificates(args.dir, args.host, days=args.days, overwrite=args.force)
+        for what, path in paths.items():
+            print(f"{what}: {path}")
+        return 0
+    if args.flower_command == "keys":
+        from .flower.pki import write_node_keys
+
+        paths = write_node_keys(args.dir, args.nodes, overwrite=args.force)
+        print(f"{args.nodes} SuperNode key pairs in {args.dir}; public keys listed in "
+              f"{paths['csv']}")
         return 0
     if args.flower_command == "split":
         from .flower.deploy import split_devices

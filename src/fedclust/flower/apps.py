@@ -55,12 +55,34 @@ from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
 from .results import save_error, save_run_output
 
-__all__ = ["ServerSpec", "make_server_app", "make_client_app", "run_server",
+__all__ = ["ServerSpec", "ServerAppFailed", "one_line_cause", "make_server_app", "make_client_app",
+           "run_server",
            "save_device_file", "load_device_file", "load_node_data"]
 
 _STATE = "fedclust.state"
 _INFO = 20
 _WARNING = 30
+_ERROR = 40
+
+
+class ServerAppFailed(FedClustError):
+    """The fedclust ServerApp stopped; the text is the one-line cause.
+
+    Raised out of the ServerApp so that Flower marks the run ``finished:failed``
+    with this text as its status details (``flwr ls --run-id N``), which
+    ``fedclust flower run`` turns into a non-zero exit. ``original`` is the
+    exception that stopped the run (re-raised by in-process callers).
+    """
+
+    def __init__(self, cause: str, original: BaseException | None = None):
+        super().__init__(cause)
+        self.original = original
+
+
+def one_line_cause(exc: BaseException) -> str:
+    """``Type: text`` of an exception on one line (fedclust errors: just the text)."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    return text if isinstance(exc, FedClustError) else f"{type(exc).__name__}: {text}"
 
 
 # --------------------------------------------------------------------------- server
@@ -151,13 +173,18 @@ def make_server_app(spec: ServerSpec | None = None, *,
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        s = spec if spec is not None else ServerSpec.from_run_config(context.run_config)
+        s = None
         try:
+            s = spec if spec is not None else ServerSpec.from_run_config(context.run_config)
             out, extra = run_server(grid, s)
-        except BaseException as exc:
-            if s.result_dir:
+        except Exception as exc:
+            cause = one_line_cause(exc)
+            # the cause first, as one line; Flower's own report (status
+            # finished:failed, its traceback) comes after it
+            flwr_log(_ERROR, "fedclust: error: %s", cause)
+            if s is not None and s.result_dir:
                 save_error(exc, s.result_dir)
-            raise
+            raise ServerAppFailed(cause, exc) from None
         if s.result_dir:
             path = save_run_output(out, s.protocol, s.result_dir, extra)
             flwr_log(_INFO, "fedclust: wrote %s", path)
@@ -254,6 +281,9 @@ class _Server:
         self.node_of = mapping
         for node, why in node_failed.items():
             flwr_log(_WARNING, "fedclust: %s", why)
+        if not mapping:
+            shown = "; ".join(node_failed[n] for n in sorted(node_failed)[:2])
+            raise ValidationError(f"none of the {len(nodes)} SuperNodes can take part: {shown}")
         return node_failed
 
     def round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:

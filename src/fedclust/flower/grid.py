@@ -37,7 +37,7 @@ from ..core.random import root_seed
 from ..core.validation import check_float
 from ..core.protocol import Protocol
 from ..sim.transport import RunOutput, Tamper
-from .apps import ServerSpec, make_client_app, make_server_app
+from .apps import ServerAppFailed, ServerSpec, make_client_app, make_server_app
 from .codec import HELLO_ACTION
 
 HELLO_TYPE = f"query.{HELLO_ACTION}"
@@ -175,7 +175,10 @@ class FlowerInMemoryTransport:
         pos = {z: i for i, z in enumerate(ids)}
         grid = LocalGrid(client_app, configs)
         grid.silent_after_hello = {grid.node_ids[pos[z]] for z in self.unresponsive}
-        run_server_app(server_app, grid)
+        try:
+            run_server_app(server_app, grid)
+        except ServerAppFailed as exc:  # the caller gets the error that stopped the run
+            raise (exc.original or exc) from None
         self.last_grid_ = grid
         self.last_extra_ = box["extra"]
         return box["out"]
