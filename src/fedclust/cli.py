@@ -180,6 +180,13 @@ def _add_flower_parser(sub) -> None:
     app.add_argument("--no-faults", action="store_true",
                      help="ignore [simulation] dropout/late (a production run)")
     app.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    app.add_argument("--wheel", default=None, metavar="PATH",
+                     help="copy this fedclust wheel into DIR/wheels (default: build one with "
+                          "`pip wheel --no-deps` from the source checkout)")
+    app.add_argument("--no-wheel", action="store_true",
+                     help="write no wheel (every node already has fedclust installed)")
+    app.add_argument("--insecure", action="store_true",
+                     help="also list no-TLS commands in DEPLOY.md (local experiments only)")
     split = fsub.add_parser("split", help="write the config's devices as DIR/dev-<id>.npz")
     split.add_argument("config", help="TOML configuration")
     split.add_argument("--out", required=True, help="output folder")
@@ -218,10 +225,15 @@ def _flower(args) -> int:
 
         path = write_app(args.dir, cfg, result_dir=args.result_dir, min_nodes=args.min_nodes,
                          round_timeout_s=args.round_timeout, collect_outputs=args.collect_outputs,
-                         faults=not args.no_faults)
-        print(f"wrote {path} and {Path(args.dir) / 'fedclust_app'}/")
-        print("start a SuperLink and one SuperNode per device, then: "
-              f"flwr run {args.dir} <connection> --stream  (see docs/flower.md)")
+                         faults=not args.no_faults,
+                         wheel=False if args.no_wheel else (args.wheel or True),
+                         insecure=args.insecure)
+        print(f"wrote {path}, {Path(args.dir) / 'fedclust_app'}/ and "
+              f"{Path(args.dir) / 'DEPLOY.md'}")
+        for whl in sorted((Path(args.dir) / "wheels").glob("fedclust-*.whl")):
+            print(f"install on every node: pip install \"{whl}[flower]\"")
+        print("start a SuperLink (TLS, --enable-supernode-auth) and one SuperNode per device, "
+              f"then: fedclust flower run {args.dir} <connection>  (see DEPLOY.md)")
         return 0
     if args.flower_command == "run":
         from .flower.runner import flwr_run

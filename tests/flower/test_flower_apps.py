@@ -189,7 +189,9 @@ def test_generated_app_runs_and_matches_fedclust_run(tmp_path, capsys):
     cfg_path.write_text(CONFIG)
     app_dir, data_dir, res_dir = tmp_path / "app", tmp_path / "data", tmp_path / "res"
     assert main(["flower", "app", str(app_dir), "--config", str(cfg_path),
-                 "--result-dir", str(res_dir)]) == 0
+                 "--result-dir", str(res_dir), "--no-wheel"]) == 0
+    assert "--enable-supernode-auth" in (app_dir / "DEPLOY.md").read_text()
+    assert "--insecure" not in (app_dir / "DEPLOY.md").read_text()
     assert main(["flower", "split", str(cfg_path), "--out", str(data_dir)]) == 0
     project = tomllib.loads((app_dir / "pyproject.toml").read_text())
     ok, errors, _ = validate_config(project, check_module=False)
