@@ -45,14 +45,14 @@ Entropy = Callable[[int], bytes]
 
 # --------------------------------------------------------------------------- fixed point
 def layout_of(arrays: Mapping[str, np.ndarray]) -> list[tuple[str, str, tuple[int, ...]]]:
-    """``[(name, kind, shape)]`` of a reply's arrays (``kind`` 'f' or 'i'), in name order."""
+    """``[(name, dtype, shape)]`` of a reply's arrays, in name order."""
     out = []
     for name in sorted(arrays):
         a = np.asarray(arrays[name])
         if a.dtype.kind not in "fiu":
             raise ValidationError(f"secure aggregation sums numbers: field {name!r} has dtype "
                                   f"{a.dtype}")
-        out.append((name, "f" if a.dtype.kind == "f" else "i", tuple(int(s) for s in a.shape)))
+        out.append((name, a.dtype.str, tuple(int(s) for s in a.shape)))
     return out
 
 
@@ -62,7 +62,8 @@ def encode_fixed(arrays: Mapping[str, np.ndarray], frac_bits: int, n_devices: in
     layout = layout_of(arrays)
     limit = 2.0 ** 63 / max(int(n_devices), 1)
     parts = []
-    for name, kind, _ in layout:
+    for name, dtype, _ in layout:
+        kind = "f" if np.dtype(dtype).kind == "f" else "i"
         a = np.asarray(arrays[name])
         scale = 2.0 ** frac_bits if kind == "f" else 1.0
         flat = a.astype(np.float64, copy=False).ravel() * scale
@@ -85,14 +86,16 @@ def encode_fixed(arrays: Mapping[str, np.ndarray], frac_bits: int, n_devices: in
 
 
 def decode_fixed(vec: np.ndarray, layout_json: str, frac_bits: int) -> dict[str, np.ndarray]:
-    """The inverse of :func:`encode_fixed` for a sum: floats as float64, integers as int64."""
+    """The inverse of :func:`encode_fixed` for a sum, in the fields' dtypes (ints as int64)."""
     signed = np.asarray(vec, dtype=np.uint64).view(np.int64)
     out, at = {}, 0
-    for name, kind, shape in json.loads(layout_json):
+    for name, dtype, shape in json.loads(layout_json):
         size = int(np.prod(shape, dtype=np.int64))
         part = signed[at:at + size].reshape(shape)
         at += size
-        out[name] = part.astype(np.float64) / 2.0 ** frac_bits if kind == "f" else part.copy()
+        dt = np.dtype(dtype)
+        out[name] = (np.asarray(part.astype(np.float64) / 2.0 ** frac_bits, dtype=dt)
+                     if dt.kind == "f" else part.copy())
     if at != signed.size:
         raise ValidationError(f"secure sum has {signed.size} entries, its layout {at}")
     return out

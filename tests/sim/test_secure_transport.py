@@ -1,0 +1,110 @@
+"""Secure aggregation on the in-process transport: the server's code sees only sums."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import make_structured_federation
+
+from fedclust import KFed
+from fedclust.baselines import DistributedLloyd
+from fedclust.core.exceptions import ValidationError
+from fedclust.core.secure_sum import SUMMED, SecureAggregation
+from fedclust.lloyd.protocol import DistributedLloydProtocol
+from fedclust.sim.transport import InProcessTransport
+
+
+@pytest.fixture(scope="module")
+def fed():
+    devices, _, _ = make_structured_federation(k=4, k_local=2, m0=3, d=5, n_per=20, seed=3)
+    return devices  # 6 devices
+
+
+class _Spy(DistributedLloydProtocol):
+    """Records what the server maths receives in the Lloyd rounds."""
+
+    seen: list
+
+    def server_step(self, state, request, replies):
+        if request.action == "lloyd":
+            self.seen.append({z: {k: v.copy() for k, v in r.to_arrays().items()}
+                              for z, r in replies.items()})
+        super().server_step(state, request, replies)
+
+
+def _run(fed, tamper=None, secure=True):
+    p = _Spy(4, points_per_device=5, max_rounds=3, tol=0.0)
+    p.seen = []
+    devs = dict(enumerate(fed))
+    out = InProcessTransport(secure_aggregation=secure, tamper=tamper).run(p, devs, 11)
+    return p, out
+
+
+def test_secure_lloyd_matches_plaintext_within_fixed_point(fed):
+    a = DistributedLloyd(4, random_state=2, max_rounds=5).fit(fed)
+    b = DistributedLloyd(4, random_state=2, max_rounds=5, secure_aggregation=True).fit(fed)
+    assert a.n_rounds_ == b.n_rounds_
+    # sums carry at most n * 2**-21 error per entry; centers = sums / counts
+    assert np.abs(a.cluster_centers_ - b.cluster_centers_).max() < len(fed) * 2.0 ** -20
+    assert b.communication_["secure_exchanges"] == 3 * (b.n_rounds_ - 1)
+    assert b.communication_["bytes_up"] > a.communication_["bytes_up"]
+    c = DistributedLloyd(4, random_state=2, max_rounds=5,
+                         secure_aggregation=SecureAggregation(frac_bits=30)).fit(fed)
+    assert np.abs(a.cluster_centers_ - c.cluster_centers_).max() < len(fed) * 2.0 ** -30
+
+
+def test_server_code_receives_only_the_sum(fed):
+    p, _ = _run(fed)
+    plain, _ = _run(fed, secure=False)
+    assert all(list(step) == [SUMMED] for step in p.seen)
+    for step, ref in zip(p.seen, plain.seen):
+        total = step[SUMMED]
+        assert not any(np.array_equal(total["sums"], r["sums"]) for r in ref.values())
+        np.testing.assert_allclose(total["sums"], sum(r["sums"] for r in ref.values()),
+                                   atol=len(fed) * 2.0 ** -21, rtol=0)
+        assert np.array_equal(total["counts"], sum(r["counts"] for r in ref.values()))
+
+
+def test_server_input_unchanged_when_replies_change_with_the_sum_fixed(fed):
+    def shift(z, rnd, arrays):
+        if z not in (0, 1) or "counts" not in arrays:
+            return arrays
+        arrays = dict(arrays)
+        sign = 1 if z == 0 else -1
+        arrays["sums"] = arrays["sums"] + sign * 0.25
+        arrays["counts"] = arrays["counts"] + sign * np.array([1, -1, 0, 0])
+        return arrays
+
+    a, _ = _run(fed)
+    b, _ = _run(fed, tamper=shift)
+    assert len(a.seen) == len(b.seen) == 3
+    for x, y in zip(a.seen, b.seen):
+        for field in ("sums", "counts", "cost"):
+            assert np.array_equal(x[SUMMED][field], y[SUMMED][field])
+    # without secure aggregation the server does see the change
+    def shift_sums(z, rnd, arrays):
+        return {**arrays, "sums": arrays["sums"] + 0.25} if z == 0 and "sums" in arrays else arrays
+
+    c, _ = _run(fed, secure=False)
+    d, _ = _run(fed, tamper=shift_sums, secure=False)
+    assert np.array_equal(c.seen[0][0]["sums"] + 0.25, d.seen[0][0]["sums"])
+
+
+def test_a_third_dropping_after_masking_are_named_and_the_run_completes(fed):
+    t = InProcessTransport(secure_aggregation=True, drop_after_masking=[1, 4],
+                           on_client_error="drop")
+    m = DistributedLloyd(4, random_state=2, max_rounds=4, secure_aggregation=True).fit(
+        fed, transport=t)
+    assert sorted(m.run_log_.failed) == [1, 4]
+    assert "dropped after masking" in m.run_log_.failed[1]
+    assert m.run_log_.participants == [0, 2, 3, 5]
+    assert np.isfinite(m.cluster_centers_).all()
+
+
+def test_rounds_that_cannot_be_summed_are_refused(fed):
+    with pytest.raises(ValidationError, match="protocol 'kfed' has no round whose replies the "
+                                              "server only sums .*local centers"):
+        KFed(4, 2, random_state=0).fit(fed, transport=InProcessTransport(secure_aggregation=True))
+    with pytest.raises(ValidationError, match="transport has secure_aggregation off"):
+        DistributedLloyd(4, secure_aggregation=True).fit(fed, transport=InProcessTransport())
