@@ -48,7 +48,10 @@ from ..core.messages import message_nbytes
 from ..core.protocol import Protocol, Request, RunLog, require_replies, round_targets
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput, Tamper, draw_faults
-from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
+from ..core.secure_sum import (STAGES, SecureAggregation, SecureSumServer, check_summable,
+                               secure_sum_client)
+from ..sim.secure import summed_replies
+from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
 from ..core.registry import all_actions, protocol_from_config
 from ..core.threads import one_blas_thread
@@ -107,6 +110,10 @@ class ServerSpec:
         Where the ServerApp writes ``result.npz`` / ``result.json`` (or ``error.json``).
     collect_outputs : bool
         Send device outputs (point labels) back to the server after the run.
+    secure_aggregation : bool
+        Run the protocol's summed rounds as secure sums
+        (:mod:`fedclust.core.secure_sum`); ``secagg_frac_bits`` and
+        ``secagg_neighbors`` (0: every other device) are its settings.
     """
 
     protocol: str
@@ -121,6 +128,14 @@ class ServerSpec:
     round_timeout_s: float | None = 600.0
     result_dir: str | None = None
     collect_outputs: bool = False
+    secure_aggregation: bool = False
+    secagg_frac_bits: int = 20
+    secagg_neighbors: int = 0
+
+    def secure_settings(self) -> SecureAggregation | None:
+        if not self.secure_aggregation:
+            return None
+        return SecureAggregation(int(self.secagg_frac_bits), int(self.secagg_neighbors) or None)
 
     @classmethod
     def for_protocol(cls, protocol: Protocol, seed: int, **kw: Any) -> "ServerSpec":
@@ -136,6 +151,9 @@ class ServerSpec:
             "node-wait-s": float(self.node_wait_s),
             "round-timeout-s": float(self.round_timeout_s or 0.0),
             "result-dir": self.result_dir or "", "collect-outputs": self.collect_outputs,
+            "secure-aggregation": bool(self.secure_aggregation),
+            "secagg-frac-bits": int(self.secagg_frac_bits),
+            "secagg-neighbors": int(self.secagg_neighbors),
         }
         for k, v in self.protocol_config.items():
             cfg[f"params.{k}"] = json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
@@ -163,7 +181,10 @@ class ServerSpec:
             min_nodes=int(rc.get("min-nodes", 1)), node_wait_s=float(rc.get("node-wait-s", 120.0)),
             round_timeout_s=timeout if timeout > 0 else None,
             result_dir=str(rc.get("result-dir", "")) or None,
-            collect_outputs=bool(rc.get("collect-outputs", False)))
+            collect_outputs=bool(rc.get("collect-outputs", False)),
+            secure_aggregation=bool(rc.get("secure-aggregation", False)),
+            secagg_frac_bits=int(rc.get("secagg-frac-bits", 20)),
+            secagg_neighbors=int(rc.get("secagg-neighbors", 0)))
 
 
 def make_server_app(spec: ServerSpec | None = None, *,
@@ -225,6 +246,8 @@ class _Server:
         self.node_of: dict[int, int] = {}
         self.meter = CommunicationMeter()
         self.log = RunLog()
+        self.secure = spec.secure_settings()
+        self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
 
     def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
              ) -> dict[int, Message | None]:
@@ -286,6 +309,54 @@ class _Server:
             raise ValidationError(f"none of the {len(nodes)} SuperNodes can take part: {shown}")
         return node_failed
 
+    def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
+        """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
+        srv = SecureSumServer(targets, request.round, self.secure, self.seed)
+        for stage in STAGES:
+            inbound = srv.requests(stage)
+            msgs = []
+            for z, arrays in inbound.items():
+                payload = request.payload_for(z) if stage == "mask" else None
+                sent = Request(request.round, request.action, payload)
+                content = request_to_content(self.protocol, sent, self.seed,
+                                             **{SECAGG_STAGE: stage})
+                content[SECAGG] = arrays_to_record(arrays)
+                self.meter.record_down(z, message_nbytes(payload) +
+                                       sum(np.asarray(a).nbytes for a in arrays.values()))
+                msgs.append(Message(content, dst_node_id=self.node_of[z],
+                                    message_type=f"query.{request.action}",
+                                    group_id=f"{request.round}.{stage}"))
+            got = self._exchange(msgs, list(inbound))
+            replies, reasons = {}, {}
+            for z, r in got.items():
+                why = (f"no answer within {self.spec.round_timeout_s} s (timed out)" if r is None
+                       else _reason(r))
+                if why is None and SECAGG not in r.content.array_records:
+                    why = f"reply has no {SECAGG} array record"
+                if why is not None:
+                    reasons[z] = f"device {z}: {why}"
+                    continue
+                try:
+                    arrays = record_to_arrays(r.content.array_records[SECAGG],
+                                              sender=f"device {z}")
+                except IncompatibleMessageError as exc:
+                    reasons[z] = str(exc)
+                    continue
+                self.meter.record_up(z, sum(a.nbytes for a in arrays.values()))
+                replies[z] = arrays
+            srv.take(stage, replies, reasons)
+        return summed_replies(self.protocol, state, request, srv, self.meter, self.log)
+
+    def _exchange(self, msgs: list[Message], targets: list[int]) -> dict[int, Message | None]:
+        replies = self.grid.send_and_receive(msgs, timeout=self.spec.round_timeout_s)
+        device_of = {n: z for z, n in self.node_of.items()}
+        got: dict[int, Message | None] = {z: None for z in targets}
+        for r in replies:
+            z = device_of.get(int(r.metadata.src_node_id))
+            if z in got:
+                got[z] = r
+        return got
+
     def round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
         reply_type = self.protocol.reply_types[request.action]
         for z in targets:
@@ -338,7 +409,10 @@ class _Server:
         state = protocol.start(active, self.seed)
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
-            replies = self.round(state, request, targets)
+            if request.action in self.summed:
+                replies = self.secure_round(state, request, targets)
+            else:
+                replies = self.round(state, request, targets)
             self.meter.rounds += 1
             flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied", request.round,
                      request.action, len(replies), len(targets))
@@ -469,6 +543,22 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 content = RecordDict({HELLO: ConfigRecord({
                     "device-id": int(device_id), "n-points": int(X.shape[0]),
                     "n-features": int(X.shape[1]) if X.ndim == 2 else -1})})
+            elif head.get(SECAGG_STAGE):
+                stage = str(head[SECAGG_STAGE])
+                inbound = record_to_arrays(msg.content.array_records[SECAGG], sender="server")
+                state = _load_state(context)
+                plain = None
+                if stage == "mask":
+                    with one_blas_thread():
+                        reply = protocol.client_step(request, X, device_id=int(device_id),
+                                                     seed=seed, state=state)
+                    plain = reply.to_arrays()
+                    if tamper is not None:
+                        plain = tamper(int(device_id), request.round, plain)
+                out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
+                                        reply=plain)
+                content = RecordDict({SECAGG: arrays_to_record(out)})
+                _save_state(context, state)
             elif request.action == FINISH_ACTION:
                 out = protocol.client_finish(request.payload, X, _load_state(context))
                 content = RecordDict({OUTPUT: arrays_to_record(out if head.get("collect") else {})})

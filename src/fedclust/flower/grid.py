@@ -153,6 +153,7 @@ class FlowerInMemoryTransport:
     tamper: Tamper | None = None
     unresponsive: Sequence[int] = ()
     collect_outputs: bool = True
+    secure_aggregation: Any = False
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None) -> RunOutput:
@@ -165,7 +166,8 @@ class FlowerInMemoryTransport:
         spec = ServerSpec.for_protocol(
             protocol, seed, dropout=self.dropout, late=self.late, dropped=list(self.dropped),
             late_devices=list(self.late_devices), min_nodes=len(ids), node_wait_s=0.0,
-            round_timeout_s=None, collect_outputs=self.collect_outputs)
+            round_timeout_s=None, collect_outputs=self.collect_outputs,
+            **_secure_spec(self.secure_aggregation))
         box: dict[str, Any] = {}
         server_app = make_server_app(spec, on_result=lambda out, extra: box.update(
             out=out, extra=extra))
@@ -182,3 +184,14 @@ class FlowerInMemoryTransport:
         self.last_grid_ = grid
         self.last_extra_ = box["extra"]
         return box["out"]
+
+
+def _secure_spec(value: Any) -> dict[str, Any]:
+    """ServerSpec fields for a transport's ``secure_aggregation`` setting."""
+    from ..core.secure_sum import SecureAggregation
+
+    sa = SecureAggregation.coerce(value)
+    if sa is None:
+        return {}
+    return {"secure_aggregation": True, "secagg_frac_bits": sa.frac_bits,
+            "secagg_neighbors": sa.neighbors or 0}

@@ -19,7 +19,7 @@ from ..core.protocol import Protocol, Request, RunLog
 from ..core.secure_sum import (STAGES, SUMMED, SecureAggregation, SecureSumServer,
                                secure_sum_client)
 
-__all__ = ["secure_round"]
+__all__ = ["secure_round", "summed_replies"]
 
 
 def _nbytes(arrays: Mapping[str, np.ndarray]) -> int:
@@ -67,6 +67,12 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
             meter.record_up(z, _nbytes(out))
             replies[z] = out
         srv.take(stage, replies, reasons)
+    return summed_replies(protocol, state, request, srv, meter, log)
+
+
+def summed_replies(protocol: Protocol, state: Any, request: Request, srv: SecureSumServer,
+                   meter, log: RunLog) -> dict[int, Message]:
+    """After the last stage (any transport): log who was left out, decode and check the sum."""
     meter.secure_exchanges = getattr(meter, "secure_exchanges", 0) + len(STAGES) - 1
     log.failed.update(srv.failed)
     log.rejected.update(srv.rejected)
