@@ -75,7 +75,8 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
     (:class:`fedclust.sim.byzantine.ByzantineTamper`), on either transport.
     """
     sim = cfg.get("simulation", {})
-    kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
+    kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0),
+              secure_aggregation=bool(sim.get("secure_aggregation", False)))
     alpha = sim.get("byzantine", 0.0)
     tamper = None
     if alpha:

@@ -70,6 +70,10 @@ def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
                    faults: bool = True) -> dict[str, Any]:
     """Flat ``[tool.flwr.app.config]`` for ``cfg`` (see :class:`fedclust.flower.apps.ServerSpec`)."""
     protocol, devices, seed = experiment_protocol(cfg)
+    if cfg.get("simulation", {}).get("secure_aggregation", False):
+        from ..core.secure_sum import check_summable
+
+        check_summable(protocol)
     sim = cfg.get("simulation", {}) if faults else {}
     lists = {k: json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
              for k, v in protocol.config().items()}
@@ -80,6 +84,9 @@ def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
         "min-nodes": int(min_nodes if min_nodes is not None else len(devices)),
         "node-wait-s": float(node_wait_s), "round-timeout-s": float(round_timeout_s),
         "result-dir": str(Path(result_dir).resolve()), "collect-outputs": bool(collect_outputs),
+        # not a simulated fault: kept with --no-faults
+        "secure-aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation", False)),
+        "secagg-frac-bits": 20, "secagg-neighbors": 0,
     }
     rc.update({f"params.{k}": _plain(v) for k, v in lists.items()})
     return rc
