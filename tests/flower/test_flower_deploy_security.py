@@ -32,8 +32,9 @@ def test_certificates_chain_and_sans(tmp_path):
                            ec.ECDSA(cert.signature_hash_algorithm))
     assert cert.issuer == ca.subject
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.5")]
-    assert san.get_values_for_type(x509.DNSName) == ["superlink.example.org"]
+    assert san.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address(a) for a in ("10.0.0.5", "127.0.0.1", "::1")]
+    assert san.get_values_for_type(x509.DNSName) == ["superlink.example.org", "localhost"]
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     for key in ("ca_key", "server_key"):

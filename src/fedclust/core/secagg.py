@@ -20,6 +20,7 @@ Fixed point
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -195,20 +196,29 @@ def shamir_split(secret: bytes, xs: Sequence[int], threshold: int,
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """Lagrange basis values at 0 for the points ``xs`` (shared by every secret
+    reconstructed from the same holders)."""
+    out = []
+    for i, xi in enumerate(xs):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                num = num * (-xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
+
+
 def shamir_combine(points: Mapping[int, int], threshold: int, size: int = 32) -> bytes:
     """The secret from at least ``threshold`` shares ``{x: f(x)}`` (Lagrange at 0)."""
     if len(points) < threshold:
         raise ValidationError(f"{len(points)} shares for a threshold of {threshold}: the secret "
                               "cannot be reconstructed")
     pts = sorted(points.items())[:threshold]
-    s = 0
-    for i, (xi, yi) in enumerate(pts):
-        num, den = 1, 1
-        for j, (xj, _) in enumerate(pts):
-            if i != j:
-                num = num * (-xj) % PRIME
-                den = den * (xi - xj) % PRIME
-        s = (s + yi * num * pow(den, -1, PRIME)) % PRIME
+    coef = _lagrange_at_zero(tuple(x for x, _ in pts))
+    s = sum(y * c for (_, y), c in zip(pts, coef)) % PRIME
     if s >= 1 << (8 * size):
         raise ValidationError("the shares do not belong to one secret (reconstruction out of "
                               "range)")

@@ -344,6 +344,8 @@ class _Server:
                     continue
                 self.meter.record_up(z, sum(a.nbytes for a in arrays.values()))
                 replies[z] = arrays
+            flwr_log(_INFO, "fedclust: round %d (%s) secure stage '%s': %d of %d devices "
+                     "answered", request.round, request.action, stage, len(replies), len(inbound))
             srv.take(stage, replies, reasons)
         return summed_replies(self.protocol, state, request, srv, self.meter, self.log)
 

@@ -8,7 +8,9 @@
   every machine that runs ``flwr`` (``root-certificates`` of the SuperLink
   connection); ``ca.key`` stays offline with whoever signs certificates;
 * ``server.pem`` / ``server.key`` — the SuperLink's certificate, signed by the
-  CA, with every given host name / IP address as a subject alternative name,
+  CA, with every given host name / IP address as a subject alternative name
+  (plus ``127.0.0.1``, ``::1`` and ``localhost``: the SuperLink's own SuperExec,
+  which starts the ServerApp, connects to it over loopback with the same TLS),
   for ``flower-superlink --ssl-ca-certfile ca.crt --ssl-certfile server.pem
   --ssl-keyfile server.key``.
 
@@ -44,6 +46,7 @@ __all__ = ["write_certificates", "write_node_keys", "CA_CERT", "CA_KEY", "SERVER
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_CERT, SERVER_KEY = "server.pem", "server.key"
 PUBLIC_KEYS_CSV = "public-keys.csv"
+_LOCAL_NAMES = ("127.0.0.1", "::1", "localhost")
 
 
 def _write(path: Path, data: bytes, *, private: bool, overwrite: bool) -> Path:
@@ -91,7 +94,10 @@ def write_certificates(out_dir: str | Path, hosts: Sequence[str], *, days: int =
         raise ValidationError("give at least one --host (the SuperLink's DNS name or IP address)")
     if int(days) < 1:
         raise ValidationError(f"days={days} must be >= 1")
-    sans = [_san(h) for h in hosts]
+    # the SuperLink's own SuperExec (which starts ServerApps) dials it on the loopback
+    # address over the same TLS: without these names it fails its handshake
+    names = list(dict.fromkeys([str(h).strip() for h in hosts] + list(_LOCAL_NAMES)))
+    sans = [_san(h) for h in names]
     out = Path(out_dir)
     now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)  # clock skew
     until = now + _dt.timedelta(days=int(days))
