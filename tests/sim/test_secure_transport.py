@@ -141,3 +141,40 @@ def test_flower_message_api_gives_the_same_secure_result(fed, monkeypatch):
                for m in lloyd)
     assert {k for m in lloyd for k in m.content.array_records[SECAGG].keys()} == {
         "c_pk", "s_pk", "dst", "ct", "y", "layout", "bad_src", "ids", "kind", "share"}
+
+
+# -- FedAvg --------------------------------------------------------------------
+def test_fedavg_secure_sums_match_plaintext_and_hide_updates():
+    from fedclust.fl import FedAvg, IFCA, rotated_federation
+    from fedclust.fl.messages import SummedUpdate
+    from fedclust.fl.protocol import FedAvgProtocol
+
+    fed = rotated_federation(0, n_devices=6, n_train=30, n_test=5)
+    kw = dict(rounds=3, lr=0.2, random_state=4)
+    a = FedAvg("softmax", **kw).fit(fed.devices, fed.labels)
+    b = FedAvg("softmax", **kw).fit(fed.devices, fed.labels,
+                                     transport=InProcessTransport(secure_aggregation=True))
+    # weighted sums of 30-sample updates: error <= 6 * 2**-21 on each sum, / 180 samples
+    assert np.abs(a.models_ - b.models_).max() < 1e-6
+    for ha, hb in zip(a.history_, b.history_):
+        assert ha["devices"] == hb["devices"] == 6
+        assert abs(ha["train_loss"] - hb["train_loss"]) < 1e-6
+    assert b.communication_["secure_exchanges"] == 3 * 3
+
+    seen = []
+
+    class Spy(FedAvgProtocol):
+        def _train_step(self, state, request, replies):
+            seen.append(dict(replies))
+            super()._train_step(state, request, replies)
+
+    p = Spy(model="softmax", n_features=64, n_classes=10, rounds=2, secure_sum=True)
+    InProcessTransport(secure_aggregation=True).run(
+        p, {z: (X, y) for z, (X, y) in enumerate(zip(fed.devices, fed.labels))}, 1)
+    assert all(list(r) == [SUMMED] and isinstance(r[SUMMED], SummedUpdate) for r in seen)
+    assert int(seen[0][SUMMED].n_devices) == 6 and float(seen[0][SUMMED].weight) == 180.0
+    with pytest.raises(ValidationError, match="needs aggregator='mean'"):
+        FedAvgProtocol(model="softmax", n_features=64, aggregator="median", secure_sum=True)
+    with pytest.raises(ValidationError, match="protocol 'ifca' has no round"):
+        IFCA(n_clusters=2, model="softmax", rounds=1, random_state=0).fit(
+            fed.devices, fed.labels, transport=InProcessTransport(secure_aggregation=True))
