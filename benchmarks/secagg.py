@@ -5,8 +5,9 @@ run in this process (every device's step timed on its own, the server's apart):
 
 * ``lloyd``: a federated Lloyd round's reply, per-cluster sums (k=10, d=20),
   counts and cost: 211 numbers (1,688 B in plaintext);
-* ``fedavg``: a FedAvg update of a 784x10 softmax model plus its weight: 7,851
-  numbers (62,808 B in plaintext).
+* ``fedavg``: a FedAvg update in its summable form
+  (:class:`fedclust.fl.messages.SummedUpdate`) for a 784x10 softmax model:
+  7,854 numbers (62,832 B in plaintext).
 
 Groups: every other device (SecAgg) up to 100 devices; at 1,000 devices each
 device masks with and shares to ``neighbors`` peers on a random circulant graph
@@ -38,8 +39,11 @@ WORKLOADS = {
     "lloyd": lambda rng: {"sums": rng.normal(scale=30.0, size=(10, 20)),
                           "counts": rng.integers(0, 500, size=10).astype(np.int64),
                           "cost": np.asarray(rng.uniform(0, 1e4))},
-    "fedavg": lambda rng: {"params": rng.normal(scale=0.1, size=7850) * 120.0,
-                           "n_samples": np.asarray(120, dtype=np.int64)},
+    # fedclust.fl.messages.SummedUpdate of a 784x10 softmax model, 120 samples
+    "fedavg": lambda rng: {"weighted_params": rng.normal(scale=0.1, size=7850) * 120.0,
+                           "weight": np.asarray(120.0), "loss_sum": np.asarray(120 * 2.3),
+                           "n_samples": np.asarray(120, dtype=np.int64),
+                           "n_devices": np.asarray(1, dtype=np.int64)},
 }
 
 REFERENCE = [

@@ -178,3 +178,18 @@ def test_fedavg_secure_sums_match_plaintext_and_hide_updates():
     with pytest.raises(ValidationError, match="protocol 'ifca' has no round"):
         IFCA(n_clusters=2, model="softmax", rounds=1, random_state=0).fit(
             fed.devices, fed.labels, transport=InProcessTransport(secure_aggregation=True))
+
+
+def test_fedavg_secure_on_flower_message_api_is_identical():
+    pytest.importorskip("flwr")
+    from fedclust.fl import FedAvg, rotated_federation
+    from fedclust.flower.grid import FlowerInMemoryTransport
+
+    fed = rotated_federation(1, n_devices=4, n_train=20, n_test=5)
+    kw = dict(rounds=1, lr=0.2, random_state=6)
+    a = FedAvg("softmax", **kw).fit(fed.devices, fed.labels,
+                                     transport=InProcessTransport(secure_aggregation=True))
+    b = FedAvg("softmax", **kw).fit(fed.devices, fed.labels,
+                                     transport=FlowerInMemoryTransport(secure_aggregation=True))
+    assert np.array_equal(a.models_, b.models_)
+    assert a.communication_ == b.communication_
