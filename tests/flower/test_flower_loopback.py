@@ -2,7 +2,7 @@
 on 127.0.0.1 (opt-in, ≈40 s on an idle machine).
 
     make test-loopback            # or: pytest -m loopback
-Deselected by default (pyproject addopts ``-m "not loopback"``).
+Deselected by default (pyproject addopts ``-m "not loopback and not deploy"``).
 """
 
 from __future__ import annotations
