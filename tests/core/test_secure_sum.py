@@ -161,6 +161,12 @@ def test_device_refuses_inconsistent_unmask_request():
         secure_sum_client("unmask", ok, states[0], device_id=0)
 
 
+def test_a_sum_of_one_reply_is_refused():
+    with pytest.raises(ValidationError, match="1 device\\(s\\) in the round; the sum of one "
+                                              "reply is that reply"):
+        SecureSumServer([4], 0, SecureAggregation(), 0)
+
+
 def test_fixed_point_range_error_names_the_field():
     with pytest.raises(ValidationError, match=r"device 4: field 'sums' .* too large .* "
                                               r"lower frac_bits"):

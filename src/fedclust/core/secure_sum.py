@@ -135,6 +135,10 @@ class SecureSumServer:
                  seed: int):
         self.ids = sorted(int(z) for z in device_ids)
         self.round_id = int(round_id)
+        if len(self.ids) < 2:
+            raise ValidationError(
+                f"secure aggregation round {round_id}: {len(self.ids)} device(s) in the round; "
+                "the sum of one reply is that reply, so at least 2 are needed")
         self.settings = settings
         self.pos = {z: i for i, z in enumerate(self.ids)}
         self.group = self._groups(seed)
