@@ -225,7 +225,7 @@ python3 - "$WORK/resB" <<'PY' || fail "run B: the killed SuperNode is not named 
 import json, sys
 res = json.load(open(sys.argv[1] + "/result.json"))
 log = res["run_log"]
-assert "2" in log["failed"], log
+assert "2" in log["failed"] and "final message" not in log["failed"]["2"], log
 assert log["participants"] == [0, 1], log
 print(f"   failed: device 2: {log['failed']['2']}; run completed with devices {log['participants']}")
 PY

@@ -416,8 +416,11 @@ class _Server:
             else:
                 replies = self.round(state, request, targets)
             self.meter.rounds += 1
-            flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied", request.round,
-                     request.action, len(replies), len(targets))
+            replied = (sum(z not in log.failed and z not in log.rejected for z in targets)
+                       if request.action in self.summed else len(replies))
+            flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied%s", request.round,
+                     request.action, replied, len(targets),
+                     " (server holds their sum only)" if request.action in self.summed else "")
             require_replies(request, targets, replies, log)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
@@ -462,7 +465,8 @@ class _Server:
         for z, r in got.items():
             why = "no reply (timed out)" if r is None else _reason(r)
             if why is not None:
-                self.log.failed[z] = f"device {z} (final message): {why}"
+                # keep the first cause (a node dropped mid-run times out here again)
+                self.log.failed.setdefault(z, f"device {z} (final message): {why}")
                 continue
             if self.spec.collect_outputs:
                 try:
