@@ -227,7 +227,7 @@ res = json.load(open(sys.argv[1] + "/result.json"))
 log = res["run_log"]
 assert "2" in log["failed"] and "final message" not in log["failed"]["2"], log
 assert log["participants"] == [0, 1], log
-print(f"   failed: device 2: {log['failed']['2']}; run completed with devices {log['participants']}")
+print(f"   failed: {log['failed']['2']}; run completed with devices {log['participants']}")
 PY
 grep -E "secure stage 'unmask'" "$WORK/run-B.log" | tail -1 | sed 's/^.*fedclust:/   fedclust:/'
 echo "deployment checks passed in $(( $(date +%s) - T0 )) s"
