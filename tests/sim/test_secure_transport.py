@@ -193,3 +193,17 @@ def test_fedavg_secure_on_flower_message_api_is_identical():
                                      transport=FlowerInMemoryTransport(secure_aggregation=True))
     assert np.array_equal(a.models_, b.models_)
     assert a.communication_ == b.communication_
+
+
+def test_secure_meter_survives_the_result_files(fed, tmp_path):
+    """What a deployed ServerApp writes and `fedclust flower result` reads keeps the
+    secure exchanges (result.npz, no pickle)."""
+    pytest.importorskip("flwr")
+    from fedclust.flower.results import load_run_output, save_run_output
+
+    p = DistributedLloydProtocol(4, points_per_device=5, max_rounds=2, tol=0.0)
+    out = InProcessTransport(secure_aggregation=True).run(p, dict(enumerate(fed)), 3)
+    save_run_output(out, p.name, tmp_path)
+    back, _ = load_run_output(tmp_path)
+    assert back.meter.secure_exchanges == out.meter.secure_exchanges == 6
+    assert back.meter.summary() == out.meter.summary()
