@@ -99,7 +99,14 @@ class _Captured(Exception):
 
 
 class _CaptureTransport:
-    """A transport that records what the estimator would run, and stops it."""
+    """A transport that records what the estimator would run, and stops it.
+
+    ``secure_aggregation`` mirrors the config's, so an estimator that shapes its
+    protocol for secure sums (FedAvg) builds the protocol the deployment runs.
+    """
+
+    def __init__(self, secure_aggregation: bool = False):
+        self.secure_aggregation = secure_aggregation
 
     def run(self, protocol, devices, random_state=None):
         self.protocol, self.devices, self.seed = protocol, dict(devices), random_state
@@ -116,7 +123,7 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
     """
     fed = federation or build_federation(cfg)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
-    cap = _CaptureTransport()
+    cap = _CaptureTransport(bool(cfg.get("simulation", {}).get("secure_aggregation", False)))
     try:
         algorithm.fit(build_estimator(cfg), fed, cap)
     except _Captured:

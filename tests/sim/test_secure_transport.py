@@ -207,3 +207,23 @@ def test_secure_meter_survives_the_result_files(fed, tmp_path):
     back, _ = load_run_output(tmp_path)
     assert back.meter.secure_exchanges == out.meter.secure_exchanges == 6
     assert back.meter.summary() == out.meter.summary()
+
+
+def test_generated_app_config_carries_secure_aggregation(tmp_path):
+    """`[simulation] secure_aggregation = true` reaches the Flower run config, FedAvg's
+    protocol is built in its summable form, and k-FED is refused up front."""
+    from fedclust.config import check_config
+    from fedclust.flower.deploy import app_run_config
+
+    fedavg = check_config({"seed": 1, "data": {"source": "rotated-images", "n_devices": 3,
+                                               "n_train": 10, "n_test": 2},
+                           "algorithm": {"name": "fedavg", "model": "softmax", "rounds": 1},
+                           "simulation": {"secure_aggregation": True}})
+    rc = app_run_config(fedavg, result_dir=tmp_path, faults=False)
+    assert rc["secure-aggregation"] is True and rc["params.secure_sum"] is True
+    kfed = check_config({"seed": 1, "data": {"source": "gaussians", "n_features": 3,
+                                             "n_clusters": 2, "n_local_clusters": 1, "m0": 2},
+                         "algorithm": {"name": "kfed", "n_clusters": 2, "n_local_clusters": 1},
+                         "simulation": {"secure_aggregation": True}})
+    with pytest.raises(ValidationError, match="protocol 'kfed' has no round"):
+        app_run_config(kfed, result_dir=tmp_path)
