@@ -152,7 +152,6 @@ def test_cli_unexpected_error_is_one_line(monkeypatch, capsys):
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(cli, "_execute", boom)
-    monkeypatch.setattr(cli, "_parser", cli._parser)
     monkeypatch.delenv("FEDCLUST_DEBUG", raising=False)
     assert main(["demo"]) == 3
     err = capsys.readouterr().err
