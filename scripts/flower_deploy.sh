@@ -102,7 +102,7 @@ fedclust flower split "$ROOT/scripts/flower_loopback.toml" --out "$WORK/data" > 
 fedclust flower app "$WORK/appA" --config "$ROOT/scripts/flower_loopback.toml" --no-wheel \
     --result-dir "$WORK/resA" --no-faults > /dev/null
 fedclust flower app "$WORK/appB" --config "$ROOT/scripts/flower_deploy_lloyd.toml" --no-wheel \
-    --result-dir "$WORK/resB" --round-timeout 90 --no-faults > /dev/null
+    --result-dir "$WORK/resB" --round-timeout 60 --no-faults > /dev/null
 # run C loses one of 3 devices (2 local centers each): ask for 4 clusters, not 6
 sed '/^\[algorithm\]/,/^\[/ s/^n_clusters = 6/n_clusters = 4/' "$ROOT/scripts/flower_loopback.toml" \
     > "$WORK/kfed4.toml"

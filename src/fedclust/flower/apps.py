@@ -247,6 +247,8 @@ class _Server:
         self.meter = CommunicationMeter()
         self.log = RunLog()
         self.secure = spec.secure_settings()
+        #: devices that let a round time out: not sent the final message (another timeout)
+        self.unreachable: set[int] = set()
         self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
 
     def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
@@ -329,6 +331,8 @@ class _Server:
             got = self._exchange(msgs, list(inbound))
             replies, reasons = {}, {}
             for z, r in got.items():
+                if r is None:
+                    self.unreachable.add(z)
                 why = (f"no answer within {self.spec.round_timeout_s} s (timed out)" if r is None
                        else _reason(r))
                 if why is None and SECAGG not in r.content.array_records:
@@ -379,6 +383,7 @@ class _Server:
 
     def _decode(self, z: int, reply: Message | None, reply_type):
         if reply is None:
+            self.unreachable.add(z)
             self.log.failed[z] = (f"device {z}: no reply within {self.spec.round_timeout_s} s "
                                   "(timed out)")
             return None
@@ -453,7 +458,7 @@ class _Server:
     def _finish(self, result, ids: list[int]) -> dict[int, dict[str, np.ndarray]]:
         finals = {}
         for z in ids:
-            final = self.protocol.final_message(result, z)
+            final = None if z in self.unreachable else self.protocol.final_message(result, z)
             if final is not None:
                 finals[z] = final
                 self.meter.record_down(z, final.nbytes)
