@@ -6,7 +6,7 @@ VENV_FLOWER := .venv-flower
 VENV_DOCS := .venv-docs
 OUT ?= fedclust-demo
 
-.PHONY: demo test bench docs clean test-loopback
+.PHONY: demo test bench docs clean test-loopback test-deploy
 
 $(VENV_DEMO)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_DEMO)
@@ -56,3 +56,9 @@ $(VENV_FLOWER)/.installed: pyproject.toml
 ## result checked against the in-process run (scripts/flower_loopback.sh)
 test-loopback: $(VENV_FLOWER)/.installed
 	$(VENV_FLOWER)/bin/python -m pytest -q -m loopback tests/flower/test_flower_loopback.py
+
+## make test-deploy: SuperLink, operator and SuperNodes in separate network namespaces with TLS
+## and SuperNode authentication (loopback where namespaces cannot be made; a few minutes):
+## result = in-process, unregistered node refused, tampered reply rejected, killed node named
+test-deploy: $(VENV_FLOWER)/.installed
+	$(VENV_FLOWER)/bin/python -m pytest -q -m deploy tests/flower/test_flower_deploy.py

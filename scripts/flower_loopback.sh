@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Loopback deployment of a fedclust protocol on Flower, checked against the in-process run.
+# Loopback deployment of a fedclust protocol on Flower (TLS + SuperNode authentication),
+# checked against the in-process run.
 #
 #   scripts/flower_loopback.sh [CONFIG.toml]      (default: scripts/flower_loopback.toml, 3 devices)
 #
 # 1. `fedclust flower split`  -> one data file per device
 #    `fedclust flower app`    -> a Flower app (pyproject.toml + fedclust_app/apps.py)
 #    `fedclust run`           -> the in-process reference result.json
-# 2. flower-superlink --insecure on 127.0.0.1 (free port), polled on /health;
-#    one flower-supernode per device (--insecure, own port, node config data-path=...)
-# 3. flwr run APP loopback --stream   (connection written to a temporary FLWR_HOME)
+#    `fedclust flower certs` / `keys` -> CA + SuperLink certificate, SuperNode key pairs
+# 2. flower-superlink with TLS and --enable-supernode-auth on 127.0.0.1 (free port), polled
+#    on /health over TLS; each SuperNode's public key registered (`flwr supernode register`);
+#    one flower-supernode per device (--root-certificates, --auth-supernode-private-key,
+#    own port, node config data-path=...)
+# 3. fedclust flower run APP loopback  (`flwr run --stream`; exit 1 unless the run completed)
 # 4. `fedclust flower result RESULT --compare inprocess/result.json`: exit 1 unless the
 #    cluster centers are bit-identical.
 # Every process is started here and killed by PID on exit (trap), children included.
@@ -54,34 +58,31 @@ T_START=$(now)
 
 echo "== preparing ($CONFIG)"
 fedclust flower split "$CONFIG" --out "$WORK/data" > "$WORK/split.txt"
-fedclust flower app "$WORK/app" --config "$CONFIG" --result-dir "$WORK/result" > /dev/null
+fedclust flower app "$WORK/app" --config "$CONFIG" --result-dir "$WORK/result" --no-wheel > /dev/null
+fedclust flower certs "$WORK/certs" --host 127.0.0.1 > /dev/null
 fedclust run "$CONFIG" --out "$WORK/inprocess" --no-plot > "$WORK/inprocess.txt"
 DEVICES=("$WORK"/data/dev-*.npz)
+fedclust flower keys "$WORK/keys" --nodes "${#DEVICES[@]}" > /dev/null
 echo "   ${#DEVICES[@]} devices, app in $WORK/app"
 
 LINK_PORT=$(free_port)
-echo "== SuperLink on 127.0.0.1:$LINK_PORT"
-flower-superlink --insecure --host 127.0.0.1 --port "$LINK_PORT" > "$WORK/superlink.log" 2>&1 &
+echo "== SuperLink on 127.0.0.1:$LINK_PORT (TLS, SuperNode authentication)"
+flower-superlink --ssl-ca-certfile "$WORK/certs/ca.crt" --ssl-certfile "$WORK/certs/server.pem" \
+    --ssl-keyfile "$WORK/certs/server.key" --enable-supernode-auth \
+    --disable-runtime-dependency-installation --host 127.0.0.1 --port "$LINK_PORT" \
+    > "$WORK/superlink.log" 2>&1 &
 PIDS+=($!)
 for i in $(seq 1 60); do
-    python3 - "$LINK_PORT" <<'PY' && break
-import sys, urllib.request
+    python3 - "$LINK_PORT" "$WORK/certs/ca.crt" <<'PY' && break
+import ssl, sys, urllib.request
 try:
-    urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=1)
+    urllib.request.urlopen(f"https://127.0.0.1:{sys.argv[1]}/health", timeout=1,
+                           context=ssl.create_default_context(cafile=sys.argv[2]))
 except Exception:
     sys.exit(1)
 PY
     kill -0 "${PIDS[0]}" 2>/dev/null || { echo "SuperLink died:" >&2; tail -20 "$WORK/superlink.log" >&2; exit 1; }
     sleep 0.5
-done
-
-echo "== ${#DEVICES[@]} SuperNodes"
-for f in "${DEVICES[@]}"; do
-    id=$(basename "$f" .npz); id=${id#dev-}
-    port=$(free_port)
-    flower-supernode --insecure --superlink "127.0.0.1:$LINK_PORT" --host 127.0.0.1 --port "$port" \
-        --node-config "data-path='$f'" > "$WORK/supernode-$id.log" 2>&1 &
-    PIDS+=($!)
 done
 
 cat > "$FLWR_HOME/config.toml" <<TOML
@@ -90,13 +91,27 @@ default = "loopback"
 
 [superlink.loopback]
 address = "127.0.0.1:$LINK_PORT"
-insecure = true
+root-certificates = "$WORK/certs/ca.crt"
 TOML
 
-echo "== flwr run"
+echo "== ${#DEVICES[@]} SuperNodes (keys registered with the SuperLink)"
+i=0
+for f in "${DEVICES[@]}"; do
+    id=$(basename "$f" .npz); id=${id#dev-}
+    flwr supernode register "$WORK/keys/node-$i.pub" loopback > "$WORK/register-$i.log" 2>&1 || {
+        echo "registering node-$i.pub failed:" >&2; cat "$WORK/register-$i.log" >&2; exit 1; }
+    port=$(free_port)
+    flower-supernode --superlink "127.0.0.1:$LINK_PORT" --root-certificates "$WORK/certs/ca.crt" \
+        --auth-supernode-private-key "$WORK/keys/node-$i" --host 127.0.0.1 --port "$port" \
+        --node-config "data-path='$f'" > "$WORK/supernode-$id.log" 2>&1 &
+    PIDS+=($!)
+    i=$((i + 1))
+done
+
+echo "== fedclust flower run"
 T_RUN=$(now)
-timeout "${LOOPBACK_TIMEOUT:-300}" flwr run "$WORK/app" loopback --stream > "$WORK/flwr-run.log" 2>&1 || {
-    echo "flwr run failed or timed out:" >&2; tail -30 "$WORK/flwr-run.log" >&2; exit 1; }
+timeout "${LOOPBACK_TIMEOUT:-300}" fedclust flower run "$WORK/app" loopback > "$WORK/flwr-run.log" 2>&1 || {
+    echo "fedclust flower run failed or timed out:" >&2; tail -30 "$WORK/flwr-run.log" >&2; exit 1; }
 T_END=$(now)
 grep -E "fedclust:" "$WORK/flwr-run.log" | sed 's/^/   /' || true
 

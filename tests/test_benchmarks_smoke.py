@@ -80,6 +80,16 @@ def _check_kfed_byzantine(doc):
     assert worst["plain_mean"] < 0.9 and worst["robust_mean"] >= 0.98
 
 
+def _check_secagg(doc):
+    rows = doc["rows"]
+    assert {(r["workload"], r["n_devices"]) for r in rows} == {
+        ("lloyd", 10), ("lloyd", 100), ("fedavg", 10), ("fedavg", 100)}
+    for r in rows:
+        assert r["max_abs_error"] <= r["n_devices"] * 2.0 ** -21
+        assert r["secure_up_bytes"] > r["plain_up_bytes"] and r["exchanges_secure"] == 4
+        assert r["device_time_s"] > 0 and r["server_time_s"] > 0
+
+
 CASES = {
     "table1": ([], _check_table1),
     "fig1_separation": ([], _check_fig1),
@@ -87,6 +97,7 @@ CASES = {
     "fig3_rounds": (["--dataset", "digits"], _check_fig3),
     "speed": (["--repeats", "1"], _check_speed),
     "kfed_byzantine": ([], _check_kfed_byzantine),
+    "secagg": ([], _check_secagg),
 }
 
 

@@ -89,7 +89,8 @@ def problems(path: Path, text: str) -> list[str]:
             hit = pattern.search(line)
             if hit:
                 out.append(f"{rel}:{number}: {why}: {hit.group(0)!r}")
-        for target in _LINK.findall(line):
+        # Markdown links: only in Markdown (in code, `f[x](y)` is a call)
+        for target in (_LINK.findall(line) if path.suffix == ".md" else ()):
             if _outside(path, target):
                 out.append(f"{rel}:{number}: a link leaving the repository: {target!r}")
             elif _missing(path, target):

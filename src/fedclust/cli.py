@@ -6,9 +6,12 @@
     fedclust flower app DIR --config CONFIG.toml    write a deployable Flower app
     fedclust flower split CONFIG.toml --out DIR     one data file per SuperNode
     fedclust flower result DIR [--compare result.json]
+    fedclust flower run APP [SUPERLINK]              flwr run; exit 1 unless the run completed
+    fedclust flower certs DIR --host NAME_OR_IP ...  CA + SuperLink TLS certificate
+    fedclust flower keys DIR --nodes N              SuperNode authentication key pairs
 
-Errors are one line on stderr and exit status 2; no traceback (set
-``FEDCLUST_DEBUG=1`` to see one).
+Errors are one line on stderr and exit status 2 (a failed Flower run: 1; an
+unexpected internal error: 3); no traceback (set ``FEDCLUST_DEBUG=1`` to see one).
 """
 
 from __future__ import annotations
@@ -254,18 +257,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FedClustError, OSError, ImportError) as exc:
         if os.environ.get("FEDCLUST_DEBUG"):
             raise
-        print(f"fedclust: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"fedclust: error: {_one_line(exc)}", file=sys.stderr)
+        return 1 if type(exc).__name__ == "DeploymentError" else 2
     except KeyboardInterrupt:
         print("fedclust: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # never a raw numpy/scipy traceback: one line, the traceback on demand
+    except Exception as exc:  # a bug: still one line first, the traceback on request
         if os.environ.get("FEDCLUST_DEBUG"):
             raise
-        print(f"fedclust: internal error: {type(exc).__name__}: {exc} "
+        print(f"fedclust: internal error: {type(exc).__name__}: {_one_line(exc)} "
               "(set FEDCLUST_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 1
+        return 3
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 # -- fedclust flower ... (deployment helpers; flwr is not needed to write an app) --------
@@ -286,6 +293,13 @@ def _add_flower_parser(sub) -> None:
     app.add_argument("--no-faults", action="store_true",
                      help="ignore [simulation] dropout/late (a production run)")
     app.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    app.add_argument("--wheel", default=None, metavar="PATH",
+                     help="copy this fedclust wheel into DIR/wheels (default: build one with "
+                          "`pip wheel --no-deps` from the source checkout)")
+    app.add_argument("--no-wheel", action="store_true",
+                     help="write no wheel (every node already has fedclust installed)")
+    app.add_argument("--insecure", action="store_true",
+                     help="also list no-TLS commands in DEPLOY.md (local experiments only)")
     split = fsub.add_parser("split", help="write the config's devices as DIR/dev-<id>.npz")
     split.add_argument("config", help="TOML configuration")
     split.add_argument("--out", required=True, help="output folder")
@@ -294,6 +308,22 @@ def _add_flower_parser(sub) -> None:
     res.add_argument("dir", help="the app's result folder (holds result.npz)")
     res.add_argument("--compare", default=None, metavar="RESULT_JSON",
                      help="exit 1 unless the centers equal those of this `fedclust run` result")
+    run = fsub.add_parser("run", help="`flwr run APP SUPERLINK --stream`, exit 1 with the reason "
+                          "unless the run finished as completed")
+    run.add_argument("app", help="the app folder (written by `fedclust flower app`)")
+    run.add_argument("superlink", nargs="?", default=None,
+                     help="SuperLink connection name of the Flower configuration")
+    certs = fsub.add_parser("certs", help="a CA and a SuperLink TLS certificate for given hosts")
+    certs.add_argument("dir", help="output folder (ca.crt, ca.key, server.pem, server.key)")
+    certs.add_argument("--host", action="append", required=True, metavar="NAME_OR_IP",
+                       help="a DNS name or IP address SuperNodes and `flwr` use to reach the "
+                            "SuperLink (repeat for several)")
+    certs.add_argument("--days", type=int, default=365, help="validity (default: %(default)s)")
+    certs.add_argument("--force", action="store_true", help="overwrite existing files")
+    keys = fsub.add_parser("keys", help="SuperNode authentication key pairs (OpenSSH ECDSA)")
+    keys.add_argument("dir", help="output folder (node-<i>, node-<i>.pub, public-keys.csv)")
+    keys.add_argument("--nodes", type=int, required=True, help="how many SuperNodes")
+    keys.add_argument("--force", action="store_true", help="overwrite existing files")
 
 
 def _flower(args) -> int:
@@ -308,10 +338,35 @@ def _flower(args) -> int:
 
         path = write_app(args.dir, cfg, result_dir=args.result_dir, min_nodes=args.min_nodes,
                          round_timeout_s=args.round_timeout, collect_outputs=args.collect_outputs,
-                         faults=not args.no_faults)
-        print(f"wrote {path} and {Path(args.dir) / 'fedclust_app'}/")
-        print("start a SuperLink and one SuperNode per device, then: "
-              f"flwr run {args.dir} <connection> --stream  (see docs/flower.md)")
+                         faults=not args.no_faults,
+                         wheel=False if args.no_wheel else (args.wheel or True),
+                         insecure=args.insecure)
+        print(f"wrote {path}, {Path(args.dir) / 'fedclust_app'}/ and "
+              f"{Path(args.dir) / 'DEPLOY.md'}")
+        for whl in sorted((Path(args.dir) / "wheels").glob("fedclust-*.whl")):
+            print(f"install on every node: pip install \"{whl}[flower]\"")
+        print("start a SuperLink (TLS, --enable-supernode-auth) and one SuperNode per device, "
+              f"then: fedclust flower run {args.dir} <connection>  (see DEPLOY.md)")
+        return 0
+    if args.flower_command == "run":
+        from .flower.runner import flwr_run
+
+        run_id = flwr_run(args.app, args.superlink)
+        print(f"fedclust: run {run_id} finished:completed")
+        return 0
+    if args.flower_command == "certs":
+        from .flower.pki import write_certificates
+
+        paths = write_certificates(args.dir, args.host, days=args.days, overwrite=args.force)
+        for what, path in paths.items():
+            print(f"{what}: {path}")
+        return 0
+    if args.flower_command == "keys":
+        from .flower.pki import write_node_keys
+
+        paths = write_node_keys(args.dir, args.nodes, overwrite=args.force)
+        print(f"{args.nodes} SuperNode key pairs in {args.dir}; public keys listed in "
+              f"{paths['csv']}")
         return 0
     if args.flower_command == "split":
         from .flower.deploy import split_devices

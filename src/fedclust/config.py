@@ -10,7 +10,8 @@ silently ignored)::
                   (not used for sources that come federated by construction)
     [algorithm]   name = a registered algorithm ("kfed", ...) + its estimator's parameters
     [simulation]  dropout, late, progress; byzantine (fraction of devices that lie on the
-                  wire, on either transport), attack (fedclust.sim.byzantine.ATTACKS), attack_scale
+                  wire, on either transport), attack (fedclust.sim.byzantine.ATTACKS), attack_scale;
+                  secure_aggregation = true (summed rounds as secure sums, any transport)
     [baselines]   name = true for the baselines the algorithm registers
     [preprocess]  impute = "mean" | "none", scale = "standard" | "none": federated imputation
                   and scaling before the algorithm (:mod:`fedclust.preprocess`); site data
@@ -48,7 +49,8 @@ from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, accepts_privacy
 __all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys",
            "describe_config", "config_errors"]
 
-_SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale"}
+_SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale",
+               "secure_aggregation"}
 _TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title",
         "preprocess", "privacy"}
 _PREPROCESS = {"impute": ("mean", "none"), "scale": ("standard", "none")}
@@ -245,6 +247,9 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         raise ConfigError(f"{source}: [simulation] has unknown keys {sorted(set(sim) - _SIMULATION)}; "
                           f"allowed: {sorted(_SIMULATION)}")
     _check_simulation(sim, source)
+    if not isinstance(sim.get("secure_aggregation", False), bool):
+        raise ConfigError(f"{source}: [simulation] secure_aggregation="
+                          f"{sim['secure_aggregation']!r} must be true or false")
     base = _table(cfg, "baselines", source)
     allowed_base = set(ALGORITHMS[algo["name"]].baselines) & set(BASELINES)
     if set(base) - allowed_base:

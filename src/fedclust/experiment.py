@@ -94,7 +94,8 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
     (:class:`fedclust.sim.byzantine.ByzantineTamper`), on either transport.
     """
     sim = cfg.get("simulation", {})
-    kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
+    kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0),
+              secure_aggregation=bool(sim.get("secure_aggregation", False)))
     alpha = sim.get("byzantine", 0.0)
     tamper = None
     if alpha:
@@ -118,7 +119,14 @@ class _Captured(Exception):
 
 
 class _CaptureTransport:
-    """A transport that records what the estimator would run, and stops it."""
+    """A transport that records what the estimator would run, and stops it.
+
+    ``secure_aggregation`` mirrors the config's, so an estimator that shapes its
+    protocol for secure sums (FedAvg) builds the protocol the deployment runs.
+    """
+
+    def __init__(self, secure_aggregation: bool = False):
+        self.secure_aggregation = secure_aggregation
 
     def run(self, protocol, devices, random_state=None):
         self.protocol, self.devices, self.seed = protocol, dict(devices), random_state
@@ -136,7 +144,7 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
     fed = federation or build_federation(cfg)
     fed, pre = preprocess_federation(cfg, fed)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
-    cap = _CaptureTransport()
+    cap = _CaptureTransport(bool(cfg.get("simulation", {}).get("secure_aggregation", False)))
     try:
         algorithm.fit(build_estimator(cfg), fed, cap)
     except _Captured:

@@ -116,6 +116,6 @@ def test_cli_turns_an_unexpected_error_into_one_line(tmp_path, capsys, monkeypat
     cfg = tmp_path / "cfg.toml"
     cfg.write_text('seed = 0\n[data]\nsource = "gaussians"\nn_features = 4\nn_clusters = 2\n'
                    '[algorithm]\nname = "kfed"\nn_clusters = 2\nn_local_clusters = 1\n')
-    assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 1
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 3  # an internal error (README: exit codes)
     err = capsys.readouterr().err
     assert err.startswith("fedclust: internal error: LinAlgError") and err.count("\n") == 1

@@ -189,7 +189,9 @@ def test_generated_app_runs_and_matches_fedclust_run(tmp_path, capsys):
     cfg_path.write_text(CONFIG)
     app_dir, data_dir, res_dir = tmp_path / "app", tmp_path / "data", tmp_path / "res"
     assert main(["flower", "app", str(app_dir), "--config", str(cfg_path),
-                 "--result-dir", str(res_dir)]) == 0
+                 "--result-dir", str(res_dir), "--no-wheel"]) == 0
+    assert "--enable-supernode-auth" in (app_dir / "DEPLOY.md").read_text()
+    assert "--insecure" not in (app_dir / "DEPLOY.md").read_text()
     assert main(["flower", "split", str(cfg_path), "--out", str(data_dir)]) == 0
     project = tomllib.loads((app_dir / "pyproject.toml").read_text())
     ok, errors, _ = validate_config(project, check_module=False)
@@ -261,3 +263,15 @@ def test_two_nodes_claiming_one_device_are_both_left_out(fed):
     run_server_app(app, grid)
     assert sorted(box["extra"]["nodes_failed"]) == sorted(str(n) for n in grid.node_ids[3:])
     assert box["out"].log.participants == [0, 1, 2]
+
+
+def test_timed_out_node_is_not_sent_the_final_message(fed):
+    """A node that let a round time out is not waited for again at the end."""
+    from fedclust.lloyd.protocol import DistributedLloydProtocol
+
+    proto = DistributedLloydProtocol(4, points_per_device=5, max_rounds=2)
+    out = FlowerInMemoryTransport(unresponsive=[3]).run(proto, dict(enumerate(fed[:6])), 2)
+    assert "timed out" in out.log.failed[3] and 3 not in out.device_outputs
+    assert out.meter.down[3] == 0          # asked for its sample only (no payload), nothing after
+    final = 4 * fed[0].shape[1] * 8        # the centers every other device receives at the end
+    assert out.meter.down[0] >= final and 0 in out.device_outputs

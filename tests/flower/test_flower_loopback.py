@@ -1,7 +1,8 @@
-"""Loopback deployment: a real SuperLink and 3 SuperNodes on 127.0.0.1 (opt-in, ≈40 s).
+"""Loopback deployment: a real SuperLink (TLS, SuperNode authentication) and 3 SuperNodes
+on 127.0.0.1 (opt-in, ≈40 s on an idle machine).
 
     make test-loopback            # or: pytest -m loopback
-Deselected by default (pyproject addopts ``-m "not loopback"``).
+Deselected by default (pyproject addopts ``-m "not loopback and not deploy"``).
 """
 
 from __future__ import annotations

@@ -117,6 +117,10 @@ class Protocol(ABC):
     reply_types: ClassVar[Mapping[str, type[Message]]]
     #: devices hold ``(X, y)`` rather than ``X`` (see :data:`DeviceData`)
     supervised: ClassVar[bool] = False
+    #: actions whose replies :meth:`server_step` only adds up (field by field): a
+    #: transport with secure aggregation hands it their sum alone, under the key
+    #: :data:`fedclust.core.secure_sum.SUMMED` (:mod:`fedclust.core.secure_sum`)
+    summed_actions: ClassVar[frozenset[str]] = frozenset()
     #: :meth:`client_steps` may run for several device chunks at once in threads
     #: (it touches only its own devices' ``states``, no shared mutable state)
     parallel_safe: ClassVar[bool] = False

@@ -85,6 +85,7 @@ class CoresetProtocol(Protocol):
     name = "coreset"
     reply_types = {"means": PointSum, "spectrum": LocalSpectrum, "costs": LocalCost,
                    "coreset": CoresetPortion}
+    not_summable_reason = "the server clusters the union of the devices' coreset points"
 
     def __init__(self, n_clusters: int, coreset_size: int, *, n_components: int | None = None,
                  local_components: int | None = None, center: bool = True,

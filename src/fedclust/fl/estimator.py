@@ -180,11 +180,15 @@ class _FLEstimator(BaseEstimator):
             if len(tX) != len(Xs):
                 raise ValidationError(f"test_X has {len(tX)} devices, the federation {len(Xs)}")
             tests = (tX, ty)
+        transport = transport or InProcessTransport(progress=self.progress)
         protocol = self._build(Xs, ys, ids, eval_every=1 if tests else 0)
+        if getattr(transport, "secure_aggregation", False) \
+                and "secure_sum" in getattr(self._protocol_cls, "_EXTRA_KEYS", ()):
+            # the transport sums securely: send the updates in their summable form
+            protocol = self._protocol_cls.from_config({**protocol.config(), "secure_sum": True})
         if tests:
             for z, X, y in zip(ids, *tests):
                 protocol.new_model().check_data(X, y, f"test device {z}")
-        transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         out = transport.run(protocol, dict(zip(ids, zip(Xs, ys))), self.seed_)
         self._protocol_ = protocol

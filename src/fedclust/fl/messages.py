@@ -94,6 +94,32 @@ class ModelUpdate(Message):
 
 
 @dataclass(frozen=True)
+class SummedUpdate(Message):
+    """Device -> server, FedAvg with secure sums: the fields the server only adds up.
+
+    ``weighted_params = w params`` with ``w = n_samples`` (weighted FedAvg) or 1,
+    ``weight = w``, ``loss_sum = n_samples loss`` (local loss before training),
+    ``n_samples``, ``n_devices = 1``. The sum over devices gives the average model
+    ``sum(weighted_params) / sum(weight)`` and the round's mean loss without any
+    device's own values (:mod:`fedclust.core.secure_sum`).
+    """
+
+    weighted_params: np.ndarray  # (p,) float
+    weight: np.ndarray           # () float >= 0
+    loss_sum: np.ndarray         # () float
+    n_samples: np.ndarray        # () int64 >= 0
+    n_devices: np.ndarray        # () int64 >= 0
+    schema: ClassVar = {"weighted_params": (FLOAT, 1), "weight": (FLOAT, 0),
+                        "loss_sum": (FLOAT, 0), "n_samples": (INT, 0), "n_devices": (INT, 0)}
+    kind: ClassVar[str] = "fl_summed_update"
+
+    def validate(self, sender: str) -> None:
+        if float(self.weight) < 0 or int(self.n_samples) < 0 or int(self.n_devices) < 0:
+            reject(sender, f"weight={float(self.weight)}, n_samples={int(self.n_samples)} and "
+                           f"n_devices={int(self.n_devices)} must be >= 0")
+
+
+@dataclass(frozen=True)
 class LossReport(Message):
     """Device -> server: local loss of the current model and n_z (power-of-choice candidates)."""
 

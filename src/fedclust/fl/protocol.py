@@ -44,11 +44,12 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.random import device_rng, server_rng
+from ..core.secure_sum import SUMMED
 from ..core.validation import check_choice, check_float, check_int
 from ..kfed.messages import LocalCenters
 from ..kfed.protocol import KFedProtocol
 from .client import LOCAL_MODES, choose_cluster, local_update
-from .messages import LossReport, ModelParams, ModelSet, ModelUpdate
+from .messages import LossReport, ModelParams, ModelSet, ModelUpdate, SummedUpdate
 from .models import MODEL_KINDS, Model, build_model
 from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
@@ -165,6 +166,8 @@ class FLProtocol(Protocol):
 
     supervised = True
     n_models = 1
+    not_summable_reason = ("each device's update goes to the model it chose, or a robust "
+                           "aggregator needs each update")
 
     def __init__(self, *, model: str = "mlp", n_features: int, n_classes: int = 10,
                  n_hidden: int = 200, l2: float = 0.0, rounds: int = 30, local_mode: str = "sgd",
@@ -190,9 +193,9 @@ class FLProtocol(Protocol):
         self.selection = check_choice(selection, "selection", SELECTIONS)
         self.n_candidates = check_int(n_candidates, "n_candidates", min_value=0)
         self.snapshot_every = check_int(snapshot_every, "snapshot_every", min_value=0)
+        self.privacy = privacy
         self._init_extra(**extra)
         self._scratch = self.new_model()
-        self.privacy = privacy
         self.plan: PrivacyPlan | None = None
         if privacy is not None:
             self.plan = self._calibrate(privacy, noise_multipliers)
@@ -344,6 +347,12 @@ class FLProtocol(Protocol):
         if not isinstance(reply, expected):
             raise IncompatibleMessageError(
                 f"device {device_id}: expected {expected.kind}, got {type(reply).__name__}")
+        if isinstance(reply, SummedUpdate):
+            p = state.models.shape[1]
+            if reply.weighted_params.shape != (p,):
+                raise IncompatibleMessageError(
+                    f"device {device_id}: sent {reply.weighted_params.shape[0]} parameters but "
+                    f"the model has {p}")
         if isinstance(reply, ModelUpdate):
             p = state.models.shape[1]
             if reply.params.shape != (p,):
@@ -359,9 +368,11 @@ class FLProtocol(Protocol):
 
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         asked = request.devices or ()
-        state.silent.update(z for z in asked if z not in replies)
+        if SUMMED not in replies:  # a secure sum names nobody; the transport logs failures
+            state.silent.update(z for z in asked if z not in replies)
         down = 0 if request.payload is None else request.payload.nbytes * len(asked)
-        up = sum(r.nbytes for r in replies.values())
+        up = sum(r.nbytes * (int(r.n_devices) if isinstance(r, SummedUpdate) else 1)
+                 for r in replies.values())
         if state.phase != "train":
             state.setup[0] += up
             state.setup[1] += down
@@ -555,13 +566,63 @@ class FedAvgProtocol(FLProtocol):
 
     name = "fedavg"
     reply_types = {TRAIN: ModelUpdate, LOSS: LossReport, KFED: LocalCenters}
-    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "kfed_server")
+    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "kfed_server", "secure_sum")
 
     def _init_extra(self, n_clusters: int = 1, n_local_clusters: int = 1,
-                    kfed_server: str = "kmeans++") -> None:
+                    kfed_server: str = "kmeans++", secure_sum: bool = False) -> None:
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
         self.kfed_server = check_choice(kfed_server, "kfed_server", KFED_SERVERS)
+        self.secure_sum = bool(secure_sum)
+        if self.secure_sum:
+            # training replies become SummedUpdate: the server only adds them up, so a
+            # transport with secure aggregation can hand it their sum alone
+            if self.aggregator != "mean":
+                raise ValidationError(
+                    f"secure aggregation needs aggregator='mean', got {self.aggregator!r}: a "
+                    "trimmed mean or median needs each device's update")
+            if self.privacy is not None:
+                raise ValidationError(
+                    "secure aggregation with privacy= is not available for FedAvg: DP-FedAvg "
+                    "clips each device's update on the server; use one or the other")
+            self.summed_actions = frozenset({TRAIN})
+            self.reply_types = {**type(self).reply_types, TRAIN: SummedUpdate}
+
+    def _train(self, request, X, y, *, device_id, seed, state) -> Message:
+        u = self._local(request.payload.params, X, y, device_id, seed, request.round)
+        if not self.secure_sum:
+            return u
+        n = int(u.n_samples)
+        w = float(n) if self.weighted else 1.0
+        return SummedUpdate(weighted_params=u.params * w, weight=np.float64(w),
+                            loss_sum=np.float64(float(u.loss) * n), n_samples=np.int64(n),
+                            n_devices=np.int64(1))
+
+    @staticmethod
+    def _total(replies: Mapping[int, Message]) -> SummedUpdate:
+        ids = sorted(replies)
+        return SummedUpdate(**{f: sum(getattr(replies[z], f) for z in ids)
+                               for f in SummedUpdate.schema})
+
+    def _aggregate(self, replies: Mapping[int, Message], previous: np.ndarray,
+                   round_index: int = 0) -> np.ndarray:
+        if not self.secure_sum:
+            return super()._aggregate(replies, previous, round_index)
+        tot = self._total(replies)
+        if float(tot.weight) <= 0:
+            return np.array(previous, dtype=np.float64, copy=True)
+        return (tot.weighted_params / float(tot.weight))[None, :].astype(np.float64)
+
+    def _train_step(self, state, request: Request, replies: Mapping[int, Message]) -> None:
+        if not self.secure_sum:
+            return super()._train_step(state, request, replies)
+        if not replies:
+            return
+        state.models = self._aggregate(replies, state.models, request.round)
+        tot = self._total(replies)
+        state.acc["loss"] += float(tot.loss_sum)
+        state.acc["n"] += int(tot.n_samples)
+        state.acc["dev"] += int(tot.n_devices)
 
 
 # IFCA and k-FED + FedAvg live in their own modules (:mod:`.ifca`, :mod:`.clustered`);

@@ -10,8 +10,15 @@ of fedclust imports and runs without it. Modules:
   simulation engine behind the ``InProcessTransport`` interface;
 * :mod:`~fedclust.flower.grid` — ``LocalGrid`` / ``FlowerInMemoryTransport``: the
   real apps in-process, every message through protobuf (tests);
-* :mod:`~fedclust.flower.deploy` — write a deployable Flower app and per-device
-  data files (``fedclust flower app`` / ``fedclust flower split``).
+* :mod:`~fedclust.flower.deploy` — write a deployable Flower app (with a fedclust
+  wheel) and per-device data files (``fedclust flower app`` / ``fedclust flower split``);
+* :mod:`~fedclust.flower.pki` — TLS certificates and SuperNode authentication keys
+  (``fedclust flower certs`` / ``fedclust flower keys``, with ``cryptography``);
+* :mod:`~fedclust.flower.runner` — ``fedclust flower run``: ``flwr run`` whose exit
+  status says whether the run completed.
+
+Summed rounds run as secure sums (:mod:`fedclust.core.secure_sum`) when the
+ServerSpec / run config asks for ``secure-aggregation``.
 
 Names are imported lazily, so ``import fedclust.flower`` works without flwr and
 fails only when a Flower object is used.

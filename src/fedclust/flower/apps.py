@@ -48,7 +48,10 @@ from ..core.messages import message_nbytes
 from ..core.protocol import Protocol, Request, RunLog, require_replies, round_targets
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput, Tamper, draw_faults
-from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
+from ..core.secure_sum import (STAGES, SecureAggregation, SecureSumServer, check_summable,
+                               secure_sum_client)
+from ..sim.secure import summed_replies
+from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
 from ..core.registry import all_actions, protocol_from_config
 from ..core.threads import one_blas_thread
@@ -56,12 +59,34 @@ from .dataio import load_device_file, save_device_file
 from .results import save_error, save_run_output
 from ..site_protocol import device_data_for
 
-__all__ = ["ServerSpec", "make_server_app", "make_client_app", "run_server",
+__all__ = ["ServerSpec", "ServerAppFailed", "one_line_cause", "make_server_app", "make_client_app",
+           "run_server",
            "save_device_file", "load_device_file", "load_node_data"]
 
 _STATE = "fedclust.state"
 _INFO = 20
 _WARNING = 30
+_ERROR = 40
+
+
+class ServerAppFailed(FedClustError):
+    """The fedclust ServerApp stopped; the text is the one-line cause.
+
+    Raised out of the ServerApp so that Flower marks the run ``finished:failed``
+    with this text as its status details (``flwr ls --run-id N``), which
+    ``fedclust flower run`` turns into a non-zero exit. ``original`` is the
+    exception that stopped the run (re-raised by in-process callers).
+    """
+
+    def __init__(self, cause: str, original: BaseException | None = None):
+        super().__init__(cause)
+        self.original = original
+
+
+def one_line_cause(exc: BaseException) -> str:
+    """``Type: text`` of an exception on one line (fedclust errors: just the text)."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    return text if isinstance(exc, FedClustError) else f"{type(exc).__name__}: {text}"
 
 
 # --------------------------------------------------------------------------- server
@@ -86,6 +111,10 @@ class ServerSpec:
         Where the ServerApp writes ``result.npz`` / ``result.json`` (or ``error.json``).
     collect_outputs : bool
         Send device outputs (point labels) back to the server after the run.
+    secure_aggregation : bool
+        Run the protocol's summed rounds as secure sums
+        (:mod:`fedclust.core.secure_sum`); ``secagg_frac_bits`` and
+        ``secagg_neighbors`` (0: every other device) are its settings.
     """
 
     protocol: str
@@ -100,6 +129,14 @@ class ServerSpec:
     round_timeout_s: float | None = 600.0
     result_dir: str | None = None
     collect_outputs: bool = False
+    secure_aggregation: bool = False
+    secagg_frac_bits: int = 20
+    secagg_neighbors: int = 0
+
+    def secure_settings(self) -> SecureAggregation | None:
+        if not self.secure_aggregation:
+            return None
+        return SecureAggregation(int(self.secagg_frac_bits), int(self.secagg_neighbors) or None)
 
     @classmethod
     def for_protocol(cls, protocol: Protocol, seed: int, **kw: Any) -> "ServerSpec":
@@ -115,6 +152,9 @@ class ServerSpec:
             "node-wait-s": float(self.node_wait_s),
             "round-timeout-s": float(self.round_timeout_s or 0.0),
             "result-dir": self.result_dir or "", "collect-outputs": self.collect_outputs,
+            "secure-aggregation": bool(self.secure_aggregation),
+            "secagg-frac-bits": int(self.secagg_frac_bits),
+            "secagg-neighbors": int(self.secagg_neighbors),
         }
         for k, v in self.protocol_config.items():
             cfg[f"params.{k}"] = json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
@@ -142,7 +182,10 @@ class ServerSpec:
             min_nodes=int(rc.get("min-nodes", 1)), node_wait_s=float(rc.get("node-wait-s", 120.0)),
             round_timeout_s=timeout if timeout > 0 else None,
             result_dir=str(rc.get("result-dir", "")) or None,
-            collect_outputs=bool(rc.get("collect-outputs", False)))
+            collect_outputs=bool(rc.get("collect-outputs", False)),
+            secure_aggregation=bool(rc.get("secure-aggregation", False)),
+            secagg_frac_bits=int(rc.get("secagg-frac-bits", 20)),
+            secagg_neighbors=int(rc.get("secagg-neighbors", 0)))
 
 
 def make_server_app(spec: ServerSpec | None = None, *,
@@ -152,13 +195,18 @@ def make_server_app(spec: ServerSpec | None = None, *,
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        s = spec if spec is not None else ServerSpec.from_run_config(context.run_config)
+        s = None
         try:
+            s = spec if spec is not None else ServerSpec.from_run_config(context.run_config)
             out, extra = run_server(grid, s)
-        except BaseException as exc:
-            if s.result_dir:
+        except Exception as exc:
+            cause = one_line_cause(exc)
+            # the cause first, as one line; Flower's own report (status
+            # finished:failed, its traceback) comes after it
+            flwr_log(_ERROR, "fedclust: error: %s", cause)
+            if s is not None and s.result_dir:
                 save_error(exc, s.result_dir)
-            raise
+            raise ServerAppFailed(cause, exc) from None
         if s.result_dir:
             path = save_run_output(out, s.protocol, s.result_dir, extra)
             flwr_log(_INFO, "fedclust: wrote %s", path)
@@ -199,6 +247,10 @@ class _Server:
         self.node_of: dict[int, int] = {}
         self.meter = CommunicationMeter()
         self.log = RunLog()
+        self.secure = spec.secure_settings()
+        #: devices that let a round time out: not sent the final message (another timeout)
+        self.unreachable: set[int] = set()
+        self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
 
     def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
              ) -> dict[int, Message | None]:
@@ -255,7 +307,62 @@ class _Server:
         self.node_of = mapping
         for node, why in node_failed.items():
             flwr_log(_WARNING, "fedclust: %s", why)
+        if not mapping:
+            shown = "; ".join(node_failed[n] for n in sorted(node_failed)[:2])
+            raise ValidationError(f"none of the {len(nodes)} SuperNodes can take part: {shown}")
         return node_failed
+
+    def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
+        """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
+        srv = SecureSumServer(targets, request.round, self.secure, self.seed)
+        for stage in STAGES:
+            inbound = srv.requests(stage)
+            msgs = []
+            for z, arrays in inbound.items():
+                payload = request.payload_for(z) if stage == "mask" else None
+                sent = Request(request.round, request.action, payload)
+                content = request_to_content(self.protocol, sent, self.seed,
+                                             **{SECAGG_STAGE: stage})
+                content[SECAGG] = arrays_to_record(arrays)
+                self.meter.record_down(z, message_nbytes(payload) +
+                                       sum(np.asarray(a).nbytes for a in arrays.values()))
+                msgs.append(Message(content, dst_node_id=self.node_of[z],
+                                    message_type=f"query.{request.action}",
+                                    group_id=f"{request.round}.{stage}"))
+            got = self._exchange(msgs, list(inbound))
+            replies, reasons = {}, {}
+            for z, r in got.items():
+                if r is None:
+                    self.unreachable.add(z)
+                why = (f"no answer within {self.spec.round_timeout_s} s (timed out)" if r is None
+                       else _reason(r))
+                if why is None and SECAGG not in r.content.array_records:
+                    why = f"reply has no {SECAGG} array record"
+                if why is not None:
+                    reasons[z] = f"device {z}: {why}"
+                    continue
+                try:
+                    arrays = record_to_arrays(r.content.array_records[SECAGG],
+                                              sender=f"device {z}")
+                except IncompatibleMessageError as exc:
+                    reasons[z] = str(exc)
+                    continue
+                self.meter.record_up(z, sum(a.nbytes for a in arrays.values()))
+                replies[z] = arrays
+            flwr_log(_INFO, "fedclust: round %d (%s) secure stage '%s': %d of %d devices "
+                     "answered", request.round, request.action, stage, len(replies), len(inbound))
+            srv.take(stage, replies, reasons)
+        return summed_replies(self.protocol, state, request, srv, self.meter, self.log)
+
+    def _exchange(self, msgs: list[Message], targets: list[int]) -> dict[int, Message | None]:
+        replies = self.grid.send_and_receive(msgs, timeout=self.spec.round_timeout_s)
+        device_of = {n: z for z, n in self.node_of.items()}
+        got: dict[int, Message | None] = {z: None for z in targets}
+        for r in replies:
+            z = device_of.get(int(r.metadata.src_node_id))
+            if z in got:
+                got[z] = r
+        return got
 
     def round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
         reply_type = self.protocol.reply_types[request.action]
@@ -277,6 +384,7 @@ class _Server:
 
     def _decode(self, z: int, reply: Message | None, reply_type):
         if reply is None:
+            self.unreachable.add(z)
             self.log.failed[z] = (f"device {z}: no reply within {self.spec.round_timeout_s} s "
                                   "(timed out)")
             return None
@@ -309,10 +417,16 @@ class _Server:
         state = protocol.start(active, self.seed)
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
-            replies = self.round(state, request, targets)
+            if request.action in self.summed:
+                replies = self.secure_round(state, request, targets)
+            else:
+                replies = self.round(state, request, targets)
             self.meter.rounds += 1
-            flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied", request.round,
-                     request.action, len(replies), len(targets))
+            replied = (sum(z not in log.failed and z not in log.rejected for z in targets)
+                       if request.action in self.summed else len(replies))
+            flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied%s", request.round,
+                     request.action, replied, len(targets),
+                     " (server holds their sum only)" if request.action in self.summed else "")
             require_replies(request, targets, replies, log)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
@@ -345,7 +459,7 @@ class _Server:
     def _finish(self, result, ids: list[int]) -> dict[int, dict[str, np.ndarray]]:
         finals = {}
         for z in ids:
-            final = self.protocol.final_message(result, z)
+            final = None if z in self.unreachable else self.protocol.final_message(result, z)
             if final is not None:
                 finals[z] = final
                 self.meter.record_down(z, final.nbytes)
@@ -357,7 +471,8 @@ class _Server:
         for z, r in got.items():
             why = "no reply (timed out)" if r is None else _reason(r)
             if why is not None:
-                self.log.failed[z] = f"device {z} (final message): {why}"
+                # keep the first cause (a node dropped mid-run times out here again)
+                self.log.failed.setdefault(z, f"device {z} (final message): {why}")
                 continue
             if self.spec.collect_outputs:
                 try:
@@ -449,6 +564,23 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 n, d = _data_shape(X)
                 content = RecordDict({HELLO: ConfigRecord({
                     "device-id": int(device_id), "n-points": n, "n-features": d})})
+            elif head.get(SECAGG_STAGE):
+                stage = str(head[SECAGG_STAGE])
+                inbound = record_to_arrays(msg.content.array_records[SECAGG], sender="server")
+                state = _load_state(context)
+                plain = None
+                if stage == "mask":
+                    X = device_data_for(protocol, X, f"device {device_id}")
+                    with one_blas_thread():
+                        reply = protocol.client_step(request, X, device_id=int(device_id),
+                                                     seed=seed, state=state)
+                    plain = reply.to_arrays()
+                    if tamper is not None:
+                        plain = tamper(int(device_id), request.round, plain)
+                out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
+                                        reply=plain)
+                content = RecordDict({SECAGG: arrays_to_record(out)})
+                _save_state(context, state)
             elif request.action == FINISH_ACTION:
                 X = device_data_for(protocol, X, f"device {device_id}")
                 out = protocol.client_finish(request.payload, X, _load_state(context))

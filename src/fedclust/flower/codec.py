@@ -31,7 +31,7 @@ __all__ = [
     "message_to_record", "record_to_message", "arrays_to_record", "record_to_arrays",
     "config_to_record", "record_to_config", "request_to_content", "content_to_request",
     "REQUEST", "PROTOCOL", "PAYLOAD", "REPLY", "ERROR", "HELLO", "OUTPUT",
-    "HELLO_ACTION", "FINISH_ACTION",
+    "HELLO_ACTION", "FINISH_ACTION", "SECAGG", "SECAGG_STAGE",
 ]
 
 # record names inside a Flower message's RecordDict
@@ -42,6 +42,8 @@ REPLY = "fedclust.reply"        # ArrayRecord: the client's reply message
 ERROR = "fedclust.error"        # ConfigRecord: a client-side fedclust error (type, message)
 HELLO = "fedclust.hello"        # ConfigRecord: device-id, n-points, n-features
 OUTPUT = "fedclust.output"      # ArrayRecord: the device's output (client_finish)
+SECAGG = "fedclust.secagg"      # ArrayRecord: a secure aggregation stage's arrays (both ways)
+SECAGG_STAGE = "secagg-stage"   # request head entry: which stage (core.secure_sum.STAGES)
 
 # adapter actions that are not protocol rounds
 HELLO_ACTION = "fedclust_hello"

@@ -37,7 +37,7 @@ from ..core.random import root_seed
 from ..core.validation import check_float
 from ..core.protocol import Protocol
 from ..sim.transport import RunOutput, Tamper
-from .apps import ServerSpec, make_client_app, make_server_app
+from .apps import ServerAppFailed, ServerSpec, make_client_app, make_server_app
 from .codec import HELLO_ACTION
 
 HELLO_TYPE = f"query.{HELLO_ACTION}"
@@ -153,6 +153,7 @@ class FlowerInMemoryTransport:
     tamper: Tamper | None = None
     unresponsive: Sequence[int] = ()
     collect_outputs: bool = True
+    secure_aggregation: Any = False
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None) -> RunOutput:
@@ -165,7 +166,8 @@ class FlowerInMemoryTransport:
         spec = ServerSpec.for_protocol(
             protocol, seed, dropout=self.dropout, late=self.late, dropped=list(self.dropped),
             late_devices=list(self.late_devices), min_nodes=len(ids), node_wait_s=0.0,
-            round_timeout_s=None, collect_outputs=self.collect_outputs)
+            round_timeout_s=None, collect_outputs=self.collect_outputs,
+            **_secure_spec(self.secure_aggregation))
         box: dict[str, Any] = {}
         server_app = make_server_app(spec, on_result=lambda out, extra: box.update(
             out=out, extra=extra))
@@ -175,7 +177,21 @@ class FlowerInMemoryTransport:
         pos = {z: i for i, z in enumerate(ids)}
         grid = LocalGrid(client_app, configs)
         grid.silent_after_hello = {grid.node_ids[pos[z]] for z in self.unresponsive}
-        run_server_app(server_app, grid)
+        try:
+            run_server_app(server_app, grid)
+        except ServerAppFailed as exc:  # the caller gets the error that stopped the run
+            raise (exc.original or exc) from None
         self.last_grid_ = grid
         self.last_extra_ = box["extra"]
         return box["out"]
+
+
+def _secure_spec(value: Any) -> dict[str, Any]:
+    """ServerSpec fields for a transport's ``secure_aggregation`` setting."""
+    from ..core.secure_sum import SecureAggregation
+
+    sa = SecureAggregation.coerce(value)
+    if sa is None:
+        return {}
+    return {"secure_aggregation": True, "secagg_frac_bits": sa.frac_bits,
+            "secagg_neighbors": sa.neighbors or 0}

@@ -116,7 +116,8 @@ def save_run_output(out: RunOutput, protocol_name: str, directory: str | Path,
         "meter": {"up": {str(z): n for z, n in m.up.items()},
                   "down": {str(z): n for z, n in m.down.items()},
                   "rounds": m.rounds, "messages_up": m.messages_up,
-                  "messages_down": m.messages_down},
+                  "messages_down": m.messages_down,
+                  "secure_exchanges": getattr(m, "secure_exchanges", 0)},
         "extra": _jsonable(extra or {}),
     }
     arrays[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
@@ -174,7 +175,8 @@ def load_run_output(directory: str | Path) -> tuple[RunOutput, dict[str, Any]]:
     meter = CommunicationMeter(
         up=defaultdict(int, {int(z): n for z, n in mm["up"].items()}),
         down=defaultdict(int, {int(z): n for z, n in mm["down"].items()}),
-        rounds=mm["rounds"], messages_up=mm["messages_up"], messages_down=mm["messages_down"])
+        rounds=mm["rounds"], messages_up=mm["messages_up"], messages_down=mm["messages_down"],
+        secure_exchanges=int(mm.get("secure_exchanges", 0)))
     return RunOutput(result, outputs, meter, log, int(meta["seed"])), meta["extra"]
 
 

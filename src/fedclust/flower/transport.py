@@ -109,6 +109,8 @@ class FlowerSimulationTransport:
     progress : bool, default=False
         A tqdm bar over the rounds (devices that replied of those asked), read
         from the ServerApp's log as the simulation runs.
+    secure_aggregation : bool or SecureAggregation, default=False
+        Summed rounds as secure sums, as with ``InProcessTransport``.
 
     Attributes
     ----------
@@ -128,6 +130,7 @@ class FlowerSimulationTransport:
     verbose: bool = False
     tamper: ByzantineTamper | None = None
     progress: bool = False
+    secure_aggregation: Any = False
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None) -> RunOutput:
@@ -136,6 +139,7 @@ class FlowerSimulationTransport:
         check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
         check_float(self.late, "late", min_value=0.0, max_value=1.0)
         from .apps import ServerSpec
+        from .grid import _secure_spec
         from .dataio import save_device_file
         from .results import load_run_output
 
@@ -159,7 +163,8 @@ class FlowerSimulationTransport:
                 dropped=[int(z) for z in self.dropped],
                 late_devices=[int(z) for z in self.late_devices], min_nodes=len(ids),
                 node_wait_s=120.0, round_timeout_s=self.round_timeout_s,
-                result_dir=str(result_dir), collect_outputs=self.collect_outputs)
+                result_dir=str(result_dir), collect_outputs=self.collect_outputs,
+                **_secure_spec(self.secure_aggregation))
             ncpu = int(self.num_cpus or os.cpu_count() or 1)
             job = {"server": asdict(spec), "data_dir": str(data_dir), "num_supernodes": len(ids),
                    "backend_config": {

@@ -67,6 +67,7 @@ class KFedProtocol(Protocol):
     name = "kfed"
     reply_types = {ACTION: LocalCenters}
     parallel_safe = True
+    not_summable_reason = "k-FED's server clusters each device's local centers"
 
     def __init__(self, n_clusters: int, n_local_clusters: int | Mapping[int, int], *,
                  server: str = "farthest-lloyd1", weighted: bool = False,

@@ -86,6 +86,9 @@ class DistributedLloydProtocol(Protocol):
     name = "distributed-lloyd"
     reply_types = {"sample": PointSample, "lloyd": ClusterSums, "moments": Moments,
                    "candidates": ClusterSums}
+    #: the Lloyd rounds' sums, counts and costs are only added up: secure aggregation
+    #: can hide each device's (the seeding sample of raw points cannot be summed)
+    summed_actions = frozenset({"lloyd"})
 
     def __init__(self, n_clusters: int, *, points_per_device: int = 10,
                  max_rounds: int = 100, tol: float = 1e-4, init: str = "sample",

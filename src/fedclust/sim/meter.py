@@ -22,6 +22,8 @@ class CommunicationMeter:
     rounds: int = 0
     messages_up: int = 0
     messages_down: int = 0
+    #: extra exchanges of secure aggregation (3 per securely summed round)
+    secure_exchanges: int = 0
 
     def record_up(self, device_id: int, nbytes: int) -> None:
         self.up[device_id] += int(nbytes)
@@ -52,6 +54,7 @@ class CommunicationMeter:
             "bytes_total": self.bytes_total,
             "messages_up": self.messages_up,
             "messages_down": self.messages_down,
+            **({"secure_exchanges": self.secure_exchanges} if self.secure_exchanges else {}),
             "per_device": {str(z): {"up": self.up.get(z, 0), "down": self.down.get(z, 0)}
                            for z in sorted(set(self.up) | set(self.down))},
         }

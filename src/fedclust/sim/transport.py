@@ -25,7 +25,9 @@ from ..core.messages import Message, message_nbytes
 from ..core.threads import one_blas_thread
 from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, require_replies,
                              round_targets)
+from ..core.secure_sum import SecureAggregation, check_summable
 from .meter import CommunicationMeter
+from .secure import secure_round
 
 __all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults"]
 
@@ -54,6 +56,13 @@ class InProcessTransport:
     tamper : callable, optional
         Rewrites chosen replies on the wire; the server validates them like
         any other reply, rejecting and naming malformed ones.
+    secure_aggregation : bool or SecureAggregation, default=False
+        Run the protocol's summed rounds (``Protocol.summed_actions``) as secure
+        sums (:mod:`fedclust.core.secure_sum`): the server's code receives only
+        the sum of the replies. A protocol without such rounds is refused.
+    drop_after_masking : sequence of int, optional
+        Devices that vanish after sending their keys and shares in a secure
+        round (simulated; their masks are removed with the others' shares).
     progress : bool, default=False
         Progress bars (tqdm): one over the rounds, one over each round's devices.
     n_jobs : int or None, default=None
@@ -71,6 +80,8 @@ class InProcessTransport:
     tamper: Tamper | None = None
     progress: bool = False
     n_jobs: int | None = None
+    secure_aggregation: Any = False
+    drop_after_masking: Sequence[int] = ()
 
     def run(self, protocol: Protocol, devices: Mapping[int, DeviceData],
             random_state: Any = None) -> RunOutput:
@@ -81,6 +92,8 @@ class InProcessTransport:
             raise ValidationError(
                 f"on_client_error={self.on_client_error!r} must be 'raise' or 'drop'")
         seed = root_seed(random_state)
+        secure = SecureAggregation.coerce(self.secure_aggregation)
+        summed = check_summable(protocol) if secure is not None else frozenset()
         ids = sorted(int(z) for z in devices)
         log = RunLog()
         absent, late = self._draw_faults(ids, seed)
@@ -93,8 +106,14 @@ class InProcessTransport:
         rounds_bar = _rounds_bar(self.progress, protocol.name)
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
-            replies = self._round(protocol, state, request, targets, devices, states, seed, log,
-                                  meter)
+            if request.action in summed:
+                replies = secure_round(protocol, state, request, targets, devices, states, seed,
+                                       secure, meter, log, tamper=self.tamper,
+                                       drop_after_masking=self.drop_after_masking,
+                                       raise_client_errors=self.on_client_error == "raise")
+            else:
+                replies = self._round(protocol, state, request, targets, devices, states, seed,
+                                      log, meter)
             meter.rounds += 1
             if rounds_bar is not None:
                 rounds_bar.set_postfix_str(f"{request.action}: {len(replies)}/{len(targets)} "

@@ -1,0 +1,234 @@
+"""Secure aggregation maths: fixed-point vectors, pairwise masks, Shamir shares.
+
+The building blocks of :mod:`fedclust.core.secure_sum` (SecAgg / SecAgg+:
+Bonawitz et al., CCS 2017; Bell et al., CCS 2020). All cryptography comes from
+the ``cryptography`` library: X25519 key agreement, HKDF-SHA256 key
+derivation, ChaCha20 as the seeded pseudo-random generator of the masks,
+AES-GCM for the shares that travel through the server. Written here: the
+fixed-point encoding (integers mod 2**64) and Shamir secret sharing over the
+prime field GF(2**521 - 1) (polynomial evaluation and Lagrange interpolation;
+no cipher).
+
+Fixed point
+    A float ``x`` travels as ``round(x * 2**frac_bits)`` in two's complement
+    mod 2**64, an integer field exactly (scale 1). Sums mod 2**64 are exact, so
+    the unmasked sum is the sum of the rounded values: its error per entry is at
+    most ``n_devices * 2**-(frac_bits + 1)``, and it is the same on every
+    transport. Each value must satisfy ``|x| * 2**frac_bits * n_devices <
+    2**63`` (checked on the device, which names the field and the value).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import struct
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .exceptions import ValidationError
+
+__all__ = ["PRIME", "SHARE_BYTES", "Entropy", "encode_fixed", "decode_fixed", "prg_mask",
+           "x25519_keypair", "agree", "shamir_split", "shamir_combine", "seal", "open_sealed",
+           "layout_of", "bytes_to_array", "array_to_bytes"]
+
+#: the Mersenne prime 2**521 - 1: Shamir's field holds any 256-bit secret
+PRIME = (1 << 521) - 1
+SHARE_BYTES = 66  # ceil(521 / 8)
+_MASK_INFO = b"fedclust secagg mask"
+_SEAL_INFO = b"fedclust secagg share encryption"
+
+#: ``entropy(n) -> n random bytes``; ``os.urandom`` unless a test pins it
+Entropy = Callable[[int], bytes]
+
+
+# --------------------------------------------------------------------------- fixed point
+def layout_of(arrays: Mapping[str, np.ndarray]) -> list[tuple[str, str, tuple[int, ...]]]:
+    """``[(name, dtype, shape)]`` of a reply's arrays, in name order."""
+    out = []
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        if a.dtype.kind not in "fiu":
+            raise ValidationError(f"secure aggregation sums numbers: field {name!r} has dtype "
+                                  f"{a.dtype}")
+        out.append((name, a.dtype.str, tuple(int(s) for s in a.shape)))
+    return out
+
+
+def encode_fixed(arrays: Mapping[str, np.ndarray], frac_bits: int, n_devices: int, *,
+                 sender: str = "device") -> tuple[np.ndarray, str]:
+    """Arrays -> one uint64 vector (fixed point, mod 2**64) and its layout as JSON text."""
+    layout = layout_of(arrays)
+    limit = 2.0 ** 63 / max(int(n_devices), 1)
+    parts = []
+    for name, dtype, _ in layout:
+        kind = "f" if np.dtype(dtype).kind == "f" else "i"
+        a = np.asarray(arrays[name])
+        scale = 2.0 ** frac_bits if kind == "f" else 1.0
+        flat = a.astype(np.float64, copy=False).ravel() * scale
+        if flat.size:
+            if not np.isfinite(flat).all():
+                raise ValidationError(f"{sender}: field {name!r} has non-finite values; "
+                                      "secure aggregation sums finite numbers only")
+            worst = float(np.abs(flat).max())
+            if worst >= limit:
+                raise ValidationError(
+                    f"{sender}: field {name!r} has a value of magnitude {worst / scale:.6g}, "
+                    f"too large to sum over {n_devices} devices with frac_bits={frac_bits} "
+                    f"(limit {limit / scale:.6g}); lower frac_bits")
+        if kind == "i":  # integers exactly, even beyond 2**53
+            parts.append(a.astype(np.int64, copy=False).ravel().view(np.uint64))
+        else:
+            parts.append(np.rint(flat).astype(np.int64).view(np.uint64))
+    vec = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+    return vec, json.dumps(layout)
+
+
+def decode_fixed(vec: np.ndarray, layout_json: str, frac_bits: int) -> dict[str, np.ndarray]:
+    """The inverse of :func:`encode_fixed` for a sum, in the fields' dtypes (ints as int64)."""
+    signed = np.asarray(vec, dtype=np.uint64).view(np.int64)
+    out, at = {}, 0
+    for name, dtype, shape in json.loads(layout_json):
+        size = int(np.prod(shape, dtype=np.int64))
+        part = signed[at:at + size].reshape(shape)
+        at += size
+        dt = np.dtype(dtype)
+        out[name] = (np.asarray(part.astype(np.float64) / 2.0 ** frac_bits, dtype=dt)
+                     if dt.kind == "f" else part.copy())
+    if at != signed.size:
+        raise ValidationError(f"secure sum has {signed.size} entries, its layout {at}")
+    return out
+
+
+# --------------------------------------------------------------------------- keys and masks
+def x25519_keypair(entropy: Entropy | None = None) -> tuple[bytes, bytes]:
+    """``(private, public)`` raw 32-byte X25519 keys."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption,
+                                                              PrivateFormat, PublicFormat)
+
+    sk = X25519PrivateKey.from_private_bytes((entropy or os.urandom)(32))
+    return (sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()),
+            sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def agree(private: bytes, public: bytes, info: bytes) -> bytes:
+    """A 32-byte key both ends derive: HKDF-SHA256 over the X25519 shared secret."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.x25519 import (X25519PrivateKey,
+                                                                  X25519PublicKey)
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    shared = X25519PrivateKey.from_private_bytes(private).exchange(
+        X25519PublicKey.from_public_bytes(public))
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+
+
+def prg_mask(seed: bytes, length: int) -> np.ndarray:
+    """``length`` uint64 words of the ChaCha20 keystream of ``seed`` (32 bytes)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    enc = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
+    return np.frombuffer(enc.update(bytes(8 * int(length))), dtype=np.uint64).copy()
+
+
+def pair_mask_seed(private: bytes, public: bytes, round_id: int) -> bytes:
+    return agree(private, public, _MASK_INFO + struct.pack(">q", int(round_id)))
+
+
+def _nonce(src: int, dst: int) -> bytes:
+    return struct.pack(">qi", int(src), int(dst) & 0x7FFFFFFF)
+
+
+def seal(private: bytes, public: bytes, src: int, dst: int, round_id: int,
+         plaintext: bytes) -> bytes:
+    """AES-GCM encryption of ``src``'s shares for ``dst`` (key from X25519 + HKDF).
+
+    Each direction of a pair encrypts one message per round under its own nonce.
+    """
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    key = agree(private, public, _SEAL_INFO + struct.pack(">q", int(round_id)))
+    return AESGCM(key).encrypt(_nonce(src, dst), plaintext, b"%d->%d" % (src, dst))
+
+
+def open_sealed(private: bytes, public: bytes, src: int, dst: int, round_id: int,
+                ciphertext: bytes) -> bytes:
+    """Decrypt :func:`seal`'s output; raises ValidationError if it was altered."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    key = agree(private, public, _SEAL_INFO + struct.pack(">q", int(round_id)))
+    try:
+        return AESGCM(key).decrypt(_nonce(src, dst), ciphertext, b"%d->%d" % (src, dst))
+    except InvalidTag:
+        raise ValidationError(f"the shares from device {src} to device {dst} were altered "
+                              "on the way (authentication failed)") from None
+
+
+# --------------------------------------------------------------------------- Shamir
+def _random_below(p: int, entropy: Entropy) -> int:
+    return int.from_bytes(entropy(SHARE_BYTES + 16), "big") % p  # bias < 2**-128
+
+
+def shamir_split(secret: bytes, xs: Sequence[int], threshold: int,
+                 entropy: Entropy | None = None) -> list[int]:
+    """Shares ``f(x)`` for ``x`` in ``xs`` of a random degree ``threshold - 1``
+    polynomial over GF(PRIME) with ``f(0) = secret``; any ``threshold`` of them
+    give the secret back, fewer give no information about it."""
+    entropy = entropy or os.urandom
+    s = int.from_bytes(secret, "big")
+    if s >= PRIME:
+        raise ValidationError("secret too large for the Shamir field")
+    if not 1 <= threshold <= len(xs):
+        raise ValidationError(f"threshold={threshold} must be in [1, {len(xs)}] shares")
+    if len(set(xs)) != len(xs) or any(not 0 < x < PRIME for x in xs):
+        raise ValidationError("share points must be distinct and non-zero")
+    coef = [s] + [_random_below(PRIME, entropy) for _ in range(threshold - 1)]
+    out = []
+    for x in xs:
+        y = 0
+        for c in reversed(coef):  # Horner
+            y = (y * x + c) % PRIME
+        out.append(y)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """Lagrange basis values at 0 for the points ``xs`` (shared by every secret
+    reconstructed from the same holders)."""
+    out = []
+    for i, xi in enumerate(xs):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                num = num * (-xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
+
+
+def shamir_combine(points: Mapping[int, int], threshold: int, size: int = 32) -> bytes:
+    """The secret from at least ``threshold`` shares ``{x: f(x)}`` (Lagrange at 0)."""
+    if len(points) < threshold:
+        raise ValidationError(f"{len(points)} shares for a threshold of {threshold}: the secret "
+                              "cannot be reconstructed")
+    pts = sorted(points.items())[:threshold]
+    coef = _lagrange_at_zero(tuple(x for x, _ in pts))
+    s = sum(y * c for (_, y), c in zip(pts, coef)) % PRIME
+    if s >= 1 << (8 * size):
+        raise ValidationError("the shares do not belong to one secret (reconstruction out of "
+                              "range)")
+    return s.to_bytes(size, "big")
+
+
+# --------------------------------------------------------------------------- wire helpers
+def bytes_to_array(b: bytes) -> np.ndarray:
+    return np.frombuffer(bytes(b), dtype=np.uint8).copy()
+
+
+def array_to_bytes(a: np.ndarray) -> bytes:
+    return np.asarray(a, dtype=np.uint8).tobytes()

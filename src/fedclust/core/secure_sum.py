@@ -1,0 +1,431 @@
+"""Secure sums: the server learns the sum of the devices' replies, never one reply.
+
+A protocol marks the actions whose replies its server only adds up
+(:attr:`Protocol.summed_actions`, e.g. distributed Lloyd's per-cluster sums
+and counts). A transport with secure aggregation on runs such a round as four
+exchanges (SecAgg+, Bell et al., CCS 2020; SecAgg, Bonawitz et al., CCS 2017):
+
+1. ``keys`` — each device makes two X25519 key pairs for this round (``c``: to
+   encrypt shares, ``s``: to agree pairwise masks) and sends the public keys;
+2. ``share`` — the server sends each device the public keys of its group
+   (every other device, or ``neighbors`` of them on a random circulant graph
+   for large federations); the device Shamir-shares its ``s`` private key and
+   a fresh self-mask seed ``b`` among the group (threshold ``t``) and sends
+   each peer's shares AES-GCM-encrypted for that peer, through the server;
+3. ``mask`` — the device computes its reply (the protocol's ``client_step``),
+   encodes it in fixed point mod 2**64 and adds ``PRG(b)`` and, for each peer
+   ``v`` still in, ``+-PRG(s_uv)`` (``+`` if its id is smaller); the pairwise
+   masks cancel in the sum. It also names peers whose shares failed
+   authentication (they are rejected);
+4. ``unmask`` — the server names the survivors (sent a masked reply) and the
+   dropped (shared keys, then sent nothing). Each survivor reveals, per group
+   member, the share of ``b`` (member survived) or of ``s`` (member dropped),
+   never both. The server rebuilds the seeds from ``t`` shares, removes the
+   masks and decodes the sum.
+
+Up to ``floor(g / 3)`` of a group of ``g`` may drop after step 2 (default
+``t = g - floor(g / 3)``, at least a strict majority); more stops the round
+with one line naming the device whose masks cannot be removed. The server
+code of the protocol then receives one reply, the sum, under the key
+:data:`SUMMED`; it runs unchanged with and without secure aggregation.
+
+Security (honest-but-curious server, as SecAgg+): the server sees public
+keys, ciphertexts, masked vectors (uniform mod 2**64 to anyone without the
+seeds) and the sum. A device sees its group's public keys and its own shares.
+Fewer than ``t`` colluding group members learn nothing about a seed. Nothing
+here protects against a server that forges the dropped list differently for
+different devices (SecAgg+'s malicious-server variant adds signatures), nor
+against devices that lie about their values (that is what robust servers and
+clipping are for).
+
+This module does not import flwr: a transport moves the four stages' arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .exceptions import IncompatibleMessageError, ValidationError
+from .random import server_rng
+from .secagg import (SHARE_BYTES, Entropy, array_to_bytes, bytes_to_array, decode_fixed,
+                     encode_fixed, open_sealed, pair_mask_seed, prg_mask, seal, shamir_combine,
+                     shamir_split, x25519_keypair)
+
+__all__ = ["SUMMED", "STAGES", "SecureAggregation", "SecureSumServer", "secure_sum_client",
+           "check_summable"]
+
+#: the key under which a summed round's single reply (the sum) reaches ``server_step``
+SUMMED = -1
+STAGES = ("keys", "share", "mask", "unmask")
+_P = "secagg."  # prefix of the device state entries
+_SECAGG_ROUND_BRANCH = 11  # server-stream index for the neighbour graph
+
+
+@dataclass(frozen=True)
+class SecureAggregation:
+    """Settings of secure aggregation (``secure_aggregation=`` of transports and estimators).
+
+    Parameters
+    ----------
+    frac_bits : int, default=20
+        Fixed-point fractional bits: each summed float is rounded to a multiple
+        of ``2**-frac_bits``; the sum is exact on those values (error per entry
+        at most ``n_devices * 2**-(frac_bits + 1)``) and values must stay below
+        ``2**(63 - frac_bits) / n_devices`` in magnitude.
+    neighbors : int or None, default=None
+        Peers each device masks with and shares to (SecAgg+'s graph degree);
+        ``None``: all other devices (SecAgg). A few dozen keep a 1,000-device
+        round cheap.
+    """
+
+    frac_bits: int = 20
+    neighbors: int | None = None
+
+    def __post_init__(self):
+        if not 0 <= int(self.frac_bits) <= 52:
+            raise ValidationError(f"frac_bits={self.frac_bits} must be in [0, 52]")
+        if self.neighbors is not None and int(self.neighbors) < 2:
+            raise ValidationError(f"neighbors={self.neighbors} must be >= 2 (or None)")
+
+    @classmethod
+    def coerce(cls, value: Any) -> "SecureAggregation | None":
+        """``True`` -> defaults, ``False``/``None`` -> off, a dict -> its fields."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls(**value)
+        raise ValidationError(f"secure_aggregation={value!r} must be True, False or a "
+                              "SecureAggregation")
+
+
+def check_summable(protocol: Any) -> frozenset[str]:
+    """The protocol's summed actions; a one-line error when it has none."""
+    summed = frozenset(getattr(protocol, "summed_actions", ()))
+    if not summed:
+        why = getattr(protocol, "not_summable_reason", "its server needs each device's reply")
+        raise ValidationError(
+            f"secure aggregation: protocol {protocol.name!r} has no round whose replies the "
+            f"server only sums ({why}); run it without secure_aggregation")
+    return summed
+
+
+def _threshold(group_size: int) -> int:
+    return max(group_size - group_size // 3, group_size // 2 + 1)
+
+
+class SecureSumServer:
+    """The server's side of one securely summed round over ``device_ids``.
+
+    Drive it stage by stage: ``requests(stage)`` gives each device's inbound
+    arrays, ``take(stage, replies)`` takes the devices' answers (``None``: no
+    answer). ``failed`` / ``rejected`` name devices left out, with reasons;
+    :meth:`result` returns the decoded sum (field name -> array).
+    """
+
+    def __init__(self, device_ids: Sequence[int], round_id: int, settings: SecureAggregation,
+                 seed: int):
+        self.ids = sorted(int(z) for z in device_ids)
+        self.round_id = int(round_id)
+        if len(self.ids) < 2:
+            raise ValidationError(
+                f"secure aggregation round {round_id}: {len(self.ids)} device(s) in the round; "
+                "the sum of one reply is that reply, so at least 2 are needed")
+        self.settings = settings
+        self.pos = {z: i for i, z in enumerate(self.ids)}
+        self.group = self._groups(seed)
+        self.threshold = {z: _threshold(len(g)) for z, g in self.group.items()}
+        self.failed: dict[int, str] = {}
+        self.rejected: dict[int, str] = {}
+        self.alive = list(self.ids)
+        self.keys: dict[int, tuple[bytes, bytes]] = {}
+        self.forward: dict[int, list[tuple[int, bytes]]] = {}
+        self.shared: set[int] = set()        # devices whose shares went out
+        self.bad_pairs: set[tuple[int, int]] = set()  # (holder, sender) that did not mask
+        self.masked: dict[int, np.ndarray] = {}
+        self.layout: str | None = None
+        self.survivors: list[int] = []
+        self.dropped: list[int] = []
+        self._sum: dict[str, np.ndarray] | None = None
+
+    def _groups(self, seed: int) -> dict[int, list[int]]:
+        n = len(self.ids)
+        k = self.settings.neighbors
+        if k is None or k >= n - 1:
+            return {z: list(self.ids) for z in self.ids}
+        order = [self.ids[i] for i in server_rng(seed, _SECAGG_ROUND_BRANCH + self.round_id)
+                 .permutation(n)]
+        at = {z: i for i, z in enumerate(order)}
+        half = (int(k) + 1) // 2
+        return {z: sorted({order[(at[z] + d) % n] for d in range(-half, half + 1)})
+                for z in self.ids}
+
+    # -- stages ------------------------------------------------------------
+    def requests(self, stage: str) -> dict[int, dict[str, np.ndarray]]:
+        r = np.asarray(self.round_id, dtype=np.int64)
+        alive = set(self.alive)
+        out: dict[int, dict[str, np.ndarray]] = {}
+        for z in self.alive:
+            if stage == "keys":
+                out[z] = {"round": r, "frac_bits": np.asarray(self.settings.frac_bits, np.int64),
+                          "n_devices": np.asarray(len(self.ids), np.int64)}
+            elif stage == "share":
+                g = [v for v in self.group[z] if v in alive]
+                out[z] = {"round": r, "ids": np.asarray(g, np.int64),
+                          "x": np.asarray([self.pos[v] + 1 for v in g], np.int64),
+                          "c_pk": np.stack([bytes_to_array(self.keys[v][0]) for v in g]),
+                          "s_pk": np.stack([bytes_to_array(self.keys[v][1]) for v in g]),
+                          "threshold": np.asarray(self.threshold[z], np.int64)}
+            elif stage == "mask":
+                got = [(u, ct) for u, ct in self.forward.get(z, []) if u in alive]
+                width = max((len(ct) for _, ct in got), default=0)
+                ct = np.zeros((len(got), width), np.uint8)
+                for i, (_, c) in enumerate(got):
+                    ct[i, :len(c)] = bytes_to_array(c)
+                out[z] = {"round": r, "src": np.asarray([u for u, _ in got], np.int64), "ct": ct,
+                          "peers": np.asarray([v for v in self.group[z] if v in alive and v != z],
+                                              np.int64)}
+            elif stage == "unmask":
+                out[z] = {"round": r, "survivors": np.asarray(self.survivors, np.int64),
+                          "dropped": np.asarray(self.dropped, np.int64)}
+            else:
+                raise ValidationError(f"unknown secure aggregation stage {stage!r}")
+        return out
+
+    def take(self, stage: str, replies: Mapping[int, Mapping[str, np.ndarray] | None],
+             reasons: Mapping[int, str] | None = None) -> None:
+        reasons = reasons or {}
+        before = list(self.alive)
+        if stage == "unmask":
+            self._unmask(replies, reasons)
+            return
+        for z in before:
+            rep = replies.get(z)
+            if rep is None:
+                self.failed[z] = reasons.get(z) or (f"device {z}: no answer in secure "
+                                                    f"aggregation stage {stage!r}")
+                continue
+            try:
+                getattr(self, f"_take_{stage}")(z, rep)
+            except (IncompatibleMessageError, ValidationError, KeyError, ValueError,
+                    TypeError) as exc:
+                self.rejected[z] = (str(exc) if str(exc).startswith("device") else
+                                    f"device {z}: bad secure aggregation {stage!r} reply ({exc})")
+        self.alive = [z for z in before if z not in self.failed and z not in self.rejected]
+        if stage == "mask":
+            self.survivors = list(self.alive)
+            self.dropped = [z for z in before if z not in self.alive]
+        self._check_groups(stage)
+
+    def _check_groups(self, stage: str) -> None:
+        alive = set(self.alive)
+        for z in (self.alive if stage in ("keys", "share") else sorted(self.shared)):
+            left = len(alive.intersection(self.group[z]))
+            if left < self.threshold[z]:
+                raise ValidationError(
+                    f"secure aggregation round {self.round_id}: after stage {stage!r} only "
+                    f"{left} of the {len(self.group[z])} devices holding device {z}'s shares "
+                    f"remain (threshold {self.threshold[z]}); too many dropped out")
+
+    def _take_keys(self, z: int, rep: Mapping[str, np.ndarray]) -> None:
+        c, s = np.asarray(rep["c_pk"]), np.asarray(rep["s_pk"])
+        if c.shape != (32,) or s.shape != (32,) or c.dtype != np.uint8 or s.dtype != np.uint8:
+            raise IncompatibleMessageError(f"device {z}: public keys must be 32 uint8 each")
+        self.keys[z] = (array_to_bytes(c), array_to_bytes(s))
+
+    def _take_share(self, z: int, rep: Mapping[str, np.ndarray]) -> None:
+        dst = np.asarray(rep["dst"], dtype=np.int64)
+        ct = np.asarray(rep["ct"])
+        expect = sorted(v for v in self.group[z] if v in self.keys and v != z)
+        if sorted(dst.tolist()) != expect or ct.dtype != np.uint8 or ct.ndim != 2 \
+                or ct.shape[0] != len(dst):
+            raise IncompatibleMessageError(f"device {z}: shares for {sorted(dst.tolist())}, "
+                                           f"expected one per group member {expect}")
+        for v, c in zip(dst.tolist(), ct):
+            self.forward.setdefault(v, []).append((z, array_to_bytes(c)))
+        self.shared.add(z)
+
+    def _take_mask(self, z: int, rep: Mapping[str, np.ndarray]) -> None:
+        bad = np.asarray(rep.get("bad_src", np.zeros(0, np.int64)), dtype=np.int64).tolist()
+        for u in bad:  # u's shares for z failed authentication: u is out, z did not mask with u
+            self.bad_pairs.add((z, u))
+            if u in self.pos and u not in self.rejected:
+                self.rejected[u] = (f"device {u}: its encrypted shares for device {z} failed "
+                                    "authentication (altered on the way)")
+        y = np.asarray(rep["y"])
+        layout = array_to_bytes(rep["layout"]).decode("utf-8")
+        json.loads(layout)
+        if y.dtype != np.uint64 or y.ndim != 1:
+            raise IncompatibleMessageError(f"device {z}: masked reply must be a uint64 vector")
+        if self.layout is None:
+            self.layout = layout
+        elif layout != self.layout or y.size != next(iter(self.masked.values())).size:
+            raise IncompatibleMessageError(
+                f"device {z}: reply fields/shapes {layout} differ from the other devices' "
+                f"{self.layout}")
+        self.masked[z] = y
+
+    def _unmask(self, replies, reasons) -> None:
+        # a survivor that does not help unmask is still in the sum: its masks need t shares
+        b_shares: dict[int, dict[int, int]] = {}
+        s_shares: dict[int, dict[int, int]] = {}
+        for v in self.survivors:
+            rep = replies.get(v)
+            if rep is None:
+                continue
+            ids = np.asarray(rep["ids"], np.int64).tolist()
+            kinds = np.asarray(rep["kind"], np.uint8).tolist()
+            shares = np.asarray(rep["share"], np.uint8)
+            for u, kind, sh in zip(ids, kinds, shares):
+                want = u in self.survivors if kind == 0 else u in self.dropped
+                if want and v in self.group.get(u, ()):
+                    (b_shares if kind == 0 else s_shares).setdefault(u, {})[self.pos[v] + 1] = \
+                        int.from_bytes(array_to_bytes(sh), "big")
+        length = next(iter(self.masked.values())).size if self.masked else 0
+        total = np.zeros(length, np.uint64)
+        for v in self.survivors:
+            total += self.masked[v]
+        for u in self.survivors:
+            b = self._combine(u, b_shares.get(u, {}), "self-mask")
+            total -= prg_mask(b, length)
+        alive = set(self.survivors)
+        for u in self.dropped:
+            s_sk = self._combine(u, s_shares.get(u, {}), "mask key")
+            for v in self.group[u]:
+                if v in alive and v != u and (v, u) not in self.bad_pairs:
+                    m = prg_mask(pair_mask_seed(s_sk, self.keys[v][1], self.round_id), length)
+                    total = total - m if v < u else total + m
+        self._sum = decode_fixed(total, self.layout or "[]", self.settings.frac_bits)
+
+    def _combine(self, u: int, shares: Mapping[int, int], what: str) -> bytes:
+        try:
+            return shamir_combine(shares, self.threshold[u])
+        except ValidationError:
+            raise ValidationError(
+                f"secure aggregation round {self.round_id}: device {u}'s {what} cannot be "
+                f"removed: {len(shares)} shares revealed, threshold {self.threshold[u]}"
+            ) from None
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The decoded sum over :attr:`survivors` (after stage ``unmask``)."""
+        if self._sum is None:
+            raise ValidationError("secure sum not complete: run the 'unmask' stage first")
+        return self._sum
+
+
+# --------------------------------------------------------------------------- device side
+def _b(state: Mapping[str, np.ndarray], key: str) -> bytes:
+    return array_to_bytes(state[_P + key])
+
+
+def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
+                      state: dict[str, np.ndarray], *, device_id: int,
+                      reply: Mapping[str, np.ndarray] | None = None,
+                      entropy: Entropy | None = None) -> dict[str, np.ndarray]:
+    """One device's answer to a secure aggregation stage; keeps its secrets in ``state``.
+
+    ``reply`` (stage ``mask``) is the device's plaintext reply arrays. Private
+    keys, seeds and received shares stay in ``state`` (on Flower: the
+    SuperNode's ``context.state``) and never leave the device, except the
+    shares revealed in stage ``unmask``.
+    """
+    entropy = entropy or os.urandom
+    z = int(device_id)
+    r = int(np.asarray(inbound["round"]))
+    if stage != "keys" and int(state.get(_P + "round", np.asarray(-1))) != r:
+        raise ValidationError(f"device {z}: secure aggregation stage {stage!r} for round {r} "
+                              "without its key stage")
+    if stage == "keys":
+        for key in [k for k in state if k.startswith(_P)]:
+            del state[key]
+        c_sk, c_pk = x25519_keypair(entropy)
+        s_sk, s_pk = x25519_keypair(entropy)
+        state.update({_P + "round": np.asarray(r, np.int64),
+                      _P + "frac_bits": np.asarray(inbound["frac_bits"], np.int64),
+                      _P + "n_devices": np.asarray(inbound["n_devices"], np.int64),
+                      _P + "c_sk": bytes_to_array(c_sk), _P + "s_sk": bytes_to_array(s_sk)})
+        return {"c_pk": bytes_to_array(c_pk), "s_pk": bytes_to_array(s_pk)}
+    if stage == "share":
+        ids = np.asarray(inbound["ids"], np.int64)
+        xs = np.asarray(inbound["x"], np.int64).tolist()
+        t = int(inbound["threshold"])
+        b = entropy(32)
+        s_shares = shamir_split(_b(state, "s_sk"), xs, t, entropy)
+        b_shares = shamir_split(b, xs, t, entropy)
+        state.update({_P + "b": bytes_to_array(b), _P + "ids": ids,
+                      _P + "x": np.asarray(xs, np.int64), _P + "threshold": np.asarray(t, np.int64),
+                      _P + "c_pk": np.asarray(inbound["c_pk"], np.uint8),
+                      _P + "s_pk": np.asarray(inbound["s_pk"], np.uint8)})
+        dst, cts = [], []
+        for i, v in enumerate(ids.tolist()):
+            plain = (s_shares[i].to_bytes(SHARE_BYTES, "big")
+                     + b_shares[i].to_bytes(SHARE_BYTES, "big"))
+            if v == z:
+                state[_P + "own"] = bytes_to_array(plain)
+                continue
+            dst.append(v)
+            cts.append(bytes_to_array(seal(_b(state, "c_sk"), array_to_bytes(inbound["c_pk"][i]),
+                                           z, v, r, plain)))
+        return {"dst": np.asarray(dst, np.int64),
+                "ct": np.stack(cts) if cts else np.zeros((0, 0), np.uint8)}
+    ids = state[_P + "ids"].tolist()
+    if stage == "mask":
+        if reply is None:
+            raise ValidationError(f"device {z}: stage 'mask' needs the device's reply")
+        held, bad = {z: array_to_bytes(state[_P + "own"])}, []
+        for u, ct in zip(np.asarray(inbound["src"], np.int64).tolist(), inbound["ct"]):
+            if u not in ids:
+                raise ValidationError(f"device {z}: shares from device {u}, not in its group")
+            c_pk = array_to_bytes(state[_P + "c_pk"][ids.index(u)])
+            try:
+                plain = open_sealed(_b(state, "c_sk"), c_pk, u, z, r, array_to_bytes(ct))
+            except ValidationError:
+                bad.append(u)
+                continue
+            held[u] = plain
+        state[_P + "held_ids"] = np.asarray(sorted(held), np.int64)
+        state[_P + "held"] = np.stack([bytes_to_array(held[u]) for u in sorted(held)])
+        vec, layout = encode_fixed(reply, int(state[_P + "frac_bits"]),
+                                   int(state[_P + "n_devices"]), sender=f"device {z}")
+        y = vec + prg_mask(_b(state, "b"), vec.size)
+        s_sk = _b(state, "s_sk")
+        for v in np.asarray(inbound["peers"], np.int64).tolist():
+            if v == z or v in bad:
+                continue
+            if v not in ids:
+                raise ValidationError(f"device {z}: asked to mask with device {v}, not in its group")
+            m = prg_mask(pair_mask_seed(s_sk, array_to_bytes(state[_P + "s_pk"][ids.index(v)]), r),
+                         vec.size)
+            y = y + m if z < v else y - m
+        return {"y": y, "layout": bytes_to_array(layout.encode("utf-8")),
+                "bad_src": np.asarray(bad, np.int64)}
+    if stage == "unmask":
+        if _P + "revealed" in state:
+            raise ValidationError(f"device {z}: already revealed its shares for round {r}")
+        survivors = set(np.asarray(inbound["survivors"], np.int64).tolist())
+        dropped = set(np.asarray(inbound["dropped"], np.int64).tolist())
+        if survivors & dropped:
+            raise ValidationError(f"device {z}: devices {sorted(survivors & dropped)} are named "
+                                  "both survivor and dropped; refusing to reveal shares")
+        t = int(state[_P + "threshold"])
+        if len(survivors & set(ids)) < t:
+            raise ValidationError(f"device {z}: only {len(survivors & set(ids))} survivors in its "
+                                  f"group, threshold {t}; refusing to reveal shares")
+        state[_P + "revealed"] = np.asarray(1, np.int64)
+        out_ids, kinds, shares = [], [], []
+        for u, plain in zip(state[_P + "held_ids"].tolist(), state[_P + "held"]):
+            if u in survivors:
+                out_ids.append(u); kinds.append(0); shares.append(plain[SHARE_BYTES:])
+            elif u in dropped:
+                out_ids.append(u); kinds.append(1); shares.append(plain[:SHARE_BYTES])
+        return {"ids": np.asarray(out_ids, np.int64), "kind": np.asarray(kinds, np.uint8),
+                "share": (np.stack(shares) if shares else np.zeros((0, SHARE_BYTES), np.uint8))}
+    raise ValidationError(f"unknown secure aggregation stage {stage!r}")

@@ -1,0 +1,216 @@
+"""Secure sums: masking/unmasking against plaintext sums, dropouts, Shamir thresholds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedclust.core.exceptions import ValidationError
+from fedclust.core.secagg import (PRIME, decode_fixed, encode_fixed, open_sealed, prg_mask, seal,
+                                  shamir_combine, shamir_split, x25519_keypair)
+from fedclust.core.secure_sum import SecureAggregation, SecureSumServer, secure_sum_client
+
+
+def _entropy(seed):
+    rng = np.random.default_rng(seed)
+    return lambda n: rng.bytes(n)
+
+
+def run_sum(values, *, settings=SecureAggregation(), drop_after_mask=(), drop_at_keys=(),
+            seed=0, entropy=None, tamper_ct=None):
+    """All four stages over in-memory devices; returns (server, masked replies seen)."""
+    ids = sorted(values)
+    srv = SecureSumServer(ids, round_id=3, settings=settings, seed=seed)
+    states = {z: {} for z in ids}
+    seen = {}
+    for stage in ("keys", "share", "mask", "unmask"):
+        reqs = srv.requests(stage)
+        replies = {}
+        for z, inbound in reqs.items():
+            if stage == "keys" and z in drop_at_keys:
+                continue
+            if stage == "mask" and tamper_ct is not None:
+                inbound = tamper_ct(z, inbound)
+            rep = secure_sum_client(stage, inbound, states[z], device_id=z,
+                                    reply=values[z] if stage == "mask" else None,
+                                    entropy=entropy(z, stage) if entropy else None)
+            if stage == "mask":
+                seen[z] = rep["y"].copy()
+                if z in drop_after_mask:
+                    continue  # masked, then gone
+            replies[z] = rep
+        srv.take(stage, replies)
+    return srv, seen
+
+
+def _values(n, seed=0, k=3, d=4):
+    rng = np.random.default_rng(seed)
+    return {z: {"sums": rng.normal(scale=50.0, size=(k, d)),
+                "counts": rng.integers(0, 1000, size=k).astype(np.int64),
+                "cost": np.asarray(rng.uniform(0, 1e3))} for z in range(n)}
+
+
+def _plain_sum(values, ids):
+    return {f: sum(values[z][f] for z in ids) for f in values[ids[0]]}
+
+
+@pytest.mark.parametrize("n", [3, 7, 12])
+def test_sum_equals_plaintext_within_fixed_point(n):
+    vals = _values(n, seed=n)
+    srv, _ = run_sum(vals)
+    got, ref = srv.result(), _plain_sum(vals, list(range(n)))
+    tol = n * 2.0 ** -(20 + 1)
+    assert np.abs(got["sums"] - ref["sums"]).max() <= tol
+    assert abs(float(got["cost"]) - float(ref["cost"])) <= tol
+    assert np.array_equal(got["counts"], ref["counts"]) and got["counts"].dtype == np.int64
+    assert srv.survivors == list(range(n)) and srv.dropped == []
+
+
+@pytest.mark.parametrize("n,drop", [(9, (0, 4, 8)), (10, (1, 2, 3)), (6, (5,)), (3, (2,))])
+def test_dropouts_after_masking_up_to_a_third(n, drop):
+    vals = _values(n, seed=1)
+    srv, _ = run_sum(vals, drop_after_mask=drop)
+    keep = [z for z in range(n) if z not in drop]
+    ref = _plain_sum(vals, keep)
+    assert srv.survivors == keep and srv.dropped == sorted(drop)
+    assert np.abs(srv.result()["sums"] - ref["sums"]).max() <= n * 2.0 ** -21
+    assert np.array_equal(srv.result()["counts"], ref["counts"])
+    assert all("no answer" in srv.failed[z] for z in drop)
+
+
+def test_too_many_dropouts_stop_with_one_line():
+    vals = _values(9, seed=2)
+    with pytest.raises(ValidationError, match=r"only 5 of the 9 devices holding device \d's "
+                                              r"shares remain \(threshold 6\)"):
+        run_sum(vals, drop_after_mask=(0, 1, 2, 3))
+
+
+def test_dropout_before_sharing_is_just_absent():
+    vals = _values(6, seed=3)
+    srv, _ = run_sum(vals, drop_at_keys=(2,))
+    ref = _plain_sum(vals, [0, 1, 3, 4, 5])
+    assert np.array_equal(srv.result()["counts"], ref["counts"])
+
+
+def test_sparse_graph_secagg_plus():
+    vals = _values(40, seed=4, k=2, d=3)
+    s = SecureAggregation(neighbors=8)
+    srv, _ = run_sum(vals, settings=s, drop_after_mask=(5, 17))
+    assert all(len(g) == 9 for g in srv.group.values())
+    assert all(z in srv.group[v] for z in srv.ids for v in srv.group[z])  # symmetric
+    keep = [z for z in range(40) if z not in (5, 17)]
+    assert np.array_equal(srv.result()["counts"], _plain_sum(vals, keep)["counts"])
+    assert np.abs(srv.result()["sums"] - _plain_sum(vals, keep)["sums"]).max() <= 40 * 2.0 ** -21
+
+
+def test_masked_replies_hide_the_values_and_server_sees_only_the_sum():
+    """Same sum, device 0's and 1's replies changed: the sum is unchanged, and each
+    masked vector is unrelated to the plaintext (the same keys give different masks
+    only through the values)."""
+    vals = _values(5, seed=5)
+    other = {z: dict(v) for z, v in vals.items()}
+    delta = np.full((3, 4), 7.25)
+    other[0]["sums"] = vals[0]["sums"] + delta
+    other[1]["sums"] = vals[1]["sums"] - delta
+    ent = lambda z, stage: _entropy(hash((z, stage)) % 2**32)  # noqa: E731  same keys both runs
+    a, seen_a = run_sum(vals, entropy=ent)
+    b, seen_b = run_sum(other, entropy=ent)
+    assert np.array_equal(a.result()["sums"], b.result()["sums"])
+    for z in range(5):
+        plain, _ = encode_fixed(vals[z], 20, 5)
+        assert not np.array_equal(seen_a[z], plain)
+        # the masked words look uniform: about half of the top bits set
+        top = (seen_a[z] >> np.uint64(63)).astype(int)
+        assert 0 < top.sum() < top.size
+    assert not np.array_equal(seen_a[0], seen_b[0])  # the wire changes, what the server keeps not
+
+
+def test_tampered_shares_reject_the_sender_by_name():
+    vals = _values(7, seed=6)
+
+    def tamper(z, inbound):
+        if z == 3 and len(inbound["src"]):
+            inbound = dict(inbound)
+            ct = inbound["ct"].copy()
+            row = list(inbound["src"]).index(5)
+            ct[row, 0] ^= 1
+            inbound["ct"] = ct
+        return inbound
+
+    srv, _ = run_sum(vals, tamper_ct=tamper)
+    assert "device 5: its encrypted shares for device 3 failed authentication" in srv.rejected[5]
+    keep = [0, 1, 2, 3, 4, 6]
+    assert np.array_equal(srv.result()["counts"], _plain_sum(vals, keep)["counts"])
+    assert np.abs(srv.result()["sums"] - _plain_sum(vals, keep)["sums"]).max() <= 7 * 2.0 ** -21
+
+
+def test_device_refuses_inconsistent_unmask_request():
+    vals = _values(4, seed=7)
+    srv = SecureSumServer(range(4), 0, SecureAggregation(), 0)
+    states = {z: {} for z in range(4)}
+    for stage in ("keys", "share", "mask"):
+        srv.take(stage, {z: secure_sum_client(stage, inb, states[z], device_id=z, reply=vals[z])
+                         for z, inb in srv.requests(stage).items()})
+    bad = {"round": np.asarray(0), "survivors": np.asarray([0, 1, 2, 3]),
+           "dropped": np.asarray([3])}
+    with pytest.raises(ValidationError, match="both survivor and dropped"):
+        secure_sum_client("unmask", bad, states[0], device_id=0)
+    ok = srv.requests("unmask")[0]
+    secure_sum_client("unmask", ok, states[0], device_id=0)
+    with pytest.raises(ValidationError, match="already revealed"):
+        secure_sum_client("unmask", ok, states[0], device_id=0)
+
+
+def test_a_sum_of_one_reply_is_refused():
+    with pytest.raises(ValidationError, match="1 device\\(s\\) in the round; the sum of one "
+                                              "reply is that reply"):
+        SecureSumServer([4], 0, SecureAggregation(), 0)
+
+
+def test_fixed_point_range_error_names_the_field():
+    with pytest.raises(ValidationError, match=r"device 4: field 'sums' .* too large .* "
+                                              r"lower frac_bits"):
+        encode_fixed({"sums": np.array([1e13])}, 20, 10, sender="device 4")
+    vec, layout = encode_fixed({"a": np.array([[1.5, -2.25]]), "n": np.array([2**60])}, 20, 2)
+    back = decode_fixed(vec, layout, 20)
+    assert np.array_equal(back["a"], [[1.5, -2.25]]) and back["n"][0] == 2**60
+
+
+# -- Shamir ---------------------------------------------------------------------
+def test_shamir_reconstructs_at_threshold_and_not_below():
+    secret = bytes(range(32))
+    xs = list(range(1, 8))
+    shares = dict(zip(xs, shamir_split(secret, xs, 4, _entropy(0))))
+    for subset in ([1, 2, 3, 4], [7, 5, 3, 1], [2, 4, 6, 7]):
+        assert shamir_combine({x: shares[x] for x in subset}, 4) == secret
+    with pytest.raises(ValidationError, match="3 shares for a threshold of 4"):
+        shamir_combine({x: shares[x] for x in (1, 2, 3)}, 4)
+    # below the threshold the shares say nothing: interpolating 3 of them gives another value,
+    # and for ANY candidate secret a degree-3 polynomial through those 3 shares exists
+    wrong = shamir_combine({x: shares[x] for x in (1, 2, 3)}, 3, size=66)
+    assert wrong != secret.rjust(66, b"\0")
+    for candidate in (0, 12345, PRIME - 1):
+        pts = {0: candidate, 1: shares[1], 2: shares[2], 3: shares[3]}
+        # Lagrange through 4 points: degree <= 3, matches the 3 shares, f(0) = candidate
+        f = lambda x: sum(y * np.prod([(x - xj) * pow(xi - xj, -1, PRIME) for xj in pts  # noqa
+                                       if xj != xi]) for xi, y in pts.items()) % PRIME
+        assert [int(f(x)) for x in (1, 2, 3)] == [shares[1], shares[2], shares[3]]
+
+
+def test_shamir_hand_case():
+    # f(x) = s + 3x over GF(p), threshold 2: f(1) = s + 3, f(2) = s + 6
+    s = 1000
+    assert shamir_combine({1: s + 3, 2: s + 6}, 2) == s.to_bytes(32, "big")
+
+
+def test_seal_detects_changes_and_prg_is_seeded():
+    a_sk, a_pk = x25519_keypair()
+    b_sk, b_pk = x25519_keypair()
+    ct = seal(a_sk, b_pk, 1, 2, 0, b"shares")
+    assert open_sealed(b_sk, a_pk, 1, 2, 0, ct) == b"shares"
+    with pytest.raises(ValidationError, match="from device 1 to device 2 were altered"):
+        open_sealed(b_sk, a_pk, 1, 2, 0, ct[:-1] + bytes([ct[-1] ^ 1]))
+    with pytest.raises(ValidationError):
+        open_sealed(b_sk, a_pk, 2, 1, 0, ct)  # a share re-addressed to someone else
+    assert np.array_equal(prg_mask(b"k" * 32, 5), prg_mask(b"k" * 32, 9)[:5])
+    assert not np.array_equal(prg_mask(b"k" * 32, 5), prg_mask(b"j" * 32, 5))
