@@ -120,8 +120,9 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
 
     No preset number of clusters: ``learn_one`` / ``partial_fit`` absorb a sample
     into its best cluster (Mahalanobis gate) with exact rank-one updates of the
-    mean and scatter, or start a new cluster; clusters merge when BIC prefers one
-    Gaussian to two (``merge_test="bic"``: when the count passes ``max_clusters``,
+    mean and scatter, or start a new cluster; clusters merge when one Gaussian
+    describes their samples at most ``merge_tol`` nats per sample worse than two, by
+    BIC (``merge_test="bic"``: when the count passes ``max_clusters``,
     and in :meth:`fit` / :meth:`compact`) or by the paper's volume criterion
     (``"volume"``: online); clusters still past ``max_clusters`` are removed, oldest
     first, and counted in ``removed_samples_``. ``partial_fit(X)`` first pools X's
