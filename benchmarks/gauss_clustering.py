@@ -177,6 +177,12 @@ def plain_sets(args, quick):
     # three owners with random rows each
     out = [(name, X, y, [X[i] for i in np.array_split(rng.permutation(len(X)), 3)])
            for name, X, y in out]
+    # one owner holding many rows of one Gaussian (1-D and 2-D, random covariance)
+    big = 5000 if quick else 20000
+    for D in (1, 2):
+        L = rng.standard_normal((D, D)) + np.eye(D)
+        X = rng.standard_normal((big, D)) @ L.T + 3.0
+        out.append((f"one Gaussian {D}-D, one owner", X, None, [X]))
     heart = Path(args.data_dir) / "uci-extra" / "heart-disease"
     if (heart / "heart_cleveland.npz").exists() and not quick:
         hs = [np.load(heart / f"heart_{h}.npz", allow_pickle=False)["X"]
@@ -206,20 +212,24 @@ def plain(args, quick):
         best = min(bics, key=lambda g: g.bic(X))
         bic = best.predict(X)
         top2 = float(np.sort(fc.counts_)[::-1][:2].sum() / len(X))
+        single = EvolvingGaussians().fit(X)  # one owner, the rows in order
         ari = (lambda lab: f"{adjusted_rand_score(y, lab):.3f}") if y is not None else (
             lambda lab: "-")
         out[name] = {"n": len(X), "D": X.shape[1], "owners": len(owners),
                      "clusters": int(fc.n_clusters_), "share_in_two_largest": top2,
                      "counts_sum": int(fc.counts_.sum()), "removed": int(fc.removed_samples_),
+                     "single_owner_clusters": int(single.n_clusters_),
                      "dp_clusters": int(np.unique(dp).size), "bic_k": int(best.n_components),
                      "ari": None if y is None else float(adjusted_rand_score(y, ours)),
                      "dp_ari": None if y is None else float(adjusted_rand_score(y, dp)),
                      "bic_ari": None if y is None else float(adjusted_rand_score(y, bic))}
         rows.append([name, len(X), X.shape[1], len(owners), fc.n_clusters_, f"{top2:.2f}",
                      f"{int(fc.counts_.sum())} + {fc.removed_samples_}", ari(ours),
+                     single.n_clusters_,
                      np.unique(dp).size, ari(dp), best.n_components, ari(bic)])
     C.print_table(["data", "n", "D", "owners", "clusters (ours)", "share in 2 largest",
-                   "counts + removed", "ARI (ours)", "DP-GMM clusters", "DP-GMM ARI",
+                   "counts + removed", "ARI (ours)", "EvolvingGaussians.fit clusters",
+                   "DP-GMM clusters", "DP-GMM ARI",
                    "GMM BIC k", "GMM BIC ARI"], rows,
                   title=f"Plain data (ours: defaults; references on the pooled data, "
                         f"BIC over k = 1..{kmax})")
@@ -260,6 +270,7 @@ def ablation(args, names):
         "no neighbour birth scale": {"patch": ("set_birth_scale", lambda self, X: None)},
         "BIC with full covariances only": {"patch": (
             "_bic_logdets", lambda self, n, S, f=M.ClusterSet._bic_logdets: f(self, n, S)[-1:])},
+        "plain BIC (merge_tol=0)": {"kw": {"merge_tol": 0.0}},
         "paper's volume rule instead of BIC": {"kw": {"merge_test": "volume"}},
     }
     rows, out = [], {}

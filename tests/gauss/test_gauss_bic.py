@@ -57,11 +57,15 @@ def test_bic_score_equals_scipy_log_likelihoods_and_is_invariant(D):
     got = cs._bic_scores(np.array([0]), np.array([1]), n, S)[0]
     U = np.vstack([A, B])
     zero = np.zeros(D)
+    # the score is the BIC difference per sample minus the tolerance merge_tol
     want = (_bic_by_hand([U], zero, 420) - _bic_by_hand([A, B], zero, 420)) / 840
-    assert got == pytest.approx(want, rel=1e-8, abs=1e-10)
+    assert got == pytest.approx(want - cs.s.merge_tol, rel=1e-8, abs=1e-10)
+    cs0 = _two(A, B, Settings(volume_fraction=1e-12, merge_tol=0.0))
+    assert cs0._bic_scores(np.array([0]), np.array([1]), n, S)[0] == pytest.approx(
+        want, rel=1e-8, abs=1e-10)
     cs = _two(A, B)  # the default pseudo-sample moves the score only a little
     got = cs._bic_scores(np.array([0]), np.array([1]), n, S)[0]
-    assert got == pytest.approx(want, rel=0.05)
+    assert got + cs.s.merge_tol == pytest.approx(want, rel=0.05)
     # symmetric in the pair; unchanged by rescaling a feature (the ridge follows the scale)
     assert cs._bic_scores(np.array([1]), np.array([0]), n, S)[0] == pytest.approx(got, rel=1e-10)
     k = np.logspace(-1, 1, D)  # within the variance floor's range (1e-6 of the median)
@@ -76,7 +80,8 @@ def test_bic_threshold_moves_with_the_evidence():
     # two unit Gaussians delta apart (2-D, exact statistics): the labels cost log 2 per
     # sample, one Gaussian loses 0.5 log(1 + delta^2 / 4): without the penalty the pair
     # merges iff delta < 2 sqrt 3. The penalty per sample shrinks with n: at delta = 4.5
-    # (two Gaussians gain 0.21 nats per sample) 10 + 10 samples merge, 2000 + 2000 do not
+    # (two Gaussians gain 0.21 nats per sample) 10 + 10 samples merge, 2000 + 2000 do not.
+    # merge_tol = 0.01 nats per sample moves the bound from delta = 3.46 to about 3.5
     def merged(delta, n):
         cs = ClusterSet(2, Settings())
         cs.set_global(2 * n, np.zeros(2), np.full(2, 2 * n * 100.0))
@@ -114,6 +119,41 @@ def test_one_gaussian_is_one_cluster(seed, D, n):
     assert fc.counts_.sum() + fc.removed_samples_ == n and fc.removed_samples_ == 0
     m = EvolvingGaussians().fit(X[rng.permutation(n)])
     assert m.n_clusters_ <= 2 and np.sort(m.counts_)[::-1][:2].sum() >= 0.95 * n
+
+
+@pytest.mark.parametrize("seed, D, n, owners", [
+    (41, 1, 20000, 1), (42, 2, 20000, 1), (43, 1, 6000, 3), (44, 3, 12000, 2),
+    (45, 8, 4000, 1), (46, 1, 500, 1), (47, 5, 15000, 3)])
+def test_one_gaussian_is_one_cluster_at_any_size_and_owner_count(seed, D, n, owners):
+    # the case plain BIC (merge_tol=0) gets wrong once n is large: adjacent pieces of one
+    # Gaussian tie per sample and the tie is broken by O(n) noise against a log n penalty
+    rng = np.random.default_rng(seed)
+    L = rng.normal(size=(D, D)) * rng.uniform(0.3, 3.0, D) + np.eye(D)
+    X = rng.normal(size=(n, D)) @ L.T + rng.uniform(-5, 5, D)
+    parts = np.array_split(rng.permutation(n), owners)
+    fc = FedGaussClustering(random_state=seed).fit([X[p] for p in parts])
+    assert fc.n_clusters_ <= 2 and np.sort(fc.counts_)[::-1][:2].sum() >= 0.95 * n
+    m = EvolvingGaussians().fit(X)  # one owner, rows in the given order
+    assert m.n_clusters_ <= 2 and np.sort(m.counts_)[::-1][:2].sum() >= 0.95 * n
+    assert m.counts_.sum() + m.removed_samples_ == n
+
+
+def test_merge_tol_is_an_effect_size_and_is_validated():
+    # two unit Gaussians 4 apart, 2000 + 2000 samples (exact statistics, 2-D): two describe
+    # them 0.5 log 5 - log 2 = 0.112 nats per sample better than one, less the penalty
+    # 6 log 4000 / 8000 = 0.006: apart for merge_tol < 0.105, merged above
+    def merged(tol):
+        cs = ClusterSet(2, Settings(merge_tol=tol))
+        cs.set_global(4000, np.zeros(2), np.full(2, 4000 * 100.0))
+        cs.add(np.array([[0.0, 0.0], [4.0, 0.0]]), np.stack([2000 * np.eye(2)] * 2),
+               np.full(2, 2000.0), np.full(2, -1), np.zeros(2, np.int64))
+        cs.merge_all()
+        return cs.C == 1
+
+    assert not merged(0.0) and not merged(0.01) and not merged(0.1)
+    assert merged(0.11) and merged(0.5)
+    with pytest.raises(ValidationError, match="merge_tol"):
+        EvolvingGaussians(merge_tol=-0.1).fit(np.random.default_rng(0).normal(size=(50, 2)))
 
 
 @pytest.mark.parametrize("seed, D, k", [(21, 2, 4), (22, 5, 6), (23, 9, 5)])

@@ -10,8 +10,9 @@ The default rule (one setting for every data set; see docs/gauss.md):
   otherwise it starts a new cluster with Sigma_0 = r diag(var), r = volume_fraction^(2/D)
   (clustering: no wider than the neighbourhood scale of the owner's rows);
 * a cluster's covariance is (S + n0 Sigma_0) / (n + n0 - 1), n0 = 2 (D + 1);
-* clustering (``merge_test="bic"``): two clusters merge when BIC prefers one Gaussian
-  to two on their exact pooled statistics — after an owner's pass, whenever the
+* clustering (``merge_test="bic"``): two clusters merge when one Gaussian describes
+  their samples at most ``merge_tol`` = 0.01 nats per sample worse than two, by BIC on
+  their exact pooled statistics — after an owner's pass, whenever the
   count passes ``max_clusters``, and on the server (every pair, best first);
 * classifier (``merge_test="volume"``, the paper's rule): merge active pairs online while
   det(Sigma_pq) / (det Sigma_p + det Sigma_q) < kappa_m within a size cap, fold
@@ -41,6 +42,7 @@ from ..privacy import refuse_privacy
 from ..sim.transport import InProcessTransport
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
+from .model import MERGE_TOL
 from .protocol import (SETTING_NAMES, GaussClassifierProtocol, GaussProtocol, GaussResult,
                        check_settings, predict_labels, result_message)
 from .scoring import class_log_scores, proba
@@ -79,11 +81,19 @@ _PARAMS_DOC = """
     predict_rule : {"likelihood", "gamma"}, default="likelihood"
         Gaussian likelihood d_M^2 + log det Sigma (+ log n), or the paper's gamma.
     merge_test : {"bic", "volume"}, default="bic" ("volume" for the classifier)
-        "bic": two clusters merge when the Bayesian information criterion prefers one
-        Gaussian to two on their exact pooled statistics (full or diagonal covariance,
+        "bic": two clusters merge when one Gaussian describes their samples at most
+        ``merge_tol`` nats per sample worse than two, by the Bayesian information
+        criterion on their exact pooled statistics (full or diagonal covariance,
         whichever it prefers); merges run after an owner's pass, at ``max_clusters`` and
         on the server, never between two samples of a stream. "volume": the paper's
         volume criterion, online for the clusters active for a sample and on the server.
+    merge_tol : float, default=0.01
+        ``merge_test="bic"``: merge while (BIC of one Gaussian - BIC of two) / (2 n_pq)
+        < merge_tol, an effect size in nats per sample that does not depend on n. With
+        0 (plain BIC) two adjacent pieces of one large Gaussian, whose hard-assigned
+        likelihoods tie up to ~0.003 nats per sample, stay apart once n is large (the
+        gain grows like n, the penalty like log n); two equal Gaussians 4 sigma apart
+        differ by 0.11 nats per sample.
     pooled_shrinkage : float, default=0.0 (0.5 for the classifier)
         w > 0: at prediction, a cluster's covariance is (S_i + n0 T) / (n_i + n0 - 1)
         with T = w x the model's pooled within-cluster variance (diagonal) instead of
@@ -111,8 +121,9 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
 
     No preset number of clusters: ``learn_one`` / ``partial_fit`` absorb a sample
     into its best cluster (Mahalanobis gate) with exact rank-one updates of the
-    mean and scatter, or start a new cluster; clusters merge when BIC prefers one
-    Gaussian to two (``merge_test="bic"``: when the count passes ``max_clusters``,
+    mean and scatter, or start a new cluster; clusters merge when one Gaussian
+    describes their samples at most ``merge_tol`` nats per sample worse than two, by
+    BIC (``merge_test="bic"``: when the count passes ``max_clusters``,
     and in :meth:`fit` / :meth:`compact`) or by the paper's volume criterion
     (``"volume"``: online); clusters still past ``max_clusters`` are removed, oldest
     first, and counted in ``removed_samples_``. ``partial_fit(X)`` first pools X's
@@ -154,7 +165,7 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "bic",
-                 pooled_shrinkage: float = 0.0):
+                 pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
         self.n_sigma = n_sigma
@@ -170,6 +181,7 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         self.predict_rule = predict_rule
         self.merge_test = merge_test
         self.pooled_shrinkage = pooled_shrinkage
+        self.merge_tol = merge_tol
 
     def _model(self, D: int | None) -> ClusterSet | None:
         cs = getattr(self, "_cs", None)
@@ -378,7 +390,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "bic",
-                 pooled_shrinkage: float = 0.0,
+                 pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
                  kappa_n: float = 0, n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
@@ -396,6 +408,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         self.predict_rule = predict_rule
         self.merge_test = merge_test
         self.pooled_shrinkage = pooled_shrinkage
+        self.merge_tol = merge_tol
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
         self.privacy = privacy
@@ -499,7 +512,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                  kappa_m: float = 1.5, volume: str = "det", max_volume: float = 0.1,
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "volume",
-                 pooled_shrinkage: float = 0.5,
+                 pooled_shrinkage: float = 0.5, merge_tol: float = MERGE_TOL,
                  kappa_f: float = 0.01, kappa_n: float = 1,
                  n_rounds: int = 1, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
@@ -518,6 +531,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self.predict_rule = predict_rule
         self.merge_test = merge_test
         self.pooled_shrinkage = pooled_shrinkage
+        self.merge_tol = merge_tol
         self.kappa_f = kappa_f
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds

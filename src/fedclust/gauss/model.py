@@ -17,8 +17,9 @@ which is Sigma_0 for a single sample (the paper's new-cluster rule), tends to
 S_i / n_i as the cluster grows, and is never singular (duplicates, constant
 features, D > n_i). ``n0`` (``prior_weight``) defaults to 2 (D + 1).
 
-Merging (``merge_test``): by default a pair merges when BIC prefers one Gaussian to
-two on their exact pooled statistics (:meth:`ClusterSet._bic_scores`); the paper's
+Merging (``merge_test``): by default a pair merges when one Gaussian describes its
+samples at most ``merge_tol`` nats per sample worse than two, by BIC on their exact
+pooled statistics (:meth:`ClusterSet._bic_scores`); the paper's
 volume criterion (with a size cap) stays available as ``"volume"``.
 
 Ožbot & Škrjanc, "Federated learning with self-evolving Gaussian clusters";
@@ -56,6 +57,8 @@ def _chi2_gate(quantile: float, D: int) -> float:
 VOLUMES = {"det": 1.0, "sqrt_det": 0.5, "det_root": None}  # det_root: 1/D
 PREDICT_RULES = ("likelihood", "gamma")
 MERGE_TESTS = ("bic", "volume")
+#: merge_test="bic": merge while one Gaussian loses less than this many nats per sample
+MERGE_TOL = 0.01
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class Settings:
     predict_rule: str = "likelihood"
     merge_test: str = "bic"
     pooled_shrinkage: float = 0.0
+    merge_tol: float = MERGE_TOL
 
 
 class ClusterSet:
@@ -393,7 +397,11 @@ class ClusterSet:
 
     def _bic_scores(self, p: np.ndarray, q: np.ndarray, n: np.ndarray, S: np.ndarray
                     ) -> np.ndarray:
-        """(BIC of one Gaussian - BIC of two) / (2 n_pq) for the pairs (p, q): merge while < 0.
+        """(BIC of one Gaussian - BIC of two) / (2 n_pq) - ``merge_tol`` for the pairs
+        (p, q): merge while < 0, i.e. while one Gaussian describes the pair's samples less
+        than ``merge_tol`` nats per sample worse than two (an effect size: with plain BIC,
+        two adjacent pieces of one large Gaussian nearly tie per sample, and the tie is
+        broken by noise of order n against a penalty of order log n).
 
         BIC = -2 log-likelihood + (parameters) log n_pq of the pair's samples under one
         Gaussian (pooled statistics) or two (their own statistics, plus the labels:
@@ -414,7 +422,7 @@ class ClusterSet:
             one = np.minimum(one, n * ld + npar * logn)
             two = np.minimum(two, self.n[p] * ld_own[p] + self.n[q] * ld_own[q]
                              - 2.0 * labels + (2 * npar + 1) * logn)
-        return (one - two) / (2.0 * n)
+        return (one - two) / (2.0 * n) - self.s.merge_tol
 
     #: per-cluster log-determinants of the BIC, cached while :meth:`merge_all` runs
     _ld_cache: list | None = None

@@ -65,6 +65,7 @@ def check_settings(**kw: Any) -> Settings:
     check_choice(s.predict_rule, "predict_rule", PREDICT_RULES)
     check_choice(s.merge_test, "merge_test", MERGE_TESTS)
     check_float(s.pooled_shrinkage, "pooled_shrinkage", min_value=0.0)
+    check_float(s.merge_tol, "merge_tol", min_value=0.0)
     return s
 
 
