@@ -217,3 +217,15 @@ def test_config_preprocess_privacy_errors(preprocess, privacy, text):
     with pytest.raises(ConfigError) as exc:
         check_config(_config(preprocess, privacy))
     assert text in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_released_statistics_stay_inside_the_public_ranges_at_tiny_epsilon():
+    """Noise far above the data: the released mean stays in its range, the scale in (0, w]."""
+    devs = sites(8, sizes=(20, 15))
+    low, high = np.array(BOUNDS).T
+    for s in range(5):
+        pre = FederatedPreprocessor(privacy=DifferentialPrivacy(0.01, 1e-6, noise_seed=s),
+                                    bounds=BOUNDS).fit(devs)
+        assert ((pre.mean_ >= low) & (pre.mean_ <= high)).all()
+        assert ((pre.scale_ > 0) & (pre.scale_ <= (high - low) / 2)).all()
+        assert pre.n_rows_ >= 1 and (pre.n_samples_seen_ >= 1).all()

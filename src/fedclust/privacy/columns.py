@@ -16,7 +16,8 @@ statistics): with ``c = (low + high) / 2``, ``w = (high - low) / 2`` and
 One row adds ``(1, 1, u_j, u_j² - 1/2)`` over its present columns, so the L2
 sensitivity under adding or removing a row is ``sqrt(1 + 2.25 d)``. Mean,
 variance and row count follow by post-processing (mean inside its range,
-counts at least 1, variance floored at its own noise level).
+counts at least 1, variance floored at its own noise level and capped at
+``w²``, the largest variance a column inside its range can have).
 """
 
 from __future__ import annotations
@@ -99,13 +100,13 @@ def noisy_column_moments(n_rows: int, count: np.ndarray, total: np.ndarray, m2: 
     count_raw = count + noise[1:1 + d]
     S_t = S + noise[1 + d:1 + 2 * d]
     R_t = R + noise[1 + 2 * d:]
-    # post-processing: counts >= 1, the mean inside its range, var between its
-    # noise level and the largest variance the range allows
+    # post-processing: counts >= 1, the mean inside its range, var at most the largest
+    # variance the range allows and at least its noise level (or that largest variance)
     count_t = np.maximum(count_raw, 1.0)  # not capped at rows: that would bias full columns
     mean_t = np.clip(c + w * S_t / count_t, low, high)
     Q_t = w * w * (R_t + 0.5 * count_raw)     # Σ (x - c)^2, released
     m2_t = Q_t - count_t * (mean_t - c) ** 2
     floor = w * w * std / rows_t              # std of the Q noise, per row
-    var_t = np.clip(m2_t / rows_t, floor, np.maximum(w * w, floor))  # at most a range's
+    var_t = np.clip(m2_t / rows_t, np.minimum(floor, w * w), w * w)  # w²: a range's largest
     return {"mean": mean_t, "var": var_t, "count": np.rint(np.minimum(count_t, rows_t)).astype(np.int64),
             "n_rows": int(round(rows_t)), "var_floor": floor}
