@@ -229,3 +229,25 @@ def test_released_statistics_stay_inside_the_public_ranges_at_tiny_epsilon():
         assert ((pre.mean_ >= low) & (pre.mean_ <= high)).all()
         assert ((pre.scale_ > 0) & (pre.scale_ <= (high - low) / 2)).all()
         assert pre.n_rows_ >= 1 and (pre.n_samples_seen_ >= 1).all()
+
+
+@pytest.mark.slow
+def test_flower_simulation_gives_the_same_private_preprocessing_and_lloyd():
+    """Preprocessing, then DP Lloyd after it (with the k-FED init), on both transports."""
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    from fedclust.flower.transport import FlowerSimulationTransport
+
+    devs = sites(9)
+    dp = DifferentialPrivacy(2.0, 1e-6, data_bound=5.0, noise_seed=4)
+    runs = []
+    for transport in (None, FlowerSimulationTransport()):
+        pre = FederatedPreprocessor(privacy=dp, bounds=BOUNDS, budget_share=0.3).fit(
+            devs, transport=transport)
+        km = DistributedLloyd(3, rounds=2, init="kfed", privacy=dp.after(pre.privacy_plan_),
+                              random_state=1).fit(pre.transform(devs), transport=transport)
+        runs.append((pre, km))
+    (pa, ka), (pb, kb) = runs
+    assert np.array_equal(pa.mean_, pb.mean_) and np.array_equal(pa.scale_, pb.scale_)
+    assert np.array_equal(ka.cluster_centers_, kb.cluster_centers_)
+    assert pa.privacy_["clipped"] == pb.privacy_["clipped"]
