@@ -23,7 +23,7 @@ and scale. ε = ∞ gives the non-private result bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -307,8 +307,6 @@ class FederatedPreprocessor:
         share = self.budget_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise ValidationError(f"budget_share={share!r} must be a number in (0, 1]")
-        from dataclasses import replace
-
         spec = self.privacy if share == 1 else replace(self.privacy,
                                                         epsilon=self.privacy.epsilon * share)
         low, high = pc.column_ranges(self.bounds, d, cols)
