@@ -148,6 +148,12 @@ def test_prior_travels_in_the_protocol_config():
     np.testing.assert_array_equal(again.lower, proto.lower)
 
 
+def test_a_noiseless_prior_cannot_enter_a_finite_budget():
+    plan = calibrate(DifferentialPrivacy(math.inf, 1e-6), [Release("a", 2.0)])
+    with pytest.raises(ValidationError, match="a prior release without noise"):
+        calibrate(DifferentialPrivacy(1.0, 1e-6).after(plan), [Release("b", 1.0)])
+
+
 def test_noise_seed_reproduces():
     devs = sites(6)
     make = lambda s: FederatedPreprocessor(  # noqa: E731

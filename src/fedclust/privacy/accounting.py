@@ -160,6 +160,9 @@ def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
     for r in releases:
         if not (r.sensitivity > 0 and math.isfinite(r.sensitivity)) or r.repeats < 0 or r.share <= 0:
             raise ValidationError(f"privacy: bad release declaration {r}")
+    if spec.private and any(not mult > 0 for _, _, reps, mult in spec.prior if reps > 0):
+        raise ValidationError("privacy: a prior release without noise (made at epsilon=inf) "
+                              f"cannot be composed into epsilon={spec.epsilon:g}")
     if not spec.private or not releases:
         spent = (composed_epsilon(_prior(spec), spec.delta, spec.accountant)
                  if spec.private and _prior(spec) else 0.0)
