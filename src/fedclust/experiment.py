@@ -195,6 +195,10 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
 
         opts["privacy"] = DifferentialPrivacy.from_config(cfg["privacy"])
         opts.setdefault("budget_share", PREPROCESS_BUDGET_SHARE)
+        if "bounds" not in opts:
+            raise ConfigError("[preprocess] needs bounds = [[low, high], ...] (a public range "
+                              "per column) under [privacy]: the preprocessing round is private "
+                              "too")
     pre = FederatedPreprocessor(**opts, progress=progress)
     columns = names = None
     if sites is not None:

@@ -209,6 +209,18 @@ def test_config_privacy_covers_the_preprocessing():
     json.dumps(exp.result, allow_nan=False)
 
 
+def test_config_private_preprocessing_without_bounds_is_one_line():
+    from fedclust.config import check_config
+    from fedclust.core.exceptions import ConfigError
+    from fedclust.experiment import run_experiment
+
+    cfg = check_config(_config({"impute": "mean"}, {"epsilon": 1.0, "delta": 1e-6,
+                                                    "data_bound": 4.0}))
+    with pytest.raises(ConfigError) as exc:
+        run_experiment(cfg)
+    assert "[preprocess] needs bounds" in str(exc.value) and "\n" not in str(exc.value)
+
+
 @pytest.mark.parametrize("preprocess,privacy,text", [
     ({"bounds": [[0, 1]] * 4}, {}, "[preprocess] bounds is only used with a [privacy] table"),
     ({"bounds": [[0, 1]] * 4, "budget_share": 1.5}, {"epsilon": 1.0, "delta": 1e-6},
