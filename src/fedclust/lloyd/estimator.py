@@ -85,7 +85,7 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     Notes
     -----
     Init ``candidates`` costs each device ``(d² + d + 1) 8`` bytes up once and
-    ``M (d + 1) 8`` once; every Lloyd round ``k (d + 1) 8 + 8`` up, ``k d 8`` down.
+    ``M (d + 1) 8`` once; init ``kfed`` ``k (d + 1) 8`` once (float64 data); every Lloyd round ``k (d + 1) 8 + 8`` up, ``k d 8`` down.
     """
 
     def __init__(self, n_clusters: int = 8, *, points_per_device: int | None = None,
