@@ -19,7 +19,9 @@ pooled data, in the same process):
   random over 100 devices, point level, ``data_bound = 12`` (see below).
 
 Methods: DP distributed Lloyd (central DP: moments + candidates
-initialisation, 3 Lloyd rounds, the defaults) and DP k-FED
+initialisation, 3 Lloyd rounds, the defaults), DP distributed Lloyd with
+``init="kfed"`` (the DP k-FED local centers, noised on the devices, seed the
+same 3 rounds; same releases and budget weights) and DP k-FED
 (point level: each device's moments and candidate sums noised on the device,
 k' = k, the k-means++ server weighted by the noisy counts; device level is
 refused). ε = ∞ runs the same mechanisms without noise.
@@ -39,6 +41,9 @@ random projection to 50 dimensions (data-independent, so DP stays honest;
 norm about 10, after a norm-preserving projection), 60,000 training images
 over 10 owners (classifier) or 1,000 devices (FedAvg); ``--quick`` uses
 scikit-learn's digits.
+
+The heart hospitals (``heart``; private preprocessing, then the k-means and
+supervised families): see ``_privacy_heart.py``.
 
     python benchmarks/privacy.py            # 3 runs per cell (several minutes)
     python benchmarks/privacy.py --quick    # small federation, 1 run (seconds)
@@ -159,9 +164,13 @@ def supervised_tables(args, runs: int, rows_out: list) -> None:
                         "FedAvg, 20 rounds)")
 
 
+METHODS = ("dp-lloyd", "dp-lloyd (kfed init)", "dp-kfed")
+
+
 def fit(method: str, devs, k: int, dp: DifferentialPrivacy, seed: int):
-    if method == "dp-lloyd":
-        return DistributedLloyd(k, privacy=dp, random_state=seed).fit(devs)
+    if method.startswith("dp-lloyd"):
+        init = "kfed" if "kfed" in method else "candidates"
+        return DistributedLloyd(k, init=init, privacy=dp, random_state=seed).fit(devs)
     return KFed(k, k, server="kmeans++", weighted=True, privacy=dp, random_state=seed).fit(devs)
 
 
@@ -170,7 +179,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=None)
     p.add_argument("--only", default=None,
                    help="comma-separated settings (gauss-point, gauss-device, s1-2sites, "
-                        "mnist-rp50, supervised)")
+                        "mnist-rp50, heart, supervised)")
     args = C.finish_args(p.parse_args())
     only = None if args.only is None else set(args.only.split(","))
     runs = args.runs or (1 if args.quick else 3)
@@ -185,7 +194,7 @@ def main() -> None:
             X = np.concatenate(devs)
             km = KMeans(k, n_init=10, random_state=args.seed).fit(X)
             refs.append(kmeans_cost(X, km.cluster_centers_))
-        for method in ("dp-lloyd", "dp-kfed"):
+        for method in METHODS:
             for eps in EPSILONS:
                 ratios, times, spent, err = [], [], [], ""
                 for r, ((devs, k, bound), ref) in enumerate(zip(data, refs)):
@@ -213,6 +222,19 @@ def main() -> None:
                                 "unit": unit, "cost_ratio": ratios, "epsilon_spent": spent,
                                 "time_s": times, "fastlloyd": ref_fl,
                                 "feddp_kmeans": FEDDP.get(name)})
+    heart_sup: list = []
+    folder = args.data_dir / "uci-extra" / "heart-disease"
+    if (only is None or "heart" in only) and (folder / "heart_va.npz").exists():
+        import _privacy_heart as H
+
+        hrows, hrec = H.clustering_rows(folder, EPSILONS, DELTA, runs, args.seed)
+        rows += hrows
+        records += hrec
+        srows, heart_sup = H.supervised_rows(folder, EPSILONS, DELTA, runs, args.seed)
+        C.print_table(["data", "method", "ε", "test accuracy", "std"], srows,
+                      title=f"DP supervised on the heart hospitals, δ={DELTA:g}, {runs} split(s)")
+    elif only is None or "heart" in only:
+        print(f"heart skipped: no heart-disease files under {args.data_dir}")
     C.print_table(["setting", "method", "ε", "cost ÷ sklearn (mean)", "worst", "FastLloyd",
                    "time s"], rows,
                   title=f"DP k-means, δ={DELTA:g}, {runs} run(s) per cell; FedDP-KMeans "
@@ -221,7 +243,7 @@ def main() -> None:
     if only is None or "supervised" in only:
         supervised_tables(args, runs, supervised)
     C.write_json(args, "privacy", {"runs": runs, "delta": DELTA, "rows": records,
-                                   "supervised": supervised})
+                                   "supervised": supervised, "heart_supervised": heart_sup})
 
 
 if __name__ == "__main__":

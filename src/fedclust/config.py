@@ -15,10 +15,12 @@ silently ignored)::
     [baselines]   name = true for the baselines the algorithm registers
     [preprocess]  impute = "mean" | "none", scale = "standard" | "none": federated imputation
                   and scaling before the algorithm (:mod:`fedclust.preprocess`); site data
-                  sources ("files", "table") get it by default
+                  sources ("files", "table") get it by default; under [privacy] also
+                  bounds = [[low, high], ...] (public range per column) and
+                  budget_share (fraction of ε for the preprocessing, default 0.2)
     [privacy]     epsilon, delta, unit, data_bound, clip_norm, noise_seed, accountant
                   (fedclust.privacy.DifferentialPrivacy), for algorithms whose estimator
-                  takes privacy=
+                  takes privacy=; the total budget of the run, preprocessing included
 
 Relative paths of a source that takes ``base_dir`` (the site files) are read
 from the config file's folder.
@@ -54,6 +56,24 @@ _SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_sca
 _TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title",
         "preprocess", "privacy"}
 _PREPROCESS = {"impute": ("mean", "none"), "scale": ("standard", "none")}
+#: [preprocess] keys of a private run: public (low, high) per column, share of ε
+_PREPROCESS_PRIVACY = ("bounds", "budget_share")
+
+
+def _check_preprocess_privacy(key: str, value: Any, private: bool, source: str) -> None:
+    if not private:
+        raise ConfigError(f"{source}: [preprocess] {key} is only used with a [privacy] table")
+    if key == "budget_share":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ConfigError(f"{source}: [preprocess] budget_share={value!r} must be a number "
+                              "in (0, 1]")
+        return
+    ok = isinstance(value, list) and all(
+        isinstance(r, list) and len(r) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in r) for r in value)
+    if not ok or not value:
+        raise ConfigError(f"{source}: [preprocess] bounds={value!r} must be a list of "
+                          "[low, high] pairs, one per column")
 #: [data] keys every pooled (non-federated) source accepts: a random subsample
 _POOLED = {"n_samples"}
 
@@ -258,9 +278,12 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
             f"name={algo['name']!r}; allowed: {sorted(allowed_base)}")
     pre = _table(cfg, "preprocess", source)
     for key, value in pre.items():
+        if key in _PREPROCESS_PRIVACY:
+            _check_preprocess_privacy(key, value, bool(cfg.get("privacy")), source)
+            continue
         if key not in _PREPROCESS:
             raise ConfigError(f"{source}: [preprocess] has unknown key {key!r}; allowed: "
-                              f"{sorted(_PREPROCESS)}")
+                              f"{sorted(set(_PREPROCESS) | set(_PREPROCESS_PRIVACY))}")
         if value not in _PREPROCESS[key]:
             raise ConfigError(f"{source}: [preprocess] {key}={value!r} must be one of "
                               f"{list(_PREPROCESS[key])}")

@@ -74,14 +74,26 @@ def build_federation(cfg: Mapping[str, Any]) -> Federation:
                       f"{source.name} ({len(X)} points, {kind} over {n_devices} devices)")
 
 
-def build_estimator(cfg: Mapping[str, Any]) -> Any:
-    """The registered front-door estimator of ``cfg['algorithm']``, seeded by ``cfg['seed']``."""
+#: share of the [privacy] ε that a private preprocessing round gets by default: one
+#: release of pooled column statistics (noise / all rows) beside the algorithm's several
+PREPROCESS_BUDGET_SHARE = 0.2
+
+
+def build_estimator(cfg: Mapping[str, Any], preprocessor: Any = None) -> Any:
+    """The registered front-door estimator of ``cfg['algorithm']``, seeded by ``cfg['seed']``.
+
+    After a private ``preprocessor``, the estimator's privacy carries its
+    release as ``prior``: the accountant composes both within ``[privacy]``'s ε.
+    """
     params = dict(cfg["algorithm"])
     algorithm = get_algorithm(params.pop("name"))
     if cfg.get("privacy"):
         from .privacy import DifferentialPrivacy
 
         params["privacy"] = DifferentialPrivacy.from_config(cfg["privacy"])
+        plan = getattr(preprocessor, "privacy_plan_", None)
+        if plan is not None:
+            params["privacy"] = params["privacy"].after(plan)
     return algorithm.estimator(**params, random_state=cfg["seed"])
 
 
@@ -146,7 +158,7 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     cap = _CaptureTransport(bool(cfg.get("simulation", {}).get("secure_aggregation", False)))
     try:
-        algorithm.fit(build_estimator(cfg), fed, cap)
+        algorithm.fit(build_estimator(cfg, pre), fed, cap)
     except _Captured:
         if pre is None:
             return cap.protocol, cap.devices, int(cap.seed)
@@ -186,6 +198,15 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     from .preprocess import FederatedPreprocessor, check_no_missing
 
     progress = bool(cfg.get("simulation", {}).get("progress", False))
+    if cfg.get("privacy"):  # the run's budget covers the preprocessing release too
+        from .privacy import DifferentialPrivacy
+
+        opts["privacy"] = DifferentialPrivacy.from_config(cfg["privacy"])
+        opts.setdefault("budget_share", PREPROCESS_BUDGET_SHARE)
+        if "bounds" not in opts:
+            raise ConfigError("[preprocess] needs bounds = [[low, high], ...] (a public range "
+                              "per column) under [privacy]: the preprocessing round is private "
+                              "too")
     pre = FederatedPreprocessor(**opts, progress=progress)
     columns = names = None
     if sites is not None:
@@ -284,7 +305,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
 
         wire = SiteTransformTransport(wire, dict(enumerate(fed.extra["raw_devices"])), pre)
     with config_errors(cfg, "algorithm", source):
-        model = build_estimator(cfg)
+        model = build_estimator(cfg, pre)
         algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
     n_points = sum(len(X) for X in fed.devices)
@@ -320,6 +341,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
                 entry["cost_ratio_vs_centralized"] = entry["kmeans_cost"] / ref
     if pre is not None:
         out["preprocess"] = {"impute": pre.impute, "scale": pre.scale,
+                             "privacy": _json_privacy(getattr(pre, "privacy_", None)),
                              "communication": _comm(pre.communication_, len(fed.devices))}
     exported = predictor = preds = None
     if algorithm.export is not None:

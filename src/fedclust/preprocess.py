@@ -13,11 +13,17 @@ The result equals scikit-learn's ``SimpleImputer(strategy="mean")`` followed by
 mean, so they add nothing to the centred sum of squares but do count as rows
 (the variance divides by the row count). Constant columns get scale 1, as in
 scikit-learn.
+
+With ``privacy`` (point level, central DP; :mod:`fedclust.privacy.columns`):
+each site clips every value to the user's public per-column range, sends the
+same message, and the server adds Gaussian noise once to the pooled row
+count, per-column counts, sums and sums of squares before computing the mean
+and scale. ε = ∞ gives the non-private result bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +33,9 @@ from .core.messages import FLOAT, INT, Message, reject
 from .core.protocol import Protocol, Request, RunLog
 from .core.registry import register_protocol
 from .core.validation import check_choice
+from .privacy import DifferentialPrivacy, PrivacyPlan, calibrate, noise_rng
+from .privacy import columns as pc
+from .privacy.mechanisms import SERVER
 
 __all__ = ["FederatedPreprocessor", "PreprocessProtocol", "PreprocessResult", "ColumnMoments",
            "PooledTransform", "IMPUTE", "SCALE"]
@@ -115,20 +124,40 @@ class PreprocessProtocol(Protocol):
     reply_types = {ACTION: ColumnMoments}
 
     def __init__(self, n_features: int, *, impute: str = "mean", scale: str = "standard",
-                 columns: Sequence[str] = (), names: Sequence[str] = ()):
+                 columns: Sequence[str] = (), names: Sequence[str] = (),
+                 privacy: DifferentialPrivacy | None = None, lower: Sequence[float] = (),
+                 upper: Sequence[float] = ()):
         self.n_features = int(n_features)
         self.impute = check_choice(impute, "impute", IMPUTE)
         self.scale = check_choice(scale, "scale", SCALE)
         self.columns = [str(c) for c in columns]
         self.names = [str(n) for n in names]
+        self.privacy = privacy
+        self.plan: PrivacyPlan | None = None
+        if privacy is not None:
+            if privacy.unit != "point":
+                raise ValidationError(
+                    f"privacy: FederatedPreprocessor supports unit='point' only, got "
+                    f"unit={privacy.unit!r} (a whole site's column moments have no bound)")
+            bounds = np.column_stack([lower, upper]) if len(lower) else None
+            self.lower, self.upper = pc.column_ranges(bounds, self.n_features, self.columns)
+            self.plan = calibrate(privacy, [pc.column_moments_release(self.n_features)],
+                                  family="the preprocessing")
 
     def config(self) -> dict[str, Any]:
-        return {"n_features": self.n_features, "impute": self.impute, "scale": self.scale,
-                "columns": list(self.columns), "names": list(self.names)}
+        cfg = {"n_features": self.n_features, "impute": self.impute, "scale": self.scale,
+               "columns": list(self.columns), "names": list(self.names)}
+        if self.privacy is not None:
+            cfg.update({f"privacy_{k}": v for k, v in self.privacy.to_config().items()})
+            cfg.update(lower=self.lower.tolist(), upper=self.upper.tolist())
+        return cfg
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "PreprocessProtocol":
         cfg = dict(config)
+        priv = {k[len("privacy_"):]: cfg.pop(k) for k in list(cfg) if k.startswith("privacy_")}
+        if priv:
+            cfg["privacy"] = DifferentialPrivacy.from_config(priv)
         return cls(cfg.pop("n_features"), **cfg)
 
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
@@ -165,6 +194,12 @@ class PreprocessProtocol(Protocol):
             mz = np.divide(r.total, n, out=np.zeros_like(mean), where=n > 0)
             m2 += r.m2 + n * (mz - mean) ** 2
         var = m2 / n_rows  # imputed cells sit at the mean: rows count, deviations do not
+        if self.plan is not None and self.privacy.private:
+            std = self.plan.releases[0].noise_std
+            rel = pc.noisy_column_moments(n_rows, count, total, m2, self.lower, self.upper, std,
+                                          noise_rng(self.privacy.noise_seed, SERVER,
+                                                    pc.PREPROCESS_STREAM))
+            mean, var, count, n_rows = rel["mean"], rel["var"], rel["count"], rel["n_rows"]
         scale = np.ones_like(mean)
         if self.scale == "standard":
             eps = np.finfo(np.float64).eps
@@ -186,6 +221,9 @@ class PreprocessProtocol(Protocol):
             raise ValidationError(f"{_where(self.names, device_id)}: no rows")
         if self.impute == "none":
             check_no_missing(X, _where(self.names, device_id), self.columns)
+        if self.privacy is not None:
+            X, n_clipped = pc.clip_columns(X, self.lower, self.upper)
+            state["n_clipped"] = np.asarray(n_clipped, dtype=np.int64)
         ok = ~np.isnan(X)
         count = ok.sum(axis=0)
         total = np.where(ok, X, 0.0).sum(axis=0)
@@ -193,6 +231,10 @@ class PreprocessProtocol(Protocol):
         m2 = np.where(ok, (X - mz) ** 2, 0.0).sum(axis=0)
         return ColumnMoments(count=count.astype(np.int64), total=total, m2=m2,
                              n_rows=np.asarray(len(X), np.int64))
+
+    def client_finish(self, message: Message | None, X: Any,
+                      state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"n_clipped": state["n_clipped"]} if "n_clipped" in state else {}
 
 
 class FederatedPreprocessor:
@@ -206,6 +248,21 @@ class FederatedPreprocessor:
     scale : {"standard", "none"}, default="standard"
         ``"standard"``: subtract the pooled mean, divide by the pooled standard
         deviation (population, over the imputed rows), as ``StandardScaler``.
+    privacy : DifferentialPrivacy or None, default=None
+        Point-level (ε, δ)-DP for the released mean, variance and counts
+        (central: the server adds Gaussian noise once to the pooled
+        statistics; the sites trust it with their exact column moments, as
+        without privacy). ``unit="device"`` is refused. See ``docs/privacy.md``.
+    bounds : array-like (d, 2), optional
+        Public (low, high) range of every column, needed with ``privacy``:
+        each value outside it is clipped on its site (the count per site is in
+        ``privacy_["clipped"]``). It is the user's: DP never reads the data to
+        set it. Not used without privacy.
+    budget_share : float in (0, 1], default=1.0
+        Fraction of ``privacy.epsilon`` this release is calibrated to. Below 1
+        the rest is left for the algorithm fitted next: pass it
+        ``privacy.after(preprocessor.privacy_plan_)``, and the accountant
+        composes both fits within the total ``privacy.epsilon``.
     progress : bool, default=False
         Progress bar of the default in-process transport.
 
@@ -219,6 +276,11 @@ class FederatedPreprocessor:
     feature_names_in_ : list of str
     communication_ : dict
         Byte counts of the round (``24 d + 8`` up and ``16 d`` down per site).
+    privacy_ : dict or None
+        With ``privacy``: budget, the release with its noise scale, and the
+        clipped values per site.
+    privacy_plan_ : PrivacyPlan or None
+        The calibrated release, for :meth:`DifferentialPrivacy.after`.
 
     Notes
     -----
@@ -226,10 +288,29 @@ class FederatedPreprocessor:
     fitted on the pooled rows (up to float rounding). Server work O(Z d).
     """
 
-    def __init__(self, impute: str = "mean", scale: str = "standard", *, progress: bool = False):
+    def __init__(self, impute: str = "mean", scale: str = "standard", *,
+                 privacy: DifferentialPrivacy | None = None, bounds: Any = None,
+                 budget_share: float = 1.0, progress: bool = False):
         self.impute = impute
         self.scale = scale
+        self.privacy = privacy
+        self.bounds = bounds
+        self.budget_share = budget_share
         self.progress = progress
+
+    def _protocol_privacy(self, d: int, cols: Sequence[str]) -> dict[str, Any]:
+        if self.privacy is None:
+            return {}
+        if not isinstance(self.privacy, DifferentialPrivacy):
+            raise ValidationError(f"privacy={self.privacy!r} must be a "
+                                  "fedclust.privacy.DifferentialPrivacy or None")
+        share = self.budget_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ValidationError(f"budget_share={share!r} must be a number in (0, 1]")
+        spec = self.privacy if share == 1 else replace(self.privacy,
+                                                        epsilon=self.privacy.epsilon * share)
+        low, high = pc.column_ranges(self.bounds, d, cols)
+        return {"privacy": spec, "lower": low.tolist(), "upper": high.tolist()}
 
     def fit(self, devices: Sequence[Any], y: None = None, *, columns: Sequence[str] | None = None,
             names: Sequence[str] | None = None, transport: Any = None) -> "FederatedPreprocessor":
@@ -257,13 +338,22 @@ class FederatedPreprocessor:
                                       f"with {d} columns")
         cols = [str(c) for c in columns] if columns is not None else [f"x{j}" for j in range(d)]
         protocol = PreprocessProtocol(d, impute=self.impute, scale=self.scale, columns=cols,
-                                      names=list(names or []))
+                                      names=list(names or []),
+                                      **self._protocol_privacy(d, cols))
         transport = transport or InProcessTransport(progress=self.progress)
         out = transport.run(protocol, dict(enumerate(Xs)), 0)
         res: PreprocessResult = out.result
         self._set(res.mean, res.var, res.scale, res.count, res.n_rows, cols)
         self.communication_ = out.meter.summary()
         self.run_log_ = out.log
+        self.privacy_plan_ = protocol.plan
+        self.privacy_ = None
+        if protocol.plan is not None:
+            self.privacy_ = protocol.plan.summary()
+            self.privacy_["budget_share"] = float(self.budget_share)
+            self.privacy_["clipped"] = [
+                None if out.device_outputs.get(z, {}).get("n_clipped") is None
+                else int(out.device_outputs[z]["n_clipped"]) for z in range(len(Xs))]
         return self
 
     def _set(self, mean, var, scale, count, n_rows, cols) -> None:

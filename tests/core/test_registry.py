@@ -56,7 +56,8 @@ def test_allowed_keys_are_the_estimator_signature():
     expected = {p for p in params if p not in ("self", "random_state", "progress", "privacy")}
     assert algorithm_keys("kfed") == expected
     assert set(estimator_params(registry.ALGORITHMS["distributed-lloyd"])) == {
-        "n_clusters", "points_per_device", "max_rounds", "tol", "init", "secure_aggregation"}
+        "n_clusters", "points_per_device", "max_rounds", "tol", "init", "rounds",
+        "secure_aggregation"}
 
 
 def test_unknown_key_error_lists_the_valid_keys():

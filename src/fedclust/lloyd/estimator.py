@@ -56,10 +56,14 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         few rounds converge, and fewer releases leave less noise in each).
     tol : float
         Relative cost-improvement tolerance (not used under privacy).
-    init : {"sample", "candidates"} or None
-        Raw-point sample + k-means++ (default without privacy), or the
+    init : {"sample", "candidates", "kfed"} or None
+        Raw-point sample + k-means++ (default without privacy), the
         private-capable moments + candidates initialisation (default with
-        privacy; no raw point leaves a device).
+        privacy; no raw point leaves a device), or one k-FED round (each
+        device's k local centers, grouped by the server; under privacy the
+        devices' DP local centers of ``KFed(privacy=...)``, point level only).
+    rounds : int or None
+        Alias of ``max_rounds``; give at most one of them.
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP over the whole fit (needs ``data_bound``; ``clip_norm``
         too at ``unit="device"``): the server adds Gaussian noise to the sums of
@@ -88,14 +92,16 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     Notes
     -----
     Init ``candidates`` costs each device ``(d² + d + 1) 8`` bytes up once and
-    ``M (d + 1) 8`` once; every Lloyd round ``k (d + 1) 8 + 8`` up, ``k d 8`` down.
+    ``M (d + 1) 8`` once; init ``kfed`` ``k (d + 1) 8`` once (float64 data); every Lloyd round ``k (d + 1) 8 + 8`` up, ``k d 8`` down.
     """
 
     def __init__(self, n_clusters: int = 8, *, points_per_device: int | None = None,
                  max_rounds: int | None = None, tol: float = 1e-4, init: str | None = None,
                  privacy: DifferentialPrivacy | None = None, random_state: RandomState = None,
-                 progress: bool = False, secure_aggregation: Any = False):
+                 progress: bool = False, secure_aggregation: Any = False,
+                 rounds: int | None = None):
         self.n_clusters = n_clusters
+        self.rounds = rounds
         self.points_per_device = points_per_device
         self.max_rounds = max_rounds
         self.tol = tol
@@ -127,6 +133,11 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
                                   "fedclust.privacy.DifferentialPrivacy or None")
         init = self.init or ("sample" if self.privacy is None else "candidates")
         rounds = self.max_rounds
+        if self.rounds is not None:
+            if rounds is not None:
+                raise ValidationError(f"rounds={self.rounds!r} and max_rounds={rounds!r} are the "
+                                      "same setting; give one of them")
+            rounds = self.rounds
         if rounds is None:
             rounds = 100 if self.privacy is None else 3
         protocol = DistributedLloydProtocol(k, points_per_device=ppd, max_rounds=rounds,

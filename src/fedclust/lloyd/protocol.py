@@ -11,7 +11,15 @@ Initialisation, one of
   bytes); the server fits a Gaussian and draws M candidate centers in its
   top-min(k, d) principal subspace; devices send per-candidate sums and counts
   (``M (d + 1) 8`` bytes); the server clusters the candidate centroids,
-  weighted by their counts, into k (:mod:`fedclust.privacy.kmeans`).
+  weighted by their counts, into k (:mod:`fedclust.privacy.kmeans`);
+* ``init="kfed"`` (round 0, ``"kfed"``): one k-FED round — every device
+  runs k-FED's local step with k local clusters and sends its centers and
+  counts (``k (d + 1) 8`` bytes); the server groups them into k (k-FED's
+  farthest-first + one Lloyd step). Under privacy each device computes
+  its local centers with the private moments + candidates step of
+  ``KFed(privacy=...)``, noised on the device and calibrated to its own
+  counts, and the server seeds with weighted k-means++ over them (farthest
+  first would pick the noisiest centers).
 
 Lloyd rounds (``"lloyd"``): the server broadcasts k centers (``k d 8`` bytes
 per device); each device returns per-center sums, counts and its cost
@@ -44,13 +52,18 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
 from ..privacy import DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng
 from ..privacy import kmeans as pk
-from ..privacy.mechanisms import SERVER
+from ..privacy.mechanisms import DEVICE, SERVER
+from ..kfed.local import local_kmeans
+from ..kfed.messages import LocalCenters
+from ..kfed.server import aggregate_centers
 from .messages import CandidateBroadcast, CenterBroadcast, ClusterSums, Moments, PointSample
 from ..core.protocol import Protocol, Request, RunLog
 
 __all__ = ["DistributedLloydProtocol", "DistributedLloydResult", "INITS"]
 
-INITS = ("sample", "candidates")
+INITS = ("sample", "candidates", "kfed")
+KFED_MOMENTS = "k-FED round: device moments (noised on the device)"
+KFED_CANDIDATES = "k-FED round: device candidate sums and counts (noised on the device)"
 
 
 @dataclass
@@ -85,7 +98,7 @@ class DistributedLloydProtocol(Protocol):
 
     name = "distributed-lloyd"
     reply_types = {"sample": PointSample, "lloyd": ClusterSums, "moments": Moments,
-                   "candidates": ClusterSums}
+                   "candidates": ClusterSums, "kfed": LocalCenters}
     #: the Lloyd rounds' sums, counts and costs are only added up: secure aggregation
     #: can hide each device's (the seeding sample of raw points cannot be summed)
     summed_actions = frozenset({"lloyd"})
@@ -106,6 +119,11 @@ class DistributedLloydProtocol(Protocol):
             if self.init == "sample":
                 raise ValidationError("privacy: init='sample' sends raw points; use "
                                       "init='candidates' with privacy")
+            if self.init == "kfed" and privacy.unit == "device":
+                raise ValidationError(
+                    "privacy: init='kfed' has no device-level DP (each device releases its own "
+                    "centers: local DP with noise of the order of data_bound); use "
+                    "init='candidates' with unit='device'")
             privacy.require(data_bound=True, clip_norm=privacy.unit == "device",
                             family="DistributedLloyd")
             if n_features is None:
@@ -131,8 +149,10 @@ class DistributedLloydProtocol(Protocol):
         """
         d = int(self.n_features)
         T = self.max_rounds
-        out = [pk.moments_release(self.privacy),
-               pk.sums_release(self.privacy, min(self.n_clusters, d), what=pk.CANDIDATES,
+        kfed = self.init == "kfed"
+        out = [pk.moments_release(self.privacy, what=KFED_MOMENTS if kfed else pk.MOMENTS),
+               pk.sums_release(self.privacy, min(self.n_clusters, d),
+                               what=KFED_CANDIDATES if kfed else pk.CANDIDATES,
                                share=float(T + 1))]
         if T > 1:
             out.append(pk.sums_release(self.privacy, d, repeats=T - 1))
@@ -170,7 +190,7 @@ class DistributedLloydProtocol(Protocol):
 
     def next_request(self, state: _State) -> Request | None:
         if state.round == 0:
-            return Request(0, "sample" if self.init == "sample" else "moments")
+            return Request(0, {"sample": "sample", "kfed": "kfed"}.get(self.init, "moments"))
         if self.init == "candidates" and state.round == 1:
             return Request(1, "candidates", state.candidates)
         if state.converged or state.lloyd_rounds >= self.max_rounds:
@@ -204,6 +224,8 @@ class DistributedLloydProtocol(Protocol):
             self._candidates_from_moments(state, request, [replies[z] for z in ids])
         elif request.action == "candidates":
             self._centers_from_candidates(state, request, [replies[z] for z in ids])
+        elif request.action == "kfed":
+            self._centers_from_kfed(state, [replies[z] for z in ids])
         else:
             self._lloyd_step(state, request, [replies[z] for z in ids])
         state.round += 1
@@ -254,6 +276,17 @@ class DistributedLloydProtocol(Protocol):
             seed=sklearn_seed(server_rng(state.seed, 2)))
         cb = state.candidates
         state.centers = pk.lift(centers, cb.mean, cb.basis)
+
+    def _centers_from_kfed(self, state: _State, replies: list[LocalCenters]) -> None:
+        centers = [r.centers.astype(np.float64) for r in replies]
+        counts = [r.counts for r in replies]
+        if self.plan is None:   # k-FED's own server: farthest-first, one Lloyd step
+            agg = aggregate_centers(centers, self.n_clusters, counts=counts,
+                                    rng=server_rng(state.seed))
+        else:                   # noisy centers: weighted k-means++, restarts, full Lloyd
+            agg = aggregate_centers(centers, self.n_clusters, counts=counts, method="kmeans++",
+                                    weighted=True, rng=server_rng(state.seed))
+        state.centers = agg.centers
 
     def _lloyd_step(self, state: _State, request: Request, replies: list[ClusterSums]) -> None:
         sums = sum(r.sums for r in replies)
@@ -307,6 +340,8 @@ class DistributedLloydProtocol(Protocol):
             rng = device_rng(seed, device_id, request.round)
             idx = rng.choice(n, size=m, replace=False)
             return PointSample(points=X[idx].copy(), n_points=np.asarray(n, dtype=np.int64))
+        if request.action == "kfed":
+            return self._kfed_step(X, device_id, seed, state)
         if request.action == "moments":
             n, s, Q = pk.device_moments(self._clipped(X, state), spec)
             return Moments(n=np.asarray(n, dtype=np.float64), s=s, Q=Q)
@@ -329,6 +364,21 @@ class DistributedLloydProtocol(Protocol):
             cost = 0.0 if spec.private else float(mind.sum())
             return ClusterSums(sums=sums, counts=counts, cost=np.asarray(cost))
         raise ValidationError(f"distributed Lloyd has no client action {request.action!r}")
+
+    def _kfed_step(self, X: np.ndarray, device_id: int, seed: int,
+                   state: dict[str, np.ndarray]) -> LocalCenters:
+        """k-FED's device step with k local clusters (private: the DP local centers)."""
+        k = self.n_clusters
+        rng = device_rng(seed, device_id, 0)
+        if self.plan is None:
+            return local_kmeans(X, k, rng, device=f"device {device_id}").message
+        Xc = self._clipped(X, state)
+        centers, counts = pk.private_local_centers(
+            Xc, k, self.privacy, self.plan.releases[:2], rng,
+            noise_rng(self.privacy.noise_seed, DEVICE, device_id, 0),
+            seed=int(rng.integers(0, 2**31 - 1)))
+        return LocalCenters(centers=centers.astype(X.dtype, copy=False),
+                            counts=np.maximum(np.rint(counts), 1).astype(np.int64))
 
     def client_finish(self, message: Message | None, X: np.ndarray,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -6,8 +6,12 @@
   composed with ``dp-accounting`` (PLD or RDP) within the total budget.
 * :mod:`~fedclust.privacy.mechanisms` — clipping and Gaussian noise, from an
   OS-seeded generator (never the run's ``random_state``).
-* :mod:`~fedclust.privacy.moments` — the private moments and candidate
+* :mod:`~fedclust.privacy.kmeans` — the private moments and candidate
   initialisation shared by the k-means families.
+* :mod:`~fedclust.privacy.columns` — the private column moments of the
+  federated preprocessing (public per-column ranges).
+* :meth:`DifferentialPrivacy.after` — the budget left to a fit that follows
+  another on the same data (the accountant composes both).
 
 A wing declares its releases and calls these; it never draws privacy noise
 from its own random streams. See ``docs/privacy.md`` for each family's

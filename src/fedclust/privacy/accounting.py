@@ -76,6 +76,12 @@ class PrivacyPlan:
     releases: tuple[Release, ...] = field(default_factory=tuple)
     epsilon_spent: float = 0.0
 
+    @property
+    def prior(self) -> tuple[Release, ...]:
+        """The releases made before this fit (``spec.prior``), calibrated already."""
+        return tuple(Release(what, sens, reps, 1.0, mult)
+                     for what, sens, reps, mult in self.spec.prior)
+
     def release(self, what_prefix: str) -> Release:
         """The release whose ``what`` starts with ``what_prefix``."""
         for r in self.releases:
@@ -90,7 +96,7 @@ class PrivacyPlan:
                 "accountant": s.accountant, "epsilon_spent": self.epsilon_spent,
                 "data_bound": s.data_bound, "clip_norm": s.clip_norm,
                 "noise_seeded": s.noise_seed is not None,
-                "releases": [r.as_dict() for r in self.releases]}
+                "releases": [r.as_dict() for r in self.prior + self.releases]}
 
 
 def _dp_accounting():
@@ -134,30 +140,43 @@ def _multipliers(releases: Sequence[Release], z: float) -> tuple[tuple[float, in
     return tuple((z / math.sqrt(r.share), r.repeats) for r in releases)
 
 
+def _prior(spec: DifferentialPrivacy) -> tuple[tuple[float, int], ...]:
+    """The fixed (multiplier, repeats) of the releases made before this fit."""
+    return tuple((mult, reps) for _, _, reps, mult in spec.prior if mult > 0 and reps > 0)
+
+
 def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
               family: str = "this fit") -> PrivacyPlan:
     """Noise multipliers for ``releases`` so that their composition is (ε, δ)-DP.
 
     Bisection over one scale ``z`` (relative precision 1e-3) keeping the
     upper end, so the composed ε reported by the accountant never exceeds
-    ``spec.epsilon``. Raises :class:`ValidationError` naming the smallest ε
-    that works when the budget would need a multiplier above
-    :data:`MAX_NOISE_MULTIPLIER`.
+    ``spec.epsilon``. The releases of ``spec.prior`` (made earlier in the
+    run, their noise fixed) are composed with ``releases``. Raises
+    :class:`ValidationError` naming the smallest ε that works when the budget
+    would need a multiplier above :data:`MAX_NOISE_MULTIPLIER`.
     """
     releases = tuple(releases)
     for r in releases:
         if not (r.sensitivity > 0 and math.isfinite(r.sensitivity)) or r.repeats < 0 or r.share <= 0:
             raise ValidationError(f"privacy: bad release declaration {r}")
+    if spec.private and any(not mult > 0 for _, _, reps, mult in spec.prior if reps > 0):
+        raise ValidationError("privacy: a prior release without noise (made at epsilon=inf) "
+                              f"cannot be composed into epsilon={spec.epsilon:g}")
     if not spec.private or not releases:
-        return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=0.0) for r in releases), 0.0)
+        spent = (composed_epsilon(_prior(spec), spec.delta, spec.accountant)
+                 if spec.private and _prior(spec) else 0.0)
+        return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=0.0) for r in releases), spent)
     eps, delta, acc = float(spec.epsilon), float(spec.delta), spec.accountant
-    f = lambda z: composed_epsilon(_multipliers(releases, z), delta, acc)  # noqa: E731
+    prior = _prior(spec)
+    f = lambda z: composed_epsilon(prior + _multipliers(releases, z), delta, acc)  # noqa: E731
     z_max = MAX_NOISE_MULTIPLIER * math.sqrt(min(r.share for r in releases))
     n_releases = sum(r.repeats for r in releases)
     eps_min = f(z_max)
     if eps_min > eps:
         raise ValidationError(
-            f"privacy: epsilon={eps:g} is too small for the {n_releases} releases of {family} "
+            f"privacy: epsilon={eps:g} is too small for the {n_releases} releases of {family}"
+            f"{' after the earlier releases of the run' if prior else ''} "
             f"(the noise would exceed {MAX_NOISE_MULTIPLIER:g} x the sensitivity); the smallest "
             f"epsilon that works is {eps_min:.4g} (or declare fewer rounds)")
     # bracket [lo, hi] with f(lo) > eps >= f(hi); multipliers below _MIN_MULTIPLIER are

@@ -8,9 +8,10 @@ bound. Estimators take it as ``privacy=`` and hand it to
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ..core.exceptions import ValidationError
@@ -59,6 +60,11 @@ class DifferentialPrivacy:
         never from ``random_state``.
     accountant : {"pld", "rdp"}
         Privacy-loss-distribution (tight) or Rényi accountant of ``dp-accounting``.
+    prior : tuple of (what, sensitivity, repeats, noise multiplier), optional
+        Releases already made on the same data within the same total budget
+        (e.g. by a private :class:`~fedclust.preprocess.FederatedPreprocessor`
+        before the algorithm; see :meth:`after`). The accountant composes them
+        with this fit's releases, so ``epsilon`` stays the total of the run.
 
     Examples
     --------
@@ -72,6 +78,7 @@ class DifferentialPrivacy:
     clip_norm: float | None = None
     noise_seed: int | None = None
     accountant: str = "pld"
+    prior: tuple = ()
 
     def __post_init__(self) -> None:
         eps = _real(self.epsilon, "epsilon")
@@ -96,6 +103,22 @@ class DifferentialPrivacy:
                 isinstance(self.noise_seed, bool) or not isinstance(self.noise_seed, numbers.Integral)
                 or self.noise_seed < 0):
             raise ValidationError(f"privacy: noise_seed={self.noise_seed!r} must be an int >= 0")
+        prior = []
+        for r in self.prior:
+            try:
+                what, sens, reps, mult = r
+                prior.append((str(what), float(sens), int(reps), float(mult)))
+            except (TypeError, ValueError):
+                raise ValidationError(f"privacy: prior release {r!r} must be (what, sensitivity, "
+                                      "repeats, noise multiplier)") from None
+        object.__setattr__(self, "prior", tuple(prior))
+
+    def after(self, plan: Any) -> "DifferentialPrivacy":
+        """The same request with ``plan``'s calibrated releases (and their priors) as
+        :attr:`prior`: what a fit that follows ``plan`` on the same data has left."""
+        done = tuple((r.what, r.sensitivity, r.repeats, r.noise_multiplier)
+                     for r in plan.releases)
+        return replace(self, prior=tuple(plan.spec.prior) + done)
 
     @property
     def private(self) -> bool:
@@ -122,6 +145,8 @@ class DifferentialPrivacy:
         for name in ("data_bound", "clip_norm", "noise_seed"):
             if getattr(self, name) is not None:
                 cfg[name] = getattr(self, name)
+        if self.prior:  # one string: configs travel as scalars and flat lists
+            cfg["prior"] = json.dumps([list(r) for r in self.prior])
         return cfg
 
     @classmethod
@@ -129,8 +154,10 @@ class DifferentialPrivacy:
         cfg = dict(cfg)
         if isinstance(cfg.get("epsilon"), str) and cfg["epsilon"].lower() in ("inf", "infinity"):
             cfg["epsilon"] = math.inf
+        if isinstance(cfg.get("prior"), str):
+            cfg["prior"] = tuple(tuple(r) for r in json.loads(cfg["prior"]))
         unknown = set(cfg) - {"epsilon", "delta", "unit", "data_bound", "clip_norm",
-                              "noise_seed", "accountant"}
+                              "noise_seed", "accountant", "prior"}
         if unknown:
             raise ValidationError(f"privacy: unknown key(s) {sorted(unknown)}")
         if "epsilon" not in cfg or "delta" not in cfg:
