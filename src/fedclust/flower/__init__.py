@@ -39,7 +39,7 @@ _WHERE = {
     "make_server_app": "apps",
     "make_client_app": "apps",
     "ServerSpec": "apps",
-    "register_protocol": "registry",
+    "register_protocol": ".core.registry",  # re-exported from fedclust.core.registry
 }
 
 

@@ -233,18 +233,17 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
     (honest devices unchanged, the same objects) and the poisoned device ids.
     Attacks (:data:`POISONS`):
 
-    ``"shift"``       X + scale · u, u a random unit vector per device;
-    ``"noise"``       X replaced by N(0, scale²) points;
-    ``"regression"``  (X, y) with y = X w_adv, w_adv ~ N(0, scale²) (arbitrary ERMs);
-    ``"label-flip"``  (X, y) with y -> n_classes - 1 - y;
-    ``"coordinated"`` colluders with data of their own, agreeing on one point
-                      ``target`` (default: one random vector of norm ``scale``
-                      drawn from the seed, shared by every poisoned device).
-                      X only: ``X - mean(X) + target`` (each keeps its own
-                      shape, so no two reports coincide); (X, y): X kept and
-                      ``y = X w_target + r``, r the device's own least-squares
-                      residuals in a random order (honest-sized noise),
-                      ``target`` the coefficients (no intercept column).
+    - ``"shift"``: X + scale · u, u a random unit vector per device;
+    - ``"noise"``: X replaced by N(0, scale²) points;
+    - ``"regression"``: (X, y) with y = X w_adv, w_adv ~ N(0, scale²) (arbitrary ERMs);
+    - ``"label-flip"``: (X, y) with y -> n_classes - 1 - y;
+    - ``"coordinated"``: colluders with data of their own, agreeing on one point
+      ``target`` (default: one random vector of norm ``scale`` drawn from the
+      seed, shared by every poisoned device). X only: ``X - mean(X) + target``
+      (each keeps its own shape, so no two reports coincide); (X, y): X kept and
+      ``y = X w_target + r``, r the device's own least-squares residuals in a
+      random order (honest-sized noise), ``target`` the coefficients (no
+      intercept column).
 
     The poisoned devices are :func:`choose_byzantine` of the ids (so the same
     seed poisons the same devices a tamper hook would make lie).
