@@ -180,6 +180,25 @@ def test_fedavg_secure_sums_match_plaintext_and_hide_updates():
             fed.devices, fed.labels, transport=InProcessTransport(secure_aggregation=True))
 
 
+def test_fedavg_keyword_equals_the_secure_transport_and_refuses_what_it_cannot_sum():
+    from fedclust.fl import FedAvg, rotated_federation
+    from fedclust.privacy import DifferentialPrivacy
+
+    fed = rotated_federation(1, n_devices=5, n_train=20, n_test=5)
+    kw = dict(rounds=2, lr=0.2, random_state=3)
+    by_transport = FedAvg("softmax", **kw).fit(
+        fed.devices, fed.labels, transport=InProcessTransport(secure_aggregation=True))
+    by_keyword = FedAvg("softmax", secure_aggregation=True, **kw).fit(fed.devices, fed.labels)
+    np.testing.assert_array_equal(by_keyword.models_, by_transport.models_)
+    assert by_keyword.communication_["secure_exchanges"] == 3 * 2
+    with pytest.raises(ValidationError, match="transport has secure_aggregation off"):
+        FedAvg("softmax", secure_aggregation=True, **kw).fit(
+            fed.devices, fed.labels, transport=InProcessTransport())
+    dp = DifferentialPrivacy(epsilon=1.0, delta=1e-5, unit="device", clip_norm=1.0)
+    with pytest.raises(ValidationError, match="not available for FedAvg"):
+        FedAvg("softmax", secure_aggregation=True, privacy=dp, **kw).fit(fed.devices, fed.labels)
+
+
 def test_fedavg_secure_on_flower_message_api_is_identical():
     pytest.importorskip("flwr")
     from fedclust.fl import FedAvg, rotated_federation

@@ -19,6 +19,7 @@ from sklearn.utils import ClassifierTags, RegressorTags
 from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
+from ..core.secure_sum import SecureAggregation
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_devices, check_int, check_n_features
 from ..privacy import DifferentialPrivacy
@@ -180,7 +181,14 @@ class _FLEstimator(BaseEstimator):
             if len(tX) != len(Xs):
                 raise ValidationError(f"test_X has {len(tX)} devices, the federation {len(Xs)}")
             tests = (tX, ty)
-        transport = transport or InProcessTransport(progress=self.progress)
+        secure = SecureAggregation.coerce(getattr(self, "secure_aggregation", False))
+        if transport is None:
+            transport = InProcessTransport(progress=self.progress,
+                                           secure_aggregation=secure or False)
+        elif secure is not None and not getattr(transport, "secure_aggregation", False):
+            raise ValidationError(
+                "secure_aggregation=True but the given transport has secure_aggregation off: "
+                "pass secure_aggregation=True to the transport too")
         protocol = self._build(Xs, ys, ids, eval_every=1 if tests else 0)
         if getattr(transport, "secure_aggregation", False) \
                 and "secure_sum" in getattr(self._protocol_cls, "_EXTRA_KEYS", ()):
@@ -337,6 +345,12 @@ class FedAvg(_FLEstimator):
         noise, one release per round (:class:`fedclust.fl.protocol.FLProtocol`);
         needs ``aggregator="mean"`` and ``selection="random"``; updates are
         unweighted. See ``docs/privacy.md``.
+    secure_aggregation : bool or SecureAggregation, default=False
+        Sum every training round's updates by secure aggregation
+        (:mod:`fedclust.core.secure_sum`): the server learns only their weighted
+        total, to ``2**-20`` fixed-point precision per device. Needs
+        ``aggregator="mean"``; not with ``privacy`` (DP-FedAvg clips each update on
+        the server). Each secure round costs 3 extra exchanges.
 
     Attributes
     ----------
@@ -369,7 +383,8 @@ class FedAvg(_FLEstimator):
                  n_candidates: int | None = None, n_clusters: int = 10,
                  n_local_clusters: int = 1, kfed_server: str = "kmeans++",
                  n_hidden: int = 200, l2: float = 0.0, privacy: DifferentialPrivacy | None = None,
-                 random_state: RandomState = None, progress: bool = False):
+                 random_state: RandomState = None, progress: bool = False,
+                 secure_aggregation: Any = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
                          beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
@@ -380,6 +395,7 @@ class FedAvg(_FLEstimator):
         self.n_local_clusters = n_local_clusters
         self.kfed_server = kfed_server
         self.privacy = privacy
+        self.secure_aggregation = secure_aggregation
 
     def _extra_config(self, n_devices):
         return {**self._selection_config(),
