@@ -251,8 +251,9 @@ class SitePreprocessProtocol(SiteTransformProtocol):
         self.columns = [str(c) for c in columns] or [f"x{j}" for j in range(d)]
         self.moments = PreprocessProtocol(d, impute=self.impute, scale=self.scaling,
                                           columns=self.columns)
-        self.reply_types = {ACTION: ColumnMoments, _STORE: TransformReceived,
-                            **self.inner.reply_types}
+        # the inner protocol's actions first: a transport asks a late device the first one
+        self.reply_types = {**self.inner.reply_types, ACTION: ColumnMoments,
+                            _STORE: TransformReceived}
 
     @classmethod
     def wrap(cls, protocol: Protocol, preprocessor: Any, schema: Any = None
