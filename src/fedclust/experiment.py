@@ -145,13 +145,18 @@ class _CaptureTransport:
         raise _Captured
 
 
-def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
-                   ) -> tuple[Protocol, dict[int, Any], int]:
+def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None, *,
+                   preprocess_on_nodes: bool = False) -> tuple[Protocol, dict[int, Any], int]:
     """The protocol, device data and seed that ``fedclust run`` would run for ``cfg``.
 
     Goes through the registered estimator and its validation (the estimator's
     ``fit`` hands its protocol to the transport, which is captured here), so a
     deployed run is the in-process run. Device data is ``X`` or ``(X, y)``.
+    With preprocessed site data the nodes get their raw rows; ``preprocess_on_nodes``
+    wraps the protocol in :class:`~fedclust.site_protocol.SitePreprocessProtocol`
+    (the preprocessing round runs on the nodes; no statistic in the protocol's
+    config), else in :class:`~fedclust.site_protocol.SiteTransformProtocol` (the
+    pooled transform fitted here travels in the config).
     """
     fed = federation or build_federation(cfg)
     fed, pre = preprocess_federation(cfg, fed)
@@ -164,10 +169,11 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None
             return cap.protocol, cap.devices, int(cap.seed)
         # preprocessed data: the nodes get the raw rows (or their own site files) and the
         # schema + pooled transform in the protocol, and preprocess themselves
-        from .site_protocol import SiteTransformProtocol
+        from .site_protocol import SitePreprocessProtocol, SiteTransformProtocol
 
         sites = fed.extra.get("sites")
-        protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
+        wrapper = SitePreprocessProtocol if preprocess_on_nodes else SiteTransformProtocol
+        protocol = wrapper.wrap(cap.protocol, pre,
                                               None if sites is None else sites.schema)
         raw = fed.extra["raw_devices"]
         devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]

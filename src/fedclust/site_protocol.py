@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
 from .core.exceptions import ValidationError
-from .core.messages import Message
+from .core.messages import INT, Message
 from .core.protocol import Protocol, Request, RunLog, RunOutput
 from .core.registry import protocol_from_config, register_protocol
 
-__all__ = ["SiteTransformProtocol", "SiteTransformTransport", "device_data_for"]
+__all__ = ["SiteTransformProtocol", "SitePreprocessProtocol", "SiteTransformTransport",
+           "device_data_for"]
 
 
 class SiteTransformProtocol(Protocol):
@@ -93,6 +94,23 @@ class SiteTransformProtocol(Protocol):
         return self.inner_name
 
     # -- the site's own data --------------------------------------------------------------
+    def encode(self, data: Any) -> Any:
+        """Raw site data -> encoded (not yet imputed or scaled) ``X`` or ``(X, y)``."""
+        from .sites import RawTable, encode_table, label_indices, label_values
+
+        if not isinstance(data, RawTable):
+            return data
+        if self._schema is None:
+            raise ValidationError(f"{data.path}: a table needs the federation's site schema")
+        X = encode_table(data, self._schema)
+        label = self._schema.label
+        if label is None:
+            return X
+        y = label_values(data, label)
+        if self._schema.classes is not None:
+            y = label_indices(y, self._schema.classes, data.path)
+        return X, y
+
     def local_data(self, data: Any, where: str = "site") -> Any:
         """Raw site data -> the inner protocol's input: ``X`` or ``(X, y)``, preprocessed."""
         from .sites import RawTable, encode_table, label_indices, label_values
@@ -159,7 +177,7 @@ def device_data_for(protocol: Protocol, data: Any, where: str) -> Any:
     an unlabelled file refused, by name, where the protocol cannot use it."""
     from .sites import RawTable
 
-    if isinstance(protocol, SiteTransformProtocol):
+    if isinstance(protocol, SiteTransformProtocol):  # and SitePreprocessProtocol
         return data
     if isinstance(data, RawTable):
         raise ValidationError(f"{where}: a CSV/Parquet node file needs the site schema: deploy a "
@@ -170,6 +188,168 @@ def device_data_for(protocol: Protocol, data: Any, where: str) -> Any:
         raise ValidationError(f"{where}: protocol {protocol.name!r} needs labels; the data file "
                               "has no 'y'")
     return data
+
+
+@dataclass(frozen=True)
+class TransformReceived(Message):
+    """Site -> server: the pooled transform is stored (its row count, ``8`` bytes)."""
+
+    n_rows: np.ndarray  # () int64
+    schema: ClassVar = {"n_rows": (INT, 0)}
+    kind: ClassVar[str] = "transform_received"
+
+
+_STORE = "pooled_transform"
+_MEAN, _SCALE = "_site_pre_mean", "_site_pre_scale"
+
+
+@dataclass
+class _CompositeState:
+    moments: Any
+    inner: Any
+    phase: int = 0            # 0: column moments, 1: pooled transform down, 2: inner rounds
+    pooled: Any = None        # PreprocessResult
+
+
+class SitePreprocessProtocol(SiteTransformProtocol):
+    """The preprocessing round on the sites, then ``inner`` on the pooled transform.
+
+    Round 1 (``column_moments``): each site encodes its raw rows with the site
+    schema and sends :class:`fedclust.preprocess.ColumnMoments` (``24 d + 8``
+    bytes); the server pools them exactly as :class:`FederatedPreprocessor`.
+    Round 2 (``pooled_transform``): the pooled mean and scale are broadcast
+    (``16 d`` bytes down); each site keeps them in its own state and answers
+    :class:`TransformReceived` (``8`` bytes). Then ``inner``'s rounds, unchanged,
+    each site imputing and scaling its rows with the stored transform. The
+    configuration holds the schema only, no statistic; the fitted preprocessing
+    is returned by :meth:`run_extra` (``preprocess`` in a Flower result).
+
+    Parameters
+    ----------
+    inner, inner_config : str
+        Registered protocol name and its :meth:`Protocol.config` as JSON text.
+    n_features : int
+        Encoded columns ``d``.
+    impute, scaling : str
+        The preprocessing's ``impute`` and ``scale`` settings.
+    schema : str
+        The site schema as JSON text, or ``""`` when sites hold arrays.
+    columns : list of str
+        Names of the encoded columns (errors and the saved preprocessing).
+    """
+
+    name = "site-preprocess"
+    reply_types: Mapping[str, type[Message]] = {}  # set below, once TransformReceived exists
+
+    def __init__(self, inner: str, inner_config: str, n_features: int, impute: str = "mean",
+                 scaling: str = "standard", schema: str = "", columns: Sequence[str] = ()):
+        from .preprocess import ACTION, ColumnMoments, PreprocessProtocol
+
+        d = int(n_features)
+        super().__init__(inner, inner_config, [0.0] * d, [1.0] * d, impute, scaling, schema)
+        self.n_features = d
+        self.columns = [str(c) for c in columns] or [f"x{j}" for j in range(d)]
+        self.moments = PreprocessProtocol(d, impute=self.impute, scale=self.scaling,
+                                          columns=self.columns)
+        # the inner protocol's actions first: a transport asks a late device the first one
+        self.reply_types = {**self.inner.reply_types, ACTION: ColumnMoments,
+                            _STORE: TransformReceived}
+
+    @classmethod
+    def wrap(cls, protocol: Protocol, preprocessor: Any, schema: Any = None
+             ) -> "SitePreprocessProtocol":
+        """``preprocessor`` gives the settings and column names only (not its statistics)."""
+        return cls(protocol.name, json.dumps(protocol.config()),
+                   len(preprocessor.feature_names_in_), preprocessor.impute, preprocessor.scale,
+                   json.dumps(schema.to_json()) if schema is not None else "",
+                   list(preprocessor.feature_names_in_))
+
+    def config(self) -> dict[str, Any]:
+        return {"inner": self.inner_name, "inner_config": self.inner_config,
+                "n_features": self.n_features, "impute": self.impute, "scaling": self.scaling,
+                "schema": self.schema, "columns": list(self.columns)}
+
+    # -- server ---------------------------------------------------------------------------
+    def start(self, device_ids: Sequence[int], seed: int) -> _CompositeState:
+        return _CompositeState(self.moments.start(device_ids, seed),
+                               self.inner.start(device_ids, seed))
+
+    def next_request(self, state: _CompositeState) -> Request | None:
+        from .preprocess import PooledTransform
+
+        if state.phase == 0:
+            return self.moments.next_request(state.moments)
+        if state.phase == 1:
+            return Request(round=0, action=_STORE, payload=PooledTransform(
+                mean=state.pooled.mean, scale=state.pooled.scale))
+        return self.inner.next_request(state.inner)
+
+    def check_reply(self, state: _CompositeState, request: Request, device_id: int,
+                    reply: Message) -> None:
+        if state.phase == 0:
+            self.moments.check_reply(state.moments, request, device_id, reply)
+        elif state.phase == 2:
+            self.inner.check_reply(state.inner, request, device_id, reply)
+
+    def server_step(self, state: _CompositeState, request: Request,
+                    replies: Mapping[int, Message]) -> None:
+        if state.phase == 0:
+            self.moments.server_step(state.moments, request, replies)
+            state.pooled = self.moments.finish(state.moments, RunLog())
+            state.phase = 1
+        elif state.phase == 1:
+            state.phase = 2
+        else:
+            self.inner.server_step(state.inner, request, replies)
+
+    def finish(self, state: _CompositeState, log: RunLog) -> Any:
+        return self.inner.finish(state.inner, log)
+
+    def run_extra(self, state: _CompositeState) -> dict[str, Any]:
+        """The fitted preprocessing (``FederatedPreprocessor.to_json`` + its arrays as lists)."""
+        p = state.pooled
+        if p is None:
+            return {}
+        return {"preprocess": {"impute": self.impute, "scale": self.scaling,
+                               "columns": list(self.columns), "mean": p.mean.tolist(),
+                               "var": p.var.tolist(), "scale_": p.scale.tolist(),
+                               "count": p.count.tolist(), "n_rows": int(p.n_rows)}}
+
+    # -- site -----------------------------------------------------------------------------
+    def _use(self, state: Mapping[str, np.ndarray], where: str) -> None:
+        if _MEAN not in state:
+            raise ValidationError(f"{where}: no pooled transform stored; the preprocessing "
+                                  "rounds did not reach this site")
+        m, s = np.asarray(state[_MEAN], np.float64), np.asarray(state[_SCALE], np.float64)
+        self._pre._set(m, s ** 2, s, np.zeros(len(m), np.int64), 0, self.columns)
+
+    def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
+                    state: dict[str, np.ndarray]) -> Message:
+        from .preprocess import ACTION
+
+        where = f"device {device_id}"
+        if request.action == ACTION:
+            return self.moments.client_step(request, self.encode(X), device_id=device_id,
+                                            seed=seed, state=state)
+        if request.action == _STORE:
+            p = request.payload
+            if p is None or p.mean.shape != (self.n_features,) or p.scale.shape != p.mean.shape:
+                raise ValidationError(f"{where}: the pooled transform must have "
+                                      f"{self.n_features} means and scales")
+            state[_MEAN] = np.asarray(p.mean, np.float64)
+            state[_SCALE] = np.asarray(p.scale, np.float64)
+            data = self.encode(X)
+            n = len(data[0] if isinstance(data, tuple) else data)
+            return TransformReceived(n_rows=np.asarray(n, np.int64))
+        self._use(state, where)
+        return self.inner.client_step(request, self.local_data(X, where), device_id=device_id,
+                                      seed=seed, state=state)
+
+    def client_finish(self, message: Message | None, X: Any, state: dict[str, np.ndarray]
+                      ) -> dict[str, np.ndarray]:
+        self._use(state, "site")
+        inner_state = {k: v for k, v in state.items() if k not in (_MEAN, _SCALE)}
+        return self.inner.client_finish(message, self.local_data(X), inner_state)
 
 
 @dataclass
@@ -207,3 +387,11 @@ class _InnerResult:  # placeholder type: results are saved under the inner proto
 
 
 register_protocol(SiteTransformProtocol, _InnerResult)
+def _own_reply_types() -> None:
+    from .preprocess import ACTION, ColumnMoments
+
+    SitePreprocessProtocol.reply_types = {ACTION: ColumnMoments, _STORE: TransformReceived}
+
+
+_own_reply_types()
+register_protocol(SitePreprocessProtocol, _InnerResult)

@@ -437,10 +437,11 @@ class _Server:
             self._assign_late(result, sorted(late))
         t_rounds = time.perf_counter() - t0 - t_hello
         outputs = self._finish(result, ids)
-        extra = {"nodes": {str(z): n for z, n in self.node_of.items()},
+        extra = dict(protocol.run_extra(state)) if hasattr(protocol, "run_extra") else {}
+        extra.update({"nodes": {str(z): n for z, n in self.node_of.items()},
                  "nodes_failed": {str(n): t for n, t in node_failed.items()},
                  "time_s": {"hello": t_hello, "rounds": t_rounds,
-                            "total": time.perf_counter() - t0}}
+                            "total": time.perf_counter() - t0}})
         return RunOutput(result, outputs, self.meter, log, self.seed), extra
 
     def _assign_late(self, result, late: list[int]) -> None:

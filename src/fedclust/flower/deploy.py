@@ -47,10 +47,11 @@ PACKAGE = "fedclust_app"
 
 def experiment_protocol(cfg: Mapping[str, Any]) -> tuple[Protocol, dict[int, Any], int]:
     """The protocol, device data and seed that ``fedclust run`` would run for ``cfg``
-    (:func:`fedclust.experiment.build_protocol`)."""
+    (:func:`fedclust.experiment.build_protocol`); on preprocessed site data the
+    preprocessing round is the deployed run's first round, on the nodes."""
     from ..experiment import build_protocol
 
-    return build_protocol(cfg)
+    return build_protocol(cfg, preprocess_on_nodes=True)
 
 
 def split_devices(cfg: Mapping[str, Any], out_dir: str | Path) -> list[tuple[int, Path]]:
