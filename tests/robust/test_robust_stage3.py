@@ -192,3 +192,49 @@ def test_run_log_names_the_distrusted_machines():
                               for z in kept_liars if z in distrusted)
     clean = RobustClusteredRegression(4, beta=0.3, rounds=10, random_state=0).fit(mr.Xs, mr.ys)
     assert clean.run_log_.distrusted == {}
+
+
+def test_off_axis_trimmed_mean_drops_a_tight_minority_inside_the_radius():
+    # 90 honest rows N(0, I_10) and 14 rows tight around 5 units along one axis: inside the
+    # cluster's radius (3 x the median norm, about 9), so the coordinate-wise trimmed mean
+    # keeps most of their pull
+    from fedclust.robust.server import off_axis_group, off_axis_trimmed_mean
+    rng = np.random.default_rng(11)
+    honest = rng.normal(size=(90, 10))
+    u = rng.normal(size=10)
+    u /= np.linalg.norm(u)
+    V = np.vstack([honest, 5.0 * u + 0.1 * rng.normal(size=(14, 10))])
+    agg, b, off = off_axis_trimmed_mean(V, 0.15)
+    assert agg is not None and off[90:].all() and off[:90].sum() <= 2 and b >= 14 / 104
+    coordinate = trimmed_mean(V, 0.15)
+    # left along u: about the bias of dropping the lowest 14 honest rows (truncated normal,
+    # 0.28); the coordinate-wise trimmed mean keeps more of the group's pull
+    assert abs(agg @ u) < 0.45 < abs(coordinate @ u)
+    # honest rows alone: no group, the coordinate-wise trimmed mean stays in charge
+    basis, flagged = off_axis_group(honest)
+    assert basis is None and not flagged.any()
+
+
+def test_colluders_near_a_cluster_below_the_density_count():
+    # 4 regressions in d = 8, 200 machines x 50 points; 8 colluders (4 %, fewer than the
+    # density count n/(4k) = 12.5) hold data of their own around a point 3 ERM-noise spreads
+    # from cluster 0's coefficients
+    mr = make_mixture_regression(200, 50, 8, 4, alpha=0.0, noise=0.5, random_state=23)
+    rng = np.random.default_rng(5)
+    Xs, ys = list(mr.Xs), list(mr.ys)
+    bad = rng.choice(np.flatnonzero(mr.clusters == 0), 8, replace=False)
+    u = rng.normal(size=8)
+    target = mr.coef[0] + 3 * 0.5 * np.sqrt(9 / 50) * u / np.linalg.norm(u)
+    for i in bad:
+        Xs[i] = rng.normal(size=(50, 8))
+        ys[i] = Xs[i] @ target + 0.5 * rng.normal(size=50)
+    truth = np.hstack([mr.coef, mr.intercept[:, None]])
+    errs = {}
+    for name, conf in (("plain", dict(clustering="kmeans", aggregator="mean")), ("robust", {})):
+        est = RobustClusteredRegression(4, beta=0.15, rounds=10, random_state=3, **conf).fit(
+            Xs, ys)
+        errs[name] = estimation_error(np.hstack([est.coef_, est.intercept_[:, None]]), truth)
+    clusters = mr.clusters.copy()
+    clusters[bad] = -1
+    assert misclustering_rate(est.device_clusters_, clusters) == 0.0
+    assert errs["robust"] < 0.6 * errs["plain"], errs

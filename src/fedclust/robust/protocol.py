@@ -36,8 +36,8 @@ from ..fl.messages import ModelUpdate
 from ..fl.models import LinearRegression, LogisticRegression
 from .local import local_erm, local_logistic_erm
 from .messages import ClusterParams, LocalERM
-from .server import (CLUSTERINGS, OPTIMIZERS, STAGE3_AGGREGATORS, cluster_erms, robust_step,
-                     share_beta)
+from .server import (CLUSTERINGS, OPTIMIZERS, STAGE3_AGGREGATORS, cluster_erms,
+                     off_axis_trimmed_mean, robust_step, share_beta)
 
 __all__ = ["RobustRegressionProtocol", "RobustRegressionResult"]
 
@@ -214,6 +214,14 @@ class RobustRegressionProtocol(Protocol):
         if out.suspect is not None:
             state.suspect = {z: bool(f) for z, f in zip(ids, out.suspect)}
         state.models = np.array(out.centers, dtype=np.float64)
+        if self.adaptive_beta and self.aggregator == "trimmed-mean":
+            # a tight off-centre minority inside a cluster's radius pulls its centre; start
+            # stage 3 from the members' ERMs trimmed along their largest deviation instead
+            for j in range(state.models.shape[0]):
+                sel = out.labels == j
+                agg, _, _ = off_axis_trimmed_mean(W[sel], self.beta, self.radius)
+                if agg is not None:
+                    state.models[j] = agg
         state.initial = state.models.copy()
         state.history = out.history.astype(np.int64)
         state.n_iter = out.n_iter
