@@ -33,7 +33,7 @@ from .core.messages import FLOAT, INT, Message, reject
 from .core.protocol import Protocol, Request, RunLog
 from .core.registry import register_protocol
 from .core.validation import check_choice
-from .privacy import DifferentialPrivacy, PrivacyPlan, calibrate, noise_rng
+from .privacy import DifferentialPrivacy, PrivacyPlan, calibrate, noise_rng, pop_privacy, privacy_config
 from .privacy import columns as pc
 from .privacy.mechanisms import SERVER
 
@@ -148,16 +148,16 @@ class PreprocessProtocol(Protocol):
         cfg = {"n_features": self.n_features, "impute": self.impute, "scale": self.scale,
                "columns": list(self.columns), "names": list(self.names)}
         if self.privacy is not None:
-            cfg.update({f"privacy_{k}": v for k, v in self.privacy.to_config().items()})
+            cfg.update(privacy_config(self.privacy))
             cfg.update(lower=self.lower.tolist(), upper=self.upper.tolist())
         return cfg
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "PreprocessProtocol":
         cfg = dict(config)
-        priv = {k[len("privacy_"):]: cfg.pop(k) for k in list(cfg) if k.startswith("privacy_")}
-        if priv:
-            cfg["privacy"] = DifferentialPrivacy.from_config(priv)
+        privacy = pop_privacy(cfg)
+        if privacy is not None:
+            cfg["privacy"] = privacy
         return cls(cfg.pop("n_features"), **cfg)
 
     def start(self, device_ids: Sequence[int], seed: int) -> _State:

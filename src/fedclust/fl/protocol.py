@@ -53,7 +53,8 @@ from .messages import LossReport, ModelParams, ModelSet, ModelUpdate, SummedUpda
 from .models import MODEL_KINDS, Model, build_model
 from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
-from ..privacy import DifferentialPrivacy, PrivacyPlan, Release, calibrate, noise_rng
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, noise_rng, pop_privacy,
+                       privacy_config)
 from ..privacy.mechanisms import SERVER, clip_contribution
 
 __all__ = ["FLProtocol", "FedAvgProtocol", "FLResult", "FEATURE_MAPS", "feature_map"]
@@ -243,17 +244,15 @@ class FLProtocol(Protocol):
     def config(self) -> dict[str, Any]:
         cfg = {k: getattr(self, k) for k in self._KEYS + self._EXTRA_KEYS}
         if self.plan is not None:
-            cfg.update({f"privacy_{key}": v for key, v in self.privacy.to_config().items()})
-            cfg["noise_multipliers"] = [r.noise_multiplier for r in self.plan.releases]
+            cfg.update(privacy_config(self.privacy, self.plan))
         return cfg
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "FLProtocol":
         cfg = dict(config)
-        priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg)
-                if key.startswith("privacy_")}
-        if priv:
-            cfg["privacy"] = DifferentialPrivacy.from_config(priv)
+        privacy = pop_privacy(cfg)
+        if privacy is not None:
+            cfg["privacy"] = privacy
         return cls(**cfg)
 
     # -- server ---------------------------------------------------------------

@@ -43,7 +43,8 @@ import numpy as np
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import FLOAT, Message, reject
 from ..core.protocol import Request, RunLog
-from ..privacy import DifferentialPrivacy, PrivacyPlan, calibrate, clip_contribution, clip_points
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, calibrate, clip_contribution, clip_points,
+                       pop_privacy, privacy_config)
 from ..privacy import kmeans as pk
 from ..privacy import gaussian, noise_rng
 from ..privacy.mechanisms import SERVER
@@ -115,16 +116,13 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
 
     def config(self) -> dict[str, Any]:
         cfg = super().config()
-        cfg.update({f"privacy_{key}": v for key, v in self.privacy.to_config().items()})
-        cfg["noise_multipliers"] = [r.noise_multiplier for r in self.plan.releases]
+        cfg.update(privacy_config(self.privacy, self.plan))
         return cfg
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "PrivateGaussClassifierProtocol":
         cfg = dict(config)
-        priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg)
-                if key.startswith("privacy_")}
-        return cls(privacy=DifferentialPrivacy.from_config(priv), **cfg)
+        return cls(privacy=pop_privacy(cfg), **cfg)
 
     # -- server ------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> _State:

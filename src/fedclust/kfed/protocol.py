@@ -29,7 +29,8 @@ from ..core.messages import Message
 from .messages import LabelMap, LocalCenters
 from .server import SERVER_METHODS, aggregate_centers, assign_to_centers
 from ..core.protocol import Protocol, Request, RunLog
-from ..privacy import DifferentialPrivacy, PrivacyPlan, calibrate, clip_points, noise_rng
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, calibrate, clip_points, noise_rng, pop_privacy,
+                       privacy_config)
 from ..privacy import kmeans as pk
 from ..privacy.mechanisms import DEVICE
 
@@ -154,8 +155,7 @@ class KFedProtocol(Protocol):
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
         if self.plan is not None:
-            cfg.update({f"privacy_{key}": v for key, v in self.privacy.to_config().items()})
-            cfg["noise_multipliers"] = [r.noise_multiplier for r in self.plan.releases]
+            cfg.update(privacy_config(self.privacy, self.plan))
         if isinstance(self.n_local_clusters, int):
             cfg["n_local_clusters"] = self.n_local_clusters
         else:
@@ -171,10 +171,9 @@ class KFedProtocol(Protocol):
             ids = cfg.pop("n_local_clusters_ids")
             vals = cfg.pop("n_local_clusters_values")
             cfg["n_local_clusters"] = dict(zip(ids, vals))
-        priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg)
-                if key.startswith("privacy_")}
-        if priv:
-            cfg["privacy"] = DifferentialPrivacy.from_config(priv)
+        privacy = pop_privacy(cfg)
+        if privacy is not None:
+            cfg["privacy"] = privacy
         n_clusters = cfg.pop("n_clusters")
         n_local = cfg.pop("n_local_clusters")
         return cls(n_clusters, n_local, **cfg)

@@ -50,7 +50,8 @@ from ..core.random import device_rng, server_rng, sklearn_seed
 from ..core.validation import check_choice, check_float, check_int
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
-from ..privacy import DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng,
+                       pop_privacy, privacy_config)
 from ..privacy import kmeans as pk
 from ..privacy.mechanisms import DEVICE, SERVER
 from ..kfed.local import local_kmeans
@@ -171,17 +172,15 @@ class DistributedLloydProtocol(Protocol):
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
         if self.plan is not None:
-            cfg.update({f"privacy_{key}": v for key, v in self.privacy.to_config().items()})
-            cfg["noise_multipliers"] = [r.noise_multiplier for r in self.plan.releases]
+            cfg.update(privacy_config(self.privacy, self.plan))
         return cfg
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "DistributedLloydProtocol":
         cfg = dict(config)
-        priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg)
-                if key.startswith("privacy_")}
-        if priv:
-            cfg["privacy"] = DifferentialPrivacy.from_config(priv)
+        privacy = pop_privacy(cfg)
+        if privacy is not None:
+            cfg["privacy"] = privacy
         return cls(cfg.pop("n_clusters"), **cfg)
 
     # -- server --------------------------------------------------------------

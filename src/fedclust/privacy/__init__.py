@@ -23,9 +23,25 @@ from .mechanisms import clip_contribution, clip_points, gaussian, noise_rng, sym
 from .spec import DifferentialPrivacy, UNITS
 from ..core.exceptions import ValidationError
 
-__all__ = ["DifferentialPrivacy", "Release", "PrivacyPlan", "calibrate", "composed_epsilon",
+__all__ = ["DifferentialPrivacy", "privacy_config", "pop_privacy", "Release", "PrivacyPlan", "calibrate", "composed_epsilon",
            "clip_points", "clip_contribution", "noise_rng", "gaussian", "symmetric_gaussian",
            "UNITS", "MAX_NOISE_MULTIPLIER", "refuse_privacy"]
+
+
+def privacy_config(privacy: "DifferentialPrivacy", plan: "PrivacyPlan | None" = None) -> dict:
+    """A protocol's privacy as config keys (``privacy_*``, and the calibrated
+    ``noise_multipliers`` of ``plan``): what a Flower client rebuilds it from."""
+    cfg = {f"privacy_{key}": v for key, v in privacy.to_config().items()}
+    if plan is not None:
+        cfg["noise_multipliers"] = [r.noise_multiplier for r in plan.releases]
+    return cfg
+
+
+def pop_privacy(cfg: dict) -> "DifferentialPrivacy | None":
+    """Remove the ``privacy_*`` keys :func:`privacy_config` wrote from ``cfg``; the privacy
+    they describe, or None."""
+    priv = {key[len("privacy_"):]: cfg.pop(key) for key in list(cfg) if key.startswith("privacy_")}
+    return DifferentialPrivacy.from_config(priv) if priv else None
 
 
 def refuse_privacy(privacy: object, family: str, missing: str) -> None:
