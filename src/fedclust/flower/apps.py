@@ -262,14 +262,7 @@ class _Server:
             content = request_to_content(self.protocol, request, self.seed, payload, **head)
             msgs.append(Message(content, dst_node_id=self.node_of[z],
                                 message_type=f"query.{action}", group_id=str(request.round)))
-        replies = self.grid.send_and_receive(msgs, timeout=self.spec.round_timeout_s)
-        device_of = {n: z for z, n in self.node_of.items()}
-        got: dict[int, Message | None] = {z: None for z in targets}
-        for r in replies:
-            z = device_of.get(int(r.metadata.src_node_id))
-            if z in got:
-                got[z] = r
-        return got
+        return self._exchange(msgs, targets)
 
     def hello(self) -> dict[int, str]:
         """Map device ids to node ids; returns node failures (node id -> reason)."""
