@@ -1,14 +1,12 @@
-"""DP Gaussian classifier (noisy per-class moments, PSD repair) and the clustering refusal."""
+"""DP Gaussian classifier (noisy per-class moments, PSD repair)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import pytest
 
-from fedclust import FedGaussClassifier, FedGaussClustering
-from fedclust.core.exceptions import ValidationError
+from fedclust import FedGaussClassifier
 from fedclust.privacy import DifferentialPrivacy
 
 
@@ -50,28 +48,3 @@ def test_accuracy_improves_with_budget():
         eps, 1e-6, data_bound=8.0, noise_seed=s), random_state=0).fit(Xs, ys).score(X, y)
         for s in range(3)]) for eps in (0.05, 4.0)]
     assert acc[1] > 0.95 and acc[1] >= acc[0]
-
-
-def test_clustering_refuses_privacy():
-    Xs, _, _, _ = two_classes()
-    with pytest.raises(ValidationError) as exc:
-        FedGaussClustering(privacy=DifferentialPrivacy(1.0, 1e-6, data_bound=5.0)).fit(Xs)
-    assert "no differentially private version yet" in str(exc.value)
-    assert "\n" not in str(exc.value)
-
-
-def test_diagonal_release_and_noise_floor():
-    Xs, ys, X, y = two_classes(3, n=400, d=6)
-    exact = FedGaussClassifier(covariance="diag", privacy=DifferentialPrivacy(
-        math.inf, 1e-6, data_bound=100.0), random_state=0).fit(Xs, ys)
-    for c in (0, 1):
-        i = list(exact.cluster_classes_).index(c)
-        Xc = X[y == c]
-        assert np.allclose(exact.scatters_[i], ((Xc - Xc.mean(0)) ** 2).sum(0))
-    dp = DifferentialPrivacy(0.3, 1e-6, data_bound=10.0, noise_seed=4)
-    m = FedGaussClassifier(covariance="diag", privacy=dp, random_state=0).fit(Xs, ys)
-    rel = m.privacy_["releases"][0]
-    assert rel["sensitivity"] == pytest.approx(math.sqrt(3) * 100.0)
-    # no variance below its own noise level (the repair), so no class is spuriously peaked
-    var = m.scatters_ / m.counts_[:, None]
-    assert (var >= rel["noise_std"] / m.counts_[:, None] * (1 - 1e-2)).all()

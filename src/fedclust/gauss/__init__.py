@@ -15,6 +15,7 @@ from .hooks import (GaussPredictor, fit_classifier, gauss_blobs, gauss_classifie
                     gauss_result_fields, plot_gauss)
 from .protocol import GaussClassifierProtocol, GaussProtocol, GaussResult
 from .private import PrivateGaussClassifierProtocol
+from .private_clustering import PrivateGaussProtocol
 
 __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier", "GaussProtocol",
            "GaussClassifierProtocol", "GaussResult"]
@@ -22,6 +23,7 @@ __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier", "Gau
 register_protocol(GaussProtocol, GaussResult)
 register_protocol(GaussClassifierProtocol, GaussResult)
 register_protocol(PrivateGaussClassifierProtocol, GaussResult)
+register_protocol(PrivateGaussProtocol, GaussResult)
 register_algorithm(Algorithm(
     "gauss", FedGaussClustering, plot=plot_gauss, result_fields=gauss_result_fields,
     report=gauss_report,

@@ -38,7 +38,6 @@ from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.validation import (check_array, check_device_ids, check_devices, check_n_features,
                                check_scale)
-from ..privacy import refuse_privacy
 from ..sim.transport import InProcessTransport
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
@@ -104,6 +103,30 @@ _PARAMS_DOC = """
 def _settings(est: Any) -> Settings:
     """The validated model settings of an estimator's parameters (done in ``fit``)."""
     return check_settings(**{k: getattr(est, k) for k in SETTING_NAMES})
+
+
+#: refinement rounds of a private FedGaussClustering fit by default (each is a release)
+PRIVATE_ROUNDS = 3
+
+
+def _check_privacy(privacy: Any) -> Any:
+    from ..privacy import DifferentialPrivacy
+
+    if not isinstance(privacy, DifferentialPrivacy):
+        raise ValidationError(f"privacy={privacy!r} must be a "
+                              "fedclust.privacy.DifferentialPrivacy or None")
+    return privacy
+
+
+def _privacy_record(protocol: Any, out: Any, ids: Sequence[int]) -> dict | None:
+    """``privacy_``: the plan's summary plus the rows each owner clipped (None: not private)."""
+    plan = getattr(protocol, "plan", None)
+    if plan is None:
+        return None
+    record = plan.summary()
+    record["clipped"] = [None if out.device_outputs.get(z, {}).get("n_clipped") is None
+                         else int(out.device_outputs[z]["n_clipped"]) for z in ids]
+    return record
 
 
 def _cluster_attrs(cs: ClusterSet) -> dict[str, np.ndarray]:
@@ -352,11 +375,19 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
     kappa_n : float, default=0
         Owners send clusters with n > kappa_n (each owner sends at least one); the
         samples of the others count in ``removed_samples_``.
-    n_rounds : int, default=1
-        Rounds; round r streams the r-th chunk of every owner's rows.
-    privacy : None
-        Refused: an owner's evolving clusters depend on all its samples, so
-        their statistics have no bounded sensitivity (see ``docs/privacy.md``).
+    n_rounds : int or None, default=None
+        Rounds; round r streams the r-th chunk of every owner's rows (default 1).
+        Under privacy: the refinement rounds after the private start (default 3).
+    privacy : DifferentialPrivacy or None
+        Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
+        owners' evolving clusters have no bounded sensitivity, so the private fit
+        releases noisy per-component count, sum and second moments of whitened,
+        clipped rows, each row in its most likely component of the broadcast model:
+        a private global Gaussian, an over-complete set of candidates drawn from it,
+        then ``n_rounds`` refinement rounds, each followed by the PSD repair, the
+        pruning of components below the noise and the BIC merge (the number of
+        clusters stays data-driven). ``privacy_`` records the budget, the releases
+        and the rows each owner clipped.
     random_state : int, Generator or None
         Recorded as ``seed_`` (the method itself is deterministic).
     progress : bool
@@ -391,7 +422,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
-                 kappa_n: float = 0, n_rounds: int = 1, privacy: Any = None,
+                 kappa_n: float = 0, n_rounds: int | None = None, privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -416,18 +447,22 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         self.progress = progress
 
     def _protocol(self, n_features: int) -> GaussProtocol:
-        return GaussProtocol(kappa_n=self.kappa_n, n_rounds=self.n_rounds, n_features=n_features,
-                             **{k: getattr(self, k) for k in SETTING_NAMES})
+        rounds = self.n_rounds
+        if rounds is None:
+            rounds = 1 if self.privacy is None else PRIVATE_ROUNDS
+        kw = dict(kappa_n=self.kappa_n, n_rounds=rounds, n_features=n_features,
+                  **{k: getattr(self, k) for k in SETTING_NAMES})
+        if self.privacy is None:
+            return GaussProtocol(**kw)
+        from .private_clustering import PrivateGaussProtocol
+
+        return PrivateGaussProtocol(privacy=_check_privacy(self.privacy), **kw)
 
     def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "FedGaussClustering":
         """Fit on the owners' (n_z, D) arrays; ``X``, ``groups``, ``device_ids`` and
         ``transport`` as in :meth:`fedclust.KFed.fit`."""
-        refuse_privacy(self.privacy, "FedGaussClustering",
-                       "an owner's evolving clusters depend on all its samples, so their "
-                       "statistics have no bounded sensitivity; FedGaussClassifier and "
-                       "DistributedLloyd have DP")
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         owners = list(fed.devices)
         ids = check_device_ids(fed.device_ids, len(owners))
@@ -442,6 +477,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
             self._store(out, ids, 0)
         self._protocol_ = protocol
         self._rows = fed.rows
+        self.privacy_ = _privacy_record(protocol, out, ids)
         return self
 
     def predict(self, X: Any) -> np.ndarray:
@@ -591,13 +627,9 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         if self.privacy is None:
             protocol = GaussClassifierProtocol(**kw)
         else:
-            from ..privacy import DifferentialPrivacy
             from .private import PrivateGaussClassifierProtocol
 
-            if not isinstance(self.privacy, DifferentialPrivacy):
-                raise ValidationError(f"privacy={self.privacy!r} must be a "
-                                      "fedclust.privacy.DifferentialPrivacy or None")
-            protocol = PrivateGaussClassifierProtocol(privacy=self.privacy, **kw)
+            protocol = PrivateGaussClassifierProtocol(privacy=_check_privacy(self.privacy), **kw)
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         data = {z: (X.astype(np.float64, copy=False), y) for z, X, y in zip(ids, devices, ys)}
@@ -610,12 +642,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                                     for i, c in enumerate(classes)}
         self.fisher_scores_ = self._result.fisher.copy()
         self._protocol_ = protocol
-        self.privacy_ = None
-        if self.privacy is not None:
-            self.privacy_ = protocol.plan.summary()
-            self.privacy_["clipped"] = [
-                None if out.device_outputs.get(z, {}).get("n_clipped") is None
-                else int(out.device_outputs[z]["n_clipped"]) for z in ids]
+        self.privacy_ = _privacy_record(protocol, out, ids)
         return self
 
     def _class_scores(self, X: Any) -> np.ndarray:

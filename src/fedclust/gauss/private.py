@@ -50,9 +50,38 @@ from ..privacy import gaussian, noise_rng
 from ..privacy.mechanisms import SERVER
 from .protocol import GaussClassifierProtocol, GaussResult
 
-__all__ = ["GaussClassMoments", "PrivateGaussClassifierProtocol"]
+__all__ = ["GaussClassMoments", "PrivateGaussClassifierProtocol", "repair_covariance",
+           "repair_variances", "noise_level"]
 
 ACTION = "gauss_class_moments"
+
+#: eigenvalues (variances) below this fraction of their mean are raised to it
+RELATIVE_FLOOR = 1e-6
+
+
+def noise_level(noise_std, counts, D: int, *, full: bool):
+    """The smallest variance the noise lets one tell apart: 2√D·σ/n for a covariance
+    estimated from a noisy D×D second-moment sum (about the spectral norm of the
+    symmetric noise matrix, divided by the count), σ/n for a variance."""
+    return (2.0 * math.sqrt(D) if full else 1.0) * noise_std / np.asarray(counts, dtype=float)
+
+
+def repair_covariance(C: np.ndarray, level: float, floor: float = 0.0) -> np.ndarray:
+    """The PSD repair of a noisy covariance C (D, D): symmetrised, eigenvalues raised
+    to at least ``level`` (the noise level), ``floor`` and 1e-6 x their mean, so
+    every direction has a variance the noise did not invent and the result is
+    positive definite."""
+    D = C.shape[0]
+    lam, V = np.linalg.eigh((C + C.T) / 2.0)
+    low = max(float(floor), RELATIVE_FLOOR * max(float(lam.sum()), 0.0) / D, float(level))
+    return (V * np.maximum(lam, low)) @ V.T
+
+
+def repair_variances(var: np.ndarray, level: float, floor: float = 0.0) -> np.ndarray:
+    """The diagonal version of :func:`repair_covariance` for noisy variances (D,)."""
+    D = var.shape[0]
+    low = max(float(floor), RELATIVE_FLOOR * max(float(var.sum()), 0.0) / D, float(level))
+    return np.maximum(var, low)
 
 
 @dataclass(frozen=True)
@@ -172,10 +201,9 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
         scat = np.empty((M, D, D))
         for c in range(M):
             C = Q[c] / counts[c] - np.outer(means[c], means[c])
-            lam, V = np.linalg.eigh((C + C.T) / 2.0)
-            floor = max(self.settings.var_floor, 1e-6 * max(float(lam.sum()), 0.0) / D,
-                        2.0 * math.sqrt(D) * self.plan.releases[0].noise_std / counts[c])
-            scat[c] = (V * np.maximum(lam, floor)) @ V.T * counts[c]
+            scat[c] = repair_covariance(C, noise_level(self.plan.releases[0].noise_std,
+                                                      counts[c], D, full=True),
+                                        self.settings.var_floor) * counts[c]
         counts = np.rint(counts)
         N = float(counts.sum())
         gmean = means.T @ counts / N
@@ -193,11 +221,11 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
                         ) -> GaussResult:
         M, D = means.shape
         var = Q / counts[:, None] - means ** 2
-        floor = np.maximum(self.settings.var_floor,
-                           1e-6 * np.maximum(var.sum(axis=1, keepdims=True), 0.0) / D)
-        floor = np.maximum(floor, self.plan.releases[0].noise_std / counts[:, None])
+        level = noise_level(self.plan.releases[0].noise_std, counts, D, full=False)
+        var = np.stack([repair_variances(var[c], level[c], self.settings.var_floor)
+                        for c in range(M)])
         counts = np.rint(counts)
-        scat = np.maximum(var, floor) * counts[:, None]
+        scat = var * counts[:, None]
         N = float(counts.sum())
         gmean = means.T @ counts / N
         gm2 = np.maximum(Q.sum(axis=0) - N * gmean ** 2, 0.0)
