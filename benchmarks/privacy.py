@@ -43,7 +43,9 @@ over 10 owners (classifier) or 1,000 devices (FedAvg); ``--quick`` uses
 scikit-learn's digits.
 
 The heart hospitals (``heart``; private preprocessing, then the k-means and
-supervised families): see ``_privacy_heart.py``.
+supervised families): see ``_privacy_heart.py``. The private evolving-Gaussian
+clustering (``gauss``: ARI against ε beside the non-private one and DP Lloyd
+with the true k): see ``_privacy_gauss.py``.
 
     python benchmarks/privacy.py            # 3 runs per cell (several minutes)
     python benchmarks/privacy.py --quick    # small federation, 1 run (seconds)
@@ -179,7 +181,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=None)
     p.add_argument("--only", default=None,
                    help="comma-separated settings (gauss-point, gauss-device, s1-2sites, "
-                        "mnist-rp50, heart, supervised)")
+                        "mnist-rp50, heart, supervised, gauss)")
     args = C.finish_args(p.parse_args())
     only = None if args.only is None else set(args.only.split(","))
     runs = args.runs or (1 if args.quick else 3)
@@ -235,6 +237,18 @@ def main() -> None:
                       title=f"DP supervised on the heart hospitals, δ={DELTA:g}, {runs} split(s)")
     elif only is None or "heart" in only:
         print(f"heart skipped: no heart-disease files under {args.data_dir}")
+    gauss_records: list = []
+    if only is None or "gauss" in only:
+        import _privacy_gauss as G
+
+        grows, gauss_records = G.rows(args, EPSILONS, DELTA, runs)
+        if (folder / "heart_va.npz").exists() and not args.quick:
+            hrows, hrec = G.heart_rows(folder, EPSILONS, DELTA, runs, args.seed)
+            grows += hrows
+            gauss_records += hrec
+        C.print_table(["setting", "method", "ε", "ARI (mean)", "worst", "clusters", "time s"],
+                      grows, title=f"DP evolving Gaussians vs DP Lloyd (true k), δ={DELTA:g}, "
+                                   f"{runs} run(s) per cell")
     C.print_table(["setting", "method", "ε", "cost ÷ sklearn (mean)", "worst", "FastLloyd",
                    "time s"], rows,
                   title=f"DP k-means, δ={DELTA:g}, {runs} run(s) per cell; FedDP-KMeans "
@@ -243,7 +257,8 @@ def main() -> None:
     if only is None or "supervised" in only:
         supervised_tables(args, runs, supervised)
     C.write_json(args, "privacy", {"runs": runs, "delta": DELTA, "rows": records,
-                                   "supervised": supervised, "heart_supervised": heart_sup})
+                                   "supervised": supervised, "heart_supervised": heart_sup,
+                                   "gauss_clustering": gauss_records})
 
 
 if __name__ == "__main__":

@@ -70,6 +70,8 @@ from .protocol import GaussProtocol, GaussResult
 __all__ = ["GaussComponentMoments", "GaussDPModel", "PrivateGaussProtocol"]
 
 ACTION = "gauss_component_moments"
+#: candidates: about this many count-noise stds of rows each (the pruning keeps >= 3)
+CANDIDATE_STDS = 8.0
 #: the server stream of the candidate draws (public randomness, from ``random_state``)
 _CANDIDATE_BRANCH = 7
 #: noise stream key offset: never the same stream as another private protocol's rounds
@@ -210,7 +212,7 @@ class PrivateGaussProtocol(GaussProtocol):
         rng = noise_rng(self.privacy.noise_seed, SERVER, _NOISE_BRANCH + request.round)
         n, s, Q = self._noisy(n, s, Q, rng)
         with one_thread():
-            counts, means, covs = self._gaussians(state.model, n, s, Q)
+            counts, means, covs = self._gaussians(state.model, n, s, Q, tied=request.round == 1)
             if request.round == 0:
                 self._global(state, counts, means, covs)
             else:
@@ -229,8 +231,13 @@ class PrivateGaussProtocol(GaussProtocol):
         Q = Q.reshape(K, D, D)
         return n, s, np.stack([symmetric_gaussian(Q[j], std, rng) for j in range(K)])
 
-    def _gaussians(self, model, n, s, Q):
-        """Counts (K',), means (K', D) and repaired covariances of the components kept."""
+    def _gaussians(self, model, n, s, Q, tied: bool = False):
+        """Counts (K',), means (K', D) and repaired covariances of the components kept.
+
+        ``tied`` (the candidate round, where all components share one map A): one
+        covariance pooled over the components, whose noise is √K' times smaller than
+        that of K' separate small ones; the BIC merge then compares the candidate
+        means against it."""
         std = self.noise_std
         keep = n >= max(3.0 * std, 2.0)
         if not keep.any():
@@ -245,6 +252,17 @@ class PrivateGaussProtocol(GaussProtocol):
         A = model.maps[idx]
         means = model.means[idx] + (A * ubar if self.diag else np.einsum("kde,ke->kd", A, ubar))
         covs = np.empty((idx.size, D) if self.diag else (idx.size, D, D))
+        if tied:
+            N = float(counts.sum())
+            if self.diag:
+                v = (Q[idx].sum(axis=0) - (counts[:, None] * ubar ** 2).sum(axis=0)) / N
+                covs[:] = A[0] ** 2 * repair_variances(
+                    v, noise_level(std * math.sqrt(idx.size), N, D, full=False))
+            else:
+                C = (Q[idx].sum(axis=0) - np.einsum("k,kd,ke->de", counts, ubar, ubar)) / N
+                C = repair_covariance(C, noise_level(std * math.sqrt(idx.size), N, D, full=True))
+                covs[:] = A[0] @ C @ A[0].T
+            return counts, means, covs
         for k in range(idx.size):
             if self.diag:
                 v = repair_variances(Q[idx[k]] / counts[k] - ubar[k] ** 2, level[k])
@@ -261,7 +279,7 @@ class PrivateGaussProtocol(GaussProtocol):
         var = cov if self.diag else np.diag(cov)
         state.global_stats = (N, mu, N * var)
         D = mu.shape[0]
-        per = max(8.0 * self.noise_std, 20.0)
+        per = max(CANDIDATE_STDS * self.noise_std, 20.0)
         M = int(min(max(N / per, 1), self.settings.max_clusters))
         rng = server_rng(state.seed, _CANDIDATE_BRANCH)
         g = rng.standard_normal((M, D))
