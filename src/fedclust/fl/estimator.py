@@ -111,6 +111,10 @@ class _FLEstimator(BaseEstimator):
             if m > len(Xs):
                 raise ValidationError(
                     f"clients_per_round={m} is larger than the federation ({len(Xs)} devices)")
+        privacy = self._privacy()
+        # under privacy, m of N devices a round is a secret Poisson sample at rate m / N,
+        # which the accountant amplifies (see docs/privacy.md)
+        sampling = m / len(Xs) if privacy is not None and m is not None else 1.0
         return self._protocol_cls(
             model=kind, n_features=template.n_features,
             n_classes=int(getattr(template, "n_classes", 1)),
@@ -119,7 +123,7 @@ class _FLEstimator(BaseEstimator):
             local_epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
             aggregator=self.aggregator, beta=self.beta, weighted=self.weighted,
             clients_per_round=m or 0, snapshot_every=eval_every,
-            privacy=self._privacy(), **self._extra_config(len(Xs)))
+            privacy=privacy, sampling=sampling, **self._extra_config(len(Xs)))
 
     def _privacy(self):
         privacy = getattr(self, "privacy", None)
@@ -321,7 +325,10 @@ class FedAvg(_FLEstimator):
         ``None``: the paper's MLP (d-``n_hidden``-C, ReLU), sizes from the data.
     rounds, local_epochs, batch_size, lr : FL rounds and the device's SGD.
     clients_per_round : int or None
-        m devices per round (None: all).
+        m devices per round (None: all). Under ``privacy``: every device takes part
+        in a round independently with probability m / N (Poisson sampling, drawn
+        from the privacy-noise stream so the sample stays secret), and the
+        accountant amplifies the guarantee by that subsampling.
     aggregator : {"mean", "trimmed-mean", "median"}; beta : float
         Coordinate-wise combination of the updates (:func:`fedclust.fl.server.aggregate_updates`).
     weighted : bool

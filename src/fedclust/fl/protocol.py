@@ -65,6 +65,9 @@ _SELECT_BRANCH = 1000   # server_rng round index offset for selection draws
 _INIT_BRANCH = 500      # ... for model initialisation
 _PROJ_BRANCH = 499      # ... for the shared random projection
 _KFED_BRANCH = 498      # ... for the k-means++ server step on the local centers
+#: privacy-noise stream keys of the secret Poisson sample and of a round nobody was sampled in
+_POISSON_KEY = 1 << 21
+_EMPTY_KEY = (1 << 21) + (1 << 20)
 
 
 @dataclass
@@ -163,6 +166,13 @@ class FLProtocol(Protocol):
         the sums and to the per-model device counts (one joint release per
         round, sensitivity ``clip_norm·√2``), and moves each model by noisy sum
         ÷ noisy count. Updates are unweighted, devices report no loss.
+    sampling : float in (0, 1], default 1
+        Under privacy: every live device takes part in a round independently with
+        this probability (Poisson sampling), drawn from the privacy-noise stream
+        (operating-system entropy, never ``random_state``), so the sample stays
+        secret; the rounds are then accounted as ``dp-accounting``'s
+        ``PoissonSampledDpEvent`` (amplification by subsampling). A round whose
+        sample is empty still releases its noise. Without privacy it is unused.
     """
 
     supervised = True
@@ -176,7 +186,8 @@ class FLProtocol(Protocol):
                  aggregator: str = "mean", beta: float = 0.1, weighted: bool = True,
                  clients_per_round: int = 0, selection: str = "random", n_candidates: int = 0,
                  snapshot_every: int = 0, privacy: DifferentialPrivacy | None = None,
-                 noise_multipliers: Sequence[float] | None = None, **extra: Any):
+                 noise_multipliers: Sequence[float] | None = None, sampling: float = 1.0,
+                 **extra: Any):
         self.model = check_choice(model, "model", MODEL_KINDS)
         self.n_features = check_int(n_features, "n_features", min_value=1)
         self.n_classes = check_int(n_classes, "n_classes", min_value=1)
@@ -194,6 +205,8 @@ class FLProtocol(Protocol):
         self.selection = check_choice(selection, "selection", SELECTIONS)
         self.n_candidates = check_int(n_candidates, "n_candidates", min_value=0)
         self.snapshot_every = check_int(snapshot_every, "snapshot_every", min_value=0)
+        self.sampling = check_float(sampling, "sampling", min_value=0.0, max_value=1.0,
+                                    min_inclusive=False)
         self.privacy = privacy
         self._init_extra(**extra)
         self._scratch = self.new_model()
@@ -219,7 +232,8 @@ class FLProtocol(Protocol):
             raise ValidationError(f"privacy: {self.name}: {why}")
         spec.require(clip_norm=True, family=self.name)
         releases = [Release("fl round: per-model sums of clipped updates and device counts",
-                            float(spec.clip_norm) * math.sqrt(2.0), repeats=self.rounds)]
+                            float(spec.clip_norm) * math.sqrt(2.0), repeats=self.rounds,
+                            sampling=self.sampling)]
         if multipliers is None:
             return calibrate(spec, releases, family=f"this {self.name} fit")
         from dataclasses import replace
@@ -238,7 +252,7 @@ class FLProtocol(Protocol):
     # -- config -------------------------------------------------------------
     _KEYS = ("model", "n_features", "n_classes", "n_hidden", "l2", "rounds", "local_mode",
              "local_epochs", "batch_size", "lr", "aggregator", "beta", "weighted",
-             "clients_per_round", "selection", "n_candidates", "snapshot_every")
+             "clients_per_round", "selection", "n_candidates", "snapshot_every", "sampling")
     _EXTRA_KEYS: tuple[str, ...] = ()
 
     def config(self) -> dict[str, Any]:
@@ -325,6 +339,8 @@ class FLProtocol(Protocol):
 
     def _round_plan(self, state: _State) -> list:
         live = self._live(state)
+        if self.plan is not None and self.sampling < 1.0:
+            return self._poisson_round(state, live)
         rng = server_rng(state.seed, _SELECT_BRANCH + state.fl_round)
         m = self._m(state)
         if self.selection == "random" or m >= len(live):
@@ -333,6 +349,16 @@ class FLProtocol(Protocol):
         sizes = [state.sizes.get(z, 1) for z in live]
         cands = sample_candidates(live, sizes, max(d, m), rng)
         return [self._req(state, LOSS, self._probe_payload(state), cands), "select"]
+
+    def _poisson_round(self, state: _State, live: list[int]) -> list:
+        """A secret Poisson sample of the live devices (privacy-noise stream)."""
+        secret = noise_rng(self.privacy.noise_seed, SERVER, _POISSON_KEY + state.fl_round)
+        ids = sorted(live)
+        chosen = [z for z, u in zip(ids, secret.random(len(ids))) if u < self.sampling]
+        if not chosen:   # the release still happens: noise on empty sums
+            state.models = self._aggregate({}, state.models, _EMPTY_KEY + state.fl_round)
+            return []
+        return [self._train_request(state, chosen)]
 
     def _probe_payload(self, state: _State) -> Message:
         """What power-of-choice candidates evaluate their loss on (IFCA: all k models)."""

@@ -10,7 +10,10 @@ The composition itself is never computed here: only a bisection over ``z``.
 
 Gaussian mechanism with multiplier z: release ``f(D) + N(0, (z Δ)^2 I)`` for
 a statistic of L2 sensitivity Δ (Dwork & Roth 2014; the accountant's
-``GaussianDpEvent``). Balle & Wang (ICML 2018) give the exact single-release
+``GaussianDpEvent``). A release computed over a Poisson sample of the units
+(each included independently with probability q, the draw kept secret) is
+the accountant's ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``:
+amplification by subsampling, computed by ``dp-accounting`` too. Balle & Wang (ICML 2018) give the exact single-release
 (ε, δ) curve the tests compare with.
 """
 
@@ -50,6 +53,10 @@ class Release:
         Relative budget weight: the noise multiplier is ``z / sqrt(share)``.
     noise_multiplier : float
         Filled by :func:`calibrate` (0 for ε = ∞).
+    sampling : float in (0, 1]
+        Poisson sampling probability of the units (devices or points) that
+        take part in each repeat; 1 = all of them. Valid only when the sample
+        is drawn at random and kept secret from whoever sees the releases.
     """
 
     what: str
@@ -57,6 +64,7 @@ class Release:
     repeats: int = 1
     share: float = 1.0
     noise_multiplier: float = math.nan
+    sampling: float = 1.0
 
     @property
     def noise_std(self) -> float:
@@ -64,8 +72,11 @@ class Release:
         return self.noise_multiplier * self.sensitivity
 
     def as_dict(self) -> dict[str, Any]:
-        return {"what": self.what, "sensitivity": self.sensitivity, "repeats": self.repeats,
-                "noise_multiplier": self.noise_multiplier, "noise_std": self.noise_std}
+        out = {"what": self.what, "sensitivity": self.sensitivity, "repeats": self.repeats,
+               "noise_multiplier": self.noise_multiplier, "noise_std": self.noise_std}
+        if self.sampling < 1.0:
+            out["sampling"] = self.sampling
+        return out
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,8 @@ class PrivacyPlan:
     @property
     def prior(self) -> tuple[Release, ...]:
         """The releases made before this fit (``spec.prior``), calibrated already."""
-        return tuple(Release(what, sens, reps, 1.0, mult)
-                     for what, sens, reps, mult in self.spec.prior)
+        return tuple(Release(what, sens, reps, 1.0, mult, q)
+                     for what, sens, reps, mult, q in self.spec.prior)
 
     def release(self, what_prefix: str) -> Release:
         """The release whose ``what`` starts with ``what_prefix``."""
@@ -108,17 +119,21 @@ def _dp_accounting():
     return dp_accounting
 
 
-def _event(multipliers: tuple[tuple[float, int], ...]):
+def _event(multipliers: tuple[tuple[float, int, float], ...]):
     dp_accounting = _dp_accounting()
 
-    events = [dp_accounting.GaussianDpEvent(z) if n == 1 else
-              dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), n)
-              for z, n in multipliers]
+    def one(z: float, q: float):
+        g = dp_accounting.GaussianDpEvent(z)
+        return g if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(q, g)
+
+    events = [one(z, q) if n == 1 else dp_accounting.SelfComposedDpEvent(one(z, q), n)
+              for z, n, q in multipliers]
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
 
 @lru_cache(maxsize=4096)
-def _epsilon(multipliers: tuple[tuple[float, int], ...], delta: float, accountant: str) -> float:
+def _epsilon(multipliers: tuple[tuple[float, int, float], ...], delta: float,
+             accountant: str) -> float:
     _dp_accounting()
     from dp_accounting import pld, rdp
 
@@ -128,21 +143,23 @@ def _epsilon(multipliers: tuple[tuple[float, int], ...], delta: float, accountan
     return float(acc.get_epsilon(delta))
 
 
-def composed_epsilon(multipliers: Sequence[tuple[float, int]], delta: float,
+def composed_epsilon(multipliers: Sequence[tuple], delta: float,
                      accountant: str = "pld") -> float:
-    """ε at ``delta`` of Gaussian mechanisms ``(noise multiplier, repeats)`` composed
-    by ``dp-accounting`` (PLD, pessimistic estimate, or RDP)."""
-    key = tuple((float(z), int(n)) for z, n in multipliers if n > 0)
+    """ε at ``delta`` of Gaussian mechanisms ``(noise multiplier, repeats)`` or
+    ``(noise multiplier, repeats, Poisson sampling probability)`` composed by
+    ``dp-accounting`` (PLD, pessimistic estimate, or RDP)."""
+    key = tuple((float(m[0]), int(m[1]), float(m[2]) if len(m) > 2 else 1.0)
+                for m in multipliers if m[1] > 0)
     return _epsilon(key, float(delta), accountant)
 
 
-def _multipliers(releases: Sequence[Release], z: float) -> tuple[tuple[float, int], ...]:
-    return tuple((z / math.sqrt(r.share), r.repeats) for r in releases)
+def _multipliers(releases: Sequence[Release], z: float) -> tuple[tuple[float, int, float], ...]:
+    return tuple((z / math.sqrt(r.share), r.repeats, r.sampling) for r in releases)
 
 
-def _prior(spec: DifferentialPrivacy) -> tuple[tuple[float, int], ...]:
-    """The fixed (multiplier, repeats) of the releases made before this fit."""
-    return tuple((mult, reps) for _, _, reps, mult in spec.prior if mult > 0 and reps > 0)
+def _prior(spec: DifferentialPrivacy) -> tuple[tuple[float, int, float], ...]:
+    """The fixed (multiplier, repeats, sampling) of the releases made before this fit."""
+    return tuple((mult, reps, q) for _, _, reps, mult, q in spec.prior if mult > 0 and reps > 0)
 
 
 def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
@@ -158,9 +175,10 @@ def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
     """
     releases = tuple(releases)
     for r in releases:
-        if not (r.sensitivity > 0 and math.isfinite(r.sensitivity)) or r.repeats < 0 or r.share <= 0:
+        if (not (r.sensitivity > 0 and math.isfinite(r.sensitivity)) or r.repeats < 0
+                or r.share <= 0 or not 0.0 < r.sampling <= 1.0):
             raise ValidationError(f"privacy: bad release declaration {r}")
-    if spec.private and any(not mult > 0 for _, _, reps, mult in spec.prior if reps > 0):
+    if spec.private and any(not mult > 0 for _, _, reps, mult, _ in spec.prior if reps > 0):
         raise ValidationError("privacy: a prior release without noise (made at epsilon=inf) "
                               f"cannot be composed into epsilon={spec.epsilon:g}")
     if not spec.private or not releases:
@@ -190,7 +208,7 @@ def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
             hi = hi / 2.0
         lo = max(hi / 2.0, _MIN_MULTIPLIER)
         if lo == hi:
-            return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=z) for r, (z, _) in
+            return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=z) for r, (z, _, _) in
                                            zip(releases, _multipliers(releases, hi))), f(hi))
     while hi / lo > 1.0 + 1e-3:
         mid = math.sqrt(lo * hi)
@@ -199,5 +217,5 @@ def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
         else:
             hi = mid
     mult = _multipliers(releases, hi)
-    out = tuple(replace(r, noise_multiplier=z) for r, (z, _) in zip(releases, mult))
+    out = tuple(replace(r, noise_multiplier=z) for r, (z, _, _) in zip(releases, mult))
     return PrivacyPlan(spec, out, f(hi))

@@ -60,7 +60,7 @@ class DifferentialPrivacy:
         never from ``random_state``.
     accountant : {"pld", "rdp"}
         Privacy-loss-distribution (tight) or Rényi accountant of ``dp-accounting``.
-    prior : tuple of (what, sensitivity, repeats, noise multiplier), optional
+    prior : tuple of (what, sensitivity, repeats, noise multiplier[, sampling]), optional
         Releases already made on the same data within the same total budget
         (e.g. by a private :class:`~fedclust.preprocess.FederatedPreprocessor`
         before the algorithm; see :meth:`after`). The accountant composes them
@@ -106,17 +106,20 @@ class DifferentialPrivacy:
         prior = []
         for r in self.prior:
             try:
-                what, sens, reps, mult = r
-                prior.append((str(what), float(sens), int(reps), float(mult)))
+                what, sens, reps, mult, *q = r
+                q = float(q[0]) if len(q) == 1 else (1.0 if not q else math.nan)
+                if not 0.0 < q <= 1.0:
+                    raise ValueError
+                prior.append((str(what), float(sens), int(reps), float(mult), q))
             except (TypeError, ValueError):
                 raise ValidationError(f"privacy: prior release {r!r} must be (what, sensitivity, "
-                                      "repeats, noise multiplier)") from None
+                                      "repeats, noise multiplier[, sampling in (0, 1]])") from None
         object.__setattr__(self, "prior", tuple(prior))
 
     def after(self, plan: Any) -> "DifferentialPrivacy":
         """The same request with ``plan``'s calibrated releases (and their priors) as
         :attr:`prior`: what a fit that follows ``plan`` on the same data has left."""
-        done = tuple((r.what, r.sensitivity, r.repeats, r.noise_multiplier)
+        done = tuple((r.what, r.sensitivity, r.repeats, r.noise_multiplier, r.sampling)
                      for r in plan.releases)
         return replace(self, prior=tuple(plan.spec.prior) + done)
 
