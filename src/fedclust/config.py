@@ -57,7 +57,7 @@ _TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "ti
         "preprocess", "privacy"}
 _PREPROCESS = {"impute": ("mean", "none"), "scale": ("standard", "none")}
 #: [preprocess] keys of a private run: public (low, high) per column, share of ε
-_PREPROCESS_PRIVACY = ("bounds", "budget_share")
+_PREPROCESS_PRIVACY = ("bounds", "budget_share", "site_rows")
 
 
 def _check_preprocess_privacy(key: str, value: Any, private: bool, source: str) -> None:
@@ -67,6 +67,11 @@ def _check_preprocess_privacy(key: str, value: Any, private: bool, source: str) 
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ConfigError(f"{source}: [preprocess] budget_share={value!r} must be a number "
                               "in (0, 1]")
+        return
+    if key == "site_rows":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{source}: [preprocess] site_rows={value!r} must be an int >= 1 "
+                              "(the most rows one site may weigh, unit = \"device\")")
         return
     ok = isinstance(value, list) and all(
         isinstance(r, list) and len(r) == 2 and all(

@@ -126,7 +126,7 @@ class PreprocessProtocol(Protocol):
     def __init__(self, n_features: int, *, impute: str = "mean", scale: str = "standard",
                  columns: Sequence[str] = (), names: Sequence[str] = (),
                  privacy: DifferentialPrivacy | None = None, lower: Sequence[float] = (),
-                 upper: Sequence[float] = ()):
+                 upper: Sequence[float] = (), site_rows: int | None = None):
         self.n_features = int(n_features)
         self.impute = check_choice(impute, "impute", IMPUTE)
         self.scale = check_choice(scale, "scale", SCALE)
@@ -134,15 +134,17 @@ class PreprocessProtocol(Protocol):
         self.names = [str(n) for n in names]
         self.privacy = privacy
         self.plan: PrivacyPlan | None = None
+        self.site_rows = None if site_rows is None else pc.check_site_rows(site_rows)
         if privacy is not None:
-            if privacy.unit != "point":
+            if privacy.unit == "device" and self.site_rows is None:
                 raise ValidationError(
-                    f"privacy: FederatedPreprocessor supports unit='point' only, got "
-                    f"unit={privacy.unit!r} (a whole site's column moments have no bound)")
+                    "privacy: FederatedPreprocessor with unit='device' needs site_rows (the most "
+                    "rows one site may weigh in the pooled statistics, a public number); got None")
             bounds = np.column_stack([lower, upper]) if len(lower) else None
             self.lower, self.upper = pc.column_ranges(bounds, self.n_features, self.columns)
-            self.plan = calibrate(privacy, [pc.column_moments_release(self.n_features)],
-                                  family="the preprocessing")
+            self.plan = calibrate(privacy, [pc.column_moments_release(
+                self.n_features, self.site_rows if privacy.unit == "device" else None)],
+                family="the preprocessing")
 
     def config(self) -> dict[str, Any]:
         cfg = {"n_features": self.n_features, "impute": self.impute, "scale": self.scale,
@@ -150,6 +152,8 @@ class PreprocessProtocol(Protocol):
         if self.privacy is not None:
             cfg.update(privacy_config(self.privacy))
             cfg.update(lower=self.lower.tolist(), upper=self.upper.tolist())
+        if self.site_rows is not None:
+            cfg["site_rows"] = self.site_rows
         return cfg
 
     @classmethod
@@ -179,8 +183,12 @@ class PreprocessProtocol(Protocol):
 
     def finish(self, state: _State, log: RunLog) -> PreprocessResult:
         reps = [state.replies[z] for z in sorted(state.replies)]
-        count = np.sum([r.count for r in reps], axis=0).astype(np.int64)
-        n_rows = int(sum(int(r.n_rows) for r in reps))
+        if self.privacy is not None and self.privacy.unit == "device":
+            reps = pc.clip_sites(reps, self.lower, self.upper, self.site_rows)
+        count = np.sum([r.count for r in reps], axis=0)
+        count = count.astype(np.int64) if count.dtype.kind in "iu" else count
+        n_rows = sum(r.n_rows for r in reps)
+        n_rows = int(n_rows) if np.asarray(n_rows).dtype.kind in "iu" else float(n_rows)
         total = np.sum([r.total for r in reps], axis=0)
         empty = np.flatnonzero(count == 0)
         if empty.size:
@@ -200,6 +208,8 @@ class PreprocessProtocol(Protocol):
                                           noise_rng(self.privacy.noise_seed, SERVER,
                                                     pc.PREPROCESS_STREAM))
             mean, var, count, n_rows = rel["mean"], rel["var"], rel["count"], rel["n_rows"]
+        elif not isinstance(n_rows, int):   # ε = ∞ with clipped sites: weighted rows
+            count, n_rows = np.rint(count).astype(np.int64), int(round(n_rows))
         scale = np.ones_like(mean)
         if self.scale == "standard":
             eps = np.finfo(np.float64).eps
@@ -252,12 +262,21 @@ class FederatedPreprocessor:
         Point-level (ε, δ)-DP for the released mean, variance and counts
         (central: the server adds Gaussian noise once to the pooled
         statistics; the sites trust it with their exact column moments, as
-        without privacy). ``unit="device"`` is refused. See ``docs/privacy.md``.
+        without privacy). ``unit="device"`` (one whole site) needs ``site_rows``.
+        See ``docs/privacy.md``.
     bounds : array-like (d, 2), optional
         Public (low, high) range of every column, needed with ``privacy``:
         each value outside it is clipped on its site (the count per site is in
         ``privacy_["clipped"]``). It is the user's: DP never reads the data to
         set it. Not used without privacy.
+    site_rows : int, optional
+        ``unit="device"``: the most rows one site may weigh. The server scales a
+        site's whole statistics vector (rows, counts, sums, sums of squares, in
+        range units) down to the norm of ``site_rows`` rows with every column at
+        its range's edge, so one site moves the release by at most that much
+        (the sensitivity); a larger site keeps its means and variances but
+        counts as fewer rows in the pooled ones. A public number, not read from
+        the data.
     budget_share : float in (0, 1], default=1.0
         Fraction of ``privacy.epsilon`` this release is calibrated to. Below 1
         the rest is left for the algorithm fitted next: pass it
@@ -290,8 +309,10 @@ class FederatedPreprocessor:
 
     def __init__(self, impute: str = "mean", scale: str = "standard", *,
                  privacy: DifferentialPrivacy | None = None, bounds: Any = None,
-                 budget_share: float = 1.0, progress: bool = False):
+                 budget_share: float = 1.0, site_rows: int | None = None,
+                 progress: bool = False):
         self.impute = impute
+        self.site_rows = site_rows
         self.scale = scale
         self.privacy = privacy
         self.bounds = bounds
@@ -310,7 +331,8 @@ class FederatedPreprocessor:
         spec = self.privacy if share == 1 else replace(self.privacy,
                                                         epsilon=self.privacy.epsilon * share)
         low, high = pc.column_ranges(self.bounds, d, cols)
-        return {"privacy": spec, "lower": low.tolist(), "upper": high.tolist()}
+        return {"privacy": spec, "lower": low.tolist(), "upper": high.tolist(),
+                "site_rows": self.site_rows}
 
     def fit(self, devices: Sequence[Any], y: None = None, *, columns: Sequence[str] | None = None,
             names: Sequence[str] | None = None, transport: Any = None) -> "FederatedPreprocessor":

@@ -172,7 +172,8 @@ def test_noise_seed_reproduces():
     ({"bounds": BOUNDS, "budget_share": 0.0}, "budget_share=0.0 must be a number in (0, 1]"),
     ({"bounds": BOUNDS, "privacy": DifferentialPrivacy(1.0, 1e-6, unit="device",
                                                        clip_norm=1.0)},
-     "supports unit='point' only"),
+     "with unit='device' needs site_rows"),
+    ({"bounds": BOUNDS, "site_rows": 0}, "site_rows=0 must be an int >= 1"),
     ({"bounds": BOUNDS, "privacy": "eps=1"}, "must be a fedclust.privacy.DifferentialPrivacy"),
 ])
 def test_bad_private_preprocessing_is_one_line(kwargs, text):
@@ -269,3 +270,53 @@ def test_flower_simulation_gives_the_same_private_preprocessing_and_lloyd():
     assert np.array_equal(pa.mean_, pb.mean_) and np.array_equal(pa.scale_, pb.scale_)
     assert np.array_equal(ka.cluster_centers_, kb.cluster_centers_)
     assert pa.privacy_["clipped"] == pb.privacy_["clipped"]
+
+
+def test_device_level_clips_each_site_to_site_rows():
+    """unit="device": a site's release vector is scaled to norm site_rows·sqrt(1 + 2.25 d)
+    (the sensitivity); means and variances of a site are kept, its weight shrinks."""
+    devs = sites(4)
+    d = devs[0].shape[1]
+    low, high = np.array(BOUNDS).T
+    c, w = (low + high) / 2, (high - low) / 2
+    dev = DifferentialPrivacy(math.inf, 1e-6, unit="device", clip_norm=1.0)
+    # site_rows above every site: nothing clipped, the exact pooled preprocessing bit for bit
+    big = FederatedPreprocessor(privacy=dev, bounds=BOUNDS, site_rows=10_000).fit(devs)
+    exact = FederatedPreprocessor().fit([pc.clip_columns(X, low, high)[0] for X in devs])
+    assert np.array_equal(big.mean_, exact.mean_) and np.array_equal(big.var_, exact.var_)
+    # small site_rows: the pooled mean is the f-weighted mean, f computed here by hand
+    k = 5
+    small = FederatedPreprocessor(privacy=dev, bounds=BOUNDS, site_rows=k).fit(devs)
+    num, den = np.zeros(d), np.zeros(d)
+    for X in devs:
+        Xc = pc.clip_columns(X, low, high)[0]
+        ok = ~np.isnan(Xc)
+        U = np.where(ok, (Xc - c) / w, 0.0)
+        v = np.concatenate([[len(X)], ok.sum(0), U.sum(0), np.where(ok, U ** 2 - 0.5, 0).sum(0)])
+        f = min(1.0, k * math.sqrt(1 + 2.25 * d) / np.linalg.norm(v))
+        assert f < 1
+        num += f * np.where(ok, Xc, 0).sum(0)
+        den += f * ok.sum(0)
+    assert np.allclose(small.mean_, num / den)
+    noisy = FederatedPreprocessor(privacy=DifferentialPrivacy(1.0, 1e-6, unit="device",
+                                                              clip_norm=1.0, noise_seed=0),
+                                  bounds=BOUNDS, site_rows=k).fit(devs)
+    rel = noisy.privacy_["releases"][0]
+    assert rel["sensitivity"] == pytest.approx(k * math.sqrt(1 + 2.25 * d))
+    assert "device level" in rel["what"]
+    assert ((noisy.mean_ >= low) & (noisy.mean_ <= high)).all() and (noisy.var_ > 0).all()
+
+
+def test_config_site_rows_key():
+    from fedclust.config import ConfigError, check_config
+
+    ok = check_config(_config({"bounds": [[-300, 300]] * 4, "site_rows": 50},
+                              {"epsilon": 1.0, "delta": 1e-6, "data_bound": 4.0}))
+    assert ok["preprocess"]["site_rows"] == 50
+    for pre, priv, text in [({"site_rows": 50}, {}, "only used with a [privacy] table"),
+                            ({"bounds": [[-300, 300]] * 4, "site_rows": 0},
+                             {"epsilon": 1.0, "delta": 1e-6, "data_bound": 4.0},
+                             "site_rows=0 must be an int >= 1")]:
+        with pytest.raises(ConfigError) as exc:
+            check_config(_config(pre, priv))
+        assert text in str(exc.value) and "\n" not in str(exc.value)

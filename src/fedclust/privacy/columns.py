@@ -18,6 +18,13 @@ sensitivity under adding or removing a row is ``sqrt(1 + 2.25 d)``. Mean,
 variance and row count follow by post-processing (mean inside its range,
 counts at least 1, variance floored at its own noise level and capped at
 ``w²``, the largest variance a column inside its range can have).
+
+Device level (one whole site): the server computes each site's vector above
+from its exact moments and scales it down to norm ``site_rows·sqrt(1 + 2.25 d)``
+(:func:`clip_sites`), the norm of ``site_rows`` rows with every value at a
+range's edge; that is the sensitivity. Scaling keeps a site's means and
+variances and only shrinks its weight in the pooled ones; with no site
+clipped the statistics are the pooled ones exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from ..core.exceptions import ValidationError
 from .accounting import Release
 
 __all__ = ["column_ranges", "clip_columns", "column_moments_release", "noisy_column_moments",
-           "PREPROCESS_STREAM", "WHAT"]
+           "clip_sites", "check_site_rows", "PREPROCESS_STREAM", "WHAT"]
 
 #: key of the server's noise stream for the preprocessing release (distinct from
 #: the algorithms' round keys, so a noise_seed never reuses a stream)
@@ -74,9 +81,52 @@ def clip_columns(X: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.n
     return np.where(over, np.clip(X, low, high), X), n
 
 
-def column_moments_release(d: int) -> Release:
-    """The preprocessing's one release (see the module docstring)."""
-    return Release(WHAT, math.sqrt(1.0 + 2.25 * d))
+def column_moments_release(d: int, site_rows: int | None = None) -> Release:
+    """The preprocessing's one release (see the module docstring); ``site_rows``:
+    device level, a site weighs at most that many rows."""
+    rows = 1.0 if site_rows is None else float(site_rows)
+    return Release(WHAT + (" (device level)" if site_rows is not None else ""),
+                   rows * math.sqrt(1.0 + 2.25 * d))
+
+
+def check_site_rows(site_rows: Any) -> int:
+    if isinstance(site_rows, bool) or not isinstance(site_rows, (int, np.integer)) \
+            or site_rows < 1:
+        raise ValidationError(f"privacy: site_rows={site_rows!r} must be an int >= 1")
+    return int(site_rows)
+
+
+def clip_sites(replies: Sequence[Any], low: np.ndarray, high: np.ndarray, site_rows: int
+               ) -> list[Any]:
+    """Device level: every site's (rows, count, total, m2) scaled by one factor so that its
+    release vector has norm at most ``site_rows·sqrt(1 + 2.25 d)``; replies inside the
+    bound are returned unchanged (the same objects). The scaled m2 is about the pooled
+    weighted mean's centre ``c``: Σ(x − c)² scales, so m2 = f Σ(x − c)² − f n (mean − c)²
+    is the same as f m2 — the site's variance is kept."""
+    d = len(low)
+    c, w = (low + high) / 2.0, (high - low) / 2.0
+    bound = site_rows * math.sqrt(1.0 + 2.25 * d)
+    out = []
+    for r in replies:
+        n = r.count.astype(np.float64)
+        S = (r.total - c * n) / w
+        mz = np.divide(r.total, n, out=np.zeros(d), where=n > 0)
+        R = (r.m2 + n * (mz - c) ** 2) / (w * w) - 0.5 * n
+        norm = math.sqrt(float(r.n_rows) ** 2 + float(n @ n) + float(S @ S) + float(R @ R))
+        if norm <= bound:
+            out.append(r)
+            continue
+        f = bound / norm
+        out.append(_Scaled(count=n * f, total=r.total * f, m2=r.m2 * f,
+                           n_rows=float(r.n_rows) * f))
+    return out
+
+
+class _Scaled:
+    """A site's column moments with a fractional weight (server side only)."""
+
+    def __init__(self, *, count, total, m2, n_rows):
+        self.count, self.total, self.m2, self.n_rows = count, total, m2, n_rows
 
 
 def noisy_column_moments(n_rows: int, count: np.ndarray, total: np.ndarray, m2: np.ndarray,
