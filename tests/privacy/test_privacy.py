@@ -209,9 +209,14 @@ def test_bad_uses_of_privacy():
     with pytest.raises(ValidationError, match="init='sample' sends raw points"):
         DistributedLloyd(4, init="sample",
                          privacy=DifferentialPrivacy(1.0, 1e-6, data_bound=3.0)).fit(devs)
-    with pytest.raises(ValidationError, match="no device-level DP"):
+    with pytest.raises(ValidationError, match="no device-level DP") as exc:
         KFed(4, 2, privacy=DifferentialPrivacy(1.0, 1e-6, unit="device", data_bound=3.0,
                                                clip_norm=5.0)).fit(devs)
+    # the cost it names: std 2 z B √k per coordinate, z the exact one-release multiplier
+    std = float(str(exc.value).split("√k = ")[1].split(" ")[0])
+    assert std == pytest.approx(2 * analytic_multiplier(1.0, 1e-6) * 3.0 * math.sqrt(2),
+                                rel=0.01)
+    assert "\n" not in str(exc.value)
     with pytest.raises(ValidationError) as exc:
         DistributedLloyd(4, max_rounds=50, privacy=DifferentialPrivacy(
             1e-4, 1e-6, data_bound=3.0)).fit(devs)

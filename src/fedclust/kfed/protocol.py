@@ -15,7 +15,8 @@ Clustering", ICML 2021.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..core.messages import Message
 from .messages import LabelMap, LocalCenters
 from .server import SERVER_METHODS, aggregate_centers, assign_to_centers
 from ..core.protocol import Protocol, Request, RunLog
-from ..privacy import (DifferentialPrivacy, PrivacyPlan, calibrate, clip_points, noise_rng, pop_privacy,
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng, pop_privacy,
                        privacy_config)
 from ..privacy import kmeans as pk
 from ..privacy.mechanisms import DEVICE
@@ -110,8 +111,8 @@ class KFedProtocol(Protocol):
         if spec.unit == "device":
             raise ValidationError(
                 "privacy: k-FED has no device-level DP: every device sends its own centers, so "
-                "hiding a whole device means local DP with noise of the order of data_bound on "
-                "every coordinate of every center; use unit='point' or DistributedLloyd")
+                f"hiding a whole device means local DP on them, {self._device_cost(spec)}; use "
+                "unit='point', or DistributedLloyd at unit='device'")
         spec.require(data_bound=True, family="KFed")
         if self.n_features is None:
             raise ValidationError("privacy: KFedProtocol needs n_features")
@@ -125,6 +126,20 @@ class KFedProtocol(Protocol):
         from dataclasses import replace
         return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
                                        for r, z in zip(releases, multipliers)), float("nan"))
+
+    def _device_cost(self, spec: DifferentialPrivacy) -> str:
+        """What device-level k-FED would cost: k centers in the ball of radius B move by up
+        to 2B√k (Frobenius) when the device's data change, so each coordinate would need
+        Gaussian noise of std 2 z B √k, z the one-release multiplier of (ε, δ)."""
+        k = self.min_k_local()
+        if spec.data_bound is None or not spec.private:
+            return f"Gaussian noise of std 2·z·data_bound·√k (k = {k}) on every coordinate"
+        z = calibrate(replace(spec, unit="point", prior=()), [Release("centers", 1.0)]
+                      ).releases[0].noise_multiplier
+        std = 2.0 * z * float(spec.data_bound) * math.sqrt(k)
+        return (f"Gaussian noise of std 2·z·data_bound·√k = {std:.3g} on every coordinate of "
+                f"every center (z = {z:.3g} at epsilon={spec.epsilon:g}, delta={spec.delta:g}; "
+                f"k = {k}), {std / float(spec.data_bound):.3g}x the data bound")
 
     def min_k_local(self) -> int:
         """The smallest k_z: a private device releases sums in min(k_z, d) dimensions, and
