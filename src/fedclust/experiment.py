@@ -213,6 +213,10 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
             raise ConfigError("[preprocess] needs bounds = [[low, high], ...] (a public range "
                               "per column) under [privacy]: the preprocessing round is private "
                               "too")
+        if opts["privacy"].unit == "device" and "site_rows" not in opts:
+            raise ConfigError("[preprocess] needs site_rows = N (the most rows one site may "
+                              "weigh, a public number) under [privacy] unit = \"device\": the "
+                              "preprocessing round hides whole sites too")
     pre = FederatedPreprocessor(**opts, progress=progress)
     columns = names = None
     if sites is not None:

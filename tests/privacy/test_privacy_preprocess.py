@@ -220,6 +220,12 @@ def test_config_private_preprocessing_without_bounds_is_one_line():
     with pytest.raises(ConfigError) as exc:
         run_experiment(cfg)
     assert "[preprocess] needs bounds" in str(exc.value) and "\n" not in str(exc.value)
+    cfg = check_config(_config({"bounds": [[-300, 300]] * 4},
+                               {"epsilon": 1.0, "delta": 1e-6, "data_bound": 4.0,
+                                "unit": "device", "clip_norm": 40.0}))
+    with pytest.raises(ConfigError) as exc:
+        run_experiment(cfg)
+    assert "[preprocess] needs site_rows" in str(exc.value) and "\n" not in str(exc.value)
 
 
 @pytest.mark.parametrize("preprocess,privacy,text", [
