@@ -263,14 +263,19 @@ class PrivateGaussProtocol(GaussProtocol):
                 C = repair_covariance(C, noise_level(std * math.sqrt(idx.size), N, D, full=True))
                 covs[:] = A[0] @ C @ A[0].T
             return counts, means, covs
+        prior = 1.0 / self.radius ** 2     # the broadcast covariance, in whitened units
         for k in range(idx.size):
+            # shrink toward the broadcast covariance by the noise: weight n against the
+            # count at which the noise level reaches it (0 at ε = ∞: no shrinkage)
+            n0 = level[k] * counts[k] / prior
+            a = counts[k] / (counts[k] + n0)
             if self.diag:
-                v = repair_variances(Q[idx[k]] / counts[k] - ubar[k] ** 2, level[k])
-                covs[k] = A[k] ** 2 * v
+                v = a * (Q[idx[k]] / counts[k] - ubar[k] ** 2) + (1 - a) * prior
+                covs[k] = A[k] ** 2 * repair_variances(v, a * level[k])
             else:
-                C = repair_covariance(Q[idx[k]] / counts[k] - np.outer(ubar[k], ubar[k]),
-                                      level[k])
-                covs[k] = A[k] @ C @ A[k].T
+                C = (a * (Q[idx[k]] / counts[k] - np.outer(ubar[k], ubar[k]))
+                     + (1 - a) * prior * np.eye(D))
+                covs[k] = A[k] @ repair_covariance(C, a * level[k]) @ A[k].T
         return counts, means, covs
 
     def _global(self, state: _State, counts, means, covs) -> None:
