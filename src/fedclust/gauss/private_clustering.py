@@ -21,10 +21,12 @@ component**:
   noise); the noise is whitened too, so each component's covariance is estimated
   with noise proportional to its own covariance, not to B²;
 * post-processing (free): the counts below 3 noise stds (or 2) are pruned, the
-  mean is μ_j + A_j ū (ū pulled into the unit ball), the whitened covariance gets
-  the classifier's PSD repair (:func:`~fedclust.gauss.private.repair_covariance`:
-  eigenvalues raised to the noise level) and is mapped back, A_j C Aⱼᵀ; the
-  Gaussians then go through the family's BIC merge
+  mean is μ_j + A_j ū (ū pulled into the unit ball), the whitened covariance is
+  shrunk toward the broadcast one (I/r²) with weight n against n₀, the count at
+  which the noise level reaches it (none at ε = ∞), gets the classifier's PSD
+  repair (:func:`~fedclust.gauss.private.repair_covariance`: eigenvalues raised
+  to the remaining noise level) and is mapped back, A_j C Aⱼᵀ; the Gaussians
+  then go through the family's BIC merge
   (:meth:`~fedclust.gauss.model.ClusterSet.merge_all`).
 
 Rounds (each one release, accounted by ``dp-accounting`` over the whole fit):
