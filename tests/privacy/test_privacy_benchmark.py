@@ -32,3 +32,11 @@ def test_privacy_benchmark_quick(tmp_path):
     accs = {(r["method"], r["epsilon"]): r["accuracy"][0] for r in doc["supervised"]}
     assert all(0.0 <= a <= 1.0 for a in accs.values())
     assert accs[("gauss-classifier", "inf")] > 0.8 and accs[("dp-fedavg", "inf")] > 0.8
+    gauss = doc["gauss_clustering"]
+    assert {r["method"] for r in gauss} == {"gauss", "dp-gauss", "dp-lloyd (true k)"}
+    for r in gauss:
+        assert all(-1.0 <= a <= 1.0 for a in r["ari"])
+        if r["epsilon"] is not None:
+            assert all(s <= float(r["epsilon"]) for s in r["epsilon_spent"])
+    best = {r["method"]: max(r["ari"]) for r in gauss if r["epsilon"] in ("inf", None)}
+    assert best["dp-gauss"] > 0.9 and best["gauss"] > 0.9

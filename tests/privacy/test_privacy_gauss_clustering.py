@@ -210,3 +210,17 @@ def test_bad_privacy_is_one_line(privacy, text):
     with pytest.raises(ValidationError) as exc:
         FedGaussClustering(privacy=privacy).fit(Xs)
     assert text in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.slow
+def test_flower_simulation_gives_the_same_noisy_fit():
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    from fedclust.flower.transport import FlowerSimulationTransport
+
+    Xs, _, _ = owners(seed=4, n=900, k=3, Z=3)
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=30.0, noise_seed=5)
+    a = FedGaussClustering(privacy=dp, n_rounds=2, random_state=1).fit(Xs)
+    b = FedGaussClustering(privacy=dp, n_rounds=2, random_state=1).fit(
+        Xs, transport=FlowerSimulationTransport())
+    assert np.array_equal(a.means_, b.means_) and np.array_equal(a.scatters_, b.scatters_)
