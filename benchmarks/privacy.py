@@ -45,7 +45,8 @@ scikit-learn's digits.
 The heart hospitals (``heart``; private preprocessing, then the k-means and
 supervised families): see ``_privacy_heart.py``. The private evolving-Gaussian
 clustering (``gauss``: ARI against ε beside the non-private one and DP Lloyd
-with the true k): see ``_privacy_gauss.py``.
+with the true k): see ``_privacy_gauss.py``. DP-FedAvg with client sampling
+(``sampling``; amplification by subsampling): see ``_privacy_sampling.py``.
 
     python benchmarks/privacy.py            # 3 runs per cell (several minutes)
     python benchmarks/privacy.py --quick    # small federation, 1 run (seconds)
@@ -181,7 +182,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=None)
     p.add_argument("--only", default=None,
                    help="comma-separated settings (gauss-point, gauss-device, s1-2sites, "
-                        "mnist-rp50, heart, supervised, gauss)")
+                        "mnist-rp50, heart, supervised, gauss, sampling)")
     args = C.finish_args(p.parse_args())
     only = None if args.only is None else set(args.only.split(","))
     runs = args.runs or (1 if args.quick else 3)
@@ -237,6 +238,14 @@ def main() -> None:
                       title=f"DP supervised on the heart hospitals, δ={DELTA:g}, {runs} split(s)")
     elif only is None or "heart" in only:
         print(f"heart skipped: no heart-disease files under {args.data_dir}")
+    sampling_records: list = []
+    if only is None or "sampling" in only:
+        import _privacy_sampling as S
+
+        srows, sampling_records = S.rows(runs)
+        C.print_table(["data", "DP-FedAvg", "ε", "test accuracy", "noise multiplier",
+                       "ε if full participation"], srows,
+                      title=f"DP-FedAvg with client sampling, δ={S.DELTA:g}, {runs} run(s)")
     gauss_records: list = []
     if only is None or "gauss" in only:
         import _privacy_gauss as G
@@ -258,7 +267,8 @@ def main() -> None:
         supervised_tables(args, runs, supervised)
     C.write_json(args, "privacy", {"runs": runs, "delta": DELTA, "rows": records,
                                    "supervised": supervised, "heart_supervised": heart_sup,
-                                   "gauss_clustering": gauss_records})
+                                   "gauss_clustering": gauss_records,
+                                   "client_sampling": sampling_records})
 
 
 if __name__ == "__main__":
