@@ -386,8 +386,8 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         a private global Gaussian, an over-complete set of candidates drawn from it,
         then ``n_rounds`` refinement rounds, each followed by the PSD repair, the
         pruning of components below the noise and the BIC merge (the number of
-        clusters stays data-driven). ``privacy_`` records the budget, the releases
-        and the rows each owner clipped.
+        clusters stays data-driven); ``kappa_n`` is not used. ``privacy_`` records
+        the budget, the releases and the rows each owner clipped.
     random_state : int, Generator or None
         Recorded as ``seed_`` (the method itself is deterministic).
     progress : bool
@@ -512,7 +512,9 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         numbers per owner); features whose Fisher score (between- over within-class
         scatter) is below ``kappa_f`` x the best score are dropped before learning.
         0 turns the selection (and its round) off.
-    kappa_n, n_rounds, random_state, progress : as in :class:`FedGaussClustering`
+    kappa_n, random_state, progress : as in :class:`FedGaussClustering`
+    n_rounds : int, default=1
+        Rounds; round r streams the r-th chunk of every owner's rows.
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``): one round of per-class count,
         sum and second moments of the clipped rows, noised on the server, one
