@@ -214,7 +214,8 @@ class PrivateGaussProtocol(GaussProtocol):
         rng = noise_rng(self.privacy.noise_seed, SERVER, _NOISE_BRANCH + request.round)
         n, s, Q = self._noisy(n, s, Q, rng)
         with one_thread():
-            counts, means, covs = self._gaussians(state.model, n, s, Q, tied=request.round == 1)
+            counts, means, covs = self._gaussians(state.model, n, s, Q, tied=request.round == 1,
+                                                  shrink=request.round >= 2)
             if request.round == 0:
                 self._global(state, counts, means, covs)
             else:
@@ -233,13 +234,14 @@ class PrivateGaussProtocol(GaussProtocol):
         Q = Q.reshape(K, D, D)
         return n, s, np.stack([symmetric_gaussian(Q[j], std, rng) for j in range(K)])
 
-    def _gaussians(self, model, n, s, Q, tied: bool = False):
+    def _gaussians(self, model, n, s, Q, tied: bool = False, shrink: bool = True):
         """Counts (K',), means (K', D) and repaired covariances of the components kept.
 
         ``tied`` (the candidate round, where all components share one map A): one
         covariance pooled over the components, whose noise is √K' times smaller than
         that of K' separate small ones; the BIC merge then compares the candidate
-        means against it."""
+        means against it. ``shrink``: toward the broadcast covariances (not for the ball,
+        whose map is the data bound, not a covariance)."""
         std = self.noise_std
         keep = n >= max(3.0 * std, 2.0)
         if not keep.any():
@@ -269,7 +271,7 @@ class PrivateGaussProtocol(GaussProtocol):
         for k in range(idx.size):
             # shrink toward the broadcast covariance by the noise: weight n against the
             # count at which the noise level reaches it (0 at ε = ∞: no shrinkage)
-            n0 = level[k] * counts[k] / prior
+            n0 = level[k] * counts[k] / prior if shrink else 0.0
             a = counts[k] / (counts[k] + n0)
             if self.diag:
                 v = a * (Q[idx[k]] / counts[k] - ubar[k] ** 2) + (1 - a) * prior
