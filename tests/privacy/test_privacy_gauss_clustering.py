@@ -160,6 +160,20 @@ def test_flower_in_memory_transport_gives_the_same_noisy_fit():
     assert a.privacy_["clipped"] == b.privacy_["clipped"]
 
 
+def test_secure_aggregation_gives_the_same_fit_from_the_sums_only():
+    """The server only adds the owners' replies up: under secure aggregation it gets the sum
+    (fixed point), and the fit is the same up to that rounding."""
+    from fedclust.sim.transport import InProcessTransport
+
+    Xs, _, _ = owners(seed=4, n=900, k=3, Z=4)
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=30.0, noise_seed=5)
+    a = FedGaussClustering(privacy=dp, n_rounds=2, random_state=1).fit(Xs)
+    b = FedGaussClustering(privacy=dp, n_rounds=2, random_state=1).fit(
+        Xs, transport=InProcessTransport(secure_aggregation=True))
+    assert a.n_clusters_ == b.n_clusters_
+    assert np.allclose(a.means_, b.means_, atol=1e-6)
+
+
 def test_protocol_rebuilds_from_its_config_with_the_same_noise():
     dp = DifferentialPrivacy(0.7, 1e-6, data_bound=3.0, noise_seed=1, unit="device",
                              clip_norm=6.0)

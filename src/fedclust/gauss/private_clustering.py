@@ -139,6 +139,9 @@ class PrivateGaussProtocol(GaussProtocol):
 
     name = "gauss-dp"
     reply_types = {ACTION: GaussComponentMoments}
+    #: the server only adds the replies up (then noises the sum): secure aggregation can
+    #: hide each owner's statistics from it (the noise is still the server's to add)
+    summed_actions = frozenset({ACTION})
 
     def __init__(self, *, privacy: DifferentialPrivacy, noise_multipliers=None, **kw: Any):
         super().__init__(**kw)
