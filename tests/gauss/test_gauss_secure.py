@@ -92,3 +92,32 @@ def test_flower_message_api_gives_the_in_process_secure_model():
         Xs, ys, transport=FlowerInMemoryTransport(secure_aggregation=True))
     np.testing.assert_array_equal(a.means_, b.means_)
     np.testing.assert_array_equal(a.scatters_, b.scatters_)
+
+
+def test_feature_selection_round_is_summed_and_selects_the_same_features():
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 3, 300)
+    # two informative features (one far from the origin), three noise features
+    X = np.c_[y * 2.0 + rng.standard_normal(300), 1e3 + y + 0.5 * rng.standard_normal(300),
+              rng.standard_normal((300, 3))]
+    Xs, ys = np.array_split(X, 6), np.array_split(y, 6)
+    a = FedGaussClassifier(kappa_f=0.05, random_state=0).fit(Xs, ys)
+    b = FedGaussClassifier(kappa_f=0.05, random_state=0).fit(
+        Xs, ys, transport=InProcessTransport(secure_aggregation=True))
+    from fedclust.gauss.stats import class_moments, fisher_scores
+
+    want = fisher_scores(*class_moments(X, y, 3))
+    np.testing.assert_allclose(a.fisher_scores_, want, rtol=1e-9)
+    # Σx² − n x̄² in fixed point: the offset feature keeps ~1e-3 relative precision
+    np.testing.assert_allclose(b.fisher_scores_, want, rtol=1e-3)
+    np.testing.assert_array_equal(a.features_, b.features_)
+    assert b.features_.tolist() == [1, 1, 0, 0, 0]
+    assert b.communication_["secure_exchanges"] == 3
+    np.testing.assert_allclose(b.means_, a.means_)  # the cluster round is as before
+    pytest.importorskip("flwr")
+    from fedclust.flower.grid import FlowerInMemoryTransport
+
+    c = FedGaussClassifier(kappa_f=0.05, random_state=0).fit(
+        Xs, ys, transport=FlowerInMemoryTransport(secure_aggregation=True))
+    np.testing.assert_array_equal(c.fisher_scores_, b.fisher_scores_)
+    np.testing.assert_array_equal(c.means_, b.means_)

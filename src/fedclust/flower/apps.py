@@ -250,6 +250,8 @@ class _Server:
         self.secure = spec.secure_settings()
         #: devices that let a round time out: not sent the final message (another timeout)
         self.unreachable: set[int] = set()
+        if self.secure is not None:
+            self.protocol = self.protocol.secure_form()
         self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
 
     def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any

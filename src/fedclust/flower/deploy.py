@@ -74,7 +74,7 @@ def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
     if cfg.get("simulation", {}).get("secure_aggregation", False):
         from ..core.secure_sum import check_summable
 
-        check_summable(protocol)
+        check_summable(protocol.secure_form())
     sim = cfg.get("simulation", {}) if faults else {}
     lists = {k: json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
              for k, v in protocol.config().items()}

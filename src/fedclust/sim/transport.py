@@ -93,6 +93,8 @@ class InProcessTransport:
                 f"on_client_error={self.on_client_error!r} must be 'raise' or 'drop'")
         seed = root_seed(random_state)
         secure = SecureAggregation.coerce(self.secure_aggregation)
+        if secure is not None:
+            protocol = protocol.secure_form()
         summed = check_summable(protocol) if secure is not None else frozenset()
         ids = sorted(int(z) for z in devices)
         log = RunLog()
