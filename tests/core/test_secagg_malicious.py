@@ -194,3 +194,35 @@ def test_in_process_transport_runs_the_signed_variant():
     np.testing.assert_array_equal(a.result.centers, c.result.centers)
     assert c.meter.secure_exchanges == 4 * 3 and a.meter.secure_exchanges == 3 * 3
     assert sorted(b.log.failed) == [4]
+
+
+def test_flower_message_api_runs_the_signed_variant_identically():
+    pytest.importorskip("flwr")
+    from fedclust.flower.grid import FlowerInMemoryTransport
+    from fedclust.lloyd.protocol import DistributedLloydProtocol
+    from fedclust.sim.transport import InProcessTransport
+
+    rng = np.random.default_rng(1)
+    devs = {z: rng.normal(size=(20, 3)) + (z % 2) * 5 for z in range(4)}
+    p = DistributedLloydProtocol(2, points_per_device=5, max_rounds=2, tol=0.0)
+    a = InProcessTransport(secure_aggregation=SIGNED).run(p, devs, 3)
+    b = FlowerInMemoryTransport(secure_aggregation=SIGNED).run(p, devs, 3)
+    np.testing.assert_array_equal(a.result.centers, b.result.centers)
+    assert a.meter.summary() == b.meter.summary()
+
+
+def test_identity_files_round_trip_and_bad_files_are_named(tmp_path):
+    from fedclust.core.secagg import sign, verify
+    from fedclust.flower.pki import (SECAGG_DIRECTORY, load_secagg_identity,
+                                     write_secagg_identities)
+
+    out = write_secagg_identities(tmp_path, [0, 1, 2])
+    assert oct(out["private"][0].stat().st_mode & 0o777) == "0o600"
+    ids = [load_secagg_identity(tmp_path / f"secagg-{z}.pem", tmp_path / SECAGG_DIRECTORY)
+           for z in range(3)]
+    assert sorted(ids[0].directory) == [0, 1, 2]
+    sig = sign(ids[1].private, b"x")
+    assert verify(ids[0].directory[1], sig, b"x") and not verify(ids[0].directory[2], sig, b"x")
+    (tmp_path / "bad.pem").write_text("not a key")
+    with pytest.raises(ValidationError, match="bad.pem .* cannot be read"):
+        load_secagg_identity(tmp_path / "bad.pem", tmp_path / SECAGG_DIRECTORY)
