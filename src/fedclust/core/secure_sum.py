@@ -3,7 +3,7 @@
 A protocol marks the actions whose replies its server only adds up
 (:attr:`Protocol.summed_actions`, e.g. distributed Lloyd's per-cluster sums
 and counts). A transport with secure aggregation on runs such a round as four
-exchanges (SecAgg+, Bell et al., CCS 2020; SecAgg, Bonawitz et al., CCS 2017):
+exchanges (five in the signed variant below) (SecAgg+, Bell et al., CCS 2020; SecAgg, Bonawitz et al., CCS 2017):
 
 1. ``keys`` — each device makes two X25519 key pairs for this round (``c``: to
    encrypt shares, ``s``: to agree pairwise masks) and sends the public keys;
