@@ -226,3 +226,14 @@ def test_identity_files_round_trip_and_bad_files_are_named(tmp_path):
     (tmp_path / "bad.pem").write_text("not a key")
     with pytest.raises(ValidationError, match="bad.pem .* cannot be read"):
         load_secagg_identity(tmp_path / "bad.pem", tmp_path / SECAGG_DIRECTORY)
+
+
+def test_signed_variant_on_a_sparse_graph_counts_group_signatures():
+    vals = _values(12, seed=3)
+    settings = SecureAggregation(neighbors=4, signed=True)
+    srv = run(vals, settings, identities=make_identities(range(12)), drop_after_mask=(3,))
+    assert all(len(g) == 5 for g in srv.group.values())
+    got = srv.result()
+    np.testing.assert_array_equal(got["counts"], sum(vals[z]["counts"] for z in srv.survivors))
+    unmask = srv.requests("unmask")
+    assert all(set(m["signers"].tolist()) <= set(srv.group[z]) for z, m in unmask.items())

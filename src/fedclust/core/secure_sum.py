@@ -264,7 +264,8 @@ class SecureSumServer:
                 out[z] = {"round": r, "survivors": np.asarray(self.survivors, np.int64),
                           "dropped": np.asarray(self.dropped, np.int64)}
                 if self.settings.signed:
-                    signers = sorted(self.confirms)
+                    # a device counts its own group's signatures only: send those
+                    signers = [v for v in sorted(self.confirms) if v in self.group[z]]
                     out[z]["signers"] = np.asarray(signers, np.int64)
                     out[z]["sigs"] = (np.stack([self.confirms[v] for v in signers]) if signers
                                       else np.zeros((0, 64), np.uint8))
