@@ -237,3 +237,10 @@ def test_signed_variant_on_a_sparse_graph_counts_group_signatures():
     np.testing.assert_array_equal(got["counts"], sum(vals[z]["counts"] for z in srv.survivors))
     unmask = srv.requests("unmask")
     assert all(set(m["signers"].tolist()) <= set(srv.group[z]) for z, m in unmask.items())
+
+
+def test_a_stage_nobody_answers_stops_the_round_with_the_reasons():
+    srv = SecureSumServer(range(3), 2, SecureAggregation(), 0)
+    with pytest.raises(ValidationError, match="round 2: no device answered stage 'keys' "
+                                              r"\(device 0: no handler; device 1: no handler\)"):
+        srv.take("keys", {}, {z: f"device {z}: no handler" for z in range(3)})

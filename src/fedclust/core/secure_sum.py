@@ -299,6 +299,11 @@ class SecureSumServer:
                 self.rejected[z] = (str(exc) if str(exc).startswith("device") else
                                     f"device {z}: bad secure aggregation {stage!r} reply ({exc})")
         self.alive = [z for z in before if z not in self.failed and z not in self.rejected]
+        if before and not self.alive:
+            why = {**self.failed, **self.rejected}
+            shown = "; ".join(why[z] for z in sorted(why)[:2])
+            raise ValidationError(f"secure aggregation round {self.round_id}: no device answered "
+                                  f"stage {stage!r} ({shown})")
         if stage == "mask":
             self.survivors = list(self.alive)
             self.dropped = [z for z in before if z not in self.alive]
