@@ -244,3 +244,23 @@ def test_a_stage_nobody_answers_stops_the_round_with_the_reasons():
     with pytest.raises(ValidationError, match="round 2: no device answered stage 'keys' "
                                               r"\(device 0: no handler; device 1: no handler\)"):
         srv.take("keys", {}, {z: f"device {z}: no handler" for z in range(3)})
+
+
+def test_config_asks_for_the_signed_variant(tmp_path):
+    from fedclust.config import ConfigError, check_config
+    from fedclust.experiment import make_transport
+    from fedclust.flower.deploy import app_run_config
+
+    base = {"seed": 1, "data": {"source": "gaussians", "n_features": 3, "n_clusters": 2,
+                                "n_local_clusters": 1, "m0": 2},
+            "algorithm": {"name": "distributed-lloyd", "n_clusters": 2}}
+    cfg = check_config({**base, "simulation": {"secure_aggregation": "signed"}})
+    assert make_transport(cfg).secure_aggregation == SIGNED
+    rc = app_run_config(cfg, result_dir=tmp_path)
+    assert rc["secure-aggregation"] is True and rc["secagg-signed"] is True
+    plain = app_run_config(check_config({**base, "simulation": {"secure_aggregation": True}}),
+                           result_dir=tmp_path)
+    assert plain["secagg-signed"] is False
+    for bad in ("yes", 1):
+        with pytest.raises(ConfigError, match="must be true, false or \"signed\""):
+            check_config({**base, "simulation": {"secure_aggregation": bad}})

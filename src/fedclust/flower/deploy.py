@@ -87,7 +87,8 @@ def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
         "result-dir": str(Path(result_dir).resolve()), "collect-outputs": bool(collect_outputs),
         # not a simulated fault: kept with --no-faults
         "secure-aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation", False)),
-        "secagg-frac-bits": 20, "secagg-neighbors": 0, "secagg-signed": False,
+        "secagg-frac-bits": 20, "secagg-neighbors": 0,
+        "secagg-signed": cfg.get("simulation", {}).get("secure_aggregation") == "signed",
     }
     rc.update({f"params.{k}": _plain(v) for k, v in lists.items()})
     return rc
