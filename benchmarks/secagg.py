@@ -7,7 +7,23 @@ run in this process (every device's step timed on its own, the server's apart):
   counts and cost: 211 numbers (1,688 B in plaintext);
 * ``fedavg``: a FedAvg update in its summable form
   (:class:`fedclust.fl.messages.SummedUpdate`) for a 784x10 softmax model:
-  7,854 numbers (62,832 B in plaintext).
+  7,854 numbers (62,832 B in plaintext);
+* ``dp-lloyd``: a DP Lloyd round with distributed noise
+  (:class:`fedclust.lloyd.messages.NoisyClusterSums`, k=10, d=20, ε=1,
+  δ=1e-6, data_bound 30, 3 rounds): each device adds ``σ/√n_min`` of the
+  noise; the table adds the std of the noise in the unmasked sum against
+  ``σ √(n / n_min)`` (every device stayed) — at least ``σ`` with any allowed
+  dropout (:mod:`fedclust.privacy.distributed`);
+* ``lloyd-signed``: the ``lloyd`` reply under the malicious-server variant
+  (``SecureAggregation(signed=True)``: Ed25519-signed keys, a fifth exchange
+  in which every survivor signs the survivor set).
+
+A second table runs :class:`fedclust.FederatedPreprocessor` end to end (d=20,
+60 rows per site, 10% missing) plain (one round) and with secure aggregation
+(two summed rounds of four exchanges each; ``--quick``: 10 sites, else also
+100): bytes per site, wall time of the whole fit in this process, and the
+largest difference of the scale from scikit-learn's pooled
+``SimpleImputer + StandardScaler``.
 
 Groups: every other device (SecAgg) up to 100 devices; at 1,000 devices each
 device masks with and shares to ``neighbors`` peers on a random circulant graph
@@ -33,7 +49,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
-from fedclust.core.secure_sum import SecureAggregation, SecureSumServer, secure_sum_client  # noqa: E402
+from fedclust.core.secure_sum import (SecureAggregation, SecureSumServer,  # noqa: E402
+                                      make_identities, secure_sum_client)
 
 WORKLOADS = {
     "lloyd": lambda rng: {"sums": rng.normal(scale=30.0, size=(10, 20)),
@@ -45,6 +62,29 @@ WORKLOADS = {
                            "n_samples": np.asarray(120, dtype=np.int64),
                            "n_devices": np.asarray(1, dtype=np.int64)},
 }
+
+
+def _dp_sigma() -> float:
+    """σ of a middle round of a DP Lloyd fit (k=10, d=20, ε=1, δ=1e-6, B=30, 3 rounds)."""
+    from fedclust.lloyd.protocol import DistributedLloydProtocol
+    from fedclust.privacy import DifferentialPrivacy
+
+    dp = DifferentialPrivacy(epsilon=1.0, delta=1e-6, data_bound=30.0)
+    return DistributedLloydProtocol(10, init="candidates", max_rounds=3, n_features=20,
+                                    privacy=dp).plan.releases[2].noise_std
+
+
+def _dp_lloyd(n: int, sigma: float, rng) -> tuple[dict, dict]:
+    """Per device: (noisy reply, noiseless reply) of a distributed-noise Lloyd round."""
+    from fedclust.privacy.distributed import min_noise_devices
+
+    std = sigma / math.sqrt(min_noise_devices(n))
+    clean = {"sums": rng.normal(scale=30.0, size=(10, 20)),
+             "counts": rng.integers(0, 500, size=10).astype(np.float64),
+             "cost": np.asarray(0.0), "n_devices": np.asarray(1, dtype=np.int64)}
+    noisy = {**clean, "sums": clean["sums"] + rng.normal(0.0, std, (10, 20)),
+             "counts": clean["counts"] + rng.normal(0.0, std * math.sqrt(20) / 30.0, 10)}
+    return noisy, clean
 
 REFERENCE = [
     ["Flower SecAggPlusWorkflow (legacy API)", "modulus 2^32: 4 B per masked entry",
@@ -69,8 +109,19 @@ def _nb(arrays) -> int:
 
 def one_round(workload: str, n: int, neighbors: int | None, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    values = {z: WORKLOADS[workload](rng) for z in range(n)}
-    settings = SecureAggregation(neighbors=neighbors)
+    clean = None
+    if workload == "dp-lloyd":
+        from fedclust.privacy.distributed import min_noise_devices
+
+        sigma = _dp_sigma()
+        pairs = [_dp_lloyd(n, sigma, rng) for _ in range(n)]
+        values = {z: pairs[z][0] for z in range(n)}
+        clean = sum(pairs[z][1]["sums"] for z in range(n))
+    else:
+        values = {z: WORKLOADS[workload.replace("-signed", "")](rng) for z in range(n)}
+    signed = workload.endswith("-signed")
+    settings = SecureAggregation(neighbors=neighbors, signed=signed)
+    identities = make_identities(range(n)) if signed else {}
     t_server = 0.0
     t0 = time.perf_counter()
     srv = SecureSumServer(range(n), 1, settings, seed)
@@ -79,7 +130,7 @@ def one_round(workload: str, n: int, neighbors: int | None, seed: int) -> dict:
     up = np.zeros(n)
     down = np.zeros(n)
     t_dev = np.zeros(n)
-    for stage in ("keys", "share", "mask", "unmask"):
+    for stage in srv.stages:
         t0 = time.perf_counter()
         inbound = srv.requests(stage)
         t_server += time.perf_counter() - t0
@@ -88,7 +139,8 @@ def one_round(workload: str, n: int, neighbors: int | None, seed: int) -> dict:
             down[z] += _nb(msg)
             t0 = time.perf_counter()
             rep = secure_sum_client(stage, msg, states[z], device_id=z,
-                                    reply=values[z] if stage == "mask" else None)
+                                    reply=values[z] if stage == "mask" else None,
+                                    identity=identities.get(z))
             t_dev[z] += time.perf_counter() - t0
             up[z] += _nb(rep)
             replies[z] = rep
@@ -102,22 +154,59 @@ def one_round(workload: str, n: int, neighbors: int | None, seed: int) -> dict:
         err = max(err, float(np.max(np.abs(np.asarray(got[f], dtype=np.float64) - ref))))
     plain = _nb(values[0])
     group = len(srv.group[0])
-    return {"workload": workload, "n_devices": n, "group": group,
+    noise = {}
+    if clean is not None:
+        n_min = min_noise_devices(n)
+        noise = {"sigma": sigma, "n_min": n_min,
+                 "sum_noise_std": float(np.std(np.asarray(got["sums"]) - clean)),
+                 "expected_std": sigma * math.sqrt(n / n_min)}
+    return {**noise, "workload": workload, "n_devices": n, "group": group,
             "neighbors": neighbors, "threshold": srv.threshold[0],
             "plain_up_bytes": plain, "secure_up_bytes": float(up.mean()),
             "secure_down_bytes": float(down.mean()), "up_ratio": float(up.mean()) / plain,
             "device_time_s": float(t_dev.mean()), "server_time_s": t_server,
-            "exchanges_plain": 1, "exchanges_secure": 4, "max_abs_error": err,
+            "exchanges_plain": 1, "exchanges_secure": len(srv.stages), "max_abs_error": err,
             "error_bound": n * 2.0 ** -21}
+
+
+def preprocess_fit(n: int, seed: int, d: int = 20) -> dict:
+    """A whole FederatedPreprocessor fit over ``n`` sites, plain and secure."""
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from fedclust.preprocess import FederatedPreprocessor
+
+    rng = np.random.default_rng(seed)
+    sites = []
+    for _ in range(n):
+        X = rng.normal(rng.uniform(-50, 50, d), rng.uniform(0.1, 10, d), size=(60, d))
+        X[rng.random(X.shape) < 0.1] = np.nan
+        sites.append(X)
+    ref = make_pipeline(SimpleImputer(), StandardScaler()).fit(np.vstack(sites))[-1]
+    out = {"n_sites": n}
+    for name, secure in (("plain", False), ("secure", True)):
+        t0 = time.perf_counter()
+        pre = FederatedPreprocessor(secure_aggregation=secure).fit(sites)
+        out[f"{name}_time_s"] = time.perf_counter() - t0
+        c = pre.communication_
+        out[f"{name}_up_bytes"] = c["bytes_up"] / n
+        out[f"{name}_down_bytes"] = c["bytes_down"] / n
+        out[f"rounds_{name}"] = c["rounds"]
+        out[f"exchanges_{name}"] = c["rounds"] + c.get("secure_exchanges", 0)
+        if secure:
+            out["scale_rel_error"] = float(np.max(np.abs(pre.scale_ / ref.scale_ - 1)))
+    return out
 
 
 def main(argv=None) -> int:
     p = C.make_parser(__doc__.split("\n")[0])
     args = C.finish_args(p.parse_args(argv))
     cases = []
-    for workload in ("lloyd", "fedavg"):
+    for workload in ("lloyd", "fedavg", "dp-lloyd", "lloyd-signed"):
         for n in (10, 100, 1000):
-            if args.quick and n == 1000:
+            if args.quick and (n == 1000 or (workload in ("dp-lloyd", "lloyd-signed")
+                                             and n > 10)):
                 continue
             neighbors = None if n <= 100 else 3 * math.ceil(math.log2(n))
             cases.append((workload, n, neighbors))
@@ -134,12 +223,30 @@ def main(argv=None) -> int:
         [[r["workload"], r["n_devices"], r["group"], r["threshold"], r["plain_up_bytes"],
           f"{r['secure_up_bytes']:,.0f}", f"{r['secure_down_bytes']:,.0f}",
           f"{r['up_ratio']:.1f}", f"{r['device_time_s'] * 1e3:.1f}",
-          f"{r['server_time_s']:.2f}", "1 -> 4", f"{r['max_abs_error']:.1e}"] for r in rows],
+          f"{r['server_time_s']:.2f}", f"1 -> {r['exchanges_secure']}",
+          f"{r['max_abs_error']:.1e}"] for r in rows],
         title="One securely summed round vs plaintext (this machine, one process)")
+    dp = [r for r in rows if r["workload"] == "dp-lloyd"]
+    dp_table = C.print_table(
+        ["devices", "n_min", "sigma", "device std", "sum noise std", "sigma sqrt(n/n_min)"],
+        [[r["n_devices"], r["n_min"], f"{r['sigma']:.1f}",
+          f"{r['sigma'] / math.sqrt(r['n_min']):.1f}", f"{r['sum_noise_std']:.1f}",
+          f"{r['expected_std']:.1f}"] for r in dp],
+        title="\nDistributed DP noise in the unmasked sum (dp-lloyd rows)")
+    pre = [preprocess_fit(n, args.seed) for n in ((10,) if args.quick else (10, 100))]
+    pre_table = C.print_table(
+        ["sites", "plain B up", "secure B up", "secure B down", "rounds", "exchanges",
+         "plain s", "secure s", "max |scale - sklearn| / scale"],
+        [[r["n_sites"], f"{r['plain_up_bytes']:,.0f}", f"{r['secure_up_bytes']:,.0f}",
+          f"{r['secure_down_bytes']:,.0f}", f"{r['rounds_plain']} -> {r['rounds_secure']}",
+          f"{r['exchanges_plain']} -> {r['exchanges_secure']}", f"{r['plain_time_s']:.2f}",
+          f"{r['secure_time_s']:.2f}", f"{r['scale_rel_error']:.1e}"] for r in pre],
+        title="\nFederatedPreprocessor fit (d=20): plain vs secure aggregation")
     ref = C.print_table(["", "wire", "precision", "shares", "mask generator"], REFERENCE,
                         title="\nReference settings")
-    C.write_json(args, "secagg", {"rows": rows, "reference": REFERENCE, "table": table,
-                                  "reference_table": ref})
+    C.write_json(args, "secagg", {"rows": rows, "preprocess": pre, "reference": REFERENCE,
+                                  "table": table, "dp_table": dp_table,
+                                  "preprocess_table": pre_table, "reference_table": ref})
     return 0
 
 

@@ -83,11 +83,19 @@ def _check_kfed_byzantine(doc):
 def _check_secagg(doc):
     rows = doc["rows"]
     assert {(r["workload"], r["n_devices"]) for r in rows} == {
-        ("lloyd", 10), ("lloyd", 100), ("fedavg", 10), ("fedavg", 100)}
+        ("lloyd", 10), ("lloyd", 100), ("fedavg", 10), ("fedavg", 100), ("dp-lloyd", 10),
+        ("lloyd-signed", 10)}
     for r in rows:
         assert r["max_abs_error"] <= r["n_devices"] * 2.0 ** -21
-        assert r["secure_up_bytes"] > r["plain_up_bytes"] and r["exchanges_secure"] == 4
+        assert r["secure_up_bytes"] > r["plain_up_bytes"]
+        assert r["exchanges_secure"] == (5 if r["workload"] == "lloyd-signed" else 4)
         assert r["device_time_s"] > 0 and r["server_time_s"] > 0
+    dp = [r for r in rows if r["workload"] == "dp-lloyd"][0]
+    # 200 noisy sums: their std within ~20 % of sigma sqrt(n / n_min), never below sigma's reach
+    assert 0.8 < dp["sum_noise_std"] / dp["expected_std"] < 1.2
+    (pre,) = doc["preprocess"]
+    assert pre["rounds_plain"] == 1 and pre["rounds_secure"] == 2 and pre["exchanges_secure"] == 8
+    assert pre["secure_up_bytes"] > pre["plain_up_bytes"] and pre["scale_rel_error"] < 1e-6
 
 
 CASES = {

@@ -362,11 +362,13 @@ def _flower(args) -> int:
             print(f"{what}: {path}")
         return 0
     if args.flower_command == "keys":
-        from .flower.pki import write_node_keys
+        from .flower.pki import write_node_keys, write_secagg_identities
 
         paths = write_node_keys(args.dir, args.nodes, overwrite=args.force)
+        ident = write_secagg_identities(args.dir, range(args.nodes), overwrite=args.force)
         print(f"{args.nodes} SuperNode key pairs in {args.dir}; public keys listed in "
-              f"{paths['csv']}")
+              f"{paths['csv']}; secure-aggregation identities secagg-<i>.pem, directory "
+              f"{ident['directory']}")
         return 0
     if args.flower_command == "split":
         from .flower.deploy import split_devices

@@ -11,7 +11,8 @@ silently ignored)::
     [algorithm]   name = a registered algorithm ("kfed", ...) + its estimator's parameters
     [simulation]  dropout, late, progress; byzantine (fraction of devices that lie on the
                   wire, on either transport), attack (fedclust.sim.byzantine.ATTACKS), attack_scale;
-                  secure_aggregation = true (summed rounds as secure sums, any transport)
+                  secure_aggregation = true (summed rounds as secure sums, any transport;
+                  "signed": the malicious-server variant)
     [baselines]   name = true for the baselines the algorithm registers
     [preprocess]  impute = "mean" | "none", scale = "standard" | "none": federated imputation
                   and scaling before the algorithm (:mod:`fedclust.preprocess`); site data
@@ -272,9 +273,10 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         raise ConfigError(f"{source}: [simulation] has unknown keys {sorted(set(sim) - _SIMULATION)}; "
                           f"allowed: {sorted(_SIMULATION)}")
     _check_simulation(sim, source)
-    if not isinstance(sim.get("secure_aggregation", False), bool):
+    secure = sim.get("secure_aggregation", False)
+    if not (isinstance(secure, bool) or secure == "signed"):
         raise ConfigError(f"{source}: [simulation] secure_aggregation="
-                          f"{sim['secure_aggregation']!r} must be true or false")
+                          f"{sim['secure_aggregation']!r} must be true, false or \"signed\"")
     base = _table(cfg, "baselines", source)
     allowed_base = set(ALGORITHMS[algo["name"]].baselines) & set(BASELINES)
     if set(base) - allowed_base:

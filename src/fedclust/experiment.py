@@ -106,8 +106,13 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
     (:class:`fedclust.sim.byzantine.ByzantineTamper`), on either transport.
     """
     sim = cfg.get("simulation", {})
+    secure = sim.get("secure_aggregation", False)
+    if secure == "signed":
+        from .core.secure_sum import SecureAggregation
+
+        secure = SecureAggregation(signed=True)
     kw = dict(dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0),
-              secure_aggregation=bool(sim.get("secure_aggregation", False)))
+              secure_aggregation=secure or False)
     alpha = sim.get("byzantine", 0.0)
     tamper = None
     if alpha:

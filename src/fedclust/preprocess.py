@@ -19,6 +19,28 @@ each site clips every value to the user's public per-column range, sends the
 same message, and the server adds Gaussian noise once to the pooled row
 count, per-column counts, sums and sums of squares before computing the mean
 and scale. ε = ∞ gives the non-private result bit for bit.
+
+Summed form (``summed=True``; what ``FederatedPreprocessor(secure_aggregation=True)``
+and a transport with secure aggregation run): Chan's merge needs each site's
+own mean, so the server could not work from a sum alone. Two rounds whose
+replies the server only adds up replace it (:attr:`PreprocessProtocol.summed_actions`,
+:mod:`fedclust.core.secure_sum`):
+
+1. ``column_sums`` — per column the non-missing count and sum, the row count
+   (:class:`ColumnSums`, ``16 d + 8`` bytes up);
+2. ``column_squares`` — the server broadcasts a centre (:class:`ColumnCentre`,
+   ``8 d`` bytes down): the pooled mean, or with ``privacy`` the public middle
+   of each column's range (so no statistic reaches a site before the noise);
+   each site returns the sum over its non-missing values of the squared
+   deviations from it, and its row count (:class:`ColumnSquares`, ``8 d + 8``
+   bytes up).
+
+Deviations from the pooled mean are small numbers, so their fixed-point sum
+keeps its precision (a plain ``Σ x²`` would lose it to ``Σx² − n x̄²``
+cancellation). Under secure aggregation the server sees these sums only; with
+``privacy`` it adds the same Gaussian noise to them (central DP over the sum).
+A site that answers the first round but not the second stops the fit with one
+line (the pooled variance would mix different sites).
 """
 
 from __future__ import annotations
@@ -32,6 +54,7 @@ from .core.exceptions import IncompatibleMessageError, NotFittedError, Validatio
 from .core.messages import FLOAT, INT, Message, reject
 from .core.protocol import Protocol, Request, RunLog
 from .core.registry import register_protocol
+from .core.secure_sum import SecureAggregation
 from .core.validation import check_choice
 from .privacy import DifferentialPrivacy, PrivacyPlan, calibrate, noise_rng, pop_privacy, privacy_config
 from .privacy import columns as pc
@@ -43,6 +66,8 @@ __all__ = ["FederatedPreprocessor", "PreprocessProtocol", "PreprocessResult", "C
 IMPUTE = ("mean", "none")
 SCALE = ("standard", "none")
 ACTION = "column_moments"
+SUMS = "column_sums"        # summed form, round 0
+SQUARES = "column_squares"  # summed form, round 1
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,53 @@ class ColumnMoments(Message):
 
 
 @dataclass(frozen=True)
+class ColumnSums(Message):
+    """Site -> server (summed form): per column non-missing count and sum; row count.
+
+    Bytes: ``16 d + 8``. Every field is a plain sum over sites.
+    """
+
+    count: np.ndarray   # (d,) int64
+    total: np.ndarray   # (d,) float
+    n_rows: np.ndarray  # () int64
+    schema: ClassVar = {"count": (INT, 1), "total": (FLOAT, 1), "n_rows": (INT, 0)}
+    kind: ClassVar[str] = "column_sums"
+
+    def validate(self, sender: str) -> None:
+        if self.total.shape != self.count.shape:
+            reject(sender, f"count and total must have one shape, got {self.count.shape}, "
+                           f"{self.total.shape}")
+        if (self.count < 0).any() or (self.count > self.n_rows).any() or self.n_rows < 1:
+            reject(sender, f"counts must lie in 0..n_rows={int(self.n_rows)}")
+
+
+@dataclass(frozen=True)
+class ColumnCentre(Message):
+    """Server -> site (summed form): the centre of the squared deviations (``8 d`` bytes)."""
+
+    centre: np.ndarray
+    schema: ClassVar = {"centre": (FLOAT, 1)}
+    kind: ClassVar[str] = "column_centre"
+
+
+@dataclass(frozen=True)
+class ColumnSquares(Message):
+    """Site -> server (summed form): per column the sum over non-missing values of
+    ``(x - centre)**2``, and the row count (``8 d + 8`` bytes)."""
+
+    sq: np.ndarray      # (d,) float
+    n_rows: np.ndarray  # () int64
+    schema: ClassVar = {"sq": (FLOAT, 1), "n_rows": (INT, 0)}
+    kind: ClassVar[str] = "column_squares"
+
+    def validate(self, sender: str) -> None:
+        if (self.sq < 0).any():
+            reject(sender, "sq (a sum of squares) must be >= 0")
+        if self.n_rows < 1:
+            reject(sender, f"n_rows={int(self.n_rows)} must be >= 1")
+
+
+@dataclass(frozen=True)
 class PooledTransform(Message):
     """Server -> site: the pooled column means and scales (``16 d`` bytes)."""
 
@@ -98,6 +170,15 @@ class _State:
     device_ids: tuple[int, ...]
     done: bool = False
     replies: dict[int, ColumnMoments] = field(default_factory=dict)
+    sums: ColumnSums | None = None      # summed form: round 0's pooled sums
+    centre: np.ndarray | None = None    # summed form: round 1's broadcast centre
+    sq: np.ndarray | None = None        # summed form: round 1's pooled squares
+
+
+def _add(replies: Mapping[int, Message], cls: type[Message]) -> Message:
+    """Field-by-field sum of the replies (a secure sum is already one)."""
+    reps = [replies[z] for z in sorted(replies)]
+    return cls(**{f: np.sum([getattr(r, f) for r in reps], axis=0) for f in cls.schema})
 
 
 def _where(names: Sequence[str], z: int) -> str:
@@ -118,16 +199,23 @@ def check_no_missing(X: np.ndarray, where: str, columns: Sequence[str] = ()) -> 
 
 
 class PreprocessProtocol(Protocol):
-    """One round: column moments up, the pooled transform down (see the module docstring)."""
+    """One round: column moments up, the pooled transform down; or, with ``summed``,
+    two rounds of plain sums (see the module docstring)."""
 
     name = "preprocess"
-    reply_types = {ACTION: ColumnMoments}
+    reply_types = {ACTION: ColumnMoments, SUMS: ColumnSums, SQUARES: ColumnSquares}
+    not_summable_reason = ("its one-round column moments are pooled by Chan's merge; "
+                           "FederatedPreprocessor(secure_aggregation=True) sends plain sums")
 
     def __init__(self, n_features: int, *, impute: str = "mean", scale: str = "standard",
                  columns: Sequence[str] = (), names: Sequence[str] = (),
                  privacy: DifferentialPrivacy | None = None, lower: Sequence[float] = (),
-                 upper: Sequence[float] = (), site_rows: int | None = None):
+                 upper: Sequence[float] = (), site_rows: int | None = None,
+                 summed: bool = False):
         self.n_features = int(n_features)
+        self.summed = bool(summed)
+        if self.summed:
+            self.summed_actions = frozenset({SUMS, SQUARES})
         self.impute = check_choice(impute, "impute", IMPUTE)
         self.scale = check_choice(scale, "scale", SCALE)
         self.columns = [str(c) for c in columns]
@@ -140,6 +228,11 @@ class PreprocessProtocol(Protocol):
                 raise ValidationError(
                     "privacy: FederatedPreprocessor with unit='device' needs site_rows (the most "
                     "rows one site may weigh in the pooled statistics, a public number); got None")
+            if privacy.unit == "device" and self.summed:
+                raise ValidationError(
+                    "privacy: FederatedPreprocessor with unit='device' scales each site's "
+                    "moments on the server, which secure aggregation hides; use "
+                    "secure_aggregation=False or unit='point'")
             bounds = np.column_stack([lower, upper]) if len(lower) else None
             self.lower, self.upper = pc.column_ranges(bounds, self.n_features, self.columns)
             self.plan = calibrate(privacy, [pc.column_moments_release(
@@ -154,6 +247,8 @@ class PreprocessProtocol(Protocol):
             cfg.update(lower=self.lower.tolist(), upper=self.upper.tolist())
         if self.site_rows is not None:
             cfg["site_rows"] = self.site_rows
+        if self.summed:
+            cfg["summed"] = True
         return cfg
 
     @classmethod
@@ -168,20 +263,60 @@ class PreprocessProtocol(Protocol):
         return _State(tuple(int(z) for z in device_ids))
 
     def next_request(self, state: _State) -> Request | None:
-        return None if state.done else Request(round=0, action=ACTION)
+        if state.done:
+            return None
+        if not self.summed:
+            return Request(round=0, action=ACTION)
+        if state.sums is None:
+            return Request(round=0, action=SUMS)
+        return Request(round=1, action=SQUARES, payload=ColumnCentre(centre=state.centre))
 
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
-        if reply.count.shape != (self.n_features,):
+        d = (reply.sq if request.action == SQUARES else reply.count).shape[0]
+        if d != self.n_features:
             raise IncompatibleMessageError(
-                f"{_where(self.names, device_id)}: sent {reply.count.shape[0]} columns, "
+                f"{_where(self.names, device_id)}: sent {d} columns, "
                 f"the federation has {self.n_features}")
 
     def server_step(self, state: _State, request: Request,
-                    replies: Mapping[int, ColumnMoments]) -> None:
-        state.replies.update(replies)
+                    replies: Mapping[int, Message]) -> None:
+        if request.action == SUMS:
+            state.sums = _add(replies, ColumnSums)
+            count = state.sums.count
+            self._check_columns(count)
+            # with privacy the centre is public (the middle of each range): no statistic
+            # reaches a site before the noise; without, the pooled mean
+            state.centre = ((self.lower + self.upper) / 2.0 if self.privacy is not None
+                            else state.sums.total / count)
+            return
+        if request.action == SQUARES:
+            squares = _add(replies, ColumnSquares)
+            if int(squares.n_rows) != int(state.sums.n_rows):
+                raise ValidationError(
+                    f"round {request.round}: the squared deviations cover "
+                    f"{int(squares.n_rows)} rows but the sums covered "
+                    f"{int(state.sums.n_rows)}; a site answered one round only, so the "
+                    "pooled variance would mix different sites")
+            state.sq = squares.sq
+        else:
+            state.replies.update(replies)
         state.done = True
 
-    def finish(self, state: _State, log: RunLog) -> PreprocessResult:
+    def _check_columns(self, count: np.ndarray) -> None:
+        empty = np.flatnonzero(count == 0)
+        if empty.size:
+            raise ValidationError(f"column {_column(self.columns, empty[0])} has no value at any "
+                                  "site; drop it from the features")
+
+    def _pooled(self, state: _State) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, count, total, m2 about the pooled mean) over the replying sites."""
+        if self.summed:
+            s = state.sums
+            count, total = s.count.astype(np.int64), np.asarray(s.total, np.float64)
+            mean = total / count
+            # Σ (x - m)^2 = Σ (x - c)^2 - n (m - c)^2; c = m without privacy
+            m2 = np.maximum(state.sq - count * (mean - state.centre) ** 2, 0.0)
+            return int(s.n_rows), count, total, m2
         reps = [state.replies[z] for z in sorted(state.replies)]
         if self.privacy is not None and self.privacy.unit == "device":
             reps = pc.clip_sites(reps, self.lower, self.upper, self.site_rows)
@@ -190,10 +325,7 @@ class PreprocessProtocol(Protocol):
         n_rows = sum(r.n_rows for r in reps)
         n_rows = int(n_rows) if np.asarray(n_rows).dtype.kind in "iu" else float(n_rows)
         total = np.sum([r.total for r in reps], axis=0)
-        empty = np.flatnonzero(count == 0)
-        if empty.size:
-            raise ValidationError(f"column {_column(self.columns, empty[0])} has no value at any "
-                                  "site; drop it from the features")
+        self._check_columns(count)
         mean = total / count
         # Chan et al.: M2 = sum_z [M2_z + n_z (mean_z - mean)^2], exact pooling
         m2 = np.zeros_like(mean)
@@ -201,6 +333,11 @@ class PreprocessProtocol(Protocol):
             n = r.count
             mz = np.divide(r.total, n, out=np.zeros_like(mean), where=n > 0)
             m2 += r.m2 + n * (mz - mean) ** 2
+        return n_rows, count, total, m2
+
+    def finish(self, state: _State, log: RunLog) -> PreprocessResult:
+        n_rows, count, total, m2 = self._pooled(state)
+        mean = state.centre if self.summed and self.privacy is None else total / count
         var = m2 / n_rows  # imputed cells sit at the mean: rows count, deviations do not
         if self.plan is not None and self.privacy.private:
             std = self.plan.releases[0].noise_std
@@ -235,8 +372,18 @@ class PreprocessProtocol(Protocol):
             X, n_clipped = pc.clip_columns(X, self.lower, self.upper)
             state["n_clipped"] = np.asarray(n_clipped, dtype=np.int64)
         ok = ~np.isnan(X)
+        if request.action == SQUARES:
+            c = request.payload.centre if request.payload is not None else None
+            if c is None or c.shape != (X.shape[1],) or not np.isfinite(c).all():
+                raise ValidationError(f"{_where(self.names, device_id)}: the centre of round "
+                                      f"{request.round} must be {X.shape[1]} finite numbers")
+            sq = np.where(ok, (X - c) ** 2, 0.0).sum(axis=0)
+            return ColumnSquares(sq=sq, n_rows=np.asarray(len(X), np.int64))
         count = ok.sum(axis=0)
         total = np.where(ok, X, 0.0).sum(axis=0)
+        if request.action == SUMS:
+            return ColumnSums(count=count.astype(np.int64), total=total,
+                              n_rows=np.asarray(len(X), np.int64))
         mz = np.divide(total, count, out=np.zeros(X.shape[1]), where=count > 0)
         m2 = np.where(ok, (X - mz) ** 2, 0.0).sum(axis=0)
         return ColumnMoments(count=count.astype(np.int64), total=total, m2=m2,
@@ -282,6 +429,14 @@ class FederatedPreprocessor:
         the rest is left for the algorithm fitted next: pass it
         ``privacy.after(preprocessor.privacy_plan_)``, and the accountant
         composes both fits within the total ``privacy.epsilon``.
+    secure_aggregation : bool or SecureAggregation, default=False
+        Fit with two rounds of plain sums (counts and sums, then squared
+        deviations from the pooled mean) run as secure sums
+        (:mod:`fedclust.core.secure_sum`): the server learns the pooled sums,
+        never one site's. Equal to scikit-learn's pooled fit within the
+        fixed-point precision (``2**-frac_bits`` per site and value). A
+        transport with secure aggregation on turns it on too. Each secure round
+        costs 3 extra exchanges.
     progress : bool, default=False
         Progress bar of the default in-process transport.
 
@@ -294,7 +449,9 @@ class FederatedPreprocessor:
     n_rows_ : int
     feature_names_in_ : list of str
     communication_ : dict
-        Byte counts of the round (``24 d + 8`` up and ``16 d`` down per site).
+        Byte counts: ``24 d + 8`` up and ``16 d`` down per site; summed
+        (secure aggregation) ``24 d + 16`` up and ``24 d`` down plus the secure
+        stages' keys, shares and masked vectors.
     privacy_ : dict or None
         With ``privacy``: budget, the release with its noise scale, and the
         clipped values per site.
@@ -310,6 +467,7 @@ class FederatedPreprocessor:
     def __init__(self, impute: str = "mean", scale: str = "standard", *,
                  privacy: DifferentialPrivacy | None = None, bounds: Any = None,
                  budget_share: float = 1.0, site_rows: int | None = None,
+                 secure_aggregation: Any = False,
                  progress: bool = False):
         self.impute = impute
         self.site_rows = site_rows
@@ -317,6 +475,7 @@ class FederatedPreprocessor:
         self.privacy = privacy
         self.bounds = bounds
         self.budget_share = budget_share
+        self.secure_aggregation = secure_aggregation
         self.progress = progress
 
     def _protocol_privacy(self, d: int, cols: Sequence[str]) -> dict[str, Any]:
@@ -359,10 +518,18 @@ class FederatedPreprocessor:
                 raise ValidationError(f"device {z}: shape {X.shape}; every site needs 2-D data "
                                       f"with {d} columns")
         cols = [str(c) for c in columns] if columns is not None else [f"x{j}" for j in range(d)]
+        secure = SecureAggregation.coerce(self.secure_aggregation)
+        if transport is None:
+            transport = InProcessTransport(progress=self.progress,
+                                           secure_aggregation=secure or False)
+        elif secure is not None and not getattr(transport, "secure_aggregation", False):
+            raise ValidationError(
+                "secure_aggregation=True but the given transport has secure_aggregation off: "
+                "pass secure_aggregation=True to the transport too")
         protocol = PreprocessProtocol(d, impute=self.impute, scale=self.scale, columns=cols,
                                       names=list(names or []),
+                                      summed=bool(getattr(transport, "secure_aggregation", False)),
                                       **self._protocol_privacy(d, cols))
-        transport = transport or InProcessTransport(progress=self.progress)
         out = transport.run(protocol, dict(enumerate(Xs)), 0)
         res: PreprocessResult = out.result
         self._set(res.mean, res.var, res.scale, res.count, res.n_rows, cols)

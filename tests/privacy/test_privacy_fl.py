@@ -45,7 +45,7 @@ def test_noise_scale_and_budget():
     rel = m.privacy_["releases"][0]
     assert rel["repeats"] == 4 and rel["sensitivity"] == pytest.approx(0.5 * math.sqrt(2))
     assert m.privacy_["epsilon_spent"] <= 2.0
-    assert all(h["train_loss"] == 0 for h in m.history_)     # losses are not released
+    assert all(h["train_loss"] is None for h in m.history_)  # losses are not released
 
 
 def test_infinite_epsilon_equal_sizes_matches_fedavg_closely():

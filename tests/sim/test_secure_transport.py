@@ -182,6 +182,7 @@ def test_fedavg_secure_sums_match_plaintext_and_hide_updates():
 
 def test_fedavg_keyword_equals_the_secure_transport_and_refuses_what_it_cannot_sum():
     from fedclust.fl import FedAvg, rotated_federation
+    from fedclust.fl.protocol import FedAvgProtocol
     from fedclust.privacy import DifferentialPrivacy
 
     fed = rotated_federation(1, n_devices=5, n_train=20, n_test=5)
@@ -195,8 +196,8 @@ def test_fedavg_keyword_equals_the_secure_transport_and_refuses_what_it_cannot_s
         FedAvg("softmax", secure_aggregation=True, **kw).fit(
             fed.devices, fed.labels, transport=InProcessTransport())
     dp = DifferentialPrivacy(epsilon=1.0, delta=1e-5, unit="device", clip_norm=1.0)
-    with pytest.raises(ValidationError, match="not available for FedAvg"):
-        FedAvg("softmax", secure_aggregation=True, privacy=dp, **kw).fit(fed.devices, fed.labels)
+    with pytest.raises(ValidationError, match="needs the distributed noise"):
+        FedAvgProtocol(model="softmax", n_features=64, privacy=dp, secure_sum=True)
 
 
 def test_fedavg_secure_on_flower_message_api_is_identical():

@@ -154,6 +154,11 @@ class Protocol(ABC):
     def finish(self, state: Any, log: RunLog) -> Any:
         """The protocol's result object."""
 
+    def secure_form(self) -> "Protocol":
+        """What a transport with secure aggregation runs: ``self``, or an equivalent
+        protocol whose rounds send plain sums (more :attr:`summed_actions`)."""
+        return self
+
     def final_message(self, result: Any, device_id: int) -> Message | None:
         """What the server sends a device once the run is over (``None``: nothing)."""
         return None

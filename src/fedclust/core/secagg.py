@@ -4,7 +4,8 @@ The building blocks of :mod:`fedclust.core.secure_sum` (SecAgg / SecAgg+:
 Bonawitz et al., CCS 2017; Bell et al., CCS 2020). All cryptography comes from
 the ``cryptography`` library: X25519 key agreement, HKDF-SHA256 key
 derivation, ChaCha20 as the seeded pseudo-random generator of the masks,
-AES-GCM for the shares that travel through the server. Written here: the
+AES-GCM for the shares that travel through the server, Ed25519 for the
+signatures of the malicious-server variant. Written here: the
 fixed-point encoding (integers mod 2**64) and Shamir secret sharing over the
 prime field GF(2**521 - 1) (polynomial evaluation and Lagrange interpolation;
 no cipher).
@@ -32,7 +33,8 @@ from .exceptions import ValidationError
 
 __all__ = ["PRIME", "SHARE_BYTES", "Entropy", "encode_fixed", "decode_fixed", "prg_mask",
            "x25519_keypair", "agree", "shamir_split", "shamir_combine", "seal", "open_sealed",
-           "layout_of", "bytes_to_array", "array_to_bytes"]
+           "layout_of", "bytes_to_array", "array_to_bytes", "ed25519_keypair", "sign",
+           "verify"]
 
 #: the Mersenne prime 2**521 - 1: Shamir's field holds any 256-bit secret
 PRIME = (1 << 521) - 1
@@ -166,6 +168,37 @@ def open_sealed(private: bytes, public: bytes, src: int, dst: int, round_id: int
     except InvalidTag:
         raise ValidationError(f"the shares from device {src} to device {dst} were altered "
                               "on the way (authentication failed)") from None
+
+
+# --------------------------------------------------------------------------- signatures
+def ed25519_keypair() -> tuple[bytes, bytes]:
+    """``(private, public)`` raw 32-byte Ed25519 identity keys."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption,
+                                                              PrivateFormat, PublicFormat)
+
+    sk = Ed25519PrivateKey.generate()
+    return (sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()),
+            sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def sign(private: bytes, message: bytes) -> bytes:
+    """The 64-byte Ed25519 signature of ``message``."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(private).sign(message)
+
+
+def verify(public: bytes, signature: bytes, message: bytes) -> bool:
+    """True if ``signature`` is ``public``'s Ed25519 signature of ``message``."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- Shamir

@@ -3,7 +3,7 @@
 A protocol marks the actions whose replies its server only adds up
 (:attr:`Protocol.summed_actions`, e.g. distributed Lloyd's per-cluster sums
 and counts). A transport with secure aggregation on runs such a round as four
-exchanges (SecAgg+, Bell et al., CCS 2020; SecAgg, Bonawitz et al., CCS 2017):
+exchanges (five in the signed variant below) (SecAgg+, Bell et al., CCS 2020; SecAgg, Bonawitz et al., CCS 2017):
 
 1. ``keys`` — each device makes two X25519 key pairs for this round (``c``: to
    encrypt shares, ``s``: to agree pairwise masks) and sends the public keys;
@@ -33,10 +33,27 @@ Security (honest-but-curious server, as SecAgg+): the server sees public
 keys, ciphertexts, masked vectors (uniform mod 2**64 to anyone without the
 seeds) and the sum. A device sees its group's public keys and its own shares.
 Fewer than ``t`` colluding group members learn nothing about a seed. Nothing
-here protects against a server that forges the dropped list differently for
-different devices (SecAgg+'s malicious-server variant adds signatures), nor
-against devices that lie about their values (that is what robust servers and
-clipping are for).
+protects against devices that lie about their values (that is what robust
+servers and clipping are for).
+
+Malicious server (``SecureAggregation(signed=True)``; Bonawitz et al. 2017,
+§ 6): every device holds an Ed25519 identity key whose public part every other
+device knows from a directory distributed outside the server (with the TLS
+certificates; :class:`DeviceIdentity`). Two additions:
+
+* signed key advertisements — each device signs ``(round, id, c_pk, s_pk)``;
+  a device verifies every peer's signature before it shares a secret, so the
+  server cannot put its own keys in the middle of a pair;
+* a consistency check — a fifth exchange, ``confirm``, between ``mask`` and
+  ``unmask``: the server sends the survivor set, each survivor signs it (bound
+  to its fresh ``s_pk``, so old signatures cannot be replayed) and signs only
+  one set per round; at ``unmask`` a device reveals shares only for the set it
+  signed and only with at least ``t`` valid signatures on that set from its
+  group. As ``2 t > g``, the server cannot get both a dropped device's mask key
+  and its self-mask seed (which would unmask its reply) by naming it dropped to
+  some devices and alive to others.
+
+A device with an identity insists on both, whatever the server asks.
 
 This module does not import flwr: a transport moves the four stages' arrays.
 """
@@ -45,6 +62,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -53,15 +71,16 @@ import numpy as np
 from .exceptions import IncompatibleMessageError, ValidationError
 from .random import server_rng
 from .secagg import (SHARE_BYTES, Entropy, array_to_bytes, bytes_to_array, decode_fixed,
-                     encode_fixed, open_sealed, pair_mask_seed, prg_mask, seal, shamir_combine,
-                     shamir_split, x25519_keypair)
+                     ed25519_keypair, encode_fixed, open_sealed, pair_mask_seed, prg_mask, seal,
+                     shamir_combine, shamir_split, sign, verify, x25519_keypair)
 
-__all__ = ["SUMMED", "STAGES", "SecureAggregation", "SecureSumServer", "secure_sum_client",
-           "check_summable"]
+__all__ = ["SUMMED", "STAGES", "SIGNED_STAGES", "SecureAggregation", "SecureSumServer",
+           "secure_sum_client", "check_summable", "DeviceIdentity", "make_identities"]
 
 #: the key under which a summed round's single reply (the sum) reaches ``server_step``
 SUMMED = -1
 STAGES = ("keys", "share", "mask", "unmask")
+SIGNED_STAGES = ("keys", "share", "mask", "confirm", "unmask")
 _P = "secagg."  # prefix of the device state entries
 _SECAGG_ROUND_BRANCH = 11  # server-stream index for the neighbour graph
 
@@ -81,10 +100,15 @@ class SecureAggregation:
         Peers each device masks with and shares to (SecAgg+'s graph degree);
         ``None``: all other devices (SecAgg). A few dozen keep a 1,000-device
         round cheap.
+    signed : bool, default=False
+        The malicious-server variant (see the module docstring): signed key
+        advertisements and a consistency check of the survivor set, one more
+        exchange. Every device needs a :class:`DeviceIdentity`.
     """
 
     frac_bits: int = 20
     neighbors: int | None = None
+    signed: bool = False
 
     def __post_init__(self):
         if not 0 <= int(self.frac_bits) <= 52:
@@ -105,6 +129,42 @@ class SecureAggregation:
             return cls(**value)
         raise ValidationError(f"secure_aggregation={value!r} must be True, False or a "
                               "SecureAggregation")
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """A device's Ed25519 identity: its private key and every device's public key.
+
+    The directory must come from outside the server (e.g. distributed with the
+    TLS certificates): the signatures are worth what the directory is.
+    """
+
+    private: bytes
+    directory: Mapping[int, bytes]
+
+    def public_of(self, device_id: int, where: str) -> bytes:
+        try:
+            return self.directory[int(device_id)]
+        except KeyError:
+            raise ValidationError(f"{where}: device {device_id} has no identity key in the "
+                                  "directory; refusing to share secrets with it") from None
+
+
+def make_identities(device_ids: Sequence[int]) -> dict[int, DeviceIdentity]:
+    """Fresh identities for simulated devices (each private key stays with its device)."""
+    keys = {int(z): ed25519_keypair() for z in device_ids}
+    directory = {z: pk for z, (_, pk) in keys.items()}
+    return {z: DeviceIdentity(sk, directory) for z, (sk, _) in keys.items()}
+
+
+def _advert(round_id: int, z: int, c_pk: bytes, s_pk: bytes) -> bytes:
+    return b"fedclust secagg keys" + struct.pack(">qq", int(round_id), int(z)) + c_pk + s_pk
+
+
+def _survivor_claim(round_id: int, s_pk: bytes, survivors: Sequence[int]) -> bytes:
+    """What a survivor signs at ``confirm``: the set, bound to its fresh mask key."""
+    ids = np.asarray(sorted(int(v) for v in survivors), dtype=">i8").tobytes()
+    return b"fedclust secagg survivors" + struct.pack(">q", int(round_id)) + s_pk + ids
 
 
 def check_summable(protocol: Any) -> frozenset[str]:
@@ -140,6 +200,9 @@ class SecureSumServer:
                 f"secure aggregation round {round_id}: {len(self.ids)} device(s) in the round; "
                 "the sum of one reply is that reply, so at least 2 are needed")
         self.settings = settings
+        self.stages = SIGNED_STAGES if settings.signed else STAGES
+        self.sigs: dict[int, np.ndarray] = {}      # key advertisement signatures
+        self.confirms: dict[int, np.ndarray] = {}  # survivor-set signatures
         self.pos = {z: i for i, z in enumerate(self.ids)}
         self.group = self._groups(seed)
         self.threshold = {z: _threshold(len(g)) for z, g in self.group.items()}
@@ -184,6 +247,8 @@ class SecureSumServer:
                           "c_pk": np.stack([bytes_to_array(self.keys[v][0]) for v in g]),
                           "s_pk": np.stack([bytes_to_array(self.keys[v][1]) for v in g]),
                           "threshold": np.asarray(self.threshold[z], np.int64)}
+                if self.settings.signed:
+                    out[z]["sig"] = np.stack([self.sigs[v] for v in g])
             elif stage == "mask":
                 got = [(u, ct) for u, ct in self.forward.get(z, []) if u in alive]
                 width = max((len(ct) for _, ct in got), default=0)
@@ -193,9 +258,17 @@ class SecureSumServer:
                 out[z] = {"round": r, "src": np.asarray([u for u, _ in got], np.int64), "ct": ct,
                           "peers": np.asarray([v for v in self.group[z] if v in alive and v != z],
                                               np.int64)}
+            elif stage == "confirm":
+                out[z] = {"round": r, "survivors": np.asarray(self.survivors, np.int64)}
             elif stage == "unmask":
                 out[z] = {"round": r, "survivors": np.asarray(self.survivors, np.int64),
                           "dropped": np.asarray(self.dropped, np.int64)}
+                if self.settings.signed:
+                    # a device counts its own group's signatures only: send those
+                    signers = [v for v in sorted(self.confirms) if v in self.group[z]]
+                    out[z]["signers"] = np.asarray(signers, np.int64)
+                    out[z]["sigs"] = (np.stack([self.confirms[v] for v in signers]) if signers
+                                      else np.zeros((0, 64), np.uint8))
             else:
                 raise ValidationError(f"unknown secure aggregation stage {stage!r}")
         return out
@@ -206,6 +279,12 @@ class SecureSumServer:
         before = list(self.alive)
         if stage == "unmask":
             self._unmask(replies, reasons)
+            return
+        if stage == "confirm":  # a survivor that does not sign is still in the sum
+            for z, rep in replies.items():
+                sig = np.asarray(rep.get("sig", np.zeros(0)))
+                if z in self.survivors and sig.shape == (64,) and sig.dtype == np.uint8:
+                    self.confirms[z] = sig
             return
         for z in before:
             rep = replies.get(z)
@@ -220,6 +299,11 @@ class SecureSumServer:
                 self.rejected[z] = (str(exc) if str(exc).startswith("device") else
                                     f"device {z}: bad secure aggregation {stage!r} reply ({exc})")
         self.alive = [z for z in before if z not in self.failed and z not in self.rejected]
+        if before and not self.alive:
+            why = {**self.failed, **self.rejected}
+            shown = "; ".join(why[z] for z in sorted(why)[:2])
+            raise ValidationError(f"secure aggregation round {self.round_id}: no device answered "
+                                  f"stage {stage!r} ({shown})")
         if stage == "mask":
             self.survivors = list(self.alive)
             self.dropped = [z for z in before if z not in self.alive]
@@ -240,6 +324,11 @@ class SecureSumServer:
         if c.shape != (32,) or s.shape != (32,) or c.dtype != np.uint8 or s.dtype != np.uint8:
             raise IncompatibleMessageError(f"device {z}: public keys must be 32 uint8 each")
         self.keys[z] = (array_to_bytes(c), array_to_bytes(s))
+        if self.settings.signed:
+            sig = np.asarray(rep.get("sig", np.zeros(0)))
+            if sig.shape != (64,) or sig.dtype != np.uint8:
+                raise IncompatibleMessageError(f"device {z}: no signature of its keys (64 uint8)")
+            self.sigs[z] = sig
 
     def _take_share(self, z: int, rep: Mapping[str, np.ndarray]) -> None:
         dst = np.asarray(rep["dst"], dtype=np.int64)
@@ -322,6 +411,44 @@ class SecureSumServer:
 
 
 # --------------------------------------------------------------------------- device side
+def _check_adverts(inbound: Mapping[str, np.ndarray], ids: list[int], z: int, r: int,
+                   identity: DeviceIdentity) -> None:
+    """Every group member's keys must carry its identity signature (and ours be ours)."""
+    if "sig" not in inbound:
+        raise ValidationError(f"device {z}: the server sent its group's keys without their "
+                              "signatures; refusing to share secrets")
+    for i, v in enumerate(ids):
+        c_pk, s_pk = array_to_bytes(inbound["c_pk"][i]), array_to_bytes(inbound["s_pk"][i])
+        if not verify(identity.public_of(v, f"device {z}"), array_to_bytes(inbound["sig"][i]),
+                      _advert(r, v, c_pk, s_pk)):
+            raise ValidationError(f"device {z}: the keys the server gives for device {v} are "
+                                  "not signed by its identity key; refusing to share secrets")
+
+
+def _check_confirmed(inbound: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray],
+                     ids: list[int], z: int, r: int, identity: DeviceIdentity) -> None:
+    """Reveal only for the survivor set this device signed, with t group signatures on it."""
+    if _P + "confirmed" not in state:
+        raise ValidationError(f"device {z}: asked to reveal shares before signing the survivor "
+                              "set; refusing")
+    mine = state[_P + "confirmed"].tolist()
+    named = sorted(set(np.asarray(inbound["survivors"], np.int64).tolist()))
+    if named != mine:
+        raise ValidationError(f"device {z}: the server now names survivors {named[:10]}, not "
+                              f"the set it signed {mine[:10]}; refusing to reveal shares")
+    t = int(state[_P + "threshold"])
+    good = set()
+    for v, sig in zip(np.asarray(inbound.get("signers", np.zeros(0)), np.int64).tolist(),
+                      inbound.get("sigs", np.zeros((0, 64), np.uint8))):
+        if v in ids and v in mine and v not in good:
+            s_pk = array_to_bytes(state[_P + "s_pk"][ids.index(v)])
+            if verify(identity.public_of(v, f"device {z}"), array_to_bytes(sig),
+                      _survivor_claim(r, s_pk, mine)):
+                good.add(v)
+    if len(good) < t:
+        raise ValidationError(f"device {z}: only {len(good)} of its group signed the survivor "
+                              f"set the server names (threshold {t}); refusing to reveal shares")
+
 def _b(state: Mapping[str, np.ndarray], key: str) -> bytes:
     return array_to_bytes(state[_P + key])
 
@@ -329,13 +456,15 @@ def _b(state: Mapping[str, np.ndarray], key: str) -> bytes:
 def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
                       state: dict[str, np.ndarray], *, device_id: int,
                       reply: Mapping[str, np.ndarray] | None = None,
-                      entropy: Entropy | None = None) -> dict[str, np.ndarray]:
+                      entropy: Entropy | None = None,
+                      identity: DeviceIdentity | None = None) -> dict[str, np.ndarray]:
     """One device's answer to a secure aggregation stage; keeps its secrets in ``state``.
 
     ``reply`` (stage ``mask``) is the device's plaintext reply arrays. Private
     keys, seeds and received shares stay in ``state`` (on Flower: the
     SuperNode's ``context.state``) and never leave the device, except the
-    shares revealed in stage ``unmask``.
+    shares revealed in stage ``unmask``. With an ``identity`` the device signs
+    its keys and insists on the malicious-server checks (module docstring).
     """
     entropy = entropy or os.urandom
     z = int(device_id)
@@ -351,12 +480,18 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
         state.update({_P + "round": np.asarray(r, np.int64),
                       _P + "frac_bits": np.asarray(inbound["frac_bits"], np.int64),
                       _P + "n_devices": np.asarray(inbound["n_devices"], np.int64),
-                      _P + "c_sk": bytes_to_array(c_sk), _P + "s_sk": bytes_to_array(s_sk)})
-        return {"c_pk": bytes_to_array(c_pk), "s_pk": bytes_to_array(s_pk)}
+                      _P + "c_sk": bytes_to_array(c_sk), _P + "s_sk": bytes_to_array(s_sk),
+                      _P + "own_s_pk": bytes_to_array(s_pk)})
+        out = {"c_pk": bytes_to_array(c_pk), "s_pk": bytes_to_array(s_pk)}
+        if identity is not None:
+            out["sig"] = bytes_to_array(sign(identity.private, _advert(r, z, c_pk, s_pk)))
+        return out
     if stage == "share":
         ids = np.asarray(inbound["ids"], np.int64)
         xs = np.asarray(inbound["x"], np.int64).tolist()
         t = int(inbound["threshold"])
+        if identity is not None:
+            _check_adverts(inbound, ids.tolist(), z, r, identity)
         b = entropy(32)
         s_shares = shamir_split(_b(state, "s_sk"), xs, t, entropy)
         b_shares = shamir_split(b, xs, t, entropy)
@@ -407,9 +542,24 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
             y = y + m if z < v else y - m
         return {"y": y, "layout": bytes_to_array(layout.encode("utf-8")),
                 "bad_src": np.asarray(bad, np.int64)}
+    if stage == "confirm":
+        if identity is None:
+            raise ValidationError(f"device {z}: a 'confirm' stage without an identity key")
+        if _P + "confirmed" in state:
+            raise ValidationError(f"device {z}: already signed a survivor set for round {r}; "
+                                  "refusing to sign another")
+        named = sorted(set(np.asarray(inbound["survivors"], np.int64).tolist()))
+        if z not in named or len(set(named) & set(ids)) < int(state[_P + "threshold"]):
+            raise ValidationError(f"device {z}: the survivor set {named[:10]} leaves out this "
+                                  "device or leaves its group below the threshold; refusing")
+        state[_P + "confirmed"] = np.asarray(named, np.int64)
+        claim = _survivor_claim(r, _b(state, "own_s_pk"), named)
+        return {"sig": bytes_to_array(sign(identity.private, claim))}
     if stage == "unmask":
         if _P + "revealed" in state:
             raise ValidationError(f"device {z}: already revealed its shares for round {r}")
+        if identity is not None:
+            _check_confirmed(inbound, state, ids, z, r, identity)
         survivors = set(np.asarray(inbound["survivors"], np.int64).tolist())
         dropped = set(np.asarray(inbound["dropped"], np.int64).tolist())
         if survivors & dropped:

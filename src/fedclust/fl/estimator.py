@@ -23,6 +23,7 @@ from ..core.secure_sum import SecureAggregation
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_devices, check_int, check_n_features
 from ..privacy import DifferentialPrivacy
+from ..privacy.distributed import min_noise_devices
 from ..sim.transport import InProcessTransport
 from .models import Model, build_model, make_model
 from .clustered import ROUTINGS, ClusteredFedAvgProtocol
@@ -196,8 +197,12 @@ class _FLEstimator(BaseEstimator):
         protocol = self._build(Xs, ys, ids, eval_every=1 if tests else 0)
         if getattr(transport, "secure_aggregation", False) \
                 and "secure_sum" in getattr(self._protocol_cls, "_EXTRA_KEYS", ()):
-            # the transport sums securely: send the updates in their summable form
-            protocol = self._protocol_cls.from_config({**protocol.config(), "secure_sum": True})
+            # the transport sums securely: send the updates in their summable form (under
+            # privacy each device clips its update and adds its share of the noise)
+            extra = ({} if protocol.privacy is None else
+                     {"noise_devices": min_noise_devices(protocol.clients_per_round or len(Xs))})
+            protocol = self._protocol_cls.from_config({**protocol.config(), "secure_sum": True,
+                                                       **extra})
         if tests:
             for z, X, y in zip(ids, *tests):
                 protocol.new_model().check_data(X, y, f"test device {z}")
@@ -231,7 +236,9 @@ class _FLEstimator(BaseEstimator):
         self.history_ = []
         for r in range(len(res.round_loss)):
             self.history_.append({
-                "round": r + 1, "train_loss": float(res.round_loss[r]),
+                "round": r + 1,
+                "train_loss": (float(res.round_loss[r]) if np.isfinite(res.round_loss[r])
+                               else None),
                 "bytes_up": int(res.round_bytes_up[r]), "bytes_down": int(res.round_bytes_down[r]),
                 "devices": int(res.round_devices[r])})
         if tests:
@@ -356,8 +363,10 @@ class FedAvg(_FLEstimator):
         Sum every training round's updates by secure aggregation
         (:mod:`fedclust.core.secure_sum`): the server learns only their weighted
         total, to ``2**-20`` fixed-point precision per device. Needs
-        ``aggregator="mean"``; not with ``privacy`` (DP-FedAvg clips each update on
-        the server). Each secure round costs 3 extra exchanges.
+        ``aggregator="mean"``. With ``privacy`` each device clips its own update
+        and adds its share ``σ/√n_min`` of the noise (``n_min = m − ⌊m/3⌋`` of
+        the ``m`` devices of a round; :mod:`fedclust.privacy.distributed`), so the
+        server sees only the noisy sum. Each secure round costs 3 extra exchanges.
 
     Attributes
     ----------
@@ -365,7 +374,8 @@ class FedAvg(_FLEstimator):
     model_ : Model
     history_ : list of dict
         Per round: ``train_loss`` (weighted mean local loss of the received
-        model), ``bytes_up``, ``bytes_down``, ``devices``, ``test_accuracy``
+        model; None in a round that released none: no reply, or DP-FedAvg),
+        ``bytes_up``, ``bytes_down``, ``devices``, ``test_accuracy``
         (when test sets were given to ``fit``).
     communication_ : dict
         Meter totals, ``fl_rounds``, setup bytes (k-FED / size probe).

@@ -23,7 +23,8 @@ import numpy as np
 
 from ..core.messages import FLOAT, INT, Message, reject
 
-__all__ = ["ModelParams", "ModelSet", "ClusterModel", "ModelUpdate", "LossReport", "ServeModels"]
+__all__ = ["ModelParams", "ModelSet", "ClusterModel", "ModelUpdate", "LossReport", "ServeModels",
+           "SummedUpdate", "NoisyUpdate"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,28 @@ class SummedUpdate(Message):
         if float(self.weight) < 0 or int(self.n_samples) < 0 or int(self.n_devices) < 0:
             reject(sender, f"weight={float(self.weight)}, n_samples={int(self.n_samples)} and "
                            f"n_devices={int(self.n_devices)} must be >= 0")
+
+
+@dataclass(frozen=True)
+class NoisyUpdate(Message):
+    """Device -> server, DP-FedAvg with secure sums (distributed noise): the device's
+    update (its model minus the model it received) clipped to ``clip_norm`` plus its
+    share of the Gaussian noise, its count 1 plus noise, and ``n_devices = 1``.
+
+    Summed over devices: the noisy sum of clipped updates and the noisy device
+    count of central DP-FedAvg, without the server seeing either exactly
+    (:mod:`fedclust.privacy.distributed`). ``8 (p + 2)`` bytes.
+    """
+
+    delta: np.ndarray      # (p,) float
+    count: np.ndarray      # () float, 1 + noise (may be negative)
+    n_devices: np.ndarray  # () int64
+    schema: ClassVar = {"delta": (FLOAT, 1), "count": (FLOAT, 0), "n_devices": (INT, 0)}
+    kind: ClassVar[str] = "fl_noisy_update"
+
+    def validate(self, sender: str) -> None:
+        if int(self.n_devices) < 1:
+            reject(sender, f"n_devices={int(self.n_devices)} must be >= 1")
 
 
 @dataclass(frozen=True)

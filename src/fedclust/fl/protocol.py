@@ -49,13 +49,14 @@ from ..core.validation import check_choice, check_float, check_int
 from ..kfed.messages import LocalCenters
 from ..kfed.protocol import KFedProtocol
 from .client import LOCAL_MODES, choose_cluster, local_update
-from .messages import LossReport, ModelParams, ModelSet, ModelUpdate, SummedUpdate
+from .messages import LossReport, ModelParams, ModelSet, ModelUpdate, NoisyUpdate, SummedUpdate
 from .models import MODEL_KINDS, Model, build_model
 from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, noise_rng, pop_privacy,
                        privacy_config)
-from ..privacy.mechanisms import SERVER, clip_contribution
+from ..privacy.distributed import check_noise_devices, device_share
+from ..privacy.mechanisms import DEVICE, SERVER, clip_contribution
 
 __all__ = ["FLProtocol", "FedAvgProtocol", "FLResult", "FEATURE_MAPS", "feature_map"]
 
@@ -372,12 +373,12 @@ class FLProtocol(Protocol):
         if not isinstance(reply, expected):
             raise IncompatibleMessageError(
                 f"device {device_id}: expected {expected.kind}, got {type(reply).__name__}")
-        if isinstance(reply, SummedUpdate):
+        if isinstance(reply, (SummedUpdate, NoisyUpdate)):
             p = state.models.shape[1]
-            if reply.weighted_params.shape != (p,):
+            got = (reply.weighted_params if isinstance(reply, SummedUpdate) else reply.delta)
+            if got.shape != (p,):
                 raise IncompatibleMessageError(
-                    f"device {device_id}: sent {reply.weighted_params.shape[0]} parameters but "
-                    f"the model has {p}")
+                    f"device {device_id}: sent {got.shape[0]} parameters but the model has {p}")
         if isinstance(reply, ModelUpdate):
             p = state.models.shape[1]
             if reply.params.shape != (p,):
@@ -396,7 +397,7 @@ class FLProtocol(Protocol):
         if SUMMED not in replies:  # a secure sum names nobody; the transport logs failures
             state.silent.update(z for z in asked if z not in replies)
         down = 0 if request.payload is None else request.payload.nbytes * len(asked)
-        up = sum(r.nbytes * (int(r.n_devices) if isinstance(r, SummedUpdate) else 1)
+        up = sum(r.nbytes * (int(r.n_devices) if isinstance(r, (SummedUpdate, NoisyUpdate)) else 1)
                  for r in replies.values())
         if state.phase != "train":
             state.setup[0] += up
@@ -465,7 +466,8 @@ class FLProtocol(Protocol):
 
     def _close_round(self, state: _State) -> None:
         a, h = state.acc, state.history
-        h["loss"].append(a["loss"] / a["n"] if a["n"] else float("nan"))
+        released = not (self.plan is not None and self.privacy.private)  # DP: no loss
+        h["loss"].append(a["loss"] / a["n"] if a["n"] and released else float("nan"))
         h["up"].append(a["up"])
         h["down"].append(a["down"])
         h["dev"].append(a["dev"])
@@ -591,14 +593,19 @@ class FedAvgProtocol(FLProtocol):
 
     name = "fedavg"
     reply_types = {TRAIN: ModelUpdate, LOSS: LossReport, KFED: LocalCenters}
-    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "kfed_server", "secure_sum")
+    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "kfed_server", "secure_sum", "noise_devices")
 
     def _init_extra(self, n_clusters: int = 1, n_local_clusters: int = 1,
-                    kfed_server: str = "kmeans++", secure_sum: bool = False) -> None:
+                    kfed_server: str = "kmeans++", secure_sum: bool = False,
+                    noise_devices: int = 0) -> None:
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
         self.kfed_server = check_choice(kfed_server, "kfed_server", KFED_SERVERS)
         self.secure_sum = bool(secure_sum)
+        self.noise_devices = check_int(noise_devices, "noise_devices", min_value=0)
+        if self.noise_devices and not (self.secure_sum and self.privacy is not None):
+            raise ValidationError("noise_devices (distributed DP noise) needs privacy and "
+                                  "secure_sum=True")
         if self.secure_sum:
             # training replies become SummedUpdate: the server only adds them up, so a
             # transport with secure aggregation can hand it their sum alone
@@ -606,22 +613,40 @@ class FedAvgProtocol(FLProtocol):
                 raise ValidationError(
                     f"secure aggregation needs aggregator='mean', got {self.aggregator!r}: a "
                     "trimmed mean or median needs each device's update")
-            if self.privacy is not None:
+            if self.privacy is not None and not self.noise_devices:
                 raise ValidationError(
-                    "secure aggregation with privacy= is not available for FedAvg: DP-FedAvg "
-                    "clips each device's update on the server; use one or the other")
+                    "secure aggregation with privacy= needs the distributed noise "
+                    "(noise_devices=n_min: each device clips its update and adds its share of "
+                    "the noise); central DP-FedAvg clips each update on the server")
             self.summed_actions = frozenset({TRAIN})
-            self.reply_types = {**type(self).reply_types, TRAIN: SummedUpdate}
+            self.reply_types = {**type(self).reply_types,
+                                TRAIN: NoisyUpdate if self.noise_devices else SummedUpdate}
 
     def _train(self, request, X, y, *, device_id, seed, state) -> Message:
         u = self._local(request.payload.params, X, y, device_id, seed, request.round)
         if not self.secure_sum:
             return u
+        if self.noise_devices:
+            return self._noisy_update(u.params - request.payload.params, device_id, request.round)
         n = int(u.n_samples)
         w = float(n) if self.weighted else 1.0
         return SummedUpdate(weighted_params=u.params * w, weight=np.float64(w),
                             loss_sum=np.float64(float(u.loss) * n), n_samples=np.int64(n),
                             n_devices=np.int64(1))
+
+    def _noisy_update(self, delta: np.ndarray, device_id: int, round_index: int) -> NoisyUpdate:
+        """Distributed DP-FedAvg: the clipped update and count 1, each plus this device's
+        share of the noise central DP-FedAvg adds to the sums (std σ/√n_min)."""
+        C = float(self.privacy.clip_norm)
+        (delta,), _ = clip_contribution([delta], [1.0], C)
+        std = device_share(self.plan.releases[0], self.noise_devices).noise_std
+        count = 1.0
+        if std > 0:
+            rng = noise_rng(self.privacy.noise_seed, DEVICE, device_id, round_index)
+            delta = delta + rng.normal(0.0, std, size=delta.shape)
+            count += float(rng.normal(0.0, std / C))
+        return NoisyUpdate(delta=np.asarray(delta, np.float64), count=np.float64(count),
+                           n_devices=np.int64(1))
 
     @staticmethod
     def _total(replies: Mapping[int, Message]) -> SummedUpdate:
@@ -643,11 +668,25 @@ class FedAvgProtocol(FLProtocol):
             return super()._train_step(state, request, replies)
         if not replies:
             return
+        if self.noise_devices:
+            return self._noisy_train_step(state, request, replies)
         state.models = self._aggregate(replies, state.models, request.round)
         tot = self._total(replies)
         state.acc["loss"] += float(tot.loss_sum)
         state.acc["n"] += int(tot.n_samples)
         state.acc["dev"] += int(tot.n_devices)
+
+    def _noisy_train_step(self, state, request: Request, replies: Mapping[int, Message]) -> None:
+        """Distributed DP-FedAvg's server step: the (already noisy) sums, as the central one."""
+        ids = sorted(replies)
+        delta = sum(replies[z].delta for z in ids)
+        count = float(sum(float(replies[z].count) for z in ids))
+        n_dev = sum(int(replies[z].n_devices) for z in ids)
+        check_noise_devices(replies, n_dev, self.noise_devices, request.round)
+        std = self.plan.releases[0].noise_std
+        if count > max(1.0, 3.0 * std / float(self.privacy.clip_norm)):
+            state.models = state.models + (delta / count)[None, :]
+        state.acc["dev"] += n_dev
 
 
 # IFCA and k-FED + FedAvg live in their own modules (:mod:`.ifca`, :mod:`.clustered`);

@@ -92,7 +92,7 @@ def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path
 
     key = "test_accuracy" if "test_accuracy" in model.history_[0] else "train_loss"
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot([h["round"] for h in model.history_], [h[key] for h in model.history_], marker=".")
+    ax.plot([h["round"] for h in model.history_], [np.nan if h[key] is None else h[key] for h in model.history_], marker=".")
     ax.set_xlabel("round")
     ax.set_ylabel(key.replace("_", " "))
     ax.set_title(wrap_title(result.get("title") or type(model).__name__, 4.5, 9), fontsize=9)

@@ -48,7 +48,7 @@ from ..core.messages import message_nbytes
 from ..core.protocol import Protocol, Request, RunLog, require_replies, round_targets
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput, Tamper, draw_faults
-from ..core.secure_sum import (STAGES, SecureAggregation, SecureSumServer, check_summable,
+from ..core.secure_sum import (DeviceIdentity, SecureAggregation, SecureSumServer, check_summable,
                                secure_sum_client)
 from ..sim.secure import summed_replies
 from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
@@ -132,11 +132,13 @@ class ServerSpec:
     secure_aggregation: bool = False
     secagg_frac_bits: int = 20
     secagg_neighbors: int = 0
+    secagg_signed: bool = False
 
     def secure_settings(self) -> SecureAggregation | None:
         if not self.secure_aggregation:
             return None
-        return SecureAggregation(int(self.secagg_frac_bits), int(self.secagg_neighbors) or None)
+        return SecureAggregation(int(self.secagg_frac_bits), int(self.secagg_neighbors) or None,
+                                 bool(self.secagg_signed))
 
     @classmethod
     def for_protocol(cls, protocol: Protocol, seed: int, **kw: Any) -> "ServerSpec":
@@ -155,6 +157,7 @@ class ServerSpec:
             "secure-aggregation": bool(self.secure_aggregation),
             "secagg-frac-bits": int(self.secagg_frac_bits),
             "secagg-neighbors": int(self.secagg_neighbors),
+            "secagg-signed": bool(self.secagg_signed),
         }
         for k, v in self.protocol_config.items():
             cfg[f"params.{k}"] = json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
@@ -185,7 +188,8 @@ class ServerSpec:
             collect_outputs=bool(rc.get("collect-outputs", False)),
             secure_aggregation=bool(rc.get("secure-aggregation", False)),
             secagg_frac_bits=int(rc.get("secagg-frac-bits", 20)),
-            secagg_neighbors=int(rc.get("secagg-neighbors", 0)))
+            secagg_neighbors=int(rc.get("secagg-neighbors", 0)),
+            secagg_signed=bool(rc.get("secagg-signed", False)))
 
 
 def make_server_app(spec: ServerSpec | None = None, *,
@@ -250,6 +254,8 @@ class _Server:
         self.secure = spec.secure_settings()
         #: devices that let a round time out: not sent the final message (another timeout)
         self.unreachable: set[int] = set()
+        if self.secure is not None:
+            self.protocol = self.protocol.secure_form()
         self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
 
     def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
@@ -308,7 +314,7 @@ class _Server:
     def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
         """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
         srv = SecureSumServer(targets, request.round, self.secure, self.seed)
-        for stage in STAGES:
+        for stage in srv.stages:
             inbound = srv.requests(stage)
             msgs = []
             for z, arrays in inbound.items():
@@ -537,11 +543,43 @@ def _save_state(context: Context, state: Mapping[str, np.ndarray]) -> None:
     context.state[_STATE] = arrays_to_record(state)
 
 
+def node_identity(context: Context, data_dir: str | Path | None = None
+                  ) -> DeviceIdentity | None:
+    """This SuperNode's secure-aggregation identity, or None when it has none.
+
+    Node config ``secagg-identity-key`` (its Ed25519 PEM) and ``secagg-directory``
+    (every device's public key, :func:`fedclust.flower.pki.write_secagg_identities`);
+    else ``DATA_DIR/secagg-<partition-id>.pem`` and ``DATA_DIR/secagg-identities.json``
+    when both exist (simulation). A node with an identity insists on the
+    malicious-server checks.
+    """
+    from .pki import SECAGG_DIRECTORY, load_secagg_identity
+
+    nc = context.node_config
+    key, directory = nc.get("secagg-identity-key"), nc.get("secagg-directory")
+    if key is None and directory is None:
+        data_dir = data_dir or context.run_config.get("data-dir") or None
+        if data_dir is None or "partition-id" not in nc:
+            return None
+        key = Path(str(data_dir)) / f"secagg-{int(nc['partition-id'])}.pem"
+        directory = Path(str(data_dir)) / SECAGG_DIRECTORY
+        if not (key.exists() and directory.exists()):
+            return None
+    if key is None or directory is None:
+        raise ValidationError(f"SuperNode {context.node_id}: node config needs both "
+                              "secagg-identity-key and secagg-directory")
+    return load_secagg_identity(str(key), str(directory))
+
+
 def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | None = None, *,
-                    data_dir: str | Path | None = None, tamper: Tamper | None = None) -> ClientApp:
+                    data_dir: str | Path | None = None, tamper: Tamper | None = None,
+                    identity: Callable[[Context], DeviceIdentity | None] | None = None
+                    ) -> ClientApp:
     """A ``ClientApp`` serving every registered protocol.
 
-    ``load_data(context) -> (device_id, X)`` defaults to :func:`load_node_data`.
+    ``load_data(context) -> (device_id, X)`` defaults to :func:`load_node_data`;
+    ``identity(context)`` (secure aggregation's malicious-server variant) to
+    :func:`node_identity`.
     ``tamper(device_id, round, arrays) -> arrays`` rewrites this client's replies
     (tests of Byzantine / faulty clients, as with ``InProcessTransport``).
     """
@@ -571,8 +609,10 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                     plain = reply.to_arrays()
                     if tamper is not None:
                         plain = tamper(int(device_id), request.round, plain)
+                ident = (identity(context) if identity is not None
+                         else node_identity(context, data_dir))
                 out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
-                                        reply=plain)
+                                        reply=plain, identity=ident)
                 content = RecordDict({SECAGG: arrays_to_record(out)})
                 _save_state(context, state)
             elif request.action == FINISH_ACTION:

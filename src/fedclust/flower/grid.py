@@ -171,8 +171,13 @@ class FlowerInMemoryTransport:
         box: dict[str, Any] = {}
         server_app = make_server_app(spec, on_result=lambda out, extra: box.update(
             out=out, extra=extra))
-        client_app = make_client_app(lambda ctx: data[int(ctx.node_config["partition-id"])],
-                                     tamper=self.tamper)
+        from ..core.secure_sum import SecureAggregation, make_identities
+
+        sa = SecureAggregation.coerce(self.secure_aggregation)
+        idn = make_identities(ids) if sa is not None and sa.signed else {}
+        client_app = make_client_app(
+            lambda ctx: data[int(ctx.node_config["partition-id"])], tamper=self.tamper,
+            identity=lambda ctx: idn.get(data[int(ctx.node_config["partition-id"])][0]))
         configs = [{"partition-id": i, "num-partitions": len(ids)} for i in range(len(ids))]
         pos = {z: i for i, z in enumerate(ids)}
         grid = LocalGrid(client_app, configs)
@@ -194,4 +199,4 @@ def _secure_spec(value: Any) -> dict[str, Any]:
     if sa is None:
         return {}
     return {"secure_aggregation": True, "secagg_frac_bits": sa.frac_bits,
-            "secagg_neighbors": sa.neighbors or 0}
+            "secagg_neighbors": sa.neighbors or 0, "secagg_signed": bool(sa.signed)}

@@ -40,12 +40,14 @@ from typing import Sequence
 
 from ..core.exceptions import ValidationError
 
-__all__ = ["write_certificates", "write_node_keys", "CA_CERT", "CA_KEY", "SERVER_CERT",
-           "SERVER_KEY", "PUBLIC_KEYS_CSV"]
+__all__ = ["write_certificates", "write_node_keys", "write_secagg_identities",
+           "load_secagg_identity", "CA_CERT", "CA_KEY", "SERVER_CERT", "SERVER_KEY",
+           "PUBLIC_KEYS_CSV", "SECAGG_DIRECTORY"]
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_CERT, SERVER_KEY = "server.pem", "server.key"
 PUBLIC_KEYS_CSV = "public-keys.csv"
+SECAGG_DIRECTORY = "secagg-identities.json"
 _LOCAL_NAMES = ("127.0.0.1", "::1", "localhost")
 
 
@@ -168,3 +170,54 @@ def write_node_keys(out_dir: str | Path, n_nodes: int, *, overwrite: bool = Fals
     csv = _write(out / PUBLIC_KEYS_CSV, (",".join(lines) + "\n").encode("ascii"), private=False,
                  overwrite=overwrite)
     return {"private": private, "public": public, "csv": csv}
+
+
+def write_secagg_identities(out_dir: str | Path, device_ids: Sequence[int], *,
+                            overwrite: bool = False) -> dict[str, Path | list[Path]]:
+    """Ed25519 identity keys of secure aggregation's malicious-server variant.
+
+    ``secagg-<z>.pem`` (private, for the SuperNode holding device ``z``: node
+    config ``secagg-identity-key``) and :data:`SECAGG_DIRECTORY`, every device's
+    public key (to every SuperNode, with ``ca.crt``: node config
+    ``secagg-directory``; not secret, but it must not come from the server).
+    """
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    out = Path(out_dir)
+    private, directory = [], {}
+    for z in sorted({int(v) for v in device_ids}):
+        key = Ed25519PrivateKey.generate()
+        private.append(_write(out / f"secagg-{z}.pem", key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()), private=True, overwrite=overwrite))
+        directory[str(z)] = key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    path = _write(out / SECAGG_DIRECTORY, (json.dumps(directory, indent=1) + "\n").encode(),
+                  private=False, overwrite=overwrite)
+    return {"private": private, "directory": path}
+
+
+def load_secagg_identity(key_path: str | Path, directory_path: str | Path):
+    """A :class:`fedclust.core.secure_sum.DeviceIdentity` from the two files above."""
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..core.secure_sum import DeviceIdentity
+
+    try:
+        key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+        table = json.loads(Path(directory_path).read_text())
+        directory = {int(z): bytes.fromhex(pk) for z, pk in table.items()}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ValidationError(f"secure aggregation identity {key_path} / {directory_path}: "
+                              f"cannot be read ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValidationError(f"{key_path}: not an Ed25519 private key")
+    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                            serialization.NoEncryption())
+    return DeviceIdentity(raw, directory)

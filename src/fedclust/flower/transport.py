@@ -43,6 +43,7 @@ from ..core.random import root_seed
 from ..core.validation import check_float
 from ..core.exceptions import FedClustError
 from ..core.protocol import Protocol
+from ..core.secure_sum import SecureAggregation
 from ..sim.byzantine import ByzantineTamper
 from ..sim.transport import RunOutput
 
@@ -156,6 +157,13 @@ class FlowerSimulationTransport:
             data_dir.mkdir(exist_ok=True)
             for i, z in enumerate(ids):
                 save_device_file(data_dir / f"part-{i}.npz", devices[z], device_id=z)
+            sa = SecureAggregation.coerce(self.secure_aggregation)
+            if sa is not None and sa.signed:  # node i holds device ids[i]: key files by partition
+                from .pki import write_secagg_identities
+
+                ident = write_secagg_identities(data_dir, ids)
+                for i, z in enumerate(ids):
+                    Path(ident["private"][i]).rename(data_dir / f"secagg-{i}.pem")
             result_dir = work / "result"
             shutil.rmtree(result_dir, ignore_errors=True)
             spec = ServerSpec.for_protocol(

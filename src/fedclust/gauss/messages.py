@@ -22,7 +22,7 @@ import numpy as np
 from ..core.messages import FLOAT, INT, Message, reject
 from .stats import psd_violation, unpack_scatter
 
-__all__ = ["GaussClusters", "GaussModel", "GaussClassStats", "GaussFeatures",
+__all__ = ["GaussClusters", "GaussModel", "GaussClassStats", "GaussClassSums", "GaussFeatures",
            "message_numbers"]
 
 #: tolerance of the PSD check, relative to max(1, trace) of each scatter
@@ -168,3 +168,26 @@ class GaussFeatures(Message):
         f = self.features
         if ((f != 0) & (f != 1)).any() or int(f.sum()) < 1:
             reject(sender, f"features must be 0/1 with at least one 1, got {f.tolist()[:20]}")
+
+
+@dataclass(frozen=True)
+class GaussClassSums(Message):
+    """Owner -> server (feature-selection round under secure aggregation): per class the
+    count (M,), the sum (M, D) and the sum of squares (M, D) of every feature; plain
+    sums over owners. ``8 M (2 D + 1)`` bytes."""
+
+    class_count: np.ndarray  # (M,) int64
+    class_sum: np.ndarray    # (M, D)
+    class_sq: np.ndarray     # (M, D)
+    schema: ClassVar = {"class_count": (INT, 1), "class_sum": (FLOAT, 2),
+                        "class_sq": (FLOAT, 2)}
+    kind: ClassVar[str] = "gauss_class_sums"
+
+    def validate(self, sender: str) -> None:
+        M = self.class_count.shape[0]
+        if self.class_sum.ndim != 2 or self.class_sum.shape[0] != M \
+                or self.class_sq.shape != self.class_sum.shape:
+            reject(sender, f"class sums have shapes {self.class_count.shape}, "
+                           f"{self.class_sum.shape}, {self.class_sq.shape}")
+        if (self.class_count < 0).any() or (self.class_sq < 0).any():
+            reject(sender, "class counts and sums of squares must be >= 0")

@@ -27,6 +27,11 @@ released (D numbers per class instead of D²): the release (B² n_c, B s_c,
 level σ/n_c, and the noise does not spread over D² entries — the better
 choice once D is more than a few.
 
+The owners' replies are only added up (:attr:`summed_actions`): under secure
+aggregation (:mod:`fedclust.core.secure_sum`) the server receives their sum
+alone and adds the noise to it (central DP over the sum; no per-owner counts
+are then known, ``local_counts`` stays empty).
+
 The global model is then one cluster per class, scored as in
 :class:`fedclust.FedGaussClassifier` (no Fisher feature selection: that round
 has no DP release).
@@ -43,6 +48,7 @@ import numpy as np
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import FLOAT, Message, reject
 from ..core.protocol import Request, RunLog
+from ..core.secure_sum import SUMMED
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, calibrate, clip_contribution, clip_points,
                        pop_privacy, privacy_config)
 from ..privacy import kmeans as pk
@@ -118,6 +124,8 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
 
     name = "gauss-classifier-dp"
     reply_types = {ACTION: GaussClassMoments}
+    #: per-class counts, sums and second moments: plain sums over the owners
+    summed_actions = frozenset({ACTION})
 
     def __init__(self, *, privacy: DifferentialPrivacy, noise_multipliers=None, **kw: Any):
         super().__init__(**kw)
@@ -189,7 +197,9 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
             for c in range(M):
                 n[c], s[c], Q[c] = pk.noisy_moments(n[c], s[c], Q[c], rel, B, rng)
         state.result = self._gaussians(n, s, Q)
-        state.local_counts = {z: np.rint(replies[z].n).astype(np.int64) for z in ids}
+        # under secure aggregation the one reply is the sum: no owner's own counts
+        state.local_counts = {z: np.rint(replies[z].n).astype(np.int64) for z in ids
+                              if z != SUMMED}
         state.round += 1
 
     def _gaussians(self, n: np.ndarray, s: np.ndarray, Q: np.ndarray) -> GaussResult:

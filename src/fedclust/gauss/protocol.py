@@ -28,7 +28,7 @@ from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
 from .local import from_message, learn_local, to_message
-from .messages import GaussClassStats, GaussClusters, GaussFeatures, GaussModel
+from .messages import GaussClassStats, GaussClassSums, GaussClusters, GaussFeatures, GaussModel
 from .model import MERGE_TESTS, PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
 from .server import merge_messages
 from .stats import (class_moments, fisher_mask, fisher_scores, merge_class_moments, moments,
@@ -185,10 +185,11 @@ class GaussProtocol(Protocol):
 
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
         if request.action == STATS:
-            if not isinstance(reply, GaussClassStats):
+            if not isinstance(reply, self.reply_types[STATS]):
                 raise IncompatibleMessageError(
                     f"device {device_id}: expected {STATS}, got {type(reply).__name__}")
-            D, M = reply.global_mean.shape[0], reply.class_count.shape[0]
+            D = (reply.class_sum if self.summed_stats else reply.global_mean).shape[-1]
+            M = reply.class_count.shape[0]
             if (self.n_features and D != self.n_features) or M != self.n_classes:
                 raise IncompatibleMessageError(
                     f"device {device_id}: statistics over {D} features and {M} classes; the "
@@ -218,7 +219,9 @@ class GaussProtocol(Protocol):
 
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if request.action == STATS:
-            state.fisher, state.features = self._select(list(replies.values()))
+            msgs = list(replies.values())
+            state.fisher, state.features = (self._select_sums(msgs) if self.summed_stats
+                                            else self._select(msgs))
             return
         msgs = [replies[z] for z in sorted(replies)]
         for z in sorted(replies):
@@ -246,6 +249,17 @@ class GaussProtocol(Protocol):
         return F, fisher_mask(F, self.kappa_f).astype(np.int64)
 
     kappa_f = 0.0
+    summed_stats = False
+
+    def _select_sums(self, msgs: list) -> tuple[np.ndarray, np.ndarray]:
+        """Fisher scores from per-class counts, sums and sums of squares (a secure sum)."""
+        n = sum(m.class_count for m in msgs).astype(np.float64)
+        s = sum(m.class_sum for m in msgs)
+        q = sum(m.class_sq for m in msgs)
+        means = np.divide(s, n[:, None], out=np.zeros_like(s), where=n[:, None] > 0)
+        m2 = np.maximum(q - n[:, None] * means ** 2, 0.0)  # Σx² − n x̄², per class
+        F = fisher_scores(n, means, m2)
+        return F, fisher_mask(F, self.kappa_f).astype(np.int64)
 
     def finish(self, state: _State, log: RunLog) -> GaussResult:
         m = state.model
@@ -287,6 +301,13 @@ class GaussProtocol(Protocol):
         if self.n_features is not None and Xd.shape[1] != self.n_features:
             raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
                                   f"federation has n_features={self.n_features}")
+        if request.action == STATS and self.summed_stats:
+            M = self.n_classes
+            s, q = np.zeros((M, Xd.shape[1])), np.zeros((M, Xd.shape[1]))
+            np.add.at(s, y, Xd)
+            np.add.at(q, y, Xd * Xd)
+            return GaussClassSums(class_count=np.bincount(y, minlength=M).astype(np.int64),
+                                  class_sum=s, class_sq=q)
         if request.action == STATS:
             count, mean, m2 = moments(Xd)
             cc, cm, cv = class_moments(Xd, y, self.n_classes)  # type: ignore[arg-type]
@@ -372,10 +393,16 @@ class GaussClassifierProtocol(GaussProtocol):
     name = "gauss-classifier"
     supervised = True
 
-    def __init__(self, *, classes: Sequence[Any], kappa_f: float = 0.0, **kw: Any):
+    def __init__(self, *, classes: Sequence[Any], kappa_f: float = 0.0,
+                 summed_stats: bool = False, **kw: Any):
         super().__init__(**kw)
         self.kappa_f = check_float(kappa_f, "kappa_f", min_value=0.0, max_value=1.0)
         self.selects = self.kappa_f > 0
+        # the feature-selection round as plain per-class sums (secure aggregation)
+        self.summed_stats = bool(summed_stats) and self.selects
+        if self.summed_stats:
+            self.summed_actions = frozenset({STATS})
+            self.reply_types = {**type(self).reply_types, STATS: GaussClassSums}
         classes = list(classes)
         if not classes:
             raise ValidationError("classes is empty: a classifier needs at least one class")
@@ -389,8 +416,17 @@ class GaussClassifierProtocol(GaussProtocol):
     def config(self) -> dict[str, Any]:
         cfg = super().config()
         cfg["kappa_f"] = self.kappa_f
+        if self.summed_stats:
+            cfg["summed_stats"] = True
         cfg["classes"] = [c.item() if isinstance(c, np.generic) else c for c in self.classes]
         return cfg
+
+    def secure_form(self) -> "GaussClassifierProtocol":
+        """Under secure aggregation: the feature-selection round as per-class sums (the
+        server gets their sum; the cluster rounds are sent as before)."""
+        if not self.selects or self.summed_stats:
+            return self
+        return type(self).from_config({**self.config(), "summed_stats": True})
 
     def final_message(self, result: GaussResult, device_id: int) -> Message | None:
         msg = result_message(result, self.settings)

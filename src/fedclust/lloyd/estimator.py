@@ -14,6 +14,7 @@ from sklearn.base import BaseEstimator, ClusterMixin
 from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.random import RandomState, root_seed
 from ..privacy import DifferentialPrivacy
+from ..privacy.distributed import min_noise_devices
 from ..core.validation import check_device_ids, check_devices, check_int
 from ..core.exceptions import ValidationError
 from ..core.secure_sum import SecureAggregation
@@ -73,9 +74,14 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     secure_aggregation : bool or SecureAggregation, default=False
         Sum each Lloyd round's per-cluster sums, counts and costs by secure
         aggregation (:mod:`fedclust.core.secure_sum`): the server learns only
-        their totals, to ``2**-20`` fixed-point precision per device. The
-        seeding round (a sample of raw points) is sent as before. Each secure
-        round costs 3 extra exchanges and O(n_devices) key material per device.
+        their totals, to ``2**-20`` fixed-point precision per device; so are
+        the candidate initialisation's moments and candidate sums. The
+        ``"sample"`` seeding round (raw points) and the ``"kfed"`` round (local
+        centers) are sent as before. With ``privacy`` the devices add the
+        Gaussian noise (distributed noise, :mod:`fedclust.privacy.distributed`):
+        each adds ``σ/√n_min`` of it, ``n_min = n − ⌊n/3⌋`` for ``n`` devices,
+        and the server sees only noisy sums. Each secure round costs 3 extra
+        exchanges and O(n_devices) key material per device.
 
     Attributes
     ----------
@@ -140,9 +146,6 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             rounds = self.rounds
         if rounds is None:
             rounds = 100 if self.privacy is None else 3
-        protocol = DistributedLloydProtocol(k, points_per_device=ppd, max_rounds=rounds,
-                                            tol=self.tol, init=init, privacy=self.privacy,
-                                            n_features=devices[0].shape[1])
         secure = SecureAggregation.coerce(self.secure_aggregation)
         if transport is None:
             transport = InProcessTransport(progress=self.progress, secure_aggregation=secure or False)
@@ -150,6 +153,13 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             raise ValidationError(
                 "secure_aggregation=True but the given transport has secure_aggregation off: "
                 "pass secure_aggregation=True to the transport too")
+        # under secure aggregation the devices add the DP noise (the server sees noisy sums)
+        noise_devices = (min_noise_devices(len(devices)) if self.privacy is not None
+                         and getattr(transport, "secure_aggregation", False) else 0)
+        protocol = DistributedLloydProtocol(k, points_per_device=ppd, max_rounds=rounds,
+                                            tol=self.tol, init=init, privacy=self.privacy,
+                                            n_features=devices[0].shape[1],
+                                            noise_devices=noise_devices)
         self.seed_ = root_seed(self.random_state)
         out = transport.run(protocol, dict(zip(ids, devices)), self.seed_)
         res = out.result

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..core.messages import FLOAT, INT, Message, reject
 
-__all__ = ["CenterBroadcast", "ClusterSums", "PointSample", "Moments", "CandidateBroadcast"]
+__all__ = ["CenterBroadcast", "ClusterSums", "PointSample", "Moments", "CandidateBroadcast",
+           "NoisyMoments", "NoisyClusterSums"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,46 @@ class CandidateBroadcast(Message):
     coords: np.ndarray
     schema: ClassVar = {"mean": (FLOAT, 1), "basis": (FLOAT, 2), "coords": (FLOAT, 2)}
     kind: ClassVar[str] = "candidate_broadcast"
+
+
+@dataclass(frozen=True)
+class NoisyMoments(Message):
+    """Device -> server, distributed DP noise: :class:`Moments` plus the device's share
+    of the Gaussian noise, and ``n_devices = 1`` (summed: how many devices' noise
+    the sum holds). Noisy entries may be negative. ``(d^2 + d + 2) 8`` bytes."""
+
+    n: np.ndarray
+    s: np.ndarray
+    Q: np.ndarray
+    n_devices: np.ndarray
+    schema: ClassVar = {"n": (FLOAT, 0), "s": (FLOAT, 1), "Q": (FLOAT, 2), "n_devices": (INT, 0)}
+    kind: ClassVar[str] = "noisy_moments"
+
+    def validate(self, sender: str) -> None:
+        d = self.s.shape[0]
+        if self.Q.shape != (d, d):
+            reject(sender, f"Q has shape {self.Q.shape} for a sum of {d} features")
+        if int(self.n_devices) < 1:
+            reject(sender, f"n_devices={int(self.n_devices)} must be >= 1")
+
+
+@dataclass(frozen=True)
+class NoisyClusterSums(Message):
+    """Device -> server, distributed DP noise: per-center sums (k, d) and counts (k,)
+    with the device's share of the Gaussian noise (so counts may be negative), the
+    cost as in :class:`ClusterSums` (0 unless ε = ∞), and ``n_devices = 1``.
+    ``(k (d + 1) + 2) 8`` bytes."""
+
+    sums: np.ndarray
+    counts: np.ndarray
+    cost: np.ndarray
+    n_devices: np.ndarray
+    schema: ClassVar = {"sums": (FLOAT, 2), "counts": (FLOAT, 1), "cost": (FLOAT, 0),
+                        "n_devices": (INT, 0)}
+    kind: ClassVar[str] = "noisy_cluster_sums"
+
+    def validate(self, sender: str) -> None:
+        if self.counts.shape != (self.sums.shape[0],):
+            reject(sender, f"counts has shape {self.counts.shape} for {self.sums.shape[0]} sums")
+        if int(self.n_devices) < 1:
+            reject(sender, f"n_devices={int(self.n_devices)} must be >= 1")

@@ -32,7 +32,11 @@ With ``privacy`` (central DP): devices clip their points to ``data_bound``
 Gaussian noise to the *sums* of the moments, candidate and Lloyd replies
 before using them, so everything it broadcasts or returns is (ε, δ)-DP; the
 server itself is trusted with the individual replies (or secure aggregation
-hides them). Exactly ``max_rounds`` Lloyd rounds run (the cost is not
+hides them). With ``noise_devices = n_min`` (set by the estimator under secure
+aggregation; :mod:`fedclust.privacy.distributed`) the devices add the noise
+instead: each clips its contribution and adds ``N(0, σ²/n_min)`` before
+masking, so the server unmasks only noisy sums (the moments, candidate and
+Lloyd rounds are all secure sums). Exactly ``max_rounds`` Lloyd rounds run (the cost is not
 released, so there is no early stop), and every round is one release
 composed by the accountant.
 """
@@ -57,7 +61,9 @@ from ..privacy.mechanisms import DEVICE, SERVER
 from ..kfed.local import local_kmeans
 from ..kfed.messages import LocalCenters
 from ..kfed.server import aggregate_centers
-from .messages import CandidateBroadcast, CenterBroadcast, ClusterSums, Moments, PointSample
+from ..privacy.distributed import check_noise_devices, device_share
+from .messages import (CandidateBroadcast, CenterBroadcast, ClusterSums, Moments, NoisyClusterSums,
+                       NoisyMoments, PointSample)
 from ..core.protocol import Protocol, Request, RunLog
 
 __all__ = ["DistributedLloydProtocol", "DistributedLloydResult", "INITS"]
@@ -100,14 +106,15 @@ class DistributedLloydProtocol(Protocol):
     name = "distributed-lloyd"
     reply_types = {"sample": PointSample, "lloyd": ClusterSums, "moments": Moments,
                    "candidates": ClusterSums, "kfed": LocalCenters}
-    #: the Lloyd rounds' sums, counts and costs are only added up: secure aggregation
-    #: can hide each device's (the seeding sample of raw points cannot be summed)
-    summed_actions = frozenset({"lloyd"})
+    #: the Lloyd rounds' sums, counts and costs (and the candidate init's moments and
+    #: candidate sums) are only added up: secure aggregation can hide each device's
+    #: (the seeding sample of raw points and k-FED's local centers cannot be summed)
+    summed_actions = frozenset({"lloyd", "moments", "candidates"})
 
     def __init__(self, n_clusters: int, *, points_per_device: int = 10,
                  max_rounds: int = 100, tol: float = 1e-4, init: str = "sample",
                  privacy: DifferentialPrivacy | None = None, n_features: int | None = None,
-                 noise_multipliers: Sequence[float] | None = None):
+                 noise_multipliers: Sequence[float] | None = None, noise_devices: int = 0):
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.points_per_device = check_int(points_per_device, "points_per_device", min_value=1)
         self.max_rounds = check_int(max_rounds, "max_rounds", min_value=1)
@@ -137,6 +144,14 @@ class DistributedLloydProtocol(Protocol):
                 self.plan = PrivacyPlan(privacy, tuple(
                     replace(r, noise_multiplier=float(z))
                     for r, z in zip(releases, noise_multipliers)), math.nan)
+        self.noise_devices = check_int(noise_devices, "noise_devices", min_value=0)
+        if self.noise_devices:
+            if privacy is None:
+                raise ValidationError("noise_devices is the distributed DP noise setting; "
+                                      "it needs privacy")
+            # noisy counts may be negative: the noisy messages do not refuse them
+            self.reply_types = {**type(self).reply_types, "moments": NoisyMoments,
+                                "candidates": NoisyClusterSums, "lloyd": NoisyClusterSums}
 
     def releases(self) -> list[Release]:
         """What a private fit releases.
@@ -173,6 +188,8 @@ class DistributedLloydProtocol(Protocol):
             cfg["n_features"] = self.n_features
         if self.plan is not None:
             cfg.update(privacy_config(self.privacy, self.plan))
+        if self.noise_devices:
+            cfg["noise_devices"] = self.noise_devices
         return cfg
 
     @classmethod
@@ -213,9 +230,37 @@ class DistributedLloydProtocol(Protocol):
     def _noise(self, state: _State, request: Request) -> np.random.Generator:
         return noise_rng(self.privacy.noise_seed, SERVER, request.round)
 
+    def _release(self, round_index: int, action: str) -> Release:
+        """The release a round of ``action`` makes (private fits)."""
+        if action == "moments":
+            return self.plan.releases[0]
+        if action == "candidates":
+            return self.plan.releases[1]
+        first = 2 if self.init == "candidates" else 1   # Lloyd rounds follow the init
+        last = round_index - first == self.max_rounds - 1
+        return self.plan.releases[-1 if last else 2]
+
+    def _device_noise(self, msg: Message, action: str, device_id: int, round_index: int
+                      ) -> Message:
+        """Distributed noise: this device's share of the round's Gaussian noise."""
+        rel = device_share(self._release(round_index, action), self.noise_devices)
+        rng = noise_rng(self.privacy.noise_seed, DEVICE, device_id, round_index)
+        B = float(self.privacy.data_bound)
+        one = np.asarray(1, np.int64)
+        if action == "moments":
+            n, s, Q = pk.noisy_moments(msg.n, msg.s, msg.Q, rel, B, rng)
+            return NoisyMoments(n=np.asarray(n, np.float64), s=s, Q=Q, n_devices=one)
+        sums, counts = pk.noisy_cluster_sums(msg.sums.astype(np.float64),
+                                             msg.counts.astype(np.float64), rel, B, rng)
+        return NoisyClusterSums(sums=sums, counts=counts, cost=np.asarray(msg.cost, np.float64),
+                                n_devices=one)
+
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if not replies:
             raise ValidationError(f"no device replied in round {request.round}")
+        if self.noise_devices and request.action in self.summed_actions:
+            check_noise_devices(replies, sum(int(r.n_devices) for r in replies.values()),
+                                self.noise_devices, request.round)
         ids = sorted(replies)
         if request.action == "sample":
             self._seed_from_sample(state, [replies[z] for z in ids])
@@ -245,7 +290,7 @@ class DistributedLloydProtocol(Protocol):
         s = sum(r.s.astype(np.float64) for r in replies)
         Q = sum(r.Q.astype(np.float64) for r in replies)
         count_std = 0.0
-        if self.plan is not None:
+        if self.plan is not None and not self.noise_devices:
             rng = self._noise(state, request)
             n, s, Q = pk.noisy_moments(n, s, Q, self.plan.releases[0],
                                        self.privacy.data_bound, rng)
@@ -266,8 +311,9 @@ class DistributedLloydProtocol(Protocol):
         min_count, bound = 1.0, None
         if self.plan is not None:
             rel = self.plan.releases[1]
-            sums, counts = pk.noisy_cluster_sums(sums, counts, rel, self.privacy.data_bound,
-                                                 self._noise(state, request))
+            if not self.noise_devices:
+                sums, counts = pk.noisy_cluster_sums(sums, counts, rel, self.privacy.data_bound,
+                                                     self._noise(state, request))
             bound = float(self.privacy.data_bound)
             min_count = max(1.0, 3.0 * rel.noise_std / pk.count_weight(bound, sums.shape[1]))
         centers, _ = pk.centers_from_candidates(
@@ -292,12 +338,12 @@ class DistributedLloydProtocol(Protocol):
         counts = sum(r.counts for r in replies)
         new = state.centers.copy()
         if self.noisy:
-            last = state.lloyd_rounds == self.max_rounds - 1
-            rel = self.plan.releases[-1 if last else 2]
+            rel = self._release(request.round, "lloyd")
             bound = float(self.privacy.data_bound)
-            sums, counts = pk.noisy_cluster_sums(sums.astype(np.float64),
-                                                 counts.astype(np.float64), rel, bound,
-                                                 self._noise(state, request))
+            sums, counts = sums.astype(np.float64), counts.astype(np.float64)
+            if not self.noise_devices:
+                sums, counts = pk.noisy_cluster_sums(sums, counts, rel, bound,
+                                                     self._noise(state, request))
             # a cluster whose noisy count is within 3 noise stds of 0 keeps its center
             nz = counts > max(1.0, 3.0 * rel.noise_std / pk.count_weight(bound, sums.shape[1]))
             new[nz] = sums[nz] / counts[nz, None]
@@ -331,6 +377,13 @@ class DistributedLloydProtocol(Protocol):
         return Xc
 
     def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
+                    state: dict[str, np.ndarray]) -> Message:
+        reply = self._plain_step(request, X, device_id=device_id, seed=seed, state=state)
+        if self.noise_devices and request.action in self.summed_actions:
+            return self._device_noise(reply, request.action, device_id, request.round)
+        return reply
+
+    def _plain_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
         spec = self.privacy
         if request.action == "sample":

@@ -16,7 +16,7 @@ import numpy as np
 from ..core.exceptions import FedClustError, IncompatibleMessageError
 from ..core.messages import Message, message_nbytes
 from ..core.protocol import Protocol, Request, RunLog
-from ..core.secure_sum import (STAGES, SUMMED, SecureAggregation, SecureSumServer,
+from ..core.secure_sum import (SUMMED, DeviceIdentity, SecureAggregation, SecureSumServer,
                                secure_sum_client)
 
 __all__ = ["secure_round", "summed_replies"]
@@ -30,11 +30,18 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
                  devices: Mapping[int, Any], states: Mapping[int, dict[str, np.ndarray]],
                  seed: int, settings: SecureAggregation, meter, log: RunLog, *,
                  tamper: Callable | None = None, drop_after_masking: Sequence[int] = (),
-                 raise_client_errors: bool = True) -> dict[int, Message]:
-    """Run ``request`` over ``targets`` as a secure sum; returns ``{SUMMED: sum message}``."""
-    srv = SecureSumServer(targets, request.round, settings, seed)
+                 raise_client_errors: bool = True,
+                 identities: Mapping[int, DeviceIdentity] | None = None,
+                 server: Callable[..., SecureSumServer] = SecureSumServer) -> dict[int, Message]:
+    """Run ``request`` over ``targets`` as a secure sum; returns ``{SUMMED: sum message}``.
+
+    ``identities`` (``settings.signed``): each device's identity key and directory.
+    ``server`` builds the server side (tests put a lying server there).
+    """
+    srv = server(targets, request.round, settings, seed)
     drop = {int(z) for z in drop_after_masking}
-    for stage in STAGES:
+    identities = identities or {}
+    for stage in srv.stages:
         inbound = srv.requests(stage)
         computed: dict[int, Any] = {}
         if stage == "mask":
@@ -55,7 +62,8 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
                     plain = reply.to_arrays()
                     if tamper is not None:
                         plain = tamper(z, request.round, plain)
-                out = secure_sum_client(stage, msg, states[z], device_id=z, reply=plain)
+                out = secure_sum_client(stage, msg, states[z], device_id=z, reply=plain,
+                                        identity=identities.get(z))
             except FedClustError as exc:
                 if raise_client_errors:
                     raise
@@ -73,7 +81,7 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
 def summed_replies(protocol: Protocol, state: Any, request: Request, srv: SecureSumServer,
                    meter, log: RunLog) -> dict[int, Message]:
     """After the last stage (any transport): log who was left out, decode and check the sum."""
-    meter.secure_exchanges = getattr(meter, "secure_exchanges", 0) + len(STAGES) - 1
+    meter.secure_exchanges = getattr(meter, "secure_exchanges", 0) + len(srv.stages) - 1
     log.failed.update(srv.failed)
     log.rejected.update(srv.rejected)
     sender = f"the secure sum of round {request.round}"

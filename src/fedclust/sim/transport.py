@@ -25,7 +25,7 @@ from ..core.messages import Message, message_nbytes
 from ..core.threads import one_blas_thread
 from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, require_replies,
                              round_targets)
-from ..core.secure_sum import SecureAggregation, check_summable
+from ..core.secure_sum import SecureAggregation, check_summable, make_identities
 from .meter import CommunicationMeter
 from .secure import secure_round
 
@@ -60,6 +60,8 @@ class InProcessTransport:
         Run the protocol's summed rounds (``Protocol.summed_actions``) as secure
         sums (:mod:`fedclust.core.secure_sum`): the server's code receives only
         the sum of the replies. A protocol without such rounds is refused.
+        ``SecureAggregation(signed=True)``: the malicious-server variant; each
+        simulated device gets a fresh Ed25519 identity per run.
     drop_after_masking : sequence of int, optional
         Devices that vanish after sending their keys and shares in a secure
         round (simulated; their masks are removed with the others' shares).
@@ -93,6 +95,8 @@ class InProcessTransport:
                 f"on_client_error={self.on_client_error!r} must be 'raise' or 'drop'")
         seed = root_seed(random_state)
         secure = SecureAggregation.coerce(self.secure_aggregation)
+        if secure is not None:
+            protocol = protocol.secure_form()
         summed = check_summable(protocol) if secure is not None else frozenset()
         ids = sorted(int(z) for z in devices)
         log = RunLog()
@@ -101,6 +105,7 @@ class InProcessTransport:
         log.late = sorted(late)
         active = [z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
+        identities = make_identities(ids) if secure is not None and secure.signed else None
         meter = CommunicationMeter()
         state = protocol.start(active, seed)
         rounds_bar = _rounds_bar(self.progress, protocol.name)
@@ -110,7 +115,8 @@ class InProcessTransport:
                 replies = secure_round(protocol, state, request, targets, devices, states, seed,
                                        secure, meter, log, tamper=self.tamper,
                                        drop_after_masking=self.drop_after_masking,
-                                       raise_client_errors=self.on_client_error == "raise")
+                                       raise_client_errors=self.on_client_error == "raise",
+                                       identities=identities)
             else:
                 replies = self._round(protocol, state, request, targets, devices, states, seed,
                                       log, meter)
