@@ -9,6 +9,7 @@ return a JSON-ready dict. Every family-specific step goes through
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -16,13 +17,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .core.exceptions import ConfigError
+from .core.exceptions import ConfigError, ValidationError
 from .core.protocol import Protocol
 from .core.registry import BASELINES, Federation, get_algorithm, get_data_source, get_predictor
 from .sim.transport import InProcessTransport
 
 __all__ = ["Federation", "Experiment", "build_federation", "build_estimator", "build_protocol",
-           "make_transport", "run_experiment", "preprocess_federation", "TRANSPORTS"]
+           "make_transport", "run_experiment", "preprocess_federation", "TRANSPORTS",
+           "protocol_for_schema", "model_from_run", "save_run_model", "label_kind"]
 
 TRANSPORTS = ("inprocess", "flower")
 
@@ -146,18 +148,31 @@ class _CaptureTransport:
 
 
 def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None, *,
-                   preprocess_on_nodes: bool = False) -> tuple[Protocol, dict[int, Any], int]:
+                   preprocess_on_nodes: bool = False, count_sites: bool = True
+                   ) -> tuple[Protocol, dict[int, Any], int]:
     """The protocol, device data and seed that ``fedclust run`` would run for ``cfg``.
 
     Goes through the registered estimator and its validation (the estimator's
     ``fit`` hands its protocol to the transport, which is captured here), so a
     deployed run is the in-process run. Device data is ``X`` or ``(X, y)``.
-    With preprocessed site data the nodes get their raw rows; ``preprocess_on_nodes``
-    wraps the protocol in :class:`~fedclust.site_protocol.SitePreprocessProtocol`
-    (the preprocessing round runs on the nodes; no statistic in the protocol's
-    config), else in :class:`~fedclust.site_protocol.SiteTransformProtocol` (the
-    pooled transform fitted here travels in the config).
+
+    ``preprocess_on_nodes`` (the deployed app, site files): no site file is read;
+    the protocol is :class:`~fedclust.site_protocol.SitePreprocessProtocol`, whose
+    schema round and preprocessing round run on the nodes before the algorithm's
+    own rounds; the device data are the site files' paths (counted only, when
+    ``count_sites``). Otherwise, on preprocessed site data, the protocol is
+    :class:`~fedclust.site_protocol.SiteTransformProtocol` (the pooled transform
+    fitted here travels in its config) over the raw rows.
     """
+    if preprocess_on_nodes:
+        from .sites import site_request
+
+        if cfg["data"].get("source") == "table":
+            raise ConfigError("a deployed app takes one file per site: [data] source = \"files\" "
+                              "(write each site's rows to its own file)")
+        request = site_request(cfg["data"])
+        if request is not None:
+            return _site_protocol(cfg, request, count_sites)
     fed = federation or build_federation(cfg)
     fed, pre = preprocess_federation(cfg, fed)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
@@ -167,19 +182,163 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
     except _Captured:
         if pre is None:
             return cap.protocol, cap.devices, int(cap.seed)
-        # preprocessed data: the nodes get the raw rows (or their own site files) and the
-        # schema + pooled transform in the protocol, and preprocess themselves
-        from .site_protocol import SitePreprocessProtocol, SiteTransformProtocol
+        # preprocessed data: the nodes get the raw rows and the schema + pooled transform
+        # in the protocol, and preprocess themselves
+        from .site_protocol import SiteTransformProtocol
 
         sites = fed.extra.get("sites")
-        wrapper = SitePreprocessProtocol if preprocess_on_nodes else SiteTransformProtocol
-        protocol = wrapper.wrap(cap.protocol, pre,
+        protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
                                               None if sites is None else sites.schema)
         raw = fed.extra["raw_devices"]
         devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]
                    for z, d in cap.devices.items()}
         return protocol, devices, int(cap.seed)
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
+
+
+def label_kind(cfg: Mapping[str, Any]) -> str:
+    """How the algorithm of ``cfg`` takes site labels: ``"class"`` or ``"value"``."""
+    kind = get_algorithm(cfg["algorithm"]["name"]).label_kind
+    if callable(kind):
+        kind = kind({k: v for k, v in cfg["algorithm"].items() if k != "name"})
+    return kind
+
+
+def _experiment_part(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What builds the algorithm's protocol once a schema is known (JSON-ready)."""
+    return {"algorithm": dict(cfg["algorithm"]), "seed": cfg["seed"],
+            "secure_aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation",
+                                                                      False))}
+
+
+def _placeholder(n_features: int, sizes: list[int], classes: Any, labels: str) -> Federation:
+    """Rows of the schema's shape (no site's value): what an estimator validates and shapes
+    its protocol from. Every class appears; targets are numbers for ``labels="value"``."""
+    rng = np.random.default_rng(0)
+    devices = [rng.standard_normal((max(int(n), 1), int(n_features))) for n in sizes]
+    ys = None
+    if classes is not None and labels == "class":
+        ys, start = [], 0
+        for X in devices:
+            ys.append((start + np.arange(len(X))) % len(classes))
+            start += len(X)
+    elif labels == "value":
+        ys = [rng.standard_normal(len(X)) for X in devices]
+    return Federation(devices, ys, "placeholder rows of the sites' schema")
+
+
+def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int],
+                        classes: Any = None, labels: str = "class") -> Protocol:
+    """The protocol the configured estimator builds for sites of this shape.
+
+    ``exp``: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}``. The
+    estimator runs its own validation on placeholder rows (``sizes[z]`` rows of
+    ``n_features`` columns; labels covering ``classes``) and its protocol is
+    captured before any round: a protocol depends on the data's shape and classes,
+    not on its values (tested for every registered algorithm).
+    """
+    cfg = {"algorithm": dict(exp["algorithm"]), "seed": exp["seed"]}
+    fed = _placeholder(n_features, sizes, classes, labels)
+    algorithm = get_algorithm(cfg["algorithm"]["name"])
+    cap = _CaptureTransport(bool(exp.get("secure_aggregation", False)))
+    try:
+        algorithm.fit(build_estimator(cfg), fed, cap)
+    except _Captured:
+        return cap.protocol
+    raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
+
+
+def _site_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
+                   ) -> tuple[Protocol, dict[int, Any], int]:
+    from dataclasses import replace as dc_replace
+
+    from .site_protocol import SitePreprocessProtocol
+
+    if cfg.get("privacy"):
+        raise ConfigError("[privacy] with site files on a deployed app: the preprocessing "
+                          "round on the nodes is not private; run `fedclust run` in process, "
+                          "or deploy without [privacy]")
+    opts = dict(cfg.get("preprocess") or {})
+    kind = label_kind(cfg)
+    exp = _experiment_part(cfg)
+    # the algorithm's protocol for a placeholder schema: its name, supervision, summed rounds
+    probe = protocol_for_schema(exp, max(1, len(request.features or ())) + 1, [512, 512],
+                                (0, 1) if request.label else None, kind)
+    labels = "none" if not probe.supervised or request.label is None else kind
+    if probe.supervised and request.label is None:
+        raise ConfigError(f"[algorithm] {cfg['algorithm']['name']!r} needs labels: set "
+                          "[data] label = \"<column>\"")
+    from .preprocess import PreprocessProtocol
+
+    summed = sorted(set(getattr(probe, "summed_actions", ()))
+                    | set(getattr(PreprocessProtocol, "summed_actions", ())))
+    protocol = SitePreprocessProtocol(
+        probe.name, json.dumps(exp), json.dumps(dc_replace(request, labels=labels).to_json()),
+        opts.get("impute", "mean"), opts.get("scale", "standard"), bool(probe.supervised),
+        summed)
+    devices: dict[int, Any] = {}
+    if count_sites:
+        from .sites import site_paths
+
+        devices = dict(enumerate(site_paths(cfg["data"])))
+    return protocol, devices, int(cfg["seed"])
+
+
+class _ReplayTransport:
+    """Hands a finished run's output to an estimator (its protocol must be the run's)."""
+
+    def __init__(self, out: Any, name: str, config: Mapping[str, Any]):
+        self.out, self.name, self.config = out, name, json.loads(json.dumps(config))
+
+    def run(self, protocol, devices, random_state=None):
+        if protocol.name != self.name or json.loads(json.dumps(protocol.config())) != self.config:
+            raise ValidationError(f"the run's protocol {self.name!r} is not the one the config's "
+                                  "algorithm builds; the model cannot be rebuilt")
+        return self.out
+
+
+def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, Any],
+                   n_features: int, sizes: list[int], classes: Any, labels: str) -> Any:
+    """``(estimator, placeholder federation)``: the configured estimator fitted from a
+    finished run's output (a deployed run), as if it had run it."""
+    cfg = {"algorithm": dict(exp["algorithm"]), "seed": exp["seed"]}
+    fed = _placeholder(n_features, sizes, classes, labels)
+    algorithm = get_algorithm(cfg["algorithm"]["name"])
+    probe = protocol_for_schema(exp, n_features, sizes, classes, labels)
+    model = build_estimator(cfg)
+    algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config))
+    return model, fed
+
+
+def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
+    """``directory/model.npz`` of a deployed run on site files (``extra``: the run's
+    :meth:`~fedclust.site_protocol.SitePreprocessProtocol.run_extra`); None when the
+    algorithm registers no export."""
+    from pathlib import Path
+
+    from .model_io import save_model
+    from .preprocess import FederatedPreprocessor
+    from .sites import SiteSchema
+
+    exp = extra["experiment"]
+    algorithm = get_algorithm(exp["algorithm"]["name"])
+    if algorithm.export is None:
+        return None
+    schema = SiteSchema.from_json(extra["schema"])
+    p = extra["preprocess"]
+    pre = FederatedPreprocessor.from_saved(
+        {"mean": np.asarray(p["mean"]), "var": np.asarray(p["var"]),
+         "scale": np.asarray(p["scale_"]), "count": np.asarray(p["count"], np.int64),
+         "n_rows": np.asarray(p["n_rows"], np.int64)},
+        {"impute": p["impute"], "scale": p["scale"], "columns": p["columns"]})
+    model, fed = model_from_run(exp, out, extra["inner_config"], len(schema.columns),
+                                [max(1, int(n)) for n in extra["site_rows"]], schema.classes,
+                                extra["labels"])
+    exported = algorithm.export(model, fed)
+    if exported is None:
+        return None
+    return save_model(Path(directory) / "model.npz", exported, algorithm=algorithm.name,
+                      preprocessor=pre, schema=schema, sites=extra["sites"])
 
 
 def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: str = "inprocess"
@@ -193,7 +352,7 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     ``(fed, None)`` when there is nothing to do.
     """
     sites = fed.extra.get("sites")
-    if sites is not None and get_algorithm(cfg["algorithm"]["name"]).label_kind == "value":
+    if sites is not None and label_kind(cfg) == "value":
         from .sites import as_values
 
         fed = as_values(fed)
