@@ -332,7 +332,8 @@ def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
          "n_rows": np.asarray(p["n_rows"], np.int64)},
         {"impute": p["impute"], "scale": p["scale"], "columns": p["columns"]})
     model, fed = model_from_run(exp, out, extra["inner_config"], len(schema.columns),
-                                [max(1, int(n)) for n in extra["site_rows"]], schema.classes,
+                                [int(n) or max(extra["site_rows"]) for n in extra["site_rows"]],
+                                schema.classes,
                                 extra["labels"])
     exported = algorithm.export(model, fed)
     if exported is None:
@@ -381,7 +382,11 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
                 check_no_missing(X, path, columns)
     wire = make_transport({"seed": cfg["seed"], "simulation": {"progress": progress}}, transport,
                           n_devices=len(fed.devices))
-    pre.fit(fed.devices, columns=columns, names=names, transport=wire)
+    # a site dropped or late in [simulation] is absent from the preprocessing round too
+    # (as on a deployed run): the pooled statistics are those of the sites that take part
+    keep = _present_sites(cfg, fed) if sites is not None else list(range(len(fed.devices)))
+    pre.fit([fed.devices[z] for z in keep], columns=columns,
+            names=None if names is None else [names[z] for z in keep], transport=wire)
     where = names or [f"device {z}" for z in range(len(fed.devices))]
     extra = dict(fed.extra, raw_devices=fed.devices)
     if sites is not None:
@@ -392,6 +397,30 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
                   [pre.transform(X, where=w) for X, w in zip(fed.test_devices, where)],
                   extra=extra)
     return new, pre
+
+
+def _present_sites(cfg: Mapping[str, Any], fed: Federation) -> list[int]:
+    """Sites that the algorithm's run asks in its first round (not dropped, not late)."""
+    sim = cfg.get("simulation", {})
+    if not sim.get("dropout") and not sim.get("late"):
+        return list(range(len(fed.devices)))
+    from .sim.transport import draw_faults
+
+    # the seed the estimator hands its transport (the faults are drawn from it)
+    probe = _placeholder(fed.devices[0].shape[1], [len(X) for X in fed.devices],
+                         fed.extra["sites"].schema.classes, label_kind(cfg))
+    cap = _CaptureTransport(bool(sim.get("secure_aggregation", False)))
+    try:
+        get_algorithm(cfg["algorithm"]["name"]).fit(
+            build_estimator({"algorithm": cfg["algorithm"], "seed": cfg["seed"]}), probe, cap)
+    except _Captured:
+        pass
+    absent, late = draw_faults(list(range(len(fed.devices))), int(cap.seed),
+                               dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
+    keep = [z for z in range(len(fed.devices)) if z not in absent and z not in late]
+    if not keep:
+        raise ConfigError("[simulation] drops or delays every site: nothing to preprocess")
+    return keep
 
 
 def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]], dict[str, Any],

@@ -229,7 +229,8 @@ _SCHEMA_UP = "site_schema"
 _SCHEMA_DOWN = "schema_union"
 _STORE = "pooled_transform"
 _TEXT, _MEAN, _SCALE = "_site_schema", "_site_pre_mean", "_site_pre_scale"
-_MINE = (_TEXT, _MEAN, _SCALE)
+_LATE = "_site_late"
+_MINE = (_TEXT, _MEAN, _SCALE, _LATE)
 
 
 @dataclass
@@ -368,8 +369,9 @@ class SitePreprocessProtocol(Protocol):
 
         exp = json.loads(self.experiment)
         n_dev = max([*sizes, *[-1]]) + 1
+        fill = max(sizes.values(), default=1)  # a site that did not answer: shape only
         inner = protocol_for_schema(exp, len(schema.columns),
-                                    [sizes.get(z, 1) for z in range(n_dev)],
+                                    [sizes.get(z, fill) for z in range(n_dev)],
                                     schema.classes, self._request.labels)
         if inner.name != self.inner_name:
             raise ValidationError(f"the algorithm built protocol {inner.name!r} for the sites' "
@@ -473,13 +475,14 @@ class SitePreprocessProtocol(Protocol):
                                   "this site")
         return SiteSchema.from_json(array_text(state[_TEXT], where)["schema"])
 
-    def encode(self, data: Any, schema: Any, where: str) -> tuple[np.ndarray, Any, str]:
+    def encode(self, data: Any, schema: Any, where: str, unknown: str = "error"
+               ) -> tuple[np.ndarray, Any, str]:
         """Raw site data -> (encoded X with NaN, labels or None, the file's name)."""
         from .sites import encode_table, label_indices, label_values
         from .sites.schema_round import as_table
 
         table = as_table(data, where)
-        X = encode_table(table, schema)
+        X = encode_table(table, schema, unknown)
         y = None
         if schema.label is not None and self.supervised:
             y = label_values(table, schema.label)
@@ -525,17 +528,22 @@ class SitePreprocessProtocol(Protocol):
             state[_TEXT] = np.asarray(request.payload.text, np.uint8)
             state[_MEAN] = np.asarray(request.payload.mean, np.float64)
             state[_SCALE] = np.asarray(request.payload.scale, np.float64)
+            state[_LATE] = np.asarray(1, np.int64)
             request = Request(round=request.round, action=request.action)
         schema, inner, pre = self._site(state, where)
         inner_state = {k: v for k, v in state.items() if k not in _MINE}
-        reply = inner.client_step(request, self.local_data(X, schema, pre, where),
+        reply = inner.client_step(request, self.local_data(X, schema, pre, where, state),
                                   device_id=device_id, seed=seed, state=inner_state)
         state.update(inner_state)
         return reply
 
-    def local_data(self, data: Any, schema: Any, pre: Any, where: str) -> Any:
-        """Raw site data -> the algorithm's input: ``X`` or ``(X, y)``, preprocessed."""
-        X, y, path = self.encode(data, schema, where)
+    def local_data(self, data: Any, schema: Any, pre: Any, where: str,
+                   state: Mapping[str, np.ndarray] = {}) -> Any:
+        """Raw site data -> the algorithm's input: ``X`` or ``(X, y)``, preprocessed.
+
+        A late site (it missed the schema round) reads a category the schema does
+        not know as a missing value, imputed like any missing cell."""
+        X, y, path = self.encode(data, schema, where, "missing" if _LATE in state else "error")
         X = pre.transform(X, where=path)
         if self.supervised:
             if y is None:
@@ -549,7 +557,7 @@ class SitePreprocessProtocol(Protocol):
             return {}
         schema, inner, pre = self._site(state, "site")
         inner_state = {k: v for k, v in state.items() if k not in _MINE}
-        return inner.client_finish(message, self.local_data(X, schema, pre, "site"),
+        return inner.client_finish(message, self.local_data(X, schema, pre, "site", state),
                                    inner_state)
 
     def __getattr__(self, name: str) -> Any:

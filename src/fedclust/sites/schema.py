@@ -120,11 +120,12 @@ def _numeric(table: RawTable, c: str) -> np.ndarray:
     return out
 
 
-def encode_table(table: RawTable, schema: SiteSchema) -> np.ndarray:
+def encode_table(table: RawTable, schema: SiteSchema, unknown: str = "error") -> np.ndarray:
     """The (n, d) float64 feature matrix of one site under ``schema`` (NaN where missing).
 
     A category the schema does not know (a new site at prediction time) is an
-    error naming the file, row and column.
+    error naming the file, row and column; with ``unknown="missing"`` (a late
+    site, which missed the schema round) it is a missing value instead.
     """
     missing = [c for c in schema.features if c not in table.columns]
     if missing:
@@ -143,6 +144,8 @@ def encode_table(table: RawTable, schema: SiteSchema) -> np.ndarray:
                     B[i] = np.nan
                 elif t in index:
                     B[i, index[t]] = 1.0
+                elif unknown == "missing":
+                    B[i] = np.nan
                 else:
                     raise ValidationError(
                         f"{table.path}: row {i}, column {c!r}: category {t!r} is not one of "

@@ -1,0 +1,172 @@
+"""The schema round of a deployed run on site files: what sites send, the server's union and
+checks, the algorithm's protocol built for the schema, faults on the preprocessing rounds."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tomllib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("flwr")
+
+from fedclust.cli import main  # noqa: E402
+from fedclust.config import load_config  # noqa: E402
+from fedclust.core.exceptions import ValidationError  # noqa: E402
+from fedclust.experiment import build_protocol, label_kind, protocol_for_schema  # noqa: E402
+from fedclust.experiment import run_experiment  # noqa: E402
+from fedclust.sites import RawTable, load_sites  # noqa: E402
+from fedclust.sites.schema_round import SchemaRequest, pool_schema, site_columns  # noqa: E402
+
+from sitegen import write_sites  # noqa: E402
+from test_every_algorithm_on_sites import ALGOS  # noqa: E402
+
+
+def _table(name, **cols):
+    cols = {k: np.asarray(v, dtype=object if isinstance(v[0], str) or v[0] is None else None)
+            for k, v in cols.items()}
+    return RawTable(name, f"{name}.csv", cols, list(cols))
+
+
+def test_union_is_sorted_and_the_same_as_reading_every_file():
+    a = _table("a", age=[1.0, 2.0], sex=["m", None], y=["sick", "ok"])
+    b = _table("b", age=[3.0, np.nan], sex=["f", "x"], y=["ok", "ok"])
+    req = SchemaRequest(None, ("sex",), "y", (), "class")
+    replies = {1: site_columns(b, req), 0: site_columns(a, req)}
+    schema, names = pool_schema(replies, req)
+    assert names == {0: "a", 1: "b"}
+    assert schema.categories == {"sex": ("f", "m", "x")}
+    assert schema.classes == ("ok", "sick")
+    assert schema.columns == ["age", "sex=f", "sex=m", "sex=x"]
+    # what a site sends: names and sets, no row (a's 'age' values are not in it)
+    text = bytes(replies[0].text).decode()
+    assert "1.0" not in text and json.loads(text)["categories"] == {"sex": ["m"]}
+    # without the classifier's need, no label leaves the site
+    quiet = site_columns(a, SchemaRequest(None, ("sex",), "y", (), "none"))
+    assert json.loads(bytes(quiet.text).decode())["labels"] is None
+    # a column missing at one site: one line naming the site, the column and who has it
+    c = _table("c", age=[1.0], y=["ok"])
+    with pytest.raises(ValidationError) as err:
+        pool_schema({0: site_columns(a, req), 2: site_columns(c, req)}, req)
+    assert str(err.value) == ("site 'c' (device 2): column 'sex' is missing (present at a)")
+    # the classifier's label missing at a site
+    d = _table("d", age=[1.0], sex=["m"])
+    with pytest.raises(ValidationError, match="site 'd' \\(device 1\\): column 'y' is missing"):
+        pool_schema({0: site_columns(a, req), 1: site_columns(d, req)}, req)
+
+
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_protocol_for_schema_is_what_the_estimator_builds(tmp_path, algo):
+    """A protocol depends on the data's shape and classes, not on its values: the one built
+    from the schema alone equals the one the estimator builds on the real rows."""
+    write_sites(tmp_path, n_sites=3, missing=0.0)
+    label = "chol" if algo == "robust-regression" else "diagnosis"
+    (tmp_path / "fed.toml").write_text(f"""
+seed = 5
+[data]
+source = "files"
+paths = ["site*.csv"]
+label = "{label}"
+features = ["age", "bp", "smoker"]
+categorical = ["smoker"]
+id_columns = ["pid"]
+[algorithm]
+name = "{algo}"
+{ALGOS[algo]}
+""")
+    cfg = load_config(tmp_path / "fed.toml")
+    real, _, _ = build_protocol(cfg)
+    fed = load_sites(sorted(tmp_path.glob("site*.csv")), label, ["age", "bp", "smoker"],
+                     ["smoker"], ["pid"])
+    kind = label_kind(cfg)
+    exp = {"algorithm": dict(cfg["algorithm"]), "seed": cfg["seed"]}
+    built = protocol_for_schema(exp, len(fed.columns), [len(X) for X in fed.devices],
+                                None if kind == "value" else fed.classes, kind)
+    assert built.name == real.inner_name
+    assert json.loads(json.dumps(built.config())) == json.loads(real.inner_config)
+
+
+CFG = """
+seed = 1
+[data]
+source = "files"
+paths = ["site*.csv"]
+label = "diagnosis"
+categorical = ["smoker"]
+id_columns = ["pid"]
+features = ["age", "chol", "bp", "smoker"]
+[simulation]
+dropout = 0.25
+late = 0.25
+[algorithm]
+name = "kfed"
+n_clusters = 2
+n_local_clusters = 2
+"""
+
+
+def _deploy(tmp_path, cfg_path, paths):
+    from flwr.common.config import flatten_dict
+
+    from fedclust.flower.grid import LocalGrid, run_server_app
+    from fedclust.flower.results import load_run_output
+
+    app_dir, res_dir = tmp_path / "app", tmp_path / "res"
+    assert main(["flower", "app", str(app_dir), "--config", str(cfg_path),
+                 "--result-dir", str(res_dir), "--no-wheel"]) == 0
+    project = tomllib.loads((app_dir / "pyproject.toml").read_text())
+    run_config = flatten_dict(project["tool"]["flwr"]["app"]["config"])
+    run_config["collect-outputs"] = True
+    spec = importlib.util.spec_from_file_location("fedclust_site_app2",
+                                                  app_dir / "fedclust_app" / "apps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    run_server_app(module.server_app, LocalGrid(module.client_app, nodes, run_config=run_config),
+                   run_config)
+    return load_run_output(res_dir)
+
+
+def test_dropped_and_late_sites_on_the_preprocessing_rounds(tmp_path):
+    """Dropped: absent from every round, the preprocessing included; late: gets the schema and
+    the pooled transform with its late request and is labelled. Same rule in process."""
+    paths, truth = write_sites(tmp_path, n_sites=4)
+    for p, df in zip(paths, truth["frames"]):  # first: no category only a late site holds
+        df.assign(smoker=df["smoker"].replace("former", "no")).to_csv(p, index=False)
+    cfg_path = tmp_path / "fed.toml"
+    cfg_path.write_text(CFG)
+    out, extra = _deploy(tmp_path, cfg_path, paths)
+    ref = run_experiment(load_config(cfg_path), source=str(cfg_path))
+    log = ref.model.run_log_
+    assert len(log.dropped) == 1 and len(log.late) == 1
+    assert out.log.dropped == log.dropped and out.log.late == log.late
+    assert not out.log.failed and not log.failed
+    np.testing.assert_array_equal(out.result.centers, ref.model.cluster_centers_)
+    # pooled statistics over the two sites that took part, as scikit-learn on their rows
+    present = [z for z in range(4) if z not in log.dropped + log.late]
+    sf = load_sites(paths, "diagnosis", ["age", "chol", "bp", "smoker"], ["smoker"], ["pid"])
+    rows = np.concatenate([sf.devices[z] for z in present])
+    np.testing.assert_allclose(extra["preprocess"]["mean"], np.nanmean(rows, axis=0),
+                               rtol=1e-12)
+    np.testing.assert_allclose(ref.preprocessor.mean_, np.nanmean(rows, axis=0), rtol=1e-12)
+    assert extra["preprocess"]["n_rows"] == len(rows)
+    # the late site is labelled in process as on the deployment (not reported failed)
+    late = log.late[0]
+    assert ref.model.device_labels_[late] is not None
+    assert len(ref.model.device_labels_[late]) == len(truth["frames"][late])
+    np.testing.assert_array_equal(out.device_outputs[late]["labels"],
+                                  ref.model.device_labels_[late])
+    assert 3 not in out.device_outputs  # dropped: no output
+    # a category only the late site holds ('former', site 1): it missed the schema round,
+    # reads it as a missing value and is still labelled
+    assert late == 1 and log.dropped == [3]
+    truth["frames"][1].to_csv(paths[1], index=False)
+    again = tmp_path / "again"
+    again.mkdir()
+    out2, extra2 = _deploy(again, cfg_path, paths)
+    assert not out2.log.failed and out2.log.late == [1]
+    assert extra2["schema"]["categories"] == {"smoker": ["no", "yes"]}
+    assert len(out2.device_outputs[1]["labels"]) == len(truth["frames"][1])
