@@ -170,3 +170,36 @@ def test_dropped_and_late_sites_on_the_preprocessing_rounds(tmp_path):
     assert not out2.log.failed and out2.log.late == [1]
     assert extra2["schema"]["categories"] == {"smoker": ["no", "yes"]}
     assert len(out2.device_outputs[1]["labels"]) == len(truth["frames"][1])
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "ifca"])
+def test_linear_model_refuses_text_labels_and_fits_numbers(tmp_path, capsys, algo):
+    """model = "linear" regresses: a text label is one line naming file, row and column; a
+    numeric label is fitted as a number (not as class indices)."""
+    paths, truth = write_sites(tmp_path, n_sites=3, missing=0.0)
+    extra = "n_clusters = 2\n" if algo == "ifca" else ""
+    cfg = tmp_path / "fed.toml"
+    for label, feats in (("diagnosis", '["age", "bp"]'), ("chol", '["age", "bp"]')):
+        cfg.write_text(f"""
+seed = 0
+[data]
+source = "files"
+paths = ["site*.csv"]
+label = "{label}"
+features = {feats}
+test_fraction = 0.25
+[algorithm]
+name = "{algo}"
+model = "linear"
+rounds = 5
+{extra}""")
+        code = main(["run", str(cfg), "--out", str(tmp_path / label), "--no-plot"])
+        err = capsys.readouterr().err.strip()
+        if label == "diagnosis":
+            assert code == 2 and len(err.splitlines()) == 1
+            assert "site0.csv: row 0, column 'diagnosis'" in err and "not a number" in err
+        else:
+            assert code == 0, err
+            result = json.loads((tmp_path / label / "result.json").read_text())
+            assert "test_mse_pooled" in result["metrics"]
+            assert "test_accuracy_pooled" not in result["metrics"]

@@ -267,6 +267,14 @@ def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = N
         extra={"sites": info})
 
 
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def as_values(fed: Any) -> Any:
     """The same site federation with the labels as numbers (regression targets), not classes.
 
@@ -279,9 +287,12 @@ def as_values(fed: Any) -> Any:
     if info is None or info.targets is None or info.schema.classes is None:
         return fed
     sf = info.federation
-    if any(y.dtype.kind in "US" for y in sf.labels):
-        raise ValidationError(f"label column {sf.schema.label!r} holds text; this algorithm "
-                              "fits numbers")
+    for y, path in zip(sf.labels, sf.paths):
+        if y.dtype.kind in "US":
+            i = next(i for i, v in enumerate(y.tolist()) if not _is_number(v))
+            raise ValidationError(f"{path}: row {i}, column {sf.schema.label!r}: label {y[i]!r} "
+                                  "is not a number; this algorithm fits numbers to the label "
+                                  "(a regression), not classes")
     values = [np.asarray(y, np.float64) for y in sf.labels]
     sf = replace(sf, schema=replace(sf.schema, classes=None))
     info = SiteInfo(sf, info.rows, info.train, info.test, values)
