@@ -468,7 +468,7 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
         pooled["test_accuracy_pooled"] = hits / n_test
     elif n_test and predictor.task == "regression":
         pooled["test_mse_pooled"] = sq / n_test
-    if found:  # the saved model's clusters (nearest center), as in labels/<site>.csv
+    if found:  # the saved model's clusters, as in labels/<site>.csv
         pooled["ari_pooled"] = metrics.adjusted_rand(np.concatenate(truth), np.concatenate(found))
     return rows, pooled, preds
 
