@@ -203,3 +203,52 @@ rounds = 5
             result = json.loads((tmp_path / label / "result.json").read_text())
             assert "test_mse_pooled" in result["metrics"]
             assert "test_accuracy_pooled" not in result["metrics"]
+
+
+def test_node_files_npz_parquet_csv_with_or_without_label(tmp_path):
+    """A node's own .npz (X + feature_names, categorical codes, text labels), Parquet and a
+    CSV without the label column: encoded by the schema like CSV; the same centers as
+    `fedclust run` in process on those files."""
+    import pandas as pd
+
+    paths, truth = write_sites(tmp_path, n_sites=3)
+    frames = truth["frames"]
+    codes = {"no": 0, "yes": 1, "former": 2}
+    for df in frames:
+        df["smoker"] = df["smoker"].map(codes)
+    paths[0].unlink()
+    paths[0] = tmp_path / "site0.npz"
+    df = frames[0]
+    np.savez(paths[0], X=df[["age", "chol", "bp", "smoker"]].to_numpy(np.float64),
+             feature_names=np.array(["age", "chol", "bp", "smoker"]),
+             diagnosis=df["diagnosis"].to_numpy(str), pid=df["pid"].to_numpy(str))
+    paths[1].unlink()
+    paths[1] = tmp_path / "site1.parquet"
+    frames[1].to_parquet(paths[1], index=False)
+    frames[2].drop(columns=["diagnosis"]).to_csv(paths[2], index=False)
+    body = """
+seed = 2
+[data]
+source = "files"
+paths = ["site0.npz", "site1.parquet", "site2.csv"]
+{label}
+categorical = ["smoker"]
+id_columns = ["pid"]
+features = ["age", "chol", "bp", "smoker"]
+[algorithm]
+name = "kfed"
+n_clusters = 2
+n_local_clusters = 2
+"""
+    cfg_path = tmp_path / "fed.toml"
+    cfg_path.write_text(body.format(label='label = "diagnosis"'))
+    out, extra = _deploy(tmp_path, cfg_path, paths)
+    assert extra["schema"]["categories"] == {"smoker": ["0", "1", "2"]}
+    assert extra["schema"]["label"] is None  # k-FED takes no label: none is asked for
+    ref_cfg = tmp_path / "ref.toml"
+    ref_cfg.write_text(body.format(label=""))
+    ref = run_experiment(load_config(ref_cfg), source=str(ref_cfg))
+    np.testing.assert_array_equal(out.result.centers, ref.model.cluster_centers_)
+    for z in range(3):
+        np.testing.assert_array_equal(out.device_outputs[z]["labels"], ref.model.device_labels_[z])
+    assert pd.read_parquet(paths[1]).shape[0] == len(out.device_outputs[1]["labels"])
