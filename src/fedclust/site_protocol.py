@@ -108,7 +108,7 @@ class SiteTransformProtocol(Protocol):
             return X
         y = label_values(data, label)
         if self._schema.classes is not None:
-            y = label_indices(y, self._schema.classes, data.path)
+            y = label_indices(y, self._schema.classes, data.path, label)
         return X, y
 
     def local_data(self, data: Any, where: str = "site") -> Any:
@@ -126,7 +126,7 @@ class SiteTransformProtocol(Protocol):
                     raise ValidationError(f"{data.path}: the protocol needs labels; no label column")
                 y = label_values(data, label)
                 if self._schema.classes is not None:
-                    y = label_indices(y, self._schema.classes, data.path)
+                    y = label_indices(y, self._schema.classes, data.path, label)
             where = data.path
             data = X if y is None else (X, y)
         if isinstance(data, tuple):
@@ -486,8 +486,8 @@ class SitePreprocessProtocol(Protocol):
         y = None
         if schema.label is not None and self.supervised:
             y = label_values(table, schema.label)
-            y = (label_indices(y, schema.classes, table.path) if schema.classes is not None
-                 else np.asarray(y, np.float64))
+            y = (label_indices(y, schema.classes, table.path, schema.label)
+                 if schema.classes is not None else np.asarray(y, np.float64))
         return X, y, table.path
 
     def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,

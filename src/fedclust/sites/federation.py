@@ -234,7 +234,7 @@ def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = N
 
     targets = None
     if sf.labels is not None:
-        targets = ([label_indices(y, sf.classes, p) for y, p in zip(sf.labels, sf.paths)]
+        targets = ([label_indices(y, sf.classes, p, sf.schema.label) for y, p in zip(sf.labels, sf.paths)]
                    if sf.classes is not None else [np.asarray(y, np.float64) for y in sf.labels])
     train, test = [], None
     if test_fraction:

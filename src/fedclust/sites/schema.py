@@ -201,8 +201,9 @@ def union_classes(labels: Sequence[np.ndarray], paths: Sequence[str]) -> tuple[A
 
 
 
-def label_indices(y: np.ndarray, classes: Sequence[Any], where: str) -> np.ndarray:
-    """Class index of every label; an unknown value is an error naming its row."""
+def label_indices(y: np.ndarray, classes: Sequence[Any], where: str,
+                  column: str | None = None) -> np.ndarray:
+    """Class index of every label; an unknown value is an error naming its row (and column)."""
     index = {c: i for i, c in enumerate(classes)}
     out = np.empty(len(y), np.int64)
     for i, v in enumerate(y.tolist()):
@@ -212,8 +213,9 @@ def label_indices(y: np.ndarray, classes: Sequence[Any], where: str) -> np.ndarr
         if j is None:
             j = index.get(str(v))
         if j is None:
-            raise ValidationError(f"{where}: row {i}: label {v!r} is not one of the classes "
-                                  f"the model knows {list(classes)}")
+            col = "" if column is None else f", column {column!r}"
+            raise ValidationError(f"{where}: row {i}{col}: label {v!r} is not one of the "
+                                  f"classes the model knows {list(classes)}")
         out[i] = j
     return out
 
