@@ -280,7 +280,11 @@ def _site_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
     if count_sites:
         from .sites import site_paths
 
-        devices = dict(enumerate(site_paths(cfg["data"])))
+        try:
+            devices = dict(enumerate(site_paths(cfg["data"])))
+        except ValidationError as exc:
+            raise ValidationError(f"{exc} (the app reads no site file: pass --min-nodes N "
+                                  "when the files are not on this machine)") from None
     return protocol, devices, int(cfg["seed"])
 
 
