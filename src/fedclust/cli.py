@@ -372,7 +372,8 @@ def _flower(args) -> int:
         from .flower.deploy import split_devices
 
         for z, path in split_devices(cfg, args.out):
-            print(f"device {z}: {path}  (--node-config \"data-path='{path.resolve()}'\")")
+            print(f"device {z}: {path}  (--node-config \"data-path='{path.resolve()}' "
+                  f"device-id={z}\")")
         return 0
     import numpy as np
 

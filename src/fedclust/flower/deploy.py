@@ -58,7 +58,7 @@ def experiment_protocol(cfg: Mapping[str, Any], count_sites: bool = True
 
 def split_devices(cfg: Mapping[str, Any], out_dir: str | Path) -> list[tuple[int, Path]]:
     """Write each device of ``cfg``'s federation to ``out_dir/dev-<id>.npz`` (site files:
-    a copy of each site's own file, ``dev-<id>.<ext>``)."""
+    a copy of each site's own file under its own name; the site is named by its stem)."""
     from .dataio import save_device_file
 
     _, devices, _ = experiment_protocol(cfg)
@@ -66,10 +66,8 @@ def split_devices(cfg: Mapping[str, Any], out_dir: str | Path) -> list[tuple[int
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for z, data in sorted(devices.items()):
-        if isinstance(data, str):  # a site file: the node reads it as it is
-            src = Path(data)
-            ext = "".join(src.suffixes[-2:]) if src.name.lower().endswith(".gz") else src.suffix
-            written.append((z, Path(shutil.copy2(src, out / f"dev-{z}{ext}"))))
+        if isinstance(data, str):  # a site file: the node reads it as it is, under its name
+            written.append((z, Path(shutil.copy2(data, out / Path(data).name))))
         else:
             written.append((z, save_device_file(out / f"dev-{z}.npz", data, device_id=z)))
     return written
