@@ -115,7 +115,13 @@ def test_same_protocol_object_in_process(tmp_path):
     cfg = load_config(cfg_path)
     protocol, devices, seed = experiment_protocol(cfg)
     assert sorted(devices) == [0, 1, 2, 3]
-    tables = {z: read_table(p) for z, p in enumerate(paths)}
+    # `fedclust flower split`: each node gets its own site file under its own name
+    from fedclust.flower.deploy import split_devices
+
+    split = split_devices(cfg, tmp_path / "data")
+    assert [(z, p.name) for z, p in split] == [(z, p.name) for z, p in enumerate(paths)]
+    assert (tmp_path / "data" / paths[1].name).read_bytes() == paths[1].read_bytes()
+    tables = {z: read_table(p) for z, p in split}
     out = InProcessTransport().run(protocol, tables, seed)
     ref = run_experiment(cfg, source=str(cfg_path))
     np.testing.assert_array_equal(out.result.centers, ref.model.cluster_centers_)
@@ -126,7 +132,7 @@ def test_same_protocol_object_in_process(tmp_path):
 
     df = pd.read_csv(paths[2]).drop(columns=["bp"])
     df.to_csv(paths[2], index=False)
-    tables[2] = read_table(paths[2])
+    tables[2] = read_table(paths[2])  # (the original file, now without 'bp')
     with pytest.raises(ValidationError) as err:
         InProcessTransport().run(protocol, tables, seed)
     msg = str(err.value)
