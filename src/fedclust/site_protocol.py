@@ -497,7 +497,7 @@ class SitePreprocessProtocol(Protocol):
 
         where = f"device {device_id}"
         if request.action == _SCHEMA_UP:
-            return site_columns(as_table(X, where), self._request)
+            return site_columns(as_table(X, where), self._request, self.impute)
         if request.action == _SCHEMA_DOWN:
             if request.payload is None:
                 raise ValidationError(f"{where}: the schema broadcast has no payload")

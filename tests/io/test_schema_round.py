@@ -252,3 +252,67 @@ n_local_clusters = 2
     for z in range(3):
         np.testing.assert_array_equal(out.device_outputs[z]["labels"], ref.model.device_labels_[z])
     assert pd.read_parquet(paths[1]).shape[0] == len(out.device_outputs[1]["labels"])
+
+
+BAD = """
+seed = 0
+[data]
+source = "files"
+paths = ["site*.csv"]
+label = "diagnosis"
+categorical = ["smoker"]
+id_columns = ["pid"]
+features = ["age", "chol", "bp", "smoker"]
+[preprocess]
+impute = "{impute}"
+[algorithm]
+name = "gauss-classifier"
+"""
+
+
+@pytest.mark.parametrize("case, impute, pattern", [
+    ("text", "mean", "site1.csv: row 4, column 'bp': value 'high' is not a number"),
+    ("empty", "mean", "site1.csv: the file has no rows"),
+    ("nan", "none", "site1.csv: row 2, column 'age' is missing and impute='none'"),
+    ("nolabel", "mean", "site1.csv: row 3, column 'diagnosis': the label is missing"),
+])
+def test_bad_site_data_stops_the_deployed_run_in_one_line(tmp_path, case, impute, pattern):
+    """A site's bad rows stop a deployed run with the site's own line (file, row, column):
+    on the in-process simulator and on a Flower grid (the ServerApp's one-line cause)."""
+    from flwr.common.config import flatten_dict
+
+    from fedclust.flower.apps import ServerAppFailed
+    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower.grid import LocalGrid, run_server_app
+    from fedclust.flower.apps import make_client_app, make_server_app
+    from fedclust.flower.deploy import experiment_protocol
+    from fedclust.sim.transport import InProcessTransport
+    from fedclust.sites import read_table
+
+    paths, truth = write_sites(tmp_path, n_sites=3, missing=0.0)
+    df = truth["frames"][1].copy()
+    if case == "text":
+        df = df.astype({"bp": object})
+        df.loc[4, "bp"] = "high"
+    elif case == "empty":
+        df = df.iloc[:0]
+    elif case == "nan":
+        df.loc[2, "age"] = np.nan
+    else:
+        df.loc[3, "diagnosis"] = None
+    df.to_csv(paths[1], index=False)
+    cfg_path = tmp_path / "fed.toml"
+    cfg_path.write_text(BAD.format(impute=impute))
+    cfg = load_config(cfg_path)
+    protocol, _, seed = experiment_protocol(cfg)
+    tables = {z: read_table(p) for z, p in enumerate(paths)}
+    with pytest.raises(ValidationError) as err:
+        InProcessTransport().run(protocol, tables, seed)
+    assert pattern in str(err.value) and "\n" not in str(err.value)
+    # the same on a Flower grid, each node holding its own file
+    run_config = flatten_dict(app_run_config(cfg, result_dir=tmp_path / "res"))
+    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    with pytest.raises(ServerAppFailed) as err:
+        run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes,
+                                                    run_config=run_config), run_config)
+    assert pattern in str(err.value) and "\n" not in str(err.value)

@@ -115,18 +115,46 @@ def as_table(data: Any, where: str) -> RawTable:
     return RawTable(where, where, cols, names)
 
 
-def site_columns(table: RawTable, request: SchemaRequest) -> SiteColumns:
-    """Client maths of the schema round (names and sets only; no row leaves the site)."""
+def site_columns(table: RawTable, request: SchemaRequest, impute: str = "mean") -> SiteColumns:
+    """Client maths of the schema round (names and sets only; no row leaves the site).
+
+    The site also checks its own rows against the request (a value that is not a
+    number in a numeric feature column, a missing label, a missing value with
+    ``impute="none"``, no rows) and sends the first problem as one line
+    (``"error"``), which stops the run with that line, naming file, row and column.
+    """
+    out: dict[str, Any] = {"site": table.name, "columns": list(table.columns),
+                           "features": list(table.features), "categories": {},
+                           "labels": None}
+    try:
+        _check_rows(table, request, impute)
+        cats = site_categories(table, [c for c in request.categorical if c in table.columns])
+        out["categories"] = {c: sorted(v) for c, v in cats.items()}
+        if request.labels == "class" and request.label in table.columns:
+            y = label_values(table, request.label)
+            out["labels"] = "values" if y.dtype.kind == "f" else sorted(set(y.tolist()), key=str)
+        elif request.labels == "value" and request.label in table.columns:
+            label_values(table, request.label)  # a missing target is the site's error
+    except ValidationError as exc:
+        out["error"] = str(exc)
+    return SiteColumns(text=text_array(out), n_rows=np.asarray(max(table.n_rows, 1), np.int64))
+
+
+def _check_rows(table: RawTable, request: SchemaRequest, impute: str) -> None:
+    from ..preprocess import check_no_missing
+    from .schema import encode_table
+
     if table.n_rows == 0:
         raise ValidationError(f"{table.path}: the file has no rows")
-    cats = site_categories(table, [c for c in request.categorical if c in table.columns])
-    labels: Any = None
-    if request.labels == "class" and request.label in table.columns:
-        y = label_values(table, request.label)
-        labels = "values" if y.dtype.kind == "f" else sorted(set(y.tolist()), key=str)
-    out = {"site": table.name, "columns": list(table.columns), "features": list(table.features),
-           "categories": {c: sorted(v) for c, v in cats.items()}, "labels": labels}
-    return SiteColumns(text=text_array(out), n_rows=np.asarray(table.n_rows, np.int64))
+    skip = set(request.id_columns) | ({request.label} if request.label else set())
+    feats = [c for c in (request.features if request.features is not None else
+                         [c for c in table.features if c not in skip])
+             if c in table.columns]
+    cats = site_categories(table, [c for c in request.categorical if c in feats])
+    own = SiteSchema(tuple(feats), {c: tuple(sorted(v)) for c, v in cats.items()})
+    X = encode_table(table, own)  # numbers parse; the site's own categories
+    if impute == "none":
+        check_no_missing(X, table.path, own.columns)
 
 
 def pool_schema(replies: Mapping[int, SiteColumns], request: SchemaRequest
@@ -139,6 +167,9 @@ def pool_schema(replies: Mapping[int, SiteColumns], request: SchemaRequest
     """
     sites = {z: array_text(replies[z].text, f"device {z}") for z in sorted(replies)}
     names = {z: str(d.get("site", f"device {z}")) for z, d in sites.items()}
+    for z, d in sites.items():
+        if d.get("error"):
+            raise ValidationError(str(d["error"]))
 
     def who(z: int) -> str:
         return f"site {names[z]!r} (device {z})"
