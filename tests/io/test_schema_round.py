@@ -316,3 +316,39 @@ def test_bad_site_data_stops_the_deployed_run_in_one_line(tmp_path, case, impute
         run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes,
                                                     run_config=run_config), run_config)
     assert pattern in str(err.value) and "\n" not in str(err.value)
+
+
+def test_secure_aggregation_after_the_site_rounds(tmp_path):
+    """The algorithm's summed rounds stay secure sums behind the schema and preprocessing
+    rounds: the deployed centers equal the in-process secure run."""
+    from flwr.common.config import flatten_dict
+
+    from fedclust.flower.apps import make_client_app, make_server_app
+    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower.grid import LocalGrid, run_server_app
+    from fedclust.flower.results import load_run_output
+
+    paths, _ = write_sites(tmp_path, n_sites=4)
+    (tmp_path / "fed.toml").write_text("""
+seed = 3
+[data]
+source = "files"
+paths = ["site*.csv"]
+categorical = ["smoker"]
+id_columns = ["pid"]
+features = ["age", "chol", "bp", "smoker"]
+[simulation]
+secure_aggregation = true
+[algorithm]
+name = "distributed-lloyd"
+n_clusters = 2
+""")
+    cfg = load_config(tmp_path / "fed.toml")
+    rc = flatten_dict(app_run_config(cfg, result_dir=tmp_path / "res"))
+    assert rc["secure-aggregation"] is True and json.loads(rc["params.summed"]) == ["lloyd"]
+    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes, run_config=rc), rc)
+    out, _ = load_run_output(tmp_path / "res")
+    ref = run_experiment(cfg)
+    assert out.meter.secure_exchanges > 0
+    np.testing.assert_array_equal(out.result.centers, ref.model.cluster_centers_)
