@@ -16,7 +16,8 @@ pytest.importorskip("flwr")
 from fedclust.cli import main  # noqa: E402
 from fedclust.config import load_config  # noqa: E402
 from fedclust.core.exceptions import ValidationError  # noqa: E402
-from fedclust.experiment import build_protocol, label_kind, protocol_for_schema  # noqa: E402
+from fedclust.experiment import build_protocol, label_kind  # noqa: E402
+from fedclust.site_deploy import protocol_for_schema  # noqa: E402
 from fedclust.experiment import run_experiment  # noqa: E402
 from fedclust.sites import RawTable, load_sites  # noqa: E402
 from fedclust.sites.schema_round import SchemaRequest, pool_schema, site_columns  # noqa: E402
