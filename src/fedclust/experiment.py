@@ -156,7 +156,7 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
     deployed run is the in-process run. Device data is ``X`` or ``(X, y)``.
 
     ``preprocess_on_nodes`` (the deployed app, site files): no site file is read;
-    the protocol is :class:`~fedclust.site_protocol.SitePreprocessProtocol`, whose
+    the protocol is :class:`~fedclust.sites.deployed.SitePreprocessProtocol`, whose
     schema round and preprocessing round run on the nodes before the algorithm's
     own rounds; the device data are the site files' paths (counted only, when
     ``count_sites``). Otherwise, on preprocessed site data, the protocol is

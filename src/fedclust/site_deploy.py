@@ -131,7 +131,7 @@ def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, 
 
 def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
     """``directory/model.npz`` of a deployed run on site files (``extra``: the run's
-    :meth:`~fedclust.site_protocol.SitePreprocessProtocol.run_extra`); None when the
+    :meth:`~fedclust.sites.deployed.SitePreprocessProtocol.run_extra`); None when the
     algorithm registers no export."""
     from pathlib import Path
 

@@ -3,7 +3,7 @@
 ``.npz``: ``X``, optional ``y`` and ``device_id``. ``.csv`` / ``.tsv`` /
 ``.parquet``, and an ``.npz`` with ``feature_names`` (a user's own site file):
 a site table (:class:`fedclust.sites.RawTable`), which a protocol run on site
-data (:class:`fedclust.site_protocol.SitePreprocessProtocol`) encodes and
+data (:class:`fedclust.sites.deployed.SitePreprocessProtocol`) encodes and
 preprocesses on the node with the federation's schema. A table handed to a
 simulated node travels as an ``.npz`` of its columns (``col/<name>``: numbers,
 or text with ``""`` for a missing cell).

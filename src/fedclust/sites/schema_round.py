@@ -5,7 +5,7 @@ has the federation's columns and broadcasts the sorted union.
 Client maths :func:`site_columns`, server maths :func:`pool_schema`; the messages
 :class:`SiteColumns` (up) and :class:`SchemaBroadcast` (down) carry UTF-8 JSON
 as ``uint8`` arrays, so their bytes are counted like any other message. The
-round itself is part of :class:`fedclust.site_protocol.SitePreprocessProtocol`.
+round itself is part of :class:`fedclust.sites.deployed.SitePreprocessProtocol`.
 """
 
 from __future__ import annotations
