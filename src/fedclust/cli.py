@@ -388,6 +388,9 @@ def _flower(args) -> int:
           f"late {log.late}, failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
     for z, why in sorted({**log.failed, **log.rejected}.items()):
         print(f"  device {z}: {why}")
+    model = Path(args.dir) / "model.npz"
+    if model.is_file():
+        print(f"model: {model}  (fedclust predict {model} NEW_FILE)")
     if args.compare:
         ref = np.asarray(json.loads(Path(args.compare).read_text())["cluster_centers"])
         same = centers is not None and ref.shape == centers.shape and np.array_equal(ref, centers)

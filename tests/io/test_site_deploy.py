@@ -38,7 +38,7 @@ name = "{algo}"
 
 @pytest.mark.parametrize("algo, extra", [("kfed", "n_clusters = 2\nn_local_clusters = 2"),
                                          ("distributed-lloyd", "n_clusters = 2")])
-def test_deployed_app_preprocesses_on_the_nodes(tmp_path, algo, extra):
+def test_deployed_app_preprocesses_on_the_nodes(tmp_path, algo, extra, capsys):
     paths, _ = write_sites(tmp_path, n_sites=3)
     cfg_path = tmp_path / "fed.toml"
     cfg_path.write_text(CFG.format(algo=algo, extra=extra))
@@ -86,6 +86,9 @@ def test_deployed_app_preprocesses_on_the_nodes(tmp_path, algo, extra):
     assert 3 * 60 < schema_up < 3 * 400  # names and three categories, no row
     assert ref.preprocessor.communication_["bytes_up"] == 3 * (24 * d + 8)
     # the deployed run wrote model.npz: `fedclust predict` on a site file = the in-process model
+    capsys.readouterr()
+    assert main(["flower", "result", str(res_dir)]) == 0
+    assert f"model: {res_dir / 'model.npz'}" in capsys.readouterr().out
     ref_model = load_model(ref_out(tmp_path, cfg_path))
     for p in paths:
         assert main(["predict", str(res_dir / "model.npz"), str(p), "--out",
