@@ -59,6 +59,13 @@ def test_union_is_sorted_and_the_same_as_reading_every_file():
         pool_schema({0: site_columns(a, req), 1: site_columns(d, req)}, req)
 
 
+def test_every_registered_algorithm_is_checked_below():
+    """A new algorithm must show that its protocol follows from the schema (add it to ALGOS)."""
+    from fedclust.core.registry import ALGORITHMS
+
+    assert set(ALGORITHMS) <= set(ALGOS)
+
+
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_protocol_for_schema_is_what_the_estimator_builds(tmp_path, algo):
     """A protocol depends on the data's shape and classes, not on its values: the one built
