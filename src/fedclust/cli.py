@@ -374,7 +374,8 @@ def _flower(args) -> int:
         from .flower.deploy import split_devices
 
         for z, path in split_devices(cfg, args.out):
-            print(f"device {z}: {path}  (--node-config \"data-path='{path.resolve()}'\")")
+            print(f"device {z}: {path}  (--node-config \"data-path='{path.resolve()}' "
+                  f"device-id={z}\")")
         return 0
     import numpy as np
 
@@ -389,6 +390,9 @@ def _flower(args) -> int:
           f"late {log.late}, failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
     for z, why in sorted({**log.failed, **log.rejected}.items()):
         print(f"  device {z}: {why}")
+    model = Path(args.dir) / "model.npz"
+    if model.is_file():
+        print(f"model: {model}  (fedclust predict {model} NEW_FILE)")
     if args.compare:
         ref = np.asarray(json.loads(Path(args.compare).read_text())["cluster_centers"])
         same = centers is not None and ref.shape == centers.shape and np.array_equal(ref, centers)

@@ -22,7 +22,8 @@ from .core.registry import BASELINES, Federation, get_algorithm, get_data_source
 from .sim.transport import InProcessTransport
 
 __all__ = ["Federation", "Experiment", "build_federation", "build_estimator", "build_protocol",
-           "make_transport", "run_experiment", "preprocess_federation", "TRANSPORTS"]
+           "make_transport", "run_experiment", "preprocess_federation", "TRANSPORTS",
+           "label_kind"]
 
 TRANSPORTS = ("inprocess", "flower")
 
@@ -151,18 +152,33 @@ class _CaptureTransport:
 
 
 def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None, *,
-                   preprocess_on_nodes: bool = False) -> tuple[Protocol, dict[int, Any], int]:
+                   preprocess_on_nodes: bool = False, count_sites: bool = True
+                   ) -> tuple[Protocol, dict[int, Any], int]:
     """The protocol, device data and seed that ``fedclust run`` would run for ``cfg``.
 
     Goes through the registered estimator and its validation (the estimator's
     ``fit`` hands its protocol to the transport, which is captured here), so a
     deployed run is the in-process run. Device data is ``X`` or ``(X, y)``.
-    With preprocessed site data the nodes get their raw rows; ``preprocess_on_nodes``
-    wraps the protocol in :class:`~fedclust.site_protocol.SitePreprocessProtocol`
-    (the preprocessing round runs on the nodes; no statistic in the protocol's
-    config), else in :class:`~fedclust.site_protocol.SiteTransformProtocol` (the
-    pooled transform fitted here travels in the config).
+
+    ``preprocess_on_nodes`` (the deployed app, site files): no site file is read;
+    the protocol is :class:`~fedclust.sites.deployed.SitePreprocessProtocol`, whose
+    schema round and preprocessing round run on the nodes before the algorithm's
+    own rounds; the device data are the site files' paths (counted only, when
+    ``count_sites``). Otherwise, on preprocessed site data, the protocol is
+    :class:`~fedclust.site_protocol.SiteTransformProtocol` (the pooled transform
+    fitted here travels in its config) over the raw rows.
     """
+    if preprocess_on_nodes:
+        from .sites import site_request
+
+        if cfg["data"].get("source") == "table":
+            raise ConfigError("a deployed app takes one file per site: [data] source = \"files\" "
+                              "(write each site's rows to its own file)")
+        request = site_request(cfg["data"])
+        if request is not None:
+            from .site_deploy import site_protocol
+
+            return site_protocol(cfg, request, count_sites)
     fed = federation or build_federation(cfg)
     fed, pre = preprocess_federation(cfg, fed)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
@@ -172,19 +188,26 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
     except _Captured:
         if pre is None:
             return cap.protocol, cap.devices, int(cap.seed)
-        # preprocessed data: the nodes get the raw rows (or their own site files) and the
-        # schema + pooled transform in the protocol, and preprocess themselves
-        from .site_protocol import SitePreprocessProtocol, SiteTransformProtocol
+        # preprocessed data: the nodes get the raw rows and the schema + pooled transform
+        # in the protocol, and preprocess themselves
+        from .site_protocol import SiteTransformProtocol
 
         sites = fed.extra.get("sites")
-        wrapper = SitePreprocessProtocol if preprocess_on_nodes else SiteTransformProtocol
-        protocol = wrapper.wrap(cap.protocol, pre,
+        protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
                                               None if sites is None else sites.schema)
         raw = fed.extra["raw_devices"]
         devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]
                    for z, d in cap.devices.items()}
         return protocol, devices, int(cap.seed)
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
+
+
+def label_kind(cfg: Mapping[str, Any]) -> str:
+    """How the algorithm of ``cfg`` takes site labels: ``"class"`` or ``"value"``."""
+    kind = get_algorithm(cfg["algorithm"]["name"]).label_kind
+    if callable(kind):
+        kind = kind({k: v for k, v in cfg["algorithm"].items() if k != "name"})
+    return kind
 
 
 def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: str = "inprocess"
@@ -198,7 +221,7 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     ``(fed, None)`` when there is nothing to do.
     """
     sites = fed.extra.get("sites")
-    if sites is not None and get_algorithm(cfg["algorithm"]["name"]).label_kind == "value":
+    if sites is not None and label_kind(cfg) == "value":
         from .sites import as_values
 
         fed = as_values(fed)
@@ -231,7 +254,16 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
                 check_no_missing(X, path, columns)
     wire = make_transport({"seed": cfg["seed"], "simulation": {"progress": progress}}, transport,
                           n_devices=len(fed.devices))
-    pre.fit(fed.devices, columns=columns, names=names, transport=wire)
+    # a site dropped or late in [simulation] is absent from the preprocessing round too
+    # (as on a deployed run): the pooled statistics are those of the sites that take part
+    if sites is not None:
+        from .site_deploy import present_sites
+
+        keep = present_sites(cfg, fed)
+    else:
+        keep = list(range(len(fed.devices)))
+    pre.fit([fed.devices[z] for z in keep], columns=columns,
+            names=None if names is None else [names[z] for z in keep], transport=wire)
     where = names or [f"device {z}" for z in range(len(fed.devices))]
     extra = dict(fed.extra, raw_devices=fed.devices)
     if sites is not None:
@@ -289,7 +321,7 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
         pooled["test_accuracy_pooled"] = hits / n_test
     elif n_test and predictor.task == "regression":
         pooled["test_mse_pooled"] = sq / n_test
-    if found:  # the saved model's clusters (nearest center), as in labels/<site>.csv
+    if found:  # the saved model's clusters, as in labels/<site>.csv
         pooled["ari_pooled"] = metrics.adjusted_rand(np.concatenate(truth), np.concatenate(found))
     return rows, pooled, preds
 

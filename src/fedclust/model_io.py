@@ -84,7 +84,7 @@ class SavedModel:
                     and self.classes is not None):
                 from .sites import label_values
 
-                label_indices(label_values(X, label), self.classes, X.path)
+                label_indices(label_values(X, label), self.classes, X.path, label)
             return encode_table(X, self.schema)
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != len(self.columns):

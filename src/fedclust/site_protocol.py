@@ -12,20 +12,25 @@ preprocessing round broadcast), so no extra round and no row leaves a site.
 server-side preprocessed arrays runs, on that transport, over the raw site data
 instead (``fedclust run --transport flower`` with site data): the nodes
 preprocess, and the result is the same as in process.
+
+:class:`~fedclust.sites.deployed.SitePreprocessProtocol` (registered here) is
+what a deployed app runs: the schema round and the preprocessing round on the
+sites, then the algorithm's rounds; the app holds no site value.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .core.exceptions import ValidationError
-from .core.messages import INT, Message
+from .core.messages import Message
 from .core.protocol import Protocol, Request, RunLog, RunOutput
 from .core.registry import protocol_from_config, register_protocol
+from .sites.deployed import SitePreprocessProtocol
 
 __all__ = ["SiteTransformProtocol", "SitePreprocessProtocol", "SiteTransformTransport",
            "device_data_for"]
@@ -108,7 +113,7 @@ class SiteTransformProtocol(Protocol):
             return X
         y = label_values(data, label)
         if self._schema.classes is not None:
-            y = label_indices(y, self._schema.classes, data.path)
+            y = label_indices(y, self._schema.classes, data.path, label)
         return X, y
 
     def local_data(self, data: Any, where: str = "site") -> Any:
@@ -126,7 +131,7 @@ class SiteTransformProtocol(Protocol):
                     raise ValidationError(f"{data.path}: the protocol needs labels; no label column")
                 y = label_values(data, label)
                 if self._schema.classes is not None:
-                    y = label_indices(y, self._schema.classes, data.path)
+                    y = label_indices(y, self._schema.classes, data.path, label)
             where = data.path
             data = X if y is None else (X, y)
         if isinstance(data, tuple):
@@ -177,8 +182,10 @@ def device_data_for(protocol: Protocol, data: Any, where: str) -> Any:
     an unlabelled file refused, by name, where the protocol cannot use it."""
     from .sites import RawTable
 
-    if isinstance(protocol, SiteTransformProtocol):  # and SitePreprocessProtocol
+    if isinstance(protocol, (SiteTransformProtocol, SitePreprocessProtocol)):
         return data
+    if isinstance(data, RawTable) and data.path.lower().endswith(".npz"):
+        data = _arrays_of(data, where)  # an .npz with feature_names: its X (and y) as arrays
     if isinstance(data, RawTable):
         raise ValidationError(f"{where}: a CSV/Parquet node file needs the site schema: deploy a "
                               "config with [data] source = \"files\"")
@@ -190,166 +197,16 @@ def device_data_for(protocol: Protocol, data: Any, where: str) -> Any:
     return data
 
 
-@dataclass(frozen=True)
-class TransformReceived(Message):
-    """Site -> server: the pooled transform is stored (its row count, ``8`` bytes)."""
-
-    n_rows: np.ndarray  # () int64
-    schema: ClassVar = {"n_rows": (INT, 0)}
-    kind: ClassVar[str] = "transform_received"
-
-
-_STORE = "pooled_transform"
-_MEAN, _SCALE = "_site_pre_mean", "_site_pre_scale"
-
-
-@dataclass
-class _CompositeState:
-    moments: Any
-    inner: Any
-    phase: int = 0            # 0: column moments, 1: pooled transform down, 2: inner rounds
-    pooled: Any = None        # PreprocessResult
-
-
-class SitePreprocessProtocol(SiteTransformProtocol):
-    """The preprocessing round on the sites, then ``inner`` on the pooled transform.
-
-    Round 1 (``column_moments``): each site encodes its raw rows with the site
-    schema and sends :class:`fedclust.preprocess.ColumnMoments` (``24 d + 8``
-    bytes); the server pools them exactly as :class:`FederatedPreprocessor`.
-    Round 2 (``pooled_transform``): the pooled mean and scale are broadcast
-    (``16 d`` bytes down); each site keeps them in its own state and answers
-    :class:`TransformReceived` (``8`` bytes). Then ``inner``'s rounds, unchanged,
-    each site imputing and scaling its rows with the stored transform. The
-    configuration holds the schema only, no statistic; the fitted preprocessing
-    is returned by :meth:`run_extra` (``preprocess`` in a Flower result).
-
-    Parameters
-    ----------
-    inner, inner_config : str
-        Registered protocol name and its :meth:`Protocol.config` as JSON text.
-    n_features : int
-        Encoded columns ``d``.
-    impute, scaling : str
-        The preprocessing's ``impute`` and ``scale`` settings.
-    schema : str
-        The site schema as JSON text, or ``""`` when sites hold arrays.
-    columns : list of str
-        Names of the encoded columns (errors and the saved preprocessing).
-    """
-
-    name = "site-preprocess"
-    reply_types: Mapping[str, type[Message]] = {}  # set below, once TransformReceived exists
-
-    def __init__(self, inner: str, inner_config: str, n_features: int, impute: str = "mean",
-                 scaling: str = "standard", schema: str = "", columns: Sequence[str] = ()):
-        from .preprocess import ACTION, ColumnMoments, PreprocessProtocol
-
-        d = int(n_features)
-        super().__init__(inner, inner_config, [0.0] * d, [1.0] * d, impute, scaling, schema)
-        self.n_features = d
-        self.columns = [str(c) for c in columns] or [f"x{j}" for j in range(d)]
-        self.moments = PreprocessProtocol(d, impute=self.impute, scale=self.scaling,
-                                          columns=self.columns)
-        # the inner protocol's actions first: a transport asks a late device the first one
-        self.reply_types = {**self.inner.reply_types, ACTION: ColumnMoments,
-                            _STORE: TransformReceived}
-
-    @classmethod
-    def wrap(cls, protocol: Protocol, preprocessor: Any, schema: Any = None
-             ) -> "SitePreprocessProtocol":
-        """``preprocessor`` gives the settings and column names only (not its statistics)."""
-        return cls(protocol.name, json.dumps(protocol.config()),
-                   len(preprocessor.feature_names_in_), preprocessor.impute, preprocessor.scale,
-                   json.dumps(schema.to_json()) if schema is not None else "",
-                   list(preprocessor.feature_names_in_))
-
-    def config(self) -> dict[str, Any]:
-        return {"inner": self.inner_name, "inner_config": self.inner_config,
-                "n_features": self.n_features, "impute": self.impute, "scaling": self.scaling,
-                "schema": self.schema, "columns": list(self.columns)}
-
-    # -- server ---------------------------------------------------------------------------
-    def start(self, device_ids: Sequence[int], seed: int) -> _CompositeState:
-        return _CompositeState(self.moments.start(device_ids, seed),
-                               self.inner.start(device_ids, seed))
-
-    def next_request(self, state: _CompositeState) -> Request | None:
-        from .preprocess import PooledTransform
-
-        if state.phase == 0:
-            return self.moments.next_request(state.moments)
-        if state.phase == 1:
-            return Request(round=0, action=_STORE, payload=PooledTransform(
-                mean=state.pooled.mean, scale=state.pooled.scale))
-        return self.inner.next_request(state.inner)
-
-    def check_reply(self, state: _CompositeState, request: Request, device_id: int,
-                    reply: Message) -> None:
-        if state.phase == 0:
-            self.moments.check_reply(state.moments, request, device_id, reply)
-        elif state.phase == 2:
-            self.inner.check_reply(state.inner, request, device_id, reply)
-
-    def server_step(self, state: _CompositeState, request: Request,
-                    replies: Mapping[int, Message]) -> None:
-        if state.phase == 0:
-            self.moments.server_step(state.moments, request, replies)
-            state.pooled = self.moments.finish(state.moments, RunLog())
-            state.phase = 1
-        elif state.phase == 1:
-            state.phase = 2
-        else:
-            self.inner.server_step(state.inner, request, replies)
-
-    def finish(self, state: _CompositeState, log: RunLog) -> Any:
-        return self.inner.finish(state.inner, log)
-
-    def run_extra(self, state: _CompositeState) -> dict[str, Any]:
-        """The fitted preprocessing (``FederatedPreprocessor.to_json`` + its arrays as lists)."""
-        p = state.pooled
-        if p is None:
-            return {}
-        return {"preprocess": {"impute": self.impute, "scale": self.scaling,
-                               "columns": list(self.columns), "mean": p.mean.tolist(),
-                               "var": p.var.tolist(), "scale_": p.scale.tolist(),
-                               "count": p.count.tolist(), "n_rows": int(p.n_rows)}}
-
-    # -- site -----------------------------------------------------------------------------
-    def _use(self, state: Mapping[str, np.ndarray], where: str) -> None:
-        if _MEAN not in state:
-            raise ValidationError(f"{where}: no pooled transform stored; the preprocessing "
-                                  "rounds did not reach this site")
-        m, s = np.asarray(state[_MEAN], np.float64), np.asarray(state[_SCALE], np.float64)
-        self._pre._set(m, s ** 2, s, np.zeros(len(m), np.int64), 0, self.columns)
-
-    def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
-                    state: dict[str, np.ndarray]) -> Message:
-        from .preprocess import ACTION
-
-        where = f"device {device_id}"
-        if request.action == ACTION:
-            return self.moments.client_step(request, self.encode(X), device_id=device_id,
-                                            seed=seed, state=state)
-        if request.action == _STORE:
-            p = request.payload
-            if p is None or p.mean.shape != (self.n_features,) or p.scale.shape != p.mean.shape:
-                raise ValidationError(f"{where}: the pooled transform must have "
-                                      f"{self.n_features} means and scales")
-            state[_MEAN] = np.asarray(p.mean, np.float64)
-            state[_SCALE] = np.asarray(p.scale, np.float64)
-            data = self.encode(X)
-            n = len(data[0] if isinstance(data, tuple) else data)
-            return TransformReceived(n_rows=np.asarray(n, np.int64))
-        self._use(state, where)
-        return self.inner.client_step(request, self.local_data(X, where), device_id=device_id,
-                                      seed=seed, state=state)
-
-    def client_finish(self, message: Message | None, X: Any, state: dict[str, np.ndarray]
-                      ) -> dict[str, np.ndarray]:
-        self._use(state, "site")
-        inner_state = {k: v for k, v in state.items() if k not in (_MEAN, _SCALE)}
-        return self.inner.client_finish(message, self.local_data(X), inner_state)
+def _arrays_of(table: Any, where: str) -> Any:
+    cols = []
+    for c in table.features:
+        v = np.asarray(table.columns[c])
+        if v.dtype.kind not in "biuf":
+            raise ValidationError(f"{table.path}: column {c!r} is not numeric; this protocol "
+                                  "takes numbers (deploy a config with [data] source = \"files\")")
+        cols.append(v.astype(np.float64))
+    X = np.column_stack(cols) if cols else np.zeros((table.n_rows, 0))
+    return (X, np.asarray(table.columns["y"])) if "y" in table.columns else X
 
 
 @dataclass
@@ -387,11 +244,4 @@ class _InnerResult:  # placeholder type: results are saved under the inner proto
 
 
 register_protocol(SiteTransformProtocol, _InnerResult)
-def _own_reply_types() -> None:
-    from .preprocess import ACTION, ColumnMoments
-
-    SitePreprocessProtocol.reply_types = {ACTION: ColumnMoments, _STORE: TransformReceived}
-
-
-_own_reply_types()
 register_protocol(SitePreprocessProtocol, _InnerResult)

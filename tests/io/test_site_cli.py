@@ -112,7 +112,8 @@ def test_predict_errors_are_one_line_exit_2(tmp_path, capsys):
     df = truth["frames"][0].copy()
     df.loc[5, "smoker"] = "sometimes"
     df.to_csv(tmp_path / "new3.csv", index=False)
-    for name, pattern in [("new1.csv", "row 3: label 'unknown-disease' is not one of the classes"),
+    for name, pattern in [("new1.csv", "row 3, column 'diagnosis': label 'unknown-disease' is "
+                                        "not one of the classes"),
                           ("new2.csv", "column 'chol' is missing"),
                           ("new3.csv", "row 5, column 'smoker': category 'sometimes' is not one")]:
         assert main(["predict", str(out / "model.npz"), str(tmp_path / name)]) == 2

@@ -58,3 +58,58 @@ def test_flower_simulation_gives_the_in_process_labels(tmp_path, algo, extra, ca
     # the preprocessing round ran on the nodes too, with the same bytes
     assert a["preprocess"]["communication"]["bytes_up"] == \
         b["preprocess"]["communication"]["bytes_up"]
+
+
+DEPLOYED = """
+seed = 4
+[data]
+source = "files"
+paths = ["site*.csv"]
+label = "diagnosis"
+categorical = ["smoker"]
+id_columns = ["pid"]
+
+[algorithm]
+name = "{algo}"
+{extra}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo, extra", [("kfed", "n_clusters = 2\nn_local_clusters = 2"),
+                                         ("gauss-classifier", "")])
+def test_deployed_protocol_on_flower_simulation(tmp_path, algo, extra):
+    """The deployed app's protocol (schema round, preprocessing round, the algorithm) on
+    Flower's simulation engine and on the in-process simulator, over the same raw site
+    tables: identical labels; the ServerApp's model.npz predicts the `fedclust run` labels."""
+    import numpy as np
+
+    from fedclust import load_model
+    from fedclust.config import load_config
+    from fedclust.flower.deploy import experiment_protocol
+    from fedclust.flower.transport import FlowerSimulationTransport
+    from fedclust.sim.transport import InProcessTransport
+    from fedclust.sites import read_table
+
+    paths, _ = write_sites(tmp_path, n_sites=3)
+    cfg_path = tmp_path / "fed.toml"
+    cfg_path.write_text(DEPLOYED.format(algo=algo, extra=extra))
+    protocol, _, seed = experiment_protocol(load_config(cfg_path))
+    tables = {z: read_table(p) for z, p in enumerate(paths)}
+    local = InProcessTransport().run(protocol, tables, seed)
+    flower = FlowerSimulationTransport(keep_dir=str(tmp_path / "flwr")).run(protocol, tables,
+                                                                             seed)
+    assert set(local.device_outputs) == set(flower.device_outputs) == {0, 1, 2}
+    for z in tables:
+        for key, value in local.device_outputs[z].items():
+            np.testing.assert_array_equal(flower.device_outputs[z][key], value)
+    assert local.meter.summary()["bytes_up"] == flower.meter.summary()["bytes_up"]
+    # model.npz of the deployed run = the in-process `fedclust run` model on every site file
+    assert main(["run", str(cfg_path), "--out", str(tmp_path / "ref"), "--no-plot"]) == 0
+    ref = load_model(tmp_path / "ref" / "model.npz")
+    deployed = load_model(tmp_path / "flwr" / "result" / "model.npz")
+    assert deployed.columns == ref.columns and deployed.sites == ref.sites
+    for p in paths:
+        got, _ = deployed.predict_file(p)
+        want, _ = ref.predict_file(p)
+        assert [str(v) for v in got] == [str(v) for v in want]

@@ -192,9 +192,10 @@ class Algorithm:
     export : callable(model, federation) -> Exported, or None
         The fitted model as ``model.npz`` saves it and ``fedclust predict`` applies
         it (:func:`register_predictor`); default :func:`export_centers`.
-    label_kind : {"class", "value"}
+    label_kind : {"class", "value"} or callable(params) -> str
         How labels read from site files reach it: class indices 0..C-1 (default)
-        or numbers (regression targets).
+        or numbers (regression targets); a callable decides from the
+        ``[algorithm]`` parameters (a model that regresses takes numbers).
     """
 
     name: str
@@ -209,7 +210,7 @@ class Algorithm:
     baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
     rounds_note: Callable[[Any, dict], str | None] | None = None
     export: Callable[[Any, Federation], Exported | None] | None = export_centers
-    label_kind: str = "class"
+    label_kind: str | Callable[[Mapping[str, Any]], str] = "class"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,12 @@ __all__ = ["FedAvg", "IFCA", "ClusteredFedAvg", "MLP", "SoftmaxRegression", "Log
 for _proto in (FedAvgProtocol, IFCAProtocol, ClusteredFedAvgProtocol):
     register_protocol(_proto, FLResult)
 
-_HOOKS = dict(fit=fit_supervised, report=fl_report, result_fields=fl_result_fields,
+def _label_kind(params) -> str:
+    """Site labels are class indices, or numbers to fit for a regression model ("linear")."""
+    return "value" if params.get("model") == "linear" else "class"
+
+
+_HOOKS = dict(fit=fit_supervised, label_kind=_label_kind, report=fl_report, result_fields=fl_result_fields,
               plot=plot_history, rounds_note=fl_rounds_note,
               columns=(("test_accuracy", "test accuracy"), ("train_loss", "train loss")),
               baselines=(), export=fl_export)

@@ -47,9 +47,9 @@ from ..core.exceptions import FedClustError, IncompatibleMessageError, Validatio
 from ..core.messages import message_nbytes
 from ..core.protocol import Protocol, Request, RunLog, require_replies, round_targets
 from ..sim.meter import CommunicationMeter
-from ..sim.transport import RunOutput, Tamper, draw_faults
-from ..core.secure_sum import (DeviceIdentity, SecureAggregation, SecureSumServer, check_summable,
-                               secure_sum_client)
+from ..sim.transport import RunOutput, Tamper, draw_faults, late_request
+from ..core.secure_sum import (DeviceIdentity, SecureAggregation, SecureSumServer,
+                               check_summable, secure_sum_client)
 from ..sim.secure import summed_replies
 from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
@@ -214,6 +214,17 @@ def make_server_app(spec: ServerSpec | None = None, *,
         if s.result_dir:
             path = save_run_output(out, s.protocol, s.result_dir, extra)
             flwr_log(_INFO, "fedclust: wrote %s", path)
+            # a protocol that can write more (a model file for `fedclust predict`) does
+            written = getattr(protocol_from_config(s.protocol, s.protocol_config),
+                              "write_outputs", None)
+            if written is not None:
+                try:
+                    model = written(out, extra, s.result_dir)
+                except Exception as exc:  # the run itself succeeded: say why, keep its result
+                    flwr_log(_WARNING, "fedclust: no model file: %s", one_line_cause(exc))
+                else:
+                    if model is not None:
+                        flwr_log(_INFO, "fedclust: wrote %s", model)
         if on_result is not None:
             on_result(out, extra)
 
@@ -444,8 +455,10 @@ class _Server:
         return RunOutput(result, outputs, self.meter, log, self.seed), extra
 
     def _assign_late(self, result, late: list[int]) -> None:
-        request = Request(round=0, action=next(iter(self.protocol.reply_types)))
+        request = late_request(self.protocol, result)
         reply_type = self.protocol.reply_types[request.action]
+        for z in late:
+            self.meter.record_down(z, message_nbytes(request.payload))
         got = self.send(request, late)
         for z in late:
             decoded = self._decode(z, got[z], reply_type)

@@ -45,24 +45,32 @@ __all__ = ["experiment_protocol", "split_devices", "write_app", "app_run_config"
 PACKAGE = "fedclust_app"
 
 
-def experiment_protocol(cfg: Mapping[str, Any]) -> tuple[Protocol, dict[int, Any], int]:
+def experiment_protocol(cfg: Mapping[str, Any], count_sites: bool = True
+                        ) -> tuple[Protocol, dict[int, Any], int]:
     """The protocol, device data and seed that ``fedclust run`` would run for ``cfg``
-    (:func:`fedclust.experiment.build_protocol`); on preprocessed site data the
-    preprocessing round is the deployed run's first round, on the nodes."""
+    (:func:`fedclust.experiment.build_protocol`); on site files the schema round and the
+    preprocessing round are the deployed run's first rounds, on the nodes, and no site
+    file is read (the device data are the files' paths)."""
     from ..experiment import build_protocol
 
-    return build_protocol(cfg, preprocess_on_nodes=True)
+    return build_protocol(cfg, preprocess_on_nodes=True, count_sites=count_sites)
 
 
 def split_devices(cfg: Mapping[str, Any], out_dir: str | Path) -> list[tuple[int, Path]]:
-    """Write each device of ``cfg``'s federation to ``out_dir/dev-<id>.npz``."""
+    """Write each device of ``cfg``'s federation to ``out_dir/dev-<id>.npz`` (site files:
+    a copy of each site's own file under its own name; the site is named by its stem)."""
     from .dataio import save_device_file
 
     _, devices, _ = experiment_protocol(cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [(z, save_device_file(out / f"dev-{z}.npz", data, device_id=z))
-            for z, data in sorted(devices.items())]
+    written = []
+    for z, data in sorted(devices.items()):
+        if isinstance(data, str):  # a site file: the node reads it as it is, under its name
+            written.append((z, Path(shutil.copy2(data, out / Path(data).name))))
+        else:
+            written.append((z, save_device_file(out / f"dev-{z}.npz", data, device_id=z)))
+    return written
 
 
 def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
@@ -70,7 +78,7 @@ def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
                    node_wait_s: float = 120.0, collect_outputs: bool = False,
                    faults: bool = True) -> dict[str, Any]:
     """Flat ``[tool.flwr.app.config]`` for ``cfg`` (see :class:`fedclust.flower.apps.ServerSpec`)."""
-    protocol, devices, seed = experiment_protocol(cfg)
+    protocol, devices, seed = experiment_protocol(cfg, count_sites=min_nodes is None)
     if cfg.get("simulation", {}).get("secure_aggregation", False):
         from ..core.secure_sum import check_summable
 

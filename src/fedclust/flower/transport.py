@@ -148,7 +148,8 @@ class FlowerSimulationTransport:
         ids = sorted(int(z) for z in devices)
         if not ids:
             raise FedClustError("no devices to run on")
-        work = Path(self.keep_dir) if self.keep_dir else Path(tempfile.mkdtemp(prefix="fedclust-flwr-"))
+        work = (Path(self.keep_dir).resolve() if self.keep_dir
+                else Path(tempfile.mkdtemp(prefix="fedclust-flwr-")))
         work.mkdir(parents=True, exist_ok=True)
         # Ray puts unix sockets under RAY_TMPDIR: keep that path short.
         ray_tmp = Path(tempfile.mkdtemp(prefix="fcray-", dir="/tmp" if os.path.isdir("/tmp") else None))

@@ -213,9 +213,10 @@ class InProcessTransport:
         return replies
 
     def _assign_late(self, protocol, result, late, devices, states, seed, log, meter):
-        request = Request(round=0, action=next(iter(protocol.reply_types)))
+        request = late_request(protocol, result)
         reply_type = protocol.reply_types[request.action]
         for z in late:
+            meter.record_down(z, message_nbytes(request.payload))
             try:
                 reply = protocol.client_step(request, devices[z], device_id=z, seed=seed,
                                              state=states[z])
@@ -241,6 +242,15 @@ class InProcessTransport:
         """Device -> server: encode, (tamper,) count the bytes, decode with validation."""
         return reply_type.from_arrays(self._encode(z, round_index, reply, meter),
                                       sender=f"device {z}")
+
+def late_request(protocol: Protocol, result: Any) -> Request:
+    """What a late device is asked: the protocol's ``late_request(result)`` where it has one
+    (a request carrying what the late device missed), else its first action, no payload."""
+    hook = getattr(protocol, "late_request", None)
+    if hook is not None:
+        return hook(result)
+    return Request(round=0, action=next(iter(protocol.reply_types)))
+
 
 def draw_faults(ids: Sequence[int], seed: int, *, dropout: float = 0.0, late: float = 0.0,
                 dropped: Sequence[int] = (), late_devices: Sequence[int] = ()

@@ -21,7 +21,7 @@ imputation and scaling are :class:`fedclust.preprocess.FederatedPreprocessor`.
 """
 
 from .federation import (SiteFederation, SiteInfo, as_values, files_source, load_sites,
-                         load_table_sites, table_source, to_federation)
+                         load_table_sites, site_paths, site_request, table_source, to_federation)
 from .schema import (SiteSchema, encode_table, label_indices, label_values, site_categories,
                      union_categories)
 from .tables import NA_VALUES, RawTable, expand_paths, file_stem, frame_columns, read_table
@@ -30,4 +30,4 @@ __all__ = ["SiteFederation", "SiteInfo", "SiteSchema", "RawTable", "load_sites",
            "load_table_sites", "read_table", "encode_table", "union_categories",
            "site_categories", "label_values", "label_indices", "expand_paths", "file_stem",
            "frame_columns", "to_federation", "files_source", "table_source", "as_values",
-           "NA_VALUES"]
+           "NA_VALUES", "site_request", "site_paths"]

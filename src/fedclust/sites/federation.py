@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from .schema import (SiteSchema, category_text, encode_table, label_indices, lab
 from .tables import NA_VALUES, RawTable, expand_paths, read_table
 
 __all__ = ["SiteFederation", "SiteInfo", "load_sites", "load_table_sites", "to_federation",
-           "files_source", "table_source", "as_values"]
+           "files_source", "table_source", "as_values", "site_request", "site_paths"]
 
 
 @dataclass
@@ -234,7 +234,7 @@ def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = N
 
     targets = None
     if sf.labels is not None:
-        targets = ([label_indices(y, sf.classes, p) for y, p in zip(sf.labels, sf.paths)]
+        targets = ([label_indices(y, sf.classes, p, sf.schema.label) for y, p in zip(sf.labels, sf.paths)]
                    if sf.classes is not None else [np.asarray(y, np.float64) for y in sf.labels])
     train, test = [], None
     if test_fraction:
@@ -267,6 +267,14 @@ def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = N
         extra={"sites": info})
 
 
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def as_values(fed: Any) -> Any:
     """The same site federation with the labels as numbers (regression targets), not classes.
 
@@ -279,9 +287,12 @@ def as_values(fed: Any) -> Any:
     if info is None or info.targets is None or info.schema.classes is None:
         return fed
     sf = info.federation
-    if any(y.dtype.kind in "US" for y in sf.labels):
-        raise ValidationError(f"label column {sf.schema.label!r} holds text; this algorithm "
-                              "fits numbers")
+    for y, path in zip(sf.labels, sf.paths):
+        if y.dtype.kind in "US":
+            i = next(i for i, v in enumerate(y.tolist()) if not _is_number(v))
+            raise ValidationError(f"{path}: row {i}, column {sf.schema.label!r}: label {y[i]!r} "
+                                  "is not a number; this algorithm fits numbers to the label "
+                                  "(a regression), not classes")
     values = [np.asarray(y, np.float64) for y in sf.labels]
     sf = replace(sf, schema=replace(sf.schema, classes=None))
     info = SiteInfo(sf, info.rows, info.train, info.test, values)
@@ -308,6 +319,33 @@ def table_source(seed: int, *, path: str, site_column: str, label: str | None = 
     sf = load_table_sites(path, site_column, label, features, categorical, id_columns,
                           base_dir=base_dir)
     return to_federation(sf, seed, test_fraction)
+
+
+def site_request(data: Mapping[str, Any]) -> Any:
+    """The :class:`~fedclust.sites.schema_round.SchemaRequest` of a ``[data]`` table of site
+    files (``source = "files"``), or None for any other source. Reads no file."""
+    from .schema_round import SchemaRequest
+
+    if data.get("source") != "files":
+        return None
+    feats = data.get("features")
+    if isinstance(feats, str):
+        raise ValidationError(f"features={feats!r} must be a list of column names")
+    cats = tuple(data.get("categorical") or ())
+    if feats is not None:
+        for c in cats:
+            if c not in feats:
+                raise ValidationError(f"categorical column {c!r} is not in features={list(feats)}")
+    label = data.get("label")
+    if label is not None and feats is not None and label in feats:
+        raise ValidationError(f"label {label!r} is also listed as a feature")
+    return SchemaRequest(None if feats is None else tuple(feats), cats, label,
+                         tuple(data.get("id_columns") or ()))
+
+
+def site_paths(data: Mapping[str, Any]) -> list[str]:
+    """The site files of a ``[data]`` table (names only; nothing is read)."""
+    return [str(p) for p in expand_paths(data["paths"], data.get("base_dir"))]
 
 
 def _register() -> None:

@@ -120,11 +120,12 @@ def _numeric(table: RawTable, c: str) -> np.ndarray:
     return out
 
 
-def encode_table(table: RawTable, schema: SiteSchema) -> np.ndarray:
+def encode_table(table: RawTable, schema: SiteSchema, unknown: str = "error") -> np.ndarray:
     """The (n, d) float64 feature matrix of one site under ``schema`` (NaN where missing).
 
     A category the schema does not know (a new site at prediction time) is an
-    error naming the file, row and column.
+    error naming the file, row and column; with ``unknown="missing"`` (a late
+    site, which missed the schema round) it is a missing value instead.
     """
     missing = [c for c in schema.features if c not in table.columns]
     if missing:
@@ -143,6 +144,8 @@ def encode_table(table: RawTable, schema: SiteSchema) -> np.ndarray:
                     B[i] = np.nan
                 elif t in index:
                     B[i, index[t]] = 1.0
+                elif unknown == "missing":
+                    B[i] = np.nan
                 else:
                     raise ValidationError(
                         f"{table.path}: row {i}, column {c!r}: category {t!r} is not one of "
@@ -198,8 +201,9 @@ def union_classes(labels: Sequence[np.ndarray], paths: Sequence[str]) -> tuple[A
 
 
 
-def label_indices(y: np.ndarray, classes: Sequence[Any], where: str) -> np.ndarray:
-    """Class index of every label; an unknown value is an error naming its row."""
+def label_indices(y: np.ndarray, classes: Sequence[Any], where: str,
+                  column: str | None = None) -> np.ndarray:
+    """Class index of every label; an unknown value is an error naming its row (and column)."""
     index = {c: i for i, c in enumerate(classes)}
     out = np.empty(len(y), np.int64)
     for i, v in enumerate(y.tolist()):
@@ -209,8 +213,9 @@ def label_indices(y: np.ndarray, classes: Sequence[Any], where: str) -> np.ndarr
         if j is None:
             j = index.get(str(v))
         if j is None:
-            raise ValidationError(f"{where}: row {i}: label {v!r} is not one of the classes "
-                                  f"the model knows {list(classes)}")
+            col = "" if column is None else f", column {column!r}"
+            raise ValidationError(f"{where}: row {i}{col}: label {v!r} is not one of the "
+                                  f"classes the model knows {list(classes)}")
         out[i] = j
     return out
 

@@ -1,0 +1,185 @@
+"""Site files on a deployment: the protocol a deployed app runs, built from the config
+alone; the algorithm's protocol for a schema the sites sent; the model of a finished
+deployed run (``model.npz``). Generic: every family is reached through the registry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import numpy as np
+
+from .core.exceptions import ConfigError, ValidationError
+from .core.protocol import Protocol
+from .core.registry import Federation, get_algorithm
+from .experiment import _Captured, _CaptureTransport, build_estimator, label_kind
+
+__all__ = ["site_protocol", "protocol_for_schema", "model_from_run", "save_run_model",
+           "present_sites"]
+
+
+def _experiment_part(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What builds the algorithm's protocol once a schema is known (JSON-ready)."""
+    return {"algorithm": dict(cfg["algorithm"]), "seed": cfg["seed"],
+            "secure_aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation",
+                                                                      False))}
+
+
+def _placeholder(n_features: int, sizes: list[int], classes: Any, labels: str) -> Federation:
+    """Rows of the schema's shape (no site's value): what an estimator validates and shapes
+    its protocol from. Every class appears; targets are numbers for ``labels="value"``."""
+    rng = np.random.default_rng(0)
+    devices = [rng.standard_normal((max(int(n), 1), int(n_features))) for n in sizes]
+    ys = None
+    if classes is not None and labels == "class":
+        ys, start = [], 0
+        for X in devices:
+            ys.append((start + np.arange(len(X))) % len(classes))
+            start += len(X)
+    elif labels == "value":
+        ys = [rng.standard_normal(len(X)) for X in devices]
+    return Federation(devices, ys, "placeholder rows of the sites' schema")
+
+
+def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int],
+                        classes: Any = None, labels: str = "class") -> Protocol:
+    """The protocol the configured estimator builds for sites of this shape.
+
+    ``exp``: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}``. The
+    estimator runs its own validation on placeholder rows (``sizes[z]`` rows of
+    ``n_features`` columns; labels covering ``classes``) and its protocol is
+    captured before any round: a protocol depends on the data's shape and classes,
+    not on its values (tested for every registered algorithm).
+    """
+    cfg = {"algorithm": dict(exp["algorithm"]), "seed": exp["seed"]}
+    fed = _placeholder(n_features, sizes, classes, labels)
+    algorithm = get_algorithm(cfg["algorithm"]["name"])
+    cap = _CaptureTransport(bool(exp.get("secure_aggregation", False)))
+    try:
+        algorithm.fit(build_estimator(cfg), fed, cap)
+    except _Captured:
+        return cap.protocol
+    raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
+
+
+def site_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
+                   ) -> tuple[Protocol, dict[int, Any], int]:
+    from dataclasses import replace as dc_replace
+
+    from .sites.deployed import SitePreprocessProtocol
+
+    if cfg.get("privacy"):
+        raise ConfigError("[privacy] with site files on a deployed app: the preprocessing "
+                          "round on the nodes is not private; run `fedclust run` in process, "
+                          "or deploy without [privacy]")
+    opts = dict(cfg.get("preprocess") or {})
+    kind = label_kind(cfg)
+    exp = _experiment_part(cfg)
+    # the algorithm's protocol for a placeholder schema: its name, supervision, summed rounds
+    probe = protocol_for_schema(exp, max(1, len(request.features or ())) + 1, [512, 512],
+                                (0, 1) if request.label else None, kind)
+    labels = "none" if not probe.supervised or request.label is None else kind
+    if probe.supervised and request.label is None:
+        raise ConfigError(f"[algorithm] {cfg['algorithm']['name']!r} needs labels: set "
+                          "[data] label = \"<column>\"")
+    from .preprocess import PreprocessProtocol
+
+    summed = sorted(set(getattr(probe, "summed_actions", ()))
+                    | set(getattr(PreprocessProtocol, "summed_actions", ())))
+    protocol = SitePreprocessProtocol(
+        probe.name, json.dumps(exp), json.dumps(dc_replace(request, labels=labels).to_json()),
+        opts.get("impute", "mean"), opts.get("scale", "standard"), bool(probe.supervised),
+        summed)
+    devices: dict[int, Any] = {}
+    if count_sites:
+        from .sites import site_paths
+
+        try:
+            devices = dict(enumerate(site_paths(cfg["data"])))
+        except ValidationError as exc:
+            raise ValidationError(f"{exc} (the app reads no site file: pass --min-nodes N "
+                                  "when the files are not on this machine)") from None
+    return protocol, devices, int(cfg["seed"])
+
+
+class _ReplayTransport:
+    """Hands a finished run's output to an estimator (its protocol must be the run's)."""
+
+    def __init__(self, out: Any, name: str, config: Mapping[str, Any]):
+        self.out, self.name, self.config = out, name, json.loads(json.dumps(config))
+
+    def run(self, protocol, devices, random_state=None):
+        if protocol.name != self.name or json.loads(json.dumps(protocol.config())) != self.config:
+            raise ValidationError(f"the run's protocol {self.name!r} is not the one the config's "
+                                  "algorithm builds; the model cannot be rebuilt")
+        return self.out
+
+
+def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, Any],
+                   n_features: int, sizes: list[int], classes: Any, labels: str) -> Any:
+    """``(estimator, placeholder federation)``: the configured estimator fitted from a
+    finished run's output (a deployed run), as if it had run it."""
+    cfg = {"algorithm": dict(exp["algorithm"]), "seed": exp["seed"]}
+    fed = _placeholder(n_features, sizes, classes, labels)
+    algorithm = get_algorithm(cfg["algorithm"]["name"])
+    probe = protocol_for_schema(exp, n_features, sizes, classes, labels)
+    model = build_estimator(cfg)
+    algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config))
+    return model, fed
+
+
+def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
+    """``directory/model.npz`` of a deployed run on site files (``extra``: the run's
+    :meth:`~fedclust.sites.deployed.SitePreprocessProtocol.run_extra`); None when the
+    algorithm registers no export."""
+    from pathlib import Path
+
+    from .model_io import save_model
+    from .preprocess import FederatedPreprocessor
+    from .sites import SiteSchema
+
+    exp = extra["experiment"]
+    algorithm = get_algorithm(exp["algorithm"]["name"])
+    if algorithm.export is None:
+        return None
+    schema = SiteSchema.from_json(extra["schema"])
+    p = extra["preprocess"]
+    pre = FederatedPreprocessor.from_saved(
+        {"mean": np.asarray(p["mean"]), "var": np.asarray(p["var"]),
+         "scale": np.asarray(p["scale_"]), "count": np.asarray(p["count"], np.int64),
+         "n_rows": np.asarray(p["n_rows"], np.int64)},
+        {"impute": p["impute"], "scale": p["scale"], "columns": p["columns"]})
+    model, fed = model_from_run(exp, out, extra["inner_config"], len(schema.columns),
+                                [int(n) or max(extra["site_rows"]) for n in extra["site_rows"]],
+                                schema.classes,
+                                extra["labels"])
+    exported = algorithm.export(model, fed)
+    if exported is None:
+        return None
+    return save_model(Path(directory) / "model.npz", exported, algorithm=algorithm.name,
+                      preprocessor=pre, schema=schema, sites=extra["sites"])
+
+
+def present_sites(cfg: Mapping[str, Any], fed: Federation) -> list[int]:
+    """Sites that the algorithm's run asks in its first round (not dropped, not late)."""
+    sim = cfg.get("simulation", {})
+    if not sim.get("dropout") and not sim.get("late"):
+        return list(range(len(fed.devices)))
+    from .sim.transport import draw_faults
+
+    # the seed the estimator hands its transport (the faults are drawn from it)
+    probe = _placeholder(fed.devices[0].shape[1], [len(X) for X in fed.devices],
+                         fed.extra["sites"].schema.classes, label_kind(cfg))
+    cap = _CaptureTransport(bool(sim.get("secure_aggregation", False)))
+    try:
+        get_algorithm(cfg["algorithm"]["name"]).fit(
+            build_estimator({"algorithm": cfg["algorithm"], "seed": cfg["seed"]}), probe, cap)
+    except _Captured:
+        pass
+    absent, late = draw_faults(list(range(len(fed.devices))), int(cap.seed),
+                               dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
+    keep = [z for z in range(len(fed.devices)) if z not in absent and z not in late]
+    if not keep:
+        raise ConfigError("[simulation] drops or delays every site: nothing to preprocess")
+    return keep
