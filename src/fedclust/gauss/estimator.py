@@ -374,7 +374,9 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
     removed_samples_ : int
         Samples learnt but in no cluster: clusters an owner did not send (n <= kappa_n)
         or removed past ``max_clusters`` (owner or server);
-        ``counts_.sum() + removed_samples_`` = all rows. Per owner: ``removed_by_owner_``.
+        ``counts_.sum() + removed_samples_`` = all rows. Per owner: ``removed_by_owner_``;
+        the same counts are in ``run_log_.removed`` (owners that removed any) and
+        ``run_log_.removed_by_server``.
     run_log_, seed_
 
     Notes
