@@ -583,7 +583,127 @@ class ClusterSet:
             arr = getattr(self, name)
             arr[:keep.size] = arr[keep]
         self.C = int(keep.size)
+        if self.s.merge_test == "bic" and until <= 1 and self.C > 2:
+            groups = self._passing_groups()
+            if groups:
+                for g in groups:
+                    merges += len(g) - 1
+                self._join_groups(groups)
+                merges += self.merge_all(until)
         return merges
+
+    def _passing_groups(self) -> list[np.ndarray]:
+        """Groups of clusters that pass the merge test as a whole, where no pair does.
+
+        The merge test of a pair generalises to a group G of clusters: one Gaussian for the
+        samples of G against one Gaussian per cluster of G (with the labels and the
+        mixing weights), BIC per sample less ``merge_tol``. Greedy pairwise merging stops
+        when every pair loses, but the pieces of one Gaussian cut into strips or crescents
+        (by the stream's order) can lose pairwise and still pass together. The candidate
+        groups are the nodes of the hierarchy that pairwise merging builds when continued
+        past its stopping point (best pair first, down to one cluster per class); the
+        chosen groups are the cut of that tree that minimises the summed BIC differences
+        (a tree dynamic programme). Returns the groups (cluster indices) with 2+ members.
+        """
+        C = self.C
+        n = self.n[:C].copy()
+        S = self.S[:C].copy()
+        mu = self.mu[:C].copy()
+        cls = self.cls[:C].copy()
+        fams = self._bic_logdets(n, S)
+        # per slot (a live node of the tree): sum over its leaves of n_k log det_k for each
+        # covariance family, sum of n_k log n_k, number of leaves
+        sld = np.array([f[0] * n for f in fams])
+        npars = [f[1] for f in fams]
+        snl = n * np.log(n)
+        slogn = np.log(n)
+        sL = np.ones(C)
+        members = [np.array([k]) for k in range(C)]
+        node_best = [0.0] * C  # best summed BIC difference within the subtree (leaf: 0)
+        node_own = [0.0] * C
+        node_kids: list[tuple[int, int] | None] = [None] * C
+        ids = list(range(C))  # node id of each slot
+        alive = np.ones(C, bool)
+
+        def scores(a: int, b: np.ndarray) -> tuple:
+            """BIC(one Gaussian) - BIC(one per leaf) of the union of slot a with each of b."""
+            pn, pmu, pS = merge_clusters(n[[a] * b.size], mu[[a] * b.size], S[[a] * b.size],
+                                         n[b], mu[b], S[b])
+            L = sL[a] + sL[b]
+            labels = snl[a] + snl[b] - pn * np.log(pn)
+            one = np.full(b.size, np.inf)
+            two = np.full(b.size, np.inf)
+            for f, (ld, npar) in enumerate(self._bic_logdets(pn, pS)):
+                one = np.minimum(one, pn * ld + npar * np.log(pn))
+                two = np.minimum(two, sld[f, a] + sld[f, b] + npar * (slogn[a] + slogn[b])
+                                 - 2 * labels + (L - 1) * np.log(pn))
+            return one - two, (pn, pmu, pS)
+
+        R = np.full((C, C), np.inf)
+
+        def fill(a: int) -> None:
+            b = np.flatnonzero(alive & (cls == cls[a]) & (np.arange(C) != a))
+            R[a, :] = np.inf
+            R[:, a] = np.inf
+            if b.size:
+                d, (pn, _, _) = scores(a, b)
+                R[a, b] = R[b, a] = d / (2 * pn)
+
+        for a in range(C):
+            fill(a)
+        while True:
+            flat = int(np.argmin(R))
+            a, b = divmod(flat, C)
+            if not np.isfinite(R[a, b]):
+                break
+            d, (pn, pmu, pS) = scores(a, np.array([b]))
+            na, nb = ids[a], ids[b]
+            node = len(members)
+            members.append(np.r_[members[na], members[nb]])
+            node_own.append(float(d[0] - 2 * pn[0] * self.s.merge_tol))
+            node_best.append(min(node_own[node], node_best[na] + node_best[nb]))
+            node_kids.append((na, nb))
+            n[a], mu[a], S[a] = pn[0], pmu[0], pS[0]
+            sld[:, a] += sld[:, b]
+            snl[a] += snl[b]
+            slogn[a] += slogn[b]
+            sL[a] += sL[b]
+            ids[a] = node
+            alive[b] = False
+            R[b, :] = np.inf
+            R[:, b] = np.inf
+            fill(a)
+        live = list(np.flatnonzero(alive))
+        # the cut: a node is one group when its own difference is its subtree's best
+        groups: list[np.ndarray] = []
+        stack = [ids[a] for a in live]
+        while stack:
+            v = stack.pop()
+            if node_kids[v] is None:
+                continue
+            if node_own[v] <= node_best[v] and node_own[v] < 0:
+                groups.append(members[v])
+            else:
+                stack.extend(node_kids[v])
+        return groups
+
+    def _join_groups(self, groups: list[np.ndarray]) -> None:
+        """Merge every group of cluster indices into its first member (exact statistics)."""
+        dead = np.zeros(self.C, bool)
+        for g in groups:
+            p = int(g[0])
+            for q in g[1:]:
+                n, mu, S = merge_clusters(self.n[[p]], self.mu[[p]], self.S[[p]],
+                                          self.n[[q]], self.mu[[q]], self.S[[q]])
+                self.n[p], self.mu[p], self.S[p] = n[0], mu[0], S[0]
+                self.last[p] = max(self.last[p], self.last[q])
+                dead[q] = True
+            self.refresh(np.array([p]))
+        keep = np.flatnonzero(~dead)
+        for name in ("mu", "S", "P", "n", "ld", "cls", "last", "upd"):
+            arr = getattr(self, name)
+            arr[:keep.size] = arr[keep]
+        self.C = int(keep.size)
 
     def absorb_fragments(self) -> int:
         """(``merge_test="volume"``; the BIC merges need no fold.) Fold clusters holding less than ``min_weight`` of the data into their best neighbour.
