@@ -99,3 +99,14 @@ def test_a_narrow_blob_beside_a_wide_one_survives_the_federation():
     assert fc.n_clusters_ == 2
     assert adjusted_rand_score(y, fc.predict(X)) > 0.9
     assert fc.counts_.sum() == len(X) and fc.removed_samples_ == 0
+
+
+def test_the_split_respects_max_clusters():
+    rng = np.random.default_rng(2)
+    X = np.vstack([rng.normal(size=(400, 2)) * 2.0, rng.normal(size=(100, 2)) * 0.2 + [4.5, 0]])
+    cs, lab = _one_cluster(X)
+    capped = ClusterSet(2, Settings(max_clusters=1))
+    capped.set_global(*moments(X))
+    capped.add(cs.mu[:1], cs.S[:1], cs.n[:1], cs.cls[:1], cs.last[:1])
+    assert capped.split_by_rows(X, np.full(len(X), capped.uid[0])) == 0 and capped.C == 1
+    assert cs.split_by_rows(X, lab) == 1  # the same cluster splits without the cap

@@ -472,7 +472,7 @@ class ClusterSet:
         by cutting them at their mean across their first principal axis, proposes two
         halves; the cluster is replaced by them when :meth:`_bic_scores` would not merge
         them (the same criterion, exact statistics of the halves: no sample moves to
-        another cluster, none is lost). O(max_iter n D^2)."""
+        another cluster, none is lost); never past ``max_clusters``. O(max_iter n D^2)."""
         if self.s.merge_test != "bic":
             return 0
         slots = self.row_clusters(labels)
@@ -480,6 +480,8 @@ class ClusterSet:
         bounds = np.searchsorted(slots[order], np.arange(self.C + 1))
         splits = 0
         for k in range(self.C):
+            if self.C >= self.s.max_clusters:  # the cap bounds the split too
+                break
             R = X[order[bounds[k]:bounds[k + 1]]]
             if R.shape[0] < 4 or R.shape[0] != int(round(self.n[k])):
                 continue
