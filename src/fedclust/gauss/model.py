@@ -295,11 +295,16 @@ class ClusterSet:
         """Current cluster index of every row from the uids that :meth:`learn` recorded
         (-1: the row's cluster was removed past ``max_clusters``)."""
         root = np.arange(self.next_uid)
-        for u in sorted(self.joined):  # follow merges to the uid that stayed
-            v = self.joined[u]
-            while v >= 0 and v in self.joined:
+        done: dict[int, int] = {}
+        for u in self.joined:  # follow merges to the uid that stayed (memoised)
+            path, v = [u], self.joined[u]
+            while v >= 0 and v in self.joined and v not in done:
+                path.append(v)
                 v = self.joined[v]
-            root[u] = v
+            v = done.get(v, v)
+            for w in path:
+                done[w] = v
+                root[w] = v
         slot = np.full(self.next_uid + 1, -1, np.int64)  # index -1 -> the last entry: -1
         slot[self.uid[:self.C]] = np.arange(self.C)
         return slot[root[labels]]
@@ -492,7 +497,8 @@ class ClusterSet:
             (n1, m1, S1), (n2, m2, S2) = halves
             n, _, S = merge_clusters(np.array([n1]), m1[None], S1[None],
                                      np.array([n2]), m2[None], S2[None])
-            own = [(a[0], a[1]) for a, _ in self._bic_logdets(np.array([n1, n2]), np.stack([S1, S2]))]
+            own = [(ld[0], ld[1])
+                   for ld, _ in self._bic_logdets(np.array([n1, n2]), np.stack([S1, S2]))]
             if not self._bic_pair(np.array([n1]), np.array([n2]), own, n, S)[0] >= 0.0:
                 continue
             self.n[k], self.mu[k], self.S[k] = n1, m1, S1
