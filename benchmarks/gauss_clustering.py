@@ -20,8 +20,9 @@ defaults carry over. Seeds: 3 random owner splits (mean ARI). Every set is also 
 with the paper's volume merge criterion (``merge_test="volume"``) for comparison.
 
 Plain data: one Gaussian (2-D and 10-D, 5,000 points), a uniform square and cube, two
-elongated overlapping Gaussians and the four heart-disease hospitals (standardised,
-one owner each), beside scikit-learn's ``BayesianGaussianMixture`` (Dirichlet-process
+elongated overlapping Gaussians, one owner with 20,000 rows of one Gaussian (1-D, 2-D) or
+6,000 rows of two unit Gaussians 4 apart, and the four heart-disease hospitals
+(standardised, one owner each), beside scikit-learn's ``BayesianGaussianMixture`` (Dirichlet-process
 prior, 30 components) and ``GaussianMixture`` with the number of components chosen by
 BIC over 1..30, both on the pooled data: clusters found (components that hold a sample)
 and ARI where labels exist. Reference methods on Aggregation and S4: k-means with the
@@ -183,6 +184,13 @@ def plain_sets(args, quick):
         L = rng.standard_normal((D, D)) + np.eye(D)
         X = rng.standard_normal((big, D)) @ L.T + 3.0
         out.append((f"one Gaussian {D}-D, one owner", X, None, [X]))
+    # one owner streaming two equal unit Gaussians 4 apart (a wide cluster formed early
+    # must not swallow the other's tail)
+    half = 1000 if quick else 3000
+    X = np.vstack([rng.standard_normal((half, 2)), rng.standard_normal((half, 2)) + [4.0, 0.0]])
+    order = rng.permutation(len(X))
+    X, y = X[order], np.repeat([0, 1], half)[order]
+    out.append(("two unit Gaussians 4 apart, one owner", X, y, [X]))
     heart = Path(args.data_dir) / "uci-extra" / "heart-disease"
     if (heart / "heart_cleveland.npz").exists() and not quick:
         hs = [np.load(heart / f"heart_{h}.npz", allow_pickle=False)["X"]
@@ -268,6 +276,7 @@ def ablation(args, names):
     variants = {
         "default": {},
         "no neighbour birth scale": {"patch": ("set_birth_scale", lambda self, X: None)},
+        "no owner split": {"patch": ("split_by_rows", lambda self, X, labels, **kw: 0)},
         "BIC with full covariances only": {"patch": (
             "_bic_logdets", lambda self, n, S, f=M.ClusterSet._bic_logdets: f(self, n, S)[-1:])},
         "plain BIC (merge_tol=0)": {"kw": {"merge_tol": 0.0}},
@@ -328,8 +337,12 @@ def stream(args, X, block=1000, stretch=10000, passes=3):
     ratio = float(np.mean(cpu[half:]) / np.mean(cpu[1:half])) if half > 1 else float("nan")
     print(f"flatness: CPU time per sample, second half / first half (without the first "
           f"stretch, where the clusters form) = {ratio:.2f}")
+    from fedclust.gauss import _fast
+
+    loop = "numba" if _fast.HAVE_NUMBA else "numpy (numba did not import)"
+    print(f"compiled loop: {loop}")
     return {"ms_per_sample_wall": wall.tolist(), "ms_per_sample_cpu": cpu.tolist(),
-            "clusters": clusters, "late_over_early_cpu": ratio}
+            "clusters": clusters, "late_over_early_cpu": ratio, "loop": loop}
 
 
 def main() -> None:
@@ -348,7 +361,8 @@ def main() -> None:
             payload["references"] = references(args, ["aggregation", "s4"])
         if args.ablation and have_data:
             payload["ablation"] = ablation(args, ["s1", "s2", "r15", "a1", "a3", "d31", "s4",
-                                                  "aggregation", "gen_40_5_6", "mb_40_10_2",
+                                                  "aggregation", "gen_40_5_6", "gen_50_5_7",
+                                                  "mb_40_10_2",
                                                   "gen_30_10_2", "dim_16_64_1"])
         if args.plain_only:
             C.write_json(args, "gauss_clustering", payload)

@@ -210,6 +210,10 @@ def test_nothing_is_removed_below_the_cap_and_federation_conserves():
         fc = FedGaussClustering(random_state=seed, kappa_n=kappa_n, max_clusters=cap).fit(owners)
         assert fc.counts_.sum() + fc.removed_samples_ == total
         assert sum(fc.removed_by_owner_.values()) <= fc.removed_samples_
+        # the run log carries the same removals, per owner and on the server
+        log = fc.run_log_
+        assert {z: c for z, c in fc.removed_by_owner_.items() if c} == log.removed
+        assert sum(log.removed.values()) + log.removed_by_server == fc.removed_samples_
         m = EvolvingGaussians().fit(np.vstack(owners))
         assert m.counts_.sum() == total and m.removed_samples_ == 0
 
@@ -235,3 +239,20 @@ def test_separated_blobs_keep_their_separation(k, D):
     X2, y2 = separated_blobs(3, k, D, separation=2.5)
     np.testing.assert_array_equal(X, X2)
     np.testing.assert_array_equal(y, y2)
+
+
+def test_run_log_reports_removals_and_survives_json():
+    from fedclust.flower.results import log_from_json, log_to_json
+
+    rng = np.random.default_rng(7)
+    owners = [rng.normal(size=(150, 2)) + 8 * rng.integers(0, 3, size=(150, 1))
+              for _ in range(3)]
+    fc = FedGaussClustering(random_state=0, kappa_n=5, max_clusters=2).fit(owners)
+    log = fc.run_log_
+    assert fc.removed_samples_ > 0  # a cap of 2 clusters for 3 blobs must drop one
+    assert sum(log.removed.values()) + log.removed_by_server == fc.removed_samples_
+    assert fc.counts_.sum() + fc.removed_samples_ == 450
+    back = log_from_json(log_to_json(log))
+    assert back.removed == log.removed and back.removed_by_server == log.removed_by_server
+    clean = FedGaussClustering(random_state=0).fit(owners).run_log_
+    assert clean.removed == {} and clean.removed_by_server == 0

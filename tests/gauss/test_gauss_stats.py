@@ -55,7 +55,9 @@ def test_online_statistics_are_exact_and_caches_match_a_fresh_cholesky(covarianc
     rng = np.random.default_rng(3)
     X = rng.normal(size=(300, 6)) @ rng.normal(size=(6, 6))
     s = Settings(covariance=covariance, n_sigma=1e6)  # one cluster takes everything
-    cs = learn_local(X, None, s, 0)
+    cs = ClusterSet(6, s)  # the online pass alone (learn_local may then split: diag model)
+    cs.set_global(*moments(X))
+    cs.learn(X)
     assert cs.C == 1
     np.testing.assert_allclose(cs.mu[0], X.mean(0), rtol=1e-10, atol=1e-12)
     want = scatter(X) if covariance == "full" else np.diag(scatter(X))

@@ -85,6 +85,10 @@ class RunLog:
     failed: dict[int, str] = field(default_factory=dict)
     #: devices whose well-formed replies a robust server judged untrustworthy (still participants)
     distrusted: dict[int, str] = field(default_factory=dict)
+    #: samples of each device that the result does not hold (a summary that leaves small
+    #: clusters out, a cluster cap), and samples the server removed; absent: none
+    removed: dict[int, int] = field(default_factory=dict)
+    removed_by_server: int = 0
 
 
 @dataclass

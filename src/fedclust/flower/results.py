@@ -60,7 +60,9 @@ def log_to_json(log: RunLog) -> dict[str, Any]:
             "dropped": [int(z) for z in log.dropped], "late": [int(z) for z in log.late],
             "rejected": {str(z): str(t) for z, t in log.rejected.items()},
             "failed": {str(z): str(t) for z, t in log.failed.items()},
-            "distrusted": {str(z): str(t) for z, t in log.distrusted.items()}}
+            "distrusted": {str(z): str(t) for z, t in log.distrusted.items()},
+            "removed": {str(z): int(c) for z, c in log.removed.items()},
+            "removed_by_server": int(log.removed_by_server)}
 
 
 def log_from_json(d: dict[str, Any]) -> RunLog:
@@ -68,7 +70,9 @@ def log_from_json(d: dict[str, Any]) -> RunLog:
                   dropped=[int(z) for z in d["dropped"]], late=[int(z) for z in d["late"]],
                   rejected={int(z): t for z, t in d["rejected"].items()},
                   failed={int(z): t for z, t in d["failed"].items()},
-                  distrusted={int(z): t for z, t in d.get("distrusted", {}).items()})
+                  distrusted={int(z): t for z, t in d.get("distrusted", {}).items()},
+                  removed={int(z): int(c) for z, c in d.get("removed", {}).items()},
+                  removed_by_server=int(d.get("removed_by_server", 0)))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -6,6 +6,7 @@ scatter, Sherman–Morrison on the precision, determinant lemma on log det) and
 hands control back to Python for the rare events: a new cluster, a Cholesky
 refresh, or (``report_active``: the paper's online merges) a merge check when other
 clusters are also active for the sample.
+``lab[i]`` receives the uid of the cluster that absorbed row i.
 The arithmetic is the same as :meth:`ClusterSet.learn`'s numpy path (tested).
 numba is a dependency; if it fails to import, ``HAVE_NUMBA`` is False and the numpy
 path runs (4-12x slower).
@@ -34,7 +35,7 @@ DONE, NEW, EVENT = 0, 1, 2
 
 @njit(cache=True)
 def scan_full(X, y, i0, t, mu, S, P, ld, n, cls, last, upd, C, gate, n0, refresh_every,
-              act, report_active):  # pragma: no cover - compiled
+              act, report_active, uid, lab):  # pragma: no cover - compiled
     N, D = X.shape
     d2 = np.empty(C)
     diff = np.empty(D)
@@ -63,6 +64,7 @@ def scan_full(X, y, i0, t, mu, S, P, ld, n, cls, last, upd, C, gate, n0, refresh
             return i, best, NEW, t, 0
         t += 1
         j = best
+        lab[i] = uid[j]
         for a in range(D):
             diff[a] = X[i, a] - mu[j, a]
         for a in range(D):

@@ -12,8 +12,9 @@ The default rule (one setting for every data set; see docs/gauss.md):
 * a cluster's covariance is (S + n0 Sigma_0) / (n + n0 - 1), n0 = 2 (D + 1);
 * clustering (``merge_test="bic"``): two clusters merge when one Gaussian describes
   their samples at most ``merge_tol`` = 0.01 nats per sample worse than two, by BIC on
-  their exact pooled statistics — after an owner's pass, whenever the
-  count passes ``max_clusters``, and on the server (every pair, best first);
+  their exact pooled statistics — whenever the count passes ``max_clusters`` and on the
+  server (every pair, best first); after its pass an owner splits a cluster in two when
+  the same test keeps the two halves of its own rows apart;
 * classifier (``merge_test="volume"``, the paper's rule): merge active pairs online while
   det(Sigma_pq) / (det Sigma_p + det Sigma_q) < kappa_m within a size cap, fold
   clusters holding less than ``min_weight`` on the server; Fisher-score feature
@@ -149,7 +150,9 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
     BIC (``merge_test="bic"``: when the count passes ``max_clusters``,
     and in :meth:`fit` / :meth:`compact`) or by the paper's volume criterion
     (``"volume"``: online); clusters still past ``max_clusters`` are removed, oldest
-    first, and counted in ``removed_samples_``. ``partial_fit(X)`` first pools X's
+    first, and counted in ``removed_samples_``. :meth:`fit` also splits, after the pass,
+    a cluster whose own rows the BIC test keeps apart as two (``partial_fit`` keeps no
+    rows, so it does not). ``partial_fit(X)`` first pools X's
     per-feature statistics (so the scale rule sees the batch; the first batch also
     sets the new-cluster neighbourhood scale), then streams its rows.
 
@@ -363,8 +366,9 @@ class _FedBase:
 class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimator):
     __doc__ = """Federated self-evolving Gaussian clustering (one round, no preset k).
 
-    Each owner learns its rows in one pass (:class:`EvolvingGaussians` rules),
-    merges its clusters by BIC, sends those with n > ``kappa_n`` (mean, packed
+    Each owner learns its rows in one pass (:class:`EvolvingGaussians` rules; BIC
+    merges only at ``max_clusters``), splits a cluster whose own rows the BIC test keeps
+    apart as two, sends those with n > ``kappa_n`` (mean, packed
     scatter, count, age) and its per-feature (count, mean, m2); the server pools
     everything exactly, merges by BIC (every pair, best first), removes the oldest
     past ``max_clusters`` and broadcasts the global model, which each owner uses to
@@ -405,7 +409,9 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
     removed_samples_ : int
         Samples learnt but in no cluster: clusters an owner did not send (n <= kappa_n)
         or removed past ``max_clusters`` (owner or server);
-        ``counts_.sum() + removed_samples_`` = all rows. Per owner: ``removed_by_owner_``.
+        ``counts_.sum() + removed_samples_`` = all rows. Per owner: ``removed_by_owner_``;
+        the same counts are in ``run_log_.removed`` (owners that removed any) and
+        ``run_log_.removed_by_server``.
     run_log_, seed_
 
     Notes

@@ -6,7 +6,9 @@ new-cluster covariance Sigma_0 and the variance floor come from the data scale,
 then streams the rows once (O(n c D^2) time, O(c D^2) memory). With the BIC merge
 test an owner merges only when its cluster count passes ``max_clusters``: the server
 decides the other merges on the pooled samples (BIC judges a pair by how many samples
-it holds, and a merge cannot be undone).
+it holds, and a merge cannot be undone). After its pass the owner looks at its rows once
+more: a cluster whose own rows the merge test would keep apart as two is split
+(:meth:`~fedclust.gauss.model.ClusterSet.split_by_rows`).
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ def learn_local(X: np.ndarray, y: np.ndarray | None, settings: Settings, n_class
     """Learn the owner's rows (``y``: class indices 0..M-1, or None) in one pass.
 
     ``merge_test="bic"``: new clusters start at the rows' neighbourhood scale
-    (:meth:`ClusterSet.set_birth_scale`)."""
+    (:meth:`ClusterSet.set_birth_scale`), and after the pass a cluster is split in two
+    where the merge test keeps the two halves of its own rows apart
+    (:meth:`ClusterSet.split_by_rows`)."""
     own = moments(X)
     g = own if prior is None else merge_moments(prior, own)
     cs = ClusterSet(X.shape[1], settings, n_classes)
     cs.set_global(*g)
     cs.set_birth_scale(X)
-    cs.learn(X, y)
+    labels = np.empty(X.shape[0], np.int64)
+    cs.learn(X, y, labels)
+    cs.split_by_rows(X, labels)
     return cs
 
 

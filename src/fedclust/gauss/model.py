@@ -59,6 +59,8 @@ PREDICT_RULES = ("likelihood", "gamma")
 MERGE_TESTS = ("bic", "volume")
 #: merge_test="bic": merge while one Gaussian loses less than this many nats per sample
 MERGE_TOL = 0.01
+#: per-cluster arrays (moved together when clusters are removed, merged or sorted)
+ARRAYS = ("mu", "S", "P", "n", "ld", "cls", "last", "upd", "uid")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ class ClusterSet:
         self.n_classes = int(n_classes)
         self.n0 = float(2 * (D + 1) if settings.prior_weight is None else settings.prior_weight)
         self.removed = 0.0  # samples dropped with the clusters removed past max_clusters
+        # cluster identities: every cluster gets a new uid; a merge maps the uid that goes
+        # to the one that stays, a removal to -1 (lets an owner find the rows of a cluster)
+        self.next_uid = 0
+        self.joined: dict[int, int] = {}
         self.birth_ratio = np.inf  # neighbour scale of new clusters (set_birth_scale), / var
         if settings.n_sigma is not None:
             self.gate = float(settings.n_sigma) ** 2
@@ -116,7 +122,8 @@ class ClusterSet:
         shape_S = (cap, D, D) if self.full else (cap, D)
         new = {"mu": np.zeros((cap, D)), "S": np.zeros(shape_S), "P": np.zeros(shape_S),
                "n": np.zeros(cap), "ld": np.zeros(cap), "cls": np.full(cap, -1, np.int64),
-               "last": np.zeros(cap, np.int64), "upd": np.zeros(cap, np.int64)}
+               "last": np.zeros(cap, np.int64), "upd": np.zeros(cap, np.int64),
+               "uid": np.zeros(cap, np.int64)}
         for name, arr in new.items():
             old = getattr(self, name, None)
             if old is not None and C:
@@ -215,6 +222,8 @@ class ClusterSet:
         idx = np.arange(self.C, self.C + k)
         self.mu[idx], self.S[idx], self.n[idx] = mu, S, n
         self.cls[idx], self.last[idx] = cls, last
+        self.uid[idx] = np.arange(self.next_uid, self.next_uid + k)
+        self.next_uid += k
         self.C += k
         self.refresh(idx)
         return idx
@@ -229,6 +238,8 @@ class ClusterSet:
         self.cls[j] = c
         self.last[j] = self.t
         self.upd[j] = 0
+        self.uid[j] = self.next_uid
+        self.next_uid += 1
         # Sigma = Sigma_0 exactly: diagonal precision and log-det without a factorisation
         if self.full:
             self.P[j] = np.diag(1.0 / self.s0)
@@ -242,7 +253,7 @@ class ClusterSet:
         """Delete cluster j (the last cluster moves into its slot)."""
         last = self.C - 1
         if j != last:
-            for name in ("mu", "S", "P", "n", "ld", "cls", "last", "upd"):
+            for name in ARRAYS:
                 arr = getattr(self, name)
                 arr[j] = arr[last]
         self.C -= 1
@@ -264,17 +275,39 @@ class ClusterSet:
             # oldest first; among equals the smallest cluster goes
             order = np.lexsort((self.n[:self.C], -age))
             self.removed += float(self.n[int(order[0])])
+            self.joined[int(self.uid[int(order[0])])] = -1
             self.remove(int(order[0]))
 
     # -- online learning ---------------------------------------------------------
     #: use the compiled loop when numba imports (tests switch it off to compare)
     use_fast = True
 
-    def learn(self, X: np.ndarray, y: np.ndarray | None = None) -> None:
-        """One pass over the rows of X (class indices ``y`` when classifying)."""
+    def learn(self, X: np.ndarray, y: np.ndarray | None = None,
+              labels: np.ndarray | None = None) -> None:
+        """One pass over the rows of X (class indices ``y`` when classifying); ``labels``
+        (n,) int64, if given, receives the uid of the cluster each row went to."""
+        lab = np.empty(X.shape[0], np.int64) if labels is None else labels
         if self.full and self.use_fast and _fast.HAVE_NUMBA:
-            return self._learn_fast(np.ascontiguousarray(X, dtype=np.float64), y)
-        return self._learn_numpy(X, y)
+            return self._learn_fast(np.ascontiguousarray(X, dtype=np.float64), y, lab)
+        return self._learn_numpy(X, y, lab)
+
+    def row_clusters(self, labels: np.ndarray) -> np.ndarray:
+        """Current cluster index of every row from the uids that :meth:`learn` recorded
+        (-1: the row's cluster was removed past ``max_clusters``)."""
+        root = np.arange(self.next_uid)
+        done: dict[int, int] = {}
+        for u in self.joined:  # follow merges to the uid that stayed (memoised)
+            path, v = [u], self.joined[u]
+            while v >= 0 and v in self.joined and v not in done:
+                path.append(v)
+                v = self.joined[v]
+            v = done.get(v, v)
+            for w in path:
+                done[w] = v
+                root[w] = v
+        slot = np.full(self.next_uid + 1, -1, np.int64)  # index -1 -> the last entry: -1
+        slot[self.uid[:self.C]] = np.arange(self.C)
+        return slot[root[labels]]
 
     @property
     def merges_online(self) -> bool:
@@ -283,7 +316,7 @@ class ClusterSet:
         few samples could not be undone later."""
         return self.s.merge_test == "volume"
 
-    def _learn_fast(self, X: np.ndarray, y: np.ndarray | None) -> None:
+    def _learn_fast(self, X: np.ndarray, y: np.ndarray | None, lab: np.ndarray) -> None:
         yy = (np.full(X.shape[0], -1, np.int64) if y is None
               else np.ascontiguousarray(y, dtype=np.int64))
         i, N = 0, X.shape[0]
@@ -292,13 +325,14 @@ class ClusterSet:
             i, j, code, t, na = _fast.scan_full(
                 X, yy, i, self.t, self.mu, self.S, self.P, self.ld, self.n, self.cls,
                 self.last, self.upd, self.C, self.gate, self.n0, self.refresh_every, act,
-                self.merges_online)
+                self.merges_online, self.uid, lab)
             self.t = int(t)
             if code == _fast.DONE:
                 return
             if code == _fast.NEW:
                 self.t += 1
-                self._new(X[i], int(yy[i]))
+                j = self._new(X[i], int(yy[i]))
+                lab[i] = self.uid[j]
                 if self.C > self.s.max_clusters:
                     self.prune()
             else:
@@ -308,7 +342,7 @@ class ClusterSet:
                     self._merge_around(int(j), act[:na].copy())
             i += 1
 
-    def _learn_numpy(self, X: np.ndarray, y: np.ndarray | None = None) -> None:
+    def _learn_numpy(self, X: np.ndarray, y: np.ndarray | None, lab: np.ndarray) -> None:
         full = self.full
         gate = self.gate
         online = self.merges_online
@@ -318,7 +352,8 @@ class ClusterSet:
             self.t += 1
             C = self.C
             if C == 0:
-                self._new(x, c)
+                j = self._new(x, c)
+                lab[i] = self.uid[j]
                 continue
             diff = x - self.mu[:C]
             if full:
@@ -330,13 +365,15 @@ class ClusterSet:
                 d2 = np.where(self.cls[:C] == c, d2, np.inf)
             j = int(np.argmin(d2))
             if d2[j] <= gate:
+                lab[i] = self.uid[j]
                 self._absorb(j, x, diff[j], Pd[j], float(d2[j]))
                 if online:
                     active = np.flatnonzero(d2 <= gate)
                     if active.size > 1:
                         self._merge_around(j, active[active != j])
             else:
-                self._new(x, c)
+                j = self._new(x, c)
+                lab[i] = self.uid[j]
                 if self.C > self.s.max_clusters:
                     self.prune()
 
@@ -412,17 +449,63 @@ class ClusterSet:
         as one pseudo-sample, keeps a young cluster's covariance nonsingular.
         """
         own = self._bic_logdets(self.n, self.S) if self._ld_cache is None else self._ld_cache
+        return self._bic_pair(self.n[p], self.n[q], [(ld[p], ld[q]) for ld, _ in own], n, S)
+
+    def _bic_pair(self, n_p: np.ndarray, n_q: np.ndarray, own: list, n: np.ndarray,
+                  S: np.ndarray) -> np.ndarray:
+        """The score of :meth:`_bic_scores` from the counts, the sides' log-determinants
+        ``own`` = [(log det_p, log det_q) per covariance family] and the pooled (n, S)."""
         pooled = self._bic_logdets(n, S)
-        w = self.n[p] / n
-        labels = self.n[p] * np.log(w) + self.n[q] * np.log1p(-w)  # <= 0
+        w = n_p / n
+        labels = n_p * np.log(w) + n_q * np.log1p(-w)  # <= 0
         one = np.full(n.shape[0], np.inf)
         two = np.full(n.shape[0], np.inf)
         logn = np.log(n)
-        for (ld, npar), (ld_own, _) in zip(pooled, own):
+        for (ld, npar), (ld_p, ld_q) in zip(pooled, own):
             one = np.minimum(one, n * ld + npar * logn)
-            two = np.minimum(two, self.n[p] * ld_own[p] + self.n[q] * ld_own[q]
-                             - 2.0 * labels + (2 * npar + 1) * logn)
+            two = np.minimum(two, n_p * ld_p + n_q * ld_q - 2.0 * labels + (2 * npar + 1) * logn)
         return (one - two) / (2.0 * n) - self.s.merge_tol
+
+    def split_by_rows(self, X: np.ndarray, labels: np.ndarray, max_iter: int = 25) -> int:
+        """(``merge_test="bic"``) Split a cluster in two where the merge test keeps the two
+        apart, on the cluster's own rows; returns the number of splits.
+
+        A row is absorbed by the cluster whose 99 % region it falls in, so a narrow blob
+        next to a wide cluster, or the tail of a neighbour, can stream into it; no merge
+        can undo that. The owner still has its rows: for every cluster, a two-Gaussian
+        classification EM on the rows it absorbed (``labels`` from :meth:`learn`), started
+        by cutting them at their mean across their first principal axis, proposes two
+        halves; the cluster is replaced by them when :meth:`_bic_scores` would not merge
+        them (the same criterion, exact statistics of the halves: no sample moves to
+        another cluster, none is lost); never past ``max_clusters``. O(max_iter n D^2)."""
+        if self.s.merge_test != "bic":
+            return 0
+        slots = self.row_clusters(labels)
+        order = np.argsort(slots, kind="stable")
+        bounds = np.searchsorted(slots[order], np.arange(self.C + 1))
+        splits = 0
+        for k in range(self.C):
+            if self.C >= self.s.max_clusters:  # the cap bounds the split too
+                break
+            R = X[order[bounds[k]:bounds[k + 1]]]
+            if R.shape[0] < 4 or R.shape[0] != int(round(self.n[k])):
+                continue
+            z = _cem_two(R, self.s0_rule, max_iter, self.full)
+            if z is None:
+                continue
+            halves = [moments_full(R[z], self.full), moments_full(R[~z], self.full)]
+            (n1, m1, S1), (n2, m2, S2) = halves
+            n, _, S = merge_clusters(np.array([n1]), m1[None], S1[None],
+                                     np.array([n2]), m2[None], S2[None])
+            own = [(ld[0], ld[1])
+                   for ld, _ in self._bic_logdets(np.array([n1, n2]), np.stack([S1, S2]))]
+            if not self._bic_pair(np.array([n1]), np.array([n2]), own, n, S)[0] >= 0.0:
+                continue
+            self.n[k], self.mu[k], self.S[k] = n1, m1, S1
+            self.refresh(np.array([k]))
+            self.add(m2[None], S2[None], np.array([n2]), self.cls[[k]], self.last[[k]])
+            splits += 1
+        return splits
 
     #: per-cluster log-determinants of the BIC, cached while :meth:`merge_all` runs
     _ld_cache: list | None = None
@@ -444,6 +527,7 @@ class ClusterSet:
         n, mu, S = stats
         self.n[p], self.mu[p], self.S[p] = n[k], mu[k], S[k]
         self.last[p] = max(self.last[p], self.last[q])
+        self.joined[int(self.uid[q])] = int(self.uid[p])
         self.refresh(np.array([p]))
         last = self.C - 1
         self.remove(q)
@@ -490,6 +574,7 @@ class ClusterSet:
             n, mu, S = stats
             self.n[p], self.mu[p], self.S[p] = n[0], mu[0], S[0]
             self.last[p] = max(self.last[p], self.last[q])
+            self.joined[int(self.uid[q])] = int(self.uid[p])
             self.refresh(np.array([p]))
             if self._ld_cache is not None:
                 for (ld, _), (new, _) in zip(self._ld_cache, self._bic_logdets(n, S)):
@@ -502,7 +587,7 @@ class ClusterSet:
             merges += 1
         self._ld_cache = None
         keep = np.flatnonzero(alive)
-        for name in ("mu", "S", "P", "n", "ld", "cls", "last", "upd"):
+        for name in ARRAYS:
             arr = getattr(self, name)
             arr[:keep.size] = arr[keep]
         self.C = int(keep.size)
@@ -629,3 +714,39 @@ class ClusterSet:
             A[:, np.arange(self.D), np.arange(self.D)] += self.n0 * T
             return self._factor(A / denom[:, None, None])
         return self._factor((self.S[:C] + self.n0 * T) / denom[:, None])
+
+
+def moments_full(R: np.ndarray, full: bool) -> tuple[float, np.ndarray, np.ndarray]:
+    """(n, mean, scatter) of the rows R; the scatter's diagonal when not ``full``."""
+    mu = R.mean(axis=0)
+    E = R - mu
+    return float(R.shape[0]), mu, (E.T @ E if full else (E * E).sum(axis=0))
+
+
+def _cem_two(R: np.ndarray, ridge: np.ndarray, max_iter: int, full: bool
+             ) -> np.ndarray | None:
+    """Two-Gaussian classification EM on the rows R (full or diagonal covariances ridged
+    by ``ridge`` as one pseudo-sample, as in the BIC); start: the cut at the mean across
+    the first principal axis. Returns the membership of the first half, or None (a side
+    empty)."""
+    n, D = R.shape
+    E = R - R.mean(axis=0)
+    _, vecs = np.linalg.eigh(E.T @ E)
+    z = E @ vecs[:, -1] > 0
+    for _ in range(max_iter):
+        if z.sum() < 2 or (~z).sum() < 2:
+            return None
+        ll = np.empty((2, n))
+        for h, m in enumerate((z, ~z)):
+            nh, mu, S = moments_full(R[m], full)
+            A = (S + np.diag(ridge)) / nh if full else np.diag((S + ridge) / nh)
+            L = np.linalg.cholesky(A)
+            Y = np.linalg.solve(L, (R - mu).T)
+            ll[h] = -0.5 * (Y * Y).sum(axis=0) - np.log(np.diag(L)).sum() + np.log(nh / n)
+        new = ll[0] >= ll[1]
+        if np.array_equal(new, z):
+            break
+        z = new
+    if z.sum() < 2 or (~z).sum() < 2:
+        return None
+    return z

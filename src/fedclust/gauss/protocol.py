@@ -268,6 +268,8 @@ class GaussProtocol(Protocol):
         with one_thread():
             cs = from_message(m, self.settings, self.n_classes)
         C = cs.C
+        log.removed.update({z: c for z, c in state.removed_by_owner.items() if c})
+        log.removed_by_server = state.removed_by_server
         return GaussResult(
             means=cs.mu[:C].copy(), scatters=cs.S[:C].copy(), counts=m.counts.copy(),
             ages=m.ages.copy(),

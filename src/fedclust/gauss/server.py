@@ -18,7 +18,7 @@ import numpy as np
 
 from .local import add_clusters
 from .messages import GaussClusters
-from .model import ClusterSet, Settings
+from .model import ARRAYS, ClusterSet, Settings
 from .stats import merge_class_moments, merge_moments
 
 __all__ = ["merge_messages", "canonical_order"]
@@ -61,6 +61,6 @@ def _sort_canonical(cs: ClusterSet) -> None:
         return
     keys = [cs.mu[:C, d] for d in range(cs.D - 1, -1, -1)] + [-cs.n[:C], cs.cls[:C]]
     order = np.lexsort(keys)
-    for name in ("mu", "S", "P", "n", "ld", "cls", "last", "upd"):
+    for name in ARRAYS:
         arr = getattr(cs, name)
         arr[:C] = arr[order]
