@@ -170,8 +170,11 @@ def _check_private_preprocess(exp: Mapping[str, Any]) -> None:
 class _ReplayTransport:
     """Hands a finished run's output to an estimator (its protocol must be the run's)."""
 
-    def __init__(self, out: Any, name: str, config: Mapping[str, Any]):
+    def __init__(self, out: Any, name: str, config: Mapping[str, Any],
+                 secure_aggregation: bool = False):
         self.out, self.name, self.config = out, name, json.loads(json.dumps(config))
+        # as the run's transport: an estimator shapes its protocol for secure sums
+        self.secure_aggregation = bool(secure_aggregation)
 
     def run(self, protocol, devices, random_state=None):
         if protocol.name != self.name or json.loads(json.dumps(protocol.config())) != self.config:
@@ -189,7 +192,8 @@ def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, 
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     probe = protocol_for_schema(exp, n_features, sizes, classes, labels)
     model = build_estimator(cfg, pre)
-    algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config))
+    algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config,
+                                               bool(exp.get("secure_aggregation", False))))
     return model, fed
 
 

@@ -128,21 +128,25 @@ def test_secure_site_preprocessing_sends_sums_only(tmp_path, monkeypatch):
     assert grid.meter.secure_exchanges == local.meter.secure_exchanges > 0
 
 
-def test_private_site_preprocessing_deployed_equals_fedclust_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("secure", [False, True])
+def test_private_site_preprocessing_deployed_equals_fedclust_run(tmp_path, monkeypatch, secure):
     """[privacy] on site files: the deployed protocol's preprocessing round releases what
     `fedclust run` releases (same clipping, share of ε and noise with a noise_seed), the
     algorithm's budget is composed after it; in-process simulator, Flower's message API and
-    `fedclust run` give identical transforms, centers and labels."""
+    `fedclust run` give identical transforms, centers and labels (with secure aggregation
+    too: summed preprocessing, the algorithm's noise added on the devices)."""
     paths, _ = write_sites(tmp_path, n_sites=3)
-    cfg = _cfg(tmp_path, PRIVATE.format(unit="point"))
+    cfg = _cfg(tmp_path, (SECURE if secure else "") + PRIVATE.format(unit="point"))
     plain = run_experiment(_cfg(tmp_path, "", "plain.toml"))
     seen, pooled = _spy(monkeypatch)
     ref = run_experiment(cfg)
     protocol, _, seed = experiment_protocol(cfg)
     tables = {z: read_table(p) for z, p in enumerate(paths)}
-    local = InProcessTransport().run(protocol, tables, seed)
+    local = InProcessTransport(secure_aggregation=secure).run(protocol, tables, seed)
     grid, extra = _grid_run(cfg, paths, tmp_path / "res")
     assert len(pooled) == 3
+    assert {a for a, _, _ in seen} == ({SUMS, SQUARES} if secure else {ACTION})
+    assert (tmp_path / "res" / "model.npz").exists()
     for p in pooled[1:]:
         np.testing.assert_array_equal(p.mean, ref.preprocessor.mean_)
         np.testing.assert_array_equal(p.scale, ref.preprocessor.scale_)

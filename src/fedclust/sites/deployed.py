@@ -205,6 +205,8 @@ class SitePreprocessProtocol(Protocol):
             state.sizes = {z: int(r.n_rows) for z, r in replies.items()}
             inner = self._build_inner(schema, state.sizes)
             state.inner_protocol = self.inner = inner
+            # the built protocol's own reply types (a private one's noisy replies, ...)
+            self.reply_types = {**inner.reply_types, **type(self).reply_types}
             state.broadcast = SchemaBroadcast(text=text_array(
                 {"schema": schema.to_json(), "inner": inner.config()}))
             state.moments_protocol = preprocess_protocol(
