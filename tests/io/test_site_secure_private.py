@@ -194,3 +194,36 @@ def test_private_site_preprocessing_refusals_name_what_is_missing(tmp_path):
     # a device-level run without secure aggregation is accepted (site_rows given)
     protocol, _, _ = experiment_protocol(_cfg(tmp_path, device, "d.toml"))
     assert protocol.name == "site-preprocess"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("secure, private", [(True, False), (False, True), (True, True)])
+def test_site_preprocessing_on_flower_simulation(tmp_path, monkeypatch, secure, private):
+    """The deployed protocol with secure aggregation and/or [privacy] on Flower's simulation
+    engine: (with a noise_seed) the transform, centers and labels of the in-process
+    simulator and of `fedclust run`."""
+    from fedclust.flower.transport import FlowerSimulationTransport
+
+    paths, _ = write_sites(tmp_path, n_sites=3)
+    cfg = _cfg(tmp_path, (SECURE if secure else "")
+               + (PRIVATE.format(unit="point") if private else ""))
+    seen, pooled = _spy(monkeypatch)
+    ref = run_experiment(cfg)
+    protocol, _, seed = experiment_protocol(cfg)
+    tables = {z: read_table(p) for z, p in enumerate(paths)}
+    local = InProcessTransport(secure_aggregation=secure).run(protocol, tables, seed)
+    flower = FlowerSimulationTransport(keep_dir=str(tmp_path / "flwr"),
+                                       secure_aggregation=secure).run(protocol, tables, seed)
+    _, extra = load_run_output(tmp_path / "flwr" / "result")
+    np.testing.assert_array_equal(pooled[1].mean, ref.preprocessor.mean_)
+    np.testing.assert_array_equal(extra["preprocess"]["mean"], ref.preprocessor.mean_)
+    np.testing.assert_array_equal(extra["preprocess"]["scale_"], ref.preprocessor.scale_)
+    assert {a for a, _, _ in seen} == ({SUMS, SQUARES} if secure else {ACTION})
+    if private:
+        assert extra["privacy"]["algorithm"]["releases"] == ref.model.privacy_["releases"]
+    for out in (local, flower):
+        np.testing.assert_array_equal(out.result.centers, ref.model.cluster_centers_)
+        for z in tables:
+            np.testing.assert_array_equal(out.device_outputs[z]["labels"],
+                                          ref.model.device_labels_[z])
+    assert local.meter.summary()["bytes_up"] == flower.meter.summary()["bytes_up"]
