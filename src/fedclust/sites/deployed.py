@@ -84,7 +84,12 @@ class SitePreprocessProtocol(Protocol):
        (:class:`~fedclust.sites.schema_round.SchemaBroadcast`); each site keeps
        them in its state and answers 8 bytes.
     3. ``column_moments``: :class:`fedclust.preprocess.PreprocessProtocol`'s round
-       on the encoded rows (``24 d + 8`` bytes up), pooled exactly.
+       on the encoded rows (``24 d + 8`` bytes up), pooled exactly; under secure
+       aggregation its summed form, ``column_sums`` then ``column_squares``
+       (``16 d + 8`` and ``8 d + 8`` bytes up), each a secure sum. With privacy
+       (``experiment["privacy"]``) the sites clip to the public column ranges
+       and the server releases the noisy statistics ``FederatedPreprocessor``
+       releases in process (:func:`fedclust.site_deploy.preprocess_protocol`).
     4. ``pooled_transform``: mean and scale down (``16 d``), kept by each site.
     5. the algorithm's rounds, unchanged, each site encoding, imputing and scaling
        its rows with what it stored.
@@ -100,8 +105,11 @@ class SitePreprocessProtocol(Protocol):
     inner : str
         Registered name of the algorithm's protocol.
     experiment : str
-        JSON: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}`` (what
-        builds the algorithm's protocol once the schema is known).
+        JSON: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}`` and,
+        with ``[privacy]``, ``"privacy"`` (its table) and ``"preprocess_privacy"``
+        (``budget_share``, ``bounds``, ``site_rows``): what builds the
+        preprocessing's and the algorithm's protocols once the schema is known;
+        the algorithm's budget is what the preprocessing's release leaves.
     request : str
         JSON of :class:`~fedclust.sites.schema_round.SchemaRequest` (``[data]``'s
         features, categorical, label, id_columns and what labels the algorithm takes).
