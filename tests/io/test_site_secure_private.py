@@ -227,3 +227,27 @@ def test_site_preprocessing_on_flower_simulation(tmp_path, monkeypatch, secure, 
             np.testing.assert_array_equal(out.device_outputs[z]["labels"],
                                           ref.model.device_labels_[z])
     assert local.meter.summary()["bytes_up"] == flower.meter.summary()["bytes_up"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo, extra", [("distributed-lloyd", ""),
+                                         ("gauss-classifier", "label = \"diagnosis\"\n")])
+def test_fedclust_run_on_flower_with_secure_site_preprocessing(tmp_path, algo, extra):
+    """`fedclust run --transport flower` on site files under secure aggregation: the
+    preprocessing round runs as secure sums on Flower too, then the algorithm's secure
+    rounds on the raw rows; the transform and the result equal the in-process run."""
+    write_sites(tmp_path, n_sites=3)
+    text = BASE.replace('name = "distributed-lloyd"\nn_clusters = 2\nmax_rounds = 4\n',
+                        f'name = "{algo}"\n' + ("n_clusters = 2\n" if not extra else ""))
+    text = text.replace("[algorithm]", extra + SECURE + "[algorithm]")
+    (tmp_path / "fed.toml").write_text(text)
+    cfg = load_config(tmp_path / "fed.toml")
+    a = run_experiment(cfg)
+    b = run_experiment(cfg, transport="flower")
+    assert b.preprocessor.communication_["secure_exchanges"] == 6
+    assert b.model.communication_["secure_exchanges"] > 0
+    np.testing.assert_array_equal(a.preprocessor.mean_, b.preprocessor.mean_)
+    np.testing.assert_array_equal(a.preprocessor.scale_, b.preprocessor.scale_)
+    assert a.result["metrics"] == b.result["metrics"]
+    for pa, pb in zip(a.site_predictions, b.site_predictions):
+        np.testing.assert_array_equal(pa, pb)
