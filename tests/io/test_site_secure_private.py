@@ -128,15 +128,22 @@ def test_secure_site_preprocessing_sends_sums_only(tmp_path, monkeypatch):
     assert grid.meter.secure_exchanges == local.meter.secure_exchanges > 0
 
 
-@pytest.mark.parametrize("secure", [False, True])
-def test_private_site_preprocessing_deployed_equals_fedclust_run(tmp_path, monkeypatch, secure):
+def _device(text):
+    return text.replace("budget_share", "site_rows = 40\nbudget_share").replace(
+        "noise_seed", "clip_norm = 5.0\nnoise_seed")
+
+
+@pytest.mark.parametrize("secure, unit", [(False, "point"), (True, "point"), (False, "device")])
+def test_private_site_preprocessing_deployed_equals_fedclust_run(tmp_path, monkeypatch, secure,
+                                                                 unit):
     """[privacy] on site files: the deployed protocol's preprocessing round releases what
     `fedclust run` releases (same clipping, share of ε and noise with a noise_seed), the
     algorithm's budget is composed after it; in-process simulator, Flower's message API and
     `fedclust run` give identical transforms, centers and labels (with secure aggregation
     too: summed preprocessing, the algorithm's noise added on the devices)."""
     paths, _ = write_sites(tmp_path, n_sites=3)
-    cfg = _cfg(tmp_path, (SECURE if secure else "") + PRIVATE.format(unit="point"))
+    text = PRIVATE.format(unit=unit)
+    cfg = _cfg(tmp_path, (SECURE if secure else "") + (_device(text) if unit == "device" else text))
     plain = run_experiment(_cfg(tmp_path, "", "plain.toml"))
     seen, pooled = _spy(monkeypatch)
     ref = run_experiment(cfg)
@@ -186,8 +193,7 @@ def test_private_site_preprocessing_refusals_name_what_is_missing(tmp_path):
         experiment_protocol(_cfg(tmp_path, no_bounds, "a.toml"))
     with pytest.raises(ConfigError, match=r"\[preprocess\] needs site_rows"):
         experiment_protocol(_cfg(tmp_path, PRIVATE.format(unit="device"), "b.toml"))
-    device = PRIVATE.format(unit="device").replace("budget_share", "site_rows = 40\nbudget_share").replace(
-        "noise_seed", "clip_norm = 5.0\nnoise_seed")
+    device = _device(PRIVATE.format(unit="device"))
     with pytest.raises(ConfigError) as err:
         experiment_protocol(_cfg(tmp_path, SECURE + device, "c.toml"))
     assert "secure aggregation hides" in str(err.value) and "\n" not in str(err.value)
@@ -197,7 +203,7 @@ def test_private_site_preprocessing_refusals_name_what_is_missing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("secure, private", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("secure, private", [(True, True)])
 def test_site_preprocessing_on_flower_simulation(tmp_path, monkeypatch, secure, private):
     """The deployed protocol with secure aggregation and/or [privacy] on Flower's simulation
     engine: (with a noise_seed) the transform, centers and labels of the in-process
@@ -230,8 +236,7 @@ def test_site_preprocessing_on_flower_simulation(tmp_path, monkeypatch, secure, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo, extra", [("distributed-lloyd", ""),
-                                         ("gauss-classifier", "label = \"diagnosis\"\n")])
+@pytest.mark.parametrize("algo, extra", [("gauss-classifier", "label = \"diagnosis\"\n")])
 def test_fedclust_run_on_flower_with_secure_site_preprocessing(tmp_path, algo, extra):
     """`fedclust run --transport flower` on site files under secure aggregation: the
     preprocessing round runs as secure sums on Flower too, then the algorithm's secure
