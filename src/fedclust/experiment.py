@@ -215,7 +215,8 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     """Fit ``[preprocess]`` (default for site data) in one counted round; transform every device.
 
     Runs on the same transport as the algorithm, without the simulated faults of
-    ``[simulation]`` (they are the algorithm's experiment). Returns the
+    ``[simulation]`` (they are the algorithm's experiment); with its secure
+    aggregation, as two rounds of secure sums. Returns the
     transformed federation (``extra["site_rows"]``: every site row, transformed)
     and the fitted :class:`~fedclust.preprocess.FederatedPreprocessor`, or
     ``(fed, None)`` when there is nothing to do.
@@ -252,8 +253,11 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
         if pre.impute == "none":  # name the file row, not the training row
             for X, path in zip(sites.rows, sites.federation.paths):
                 check_no_missing(X, path, columns)
-    wire = make_transport({"seed": cfg["seed"], "simulation": {"progress": progress}}, transport,
-                          n_devices=len(fed.devices))
+    # secure aggregation covers the preprocessing round too (its summed form)
+    secure = cfg.get("simulation", {}).get("secure_aggregation", False)
+    wire = make_transport({"seed": cfg["seed"],
+                           "simulation": {"progress": progress, "secure_aggregation": secure}},
+                          transport, n_devices=len(fed.devices))
     # a site dropped or late in [simulation] is absent from the preprocessing round too
     # (as on a deployed run): the pooled statistics are those of the sites that take part
     if sites is not None:

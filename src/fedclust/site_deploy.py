@@ -15,15 +15,62 @@ from .core.protocol import Protocol
 from .core.registry import Federation, get_algorithm
 from .experiment import _Captured, _CaptureTransport, build_estimator, label_kind
 
-__all__ = ["site_protocol", "protocol_for_schema", "model_from_run", "save_run_model",
-           "present_sites"]
+__all__ = ["site_protocol", "protocol_for_schema", "preprocess_protocol", "model_from_run",
+           "save_run_model", "present_sites"]
 
 
 def _experiment_part(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What builds the algorithm's protocol once a schema is known (JSON-ready)."""
-    return {"algorithm": dict(cfg["algorithm"]), "seed": cfg["seed"],
-            "secure_aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation",
-                                                                      False))}
+    """What builds the preprocessing's and the algorithm's protocols once a schema is known
+    (JSON-ready): with ``[privacy]``, its spec and the preprocessing's public settings."""
+    from .experiment import PREPROCESS_BUDGET_SHARE
+
+    exp = {"algorithm": dict(cfg["algorithm"]), "seed": cfg["seed"],
+           "secure_aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation",
+                                                                     False))}
+    if cfg.get("privacy"):
+        opts = dict(cfg.get("preprocess") or {})
+        exp["privacy"] = dict(cfg["privacy"])
+        exp["preprocess_privacy"] = {
+            "budget_share": opts.get("budget_share", PREPROCESS_BUDGET_SHARE),
+            "bounds": opts.get("bounds"), "site_rows": opts.get("site_rows")}
+    return exp
+
+
+def preprocess_protocol(exp: Mapping[str, Any], impute: str, scale: str, columns: Any,
+                        names: Any = ()) -> Any:
+    """The nodes' preprocessing round for a schema's ``columns``: the summed form under
+    secure aggregation; with ``exp["privacy"]`` the release ``FederatedPreprocessor`` makes
+    in process (the same share of ε, column ranges and ``site_rows``)."""
+    from .preprocess import FederatedPreprocessor, PreprocessProtocol
+
+    cols = [str(c) for c in columns]
+    kw: dict[str, Any] = {}
+    if exp.get("privacy"):
+        from .privacy import DifferentialPrivacy
+
+        pp = exp["preprocess_privacy"]
+        kw = FederatedPreprocessor(privacy=DifferentialPrivacy.from_config(exp["privacy"]),
+                                   bounds=pp["bounds"], budget_share=pp["budget_share"],
+                                   site_rows=pp["site_rows"])._protocol_privacy(len(cols), cols)
+    return PreprocessProtocol(len(cols), impute=impute, scale=scale, columns=cols,
+                              names=list(names), summed=bool(exp.get("secure_aggregation")),
+                              **kw)
+
+
+def _algorithm_cfg(exp: Mapping[str, Any], n_features: int, probe: bool = False
+                   ) -> tuple[dict[str, Any], Any]:
+    """(config, preprocessor stand-in) that build the algorithm's estimator: with privacy,
+    its budget composed after the preprocessing's release (none for a ``probe``)."""
+    from types import SimpleNamespace
+
+    cfg = {"algorithm": dict(exp["algorithm"]), "seed": exp["seed"]}
+    plan = None
+    if exp.get("privacy"):
+        cfg["privacy"] = dict(exp["privacy"])
+        if not probe:
+            plan = preprocess_protocol(exp, "mean", "standard",
+                                       [f"x{j}" for j in range(n_features)]).plan
+    return cfg, SimpleNamespace(privacy_plan_=plan)
 
 
 def _placeholder(n_features: int, sizes: list[int], classes: Any, labels: str) -> Federation:
@@ -43,21 +90,24 @@ def _placeholder(n_features: int, sizes: list[int], classes: Any, labels: str) -
 
 
 def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int],
-                        classes: Any = None, labels: str = "class") -> Protocol:
+                        classes: Any = None, labels: str = "class", probe: bool = False
+                        ) -> Protocol:
     """The protocol the configured estimator builds for sites of this shape.
 
     ``exp``: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}``. The
     estimator runs its own validation on placeholder rows (``sizes[z]`` rows of
     ``n_features`` columns; labels covering ``classes``) and its protocol is
     captured before any round: a protocol depends on the data's shape and classes,
-    not on its values (tested for every registered algorithm).
+    not on its values (tested for every registered algorithm). With
+    ``exp["privacy"]`` the estimator's budget is what the preprocessing's release
+    leaves (as ``fedclust run``); a ``probe`` (columns not known yet) skips that.
     """
-    cfg = {"algorithm": dict(exp["algorithm"]), "seed": exp["seed"]}
+    cfg, pre = _algorithm_cfg(exp, n_features, probe)
     fed = _placeholder(n_features, sizes, classes, labels)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     cap = _CaptureTransport(bool(exp.get("secure_aggregation", False)))
     try:
-        algorithm.fit(build_estimator(cfg), fed, cap)
+        algorithm.fit(build_estimator(cfg, pre), fed, cap)
     except _Captured:
         return cap.protocol
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
@@ -69,24 +119,21 @@ def site_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
 
     from .sites.deployed import SitePreprocessProtocol
 
-    if cfg.get("privacy"):
-        raise ConfigError("[privacy] with site files on a deployed app: the preprocessing "
-                          "round on the nodes is not private; run `fedclust run` in process, "
-                          "or deploy without [privacy]")
     opts = dict(cfg.get("preprocess") or {})
     kind = label_kind(cfg)
     exp = _experiment_part(cfg)
+    if exp.get("privacy"):
+        _check_private_preprocess(exp)
     # the algorithm's protocol for a placeholder schema: its name, supervision, summed rounds
     probe = protocol_for_schema(exp, max(1, len(request.features or ())) + 1, [512, 512],
-                                (0, 1) if request.label else None, kind)
+                                (0, 1) if request.label else None, kind, probe=True)
     labels = "none" if not probe.supervised or request.label is None else kind
     if probe.supervised and request.label is None:
         raise ConfigError(f"[algorithm] {cfg['algorithm']['name']!r} needs labels: set "
                           "[data] label = \"<column>\"")
-    from .preprocess import PreprocessProtocol
-
     summed = sorted(set(getattr(probe, "summed_actions", ()))
-                    | set(getattr(PreprocessProtocol, "summed_actions", ())))
+                    | set(preprocess_protocol({"secure_aggregation": exp["secure_aggregation"]},
+                                              "mean", "standard", ["x"]).summed_actions))
     protocol = SitePreprocessProtocol(
         probe.name, json.dumps(exp), json.dumps(dc_replace(request, labels=labels).to_json()),
         opts.get("impute", "mean"), opts.get("scale", "standard"), bool(probe.supervised),
@@ -103,11 +150,31 @@ def site_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
     return protocol, devices, int(cfg["seed"])
 
 
+def _check_private_preprocess(exp: Mapping[str, Any]) -> None:
+    """One line at app writing for what the nodes' private preprocessing round lacks."""
+    pp = exp["preprocess_privacy"]
+    if pp["bounds"] is None:
+        raise ConfigError("[preprocess] needs bounds = [[low, high], ...] (a public range "
+                          "per column) under [privacy]: the preprocessing round is private too")
+    if exp["privacy"].get("unit") == "device" and pp["site_rows"] is None:
+        raise ConfigError("[preprocess] needs site_rows = N (the most rows one site may "
+                          "weigh, a public number) under [privacy] unit = \"device\": the "
+                          "preprocessing round hides whole sites too")
+    try:
+        preprocess_protocol(exp, "mean", "standard",
+                            [f"x{j}" for j in range(len(pp["bounds"]))])
+    except ValidationError as exc:
+        raise ConfigError(f"[preprocess] {exc}") from None
+
+
 class _ReplayTransport:
     """Hands a finished run's output to an estimator (its protocol must be the run's)."""
 
-    def __init__(self, out: Any, name: str, config: Mapping[str, Any]):
+    def __init__(self, out: Any, name: str, config: Mapping[str, Any],
+                 secure_aggregation: bool = False):
         self.out, self.name, self.config = out, name, json.loads(json.dumps(config))
+        # as the run's transport: an estimator shapes its protocol for secure sums
+        self.secure_aggregation = bool(secure_aggregation)
 
     def run(self, protocol, devices, random_state=None):
         if protocol.name != self.name or json.loads(json.dumps(protocol.config())) != self.config:
@@ -120,12 +187,13 @@ def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, 
                    n_features: int, sizes: list[int], classes: Any, labels: str) -> Any:
     """``(estimator, placeholder federation)``: the configured estimator fitted from a
     finished run's output (a deployed run), as if it had run it."""
-    cfg = {"algorithm": dict(exp["algorithm"]), "seed": exp["seed"]}
+    cfg, pre = _algorithm_cfg(exp, n_features)
     fed = _placeholder(n_features, sizes, classes, labels)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     probe = protocol_for_schema(exp, n_features, sizes, classes, labels)
-    model = build_estimator(cfg)
-    algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config))
+    model = build_estimator(cfg, pre)
+    algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config,
+                                               bool(exp.get("secure_aggregation", False))))
     return model, fed
 
 

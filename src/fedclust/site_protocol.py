@@ -66,6 +66,8 @@ class SiteTransformProtocol(Protocol):
         self.inner = protocol_from_config(self.inner_name, json.loads(self.inner_config))
         self.reply_types = self.inner.reply_types
         self.supervised = self.inner.supervised
+        # the inner rounds are unchanged: the same ones are secure sums
+        self.summed_actions = frozenset(getattr(self.inner, "summed_actions", ()))
         self.mean = [float(v) for v in mean]
         self.scale = [float(v) for v in scale]
         self.impute, self.scaling, self.schema = str(impute), str(scaling), str(schema)
@@ -97,6 +99,14 @@ class SiteTransformProtocol(Protocol):
     def result_name(self) -> str:
         """The protocol whose result this run returns (for result files)."""
         return self.inner_name
+
+    def secure_form(self) -> "SiteTransformProtocol":
+        """The inner protocol's secure form, wrapped the same way."""
+        inner = self.inner.secure_form()
+        if inner is self.inner:
+            return self
+        return SiteTransformProtocol(inner.name, json.dumps(inner.config()), self.mean,
+                                     self.scale, self.impute, self.scaling, self.schema)
 
     # -- the site's own data --------------------------------------------------------------
     def encode(self, data: Any) -> Any:

@@ -353,7 +353,8 @@ n_clusters = 2
 """)
     cfg = load_config(tmp_path / "fed.toml")
     rc = flatten_dict(app_run_config(cfg, result_dir=tmp_path / "res"))
-    assert rc["secure-aggregation"] is True and "lloyd" in json.loads(rc["params.summed"])
+    assert rc["secure-aggregation"] is True and json.loads(rc["params.summed"]) == [
+        "candidates", "column_squares", "column_sums", "lloyd", "moments"]
     nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
     run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes, run_config=rc), rc)
     out, _ = load_run_output(tmp_path / "res")

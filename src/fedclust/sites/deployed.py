@@ -45,8 +45,8 @@ _SCHEMA_UP = "site_schema"
 _SCHEMA_DOWN = "schema_union"
 _STORE = "pooled_transform"
 _TEXT, _MEAN, _SCALE = "_site_schema", "_site_pre_mean", "_site_pre_scale"
-_LATE = "_site_late"
-_MINE = (_TEXT, _MEAN, _SCALE, _LATE)
+_LATE, _CLIPPED = "_site_late", "_site_pre_clipped"
+_MINE = (_TEXT, _MEAN, _SCALE, _LATE, _CLIPPED)
 
 
 @dataclass
@@ -84,7 +84,12 @@ class SitePreprocessProtocol(Protocol):
        (:class:`~fedclust.sites.schema_round.SchemaBroadcast`); each site keeps
        them in its state and answers 8 bytes.
     3. ``column_moments``: :class:`fedclust.preprocess.PreprocessProtocol`'s round
-       on the encoded rows (``24 d + 8`` bytes up), pooled exactly.
+       on the encoded rows (``24 d + 8`` bytes up), pooled exactly; under secure
+       aggregation its summed form, ``column_sums`` then ``column_squares``
+       (``16 d + 8`` and ``8 d + 8`` bytes up), each a secure sum. With privacy
+       (``experiment["privacy"]``) the sites clip to the public column ranges
+       and the server releases the noisy statistics ``FederatedPreprocessor``
+       releases in process (:func:`fedclust.site_deploy.preprocess_protocol`).
     4. ``pooled_transform``: mean and scale down (``16 d``), kept by each site.
     5. the algorithm's rounds, unchanged, each site encoding, imputing and scaling
        its rows with what it stored.
@@ -100,8 +105,11 @@ class SitePreprocessProtocol(Protocol):
     inner : str
         Registered name of the algorithm's protocol.
     experiment : str
-        JSON: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}`` (what
-        builds the algorithm's protocol once the schema is known).
+        JSON: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}`` and,
+        with ``[privacy]``, ``"privacy"`` (its table) and ``"preprocess_privacy"``
+        (``budget_share``, ``bounds``, ``site_rows``): what builds the
+        preprocessing's and the algorithm's protocols once the schema is known;
+        the algorithm's budget is what the preprocessing's release leaves.
     request : str
         JSON of :class:`~fedclust.sites.schema_round.SchemaRequest` (``[data]``'s
         features, categorical, label, id_columns and what labels the algorithm takes).
@@ -196,7 +204,7 @@ class SitePreprocessProtocol(Protocol):
 
     def server_step(self, state: _CompositeState, request: Request,
                     replies: Mapping[int, Message]) -> None:
-        from ..preprocess import PreprocessProtocol
+        from ..site_deploy import preprocess_protocol
         from .schema_round import SchemaBroadcast, pool_schema, text_array
 
         if state.phase == 0:
@@ -205,11 +213,12 @@ class SitePreprocessProtocol(Protocol):
             state.sizes = {z: int(r.n_rows) for z, r in replies.items()}
             inner = self._build_inner(schema, state.sizes)
             state.inner_protocol = self.inner = inner
+            # the built protocol's own reply types (a private one's noisy replies, ...)
+            self.reply_types = {**inner.reply_types, **type(self).reply_types}
             state.broadcast = SchemaBroadcast(text=text_array(
                 {"schema": schema.to_json(), "inner": inner.config()}))
-            state.moments_protocol = PreprocessProtocol(
-                len(schema.columns), impute=self.impute, scale=self.scaling,
-                columns=schema.columns,
+            state.moments_protocol = preprocess_protocol(
+                json.loads(self.experiment), self.impute, self.scaling, schema.columns,
                 names=[names.get(z, f"device {z}") for z in range(max(names) + 1)])
             state.moments = state.moments_protocol.start(state.device_ids, state.seed)
             state.inner = inner.start(state.device_ids, state.seed)
@@ -253,7 +262,20 @@ class SitePreprocessProtocol(Protocol):
                 "sites": [state.names.get(z, f"device {z}") for z in range(n_dev)],
                 "site_rows": [state.sizes.get(z, 0) for z in range(n_dev)],
                 "inner_config": state.inner_protocol.config(),
-                "experiment": json.loads(self.experiment), "labels": self._request.labels}
+                "experiment": json.loads(self.experiment), "labels": self._request.labels,
+                **self._privacy_extra(state)}
+
+    def _privacy_extra(self, state: _CompositeState) -> dict[str, Any]:
+        """With privacy: the preprocessing's release and the algorithm's record, whose
+        releases list the preprocessing's first (composed within the one ε)."""
+        plan = state.moments_protocol.plan
+        if plan is None:
+            return {}
+        pre = dict(plan.summary(), budget_share=float(
+            json.loads(self.experiment)["preprocess_privacy"]["budget_share"]))
+        inner = getattr(state.inner_protocol, "plan", None)
+        return {"privacy": {"preprocess": pre,
+                            "algorithm": None if inner is None else inner.summary()}}
 
     def write_outputs(self, out: RunOutput, extra: Mapping[str, Any], directory: Any) -> Any:
         """``directory/model.npz`` of the run (as ``fedclust run`` writes it), or None."""
@@ -308,7 +330,8 @@ class SitePreprocessProtocol(Protocol):
 
     def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
-        from ..preprocess import ACTION, PreprocessProtocol
+        from ..preprocess import ACTION, SQUARES, SUMS
+        from ..site_deploy import preprocess_protocol
         from .schema_round import as_table, site_columns
 
         where = f"device {device_id}"
@@ -320,16 +343,20 @@ class SitePreprocessProtocol(Protocol):
             state[_TEXT] = np.asarray(request.payload.text, np.uint8)
             self._schema(state, where)  # readable
             return TransformReceived(n_rows=np.asarray(as_table(X, where).n_rows, np.int64))
-        if request.action == ACTION:
+        if request.action in (ACTION, SUMS, SQUARES):
             schema = self._schema(state, where)
             E, _, path = self.encode(X, schema, where)
-            moments = PreprocessProtocol(len(schema.columns), impute=self.impute,
-                                         scale=self.scaling, columns=schema.columns)
+            moments = preprocess_protocol(json.loads(self.experiment), self.impute,
+                                          self.scaling, schema.columns)
+            own: dict[str, np.ndarray] = {}
             try:
-                return moments.client_step(request, E, device_id=device_id, seed=seed,
-                                           state=state)
+                reply = moments.client_step(request, E, device_id=device_id, seed=seed,
+                                            state=own)
             except ValidationError as exc:  # name the file, not the device
                 raise ValidationError(str(exc).replace(where, path, 1)) from None
+            if "n_clipped" in own:  # values clipped to the public ranges (privacy)
+                state[_CLIPPED] = own["n_clipped"]
+            return reply
         if request.action == _STORE:
             schema = self._schema(state, where)
             p = request.payload
@@ -373,8 +400,11 @@ class SitePreprocessProtocol(Protocol):
             return {}
         schema, inner, pre = self._site(state, "site")
         inner_state = {k: v for k, v in state.items() if k not in _MINE}
-        return inner.client_finish(message, self.local_data(X, schema, pre, "site", state),
-                                   inner_state)
+        out = inner.client_finish(message, self.local_data(X, schema, pre, "site", state),
+                                  inner_state)
+        if _CLIPPED in state:
+            out = {**out, "preprocess_n_clipped": state[_CLIPPED]}
+        return out
 
     def __getattr__(self, name: str) -> Any:
         # optional hooks of the algorithm's protocol (assign_late, ...), once it is built
@@ -385,12 +415,13 @@ class SitePreprocessProtocol(Protocol):
 
 
 def _own_reply_types() -> None:
-    from ..preprocess import ACTION, ColumnMoments
+    from ..preprocess import ACTION, SQUARES, SUMS, ColumnMoments, ColumnSquares, ColumnSums
     from .schema_round import SiteColumns
 
     SitePreprocessProtocol.reply_types = {_SCHEMA_UP: SiteColumns,
                                           _SCHEMA_DOWN: TransformReceived,
-                                          ACTION: ColumnMoments, _STORE: TransformReceived}
+                                          ACTION: ColumnMoments, SUMS: ColumnSums,
+                                          SQUARES: ColumnSquares, _STORE: TransformReceived}
 
 
 _own_reply_types()
