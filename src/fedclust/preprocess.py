@@ -54,7 +54,6 @@ from .core.exceptions import IncompatibleMessageError, NotFittedError, Validatio
 from .core.messages import FLOAT, INT, Message, reject
 from .core.protocol import Protocol, Request, RunLog
 from .core.registry import register_protocol
-from .core.secure_sum import SecureAggregation
 from .core.validation import check_choice
 from .privacy import DifferentialPrivacy, PrivacyPlan, calibrate, noise_rng, pop_privacy, privacy_config
 from .privacy import columns as pc
@@ -497,7 +496,7 @@ class FederatedPreprocessor:
             names: Sequence[str] | None = None, transport: Any = None) -> "FederatedPreprocessor":
         """Run the round over ``devices``: a list of (n_z, d) arrays (NaN = missing), or a
         :class:`~fedclust.sites.SiteFederation` (its columns and site names then name errors)."""
-        from .sim.transport import InProcessTransport
+        from .sim.transport import fit_transport
 
         if hasattr(devices, "devices") and hasattr(devices, "names"):  # a SiteFederation
             columns = devices.columns if columns is None else columns
@@ -518,14 +517,7 @@ class FederatedPreprocessor:
                 raise ValidationError(f"device {z}: shape {X.shape}; every site needs 2-D data "
                                       f"with {d} columns")
         cols = [str(c) for c in columns] if columns is not None else [f"x{j}" for j in range(d)]
-        secure = SecureAggregation.coerce(self.secure_aggregation)
-        if transport is None:
-            transport = InProcessTransport(progress=self.progress,
-                                           secure_aggregation=secure or False)
-        elif secure is not None and not getattr(transport, "secure_aggregation", False):
-            raise ValidationError(
-                "secure_aggregation=True but the given transport has secure_aggregation off: "
-                "pass secure_aggregation=True to the transport too")
+        transport = fit_transport(transport, self.secure_aggregation, self.progress)
         protocol = PreprocessProtocol(d, impute=self.impute, scale=self.scale, columns=cols,
                                       names=list(names or []),
                                       summed=bool(getattr(transport, "secure_aggregation", False)),

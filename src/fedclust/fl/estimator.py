@@ -19,12 +19,11 @@ from sklearn.utils import ClassifierTags, RegressorTags
 from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
-from ..core.secure_sum import SecureAggregation
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_devices, check_int, check_n_features
 from ..privacy import DifferentialPrivacy
 from ..privacy.distributed import min_noise_devices
-from ..sim.transport import InProcessTransport
+from ..sim.transport import fit_transport
 from .models import Model, build_model, make_model
 from .clustered import ROUTINGS, ClusteredFedAvgProtocol
 from .ifca import IFCAProtocol
@@ -186,14 +185,8 @@ class _FLEstimator(BaseEstimator):
             if len(tX) != len(Xs):
                 raise ValidationError(f"test_X has {len(tX)} devices, the federation {len(Xs)}")
             tests = (tX, ty)
-        secure = SecureAggregation.coerce(getattr(self, "secure_aggregation", False))
-        if transport is None:
-            transport = InProcessTransport(progress=self.progress,
-                                           secure_aggregation=secure or False)
-        elif secure is not None and not getattr(transport, "secure_aggregation", False):
-            raise ValidationError(
-                "secure_aggregation=True but the given transport has secure_aggregation off: "
-                "pass secure_aggregation=True to the transport too")
+        transport = fit_transport(transport, getattr(self, "secure_aggregation", False),
+                                  self.progress)
         protocol = self._build(Xs, ys, ids, eval_every=1 if tests else 0)
         if getattr(transport, "secure_aggregation", False) \
                 and "secure_sum" in getattr(self._protocol_cls, "_EXTRA_KEYS", ()):

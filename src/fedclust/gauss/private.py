@@ -102,12 +102,16 @@ class GaussClassMoments(Message):
     kind: ClassVar[str] = "gauss_class_moments"
 
     def validate(self, sender: str) -> None:
-        M, D = self.s.shape
-        if self.n.shape != (M,) or self.Q.shape not in ((M, D * D), (M, D)):
-            reject(sender, f"class moments have shapes {self.n.shape}, {self.s.shape}, "
-                           f"{self.Q.shape}")
-        if (self.n < 0).any():
-            reject(sender, "class counts must be >= 0")
+        check_moments(self, sender, "class")
+
+
+def check_moments(m: Any, sender: str, unit: str) -> None:
+    """Shapes (K,), (K, D), (K, D²) or (K, D) and counts >= 0 of per-``unit`` moments."""
+    K, D = m.s.shape
+    if m.n.shape != (K,) or m.Q.shape not in ((K, D * D), (K, D)):
+        reject(sender, f"{unit} moments have shapes {m.n.shape}, {m.s.shape}, {m.Q.shape}")
+    if (m.n < 0).any():
+        reject(sender, f"{unit} counts must be >= 0")
 
 
 @dataclass

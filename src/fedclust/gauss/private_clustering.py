@@ -59,14 +59,14 @@ from scipy.linalg import solve_triangular
 from scipy.stats import chi2
 
 from ..core.exceptions import IncompatibleMessageError, ValidationError
-from ..core.messages import FLOAT, Message, reject
+from ..core.messages import FLOAT, Message
 from ..core.protocol import Request, RunLog
 from ..core.random import server_rng
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_contribution,
                        clip_points, gaussian, noise_rng, pop_privacy, privacy_config)
 from ..privacy.mechanisms import SERVER, symmetric_gaussian
 from .model import ClusterSet, one_thread
-from .private import noise_level, repair_covariance, repair_variances
+from .private import check_moments, noise_level, repair_covariance, repair_variances
 from .protocol import GaussProtocol, GaussResult
 
 __all__ = ["GaussComponentMoments", "GaussDPModel", "PrivateGaussProtocol"]
@@ -115,12 +115,7 @@ class GaussComponentMoments(Message):
     kind: ClassVar[str] = "gauss_component_moments"
 
     def validate(self, sender: str) -> None:
-        K, D = self.s.shape
-        if self.n.shape != (K,) or self.Q.shape not in ((K, D * D), (K, D)):
-            reject(sender, f"component moments have shapes {self.n.shape}, {self.s.shape}, "
-                           f"{self.Q.shape}")
-        if (self.n < 0).any():
-            reject(sender, "component counts must be >= 0")
+        check_moments(self, sender, "component")
 
 
 @dataclass

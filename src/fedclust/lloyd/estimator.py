@@ -17,10 +17,9 @@ from ..privacy import DifferentialPrivacy
 from ..privacy.distributed import min_noise_devices
 from ..core.validation import check_device_ids, check_devices, check_int
 from ..core.exceptions import ValidationError
-from ..core.secure_sum import SecureAggregation
 from .protocol import DistributedLloydProtocol
 from ..core.protocol import Transport
-from ..sim.transport import InProcessTransport
+from ..sim.transport import fit_transport
 
 __all__ = ["centralized_kmeans", "DistributedLloyd"]
 
@@ -146,13 +145,7 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             rounds = self.rounds
         if rounds is None:
             rounds = 100 if self.privacy is None else 3
-        secure = SecureAggregation.coerce(self.secure_aggregation)
-        if transport is None:
-            transport = InProcessTransport(progress=self.progress, secure_aggregation=secure or False)
-        elif secure is not None and not getattr(transport, "secure_aggregation", False):
-            raise ValidationError(
-                "secure_aggregation=True but the given transport has secure_aggregation off: "
-                "pass secure_aggregation=True to the transport too")
+        transport = fit_transport(transport, self.secure_aggregation, self.progress)
         # under secure aggregation the devices add the DP noise (the server sees noisy sums)
         noise_devices = (min_noise_devices(len(devices)) if self.privacy is not None
                          and getattr(transport, "secure_aggregation", False) else 0)

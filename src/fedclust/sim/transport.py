@@ -29,7 +29,7 @@ from ..core.secure_sum import SecureAggregation, check_summable, make_identities
 from .meter import CommunicationMeter
 from .secure import secure_round
 
-__all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults"]
+__all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults", "fit_transport"]
 
 #: ``tamper(device_id, round, arrays) -> arrays``: rewrite a reply on the wire (Byzantine / faulty clients).
 Tamper = Callable[[int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -302,3 +302,16 @@ def _progress(chunks, enabled: bool, desc: str, total: int):
         for chunk in chunks:
             yield chunk
             bar.update(len(chunk))
+
+
+def fit_transport(transport: Any, secure_aggregation: Any, progress: bool = False) -> Any:
+    """The transport an estimator's ``fit`` runs on: the given one, or an in-process one
+    with the estimator's ``secure_aggregation``; a given transport must agree with it."""
+    secure = SecureAggregation.coerce(secure_aggregation)
+    if transport is None:
+        return InProcessTransport(progress=progress, secure_aggregation=secure or False)
+    if secure is not None and not getattr(transport, "secure_aggregation", False):
+        raise ValidationError(
+            "secure_aggregation=True but the given transport has secure_aggregation off: "
+            "pass secure_aggregation=True to the transport too")
+    return transport
