@@ -244,9 +244,32 @@ def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
         d2 = ((P[:, None, :] - centers[None]) ** 2).sum(axis=2).min(axis=1)
         return float(np.minimum(d2, cap).sum())
 
-    if cost(mine) <= SPARE_GAIN * cost(plain.cluster_centers_):
+    if cost(mine) <= SPARE_GAIN * cost(plain.cluster_centers_) or _joins_two(
+            plain.labels_, chosen, n_clusters):
         return chosen, spare
     return plain.labels_.astype(np.int64), spare
+
+
+#: a plain k-means cluster holds a group when it holds at least this share of its members
+WHOLE = 0.9
+
+
+def _joins_two(plain: np.ndarray, chosen: np.ndarray, n_clusters: int) -> bool:
+    """Whether one cluster of ``plain`` holds (``WHOLE``) two of the k chosen groups.
+
+    The chosen groups were not merged (apart by more than their spread, not touching), so
+    a cluster holding two of them whole joins two clusters in order to give a group beyond
+    k a centre of its own: plain k-means is then the wrong labelling, however its capped
+    cost compares. Liars spread between two clusters are cut in two by plain k-means,
+    never held whole next to a true cluster."""
+    held = np.zeros(n_clusters, dtype=np.int64)
+    for j in range(n_clusters):
+        members = plain[chosen == j]
+        if not len(members):
+            continue
+        top = np.bincount(members).argmax()
+        held[j] = top if (members == top).mean() >= WHOLE else -1 - j
+    return len(np.unique(held)) < n_clusters
 
 
 def robust_init(X: np.ndarray, n_clusters: int, method: str,
