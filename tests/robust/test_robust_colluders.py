@@ -130,3 +130,20 @@ def test_a_true_cluster_whose_tail_is_not_dense_outranks_a_smaller_tight_group()
                                     extra_spot=spot[len(P):])
     assert (lab[-48:] >= 3).all() and suspect[-48:].all()
     assert len(np.unique(lab[150:197])) == 1 and lab[150] < 3
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_trimmed_kmeans_centre_trims_a_tight_group_inside_the_radius(seed):
+    # 36 tight liars 2.5 sqrt(d) from a true centre (inside the trimming radius, too few to be
+    # dense): the kept mean is trimmed along their direction, ending close to the honest fit
+    # (the coordinate-wise mean of the kept points lands 0.5-0.9 further off)
+    rng = np.random.default_rng(seed + 50)
+    d, k, n = 6, 3, 450
+    means = 8.0 * rng.normal(size=(k, d))
+    lab = rng.integers(0, k, n)
+    X = means[lab] + rng.normal(size=(n, d))
+    u = rng.normal(size=d)
+    liars = means[1] + 2.5 * np.sqrt(d) * u / np.linalg.norm(u) + 0.5 * rng.normal(size=(36, d))
+    honest = estimation_error(TrimmedKMeans(k, random_state=seed).fit(X).cluster_centers_, means)
+    est = TrimmedKMeans(k, random_state=seed).fit(np.vstack([X, liars]))
+    assert estimation_error(est.cluster_centers_, means) <= honest + 0.3

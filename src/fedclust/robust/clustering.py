@@ -52,6 +52,7 @@ from .init import coincident_groups
 from ..core.validation import (check_array, check_choice, check_float, check_int,
                                check_n_features)
 from .init import INITS, robust_init_groups
+from .offaxis import off_axis_trimmed_mean
 
 __all__ = ["TrimmedKMeans", "KGeomedians", "KMeansLloyd", "RADIUS_RULES"]
 
@@ -65,6 +66,15 @@ def _weighted_quantile(values: np.ndarray, w: np.ndarray | None, q: float) -> fl
     cw = np.cumsum(w[order])
     pos = int(np.searchsorted(cw, q * cw[-1] * (1 - 1e-12)))
     return float(values[order][min(pos, len(values) - 1)])
+
+
+def _kept_mean(X: np.ndarray, w: np.ndarray | None, radius: float) -> np.ndarray:
+    """Mean of a cluster's kept points, trimmed along its largest deviation where a tight
+    minority sits off-centre inside the radius (:func:`.offaxis.off_axis_trimmed_mean`):
+    liars between two clusters or next to one pull a plain mean by their share times their
+    offset, which the radius alone does not remove."""
+    agg = off_axis_trimmed_mean(X, 0.0, radius, w)[0]
+    return coordinate_mean(X, w) if agg is None else agg
 
 
 class _RobustLloyd(ClusterMixin, BaseEstimator):
@@ -321,8 +331,8 @@ class TrimmedKMeans(_RobustLloyd):
             if w is not None:
                 keep &= w[sel] > 0
             kept[sel] = keep
-            centers[j] = coordinate_mean(X[sel][keep], None if w is None else w[sel][keep]) \
-                if keep.any() else geo[j]
+            centers[j] = _kept_mean(X[sel][keep], None if w is None else w[sel][keep],
+                                    self.radius) if keep.any() else geo[j]
 
     def _center(self, X, w):
         if self.center == "trimmed-mean":
@@ -340,7 +350,8 @@ class TrimmedKMeans(_RobustLloyd):
             keep &= w > 0
         if not keep.any():
             return g, keep
-        return coordinate_mean(X[keep], None if w is None else w[keep]), keep
+        return _kept_mean(X[keep], None if w is None else w[keep],
+                          self.radius if self.radius_rule in ("median", "pooled") else 3.0), keep
 
 
 class KGeomedians(_RobustLloyd):
