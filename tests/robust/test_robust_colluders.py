@@ -147,3 +147,18 @@ def test_trimmed_kmeans_centre_trims_a_tight_group_inside_the_radius(seed):
     honest = estimation_error(TrimmedKMeans(k, random_state=seed).fit(X).cluster_centers_, means)
     est = TrimmedKMeans(k, random_state=seed).fit(np.vstack([X, liars]))
     assert estimation_error(est.cluster_centers_, means) <= honest + 0.3
+
+
+def test_coordinated_poisoning_noise_matches_the_honest_erm_spread():
+    # least-squares residuals are smaller than the noise (n - p of n degrees of freedom): the
+    # liars' residuals are rescaled, so their ERMs scatter around the target as honest ERMs
+    # scatter around their cluster's coefficients (n = 20, p = 8: unscaled, about 0.75 of it)
+    mr = make_mixture_regression(200, 20, 8, 2, alpha=0.0, noise=1.0, random_state=5)
+    target = np.full(8, 3.0)
+    poisoned, bad = poison_devices(list(zip(mr.Xs, mr.ys)), 0.25, 5, attack="coordinated",
+                                   target=target)
+    W = np.array([local_erm(X, y) for X, y in poisoned])[:, :8]
+    good = np.setdiff1d(np.arange(200), bad)
+    honest = np.median(np.linalg.norm(W[good] - mr.coef[mr.clusters[good]], axis=1))
+    liars = np.median(np.linalg.norm(W[bad] - target, axis=1))
+    assert 0.85 < liars / honest < 1.18
