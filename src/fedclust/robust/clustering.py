@@ -68,15 +68,6 @@ def _weighted_quantile(values: np.ndarray, w: np.ndarray | None, q: float) -> fl
     return float(values[order][min(pos, len(values) - 1)])
 
 
-def _kept_mean(X: np.ndarray, w: np.ndarray | None, radius: float) -> np.ndarray:
-    """Mean of a cluster's kept points, trimmed along its largest deviation where a tight
-    minority sits off-centre inside the radius (:func:`.offaxis.off_axis_trimmed_mean`):
-    liars between two clusters or next to one pull a plain mean by their share times their
-    offset, which the radius alone does not remove."""
-    agg = off_axis_trimmed_mean(X, 0.0, radius, w)[0]
-    return coordinate_mean(X, w) if agg is None else agg
-
-
 class _RobustLloyd(ClusterMixin, BaseEstimator):
     """The shared loop (see the module docstring); subclasses define :meth:`_center`.
 
@@ -182,6 +173,7 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
                 if (full == k + e).any():
                     spare[e] = X[full == k + e].mean(axis=0)
             centers_hist.append(centers.copy())
+        self._final_centers(X, w, labels, centers, kept)
         self.cluster_centers_ = centers
         self.labels_ = labels
         self.inlier_mask_ = kept
@@ -191,6 +183,10 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
         self.centers_history_ = centers_hist
         self.n_features_in_ = X.shape[1]
         return self
+
+    def _final_centers(self, X: np.ndarray, w: np.ndarray | None, labels: np.ndarray,
+                       centers: np.ndarray, kept: np.ndarray) -> None:
+        """Last centre estimate once the labels are final (in place; default: unchanged)."""
 
     def _update(self, X: np.ndarray, w: np.ndarray | None, labels: np.ndarray,
                 centers: np.ndarray, kept: np.ndarray) -> None:
@@ -312,6 +308,23 @@ class TrimmedKMeans(_RobustLloyd):
         if beta >= 0.5:
             raise ValidationError(f"beta={beta} must be < 0.5")
 
+    def _final_centers(self, X, w, labels, centers, kept) -> None:
+        # Once the labels are final, a cluster's centre is the mean of its kept points
+        # trimmed along their largest deviation where a tight group sits off-centre inside
+        # the radius (:func:`.offaxis.off_axis_trimmed_mean`): liars between two clusters or
+        # next to one would pull the plain mean by their share times their offset. Not in
+        # the Lloyd steps: there a cluster is still a mixture, the rule would fire on the
+        # other clusters' members and move the centre to a median of the mixture.
+        if self.center != "radius":
+            return
+        r = self.radius if self.radius_rule in ("median", "pooled") else 3.0
+        for j in range(centers.shape[0]):
+            sel = (labels == j) & kept
+            if sel.any():
+                agg = off_axis_trimmed_mean(X[sel], 0.0, r, None if w is None else w[sel])[0]
+                if agg is not None:
+                    centers[j] = agg
+
     def _update(self, X, w, labels, centers, kept) -> None:
         if self.center != "radius" or self.radius_rule != "pooled":
             return super()._update(X, w, labels, centers, kept)
@@ -331,8 +344,8 @@ class TrimmedKMeans(_RobustLloyd):
             if w is not None:
                 keep &= w[sel] > 0
             kept[sel] = keep
-            centers[j] = _kept_mean(X[sel][keep], None if w is None else w[sel][keep],
-                                    self.radius) if keep.any() else geo[j]
+            centers[j] = coordinate_mean(X[sel][keep], None if w is None else w[sel][keep]) \
+                if keep.any() else geo[j]
 
     def _center(self, X, w):
         if self.center == "trimmed-mean":
@@ -350,8 +363,7 @@ class TrimmedKMeans(_RobustLloyd):
             keep &= w > 0
         if not keep.any():
             return g, keep
-        return _kept_mean(X[keep], None if w is None else w[keep],
-                          self.radius if self.radius_rule in ("median", "pooled") else 3.0), keep
+        return coordinate_mean(X[keep], None if w is None else w[keep]), keep
 
 
 class KGeomedians(_RobustLloyd):
