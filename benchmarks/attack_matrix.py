@@ -250,6 +250,15 @@ def main(argv=None) -> dict:
                    help="far attacks' scale in data spreads (default 100; quick 100)")
     p.add_argument("--separations", type=float, nargs="+", default=None,
                    help="k-FED separations c (default 10 14 30 100; quick 14)")
+    p.add_argument("--kfed-shape", type=int, nargs=3, metavar=("D", "K", "M0"), default=None,
+                   help="k-FED federation: dimension, clusters, devices per group "
+                        "(default 50 16 10; quick 20 9 5)")
+    p.add_argument("--points-shape", type=int, nargs=3, metavar=("N", "D", "K"), default=None,
+                   help="robust clustering of points: points, dimension, clusters "
+                        "(default 600 10 3; quick 200 10 3)")
+    p.add_argument("--pipeline-shape", type=int, nargs=4, metavar=("M", "N", "D", "K"),
+                   default=None, help="pipeline: machines, points each, dimension, clusters "
+                                      "(default 240 40 12 3; quick 120 40 12 3)")
     args = C.finish_args(p.parse_args(argv))
     q = args.quick
     runs = args.runs or (1 if q else 5)
@@ -257,6 +266,9 @@ def main(argv=None) -> dict:
     scales = args.scales or [100.0]
     seps = args.separations or ([14.0] if q else [10.0, 14.0, 30.0, 100.0])
     attacks = WIRE + DATA
+    kd, kk, km0 = args.kfed_shape or ((20, 9, 5) if q else (50, 16, 10))
+    pn, pd, pk = args.points_shape or ((200, 10, 3) if q else (600, 10, 3))
+    mm, mn, md, mk = args.pipeline_shape or ((120, 40, 12, 3) if q else (240, 40, 12, 3))
     rows = []
     t0 = time.perf_counter()
     with C.blas_limit(args):
@@ -265,17 +277,16 @@ def main(argv=None) -> dict:
                 for scale in scales:
                     if "kfed" in args.parts and attack != "label-flip":
                         for c in seps:
-                            rows.append(kfed_cell(attack, alpha, c, scale,
-                                                  d=20 if q else 50, k=9 if q else 16,
-                                                  m0=5 if q else 10, runs=runs, seed=args.seed,
+                            rows.append(kfed_cell(attack, alpha, c, scale, d=kd, k=kk, m0=km0,
+                                                  runs=runs, seed=args.seed,
                                                   n_per=40 if q else None))
                     if "clustering" in args.parts and attack != "label-flip":
-                        rows.append(clustering_cell(attack, alpha, scale, n=200 if q else 600,
-                                                    d=10, k=3, runs=runs, seed=args.seed))
+                        rows.append(clustering_cell(attack, alpha, scale, n=pn, d=pd, k=pk,
+                                                    runs=runs, seed=args.seed))
                     if "pipeline" in args.parts:
-                        rows.append(pipeline_cell(attack, alpha, scale, m=120 if q else 240,
-                                                  n=40, d=12, k=3, rounds=5 if q else 10,
-                                                  runs=runs, seed=args.seed))
+                        rows.append(pipeline_cell(attack, alpha, scale, m=mm, n=mn, d=md, k=mk,
+                                                  rounds=5 if q else 10, runs=runs,
+                                                  seed=args.seed))
     kf = [r for r in rows if r["part"] == "kfed"]
     if kf:
         C.print_table(["attack", "α", "c", "scale", "trim=0", "trim=α", "trim=α min",
@@ -304,7 +315,8 @@ def main(argv=None) -> dict:
                        for r in pl],
                       title=f"3-stage pipeline: max cluster error (mean of {runs} runs)")
     out = {"params": {"runs": runs, "alphas": alphas, "scales": scales, "separations": seps,
-                      "quick": q}, "rows": rows, "seconds": time.perf_counter() - t0,
+                      "quick": q, "seed": args.seed, "kfed_shape": [kd, kk, km0],
+                      "points_shape": [pn, pd, pk], "pipeline_shape": [mm, mn, md, mk]}, "rows": rows, "seconds": time.perf_counter() - t0,
            "failing": [{k_: r[k_] for k_ in ("part", "attack", "alpha", "scale")}
                        | ({"c": r["c"]} if "c" in r else {})
                        for r in rows if r.get("status") == "FAIL"]}

@@ -126,3 +126,17 @@ def test_trim_parameter_checks_and_config_round_trip():
 def test_distrusted_devices_survive_the_run_log_codec():
     log = RunLog(participants=[1, 2], distrusted={2: "device 2: lies"})
     assert log_from_json(log_to_json(log)) == log
+
+
+def test_trim_counts_a_fractional_liar_share_up():
+    # 30 devices at trim = 0.05: 1.5 devices may lie, so 2 colluders (own noise, no two
+    # reports coincide) must not out-vote the bound and be kept next to 4 true clusters
+    rng = np.random.default_rng(3)
+    true = 20.0 * rng.normal(size=(4, 5))
+    honest = [true + 0.3 * rng.normal(size=(4, 5)) for _ in range(28)]
+    far = 200.0 * np.ones(5) + 20.0 * rng.normal(size=(4, 5))
+    liars = [far + 0.3 * rng.normal(size=(4, 5)) for _ in range(2)]
+    d = distrusted_centers(honest + liars, trim=0.05, n_clusters=4)
+    assert d.n_trim == 2
+    assert not d.keep[4 * 28:].any()
+    assert d.keep[:4 * 28].all()

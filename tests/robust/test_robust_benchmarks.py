@@ -63,3 +63,4 @@ def test_attack_matrix_quick(tmp_path):
         # far liars left out: within a factor 2 of the run on the honest machines alone
         assert pipe[attack]["TKM+TM_mean"] <= 2 * pipe[attack]["bound (honest only)_mean"]
     assert {f["part"] for f in doc["failing"]} <= {"kfed", "pipeline"}
+    assert doc["params"]["pipeline_shape"] == [120, 40, 12, 3]

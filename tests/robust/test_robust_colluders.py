@@ -95,3 +95,70 @@ def test_coordinated_poisoning_keeps_honest_sized_noise():
     # ERMs around the target at the honest noise scale (sqrt(p / n) = 0.32), none coinciding
     assert 0.1 < np.median(spread) < 0.6
     assert len(np.unique(coincident_groups(W))) == len(bad)
+
+
+def _heavy_tailed_with_colluders(seed, n_colluders, d=6):
+    rng = np.random.default_rng(seed)
+    means = 8.0 * rng.normal(size=(3, d))
+    X = [means[j] + rng.standard_t(3, size=(s, d)) for j, s in enumerate((90, 50, 60))]
+    u = rng.normal(size=d)
+    X.append(means.mean(0) + 40.0 * u / np.linalg.norm(u) + 1.2 * rng.normal(size=(n_colluders, d)))
+    return np.vstack(X), np.repeat([0, 1, 2, -1], (90, 50, 60, n_colluders))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_a_tight_group_beyond_k_does_not_make_two_true_clusters_one(seed):
+    # heavy-tailed honest clusters (Student t, 3 dof), two of them 11-14 apart with median
+    # radius 3; a tight colluding group of 40 far away: plain k-means gives the colluders a
+    # centre and joins the two, at a capped cost close to leaving the colluders out
+    X, lab = _heavy_tailed_with_colluders(seed, 40)
+    est = TrimmedKMeans(3, random_state=seed).fit(X)
+    assert misclustering_rate(est.labels_, lab) <= 0.02
+    assert (est.labels_[lab == -1] == est.labels_[lab == -1][0]).all() or \
+        not est.inlier_mask_[lab == -1].any()
+
+
+def test_a_true_cluster_whose_tail_is_not_dense_outranks_a_smaller_tight_group():
+    # the smallest true cluster (50, 3 of them outside the dense core) against 48 colluders
+    # that are all dense: support counts the tail within the trimming radius
+    rng = np.random.default_rng(4)
+    P = np.vstack([rng.normal(size=(90, 4)), [12, 0, 0, 0] + rng.normal(size=(60, 4)),
+                   [0, 12, 0, 0] + rng.normal(size=(47, 4)), [0, 40, 0, 0] + rng.normal(size=(48, 4))])
+    tail = [0, 12, 0, 0] + 2.2 * np.eye(4)[[0, 2, 3]] * [[1], [1], [-1]]
+    spot = np.arange(len(P) + 3)
+    lab, suspect = supported_groups(P, spot[:len(P)], 3, server_rng(0, 0), extra=tail,
+                                    extra_spot=spot[len(P):])
+    assert (lab[-48:] >= 3).all() and suspect[-48:].all()
+    assert len(np.unique(lab[150:197])) == 1 and lab[150] < 3
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_trimmed_kmeans_centre_trims_a_tight_group_inside_the_radius(seed):
+    # 36 tight liars 2.5 sqrt(d) from a true centre (inside the trimming radius, too few to be
+    # dense): the kept mean is trimmed along their direction, ending close to the honest fit
+    # (the coordinate-wise mean of the kept points lands 0.5-0.9 further off)
+    rng = np.random.default_rng(seed + 50)
+    d, k, n = 6, 3, 450
+    means = 8.0 * rng.normal(size=(k, d))
+    lab = rng.integers(0, k, n)
+    X = means[lab] + rng.normal(size=(n, d))
+    u = rng.normal(size=d)
+    liars = means[1] + 2.5 * np.sqrt(d) * u / np.linalg.norm(u) + 0.5 * rng.normal(size=(36, d))
+    honest = estimation_error(TrimmedKMeans(k, random_state=seed).fit(X).cluster_centers_, means)
+    est = TrimmedKMeans(k, random_state=seed).fit(np.vstack([X, liars]))
+    assert estimation_error(est.cluster_centers_, means) <= honest + 0.3
+
+
+def test_coordinated_poisoning_noise_matches_the_honest_erm_spread():
+    # least-squares residuals are smaller than the noise (n - p of n degrees of freedom): the
+    # liars' residuals are rescaled, so their ERMs scatter around the target as honest ERMs
+    # scatter around their cluster's coefficients (n = 20, p = 8: unscaled, about 0.75 of it)
+    mr = make_mixture_regression(200, 20, 8, 2, alpha=0.0, noise=1.0, random_state=5)
+    target = np.full(8, 3.0)
+    poisoned, bad = poison_devices(list(zip(mr.Xs, mr.ys)), 0.25, 5, attack="coordinated",
+                                   target=target)
+    W = np.array([local_erm(X, y) for X, y in poisoned])[:, :8]
+    good = np.setdiff1d(np.arange(200), bad)
+    honest = np.median(np.linalg.norm(W[good] - mr.coef[mr.clusters[good]], axis=1))
+    liars = np.median(np.linalg.norm(W[bad] - target, axis=1))
+    assert 0.85 < liars / honest < 1.18

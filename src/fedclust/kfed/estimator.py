@@ -59,7 +59,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Let a device with n_z <= k_z send its raw points as centers.
     trim : float in [0, 0.5), default=0
         Byzantine-robust server: at most this fraction of devices may send
-        arbitrary centers. Centers no ``⌊trim·Z⌋`` other devices corroborate are
+        arbitrary centers. Centers no ``⌈trim·Z⌉`` other devices corroborate are
         left out of the seeding and Lloyd, final centers are trimmed means, and
         ``run_log_.distrusted`` names the devices concerned
         (:mod:`fedclust.kfed.robust_server`). 0 is the paper's server.

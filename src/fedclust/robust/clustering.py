@@ -52,6 +52,7 @@ from .init import coincident_groups
 from ..core.validation import (check_array, check_choice, check_float, check_int,
                                check_n_features)
 from .init import INITS, robust_init_groups
+from .offaxis import off_axis_trimmed_mean
 
 __all__ = ["TrimmedKMeans", "KGeomedians", "KMeansLloyd", "RADIUS_RULES"]
 
@@ -172,6 +173,7 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
                 if (full == k + e).any():
                     spare[e] = X[full == k + e].mean(axis=0)
             centers_hist.append(centers.copy())
+        self._final_centers(X, w, labels, centers, kept)
         self.cluster_centers_ = centers
         self.labels_ = labels
         self.inlier_mask_ = kept
@@ -181,6 +183,10 @@ class _RobustLloyd(ClusterMixin, BaseEstimator):
         self.centers_history_ = centers_hist
         self.n_features_in_ = X.shape[1]
         return self
+
+    def _final_centers(self, X: np.ndarray, w: np.ndarray | None, labels: np.ndarray,
+                       centers: np.ndarray, kept: np.ndarray) -> None:
+        """Last centre estimate once the labels are final (in place; default: unchanged)."""
 
     def _update(self, X: np.ndarray, w: np.ndarray | None, labels: np.ndarray,
                 centers: np.ndarray, kept: np.ndarray) -> None:
@@ -301,6 +307,23 @@ class TrimmedKMeans(_RobustLloyd):
         beta = check_float(self.beta, "beta", min_value=0.0)
         if beta >= 0.5:
             raise ValidationError(f"beta={beta} must be < 0.5")
+
+    def _final_centers(self, X, w, labels, centers, kept) -> None:
+        # Once the labels are final, a cluster's centre is the mean of its kept points
+        # trimmed along their largest deviation where a tight group sits off-centre inside
+        # the radius (:func:`.offaxis.off_axis_trimmed_mean`): liars between two clusters or
+        # next to one would pull the plain mean by their share times their offset. Not in
+        # the Lloyd steps: there a cluster is still a mixture, the rule would fire on the
+        # other clusters' members and move the centre to a median of the mixture.
+        if self.center != "radius":
+            return
+        r = self.radius if self.radius_rule in ("median", "pooled") else 3.0
+        for j in range(centers.shape[0]):
+            sel = (labels == j) & kept
+            if sel.any():
+                agg = off_axis_trimmed_mean(X[sel], 0.0, r, None if w is None else w[sel])[0]
+                if agg is not None:
+                    centers[j] = agg
 
     def _update(self, X, w, labels, centers, kept) -> None:
         if self.center != "radius" or self.radius_rule != "pooled":

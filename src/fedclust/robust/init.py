@@ -139,14 +139,27 @@ MERGE = 1.5
 LINK = 2.0
 #: leaving groups out must cut the trimmed k-means cost to at most this fraction (by a third)
 SPARE_GAIN = 2.0 / 3.0
+#: a point left out of the grouping supports a group within this x its median member distance
+#: (the trimming radius of :class:`fedclust.robust.TrimmedKMeans`: the points its centre step
+#: would keep). Decision: a Gaussian quantile (chi-square, 1 - 1e-3: 2.35 in the 4-dim
+#: projection of k = 3) misses honest tail points at 2.4-3.0, since ERMs are heavier-tailed.
+REACH = 3.0
 
 
 def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
-                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                     rng: np.random.Generator, *, extra: np.ndarray | None = None,
+                     extra_spot: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(labels (n,), suspect (n,) bool)``. Labels: ``0..k-1`` the k best-supported groups
     of the rows of P, ``k..`` the groups beyond k with at least ``max(3, n / (8k))``
     distinct reports (spare groups), -1 the rest; ``suspect``: the rows of those spare
     groups, also when plain k-means is chosen and absorbs them into a cluster.
+
+    ``extra`` (e, D) with ``extra_spot`` (e,): rows left out of the grouping (the
+    points that are not dense, a true cluster's tail among them) that still count as
+    support of the nearest group (by distance to its median) when within ``REACH`` x the group's median member
+    distance (the trimming radius of the robust Lloyd). Support ranks
+    the groups, so a colluding group whose members are all dense must not outrank a
+    true cluster of more machines because a few of those lie in its tail.
 
     k-means (k-means++ seeding, 10 restarts) cuts P into ``OVERSEGMENT x k``
     pieces; pieces whose medians are closer than ``MERGE`` x the sum of their
@@ -190,7 +203,17 @@ def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
     if n_groups < n_clusters:
         return (KMeans(n_clusters, n_init=10, random_state=seed).fit(P).labels_.astype(np.int64),
                 np.zeros(n, dtype=bool))
-    support = np.array([len(np.unique(spot[group == g])) for g in range(n_groups)])
+    counted = [spot[group == g] for g in range(n_groups)]
+    if extra is not None and len(extra):
+        gmed = np.array([np.median(P[group == g], axis=0) for g in range(n_groups)])
+        grad = np.array([float(np.median(np.linalg.norm(P[group == g] - gmed[g], axis=1)))
+                         for g in range(n_groups)])
+        dist = np.sqrt(((extra[:, None] - gmed[None]) ** 2).sum(axis=2))
+        near = dist.argmin(axis=1)
+        within = dist[np.arange(len(extra)), near] <= REACH * grad[near]
+        for g in range(n_groups):
+            counted[g] = np.concatenate([counted[g], extra_spot[within & (near == g)]])
+    support = np.array([len(np.unique(c)) for c in counted])
     size = np.bincount(group, minlength=n_groups)
     order = np.lexsort((-size, -support))
     # a spare group must hold at least an eighth of the fair share n/k (and 3 points): a few
@@ -221,9 +244,32 @@ def supported_groups(P: np.ndarray, spot: np.ndarray, n_clusters: int,
         d2 = ((P[:, None, :] - centers[None]) ** 2).sum(axis=2).min(axis=1)
         return float(np.minimum(d2, cap).sum())
 
-    if cost(mine) <= SPARE_GAIN * cost(plain.cluster_centers_):
+    if cost(mine) <= SPARE_GAIN * cost(plain.cluster_centers_) or _joins_two(
+            plain.labels_, chosen, n_clusters):
         return chosen, spare
     return plain.labels_.astype(np.int64), spare
+
+
+#: a plain k-means cluster holds a group when it holds at least this share of its members
+WHOLE = 0.9
+
+
+def _joins_two(plain: np.ndarray, chosen: np.ndarray, n_clusters: int) -> bool:
+    """Whether one cluster of ``plain`` holds (``WHOLE``) two of the k chosen groups.
+
+    The chosen groups were not merged (apart by more than their spread, not touching), so
+    a cluster holding two of them whole joins two clusters in order to give a group beyond
+    k a centre of its own: plain k-means is then the wrong labelling, however its capped
+    cost compares. Liars spread between two clusters are cut in two by plain k-means,
+    never held whole next to a true cluster."""
+    held = np.zeros(n_clusters, dtype=np.int64)
+    for j in range(n_clusters):
+        members = plain[chosen == j]
+        if not len(members):
+            continue
+        top = np.bincount(members).argmax()
+        held[j] = top if (members == top).mean() >= WHOLE else -1 - j
+    return len(np.unique(held)) < n_clusters
 
 
 def robust_init(X: np.ndarray, n_clusters: int, method: str,
@@ -248,7 +294,9 @@ def robust_init_groups(X: np.ndarray, n_clusters: int, method: str, rng: np.rand
         # the k best-supported groups of the dense points (:func:`supported_groups`): outliers
         # are not dense, so they neither seed nor pull; the centres are the groups' means in X
         idx = np.flatnonzero(dense)
-        lab, beyond = supported_groups(P[idx], coincident_groups(P[idx]), n_clusters, rng)
+        spot = coincident_groups(P)
+        lab, beyond = supported_groups(P[idx], spot[idx], n_clusters, rng,
+                                       extra=P[~dense], extra_spot=spot[~dense])
         means = np.array([X[idx[lab == j]].mean(axis=0) for j in range(int(lab.max()) + 1)])
         suspect = np.zeros(len(X), dtype=bool)
         suspect[idx[beyond]] = True

@@ -18,6 +18,7 @@ from ..fl.server import aggregate_updates
 from .clustering import KGeomedians, TrimmedKMeans
 from .edge_cutting import EdgeCutting
 from .filtering import iterative_filtering
+from .offaxis import _beta_for, off_axis_group, off_axis_trimmed_mean  # noqa: F401
 
 __all__ = ["ErmClustering", "cluster_erms", "robust_step", "adaptive_beta", "outlier_share",
            "share_beta",
@@ -99,14 +100,6 @@ def share_beta(n_suspect: int, m: int, beta: float) -> float:
     return _beta_for(n_suspect, m, beta)
 
 
-def _beta_for(n_flagged: int, m: int, beta: float) -> float:
-    """``max(beta, s / m)`` as a fraction with ``floor(fraction m) >= s``, capped below 1/2."""
-    s = min(n_flagged, (m - 1) // 2)
-    if s == 0 or s <= int(np.floor(beta * m)):
-        return beta
-    return min((s + 0.5) / m, 0.499999)
-
-
 def adaptive_beta(V: np.ndarray, beta: float, radius: float = 3.0) -> float:
     """Trim fraction for one coordinate-wise trimmed mean of the rows of V (m, p).
 
@@ -120,50 +113,6 @@ def adaptive_beta(V: np.ndarray, beta: float, radius: float = 3.0) -> float:
     """
     _, flagged = outlier_share(V, radius)
     return _beta_for(int(flagged.sum()), V.shape[0], beta)
-
-
-def off_axis_group(V: np.ndarray, radius: float = 3.0) -> tuple[np.ndarray | None, np.ndarray]:
-    """``(basis (p, p) or None, flagged (m,))``: a tight minority off the centre of the rows of
-    V (m, p) along the direction of their largest deviation from the coordinate-wise median.
-
-    A group of colluders inside the cluster's radius shifts each coordinate by only a fraction
-    of its offset, so coordinate-wise trimming keeps part of their pull; along the leading
-    singular direction u of ``V - median`` the whole offset shows. Rows whose projection lies
-    beyond ``radius`` x the 1-D MAD scale (normal-consistent) from the projections' median, all
-    on one side, and at least 3 of them, are flagged; the basis is then u completed to an
-    orthonormal basis (rows), in which the trimmed mean trims their share along u. None when
-    no such group is found, so that honest clusters keep the coordinate-wise trimmed mean.
-    O(m p min(m, p))."""
-    m = V.shape[0]
-    none = None, np.zeros(m, dtype=bool)
-    if m < 8:
-        return none
-    D = V - np.median(V, axis=0)
-    _, _, Vt = np.linalg.svd(D, full_matrices=True)
-    t = D @ Vt[0]
-    med = float(np.median(t))
-    mad = 1.4826 * float(np.median(np.abs(t - med)))
-    if not mad > 0:
-        return none
-    z = (t - med) / mad
-    hi, lo = z > radius, z < -radius
-    if max(hi.sum(), lo.sum()) < 3:
-        return none
-    return Vt, hi | lo
-
-
-def off_axis_trimmed_mean(V: np.ndarray, beta: float, radius: float = 3.0
-                          ) -> tuple[np.ndarray | None, float, np.ndarray]:
-    """``(aggregate (p,) or None, trim fraction, flagged (m,))``: where :func:`off_axis_group`
-    finds a tight off-centre minority in V (m, p), the trimmed mean of V in the basis of its
-    largest deviation, trimming at least the flagged share (``max(beta, s / m)``); None (and
-    ``beta``) where it finds none."""
-    basis, off = off_axis_group(V, radius)
-    if basis is None:
-        return None, beta, off
-    b = max(beta, _beta_for(int(off.sum()), V.shape[0], beta))
-    c = np.median(V, axis=0)
-    return c + basis.T @ trimmed_mean((V - c) @ basis.T, b), b, off
 
 
 def robust_step(params: np.ndarray, updates: np.ndarray, *, optimizer: str, lr: float,

@@ -241,9 +241,9 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
       ``target`` (default: one random vector of norm ``scale`` drawn from the
       seed, shared by every poisoned device). X only: ``X - mean(X) + target``
       (each keeps its own shape, so no two reports coincide); (X, y): X kept and
-      ``y = X w_target + r``, r the device's own least-squares residuals in a
-      random order (honest-sized noise), ``target`` the coefficients (no
-      intercept column).
+      ``y = X w_target + b + r``, b the device's own intercept and r its own
+      least-squares residuals in a random order, rescaled to the noise's size
+      (``sqrt(n / (n - rank))``), ``target`` the coefficients (no intercept column).
 
     The poisoned devices are :func:`choose_byzantine` of the ids (so the same
     seed poisons the same devices a tamper hook would make lie).
@@ -286,9 +286,17 @@ def poison_devices(devices: Sequence[Any], alpha: float, random_state: RandomSta
         if attack == "coordinated" and supervised:
             y = np.asarray(data[1], dtype=np.float64)
             # the device's own residuals, shuffled: honest-sized noise that is not
-            # orthogonal to X, so the liars' ERMs scatter around the target like honest ones
-            resid = y - X @ np.linalg.lstsq(X, y, rcond=None)[0]
-            y = X @ shared + rng.permutation(resid)
+            # orthogonal to X, so the liars' ERMs scatter around the target like honest ones.
+            # A least-squares fit's residuals are smaller than the noise (E|r|^2 = (n - q)
+            # sigma^2 for q fitted columns): rescaled to the noise's size, or the liars'
+            # ERMs would gather tighter than honest ones
+            A = np.hstack([X, np.ones((X.shape[0], 1))])
+            fit = np.linalg.lstsq(A, y, rcond=None)
+            resid = y - A @ fit[0]
+            free = X.shape[0] - int(fit[2])
+            if free > 0:
+                resid = resid * np.sqrt(X.shape[0] / free)
+            y = X @ shared + fit[0][-1] + rng.permutation(resid)
         elif attack == "regression":
             y = X @ (scale * rng.normal(size=X.shape[1]))
         elif attack == "label-flip":
