@@ -53,7 +53,7 @@ from .messages import LossReport, ModelParams, ModelSet, ModelUpdate, NoisyUpdat
 from .models import MODEL_KINDS, Model, build_model
 from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
-from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, noise_rng, pop_privacy,
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, noise_rng, planned, pop_privacy,
                        privacy_config)
 from ..privacy.distributed import check_noise_devices, device_share
 from ..privacy.mechanisms import DEVICE, SERVER, clip_contribution
@@ -235,11 +235,7 @@ class FLProtocol(Protocol):
         releases = [Release("fl round: per-model sums of clipped updates and device counts",
                             float(spec.clip_norm) * math.sqrt(2.0), repeats=self.rounds,
                             sampling=self.sampling)]
-        if multipliers is None:
-            return calibrate(spec, releases, family=f"this {self.name} fit")
-        from dataclasses import replace
-        return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
-                                       for r, z in zip(releases, multipliers)), math.nan)
+        return planned(spec, releases, multipliers, family=f"this {self.name} fit")
 
     def _init_extra(self, **extra: Any) -> None:
         if extra:

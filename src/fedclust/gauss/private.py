@@ -49,7 +49,7 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import FLOAT, Message, reject
 from ..core.protocol import Request, RunLog
 from ..core.secure_sum import SUMMED
-from ..privacy import (DifferentialPrivacy, PrivacyPlan, calibrate, clip_contribution, clip_points,
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, clip_contribution, clip_points, planned,
                        pop_privacy, privacy_config)
 from ..privacy import kmeans as pk
 from ..privacy import gaussian, noise_rng
@@ -114,6 +114,57 @@ def check_moments(m: Any, sender: str, unit: str) -> None:
         reject(sender, f"{unit} counts must be >= 0")
 
 
+def summed_moments(replies: Mapping[int, Message]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The replies' (n, s, Q) added up (a secure sum is already one reply)."""
+    ids = sorted(replies)
+    return tuple(sum(getattr(replies[z], f) for z in ids).astype(np.float64) for f in "nsQ")
+
+
+def group_moments(labels: np.ndarray, X: np.ndarray, K: int, diag: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of ``labels`` (n,) over rows ``X`` (n, D): count (K,), sum (K, D) and
+    Σ x xᵀ (K, D, D), or Σ x² (K, D) when ``diag``."""
+    D = X.shape[1]
+    n = np.bincount(labels, minlength=K).astype(np.float64)
+    s = np.zeros((K, D))
+    np.add.at(s, labels, X)
+    if diag:
+        Q = np.zeros((K, D))
+        np.add.at(Q, labels, X * X)
+        return n, s, Q
+    Q = np.zeros((K, D, D))
+    for j in np.unique(labels):
+        Xj = X[labels == j]
+        Q[j] = Xj.T @ Xj
+    return n, s, Q
+
+
+class PrivateGaussBase:
+    """What the private Gaussian protocols share: the privacy spec and its calibrated noise
+    multipliers travel in the config (a rebuilt protocol adds the same noise), and a
+    device's rows are clipped to ``data_bound`` before anything is computed from them."""
+
+    def _clipped_rows(self, X: Any, device_id: int) -> tuple[np.ndarray, Any, int]:
+        """(rows clipped to the data bound, labels or None, number of rows clipped)."""
+        p: Any = self   # a GaussProtocol subclass: _device_data, n_features, privacy
+        Xd, y = p._device_data(X, device_id)
+        if Xd.shape[1] != p.n_features:
+            raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
+                                  f"federation has n_features={p.n_features}")
+        Xc, n_clipped = clip_points(Xd, float(p.privacy.data_bound))
+        return Xc, y, n_clipped
+
+    def config(self) -> dict[str, Any]:
+        cfg = super().config()  # type: ignore[misc]
+        cfg.update(privacy_config(self.privacy, self.plan))  # type: ignore[attr-defined]
+        return cfg
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Any:
+        cfg = dict(config)
+        return cls(privacy=pop_privacy(cfg), **cfg)
+
+
 @dataclass
 class _State:
     device_ids: tuple[int, ...]
@@ -123,7 +174,7 @@ class _State:
     local_counts: dict = None
 
 
-class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
+class PrivateGaussClassifierProtocol(PrivateGaussBase, GaussClassifierProtocol):
     """:class:`GaussClassifierProtocol` under (ε, δ)-DP: one noisy Gaussian per class."""
 
     name = "gauss-classifier-dp"
@@ -147,23 +198,8 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
             release = replace(release, what="class moments: per-class count, sum and sums of "
                               "squares (central DP)", sensitivity=release.sensitivity
                               * math.sqrt(3.0) / 2.0)
-        if noise_multipliers is None:
-            self.plan: PrivacyPlan = calibrate(privacy, [release],
-                                               family="this FedGaussClassifier fit")
-        else:
-            from dataclasses import replace
-            self.plan = PrivacyPlan(privacy, (replace(release, noise_multiplier=float(
-                noise_multipliers[0])),), math.nan)
-
-    def config(self) -> dict[str, Any]:
-        cfg = super().config()
-        cfg.update(privacy_config(self.privacy, self.plan))
-        return cfg
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "PrivateGaussClassifierProtocol":
-        cfg = dict(config)
-        return cls(privacy=pop_privacy(cfg), **cfg)
+        self.plan: PrivacyPlan = planned(privacy, [release], noise_multipliers,
+                                         family="this FedGaussClassifier fit")
 
     # -- server ------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
@@ -185,9 +221,7 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
         if not replies:
             raise ValidationError("no device replied; no model")
         ids = sorted(replies)
-        n = sum(replies[z].n for z in ids).astype(np.float64)
-        s = sum(replies[z].s for z in ids).astype(np.float64)
-        Q = sum(replies[z].Q for z in ids).astype(np.float64)
+        n, s, Q = summed_moments(replies)
         M, D = s.shape
         rng = noise_rng(self.privacy.noise_seed, SERVER, request.round)
         B = float(self.privacy.data_bound)
@@ -262,24 +296,10 @@ class PrivateGaussClassifierProtocol(GaussClassifierProtocol):
                     state: dict[str, np.ndarray]) -> Message:
         if request.action != ACTION:
             raise ValidationError(f"gauss-classifier-dp has no client action {request.action!r}")
-        Xd, y = self._device_data(X, device_id)
-        if Xd.shape[1] != self.n_features:
-            raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
-                                  f"federation has n_features={self.n_features}")
-        Xc, n_clipped = clip_points(Xd, float(self.privacy.data_bound))
+        Xc, y, n_clipped = self._clipped_rows(X, device_id)
         state["n_clipped"] = np.asarray(n_clipped, dtype=np.int64)
-        M, D = self.n_classes, Xd.shape[1]
-        n = np.bincount(y, minlength=M).astype(np.float64)
-        s = np.zeros((M, D))
-        np.add.at(s, y, Xc)
-        if self.diag:
-            Q = np.zeros((M, D))
-            np.add.at(Q, y, Xc * Xc)
-        else:
-            Q = np.zeros((M, D, D))
-            for c in np.unique(y):
-                Xk = Xc[y == c]
-                Q[c] = Xk.T @ Xk
+        M = self.n_classes
+        n, s, Q = group_moments(y, Xc, M, self.diag)
         if self.privacy.unit == "device":
             B = float(self.privacy.data_bound)
             rel = self.plan.releases[0]

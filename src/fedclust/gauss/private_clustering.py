@@ -51,7 +51,7 @@ part of the procedure).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -62,11 +62,12 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import FLOAT, Message
 from ..core.protocol import Request, RunLog
 from ..core.random import server_rng
-from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_contribution,
-                       clip_points, gaussian, noise_rng, pop_privacy, privacy_config)
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, clip_contribution,
+                       clip_points, gaussian, noise_rng, planned)
 from ..privacy.mechanisms import SERVER, symmetric_gaussian
 from .model import ClusterSet, one_thread
-from .private import check_moments, noise_level, repair_covariance, repair_variances
+from .private import (PrivateGaussBase, check_moments, group_moments, noise_level,
+                      repair_covariance, repair_variances, summed_moments)
 from .protocol import GaussProtocol, GaussResult
 
 __all__ = ["GaussComponentMoments", "GaussDPModel", "PrivateGaussProtocol"]
@@ -129,7 +130,7 @@ class _State:
     sizes: list = field(default_factory=list)  # components after each round (post-merge)
 
 
-class PrivateGaussProtocol(GaussProtocol):
+class PrivateGaussProtocol(PrivateGaussBase, GaussProtocol):
     """:class:`GaussProtocol` under (ε, δ)-DP (see the module docstring)."""
 
     name = "gauss-dp"
@@ -153,22 +154,8 @@ class PrivateGaussProtocol(GaussProtocol):
         what = ("component moments: per-component count, whitened sum and second moments "
                 "(central DP)")
         release = Release(what, math.sqrt(3.0) * scale, repeats=2 + self.n_rounds)
-        if noise_multipliers is None:
-            self.plan: PrivacyPlan = calibrate(privacy, [release],
-                                               family="this FedGaussClustering fit")
-        else:
-            self.plan = PrivacyPlan(privacy, (replace(release, noise_multiplier=float(
-                noise_multipliers[0])),), math.nan)
-
-    def config(self) -> dict[str, Any]:
-        cfg = super().config()
-        cfg.update(privacy_config(self.privacy, self.plan))
-        return cfg
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "PrivateGaussProtocol":
-        cfg = dict(config)
-        return cls(privacy=pop_privacy(cfg), **cfg)
+        self.plan: PrivacyPlan = planned(privacy, [release], noise_multipliers,
+                                         family="this FedGaussClustering fit")
 
     @property
     def noise_std(self) -> float:
@@ -205,10 +192,7 @@ class PrivateGaussProtocol(GaussProtocol):
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if not replies:
             raise ValidationError("no device replied; no model")
-        ids = sorted(replies)
-        n = sum(replies[z].n for z in ids).astype(np.float64)
-        s = sum(replies[z].s for z in ids).astype(np.float64)
-        Q = sum(replies[z].Q for z in ids).astype(np.float64)
+        n, s, Q = summed_moments(replies)
         rng = noise_rng(self.privacy.noise_seed, SERVER, _NOISE_BRANCH + request.round)
         n, s, Q = self._noisy(n, s, Q, rng)
         with one_thread():
@@ -334,28 +318,14 @@ class PrivateGaussProtocol(GaussProtocol):
                     state: dict[str, np.ndarray]) -> Message:
         if request.action != ACTION:
             raise ValidationError(f"gauss-dp has no client action {request.action!r}")
-        Xd, _ = self._device_data(X, device_id)
-        if Xd.shape[1] != self.n_features:
-            raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
-                                  f"federation has n_features={self.n_features}")
         model = request.payload
-        Xc, n_clipped = clip_points(Xd, float(self.privacy.data_bound))
+        Xc, _, n_clipped = self._clipped_rows(X, device_id)
         if request.round == 0:
             state["n_clipped"] = np.asarray(n_clipped, dtype=np.int64)
         labels, U = self._whiten(model, Xc)
         U, _ = clip_points(U, 1.0)
         K, D = model.means.shape
-        n = np.bincount(labels, minlength=K).astype(np.float64)
-        s = np.zeros((K, D))
-        np.add.at(s, labels, U)
-        if self.diag:
-            Q = np.zeros((K, D))
-            np.add.at(Q, labels, U * U)
-        else:
-            Q = np.zeros((K, D, D))
-            for j in np.unique(labels):
-                Uj = U[labels == j]
-                Q[j] = Uj.T @ Uj
+        n, s, Q = group_moments(labels, U, K, self.diag)
         if self.privacy.unit == "device":
             (n, s, Q), _ = clip_contribution([n, s, Q], [1.0, 1.0, 1.0],
                                              self.plan.releases[0].sensitivity)

@@ -30,8 +30,8 @@ from ..core.messages import Message
 from .messages import LabelMap, LocalCenters
 from .server import SERVER_METHODS, aggregate_centers, assign_to_centers
 from ..core.protocol import Protocol, Request, RunLog
-from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng, pop_privacy,
-                       privacy_config)
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng, planned,
+                       pop_privacy, privacy_config)
 from ..privacy import kmeans as pk
 from ..privacy.mechanisms import DEVICE
 
@@ -121,11 +121,7 @@ class KFedProtocol(Protocol):
                     pk.sums_release(spec, min(self.min_k_local(), self.n_features),
                                     what="device candidates: per-candidate sums and counts "
                                     "(noised on the device)")]
-        if multipliers is None:
-            return calibrate(spec, releases, family="this KFed fit")
-        from dataclasses import replace
-        return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
-                                       for r, z in zip(releases, multipliers)), float("nan"))
+        return planned(spec, releases, multipliers, family="this KFed fit")
 
     def _device_cost(self, spec: DifferentialPrivacy) -> str:
         """What device-level k-FED would cost: k centers in the ball of radius B move by up

@@ -54,7 +54,7 @@ from ..core.random import device_rng, server_rng, sklearn_seed
 from ..core.validation import check_choice, check_float, check_int
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
-from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng,
+from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, clip_points, noise_rng, planned,
                        pop_privacy, privacy_config)
 from ..privacy import kmeans as pk
 from ..privacy.mechanisms import DEVICE, SERVER
@@ -136,14 +136,8 @@ class DistributedLloydProtocol(Protocol):
                             family="DistributedLloyd")
             if n_features is None:
                 raise ValidationError("privacy: DistributedLloydProtocol needs n_features")
-            releases = self.releases()
-            if noise_multipliers is None:
-                self.plan = calibrate(privacy, releases, family="this DistributedLloyd fit")
-            else:
-                from dataclasses import replace
-                self.plan = PrivacyPlan(privacy, tuple(
-                    replace(r, noise_multiplier=float(z))
-                    for r, z in zip(releases, noise_multipliers)), math.nan)
+            self.plan = planned(privacy, self.releases(), noise_multipliers,
+                                family="this DistributedLloyd fit")
         self.noise_devices = check_int(noise_devices, "noise_devices", min_value=0)
         if self.noise_devices:
             if privacy is None:

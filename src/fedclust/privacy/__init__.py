@@ -18,12 +18,13 @@ from its own random streams. See ``docs/privacy.md`` for each family's
 mechanism, guarantee and trust model.
 """
 
-from .accounting import MAX_NOISE_MULTIPLIER, PrivacyPlan, Release, calibrate, composed_epsilon
+from .accounting import (MAX_NOISE_MULTIPLIER, PrivacyPlan, Release, calibrate, composed_epsilon,
+                         planned)
 from .mechanisms import clip_contribution, clip_points, gaussian, noise_rng, symmetric_gaussian
 from .spec import DifferentialPrivacy, UNITS
 from ..core.exceptions import ValidationError
 
-__all__ = ["DifferentialPrivacy", "privacy_config", "pop_privacy", "Release", "PrivacyPlan", "calibrate", "composed_epsilon",
+__all__ = ["DifferentialPrivacy", "privacy_config", "pop_privacy", "Release", "PrivacyPlan", "calibrate", "planned", "composed_epsilon",
            "clip_points", "clip_contribution", "noise_rng", "gaussian", "symmetric_gaussian",
            "UNITS", "MAX_NOISE_MULTIPLIER", "refuse_privacy"]
 

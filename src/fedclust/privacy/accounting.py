@@ -27,7 +27,8 @@ from typing import Any, Sequence
 from ..core.exceptions import ValidationError
 from .spec import DifferentialPrivacy
 
-__all__ = ["Release", "PrivacyPlan", "calibrate", "composed_epsilon", "MAX_NOISE_MULTIPLIER"]
+__all__ = ["Release", "PrivacyPlan", "calibrate", "planned", "composed_epsilon",
+           "MAX_NOISE_MULTIPLIER"]
 
 #: beyond this noise multiplier (noise std / sensitivity) a release carries no
 #: usable signal for federations below ~10^7 points per cluster; a budget
@@ -160,6 +161,17 @@ def _multipliers(releases: Sequence[Release], z: float) -> tuple[tuple[float, in
 def _prior(spec: DifferentialPrivacy) -> tuple[tuple[float, int, float], ...]:
     """The fixed (multiplier, repeats, sampling) of the releases made before this fit."""
     return tuple((mult, reps, q) for _, _, reps, mult, q in spec.prior if mult > 0 and reps > 0)
+
+
+def planned(spec: DifferentialPrivacy, releases: Sequence[Release],
+            multipliers: Sequence[float] | None = None, *, family: str = "this fit"
+            ) -> PrivacyPlan:
+    """:func:`calibrate`, or, for a protocol rebuilt from its config, the plan with the
+    noise multipliers that config carries (calibrated once, on the server)."""
+    if multipliers is None:
+        return calibrate(spec, releases, family=family)
+    return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
+                                   for r, z in zip(releases, multipliers)), math.nan)
 
 
 def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
