@@ -20,12 +20,13 @@ mechanism, guarantee and trust model.
 
 from .accounting import (MAX_NOISE_MULTIPLIER, PrivacyPlan, Release, calibrate, composed_epsilon,
                          planned)
-from .mechanisms import clip_contribution, clip_points, gaussian, noise_rng, symmetric_gaussian
+from .mechanisms import (SecureNoise, clip_contribution, clip_points, gaussian, noise_rng,
+                         symmetric_gaussian)
 from .spec import DifferentialPrivacy, UNITS
 from ..core.exceptions import ValidationError
 
 __all__ = ["DifferentialPrivacy", "privacy_config", "pop_privacy", "Release", "PrivacyPlan", "calibrate", "planned", "composed_epsilon",
-           "clip_points", "clip_contribution", "noise_rng", "gaussian", "symmetric_gaussian",
+           "clip_points", "clip_contribution", "noise_rng", "gaussian", "symmetric_gaussian", "SecureNoise",
            "UNITS", "MAX_NOISE_MULTIPLIER", "refuse_privacy"]
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..core.exceptions import ValidationError
 from .accounting import Release
+from .mechanisms import gaussian
 
 __all__ = ["column_ranges", "clip_columns", "column_moments_release", "noisy_column_moments",
            "clip_sites", "check_site_rows", "PREPROCESS_STREAM", "WHAT"]
@@ -145,11 +146,11 @@ def noisy_column_moments(n_rows: int, count: np.ndarray, total: np.ndarray, m2: 
     # the statistic of the mechanism, in range units
     S = (total - c * count) / w
     R = (m2 + count * (mean - c) ** 2) / (w * w) - 0.5 * count
-    noise = rng.normal(0.0, std, size=1 + 3 * d)
-    rows_t = max(float(n_rows) + noise[0], 1.0)
-    count_raw = count + noise[1:1 + d]
-    S_t = S + noise[1 + d:1 + 2 * d]
-    R_t = R + noise[1 + 2 * d:]
+    noisy = gaussian(np.concatenate([[float(n_rows)], count, S, R]), std, rng)
+    rows_t = max(float(noisy[0]), 1.0)
+    count_raw = noisy[1:1 + d]
+    S_t = noisy[1 + d:1 + 2 * d]
+    R_t = noisy[1 + 2 * d:]
     # post-processing: counts >= 1, the mean inside its range, var at most the largest
     # variance the range allows and at least its noise level (or that largest variance)
     count_t = np.maximum(count_raw, 1.0)  # not capped at rows: that would bias full columns
