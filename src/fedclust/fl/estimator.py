@@ -193,7 +193,7 @@ class _FLEstimator(BaseEstimator):
             # the transport sums securely: send the updates in their summable form (under
             # privacy each device clips its update and adds its share of the noise)
             extra = ({} if protocol.privacy is None else
-                     {"noise_devices": min_noise_devices(protocol.clients_per_round or len(Xs))})
+                     {"noise_devices": min_noise_devices(len(Xs))})  # every device is in the sum
             protocol = self._protocol_cls.from_config({**protocol.config(), "secure_sum": True,
                                                        **extra})
         if tests:

@@ -56,7 +56,7 @@ from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, 
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, noise_rng, planned, pop_privacy,
                        privacy_config)
 from ..privacy.distributed import check_noise_devices, device_share
-from ..privacy.mechanisms import DEVICE, SERVER, clip_contribution
+from ..privacy.mechanisms import DEVICE, SERVER, clip_contribution, gaussian
 
 __all__ = ["FLProtocol", "FedAvgProtocol", "FLResult", "FEATURE_MAPS", "feature_map"]
 
@@ -337,6 +337,9 @@ class FLProtocol(Protocol):
     def _round_plan(self, state: _State) -> list:
         live = self._live(state)
         if self.plan is not None and self.sampling < 1.0:
+            if getattr(self, "noise_devices", 0):
+                # every device is asked and flips its own secret coin (see _noisy_update)
+                return [self._train_request(state, live)]
             return self._poisson_round(state, live)
         rng = server_rng(state.seed, _SELECT_BRANCH + state.fl_round)
         m = self._m(state)
@@ -440,8 +443,8 @@ class FLProtocol(Protocol):
             sums[j] += delta
             counts[j] += 1.0
         if std > 0:
-            sums += rng.normal(0.0, std, size=sums.shape)
-            counts += rng.normal(0.0, std / C, size=k)
+            sums = gaussian(sums, std, rng)
+            counts = gaussian(counts, std / C, rng)
         out = np.array(previous, dtype=np.float64, copy=True)
         ok = counts > max(1.0, 3.0 * std / C)  # a model with a count lost in noise stays
         out[ok] += sums[ok] / counts[ok, None]
@@ -623,24 +626,39 @@ class FedAvgProtocol(FLProtocol):
         if not self.secure_sum:
             return u
         if self.noise_devices:
-            return self._noisy_update(u.params - request.payload.params, device_id, request.round)
+            # a device trains whether or not its coin picks it, so its reply time tells nothing
+            sampled = self._device_coin(device_id, request.round)
+            return self._noisy_update(u.params - request.payload.params, device_id,
+                                      request.round, sampled)
         n = int(u.n_samples)
         w = float(n) if self.weighted else 1.0
         return SummedUpdate(weighted_params=u.params * w, weight=np.float64(w),
                             loss_sum=np.float64(float(u.loss) * n), n_samples=np.int64(n),
                             n_devices=np.int64(1))
 
-    def _noisy_update(self, delta: np.ndarray, device_id: int, round_index: int) -> NoisyUpdate:
-        """Distributed DP-FedAvg: the clipped update and count 1, each plus this device's
-        share of the noise central DP-FedAvg adds to the sums (std σ/√n_min)."""
+    def _device_coin(self, device_id: int, round_index: int) -> bool:
+        """Whether this device takes part in this round: its own secret Poisson coin of
+        probability ``sampling``, from its privacy-noise source (never the server's)."""
+        if self.sampling >= 1.0:
+            return True
+        coin = noise_rng(self.privacy.noise_seed, DEVICE, device_id, _POISSON_KEY + round_index)
+        return bool(coin.random() < self.sampling)
+
+    def _noisy_update(self, delta: np.ndarray, device_id: int, round_index: int,
+                      sampled: bool = True) -> NoisyUpdate:
+        """Distributed DP-FedAvg: the clipped update and count 1 (zeros when this device's
+        coin left it out of the round), each plus this device's share of the noise central
+        DP-FedAvg adds to the sums (std σ/√n_min)."""
         C = float(self.privacy.clip_norm)
         (delta,), _ = clip_contribution([delta], [1.0], C)
+        if not sampled:
+            delta = np.zeros_like(delta)
         std = device_share(self.plan.releases[0], self.noise_devices).noise_std
-        count = 1.0
+        count = 1.0 if sampled else 0.0
         if std > 0:
             rng = noise_rng(self.privacy.noise_seed, DEVICE, device_id, round_index)
-            delta = delta + rng.normal(0.0, std, size=delta.shape)
-            count += float(rng.normal(0.0, std / C))
+            delta = gaussian(delta, std, rng)
+            count = float(gaussian(np.float64(count), std / C, rng))
         return NoisyUpdate(delta=np.asarray(delta, np.float64), count=np.float64(count),
                            n_devices=np.int64(1))
 

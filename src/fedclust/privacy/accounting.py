@@ -170,8 +170,15 @@ def planned(spec: DifferentialPrivacy, releases: Sequence[Release],
     noise multipliers that config carries (calibrated once, on the server)."""
     if multipliers is None:
         return calibrate(spec, releases, family=family)
-    return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=float(z))
-                                   for r, z in zip(releases, multipliers)), math.nan)
+    out = tuple(replace(r, noise_multiplier=float(z)) for r, z in zip(releases, multipliers))
+    spent = 0.0
+    if spec.private:
+        if any(not r.noise_multiplier > 0 for r in out if r.repeats > 0):
+            raise ValidationError(f"privacy: {family} was given a release without noise at "
+                                  f"epsilon={spec.epsilon:g}")
+        spent = composed_epsilon(_prior(spec) + tuple((r.noise_multiplier, r.repeats, r.sampling)
+                                                      for r in out), spec.delta, spec.accountant)
+    return PrivacyPlan(spec, out, spent)
 
 
 def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
