@@ -148,6 +148,7 @@ def supervised_tables(args, runs: int, rows_out: list) -> None:
                     parts = np.array_split(perm, n_owners)
                     dp = DifferentialPrivacy(eps, DELTA, data_bound=bound)
                     model = FedGaussClassifier(covariance="diag", privacy=dp,
+                                               classes=list(range(10)),   # public: digits
                                                random_state=args.seed + r).fit(
                         [Xtr[p] for p in parts], [ytr[p] for p in parts])
                 else:

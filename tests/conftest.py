@@ -67,3 +67,24 @@ def federation():
 @pytest.fixture
 def acc():
     return matched_accuracy
+
+
+class KeepOutput:
+    """A transport that keeps the last run's output (the devices' own outputs included)."""
+
+    def __init__(self, inner=None):
+        from fedclust.sim.transport import InProcessTransport
+
+        self.inner = inner or InProcessTransport()
+        self.out = None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, *args, **kwargs):
+        self.out = self.inner.run(*args, **kwargs)
+        return self.out
+
+    def clipped(self, ids):
+        """What every device counted as clipped (kept on the device, never released)."""
+        return [int(self.out.device_outputs[z]["n_clipped"]) for z in ids]

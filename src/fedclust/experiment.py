@@ -55,6 +55,8 @@ def build_federation(cfg: Mapping[str, Any]) -> Federation:
     data = dict(cfg["data"])
     source = get_data_source(data.pop("source"))
     if source.federated:
+        if cfg.get("privacy") and source.name in ("files", "table"):
+            _check_public_sets(cfg)
         return source.build(seed, **data)
     n_samples = data.pop("n_samples", None)
     if n_samples is not None:
@@ -80,14 +82,41 @@ def build_federation(cfg: Mapping[str, Any]) -> Federation:
 PREPROCESS_BUDGET_SHARE = 0.2
 
 
-def build_estimator(cfg: Mapping[str, Any], preprocessor: Any = None) -> Any:
+def _check_public_sets(cfg: Mapping[str, Any]) -> None:
+    """Under ``[privacy]``, site data's category sets and (for an estimator that takes
+    ``classes``) label set come from ``[data] categories`` / ``classes``: one line if not."""
+    import inspect
+
+    from .sites import site_request
+
+    data = cfg["data"]
+    estimator = get_algorithm(cfg["algorithm"]["name"]).estimator
+    takes_classes = "classes" in inspect.signature(estimator).parameters
+    request = site_request({**data, "source": "files"})
+    labels = "class" if data.get("label") is not None and takes_classes else "none"
+    try:
+        replace(request, labels=labels).public()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def build_estimator(cfg: Mapping[str, Any], preprocessor: Any = None,
+                    site_classes: Any = None) -> Any:
     """The registered front-door estimator of ``cfg['algorithm']``, seeded by ``cfg['seed']``.
 
     After a private ``preprocessor``, the estimator's privacy carries its
     release as ``prior``: the accountant composes both within ``[privacy]``'s ε.
+    ``site_classes``: the site schema's classes (the sites' rows carry their
+    indices); an estimator that takes ``classes`` gets those indices, so its
+    label set is the schema's (public under privacy), not the labels seen.
     """
+    import inspect
+
     params = dict(cfg["algorithm"])
     algorithm = get_algorithm(params.pop("name"))
+    if site_classes is not None and "classes" not in params and \
+            "classes" in inspect.signature(algorithm.estimator).parameters:
+        params["classes"] = list(range(len(site_classes)))
     if cfg.get("privacy"):
         from .privacy import DifferentialPrivacy
 
@@ -184,7 +213,9 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     cap = _CaptureTransport(bool(cfg.get("simulation", {}).get("secure_aggregation", False)))
     try:
-        algorithm.fit(build_estimator(cfg, pre), fed, cap)
+        sites = fed.extra.get("sites") if isinstance(fed.extra, Mapping) else None
+        algorithm.fit(build_estimator(cfg, pre, getattr(getattr(sites, "schema", None),
+                                                        "classes", None)), fed, cap)
     except _Captured:
         if pre is None:
             return cap.protocol, cap.devices, int(cap.seed)
@@ -356,7 +387,9 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
 
         wire = SiteTransformTransport(wire, dict(enumerate(fed.extra["raw_devices"])), pre)
     with config_errors(cfg, "algorithm", source):
-        model = build_estimator(cfg, pre)
+        sites = fed.extra.get("sites") if isinstance(fed.extra, Mapping) else None
+        model = build_estimator(cfg, pre, getattr(getattr(sites, "schema", None), "classes",
+                                                  None))
         algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
     n_points = sum(len(X) for X in fed.devices)

@@ -412,8 +412,8 @@ class FederatedPreprocessor:
         See ``docs/privacy.md``.
     bounds : array-like (d, 2), optional
         Public (low, high) range of every column, needed with ``privacy``:
-        each value outside it is clipped on its site (the count per site is in
-        ``privacy_["clipped"]``). It is the user's: DP never reads the data to
+        each value outside it is clipped on its site (the site counts them in its own ``n_clipped``
+        output; no count is released). It is the user's: DP never reads the data to
         set it. Not used without privacy.
     site_rows : int, optional
         ``unit="device"``: the most rows one site may weigh. The server scales a
@@ -532,9 +532,6 @@ class FederatedPreprocessor:
         if protocol.plan is not None:
             self.privacy_ = protocol.plan.summary()
             self.privacy_["budget_share"] = float(self.budget_share)
-            self.privacy_["clipped"] = [
-                None if out.device_outputs.get(z, {}).get("n_clipped") is None
-                else int(out.device_outputs[z]["n_clipped"]) for z in range(len(Xs))]
         return self
 
     def _set(self, mean, var, scale, count, n_rows, cols) -> None:

@@ -107,7 +107,8 @@ def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     cap = _CaptureTransport(bool(exp.get("secure_aggregation", False)))
     try:
-        algorithm.fit(build_estimator(cfg, pre), fed, cap)
+        algorithm.fit(build_estimator(cfg, pre, classes if labels == "class" else None),
+                      fed, cap)
     except _Captured:
         return cap.protocol
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
@@ -134,8 +135,14 @@ def site_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
     summed = sorted(set(getattr(probe, "summed_actions", ()))
                     | set(preprocess_protocol({"secure_aggregation": exp["secure_aggregation"]},
                                               "mean", "standard", ["x"]).summed_actions))
+    request = dc_replace(request, labels=labels)
+    if exp.get("privacy"):   # no category or label set leaves a site: the config's public ones
+        try:
+            request = request.public()
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from None
     protocol = SitePreprocessProtocol(
-        probe.name, json.dumps(exp), json.dumps(dc_replace(request, labels=labels).to_json()),
+        probe.name, json.dumps(exp), json.dumps(request.to_json()),
         opts.get("impute", "mean"), opts.get("scale", "standard"), bool(probe.supervised),
         summed)
     devices: dict[int, Any] = {}
@@ -191,7 +198,7 @@ def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, 
     fed = _placeholder(n_features, sizes, classes, labels)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     probe = protocol_for_schema(exp, n_features, sizes, classes, labels)
-    model = build_estimator(cfg, pre)
+    model = build_estimator(cfg, pre, classes if labels == "class" else None)
     algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config,
                                                bool(exp.get("secure_aggregation", False))))
     return model, fed

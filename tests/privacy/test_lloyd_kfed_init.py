@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
+from conftest import KeepOutput
 from fedclust.core.exceptions import ValidationError
 from fedclust.lloyd import DistributedLloyd
 from fedclust.privacy import DifferentialPrivacy, composed_epsilon
@@ -45,14 +46,17 @@ def test_kfed_init_reaches_the_pooled_optimum(seed):
 def test_private_kfed_init_is_accounted_and_clipped():
     devs = federation(2, n=400)
     dp = DifferentialPrivacy(2.0, 1e-6, data_bound=30.0, noise_seed=4)
-    km = DistributedLloyd(n_clusters=4, rounds=5, init="kfed", privacy=dp, random_state=0).fit(devs)
+    t = KeepOutput()
+    km = DistributedLloyd(n_clusters=4, rounds=5, init="kfed", privacy=dp, random_state=0).fit(
+        devs, transport=t)
     rec = km.privacy_
     assert rec["releases"][0]["what"].startswith("k-FED round")
     assert sum(r["repeats"] for r in rec["releases"]) == 2 + 5
     eps = composed_epsilon([(r["noise_multiplier"], r["repeats"]) for r in rec["releases"]], 1e-6)
     assert eps <= 2.0 and rec["epsilon_spent"] <= 2.0
-    assert rec["clipped"] == [int((np.linalg.norm(X, axis=1) > 30.0).sum()) for X in devs]
-    assert sum(rec["clipped"]) > 0
+    assert "clipped" not in rec   # counted on each device, kept there
+    assert t.clipped(range(len(devs))) == [int((np.linalg.norm(X, axis=1) > 30.0).sum()) for X in devs]
+    assert sum(t.clipped(range(len(devs)))) > 0
     assert km.cluster_centers_.shape == (4, 6) and np.isfinite(km.cluster_centers_).all()
     # same noise_seed, same run
     again = DistributedLloyd(n_clusters=4, rounds=5, init="kfed", privacy=dp,

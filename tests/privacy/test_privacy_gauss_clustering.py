@@ -130,7 +130,7 @@ def test_private_fit_finds_the_clusters_and_records_the_budget():
     assert 4 <= m.n_clusters_ <= 8                 # data-driven, no preset k
     rec = m.privacy_
     assert rec["epsilon_spent"] <= 2.0 and rec["releases"][0]["repeats"] == 5
-    assert rec["clipped"] == [int((np.linalg.norm(Xz, axis=1) > 20.0).sum()) for Xz in Xs]
+    assert "clipped" not in rec
     for S in m.covariances_:
         assert np.linalg.eigvalsh(S).min() > 0
 
@@ -157,7 +157,6 @@ def test_flower_in_memory_transport_gives_the_same_noisy_fit():
         Xs, transport=FlowerInMemoryTransport())
     assert np.array_equal(a.means_, b.means_) and np.array_equal(a.scatters_, b.scatters_)
     assert np.array_equal(np.concatenate(a.device_labels_), np.concatenate(b.device_labels_))
-    assert a.privacy_["clipped"] == b.privacy_["clipped"]
 
 
 def test_secure_aggregation_gives_the_same_fit_from_the_sums_only():

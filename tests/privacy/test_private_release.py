@@ -52,3 +52,66 @@ def test_device_coins_leave_unsampled_devices_out_of_the_sum():
     on = p._noisy_update(np.array([0.3, 0.4, 0.0]), 0, 0, sampled=True)
     assert float(off.count) == 0.0 and np.all(off.delta == 0)
     assert float(on.count) == 1.0 and np.allclose(on.delta, [0.3, 0.4, 0.0])
+
+
+def _blobs(seed=0, Z=3, n=60, d=2):
+    rng = np.random.default_rng(seed)
+    return [np.concatenate([rng.normal(0, 0.5, (n // 2, d)), rng.normal(4, 0.5, (n // 2, d))])
+            for _ in range(Z)]
+
+
+def _two_class_owners(seed=0, Z=4, n=240, d=3):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    X = rng.standard_normal((n, d)) + 3.0 * y[:, None]
+    return np.array_split(X, Z), np.array_split(y, Z)
+
+
+def test_private_gauss_classifier_releases_no_owner_counts(tmp_path):
+    from fedclust.sim.transport import InProcessTransport
+    from fedclust.flower.results import save_run_output
+
+    Xs, ys = _two_class_owners()
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=6.0, noise_seed=0)
+    m = FedGaussClassifier(privacy=dp, classes=[0, 1], random_state=0).fit(Xs, ys)
+    assert m.local_counts_ == [None] * 4
+    assert "clipped" not in m.privacy_
+    # what the Flower server app writes (result.npz / result.json) comes from the same result
+    out = InProcessTransport().run(m._protocol_, {z: (X, y) for z, (X, y) in
+                                                  enumerate(zip(Xs, ys))}, 0)
+    assert out.result.local_counts == {}
+    npz = save_run_output(out, m._protocol_.name, tmp_path)
+    with np.load(npz, allow_pickle=False) as f:
+        assert not [k for k in f.files if k.startswith("result.local_counts")]
+
+
+@pytest.mark.parametrize("family", ["lloyd", "kfed", "gauss-clustering", "preprocess"])
+def test_no_clipping_counts_in_a_private_record(family):
+    from fedclust import DistributedLloyd, FedGaussClustering, KFed
+    from fedclust.preprocess import FederatedPreprocessor
+
+    devs = _blobs()
+    dp = DifferentialPrivacy(2.0, 1e-6, data_bound=1.0, noise_seed=0)   # clips most points
+    if family == "lloyd":
+        m = DistributedLloyd(2, max_rounds=2, privacy=dp, random_state=0).fit(devs)
+    elif family == "kfed":
+        m = KFed(2, 2, privacy=dp, random_state=0).fit(devs)
+    elif family == "gauss-clustering":
+        m = FedGaussClustering(privacy=dp, random_state=0).fit(devs)
+    else:
+        m = FederatedPreprocessor(privacy=dp, bounds=[(-1, 1), (-1, 1)]).fit(devs)
+    assert "clipped" not in m.privacy_
+    assert "clipped" not in json.dumps(m.privacy_, default=str)
+
+
+def test_private_ifca_releases_no_device_cluster_choices():
+    Xs, ys = _fl_federation(seed=2)
+    make = lambda dp: IFCA(2, "logistic", rounds=3, privacy=dp, random_state=0)  # noqa: E731
+    plain = make(None).fit(Xs, ys)
+    assert min(plain.device_clusters_) >= 0          # without privacy: every choice is known
+    dp = DifferentialPrivacy(4.0, 1e-5, unit="device", clip_norm=1.0, noise_seed=3)
+    m = make(dp).fit(Xs, ys)
+    assert m.device_clusters_ == [-1] * len(Xs)
+    # each device still gets predictions, routed on its own points
+    pred = m.predict_device(0, Xs[0])
+    assert pred.shape == (len(Xs[0]),) and set(np.unique(pred)) <= {0, 1}

@@ -218,7 +218,10 @@ class _FLEstimator(BaseEstimator):
         self.n_features_in_ = self.model_.n_features
         if self.model_.classifier:
             self.classes_ = np.arange(self.model_.n_classes)
-        self.device_clusters_ = self._device_clusters(res, ids)
+        if self._protocol_.plan is None:
+            self.device_clusters_ = self._device_clusters(res, ids)
+        else:   # a device's cluster choice is not released: each routes on its own data
+            self.device_clusters_ = [-1] * len(ids)
         self.device_labels_ = [out.device_outputs.get(z, {}).get("labels") for z in ids]
         self.run_log_ = out.log
         comm = out.meter.summary()
@@ -439,7 +442,9 @@ class IFCA(_FLEstimator):
     Attributes
     ----------
     device_clusters_ : list of int
-        The model each device chose when it last trained (-1: never selected).
+        The model each device chose when it last trained (-1: never selected, or
+        under ``privacy``, where a choice is not released and each device routes
+        its own points).
     models_ : ndarray (k, p)
     restart_losses_ : ndarray (n_init,) (empty when n_init = 1)
         Each start's mean training loss in the last restart round.

@@ -120,14 +120,10 @@ def _check_privacy(privacy: Any) -> Any:
 
 
 def _privacy_record(protocol: Any, out: Any, ids: Sequence[int]) -> dict | None:
-    """``privacy_``: the plan's summary plus the rows each owner clipped (None: not private)."""
+    """``privacy_``: the plan's summary (None: not private). The rows each owner clipped
+    are counted on the owner and stay there (its ``n_clipped`` output)."""
     plan = getattr(protocol, "plan", None)
-    if plan is None:
-        return None
-    record = plan.summary()
-    record["clipped"] = [None if out.device_outputs.get(z, {}).get("n_clipped") is None
-                         else int(out.device_outputs[z]["n_clipped"]) for z in ids]
-    return record
+    return None if plan is None else plan.summary()
 
 
 def _cluster_attrs(cs: ClusterSet) -> dict[str, np.ndarray]:
@@ -505,7 +501,8 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
     classes, and every class an owner holds survives. ``predict_proba`` is the
     posterior of a Gaussian mixture per class (``predict_rule="likelihood"``)
     or the normalised best gamma per class (``"gamma"``). Labels may be any
-    sortable values (strings too); ``classes_`` is their sorted union over owners.
+    sortable values (strings too); ``classes_`` is the public ``classes`` or their sorted
+    union over owners.
 
     Parameters
     ----------""" + _PARAMS_DOC + """
@@ -526,7 +523,11 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         sum and second moments of the clipped rows, noised on the server, one
         Gaussian per class with a PSD repair (:mod:`fedclust.gauss.private`);
         the evolving per-class clusters and the Fisher selection are not used.
-        ``privacy_`` records the budget, the release and the clipped rows.
+        ``privacy_`` records the budget and the release. Needs ``classes``.
+    classes : array-like of labels, optional
+        The public list of labels (``classes_``, sorted). Required under
+        ``privacy``; without it ``classes_`` is the sorted union of the owners'
+        labels. An owner's label outside it is refused.
 
     Attributes
     ----------
@@ -558,7 +559,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                  predict_rule: str = "likelihood", merge_test: str = "volume",
                  pooled_shrinkage: float = 0.5, merge_tol: float = MERGE_TOL,
                  kappa_f: float = 0.01, kappa_n: float = 1,
-                 n_rounds: int = 1, privacy: Any = None,
+                 n_rounds: int = 1, privacy: Any = None, classes: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -580,6 +581,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
         self.privacy = privacy
+        self.classes = classes
         self.random_state = random_state
         self.progress = progress
 
@@ -624,10 +626,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
             raise ValidationError(f"owner {z}: labels mix strings and numbers across owners "
                                   f"(owner {ids[0]} has dtype {ys[0].dtype}, owner {z} has "
                                   f"{ys[ids.index(z)].dtype})")
-        try:
-            classes = np.unique(np.concatenate(ys))
-        except TypeError as exc:
-            raise ValidationError(f"labels of the owners cannot be compared ({exc})") from None
+        classes = self._public_classes(ids, ys)
         self.classes_ = classes
         kw = dict(classes=classes.tolist(), kappa_f=self.kappa_f, kappa_n=self.kappa_n,
                   n_rounds=self.n_rounds, n_features=devices[0].shape[1],
@@ -652,6 +651,35 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self._protocol_ = protocol
         self.privacy_ = _privacy_record(protocol, out, ids)
         return self
+
+    def _public_classes(self, ids: Sequence[int], ys: Sequence[np.ndarray]) -> np.ndarray:
+        """``classes_``: the public ``classes`` (required under privacy: the union of the
+        owners' labels would be released without noise), else the owners' sorted union."""
+        private = self.privacy is not None and _check_privacy(self.privacy).private
+        if self.classes is None:
+            if private:
+                raise ValidationError(
+                    "privacy: FedGaussClassifier needs classes= (the public list of labels); "
+                    "the union of the owners' labels would be released without noise")
+            try:
+                return np.unique(np.concatenate(ys))
+            except TypeError as exc:
+                raise ValidationError(f"labels of the owners cannot be compared ({exc})") from None
+        classes = np.asarray(self.classes)
+        if classes.ndim != 1 or classes.size == 0 or classes.dtype.kind not in "biuUS":
+            raise ValidationError(f"classes must be a non-empty list of integer or string "
+                                  f"labels, got {self.classes!r}")
+        classes = np.unique(classes)
+        for z, y in zip(ids, ys):
+            if (y.dtype.kind in "US") != (classes.dtype.kind in "US"):
+                raise ValidationError(f"owner {z}: labels of dtype {y.dtype} but classes= has "
+                                      f"dtype {classes.dtype}")
+            unknown = ~np.isin(y, classes)
+            if unknown.any():
+                what = "" if private else f" ({y[unknown][0]!r})"
+                raise ValidationError(f"owner {z} holds a label outside classes={classes.tolist()}"
+                                      f"{what}")
+        return classes
 
     def _class_scores(self, X: Any) -> np.ndarray:
         cs = self._check_fitted()

@@ -48,7 +48,6 @@ import numpy as np
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import FLOAT, Message, reject
 from ..core.protocol import Request, RunLog
-from ..core.secure_sum import SUMMED
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, clip_contribution, clip_points, planned,
                        pop_privacy, privacy_config)
 from ..privacy import kmeans as pk
@@ -220,7 +219,6 @@ class PrivateGaussClassifierProtocol(PrivateGaussBase, GaussClassifierProtocol):
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if not replies:
             raise ValidationError("no device replied; no model")
-        ids = sorted(replies)
         n, s, Q = summed_moments(replies)
         M, D = s.shape
         rng = noise_rng(self.privacy.noise_seed, SERVER, request.round)
@@ -235,9 +233,7 @@ class PrivateGaussClassifierProtocol(PrivateGaussBase, GaussClassifierProtocol):
             for c in range(M):
                 n[c], s[c], Q[c] = pk.noisy_moments(n[c], s[c], Q[c], rel, B, rng)
         state.result = self._gaussians(n, s, Q)
-        # under secure aggregation the one reply is the sum: no owner's own counts
-        state.local_counts = {z: np.rint(replies[z].n).astype(np.int64) for z in ids
-                              if z != SUMMED}
+        # an owner's exact class counts are not released (local_counts stays empty)
         state.round += 1
 
     def _gaussians(self, n: np.ndarray, s: np.ndarray, Q: np.ndarray) -> GaussResult:

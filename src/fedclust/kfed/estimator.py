@@ -98,8 +98,8 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     seed_ : int
         The root seed actually used (reproduces the run when ``random_state=None``).
     privacy_ : dict or None
-        The budget, the accountant's composed ε, every release and the points
-        clipped on each device.
+        The budget, the accountant's composed ε and every release (each device
+        counts the points it clipped and keeps the count).
 
     Notes
     -----
@@ -190,10 +190,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self._rows = fed.rows
         self.privacy_ = None
         if protocol.plan is not None:
-            self.privacy_ = protocol.plan.summary()
-            self.privacy_["clipped"] = [
-                None if out.device_outputs.get(z, {}).get("n_clipped") is None
-                else int(out.device_outputs[z]["n_clipped"]) for z in device_ids]
+            self.privacy_ = protocol.plan.summary()   # clipping counts stay on the devices
         return self
 
     def _store(self, result: KFedResult, outputs, meter, device_ids) -> None:

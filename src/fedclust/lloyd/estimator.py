@@ -92,7 +92,7 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     privacy_ : dict or None
         epsilon, delta, unit, accountant, epsilon_spent (the accountant's
         composed ε), every release (what, sensitivity, noise multiplier and
-        std) and ``clipped`` (points clipped on each device, counted there).
+        std). Each device counts the points it clipped and keeps the count.
 
     Notes
     -----
@@ -168,8 +168,5 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.run_log_ = out.log
         self.privacy_ = None
         if protocol.plan is not None:
-            self.privacy_ = protocol.plan.summary()
-            self.privacy_["clipped"] = [
-                None if out.device_outputs.get(z, {}).get("n_clipped") is None
-                else int(out.device_outputs[z]["n_clipped"]) for z in ids]
+            self.privacy_ = protocol.plan.summary()   # clipping counts stay on the devices
         return self

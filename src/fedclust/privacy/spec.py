@@ -47,7 +47,8 @@ class DifferentialPrivacy:
         origin before any statistic is computed (needed by the clustering
         families). It is the user's bound: DP never peeks at the data to set
         it; centre the data with public knowledge of its domain first. Each
-        device counts the points it clipped (``privacy_["clipped"]``).
+        device counts the points it clipped and keeps the count (its ``n_clipped``
+        output); it is not released.
     clip_norm : float > 0, optional
         ``unit="device"``: bound on the norm of one device's contribution. For
         the clustering families it is in data units (a device weighs at most

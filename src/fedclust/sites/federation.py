@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.exceptions import ValidationError
+from .schema_round import public_categories, public_classes
 from .schema import (SiteSchema, category_text, encode_table, label_indices, label_values,
                      site_categories, union_categories, union_classes)
 from .tables import NA_VALUES, RawTable, expand_paths, read_table
@@ -60,8 +61,8 @@ class SiteFederation:
 # ------------------------------------------------------------------ front doors
 
 def _build(tables: list[RawTable], label: str | None, features: Sequence[str] | None,
-           categorical: Sequence[str] | None, id_columns: Sequence[str] | None
-           ) -> SiteFederation:
+           categorical: Sequence[str] | None, id_columns: Sequence[str] | None,
+           categories: Any = None, classes: Any = None) -> SiteFederation:
     categorical = list(categorical or [])
     id_columns = list(id_columns or [])
     for t in tables:
@@ -104,10 +105,25 @@ def _build(tables: list[RawTable], label: str | None, features: Sequence[str] | 
     for c, v in cats.items():
         if not v:
             raise ValidationError(f"categorical column {c!r} has no value at any site")
+    if categories is not None:   # public sets (a private run): they replace the unions
+        public = dict(public_categories(categories))
+        for c, own in cats.items():
+            if c not in public:
+                raise ValidationError(f"categories: categorical column {c!r} has no public "
+                                      "values")
+            if not set(own) <= set(public[c]):
+                raise ValidationError(f"column {c!r} holds a category outside categories=")
+        cats = {c: public[c] for c in cats}
     labels = [label_values(t, label) for t in tables] if label is not None else None
-    classes = None
+    union = None
     if labels is not None and not any(y.dtype.kind == "f" for y in labels):  # not regression
-        classes = union_classes(labels, [t.path for t in tables])
+        union = union_classes(labels, [t.path for t in tables])
+        if classes is not None:
+            public_set = public_classes(classes)
+            if not {str(v) for v in union} <= {str(v) for v in public_set}:
+                raise ValidationError("a site holds a label outside classes=")
+            union = public_set
+    classes = union
     if labels is not None and any(y.dtype.kind in "US" for y in labels):
         labels = [y.astype(str) for y in labels]
     schema = SiteSchema(tuple(feats), cats, label, classes, tuple(id_columns))
@@ -121,7 +137,8 @@ def load_sites(paths: str | os.PathLike | Sequence[str | os.PathLike], label: st
                features: Sequence[str] | None = None, categorical: Sequence[str] | None = None,
                id_columns: Sequence[str] | None = None, *,
                base_dir: str | os.PathLike | None = None,
-               na_values: Sequence[str] = NA_VALUES) -> SiteFederation:
+               na_values: Sequence[str] = NA_VALUES, categories: Any = None,
+               classes: Any = None) -> SiteFederation:
     """Read a federation of site files: one file = one site, named by its file stem.
 
     Parameters
@@ -142,6 +159,11 @@ def load_sites(paths: str | os.PathLike | Sequence[str | os.PathLike], label: st
         Row identifiers: not features, copied into output files.
     na_values : sequence of str
         CSV cells read as missing.
+    categories : dict column -> list, optional
+        Public category values per categorical column: they replace the union
+        of the sites' categories (a site value outside them is an error).
+    classes : list, optional
+        Public label values: they replace the union of the sites' labels.
 
     Returns
     -------
@@ -158,7 +180,7 @@ def load_sites(paths: str | os.PathLike | Sequence[str | os.PathLike], label: st
     """
     files = expand_paths(paths, base_dir)
     tables = [read_table(f, na_values=na_values) for f in files]
-    return _build(tables, label, features, categorical, id_columns)
+    return _build(tables, label, features, categorical, id_columns, categories, classes)
 
 
 def load_table_sites(path: str | os.PathLike, site_column: str, label: str | None = None,
@@ -166,7 +188,8 @@ def load_table_sites(path: str | os.PathLike, site_column: str, label: str | Non
                      categorical: Sequence[str] | None = None,
                      id_columns: Sequence[str] | None = None, *,
                      base_dir: str | os.PathLike | None = None,
-                     na_values: Sequence[str] = NA_VALUES) -> SiteFederation:
+                     na_values: Sequence[str] = NA_VALUES, categories: Any = None,
+                     classes: Any = None) -> SiteFederation:
     """One table split into sites by ``site_column`` (sites in order of first appearance).
 
     Other parameters as in :func:`load_sites`; ``site_column`` is not a feature.
@@ -192,7 +215,7 @@ def load_table_sites(path: str | os.PathLike, site_column: str, label: str | Non
         cols = {c: v[rows] for c, v in table.columns.items() if c != site_column}
         tables.append(RawTable(str(s), f"{table.path}[{site_column}={s}]", cols,
                                [c for c in table.features if c != site_column]))
-    return _build(tables, label, features, categorical, id_columns)
+    return _build(tables, label, features, categorical, id_columns, categories, classes)
 
 
 # ------------------------------------------------------- as a configured data source
@@ -305,20 +328,23 @@ def as_values(fed: Any) -> Any:
 def files_source(seed: int, *, paths: Any, label: str | None = None,
                  features: Sequence[str] | None = None, categorical: Sequence[str] | None = None,
                  id_columns: Sequence[str] | None = None, test_fraction: float | None = None,
-                 base_dir: str | None = None) -> Any:
-    """``[data] source = "files"``: one file per site (see :func:`load_sites`)."""
-    sf = load_sites(paths, label, features, categorical, id_columns, base_dir=base_dir)
+                 base_dir: str | None = None, categories: Any = None, classes: Any = None) -> Any:
+    """``[data] source = "files"``: one file per site (see :func:`load_sites`); public
+    ``categories`` / ``classes`` replace the sites' unions."""
+    sf = load_sites(paths, label, features, categorical, id_columns, base_dir=base_dir,
+                    categories=categories, classes=classes)
     return to_federation(sf, seed, test_fraction)
 
 
 def table_source(seed: int, *, path: str, site_column: str, label: str | None = None,
                  features: Sequence[str] | None = None, categorical: Sequence[str] | None = None,
                  id_columns: Sequence[str] | None = None, test_fraction: float | None = None,
-                 base_dir: str | None = None) -> Any:
+                 base_dir: str | None = None, categories: Any = None, classes: Any = None) -> Any:
     """``[data] source = "table"``: one table split into sites by ``site_column``."""
     sf = load_table_sites(path, site_column, label, features, categorical, id_columns,
-                          base_dir=base_dir)
+                          base_dir=base_dir, categories=categories, classes=classes)
     return to_federation(sf, seed, test_fraction)
+
 
 
 def site_request(data: Mapping[str, Any]) -> Any:
@@ -340,7 +366,8 @@ def site_request(data: Mapping[str, Any]) -> Any:
     if label is not None and feats is not None and label in feats:
         raise ValidationError(f"label {label!r} is also listed as a feature")
     return SchemaRequest(None if feats is None else tuple(feats), cats, label,
-                         tuple(data.get("id_columns") or ()))
+                         tuple(data.get("id_columns") or ()),
+                         categories=data.get("categories"), classes=data.get("classes"))
 
 
 def site_paths(data: Mapping[str, Any]) -> list[str]:

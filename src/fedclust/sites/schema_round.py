@@ -1,6 +1,8 @@
 """The schema round: each site sends its column names, the category sets of the declared
 categorical columns and its label values (sets, no rows); the server checks that every site
-has the federation's columns and broadcasts the sorted union.
+has the federation's columns and broadcasts the sorted union. Under privacy the sites send
+no category or label set: the public ``categories`` / ``classes`` of the config take their
+place, and each site checks its own values against them.
 
 Client maths :func:`site_columns`, server maths :func:`pool_schema`; the messages
 :class:`SiteColumns` (up) and :class:`SchemaBroadcast` (down) carry UTF-8 JSON
@@ -10,6 +12,7 @@ round itself is part of :class:`fedclust.sites.deployed.SitePreprocessProtocol`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
@@ -86,17 +89,72 @@ class SchemaRequest:
     label: str | None = None
     id_columns: tuple[str, ...] = ()
     labels: str = "none"
+    categories: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    classes: tuple[Any, ...] | None = None
+    private: bool = False
+
+    def __post_init__(self) -> None:
+        if self.categories is not None and not isinstance(self.categories, tuple):
+            object.__setattr__(self, "categories", public_categories(self.categories))
+        if self.classes is not None:
+            object.__setattr__(self, "classes", public_classes(self.classes))
 
     def to_json(self) -> dict[str, Any]:
         return {"features": None if self.features is None else list(self.features),
                 "categorical": list(self.categorical), "label": self.label,
-                "id_columns": list(self.id_columns), "labels": self.labels}
+                "id_columns": list(self.id_columns), "labels": self.labels,
+                "categories": None if self.categories is None else
+                {c: list(v) for c, v in self.categories},
+                "classes": None if self.classes is None else list(self.classes),
+                "private": self.private}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SchemaRequest":
         f = d.get("features")
         return cls(None if f is None else tuple(f), tuple(d.get("categorical", ())),
-                   d.get("label"), tuple(d.get("id_columns", ())), d.get("labels", "none"))
+                   d.get("label"), tuple(d.get("id_columns", ())), d.get("labels", "none"),
+                   d.get("categories"), d.get("classes"), bool(d.get("private", False)))
+
+    def public(self) -> "SchemaRequest":
+        """The request of a private run: the sites send no category or label set; the
+        public ``categories`` / ``classes`` replace their unions. One line when missing."""
+        missing = [c for c in self.categorical
+                   if self.categories is None or c not in dict(self.categories)]
+        if missing:
+            raise ValidationError(
+                f"privacy: [data] categories needs the public values of categorical column "
+                f"{missing[0]!r} (categories = {{{missing[0]} = [...]}}): under [privacy] the "
+                "sites' category sets are not sent")
+        if self.labels == "class" and self.classes is None:
+            raise ValidationError(
+                "privacy: [data] classes = [...] (the public list of labels) is needed under "
+                "[privacy]: the sites' label sets are not sent")
+        return dataclasses.replace(self, private=True)
+
+
+def public_categories(categories: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``{column: [values]}`` as the request holds it (values as category text, sorted)."""
+    from .schema import category_text, union_categories
+
+    if not isinstance(categories, Mapping):
+        raise ValidationError(f"categories must be a table {{column = [values]}}, got "
+                              f"{categories!r}")
+    sets = {}
+    for c, vals in categories.items():
+        if isinstance(vals, str) or not isinstance(vals, (list, tuple)) or not vals:
+            raise ValidationError(f"categories: column {c!r} needs a non-empty list of values")
+        sets[str(c)] = {t for v in vals if (t := category_text(v)) is not None}
+    return tuple((c, v) for c, v in union_categories([sets]).items())
+
+
+def public_classes(classes: Any) -> tuple[Any, ...]:
+    """The public label list, sorted and without repeats."""
+    if isinstance(classes, str) or not isinstance(classes, (list, tuple)) or not classes:
+        raise ValidationError(f"classes must be a non-empty list of labels, got {classes!r}")
+    vals = np.unique(np.asarray(classes))
+    if vals.dtype.kind not in "biuUS":
+        raise ValidationError(f"classes must be integers or strings, got {classes!r}")
+    return tuple(v.item() for v in vals)
 
 
 def as_table(data: Any, where: str) -> RawTable:
@@ -129,8 +187,11 @@ def site_columns(table: RawTable, request: SchemaRequest, impute: str = "mean") 
     try:
         _check_rows(table, request, impute)
         cats = site_categories(table, [c for c in request.categorical if c in table.columns])
-        out["categories"] = {c: sorted(v) for c, v in cats.items()}
-        if request.labels == "class" and request.label in table.columns:
+        if request.private:   # the public sets replace the site's: check them here, send none
+            _check_public(table, request, cats)
+        else:
+            out["categories"] = {c: sorted(v) for c, v in cats.items()}
+        if request.labels == "class" and request.label in table.columns and not request.private:
             y = label_values(table, request.label)
             out["labels"] = "values" if y.dtype.kind == "f" else sorted(set(y.tolist()), key=str)
         elif request.labels == "value" and request.label in table.columns:
@@ -138,6 +199,26 @@ def site_columns(table: RawTable, request: SchemaRequest, impute: str = "mean") 
     except ValidationError as exc:
         out["error"] = str(exc)
     return SiteColumns(text=text_array(out), n_rows=np.asarray(max(table.n_rows, 1), np.int64))
+
+
+def _check_public(table: RawTable, request: SchemaRequest, cats: Mapping[str, set]) -> None:
+    """A private run's site: every category and label within the public sets (the line
+    names the column, never a value: it travels to the server)."""
+    public = dict(request.categories or ())
+    for c, v in cats.items():
+        if not v <= set(public.get(c, ())):
+            raise ValidationError(f"site {table.name!r}: column {c!r} holds a category outside "
+                                  "[data] categories (values are not shown under privacy)")
+    if request.labels == "class" and request.label in table.columns:
+        y = label_values(table, request.label)
+        if y.dtype.kind == "f":
+            raise ValidationError(f"site {table.name!r}: label column {request.label!r} holds "
+                                  "numbers that are not class labels")
+        if not set(y.tolist()) <= set(request.classes or ()) and \
+                not {str(v) for v in y.tolist()} <= {str(v) for v in request.classes or ()}:
+            raise ValidationError(f"site {table.name!r}: label column {request.label!r} holds a "
+                                  "label outside [data] classes (values are not shown under "
+                                  "privacy)")
 
 
 def _check_rows(table: RawTable, request: SchemaRequest, impute: str) -> None:
@@ -197,13 +278,18 @@ def pool_schema(replies: Mapping[int, SiteColumns], request: SchemaRequest
         if request.features is None and extra:
             raise ValidationError(f"{who(z)}: column {extra[0]!r} is not at site "
                                   f"{names[first]!r}; list the shared columns in features=")
+    label = request.label if request.labels != "none" else None
+    if request.private:   # public sets: nothing about the sites' values shapes the schema
+        public = dict(request.categories or ())
+        cats = {c: tuple(public[c]) for c in request.categorical}
+        classes = request.classes if request.labels == "class" else None
+        return SiteSchema(tuple(feats), cats, label, classes, tuple(request.id_columns)), names
     cats = union_categories([{c: set(v) for c, v in d["categories"].items()}
                              for d in sites.values()])
     cats = {c: cats.get(c, ()) for c in request.categorical}
     for c, v in cats.items():
         if not v:
             raise ValidationError(f"categorical column {c!r} has no value at any site")
-    label = request.label if request.labels != "none" else None
     classes = None
     if request.labels == "class":
         sets = [d["labels"] for d in sites.values()]
