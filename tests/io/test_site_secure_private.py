@@ -54,8 +54,13 @@ noise_seed = 11
 """
 
 
-def _cfg(tmp_path, text, name="fed.toml"):
-    (tmp_path / name).write_text(BASE + text)
+PUBLIC = 'categorical = ["smoker"]\ncategories = {smoker = ["former", "no", "yes"]}\n'
+
+
+def _cfg(tmp_path, text, name="fed.toml", public=True):
+    base = BASE.replace('categorical = ["smoker"]\n', PUBLIC) if public and "[privacy]" in text \
+        else BASE
+    (tmp_path / name).write_text(base + text)
     return load_config(tmp_path / name)
 
 
@@ -165,9 +170,10 @@ def test_private_site_preprocessing_deployed_equals_fedclust_run(tmp_path, monke
         for z in tables:
             np.testing.assert_array_equal(out.device_outputs[z]["labels"],
                                           ref.model.device_labels_[z])
-    # the values clipped to the public ranges, per site (bp's range cuts nothing; none here)
+    # the values clipped to the public ranges are counted on each site and kept there
+    assert "clipped" not in ref.preprocessor.privacy_
     assert [int(grid.device_outputs[z]["preprocess_n_clipped"]) for z in tables] == \
-        ref.preprocessor.privacy_["clipped"]
+        [int(local.device_outputs[z]["preprocess_n_clipped"]) for z in tables]
     # every release is listed and composed within the one epsilon
     rec = extra["privacy"]
     assert rec["preprocess"]["releases"] == ref.preprocessor.privacy_["releases"]
@@ -200,6 +206,38 @@ def test_private_site_preprocessing_refusals_name_what_is_missing(tmp_path):
     # a device-level run without secure aggregation is accepted (site_rows given)
     protocol, _, _ = experiment_protocol(_cfg(tmp_path, device, "d.toml"))
     assert protocol.name == "site-preprocess"
+
+
+def test_private_schema_round_sends_no_category_or_label_set(tmp_path):
+    from dataclasses import replace
+
+    from fedclust.sites.schema_round import array_text, pool_schema, site_columns
+
+    paths, _ = write_sites(tmp_path, n_sites=3)
+    text = PRIVATE.format(unit="point")
+    with pytest.raises(ConfigError, match=r"categories needs the public values of categorical "
+                                          r"column 'smoker'") as err:
+        experiment_protocol(_cfg(tmp_path, text, "a.toml", public=False))
+    assert "\n" not in str(err.value)
+    protocol, _, _ = experiment_protocol(_cfg(tmp_path, text, "b.toml"))
+    request = protocol._request
+    assert request.private and dict(request.categories) == {"smoker": ("former", "no", "yes")}
+    replies = {z: site_columns(read_table(p), request) for z, p in enumerate(paths)}
+    for r in replies.values():
+        sent = array_text(r.text)
+        assert sent["categories"] == {} and sent["labels"] is None and "error" not in sent
+    schema, _ = pool_schema(replies, request)
+    assert schema.categories == {"smoker": ("former", "no", "yes")}
+    # the same sites without privacy send their sets, and the union is the same here
+    plain = {z: site_columns(read_table(p), replace(request, private=False))
+             for z, p in enumerate(paths)}
+    assert any(array_text(r.text)["categories"] for r in plain.values())
+    assert pool_schema(plain, replace(request, private=False))[0].categories == schema.categories
+    # a site value outside the public set is refused on the site, without the value
+    narrow = replace(request, categories=(("smoker", ("no", "yes")),))
+    errors = [array_text(site_columns(read_table(p), narrow).text).get("error") for p in paths]
+    assert any(e and "outside [data] categories" in e for e in errors)
+    assert not any(e and "former" in e for e in errors)
 
 
 @pytest.mark.slow
