@@ -37,6 +37,7 @@ def rows(runs: int, epsilons=(0.5, 1.0, 2.0, math.inf)):
             for r in range(runs):
                 dp = DifferentialPrivacy(eps, DELTA, unit="device", clip_norm=1.0)
                 f = FedAvg("softmax", rounds=rounds, lr=0.5, clients_per_round=m, privacy=dp,
+                           classes=10,
                            random_state=r).fit(Xs, ys)
                 accs.append(float(f.score(X[1400:], y[1400:])))
                 z = f.privacy_["releases"][0]["noise_multiplier"]

@@ -154,7 +154,7 @@ def supervised_tables(args, runs: int, rows_out: list) -> None:
                 else:
                     parts = np.array_split(perm, n_devices)
                     dp = DifferentialPrivacy(eps, DELTA, unit="device", clip_norm=1.0)
-                    model = FedAvg("softmax", rounds=20, lr=0.5, privacy=dp,
+                    model = FedAvg("softmax", rounds=20, lr=0.5, privacy=dp, classes=10,
                                    random_state=args.seed + r).fit(
                         [Xtr[p] for p in parts], [ytr[p] for p in parts])
                 times.append(time.perf_counter() - t0)

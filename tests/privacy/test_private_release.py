@@ -115,3 +115,36 @@ def test_private_ifca_releases_no_device_cluster_choices():
     # each device still gets predictions, routed on its own points
     pred = m.predict_device(0, Xs[0])
     assert pred.shape == (len(Xs[0]),) and set(np.unique(pred)) <= {0, 1}
+
+
+def test_private_multiclass_fedavg_needs_public_classes():
+    rng = np.random.default_rng(4)
+    Xs = [rng.standard_normal((15, 3)) for _ in range(4)]
+    ys = [rng.integers(0, 3, 15) for _ in range(4)]
+    dp = DifferentialPrivacy(2.0, 1e-5, unit="device", clip_norm=1.0, noise_seed=0)
+    with pytest.raises(ValidationError, match="needs classes="):
+        FedAvg("softmax", rounds=1, privacy=dp).fit(Xs, ys)
+    # one device with a label nobody else has would add a class: the public list decides
+    m = FedAvg("softmax", rounds=1, privacy=dp, classes=5, random_state=0).fit(Xs, ys)
+    assert list(m.classes_) == [0, 1, 2, 3, 4] and m.models_.shape[1] == 4 * 5
+    m = FedAvg("softmax", rounds=1, privacy=dp, classes=[0, 1, 2, 3, 4], random_state=0).fit(
+        Xs, ys)
+    assert list(m.classes_) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValidationError, match="outside classes"):
+        FedAvg("softmax", rounds=1, privacy=dp, classes=2).fit(Xs, ys)
+
+
+def test_private_gauss_classifier_needs_public_classes():
+    Xs, ys = _two_class_owners()
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=6.0, noise_seed=0)
+    with pytest.raises(ValidationError, match=r"needs classes="):
+        FedGaussClassifier(privacy=dp).fit(Xs, ys)
+    # a label outside the public list is refused without showing it under privacy
+    with pytest.raises(ValidationError, match=r"owner 0 holds a label outside") as err:
+        FedGaussClassifier(privacy=dp, classes=[0]).fit(Xs, ys)
+    assert "(1)" not in str(err.value)
+    # the public list may hold a class no owner has; it is still a class of the model
+    m = FedGaussClassifier(privacy=dp, classes=[0, 1, 2], random_state=0).fit(Xs, ys)
+    assert list(m.classes_) == [0, 1, 2]
+    plain = FedGaussClassifier(random_state=0).fit(Xs, ys)
+    assert list(plain.classes_) == [0, 1]

@@ -160,7 +160,7 @@ def test_fedavg_distributed_noise_on_both_transports():
     fed = rotated_federation(2, n_devices=4, n_train=20, n_test=5)
     dp = DifferentialPrivacy(epsilon=50.0, delta=1e-5, unit="device", clip_norm=1.0,
                              noise_seed=2)
-    kw = dict(rounds=2, lr=0.2, random_state=6, privacy=dp, secure_aggregation=True)
+    kw = dict(rounds=2, lr=0.2, random_state=6, privacy=dp, secure_aggregation=True, classes=10)
     a = FedAvg("softmax", **kw).fit(fed.devices, fed.labels)
     b = FedAvg("softmax", **kw).fit(fed.devices, fed.labels,
                                      transport=FlowerInMemoryTransport(secure_aggregation=True))

@@ -100,7 +100,7 @@ class _FLEstimator(BaseEstimator):
             template = self.model
             kind = template.kind
         else:
-            template = make_model(self.model, Xs[0][:1], np.concatenate(ys),
+            template = make_model(self.model, Xs[0][:1], self._label_range(ys),
                                   n_hidden=self.n_hidden, l2=self.l2)
             kind = template.kind
         for z, X, y in zip(ids, Xs, ys):
@@ -124,6 +124,30 @@ class _FLEstimator(BaseEstimator):
             aggregator=self.aggregator, beta=self.beta, weighted=self.weighted,
             clients_per_round=m or 0, snapshot_every=eval_every,
             privacy=privacy, sampling=sampling, **self._extra_config(len(Xs)))
+
+    def _label_range(self, ys) -> np.ndarray:
+        """The labels the model's class count is read from: the devices' labels, or the
+        public ``classes`` (0..C-1; required under privacy for a multi-class model, whose
+        class count would otherwise be the largest label seen)."""
+        classes = getattr(self, "classes", None)
+        y = np.concatenate(ys)
+        if self.model == "linear":
+            return y
+        if classes is None:
+            privacy = self._privacy()
+            if privacy is not None and privacy.private and self.model != "logistic":
+                raise ValidationError(
+                    f"privacy: {type(self).__name__} needs classes= (the public labels "
+                    "0..C-1, or C): the class count would be read from the labels seen")
+            return y
+        C = classes if isinstance(classes, (int, np.integer)) else len(classes)
+        if isinstance(classes, bool) or C < 1 or (
+                not isinstance(classes, (int, np.integer))
+                and list(np.asarray(classes).tolist()) != list(range(C))):
+            raise ValidationError(f"classes={classes!r} must be C or the labels 0..C-1")
+        if len(y) and (y.min() < 0 or y.max() >= C):
+            raise ValidationError(f"a device holds a label outside classes 0..{C - 1}")
+        return np.array([C - 1])
 
     def _privacy(self):
         privacy = getattr(self, "privacy", None)
@@ -355,6 +379,9 @@ class FedAvg(_FLEstimator):
         noise, one release per round (:class:`fedclust.fl.protocol.FLProtocol`);
         needs ``aggregator="mean"`` and ``selection="random"``; updates are
         unweighted. See ``docs/privacy.md``.
+    classes : int or list, optional
+        The public class labels 0..C-1 (or C): the model's class count. Required
+        under ``privacy`` for a multi-class model; otherwise read from the labels.
     secure_aggregation : bool or SecureAggregation, default=False
         Sum every training round's updates by secure aggregation
         (:mod:`fedclust.core.secure_sum`): the server learns only their weighted
@@ -396,7 +423,7 @@ class FedAvg(_FLEstimator):
                  n_candidates: int | None = None, n_clusters: int = 10,
                  n_local_clusters: int = 1, kfed_server: str = "kmeans++",
                  n_hidden: int = 200, l2: float = 0.0, privacy: DifferentialPrivacy | None = None,
-                 random_state: RandomState = None, progress: bool = False,
+                 classes: Any = None, random_state: RandomState = None, progress: bool = False,
                  secure_aggregation: Any = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
@@ -408,6 +435,7 @@ class FedAvg(_FLEstimator):
         self.n_local_clusters = n_local_clusters
         self.kfed_server = kfed_server
         self.privacy = privacy
+        self.classes = classes
         self.secure_aggregation = secure_aggregation
 
     def _extra_config(self, n_devices):
@@ -437,7 +465,8 @@ class IFCA(_FLEstimator):
 
     ``privacy``: DP-FedAvg per model as in :class:`FedAvg` (one release per
     round covers all k models: a device adds its clipped update to the model it
-    chose); needs ``n_init=1`` (restarts are chosen by unreleased losses).
+    chose); needs ``n_init=1`` (restarts are chosen by unreleased losses) and, for
+    a multi-class model, ``classes`` (as in :class:`FedAvg`).
 
     Attributes
     ----------
@@ -461,7 +490,7 @@ class IFCA(_FLEstimator):
                  n_init: int = 1, restart_rounds: int = 3, selection: str = "random",
                  n_candidates: int | None = None, n_hidden: int = 200,
                  l2: float = 0.0, privacy: DifferentialPrivacy | None = None,
-                 random_state: RandomState = None, progress: bool = False):
+                 classes: Any = None, random_state: RandomState = None, progress: bool = False):
         super().__init__(model, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
                          lr=lr, clients_per_round=clients_per_round, aggregator=aggregator,
                          beta=beta, weighted=weighted, local_mode=local_mode, n_hidden=n_hidden,
@@ -472,6 +501,7 @@ class IFCA(_FLEstimator):
         self.selection = selection
         self.n_candidates = n_candidates
         self.privacy = privacy
+        self.classes = classes
 
     def _extra_config(self, n_devices):
         return {"n_clusters": check_int(self.n_clusters, "n_clusters", min_value=1),
