@@ -148,3 +148,20 @@ def test_private_gauss_classifier_needs_public_classes():
     assert list(m.classes_) == [0, 1, 2]
     plain = FedGaussClassifier(random_state=0).fit(Xs, ys)
     assert list(plain.classes_) == [0, 1]
+
+
+def test_private_fl_result_and_replies_carry_no_device_sizes_or_choices():
+    from fedclust.fl.protocol import FedAvgProtocol
+    from fedclust.fl.messages import ModelUpdate
+    from fedclust.sim.transport import InProcessTransport
+
+    Xs, ys = _fl_federation(seed=3)
+    dp = DifferentialPrivacy(4.0, 1e-5, unit="device", clip_norm=1.0, noise_seed=1)
+    m = IFCA(2, "logistic", rounds=2, privacy=dp, random_state=0).fit(Xs, ys)
+    out = InProcessTransport().run(m._protocol_, {z: (X, y) for z, (X, y) in
+                                                  enumerate(zip(Xs, ys))}, 0)
+    # what the Flower server writes to result.npz: no per-device counts or choices
+    assert out.result.local_counts == {} and out.result.center_labels == {}
+    p = FedAvgProtocol(model="logistic", n_features=4, n_classes=2, privacy=dp)
+    u = p._local(np.zeros(5), Xs[0], ys[0], 0, 0, 0)
+    assert isinstance(u, ModelUpdate) and int(u.n_samples) == 1 and float(u.loss) == 0.0

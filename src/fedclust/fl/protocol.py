@@ -518,6 +518,8 @@ class FLProtocol(Protocol):
         if state.fl_round > 0 and state.phase == "train":
             self._close_round(state)
         h = state.history
+        if self.plan is not None:   # a device's cluster choice and size are not released
+            state.center_labels, state.local_counts = {}, {}
         return FLResult(
             models=state.models, centers=state.centers,
             center_labels=dict(state.center_labels), local_counts=dict(state.local_counts),
@@ -574,7 +576,7 @@ class FLProtocol(Protocol):
                                     lr=self.lr, rng=device_rng(seed, device_id, round_index),
                                     loss_before=loss)
         if self.plan is not None and self.privacy.private:
-            loss = 0.0   # not released under privacy
+            loss, n = 0.0, 1   # neither is released under privacy: the device keeps them
         return ModelUpdate(params=new, cluster=np.int64(cluster), n_samples=np.int64(n),
                            loss=np.float64(loss))
 
