@@ -26,7 +26,8 @@ SECTIONS = [
     ("fedclust.preprocess", "Federated preprocessing",
      "Pooled mean imputation and standard scaling in one counted round."),
     ("fedclust.privacy", "Differential privacy",
-     "Clipping, Gaussian noise and the accountant (dp-accounting) behind ``privacy=``."),
+     "Clipping, discrete Gaussian noise (OpenDP), the accountant (dp-accounting) and the "
+     "privacy audit behind ``privacy=``."),
     ("fedclust.metrics", "Metrics", "Clustering accuracy and cost."),
     ("fedclust.sim", "Simulation", "The in-process transport, faults, Byzantine devices and the "
      "byte meter."),

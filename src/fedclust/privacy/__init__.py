@@ -4,8 +4,10 @@
   of privacy (a point or a whole device), the user's bounds, the accountant.
 * :func:`calibrate` — a fit's declared :class:`Release` list -> noise scales,
   composed with ``dp-accounting`` (PLD or RDP) within the total budget.
-* :mod:`~fedclust.privacy.mechanisms` — clipping and Gaussian noise, from an
-  OS-seeded generator (never the run's ``random_state``).
+* :mod:`~fedclust.privacy.mechanisms` — clipping and discrete Gaussian noise on
+  a fixed grid, from OpenDP's cryptographic sampler (never the run's ``random_state``).
+* :mod:`~fedclust.privacy.audit` — an empirical lower bound on the ε a fit spends
+  (neighbouring datasets, many fits, Clopper–Pearson).
 * :mod:`~fedclust.privacy.kmeans` — the private moments and candidate
   initialisation shared by the k-means families.
 * :mod:`~fedclust.privacy.columns` — the private column moments of the
@@ -18,6 +20,7 @@ from its own random streams. See ``docs/privacy.md`` for each family's
 mechanism, guarantee and trust model.
 """
 
+from .audit import AuditResult, empirical_epsilon, public_statistics
 from .accounting import (MAX_NOISE_MULTIPLIER, PrivacyPlan, Release, calibrate, composed_epsilon,
                          planned)
 from .mechanisms import (SecureNoise, clip_contribution, clip_points, gaussian, noise_rng,
@@ -27,7 +30,8 @@ from ..core.exceptions import ValidationError
 
 __all__ = ["DifferentialPrivacy", "privacy_config", "pop_privacy", "Release", "PrivacyPlan", "calibrate", "planned", "composed_epsilon",
            "clip_points", "clip_contribution", "noise_rng", "gaussian", "symmetric_gaussian", "SecureNoise",
-           "UNITS", "MAX_NOISE_MULTIPLIER", "refuse_privacy"]
+           "UNITS", "MAX_NOISE_MULTIPLIER", "refuse_privacy", "empirical_epsilon",
+           "public_statistics", "AuditResult"]
 
 
 def privacy_config(privacy: "DifferentialPrivacy", plan: "PrivacyPlan | None" = None) -> dict:
