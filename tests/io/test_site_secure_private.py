@@ -226,6 +226,7 @@ def test_private_schema_round_sends_no_category_or_label_set(tmp_path):
     for r in replies.values():
         sent = array_text(r.text)
         assert sent["categories"] == {} and sent["labels"] is None and "error" not in sent
+        assert int(r.n_rows) == 1      # the row count stays on the site too
     schema, _ = pool_schema(replies, request)
     assert schema.categories == {"smoker": ("former", "no", "yes")}
     # the same sites without privacy send their sets, and the union is the same here

@@ -210,7 +210,10 @@ class SitePreprocessProtocol(Protocol):
         if state.phase == 0:
             schema, names = pool_schema(replies, self._request)
             state.schema, state.names = schema, names
-            state.sizes = {z: int(r.n_rows) for z, r in replies.items()}
+            from .schema_round import PRIVATE_SITE_ROWS
+
+            state.sizes = {z: PRIVATE_SITE_ROWS if self._request.private else int(r.n_rows)
+                           for z, r in replies.items()}
             inner = self._build_inner(schema, state.sizes)
             state.inner_protocol = self.inner = inner
             # the built protocol's own reply types (a private one's noisy replies, ...)
@@ -264,6 +267,13 @@ class SitePreprocessProtocol(Protocol):
                 "inner_config": state.inner_protocol.config(),
                 "experiment": json.loads(self.experiment), "labels": self._request.labels,
                 **self._privacy_extra(state)}
+
+    def _received(self, X: Any, where: str) -> "TransformReceived":
+        """The acknowledgement: the site's row count, or 1 under privacy (kept on the site)."""
+        from .schema_round import as_table
+
+        rows = 1 if self._request.private else as_table(X, where).n_rows
+        return TransformReceived(n_rows=np.asarray(rows, np.int64))
 
     def _privacy_extra(self, state: _CompositeState) -> dict[str, Any]:
         """With privacy: the preprocessing's release and the algorithm's record, whose
@@ -342,7 +352,7 @@ class SitePreprocessProtocol(Protocol):
                 raise ValidationError(f"{where}: the schema broadcast has no payload")
             state[_TEXT] = np.asarray(request.payload.text, np.uint8)
             self._schema(state, where)  # readable
-            return TransformReceived(n_rows=np.asarray(as_table(X, where).n_rows, np.int64))
+            return self._received(X, where)
         if request.action in (ACTION, SUMS, SQUARES):
             schema = self._schema(state, where)
             E, _, path = self.encode(X, schema, where)
@@ -366,7 +376,7 @@ class SitePreprocessProtocol(Protocol):
                                       "and scales")
             state[_MEAN] = np.asarray(p.mean, np.float64)
             state[_SCALE] = np.asarray(p.scale, np.float64)
-            return TransformReceived(n_rows=np.asarray(as_table(X, where).n_rows, np.int64))
+            return self._received(X, where)
         if isinstance(request.payload, LateSiteModel):  # a late site: what it missed
             state[_TEXT] = np.asarray(request.payload.text, np.uint8)
             state[_MEAN] = np.asarray(request.payload.mean, np.float64)

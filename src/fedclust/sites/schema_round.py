@@ -24,7 +24,11 @@ from ..core.messages import INT, Message, reject
 from .schema import SiteSchema, label_values, site_categories, union_categories, union_classes
 from .tables import RawTable
 
-__all__ = ["SchemaRequest", "SiteColumns", "SchemaBroadcast", "site_columns", "pool_schema",
+#: placeholder rows per site from which a private run's server builds the algorithm's
+#: protocol (its shapes; no site sends its row count under privacy)
+PRIVATE_SITE_ROWS = 512
+
+__all__ = ["PRIVATE_SITE_ROWS", "SchemaRequest", "SiteColumns", "SchemaBroadcast", "site_columns", "pool_schema",
            "as_table", "text_array", "array_text"]
 
 
@@ -198,7 +202,10 @@ def site_columns(table: RawTable, request: SchemaRequest, impute: str = "mean") 
             label_values(table, request.label)  # a missing target is the site's error
     except ValidationError as exc:
         out["error"] = str(exc)
-    return SiteColumns(text=text_array(out), n_rows=np.asarray(max(table.n_rows, 1), np.int64))
+    # under privacy a site's row count stays on the site (the server builds shapes from
+    # PRIVATE_SITE_ROWS placeholder rows)
+    rows = 1 if request.private else max(table.n_rows, 1)
+    return SiteColumns(text=text_array(out), n_rows=np.asarray(rows, np.int64))
 
 
 def _check_public(table: RawTable, request: SchemaRequest, cats: Mapping[str, set]) -> None:
