@@ -36,18 +36,32 @@ import numpy as np
 
 from ..core.kmeans import assign
 from .accounting import Release
-from .mechanisms import clip_contribution, gaussian, symmetric_gaussian
+from .mechanisms import clip_contribution, clip_points, gaussian, symmetric_gaussian
 from .spec import DifferentialPrivacy
 
 __all__ = ["moments_release", "sums_release", "device_moments", "noisy_moments",
            "gaussian_subspace", "draw_candidates", "candidate_sums", "cluster_sums",
            "noisy_cluster_sums", "centers_from_candidates", "n_candidates", "count_weight",
-           "lift", "private_local_centers"]
+           "lift", "private_local_centers", "relative_sums", "noisy_relative_sums",
+           "spread_release", "trust_radius", "relative_step", "box_centers"]
 
 MOMENTS = "moments: count, sum and second-moment matrix (central DP)"
 CANDIDATES = "candidates: per-candidate sums and counts"
-LLOYD = "lloyd round: per-cluster sums and counts"
-FINAL = "final lloyd round: per-cluster sums and counts"
+LLOYD = "lloyd round: per-cluster sums of x - c clipped to the trust radius, and counts"
+FINAL = "final lloyd round: per-cluster sums of x - c clipped to the trust radius, and counts"
+SPREAD = "first lloyd round: sum of nearest-center distances clipped to data_bound"
+#: the trust radius is this many times the (upper-confidence) mean distance to the nearest
+#: center: beyond the 95 % quantile of a Gaussian cluster's distances in 2 or more dimensions
+RADIUS_FACTOR = 2.0
+#: the mean distance is taken at its estimate plus this many noise stds (upper confidence):
+#: a noisy estimate widens the radius rather than freezing the centers
+RADIUS_CONFIDENCE = 2.0
+#: budget weight of the spread (one number, needed only to within a factor ~2) beside 1
+#: for a middle Lloyd round
+SPREAD_SHARE = 0.25
+#: box start: candidates per cluster (the weighted k-means merges 2k noisy centroids)
+BOX_CANDIDATES = 2
+SHRINK = True
 
 
 def _scale(spec: DifferentialPrivacy) -> float:
@@ -68,9 +82,16 @@ def moments_release(spec: DifferentialPrivacy, *, what: str = MOMENTS, share: fl
 
 
 def sums_release(spec: DifferentialPrivacy, d: int, *, what: str = LLOYD, repeats: int = 1,
-                 share: float = 1.0) -> Release:
-    B = float(spec.data_bound)
-    return Release(what, B * math.sqrt(1.0 + 1.0 / d) * _scale(spec), repeats, share)
+                 share: float = 1.0, radius: float | None = None) -> Release:
+    """Joint (sums, γ·counts) release: sensitivity r√(1 + 1/d) with γ = r/√d, r the
+    radius the summed vectors are clipped to (``data_bound`` when None)."""
+    r = float(spec.data_bound if radius is None else radius)
+    return Release(what, r * math.sqrt(1.0 + 1.0 / d) * _scale(spec), repeats, share)
+
+
+def spread_release(spec: DifferentialPrivacy, *, share: float = 1.0) -> Release:
+    """Σ min(‖x − c(x)‖, B) over the points: one point adds at most B (sensitivity B)."""
+    return Release(SPREAD, float(spec.data_bound) * _scale(spec), 1, share)
 
 
 # -- device side -------------------------------------------------------------------
@@ -102,6 +123,40 @@ def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, spec: DifferentialPr
     return sums, counts, clipped
 
 
+def relative_sums(X: np.ndarray, centers: np.ndarray, radius: float,
+                  spec: DifferentialPrivacy | None, *, spread: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """The trust-radius Lloyd reply of one device.
+
+    Every (clipped) point goes to its nearest center c_j; the device sums
+    ``x − c_j`` clipped to Euclidean norm ``radius`` per cluster (k, d) and
+    counts the points (k,). One point changes one cluster's sum by at most
+    ``radius`` and its count by 1: the joint (sums, γ·counts) release with
+    γ = radius/√d has sensitivity radius·√(1 + 1/d) (:func:`sums_release`).
+    With ``spread`` it also returns Σ min(‖x − c_j‖, data_bound) (sensitivity
+    data_bound, :func:`spread_release`), else 0. Device level: the (sums,
+    γ·counts) contribution is clipped to radius·√(1 + 1/d)·C/B and the
+    spread to C.
+    """
+    k, d = centers.shape
+    labels, mind = assign(X, centers.astype(X.dtype, copy=False))
+    diff, _ = clip_points(X - centers[labels].astype(X.dtype, copy=False), float(radius))
+    sums = np.zeros((k, d))
+    np.add.at(sums, labels, diff)
+    counts = np.bincount(labels, minlength=k).astype(np.float64)
+    total = 0.0
+    if spread:
+        bound = float(spec.data_bound) if spec is not None else math.inf
+        total = float(np.minimum(np.sqrt(mind.astype(np.float64)), bound).sum())
+    clipped = False
+    if spec is not None and spec.unit == "device":
+        (sums, counts), clipped = clip_contribution(
+            [sums, counts], [1.0, count_weight(radius, d)],
+            radius * math.sqrt(1.0 + 1.0 / d) * _scale(spec))
+        total = min(total, float(spec.clip_norm))
+    return sums, counts, total, clipped
+
+
 def candidate_sums(X: np.ndarray, mean: np.ndarray, basis: np.ndarray, coords: np.ndarray,
                    spec: DifferentialPrivacy | None):
     """Nearest candidate of every point in the subspace (coordinates of x − mean), then
@@ -109,6 +164,29 @@ def candidate_sums(X: np.ndarray, mean: np.ndarray, basis: np.ndarray, coords: n
     P = X @ basis
     labels = assign(P - mean @ basis, coords.astype(P.dtype, copy=False))[0]
     return cluster_sums(P, labels, coords.shape[0], spec)
+
+
+def box_centers(k: int, d: int, bound: float, rng: np.random.Generator, *,
+                tries: int = 100) -> np.ndarray:
+    """k data-independent starting centers (k, d) spread over the cube inscribed in the
+    data ball, [-a, a]^d with a = bound/√d: balls of radius ρ around them fit in the
+    cube without overlapping, for the largest ρ in a, a/2, a/4, ... that random
+    placement (``tries`` misses per center) achieves. Reads no data."""
+    a = float(bound) / math.sqrt(d)
+    rho = a
+    while True:
+        rho /= 2.0
+        centers = [rng.uniform(-(a - rho), a - rho, d)]
+        miss = 0
+        while len(centers) < k and miss < tries:
+            c = rng.uniform(-(a - rho), a - rho, d)
+            if min(np.linalg.norm(c - x) for x in centers) >= 2.0 * rho:
+                centers.append(c)
+                miss = 0
+            else:
+                miss += 1
+        if len(centers) == k or rho < a * 1e-6:
+            return np.array(centers + [rng.uniform(-a, a, d) for _ in range(k - len(centers))])
 
 
 def lift(centers_p: np.ndarray, mean: np.ndarray, basis: np.ndarray) -> np.ndarray:
@@ -130,6 +208,48 @@ def noisy_cluster_sums(sums: np.ndarray, counts: np.ndarray, release: Release, b
     std = release.noise_std
     d = sums.shape[1]
     return gaussian(sums, std, rng), gaussian(counts, std / count_weight(bound, d), rng)
+
+
+def noisy_relative_sums(sums: np.ndarray, counts: np.ndarray, release: Release, radius: float,
+                        bound: float, rng: np.random.Generator
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Relative sums plus noise: ``release`` is declared at radius ``bound``, so the
+    noise at radius r is its std times r / bound (the same multiplier)."""
+    std = release.noise_std * float(radius) / float(bound)
+    d = sums.shape[1]
+    return gaussian(sums, std, rng), gaussian(counts, std / count_weight(radius, d), rng)
+
+
+def trust_radius(spread: float, spread_std: float, n_hat: float, bound: float) -> float:
+    """The radius of the later rounds from the released spread (post-processing):
+    RADIUS_FACTOR × the mean nearest-center distance, the spread taken at its upper
+    confidence value, at most ``bound`` (and ``bound`` when that value is not positive)."""
+    upper = float(spread) + RADIUS_CONFIDENCE * float(spread_std)
+    if not upper > 0 or not n_hat > 0:
+        return float(bound)
+    return float(min(RADIUS_FACTOR * upper / max(float(n_hat), 1.0), bound))
+
+
+def relative_step(centers: np.ndarray, sums: np.ndarray, counts: np.ndarray, *,
+                  min_count: float, radius: float, bound: float, sum_std: float = 0.0
+                  ) -> np.ndarray:
+    """Centers moved by the noisy mean relative sum: a cluster whose count is below
+    ``min_count`` stays; a step longer than ``radius`` is cut to it (the exact mean of
+    clipped vectors never is: only noise makes it longer); centers end in the data ball."""
+    new = np.asarray(centers, dtype=np.float64).copy()
+    nz = counts > min_count
+    step = sums[nz] / counts[nz, None]
+    if sum_std > 0 and SHRINK:
+        noise = step.shape[1] * (sum_std / counts[nz]) ** 2
+        step *= np.maximum(0.0, 1.0 - noise / np.maximum((step * step).sum(axis=1), 1e-300))[:, None]
+    nrm = np.linalg.norm(step, axis=1)
+    far = nrm > radius
+    step[far] *= (radius / nrm[far])[:, None]
+    new[nz] += step
+    nrm = np.linalg.norm(new, axis=1)
+    over = nrm > bound
+    new[over] *= (bound / nrm[over])[:, None]
+    return new
 
 
 def gaussian_subspace(n: float, s: np.ndarray, Q: np.ndarray, p: int
