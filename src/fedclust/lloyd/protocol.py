@@ -92,8 +92,11 @@ def private_start(n_samples: int, n_clusters: int, n_features: int,
         return "candidates", 3
     if k >= d:
         return "box", 2
-    probe = DistributedLloydProtocol(k, init="candidates", max_rounds=3, privacy=privacy,
-                                     n_features=d)
+    try:
+        probe = DistributedLloydProtocol(k, init="candidates", max_rounds=3, privacy=privacy,
+                                         n_features=d)
+    except ValidationError:    # ε too small even for the moments start: the box start
+        return "box", 2
     z = probe.plan.releases[0].noise_multiplier
     return ("box", 2) if n_samples < 4.0 * d ** 1.5 * z else ("candidates", 3)
 
