@@ -406,10 +406,10 @@ class DistributedLloydProtocol(Protocol):
                 sums, counts = pk.noisy_relative_sums(sums, counts, rel, r, bound, rng)
                 if spread_rel is not None:
                     spread = float(pk.gaussian(np.asarray(spread), spread_rel.noise_std, rng))
-            # a cluster whose noisy count is within 3 noise stds of 0 keeps its center
-            count_std = rel.noise_std * r / bound / pk.count_weight(r, sums.shape[1])
-            new = pk.relative_step(state.centers, sums, counts, min_count=max(1.0, 3.0 * count_std),
-                                   radius=r, bound=bound, sum_std=rel.noise_std * r / bound)
+            # a noisy count near 0 makes a long, noisy step: the shrinkage and the radius
+            # stop it, so only a count below 1 keeps its center
+            new = pk.relative_step(state.centers, sums, counts, min_count=1.0, radius=r,
+                                   bound=bound, sum_std=rel.noise_std * r / bound)
             if spread_rel is not None:
                 state.radius = pk.trust_radius(spread, spread_rel.noise_std,
                                                float(counts.sum()), bound)

@@ -61,7 +61,6 @@ RADIUS_CONFIDENCE = 2.0
 SPREAD_SHARE = 0.25
 #: box start: candidates per cluster (the weighted k-means merges 2k noisy centroids)
 BOX_CANDIDATES = 2
-SHRINK = True
 
 
 def _scale(spec: DifferentialPrivacy) -> float:
@@ -233,13 +232,18 @@ def trust_radius(spread: float, spread_std: float, n_hat: float, bound: float) -
 def relative_step(centers: np.ndarray, sums: np.ndarray, counts: np.ndarray, *,
                   min_count: float, radius: float, bound: float, sum_std: float = 0.0
                   ) -> np.ndarray:
-    """Centers moved by the noisy mean relative sum: a cluster whose count is below
-    ``min_count`` stays; a step longer than ``radius`` is cut to it (the exact mean of
-    clipped vectors never is: only noise makes it longer); centers end in the data ball."""
+    """Centers moved by the noisy mean relative sum m = S/N (post-processing).
+
+    A cluster whose noisy count is at most ``min_count`` stays. The step is
+    shrunk by max(0, 1 − d (σ/N)² / ‖m‖²) (σ = ``sum_std``, the noise std of
+    each coordinate of S: d (σ/N)² is the step's noise energy), so a step
+    that noise could explain is damped rather than taken; a step longer than
+    ``radius`` is cut to it (the exact mean of clipped vectors never is); the
+    centers end in the data ball."""
     new = np.asarray(centers, dtype=np.float64).copy()
     nz = counts > min_count
     step = sums[nz] / counts[nz, None]
-    if sum_std > 0 and SHRINK:
+    if sum_std > 0:    # positive-part James-Stein: a step within its noise shrinks to 0
         noise = step.shape[1] * (sum_std / counts[nz]) ** 2
         step *= np.maximum(0.0, 1.0 - noise / np.maximum((step * step).sum(axis=1), 1e-300))[:, None]
     nrm = np.linalg.norm(step, axis=1)
