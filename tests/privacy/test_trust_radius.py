@@ -143,7 +143,8 @@ def test_small_federation_quality_against_pooled_kmeans():
         X = _blobs(seed)
         n, d = X.shape
         ref = KMeans(4, n_init=10, random_state=0).fit(X).inertia_
-        dp = DifferentialPrivacy(1.0, 1 / (n * math.log(n)), data_bound=math.sqrt(d))
+        dp = DifferentialPrivacy(1.0, 1 / (n * math.log(n)), data_bound=math.sqrt(d),
+                                 noise_seed=seed)
         m = DistributedLloyd(4, privacy=dp, random_state=seed).fit([X[:300], X[300:]])
         C = m.cluster_centers_
         ratios.append(float((((X[:, None] - C[None]) ** 2).sum(-1)).min(1).sum()) / ref)
