@@ -23,6 +23,12 @@ clipped to ``clip_norm`` C (device level):
   V c + (I − V Vᵀ) μ (post-processing, free). Releasing p coordinates
   instead of d keeps the noise where the clusters are told apart.
 
+* **trust-radius rounds** — per-cluster sums of x − c clipped to a radius r
+  and counts (:func:`relative_sums`): sensitivity r√(1 + 1/d) with γ = r/√d;
+  the first round at r = B also releases the spread Σ min(‖x − c‖, B)
+  (sensitivity B), from which :func:`trust_radius` sets r for the later
+  rounds (post-processing); :func:`box_centers` is the data-independent start.
+
 Device-level: each release's contribution of a device is clipped to
 (point sensitivity) × C / B, which is then the sensitivity.
 """
