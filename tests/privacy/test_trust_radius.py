@@ -127,6 +127,37 @@ def test_summed_device_noise_at_a_trust_radius_has_the_central_variance():
     assert spread_noise == [0.0] * 120
 
 
+def test_box_candidate_round_is_relative_at_the_box_radius_under_device_noise():
+    """The box start's candidate round: sums of x − c clipped to box_radius(M, d, B),
+    noise std σ·r/B summed over n_min devices, centers of the candidates unchanged."""
+    rng = np.random.default_rng(4)
+    B, d, k = 2.0, 4, 3
+    fed = [rng.uniform(-1, 1, (40, d)) for _ in range(4)]
+    n_min = min_noise_devices(len(fed))
+    noise = []
+    for s in range(120):
+        p = DistributedLloydProtocol(k, init="box", max_rounds=2, n_features=d,
+                                     privacy=DifferentialPrivacy(1.0, 1e-5, data_bound=B,
+                                                                 noise_seed=s),
+                                     noise_devices=n_min)
+        state = p.start(list(range(len(fed))), 0)
+        req = p.next_request(state)
+        assert req.action == "candidates" and req.payload.coords.shape == (2 * k, d)
+        coords = req.payload.coords
+        r = pk.box_radius(len(coords), d, B)
+        exact = [p._plain_step(req, X, device_id=z, seed=0, state={}) for z, X in
+                 enumerate(fed[:n_min])]
+        if s == 0:
+            ref = [pk.relative_sums(X, coords, r, None)[0] for X in fed[:n_min]]
+            np.testing.assert_allclose(sum(e.sums for e in exact), sum(ref))
+        reps = [p.client_step(req, X, device_id=z, seed=0, state={}) for z, X in
+                enumerate(fed[:n_min])]
+        noise.append(sum(x.sums for x in reps) - sum(x.sums for x in exact))
+    assert r < B
+    sigma = p._release(0, "candidates").noise_std * r / B
+    assert np.var(noise) / sigma ** 2 == pytest.approx(1.0, rel=0.12)
+
+
 def _blobs(seed, n=600, k=4, d=3):
     rng = np.random.default_rng(seed)
     means = rng.uniform(-0.6, 0.6, (k, d))

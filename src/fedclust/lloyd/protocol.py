@@ -278,6 +278,11 @@ class DistributedLloydProtocol(Protocol):
         return self.plan.release(pk.FINAL if last else pk.LLOYD)
 
     @property
+    def _relative_candidates(self) -> bool:
+        """The box start's candidate round sums x − c clipped to :func:`box_radius`."""
+        return self.init == "box" and self.noisy
+
+    @property
     def _first_lloyd(self) -> int:
         return {"candidates": 2}.get(self.init, 1)   # Lloyd rounds follow the init
 
@@ -301,7 +306,12 @@ class DistributedLloydProtocol(Protocol):
             n, s, Q = pk.noisy_moments(msg.n, msg.s, msg.Q, rel, B, rng)
             return NoisyMoments(n=np.asarray(n, np.float64), s=s, Q=Q, n_devices=one)
         cost = np.asarray(msg.cost, np.float64)
-        if action == "lloyd" and self.noisy:
+        if action == "candidates" and self._relative_candidates:
+            coords = request.payload.coords
+            sums, counts = pk.noisy_relative_sums(
+                msg.sums.astype(np.float64), msg.counts.astype(np.float64), rel,
+                pk.box_radius(len(coords), coords.shape[1], B), B, rng)
+        elif action == "lloyd" and self.noisy:
             sums, counts = pk.noisy_relative_sums(
                 msg.sums.astype(np.float64), msg.counts.astype(np.float64), rel,
                 self._radius(request.payload), B, rng)
@@ -366,17 +376,25 @@ class DistributedLloydProtocol(Protocol):
                                  replies: list[ClusterSums]) -> None:
         sums = sum(r.sums.astype(np.float64) for r in replies)
         counts = sum(r.counts.astype(np.float64) for r in replies)
-        min_count, bound = 1.0, None
+        min_count, bound, centroids = 1.0, None, None
         if self.plan is not None:
             rel = self._release(request.round, "candidates")
-            if not self.noise_devices:
-                sums, counts = pk.noisy_cluster_sums(sums, counts, rel, self.privacy.data_bound,
-                                                     self._noise(state, request))
             bound = float(self.privacy.data_bound)
+            if self._relative_candidates:   # box start: relative sums at the box radius
+                coords = state.candidates.coords
+                r = pk.box_radius(len(coords), coords.shape[1], bound)
+                if not self.noise_devices:
+                    sums, counts = pk.noisy_relative_sums(sums, counts, rel, r, bound,
+                                                          self._noise(state, request))
+                centroids = pk.relative_step(coords, sums, counts, min_count=1.0, radius=r,
+                                             bound=bound, sum_std=rel.noise_std * r / bound)
+            elif not self.noise_devices:
+                sums, counts = pk.noisy_cluster_sums(sums, counts, rel, bound,
+                                                     self._noise(state, request))
             min_count = max(1.0, 3.0 * rel.noise_std / pk.count_weight(bound, sums.shape[1]))
         centers, _ = pk.centers_from_candidates(
             sums, counts, self.n_clusters, bound=bound, min_count=min_count,
-            seed=sklearn_seed(server_rng(state.seed, 2)))
+            seed=sklearn_seed(server_rng(state.seed, 2)), centroids=centroids)
         cb = state.candidates
         state.centers = pk.lift(centers, cb.mean, cb.basis)
 
@@ -462,6 +480,11 @@ class DistributedLloydProtocol(Protocol):
             return Moments(n=np.asarray(n, dtype=np.float64), s=s, Q=Q)
         if request.action == "candidates":
             p = request.payload
+            if self._relative_candidates:
+                coords = p.coords.astype(np.float64)
+                r = pk.box_radius(len(coords), coords.shape[1], float(spec.data_bound))
+                sums, counts, _, _ = pk.relative_sums(self._clipped(X, state), coords, r, spec)
+                return ClusterSums(sums=sums, counts=counts, cost=np.asarray(0.0))
             sums, counts, _ = pk.candidate_sums(self._clipped(X, state), p.mean, p.basis,
                                                 p.coords, spec)
             return ClusterSums(sums=sums, counts=counts, cost=np.asarray(0.0))

@@ -49,7 +49,7 @@ __all__ = ["moments_release", "sums_release", "device_moments", "noisy_moments",
            "gaussian_subspace", "draw_candidates", "candidate_sums", "cluster_sums",
            "noisy_cluster_sums", "centers_from_candidates", "n_candidates", "count_weight",
            "lift", "private_local_centers", "relative_sums", "noisy_relative_sums",
-           "spread_release", "trust_radius", "relative_step", "box_centers"]
+           "spread_release", "trust_radius", "relative_step", "box_centers", "box_radius"]
 
 MOMENTS = "moments: count, sum and second-moment matrix (central DP)"
 CANDIDATES = "candidates: per-candidate sums and counts"
@@ -194,6 +194,13 @@ def box_centers(k: int, d: int, bound: float, rng: np.random.Generator, *,
             return np.array(centers + [rng.uniform(-a, a, d) for _ in range(k - len(centers))])
 
 
+def box_radius(M: int, d: int, bound: float) -> float:
+    """Trust radius of the box start's candidate round: twice the mean distance from a
+    point spread evenly over the inscribed cube [-a, a]^d to the nearest of M evenly
+    spread candidates, ≈ 2 a √(d/3) M^(-1/d) (a = bound/√d), at most ``bound``."""
+    return float(min(bound, 2.0 * float(bound) / math.sqrt(3.0) * float(M) ** (-1.0 / d)))
+
+
 def lift(centers_p: np.ndarray, mean: np.ndarray, basis: np.ndarray) -> np.ndarray:
     """Subspace centers (k, p) of Vᵀx back to (k, d): V c + (I − V Vᵀ) mean."""
     return centers_p @ basis.T + (mean - basis @ (basis.T @ mean))
@@ -288,11 +295,14 @@ def draw_candidates(mean: np.ndarray, basis: np.ndarray, lam: np.ndarray, M: int
 
 
 def centers_from_candidates(sums: np.ndarray, counts: np.ndarray, k: int, *, bound: float | None,
-                            min_count: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+                            min_count: float, seed: int, centroids: np.ndarray | None = None
+                            ) -> tuple[np.ndarray, np.ndarray]:
     """k centers (k, d) and their weights (k,) from noisy per-candidate sums and counts.
 
     Candidates with a noisy count below ``min_count`` are dropped (the k
-    largest are always kept); centroids are pulled back into the data ball
+    largest are always kept); ``centroids`` (M, d), when given, replace
+    ``sums / counts`` (the box start moves its candidates by relative steps);
+    centroids are pulled back into the data ball
     (true centroids of clipped points lie in it); weighted k-means (10
     k-means++ starts) groups them.
     """
@@ -303,7 +313,7 @@ def centers_from_candidates(sums: np.ndarray, counts: np.ndarray, k: int, *, bou
         keep = np.zeros(len(counts), bool)
         keep[np.argsort(counts)[::-1][:k]] = True
     w = np.maximum(counts[keep], 1e-12)
-    C = sums[keep] / w[:, None]
+    C = sums[keep] / w[:, None] if centroids is None else np.array(centroids[keep], dtype=float)
     if bound is not None:
         nrm = np.linalg.norm(C, axis=1)
         over = nrm > bound
