@@ -129,7 +129,7 @@ def test_summed_device_noise_at_a_trust_radius_has_the_central_variance():
 
 def test_box_candidate_round_is_relative_at_the_box_radius_under_device_noise():
     """The box start's candidate round: sums of x − c clipped to box_radius(M, d, B),
-    noise std σ·r/B summed over n_min devices, centers of the candidates unchanged."""
+    noise std σ·r/B summed over n_min devices; the first Lloyd round's radius is r too."""
     rng = np.random.default_rng(4)
     B, d, k = 2.0, 4, 3
     fed = [rng.uniform(-1, 1, (40, d)) for _ in range(4)]
@@ -142,7 +142,8 @@ def test_box_candidate_round_is_relative_at_the_box_radius_under_device_noise():
                                      noise_devices=n_min)
         state = p.start(list(range(len(fed))), 0)
         req = p.next_request(state)
-        assert req.action == "candidates" and req.payload.coords.shape == (2 * k, d)
+        assert req.action == "candidates"
+        assert req.payload.coords.shape == (pk.BOX_CANDIDATES * k, d)
         coords = req.payload.coords
         r = pk.box_radius(len(coords), d, B)
         exact = [p._plain_step(req, X, device_id=z, seed=0, state={}) for z, X in
@@ -153,7 +154,7 @@ def test_box_candidate_round_is_relative_at_the_box_radius_under_device_noise():
         reps = [p.client_step(req, X, device_id=z, seed=0, state={}) for z, X in
                 enumerate(fed[:n_min])]
         noise.append(sum(x.sums for x in reps) - sum(x.sums for x in exact))
-    assert r < B
+    assert r < B and state.radius == r
     sigma = p._release(0, "candidates").noise_std * r / B
     assert np.var(noise) / sigma ** 2 == pytest.approx(1.0, rel=0.12)
 

@@ -59,7 +59,7 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     init : {"sample", "candidates", "box", "kfed"} or None
         Raw-point sample + k-means++ (default without privacy), the
         private-capable moments + candidates initialisation (no raw point
-        leaves a device), the box start (2k data-independent candidates
+        leaves a device), the box start (3k data-independent candidates
         spread over the cube inscribed in the data ball, no moments), or one
         k-FED round (each device's k local centers, grouped by the server;
         under privacy the devices' DP local centers of ``KFed(privacy=...)``,

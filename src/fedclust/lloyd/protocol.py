@@ -235,6 +235,8 @@ class DistributedLloydProtocol(Protocol):
             B = math.sqrt(d) if self.privacy is None else self.privacy.data_bound
             coords = pk.box_centers(pk.BOX_CANDIDATES * self.n_clusters, d, float(B), server_rng(state.seed))
             state.candidates = CandidateBroadcast(np.zeros(d), np.eye(d), coords)
+            if self.noisy:   # the first round's trust radius: the candidate round's
+                state.radius = pk.box_radius(len(coords), d, float(B))
         return state
 
     def next_request(self, state: _State) -> Request | None:

@@ -61,12 +61,12 @@ SPREAD = "first lloyd round: sum of nearest-center distances clipped to data_bou
 RADIUS_FACTOR = 2.0
 #: the mean distance is taken at its estimate plus this many noise stds (upper confidence):
 #: a noisy estimate widens the radius rather than freezing the centers
-RADIUS_CONFIDENCE = 2.0
+RADIUS_CONFIDENCE = 1.0
 #: budget weight of the spread (one number, needed only to within a factor ~2) beside 1
 #: for a middle Lloyd round
 SPREAD_SHARE = 0.25
-#: box start: candidates per cluster (the weighted k-means merges 2k noisy centroids)
-BOX_CANDIDATES = 2
+#: box start: candidates per cluster (the weighted k-means merges 3k noisy centroids)
+BOX_CANDIDATES = 3
 
 
 def _scale(spec: DifferentialPrivacy) -> float:
