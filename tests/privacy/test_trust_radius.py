@@ -207,3 +207,15 @@ def test_a_server_cannot_widen_the_noise_free_part():
     with pytest.raises(Exception, match="radius"):
         RadiusBroadcast.from_arrays({"centers": np.zeros((2, 2)), "radius": np.asarray(-1.0)},
                                     sender="server")
+
+
+def test_box_start_without_privacy_is_plain_lloyd_from_data_independent_candidates():
+    from sklearn.cluster import KMeans
+
+    X = _blobs(7)
+    ref = KMeans(4, n_init=10, random_state=0).fit(X).inertia_
+    m = DistributedLloyd(4, init="box", random_state=0).fit([X[:300], X[300:]])
+    C = m.cluster_centers_
+    assert float((((X[:, None] - C[None]) ** 2).sum(-1)).min(1).sum()) / ref < 1.05
+    with pytest.raises(Exception, match="n_features"):
+        DistributedLloydProtocol(4, init="box")

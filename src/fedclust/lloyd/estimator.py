@@ -60,7 +60,8 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Raw-point sample + k-means++ (default without privacy), the
         private-capable moments + candidates initialisation (no raw point
         leaves a device), the box start (3k data-independent candidates
-        spread over the cube inscribed in the data ball, no moments), or one
+        spread over the cube inscribed in the data ball, no moments; without
+        privacy the cube [-1, 1]^d), or one
         k-FED round (each device's k local centers, grouped by the server;
         under privacy the devices' DP local centers of ``KFed(privacy=...)``,
         point level only). With privacy the default picks the moments or the

@@ -167,6 +167,9 @@ class DistributedLloydProtocol(Protocol):
                 raise ValidationError("privacy: DistributedLloydProtocol needs n_features")
             self.plan = planned(privacy, self.releases(), noise_multipliers,
                                 family="this DistributedLloyd fit")
+        if self.init == "box" and n_features is None:
+            raise ValidationError("init='box' needs n_features (the candidates are placed "
+                                  "before any data are read)")
         self.noise_devices = check_int(noise_devices, "noise_devices", min_value=0)
         if self.noise_devices:
             if privacy is None:
