@@ -12,6 +12,10 @@ Initialisation, one of
   top-min(k, d) principal subspace; devices send per-candidate sums and counts
   (``M (d + 1) 8`` bytes); the server clusters the candidate centroids,
   weighted by their counts, into k (:mod:`fedclust.privacy.kmeans`);
+* ``init="box"`` (round 0, ``"candidates"``): the candidates round alone, with
+  3k candidates spread over the cube inscribed in the data ball by the server
+  without reading any data (:func:`fedclust.privacy.kmeans.box_centers`); under
+  privacy devices send sums of x − c clipped to a data-independent radius;
 * ``init="kfed"`` (round 0, ``"kfed"``): one k-FED round — every device
   runs k-FED's local step with k local clusters and sends its centers and
   counts (``k (d + 1) 8`` bytes); the server groups them into k (k-FED's
@@ -26,6 +30,11 @@ per device); each device returns per-center sums, counts and its cost
 (``k (d + 1) 8 + 8`` bytes); the server averages. Without privacy it stops
 when the global cost improves by at most ``tol`` (relative) or after
 ``max_rounds``.
+
+Private Lloyd rounds are trust-radius rounds: the server broadcasts the
+centers and a radius r (:class:`RadiusBroadcast`), devices send per-cluster
+sums of x − c clipped to r (noise ∝ r) and counts, and the first round also
+the spread that sets r for the later rounds (:mod:`fedclust.privacy.kmeans`).
 
 With ``privacy`` (central DP): devices clip their points to ``data_bound``
 (and, at device level, their contribution to ``clip_norm``); the server adds
