@@ -7,6 +7,8 @@ pooled data, in the same process):
 * ``gauss-point`` — FedDP-KMeans' Gaussian setting: k = 10 means drawn from
   U[0, 1]^100, covariance 0.5·I, 100 devices × 1,000 points, point-level DP,
   ``data_bound = 11`` (the references' norm bound);
+* ``gauss-noniid`` — the same mixture over 100 devices × 1,000 points, each
+  device holding 2 of the 10 components (label skew), point level;
 * ``gauss-device`` — the same mixture over 2,000 devices × 50 points,
   device-level DP, ``data_bound = 11``, ``clip_norm = 100`` (a device weighs at
   most 100/11 ≈ 9 points of maximal norm);
@@ -42,7 +44,9 @@ norm about 10, after a norm-preserving projection), 60,000 training images
 over 10 owners (classifier) or 1,000 devices (FedAvg); ``--quick`` uses
 scikit-learn's digits.
 
-The heart hospitals (``heart``; private preprocessing, then the k-means and
+Small federations on FastLloyd's own protocol (``small``: iris, S1, the four
+heart hospitals, autism screening by country, ε = 0.1 to 2, 10 runs): see
+``_privacy_small.py``. The heart hospitals (``heart``; private preprocessing, then the k-means and
 supervised families): see ``_privacy_heart.py``. The private evolving-Gaussian
 clustering (``gauss``: ARI against ε beside the non-private one and DP Lloyd
 with the true k): see ``_privacy_gauss.py``. DP-FedAvg with client sampling
@@ -74,12 +78,17 @@ FASTLLOYD = {"gauss-point": {0.1: 1.125, 0.5: 1.076, 1.0: 1.070, 2.0: 1.068},
 FEDDP = {"gauss-point": "1.0113 at ε=0.31, 1.00015 at ε=3.13 (1,100 public points)"}
 
 
-def gaussian_mixture(seed: int, n_devices: int, n_per: int, k: int = 10, d: int = 100):
+def gaussian_mixture(seed: int, n_devices: int, n_per: int, k: int = 10, d: int = 100,
+                     per_device: int | None = None):
+    """The mixture over devices; ``per_device`` components per device (non-IID) or all."""
     rng = np.random.default_rng(seed)
     means = rng.uniform(0.0, 1.0, (k, d))
     devs = []
     for _ in range(n_devices):
-        y = rng.integers(0, k, n_per)
+        if per_device is None:
+            y = rng.integers(0, k, n_per)
+        else:
+            y = rng.choice(k, per_device, replace=False)[rng.integers(0, per_device, n_per)]
         devs.append(means[y] + rng.normal(0.0, math.sqrt(0.5), (n_per, d)))
     return devs
 
@@ -96,6 +105,8 @@ def settings(args):
         yield "gauss-point", lambda s: (gaussian_mixture(s, 20, 500, k=5, d=20), 5, 8.0), "point", None
         return
     yield "gauss-point", lambda s: (gaussian_mixture(s, 100, 1000), 10, 11.0), "point", None
+    yield "gauss-noniid", lambda s: (gaussian_mixture(s, 100, 1000, per_device=2), 10, 11.0), \
+        "point", None
     yield "gauss-device", lambda s: (gaussian_mixture(s, 2000, 50), 10, 11.0), "device", 100.0
     try:
         load_benchmark("sipu/s1", args.data_dir)
@@ -183,7 +194,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=None)
     p.add_argument("--only", default=None,
                    help="comma-separated settings (gauss-point, gauss-device, s1-2sites, "
-                        "mnist-rp50, heart, supervised, gauss, sampling)")
+                        "mnist-rp50, heart, supervised, gauss, sampling, small)")
     args = C.finish_args(p.parse_args())
     only = None if args.only is None else set(args.only.split(","))
     runs = args.runs or (1 if args.quick else 3)
@@ -247,6 +258,15 @@ def main() -> None:
         C.print_table(["data", "DP-FedAvg", "ε", "test accuracy", "noise multiplier",
                        "ε if full participation"], srows,
                       title=f"DP-FedAvg with client sampling, δ={S.DELTA:g}, {runs} run(s)")
+    small_records: list = []
+    if only is None or "small" in only:
+        import _privacy_small as SM
+
+        srows, small_records = SM.rows(args, args.runs or (3 if args.quick else 10))
+        C.print_table(["data", "ε", "cost ÷ sklearn (mean)", "worst", "start", "FastLloyd",
+                       "time s"], srows,
+                      title="DP Lloyd on small federations, FastLloyd's protocol (scaled to "
+                            "[-1, 1]^d, data_bound √d, δ = 1/(n ln n), point level)")
     gauss_records: list = []
     if only is None or "gauss" in only:
         import _privacy_gauss as G
@@ -269,6 +289,7 @@ def main() -> None:
     C.write_json(args, "privacy", {"runs": runs, "delta": DELTA, "rows": records,
                                    "supervised": supervised, "heart_supervised": heart_sup,
                                    "gauss_clustering": gauss_records,
+                                   "small_federations": small_records,
                                    "client_sampling": sampling_records})
 
 

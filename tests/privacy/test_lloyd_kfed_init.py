@@ -51,7 +51,8 @@ def test_private_kfed_init_is_accounted_and_clipped():
         devs, transport=t)
     rec = km.privacy_
     assert rec["releases"][0]["what"].startswith("k-FED round")
-    assert sum(r["repeats"] for r in rec["releases"]) == 2 + 5
+    # the k-FED moments and candidates, 5 Lloyd rounds and the first round's spread
+    assert sum(r["repeats"] for r in rec["releases"]) == 2 + 5 + 1
     eps = composed_epsilon([(r["noise_multiplier"], r["repeats"]) for r in rec["releases"]], 1e-6)
     assert eps <= 2.0 and rec["epsilon_spent"] <= 2.0
     assert "clipped" not in rec   # counted on each device, kept there

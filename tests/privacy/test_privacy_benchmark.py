@@ -32,6 +32,13 @@ def test_privacy_benchmark_quick(tmp_path):
     accs = {(r["method"], r["epsilon"]): r["accuracy"][0] for r in doc["supervised"]}
     assert all(0.0 <= a <= 1.0 for a in accs.values())
     assert accs[("gauss-classifier", "inf")] > 0.8 and accs[("dp-fedavg", "inf")] > 0.8
+    small = doc["small_federations"]        # no data folder: iris (scikit-learn's) only
+    assert {r["setting"] for r in small} == {"iris"}
+    assert {r["epsilon"] for r in small} == {0.1, 0.5, 1.0, 2.0}
+    for r in small:
+        assert all(math.isfinite(c) and c >= 0.99 for c in r["cost_ratio"])
+        assert all(s <= r["epsilon"] for s in r["epsilon_spent"])
+        assert r["delta"] == pytest.approx(1 / (150 * math.log(150)))
     gauss = doc["gauss_clustering"]
     assert {r["method"] for r in gauss} == {"gauss", "dp-gauss", "dp-lloyd (true k)"}
     for r in gauss:

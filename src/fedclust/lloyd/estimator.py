@@ -17,7 +17,7 @@ from ..privacy import DifferentialPrivacy
 from ..privacy.distributed import min_noise_devices
 from ..core.validation import check_device_ids, check_devices, check_int
 from ..core.exceptions import ValidationError
-from .protocol import DistributedLloydProtocol
+from .protocol import DistributedLloydProtocol, private_start
 from ..core.protocol import Transport
 from ..sim.transport import fit_transport
 
@@ -51,17 +51,22 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         ``init="sample"``: raw points each device sends to seed k-means++
         (default: enough for about 20 k points in all).
     max_rounds : int or None
-        Lloyd rounds at most (default 100; 3 under privacy, where exactly this
-        many run and each is a release: from the candidates initialisation a
-        few rounds converge, and fewer releases leave less noise in each).
+        Lloyd rounds at most (default 100; under privacy exactly this many run
+        and each is a release: by default 3 after the moments start and 2
+        after the box start, see :func:`~fedclust.lloyd.protocol.private_start`).
     tol : float
         Relative cost-improvement tolerance (not used under privacy).
-    init : {"sample", "candidates", "kfed"} or None
+    init : {"sample", "candidates", "box", "kfed"} or None
         Raw-point sample + k-means++ (default without privacy), the
-        private-capable moments + candidates initialisation (default with
-        privacy; no raw point leaves a device), or one k-FED round (each
-        device's k local centers, grouped by the server; under privacy the
-        devices' DP local centers of ``KFed(privacy=...)``, point level only).
+        private-capable moments + candidates initialisation (no raw point
+        leaves a device), the box start (3k data-independent candidates
+        spread over the cube inscribed in the data ball, no moments; without
+        privacy the cube [-1, 1]^d), or one
+        k-FED round (each device's k local centers, grouped by the server;
+        under privacy the devices' DP local centers of ``KFed(privacy=...)``,
+        point level only). With privacy the default picks the moments or the
+        box start from n, k, d and ε (:func:`~fedclust.lloyd.protocol.private_start`;
+        the federation's size n is treated as public).
     rounds : int or None
         Alias of ``max_rounds``; give at most one of them.
     privacy : DifferentialPrivacy or None
@@ -136,15 +141,21 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if self.privacy is not None and not isinstance(self.privacy, DifferentialPrivacy):
             raise ValidationError(f"privacy={self.privacy!r} must be a "
                                   "fedclust.privacy.DifferentialPrivacy or None")
-        init = self.init or ("sample" if self.privacy is None else "candidates")
         rounds = self.max_rounds
         if self.rounds is not None:
             if rounds is not None:
                 raise ValidationError(f"rounds={self.rounds!r} and max_rounds={rounds!r} are the "
                                       "same setting; give one of them")
             rounds = self.rounds
+        init, auto_rounds = self.init or "sample", 100
+        if self.privacy is not None:
+            # the federation's size is public here (as is δ, picked from it)
+            start, auto_rounds = private_start(total, k, devices[0].shape[1], self.privacy)
+            init = self.init or start
+            if self.init is not None and self.init != start:
+                auto_rounds = 2 if init == "box" else 3
         if rounds is None:
-            rounds = 100 if self.privacy is None else 3
+            rounds = auto_rounds
         transport = fit_transport(transport, self.secure_aggregation, self.progress)
         # under secure aggregation the devices add the DP noise (the server sees noisy sums)
         noise_devices = (min_noise_devices(len(devices)) if self.privacy is not None

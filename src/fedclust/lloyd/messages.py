@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.messages import FLOAT, INT, Message, reject
 
-__all__ = ["CenterBroadcast", "ClusterSums", "PointSample", "Moments", "CandidateBroadcast",
+__all__ = ["CenterBroadcast", "RadiusBroadcast", "ClusterSums", "PointSample", "Moments", "CandidateBroadcast",
            "NoisyMoments", "NoisyClusterSums"]
 
 
@@ -21,6 +21,22 @@ class CenterBroadcast(Message):
     centers: np.ndarray
     schema: ClassVar = {"centers": (FLOAT, 2)}
     kind: ClassVar[str] = "center_broadcast"
+
+
+@dataclass(frozen=True)
+class RadiusBroadcast(Message):
+    """Server -> devices, private Lloyd rounds: the current centers (k, d) and the
+    trust radius () the devices clip every ``x − c`` to (and scale their noise by)."""
+
+    centers: np.ndarray
+    radius: np.ndarray
+    schema: ClassVar = {"centers": (FLOAT, 2), "radius": (FLOAT, 0)}
+    kind: ClassVar[str] = "radius_broadcast"
+
+    def validate(self, sender: str) -> None:
+        r = float(self.radius)
+        if not (r > 0 and np.isfinite(r)):
+            reject(sender, f"radius={r} must be a finite number > 0")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ Initialisation, one of
   top-min(k, d) principal subspace; devices send per-candidate sums and counts
   (``M (d + 1) 8`` bytes); the server clusters the candidate centroids,
   weighted by their counts, into k (:mod:`fedclust.privacy.kmeans`);
+* ``init="box"`` (round 0, ``"candidates"``): the candidates round alone, with
+  3k candidates spread over the cube inscribed in the data ball by the server
+  without reading any data (:func:`fedclust.privacy.kmeans.box_centers`); under
+  privacy devices send sums of x − c clipped to a data-independent radius;
 * ``init="kfed"`` (round 0, ``"kfed"``): one k-FED round — every device
   runs k-FED's local step with k local clusters and sends its centers and
   counts (``k (d + 1) 8`` bytes); the server groups them into k (k-FED's
@@ -26,6 +30,11 @@ per device); each device returns per-center sums, counts and its cost
 (``k (d + 1) 8 + 8`` bytes); the server averages. Without privacy it stops
 when the global cost improves by at most ``tol`` (relative) or after
 ``max_rounds``.
+
+Private Lloyd rounds are trust-radius rounds: the server broadcasts the
+centers and a radius r (:class:`RadiusBroadcast`), devices send per-cluster
+sums of x − c clipped to r (noise ∝ r) and counts, and the first round also
+the spread that sets r for the later rounds (:mod:`fedclust.privacy.kmeans`).
 
 With ``privacy`` (central DP): devices clip their points to ``data_bound``
 (and, at device level, their contribution to ``clip_norm``); the server adds
@@ -63,14 +72,42 @@ from ..kfed.messages import LocalCenters
 from ..kfed.server import aggregate_centers
 from ..privacy.distributed import check_noise_devices, device_share
 from .messages import (CandidateBroadcast, CenterBroadcast, ClusterSums, Moments, NoisyClusterSums,
-                       NoisyMoments, PointSample)
+                       NoisyMoments, PointSample, RadiusBroadcast)
 from ..core.protocol import Protocol, Request, RunLog
 
-__all__ = ["DistributedLloydProtocol", "DistributedLloydResult", "INITS"]
+__all__ = ["DistributedLloydProtocol", "DistributedLloydResult", "INITS", "private_start"]
 
-INITS = ("sample", "candidates", "kfed")
+INITS = ("sample", "candidates", "kfed", "box")
 KFED_MOMENTS = "k-FED round: device moments (noised on the device)"
 KFED_CANDIDATES = "k-FED round: device candidate sums and counts (noised on the device)"
+
+
+def private_start(n_samples: int, n_clusters: int, n_features: int,
+                  privacy: DifferentialPrivacy) -> tuple[str, int]:
+    """The start and the number of Lloyd rounds of a private fit, from (n, k, d, ε, δ)
+    only (``n_samples`` is treated as public; nothing else is read from the data).
+
+    The moments start pays for a d × d second-moment matrix with noise std σ_Q per
+    entry; its noise has spectral norm about 2√d σ_Q, while data spread evenly over
+    the ball give a top eigenvalue of about n B²/d. When the noise is larger
+    (n < 4 d^1.5 z, z the moments' noise multiplier) or when k ≥ d (the principal
+    subspace is the whole space and the moments only fit one Gaussian) the box
+    start (:func:`fedclust.privacy.kmeans.box_centers`, no moments) is used with
+    2 Lloyd rounds (its candidate round is already one Lloyd step); otherwise
+    the moments start with 3 rounds.
+    """
+    k, d = int(n_clusters), int(n_features)
+    if not privacy.private:
+        return "candidates", 3
+    if k >= d:
+        return "box", 2
+    try:
+        probe = DistributedLloydProtocol(k, init="candidates", max_rounds=3, privacy=privacy,
+                                         n_features=d)
+    except ValidationError:    # ε too small even for the moments start: the box start
+        return "box", 2
+    z = probe.plan.releases[0].noise_multiplier
+    return ("box", 2) if n_samples < 4.0 * d ** 1.5 * z else ("candidates", 3)
 
 
 @dataclass
@@ -91,6 +128,7 @@ class _State:
     lloyd_rounds: int = 0
     centers: np.ndarray | None = None
     candidates: CandidateBroadcast | None = None
+    radius: float = math.inf       # the trust radius of the next private Lloyd round
     costs: list[float] = field(default_factory=list)
     converged: bool = False
 
@@ -138,6 +176,9 @@ class DistributedLloydProtocol(Protocol):
                 raise ValidationError("privacy: DistributedLloydProtocol needs n_features")
             self.plan = planned(privacy, self.releases(), noise_multipliers,
                                 family="this DistributedLloyd fit")
+        if self.init == "box" and n_features is None:
+            raise ValidationError("init='box' needs n_features (the candidates are placed "
+                                  "before any data are read)")
         self.noise_devices = check_int(noise_devices, "noise_devices", min_value=0)
         if self.noise_devices:
             if privacy is None:
@@ -160,12 +201,15 @@ class DistributedLloydProtocol(Protocol):
         d = int(self.n_features)
         T = self.max_rounds
         kfed = self.init == "kfed"
-        out = [pk.moments_release(self.privacy, what=KFED_MOMENTS if kfed else pk.MOMENTS),
-               pk.sums_release(self.privacy, min(self.n_clusters, d),
-                               what=KFED_CANDIDATES if kfed else pk.CANDIDATES,
-                               share=float(T + 1))]
+        box = self.init == "box"
+        out = [] if box else [
+            pk.moments_release(self.privacy, what=KFED_MOMENTS if kfed else pk.MOMENTS)]
+        out.append(pk.sums_release(self.privacy, d if box else min(self.n_clusters, d),
+                                   what=KFED_CANDIDATES if kfed else pk.CANDIDATES,
+                                   share=float(T + 1)))
         if T > 1:
             out.append(pk.sums_release(self.privacy, d, repeats=T - 1))
+            out.append(pk.spread_release(self.privacy, share=pk.SPREAD_SHARE))
         out.append(pk.sums_release(self.privacy, d, what=pk.FINAL, share=float(T + 1)))
         return out
 
@@ -196,15 +240,29 @@ class DistributedLloydProtocol(Protocol):
 
     # -- server --------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
-        return _State(tuple(device_ids), int(seed))
+        radius = float(self.privacy.data_bound) if self.noisy else math.inf
+        state = _State(tuple(device_ids), int(seed), radius=radius)
+        if self.init == "box":
+            d = int(self.n_features)
+            B = math.sqrt(d) if self.privacy is None else self.privacy.data_bound
+            coords = pk.box_centers(pk.BOX_CANDIDATES * self.n_clusters, d, float(B), server_rng(state.seed))
+            state.candidates = CandidateBroadcast(np.zeros(d), np.eye(d), coords)
+            if self.noisy:   # the first round's trust radius: the candidate round's
+                state.radius = pk.box_radius(len(coords), d, float(B))
+        return state
 
     def next_request(self, state: _State) -> Request | None:
+        if state.round == 0 and self.init == "box":
+            return Request(0, "candidates", state.candidates)
         if state.round == 0:
             return Request(0, {"sample": "sample", "kfed": "kfed"}.get(self.init, "moments"))
         if self.init == "candidates" and state.round == 1:
             return Request(1, "candidates", state.candidates)
         if state.converged or state.lloyd_rounds >= self.max_rounds:
             return None
+        if self.noisy:
+            return Request(state.round, "lloyd", RadiusBroadcast(
+                state.centers, np.asarray(state.radius, dtype=np.float64)))
         return Request(state.round, "lloyd", CenterBroadcast(state.centers))
 
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
@@ -229,14 +287,31 @@ class DistributedLloydProtocol(Protocol):
         if action == "moments":
             return self.plan.releases[0]
         if action == "candidates":
-            return self.plan.releases[1]
-        first = 2 if self.init == "candidates" else 1   # Lloyd rounds follow the init
-        last = round_index - first == self.max_rounds - 1
-        return self.plan.releases[-1 if last else 2]
+            return self.plan.release(KFED_CANDIDATES if self.init == "kfed" else pk.CANDIDATES)
+        last = round_index - self._first_lloyd == self.max_rounds - 1
+        return self.plan.release(pk.FINAL if last else pk.LLOYD)
 
-    def _device_noise(self, msg: Message, action: str, device_id: int, round_index: int
-                      ) -> Message:
+    @property
+    def _relative_candidates(self) -> bool:
+        """The box start's candidate round sums x − c clipped to :func:`box_radius`."""
+        return self.init == "box" and self.noisy
+
+    @property
+    def _first_lloyd(self) -> int:
+        return {"candidates": 2}.get(self.init, 1)   # Lloyd rounds follow the init
+
+    def _spread_round(self, round_index: int) -> bool:
+        """Whether a private Lloyd round also releases the spread (the first of T ≥ 2):
+        fixed by the config, so a server cannot ask for more releases."""
+        return self.noisy and self.max_rounds > 1 and round_index == self._first_lloyd
+
+    def _radius(self, payload: Message) -> float:
+        """The trust radius a device clips to: the broadcast's, or data_bound."""
+        return float(getattr(payload, "radius", self.privacy.data_bound))
+
+    def _device_noise(self, msg: Message, request: Request, device_id: int) -> Message:
         """Distributed noise: this device's share of the round's Gaussian noise."""
+        action, round_index = request.action, request.round
         rel = device_share(self._release(round_index, action), self.noise_devices)
         rng = noise_rng(self.privacy.noise_seed, DEVICE, device_id, round_index)
         B = float(self.privacy.data_bound)
@@ -244,10 +319,23 @@ class DistributedLloydProtocol(Protocol):
         if action == "moments":
             n, s, Q = pk.noisy_moments(msg.n, msg.s, msg.Q, rel, B, rng)
             return NoisyMoments(n=np.asarray(n, np.float64), s=s, Q=Q, n_devices=one)
-        sums, counts = pk.noisy_cluster_sums(msg.sums.astype(np.float64),
-                                             msg.counts.astype(np.float64), rel, B, rng)
-        return NoisyClusterSums(sums=sums, counts=counts, cost=np.asarray(msg.cost, np.float64),
-                                n_devices=one)
+        cost = np.asarray(msg.cost, np.float64)
+        if action == "candidates" and self._relative_candidates:
+            coords = request.payload.coords
+            sums, counts = pk.noisy_relative_sums(
+                msg.sums.astype(np.float64), msg.counts.astype(np.float64), rel,
+                pk.box_radius(len(coords), coords.shape[1], B), B, rng)
+        elif action == "lloyd" and self.noisy:
+            sums, counts = pk.noisy_relative_sums(
+                msg.sums.astype(np.float64), msg.counts.astype(np.float64), rel,
+                self._radius(request.payload), B, rng)
+            if self._spread_round(round_index):
+                spread = device_share(self.plan.release(pk.SPREAD), self.noise_devices)
+                cost = np.asarray(pk.gaussian(cost, spread.noise_std, rng), np.float64)
+        else:
+            sums, counts = pk.noisy_cluster_sums(msg.sums.astype(np.float64),
+                                                 msg.counts.astype(np.float64), rel, B, rng)
+        return NoisyClusterSums(sums=sums, counts=counts, cost=cost, n_devices=one)
 
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if not replies:
@@ -302,17 +390,25 @@ class DistributedLloydProtocol(Protocol):
                                  replies: list[ClusterSums]) -> None:
         sums = sum(r.sums.astype(np.float64) for r in replies)
         counts = sum(r.counts.astype(np.float64) for r in replies)
-        min_count, bound = 1.0, None
+        min_count, bound, centroids = 1.0, None, None
         if self.plan is not None:
-            rel = self.plan.releases[1]
-            if not self.noise_devices:
-                sums, counts = pk.noisy_cluster_sums(sums, counts, rel, self.privacy.data_bound,
-                                                     self._noise(state, request))
+            rel = self._release(request.round, "candidates")
             bound = float(self.privacy.data_bound)
+            if self._relative_candidates:   # box start: relative sums at the box radius
+                coords = state.candidates.coords
+                r = pk.box_radius(len(coords), coords.shape[1], bound)
+                if not self.noise_devices:
+                    sums, counts = pk.noisy_relative_sums(sums, counts, rel, r, bound,
+                                                          self._noise(state, request))
+                centroids = pk.relative_step(coords, sums, counts, min_count=1.0, radius=r,
+                                             bound=bound, sum_std=rel.noise_std * r / bound)
+            elif not self.noise_devices:
+                sums, counts = pk.noisy_cluster_sums(sums, counts, rel, bound,
+                                                     self._noise(state, request))
             min_count = max(1.0, 3.0 * rel.noise_std / pk.count_weight(bound, sums.shape[1]))
         centers, _ = pk.centers_from_candidates(
             sums, counts, self.n_clusters, bound=bound, min_count=min_count,
-            seed=sklearn_seed(server_rng(state.seed, 2)))
+            seed=sklearn_seed(server_rng(state.seed, 2)), centroids=centroids)
         cb = state.candidates
         state.centers = pk.lift(centers, cb.mean, cb.basis)
 
@@ -333,17 +429,22 @@ class DistributedLloydProtocol(Protocol):
         new = state.centers.copy()
         if self.noisy:
             rel = self._release(request.round, "lloyd")
-            bound = float(self.privacy.data_bound)
+            bound, r = float(self.privacy.data_bound), state.radius
             sums, counts = sums.astype(np.float64), counts.astype(np.float64)
+            spread = float(sum(float(x.cost) for x in replies))
+            spread_rel = self.plan.release(pk.SPREAD) if self._spread_round(request.round) else None
             if not self.noise_devices:
-                sums, counts = pk.noisy_cluster_sums(sums, counts, rel, bound,
-                                                     self._noise(state, request))
-            # a cluster whose noisy count is within 3 noise stds of 0 keeps its center
-            nz = counts > max(1.0, 3.0 * rel.noise_std / pk.count_weight(bound, sums.shape[1]))
-            new[nz] = sums[nz] / counts[nz, None]
-            nrm = np.linalg.norm(new, axis=1)
-            over = nrm > bound
-            new[over] *= (bound / nrm[over])[:, None]
+                rng = self._noise(state, request)
+                sums, counts = pk.noisy_relative_sums(sums, counts, rel, r, bound, rng)
+                if spread_rel is not None:
+                    spread = float(pk.gaussian(np.asarray(spread), spread_rel.noise_std, rng))
+            # a noisy count near 0 makes a long, noisy step: the shrinkage and the radius
+            # stop it, so only a count below 1 keeps its center
+            new = pk.relative_step(state.centers, sums, counts, min_count=1.0, radius=r,
+                                   bound=bound, sum_std=rel.noise_std * r / bound)
+            if spread_rel is not None:
+                state.radius = pk.trust_radius(spread, spread_rel.noise_std,
+                                               float(counts.sum()), bound)
         else:
             cost = float(sum(float(r.cost) for r in replies))
             nz = counts > 0
@@ -374,7 +475,7 @@ class DistributedLloydProtocol(Protocol):
                     state: dict[str, np.ndarray]) -> Message:
         reply = self._plain_step(request, X, device_id=device_id, seed=seed, state=state)
         if self.noise_devices and request.action in self.summed_actions:
-            return self._device_noise(reply, request.action, device_id, request.round)
+            return self._device_noise(reply, request, device_id)
         return reply
 
     def _plain_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
@@ -393,6 +494,11 @@ class DistributedLloydProtocol(Protocol):
             return Moments(n=np.asarray(n, dtype=np.float64), s=s, Q=Q)
         if request.action == "candidates":
             p = request.payload
+            if self._relative_candidates:
+                coords = p.coords.astype(np.float64)
+                r = pk.box_radius(len(coords), coords.shape[1], float(spec.data_bound))
+                sums, counts, _, _ = pk.relative_sums(self._clipped(X, state), coords, r, spec)
+                return ClusterSums(sums=sums, counts=counts, cost=np.asarray(0.0))
             sums, counts, _ = pk.candidate_sums(self._clipped(X, state), p.mean, p.basis,
                                                 p.coords, spec)
             return ClusterSums(sums=sums, counts=counts, cost=np.asarray(0.0))
@@ -406,9 +512,13 @@ class DistributedLloydProtocol(Protocol):
                 np.add.at(sums, labels, Xc)
                 counts = np.bincount(labels, minlength=k).astype(np.int64)
                 return ClusterSums(sums=sums, counts=counts, cost=np.asarray(float(mind.sum())))
+            if spec.private:    # trust-radius round: relative sums (and the spread once)
+                sums, counts, spread, _ = pk.relative_sums(
+                    Xc, C, self._radius(request.payload), spec,
+                    spread=self._spread_round(request.round))
+                return ClusterSums(sums=sums, counts=counts, cost=np.asarray(spread))
             sums, counts, _ = pk.cluster_sums(Xc, labels, k, spec)
-            cost = 0.0 if spec.private else float(mind.sum())
-            return ClusterSums(sums=sums, counts=counts, cost=np.asarray(cost))
+            return ClusterSums(sums=sums, counts=counts, cost=np.asarray(float(mind.sum())))
         raise ValidationError(f"distributed Lloyd has no client action {request.action!r}")
 
     def _kfed_step(self, X: np.ndarray, device_id: int, seed: int,
