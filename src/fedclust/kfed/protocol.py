@@ -175,16 +175,18 @@ class KFedProtocol(Protocol):
 
     def k_sent(self, k_z: int, n_z: int) -> int:
         """Centers a device of n_z points sends: k_z, and with the default server at least
-        ``min(k, n_z // 5)`` — a coarser summary merges groups the server cannot split again
-        (the asymmetry of :func:`fedclust.kfed.local.auto_range`)."""
+        ``min(2k, n_z // 5)`` (the top of :func:`fedclust.kfed.local.auto_range`): a coarser
+        summary can merge groups the server cannot split again, a finer one costs
+        ``(d + 2) 8`` bytes per extra center, and the device's labels come from the final
+        centers, not from its local clusters."""
         if not self.summarise or self.auto:
             return k_z
-        return max(k_z, auto_range(n_z, self.n_clusters)[0])
+        return max(k_z, auto_range(n_z, self.n_clusters)[1])
 
     def max_sent(self, device_id: int) -> int:
         """The most centers the server accepts from a device."""
         k_z = self.k_local(device_id)
-        return max(k_z, self.n_clusters) if self.summarise else k_z
+        return max(k_z, 2 * self.n_clusters) if self.summarise else k_z
 
     # -- config round trip (for clients on another machine) -----------------
     def config(self) -> dict[str, Any]:
