@@ -319,9 +319,9 @@ class DistributedLloydProtocol(Protocol):
     def _centers_from_kfed(self, state: _State, replies: list[LocalCenters]) -> None:
         centers = [r.centers.astype(np.float64) for r in replies]
         counts = [r.counts for r in replies]
-        if self.plan is None:   # k-FED's own server: farthest-first, one Lloyd step
+        if self.plan is None:   # k-FED's default server: weighted k-means, restarts
             agg = aggregate_centers(centers, self.n_clusters, counts=counts,
-                                    rng=server_rng(state.seed))
+                                    method="weighted-kmeans++", rng=server_rng(state.seed))
         else:                   # noisy centers: weighted k-means++, restarts, full Lloyd
             agg = aggregate_centers(centers, self.n_clusters, counts=counts, method="kmeans++",
                                     weighted=True, rng=server_rng(state.seed))
