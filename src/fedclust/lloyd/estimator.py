@@ -60,8 +60,9 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Raw-point sample + k-means++ (default without privacy), the
         private-capable moments + candidates initialisation (default with
         privacy; no raw point leaves a device), or one k-FED round (each
-        device's k local centers, grouped by the server; under privacy the
-        devices' DP local centers of ``KFed(privacy=...)``, point level only).
+        device's k local centers, grouped by k-FED's default server; refused
+        under privacy, see :mod:`fedclust.lloyd.protocol`). ``init="kfed"``
+        with ``max_rounds=r`` is k-FED refined by r Lloyd rounds.
     rounds : int or None
         Alias of ``max_rounds``; give at most one of them.
     privacy : DifferentialPrivacy or None
