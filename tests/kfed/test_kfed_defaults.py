@@ -161,14 +161,20 @@ def test_poorly_explained_hand_case():
     assert bad[0].tolist() == [False, True]
 
 
-def test_local_summary_rejects_bad_scatter():
+def test_local_summary_rejects_bad_scatter_and_reads_negative_as_zero():
     ok = {"centers": np.zeros((2, 3)), "counts": np.array([1, 2]),
           "scatter": np.array([0.0, 1.0])}
     assert LocalSummary.from_arrays(ok).scatter.tolist() == [0.0, 1.0]
     with pytest.raises(IncompatibleMessageError, match="scatter"):
-        LocalSummary.from_arrays({**ok, "scatter": np.array([0.0, -1.0])}, sender="device 3")
-    with pytest.raises(IncompatibleMessageError, match="scatter"):
         LocalSummary.from_arrays({**ok, "scatter": np.array([0.0])}, sender="device 3")
+    with pytest.raises(IncompatibleMessageError, match="scatter"):
+        LocalSummary.from_arrays({**ok, "scatter": np.array([0.0, np.nan])}, sender="device 3")
+    # scatter only feeds the warning: a negative (lying) value counts as 0
+    centers, counts, final = [np.array([[0.0, 0.0], [4.0, 0.0]])], [np.array([2, 2])], \
+        np.array([[1.0, 0.0]])
+    neg = poorly_explained(centers, counts, [np.array([-5.0, 2.0])], final, [np.array([0, 0])])
+    zero = poorly_explained(centers, counts, [np.array([0.0, 2.0])], final, [np.array([0, 0])])
+    assert neg[0].tolist() == zero[0].tolist() == [True, True]
 
 
 def test_auto_is_refused_with_a_clear_error_for_other_strings():

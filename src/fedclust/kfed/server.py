@@ -244,7 +244,7 @@ def poorly_explained(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray]
     ``S_j / n_j`` of the others. O(Σ k_z d), from what the server already holds.
     """
     n = np.concatenate([np.asarray(c, dtype=np.float64) for c in counts])
-    S = np.concatenate([np.asarray(s, dtype=np.float64) for s in scatter])
+    S = np.maximum(np.concatenate([np.asarray(s, dtype=np.float64) for s in scatter]), 0.0)
     C = np.concatenate(centers, axis=0).astype(np.float64)
     lab = np.concatenate(center_labels)
     r2 = S / n
