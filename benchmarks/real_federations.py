@@ -177,6 +177,7 @@ def main():
                 print(f"{name}: skipped ({exc})")
                 continue
             rows += run_federation(name, devices, ys, seeds, k_locals)
+            print(f"{name}: done", flush=True)
     C.print_table(
         ["federation", "method", "k'", "cost ÷ pooled", "worst", "ARI", "pooled ARI",
          "GMM-BIC ARI", "bytes up/site", "warnings"],

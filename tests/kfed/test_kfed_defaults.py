@@ -180,3 +180,35 @@ def test_local_summary_rejects_bad_scatter_and_reads_negative_as_zero():
 def test_auto_is_refused_with_a_clear_error_for_other_strings():
     with pytest.raises(Exception, match="n_local_clusters='many'"):
         KFed(2, "many").fit([np.random.default_rng(0).normal(size=(20, 2))])
+
+
+_CLI = """
+seed = 3
+[data]
+source = "gaussians"
+n_features = 5
+n_clusters = 6
+n_local_clusters = 2
+m0 = 3
+separation = 60.0
+n_per_component = 30
+
+[algorithm]
+name = "kfed"
+n_clusters = {k}
+"""
+
+
+@pytest.mark.parametrize("k, warned", [(2, True), (6, False)])
+def test_cli_prints_the_warning_only_when_it_fires(tmp_path, capsys, k, warned):
+    import json
+
+    from fedclust.cli import main
+
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(_CLI.format(k=k))
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert ("warning: k-FED:" in out) is warned
+    assert bool(res["run_log"]["warnings"]) is warned
