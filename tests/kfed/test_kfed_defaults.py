@@ -212,3 +212,12 @@ def test_cli_prints_the_warning_only_when_it_fires(tmp_path, capsys, k, warned):
     res = json.loads((tmp_path / "o" / "result.json").read_text())
     assert ("warning: k-FED:" in out) is warned
     assert bool(res["run_log"]["warnings"]) is warned
+
+
+def test_auto_refuses_a_one_point_device_unless_raw_points_are_allowed():
+    rng = np.random.default_rng(1)
+    devices = [rng.normal(size=(40, 2)), rng.normal(size=(1, 2))]
+    with pytest.raises(Exception, match="device 1 has n_z=1 points"):
+        KFed(2, random_state=0).fit(devices)
+    m = KFed(2, allow_raw_points=True, random_state=0).fit(devices)
+    np.testing.assert_array_equal(m.local_centers_[1], devices[1])

@@ -200,16 +200,18 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             raise ValidationError(f"n_local_clusters={self.n_local_clusters!r} must be 'auto', "
                                   "an int or one int per device")
         if auto:   # the most each device may send
-            k_locals = [n_clusters if self.privacy is not None else auto_range(len(X), n_clusters)[1]
-                        for X in devices]
+            k_locals = [n_clusters if self.privacy is not None
+                        else auto_range(len(X), n_clusters)[1] for X in devices]
         else:
             k_locals = check_n_local_clusters(self.n_local_clusters, len(devices))
         if sum(k_locals) < n_clusters:
             raise ValidationError(
                 f"the devices would send sum(n_local_clusters)={sum(k_locals)} centers but "
                 f"n_clusters={n_clusters}; need sum k_z >= k (raise n_local_clusters or add devices)")
-        if not self.allow_raw_points and not (auto and self.privacy is None):
+        if not self.allow_raw_points:
             for pos, (X, k_z) in enumerate(zip(devices, k_locals)):
+                if auto and self.privacy is None:
+                    k_z = auto_range(len(X), n_clusters)[0]   # the fewest it may send
                 if X.shape[0] <= k_z:
                     raise ValidationError(
                         f"device {device_ids[pos]} has n_z={X.shape[0]} points but "

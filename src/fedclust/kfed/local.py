@@ -232,7 +232,7 @@ def auto_range(n: int, n_clusters: int) -> tuple[int, int]:
 
 
 def local_kmeans_auto(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
-                      max_iter: int = 300, tol: float = 1e-4,
+                      max_iter: int = 300, tol: float = 1e-4, allow_raw_points: bool = False,
                       device: str = "device") -> LocalKMeansResult:
     """``n_local_clusters="auto"``: the device step with the k_z its own data support.
 
@@ -246,6 +246,7 @@ def local_kmeans_auto(X: np.ndarray, n_clusters: int, rng: np.random.Generator, 
     says its data have that many spherical groups (non-spherical or uneven
     groups, which one center each describes badly).
 
+    A device of one point would send that point: refused unless ``allow_raw_points``.
     Cost: ``hi − lo + 1`` local k-means runs (at most k + 1).
     """
     X = check_array(X, device)
@@ -257,7 +258,7 @@ def local_kmeans_auto(X: np.ndarray, n_clusters: int, rng: np.random.Generator, 
     for k in range(lo, hi + 1):
         try:
             res = local_kmeans(X, k, rng, max_iter=max_iter, tol=tol, device=device,
-                               allow_raw_points=n <= k)
+                               allow_raw_points=allow_raw_points)
         except ValidationError:   # fewer distinct points than k: larger k cannot do better
             if best is None:
                 raise

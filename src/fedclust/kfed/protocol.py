@@ -345,6 +345,7 @@ class KFedProtocol(Protocol):
         if self.auto:
             res = local_kmeans_auto(X, self.n_clusters, device_rng(seed, device_id, request.round),
                                     max_iter=self.local_max_iter, tol=self.tol,
+                                    allow_raw_points=self.allow_raw_points,
                                     device=f"device {device_id}")
             state["local_labels"] = res.labels
             return self._summary(res.message, X, res.labels)

@@ -55,7 +55,8 @@ from ..core.exceptions import ValidationError
 from ..core.kmeans import assign, kmeans_plusplus, lloyd
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
-__all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained", "farthest_first", "assign_to_centers",
+__all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained",
+           "farthest_first", "assign_to_centers",
            "single_linkage", "SERVER_METHODS"]
 
 SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++",
