@@ -45,7 +45,10 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     n_clusters : int
         k, the number of global clusters.
     n_local_clusters : "auto", int or sequence of int, default="auto"
-        k' for every device, or one k_z per device (devices may differ).
+        k' for every device, or one k_z per device (devices may differ); with
+        the default server a device sends at least ``min(2k, n_z // 5)``
+        centers whatever k_z says (its labels come from the final centers, and
+        a coarser summary can merge groups the server cannot split again).
         ``"auto"``: every device picks its own k_z from its data, between
         ``min(k, n_z // 5)`` and ``min(2k, n_z // 5)`` by the X-means BIC of
         its local k-means (:func:`fedclust.kfed.local.local_kmeans_auto`):
@@ -53,9 +56,10 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Under privacy ``"auto"`` is k on every device (a data-chosen k_z would
         be a release). Made for the default server; the paper's server wants
         k_z = the number of groups a device holds.
-    server : {"weighted-kmeans++", "farthest-lloyd1", "farthest-lloyd", "single-linkage", \
-"kmeans++"}
-        Aggregation. Default ``"weighted-kmeans++"``: device centers weighted
+    server : str, default="weighted-kmeans++"
+        Aggregation, one of ``"weighted-kmeans++"``, ``"farthest-lloyd1"``,
+        ``"farthest-lloyd"``, ``"single-linkage"``, ``"kmeans++"``.
+        Default ``"weighted-kmeans++"``: device centers weighted
         by their counts, 10 weighted k-means++ starts and the farthest-first
         start, weighted Lloyd to convergence, the lowest weighted cost kept;
         devices also send each local cluster's scatter (``run_log_.warnings``)
