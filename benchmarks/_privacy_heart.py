@@ -65,7 +65,7 @@ def _private_pre(devs, bounds, eps, delta, bound):
 def clustering_rows(folder, epsilons, delta, runs, seed, ks=(2, 5)):
     rows, records = [], []
     for k in ks:
-        for method in ("dp-lloyd", "dp-lloyd (kfed init)", "dp-kfed", EXACT_PRE):
+        for method in ("dp-lloyd", "dp-kfed", EXACT_PRE):
             for eps in epsilons:
                 ratios, times = [], []
                 for r in range(runs):
@@ -86,9 +86,7 @@ def clustering_rows(folder, epsilons, delta, runs, seed, ks=(2, 5)):
                         model = KFed(k, k, server="kmeans++", weighted=True, privacy=dp,
                                      random_state=seed + r).fit(Zs)
                     else:
-                        init = "kfed" if "kfed" in method else "candidates"
-                        model = DistributedLloyd(k, init=init, privacy=dp,
-                                                 random_state=seed + r).fit(Zs)
+                        model = DistributedLloyd(k, privacy=dp, random_state=seed + r).fit(Zs)
                     times.append(time.perf_counter() - t0)
                     raw = model.cluster_centers_ * pre.scale_ + pre.mean_
                     C = (raw - exact.mean_) / exact.scale_

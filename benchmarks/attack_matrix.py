@@ -128,11 +128,11 @@ def kfed_cell(attack, alpha, c, scale, *, d, k, m0, runs, seed, n_per):
         bound += int(fewest == 0 or (consistent and max(n_liars.values(), default=0) >= fewest))
         y = np.concatenate([fd.labels[z] for z in honest])
         for key, trim in (("plain", 0.0), ("robust", alpha)):
-            m = KFed(k, kp, trim=trim, random_state=s).fit(
+            m = KFed(k, kp, trim=trim, server="farthest-lloyd1", random_state=s).fit(
                 devices, transport=InProcessTransport(tamper=tamper))
             acc[key].append(matched_accuracy(y, np.concatenate([m.device_labels_[z]
                                                                 for z in honest])))
-        m = KFed(k, kp, random_state=s).fit([fd.devices[z] for z in honest])
+        m = KFed(k, kp, server="farthest-lloyd1", random_state=s).fit([fd.devices[z] for z in honest])
         acc["honest_only"].append(matched_accuracy(y, np.concatenate(m.device_labels_)))
     out = {"part": "kfed", "attack": attack, "alpha": alpha, "c": c, "scale": scale,
            "runs_at_bound": bound, **{f"{k_}_mean": float(np.mean(v)) for k_, v in acc.items()},

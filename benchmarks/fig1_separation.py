@@ -41,7 +41,7 @@ def one(d, k, c, n_per, seed):
     fd = make_federated_gaussians(n_features=d, n_clusters=k, n_local_clusters=kp, m0=M0,
                                   separation=c, n_per_component=n_per, random_state=seed)
     t0 = time.perf_counter()
-    model = KFed(k, kp, random_state=seed).fit(fd.devices)
+    model = KFed(k, kp, server="farthest-lloyd1", random_state=seed).fit(fd.devices)
     t = time.perf_counter() - t0
     y = fd.y
     acc = matched_accuracy(y, model.labels_)

@@ -141,7 +141,7 @@ def main(argv=None) -> dict:
                          "iid": iid_partition(len(X), Z, random_state=seed)}
                 for name, part in parts.items():
                     devices, _ = apply_partition(X, None, part)
-                    model = KFed(k, kp, random_state=seed).fit(devices)
+                    model = KFed(k, kp, server="farthest-lloyd1", random_state=seed).fit(devices)
                     ratios[name].append(kmeans_cost(X, model.cluster_centers_) / phi_star)
                     order = np.concatenate(part)
                     induced[name].append(partition_cost(X[order], model.labels_) / phi_star)

@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
                 "cost": ref, "rounds": 1, "bytes_up": n * d * 8, "bytes_down": 0,
                 "time_s": t, "accuracy": matched_accuracy(y, km.labels_)}
             t0 = time.perf_counter()
-            kf = KFed(k, kp, random_state=args.seed).fit(devices)
+            kf = KFed(k, kp, server="farthest-lloyd1", random_state=args.seed).fit(devices)
             t = time.perf_counter() - t0
             com = kf.communication_
             entry["methods"]["kfed"] = {

@@ -51,7 +51,8 @@ CLASSIFIERS = {
                                           "rounds": 50},
 }
 CLUSTERINGS = {
-    "fed: kfed (k=2)": {"name": "kfed", "n_clusters": 2, "n_local_clusters": 2},
+    "fed: kfed (k=2)": {"name": "kfed", "n_clusters": 2, "n_local_clusters": 2,
+                        "server": "farthest-lloyd1"},
     "fed: distributed-lloyd (k=2)": {"name": "distributed-lloyd", "n_clusters": 2},
     "fed: gauss (no k)": {"name": "gauss"},
 }

@@ -21,9 +21,7 @@ pooled data, in the same process):
   random over 100 devices, point level, ``data_bound = 12`` (see below).
 
 Methods: DP distributed Lloyd (central DP: moments + candidates
-initialisation, 3 Lloyd rounds, the defaults), DP distributed Lloyd with
-``init="kfed"`` (the DP k-FED local centers, noised on the devices, seed the
-same 3 rounds; same releases and budget weights) and DP k-FED
+initialisation, 3 Lloyd rounds, the defaults) and DP k-FED
 (point level: each device's moments and candidate sums noised on the device,
 k' = k, the k-means++ server weighted by the noisy counts; device level is
 refused). ε = ∞ runs the same mechanisms without noise.
@@ -179,13 +177,12 @@ def supervised_tables(args, runs: int, rows_out: list) -> None:
                         "FedAvg, 20 rounds)")
 
 
-METHODS = ("dp-lloyd", "dp-lloyd (kfed init)", "dp-kfed")
+METHODS = ("dp-lloyd", "dp-kfed")
 
 
 def fit(method: str, devs, k: int, dp: DifferentialPrivacy, seed: int):
-    if method.startswith("dp-lloyd"):
-        init = "kfed" if "kfed" in method else "candidates"
-        return DistributedLloyd(k, init=init, privacy=dp, random_state=seed).fit(devs)
+    if method == "dp-lloyd":
+        return DistributedLloyd(k, privacy=dp, random_state=seed).fit(devs)
     return KFed(k, k, server="kmeans++", weighted=True, privacy=dp, random_state=seed).fit(devs)
 
 

@@ -169,7 +169,7 @@ def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None) 
     X = None
     for rep in range(repeats):
         with Phase() as ph:
-            model = KFed(case.k, case.k_local, random_state=seed).fit(devices)
+            model = KFed(case.k, case.k_local, server="farthest-lloyd1", random_state=seed).fit(devices)
         rec("kfed_fit", ph)
         with Phase() as ph:
             for z, Xz in enumerate(devices):
@@ -268,7 +268,7 @@ def main(argv=None) -> dict:
         # warm up imports / BLAS / sklearn so the first case is not charged for them
         warm = make_federated_gaussians(n_features=20, n_clusters=4, n_local_clusters=2, m0=2,
                                         n_per_component=40, random_state=0)
-        KFed(4, 2, random_state=0).fit(warm.devices)
+        KFed(4, 2, server="farthest-lloyd1", random_state=0).fit(warm.devices)
         authors_kfed(warm.devices, 2, 4)
         for case in cases:
             if case.dataset == "mnist":

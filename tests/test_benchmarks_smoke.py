@@ -98,6 +98,16 @@ def _check_secagg(doc):
     assert pre["secure_up_bytes"] > pre["plain_up_bytes"] and pre["scale_rel_error"] < 1e-6
 
 
+def _check_real_federations(doc):
+    # without the data folder only scikit-learn's bundled diabetes federation runs
+    rows = {(r["federation"], r["method"]) for r in doc["rows"]}
+    assert ("diabetes-sex", "kfed default") in rows and ("diabetes-sex", "kfed paper") in rows
+    for r in doc["rows"]:
+        if r["method"].startswith("kfed") or r["method"] == "distributed lloyd":
+            assert 0.99 <= r["cost_ratio"] <= r["worst_cost_ratio"] < 2.0
+        assert r["bytes_up_per_site"] > 0 and r["runs"] == 2
+
+
 CASES = {
     "table1": ([], _check_table1),
     "fig1_separation": ([], _check_fig1),
@@ -106,6 +116,7 @@ CASES = {
     "speed": (["--repeats", "1"], _check_speed),
     "kfed_byzantine": ([], _check_kfed_byzantine),
     "secagg": ([], _check_secagg),
+    "real_federations": ([], _check_real_federations),
 }
 
 

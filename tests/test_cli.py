@@ -53,7 +53,11 @@ def test_run_writes_result_with_centers_and_metrics(tmp_path, capsys):
     fed = build_federation(check_config(res["config"]))
     assert res["metrics"]["kmeans_cost"] == pytest.approx(
         kmeans_cost(np.concatenate(fed.devices), centers), rel=1e-12)
-    assert res["communication"]["bytes_up"] == 9 * 2 * (20 + 1) * 8  # 9 devices, k'=2
+    # 9 devices, k'=2; the default server: each device sends max(k', min(2k, n_z // 5))
+    # centers with counts and scatter, (d + 2) 8 bytes each
+    sizes = [len(X) for X in fed.devices]
+    assert res["communication"]["bytes_up"] == sum(
+        max(2, min(12, n // 5)) * (20 + 2) * 8 for n in sizes)
     out = capsys.readouterr().out
     assert "cost / centralized" in out and "kfed" in out
 
@@ -168,7 +172,9 @@ def test_run_help_documents_every_table_and_registered_name(capsys):
         assert f"{name}" in out
     # the keys come from the estimator's signature, required ones marked
     flat = " ".join(out.split())
-    assert "n_local_clusters*" in flat and "trim" in flat
+    assert "n_clusters*" in flat and "trim" in flat
+    # n_local_clusters defaults to "auto": listed, not required
+    assert "n_local_clusters" in flat and "n_local_clusters*" not in flat
     assert "coreset_size" in flat and "coreset_size" in algorithm_keys("coreset")
 
 

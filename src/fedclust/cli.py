@@ -134,6 +134,8 @@ def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool,
     print(format_table(result))
     if result.get("rounds_note"):
         print(f"rounds: {result['rounds_note']}")
+    for warning in result.get("run_log", {}).get("warnings", []):
+        print(f"warning: {warning}")
     print(f"wrote {path}")
     _write_model_outputs(exp, out)
     if plot:
@@ -390,6 +392,8 @@ def _flower(args) -> int:
           f"late {log.late}, failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
     for z, why in sorted({**log.failed, **log.rejected}.items()):
         print(f"  device {z}: {why}")
+    for warning in log.warnings:
+        print(f"warning: {warning}")
     model = Path(args.dir) / "model.npz"
     if model.is_file():
         print(f"model: {model}  (fedclust predict {model} NEW_FILE)")

@@ -36,7 +36,7 @@ def test_batch_equals_one_by_one(n, d, k, n_dev):
 
 def test_kfed_local_centers_equal_standalone_device_steps():
     devs = _devices(40, 24, 30, 3, seed=1) + _devices(5, 33, 30, 3, seed=2)  # two shapes
-    m = KFed(9, 3, random_state=11).fit(devs)
+    m = KFed(9, 3, server="farthest-lloyd1", random_state=11).fit(devs)
     for z, X in enumerate(devs):
         ref = local_kmeans(X, 3, device_rng(11, z, 0),
                            uniforms=device_uniforms(11, [z], 0, n_uniforms(3))[0])
@@ -97,7 +97,7 @@ def test_overlapping_clusters_do_not_collapse_to_singletons():
 
     fd = make_federated_gaussians(n_features=100, n_clusters=16, m0=5, separation=5.0,
                                   n_per_component=200, random_state=0)
-    m = KFed(16, 4, random_state=0).fit(fd.devices)
+    m = KFed(16, 4, server="farthest-lloyd1", random_state=0).fit(fd.devices)
     counts = np.concatenate(m.local_counts_)
     assert counts.min() >= 4          # an average local cluster has 40 points
     assert matched_accuracy(fd.y, m.labels_) > 0.75

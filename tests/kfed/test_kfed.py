@@ -26,7 +26,7 @@ def fed():
 @pytest.fixture(scope="module")
 def fitted(fed):
     devices, _, _ = fed
-    return KFed(K, KL, random_state=0).fit(devices)
+    return KFed(K, KL, server="farthest-lloyd1", random_state=0).fit(devices)
 
 
 def _label_map(y_true, y_pred):
@@ -96,7 +96,7 @@ def test_all_server_methods_accuracy_one(fed, server, weighted):
 @pytest.mark.parametrize("first_device", ["widest", "random", 0, 7])
 def test_first_device_options(fed, first_device):
     devices, labels, _ = fed
-    m = KFed(K, KL, first_device=first_device, random_state=2).fit(devices)
+    m = KFed(K, KL, server="farthest-lloyd1", first_device=first_device, random_state=2).fit(devices)
     assert matched_accuracy(np.concatenate(labels), m.labels_) == 1.0
     if isinstance(first_device, int):
         assert m.seed_device_ == first_device
@@ -112,7 +112,7 @@ def test_per_device_n_local_clusters():
         devices.append(X)
         truth.append(np.asarray(c)[y])
     k_local = [len(c) for c in comps]
-    m = KFed(6, k_local, random_state=0).fit(devices)
+    m = KFed(6, k_local, server="farthest-lloyd1", random_state=0).fit(devices)
     assert [lc.shape[0] for lc in m.local_centers_] == k_local
     assert matched_accuracy(np.concatenate(truth), m.labels_) == 1.0
     assert m.communication_["bytes_up"] == sum(k * (10 + 1) * 8 for k in k_local)
@@ -125,7 +125,7 @@ def test_single_device_equals_lloyd_from_same_init(seed):
     rng = np.random.default_rng(seed)
     means = 2.0 * rng.normal(size=(5, 6))  # overlapping: Lloyd has work to do
     X, _ = blobs(40, means, rng)
-    m = KFed(5, 5, random_state=seed).fit([X])
+    m = KFed(5, 5, server="farthest-lloyd1", random_state=seed).fit([X])
     theta = _spectral_seed(X, 5, device_rng(seed, 0, 0), project=True,
                            uniforms=device_uniforms(seed, [0], 0, n_uniforms(5))[0])
     km = KMeans(5, init=theta, n_init=1, algorithm="lloyd", tol=1e-4).fit(X)
@@ -141,7 +141,7 @@ def test_single_device_matches_sklearn_best_of_10():
     rng = np.random.default_rng(6)
     means = 10 * rng.normal(size=(6, 8))
     X, y = blobs(50, means, rng)
-    m = KFed(6, 6, random_state=0).fit([X])
+    m = KFed(6, 6, server="farthest-lloyd1", random_state=0).fit([X])
     km = KMeans(6, n_init=10, random_state=0).fit(X)
     lab = m.device_labels_[0]
     assert adjusted_rand_score(km.labels_, lab) == 1.0
@@ -162,7 +162,7 @@ def test_single_cluster():
 def test_device_order_invariance(fed, fitted):
     devices, _, _ = fed
     perm = np.random.default_rng(8).permutation(len(devices))
-    m = KFed(K, KL, random_state=0).fit([devices[i] for i in perm], device_ids=perm.tolist())
+    m = KFed(K, KL, server="farthest-lloyd1", random_state=0).fit([devices[i] for i in perm], device_ids=perm.tolist())
     np.testing.assert_array_equal(sorted_rows(m.cluster_centers_),
                                   sorted_rows(fitted.cluster_centers_))
     # same physical device -> same labels, up to the (shared) row order of the centers
@@ -179,7 +179,7 @@ def test_device_order_invariance(fed, fitted):
 
 def test_same_seed_same_result(fed, fitted):
     devices, _, _ = fed
-    again = KFed(K, KL, random_state=0).fit(devices)
+    again = KFed(K, KL, server="farthest-lloyd1", random_state=0).fit(devices)
     np.testing.assert_array_equal(again.cluster_centers_, fitted.cluster_centers_)
     for a, b in zip(again.device_labels_, fitted.device_labels_):
         np.testing.assert_array_equal(a, b)
@@ -210,7 +210,8 @@ def test_byte_counts_formula(fed, fitted):
 def test_float32_federation():
     devices, labels, _ = make_structured_federation(k=8, k_local=4, m0=3, d=10, n_per=15,
                                                     seed=10)
-    m = KFed(8, 4, random_state=0).fit([X.astype(np.float32) for X in devices])
+    m = KFed(8, 4, server="farthest-lloyd1", random_state=0).fit(
+        [X.astype(np.float32) for X in devices])
     assert m.cluster_centers_.dtype == np.float32
     assert matched_accuracy(np.concatenate(labels), m.labels_) == 1.0
     assert m.communication_["bytes_up"] == len(devices) * 4 * (10 * 4 + 8)

@@ -37,7 +37,7 @@ def test_kmeanspp_server_ignores_an_outlying_center_farthest_first_takes():
     devices, labels = _devices_with_one_outlying_center()
     y = np.concatenate(labels)
     inlier = y >= 0
-    paper = KFed(4, 2, random_state=0).fit(devices)
+    paper = KFed(4, 2, server="farthest-lloyd1", random_state=0).fit(devices)
     ours = KFed(4, 2, server="kmeans++", random_state=0).fit(devices)
     ari = lambda m: adjusted_rand_score(y[inlier], np.concatenate(m.device_labels_)[inlier])
     assert ari(ours) == 1.0

@@ -338,5 +338,6 @@ def test_kfed_new_device_runs_the_private_local_step():
     again = KFed(3, 3, server="kmeans++", weighted=True, privacy=dp, random_state=0).fit(
         devs[5:], device_ids=[5])
     assert np.allclose(new_centers, again.local_centers_[0])
-    plain = KFed(3, 3, random_state=0).fit(devs[5:], device_ids=[5])
+    plain = KFed(3, 3, server="kmeans++", weighted=True, random_state=0).fit(devs[5:],
+                                                                             device_ids=[5])
     assert not np.allclose(new_centers, plain.local_centers_[0])

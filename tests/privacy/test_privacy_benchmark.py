@@ -22,7 +22,7 @@ def test_privacy_benchmark_quick(tmp_path):
     doc = json.loads((tmp_path / "privacy.json").read_text())
     assert doc["benchmark"] == "privacy" and doc["quick"] is True
     rows = doc["rows"]
-    assert {r["method"] for r in rows} == {"dp-lloyd", "dp-lloyd (kfed init)", "dp-kfed"}
+    assert {r["method"] for r in rows} == {"dp-lloyd", "dp-kfed"}
     for r in rows:
         assert all(math.isfinite(c) and c >= 0.99 for c in r["cost_ratio"])
         eps = float(r["epsilon"])

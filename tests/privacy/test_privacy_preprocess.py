@@ -271,7 +271,7 @@ def test_flower_simulation_gives_the_same_private_preprocessing_and_lloyd():
     for transport in (None, FlowerSimulationTransport()):
         pre = FederatedPreprocessor(privacy=dp, bounds=BOUNDS, budget_share=0.3).fit(
             devs, transport=transport)
-        km = DistributedLloyd(3, rounds=2, init="kfed", privacy=dp.after(pre.privacy_plan_),
+        km = DistributedLloyd(3, rounds=2, privacy=dp.after(pre.privacy_plan_),
                               random_state=1).fit(pre.transform(devs), transport=transport)
         runs.append((pre, km))
     (pa, ka), (pb, kb) = runs

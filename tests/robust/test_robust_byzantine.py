@@ -101,10 +101,11 @@ def _honest_accuracy(model, fd, honest):
 def test_kfed_under_attack_through_inprocess_transport(attack):
     fd = make_federated_gaussians(20, 8, 2, 5, 100.0, 40, random_state=0)
     ids = list(range(fd.n_devices))
-    clean = KFed(8, 2, random_state=0).fit(fd.devices)
+    clean = KFed(8, 2, server="farthest-lloyd1", random_state=0).fit(fd.devices)
     t = ByzantineTamper(ids, 0.2, 0, attack=attack, scale=1e4)
     honest = [z for z in ids if z not in t.byzantine]
-    attacked = KFed(8, 2, random_state=0).fit(fd.devices, transport=InProcessTransport(tamper=t))
+    attacked = KFed(8, 2, server="farthest-lloyd1", random_state=0).fit(
+        fd.devices, transport=InProcessTransport(tamper=t))
     # the lies arrive well-formed: nobody is rejected and the liars' centers are the lies
     assert attacked.run_log_.rejected == {} and t.calls == len(t.byzantine)
     for z in t.byzantine:

@@ -19,7 +19,8 @@ def fed():
 
 
 def _fit(devices, **transport_kw):
-    return KFed(K, KL, random_state=0).fit(devices, transport=InProcessTransport(**transport_kw))
+    return KFed(K, KL, server="farthest-lloyd1", random_state=0).fit(
+        devices, transport=InProcessTransport(**transport_kw))
 
 
 def _up(k=KL, d=D):
@@ -104,9 +105,9 @@ def test_late_devices_are_assigned_and_counted(fed):
 def test_late_devices_do_not_move_the_centers(fed):
     devices, _, _ = fed
     m = _fit(devices, late_devices=[1, 6])
-    ref = KFed(K, KL, random_state=0).fit([X for z, X in enumerate(devices) if z not in (1, 6)],
-                                          device_ids=[z for z in range(len(devices))
-                                                      if z not in (1, 6)])
+    ref = KFed(K, KL, server="farthest-lloyd1", random_state=0).fit(
+        [X for z, X in enumerate(devices) if z not in (1, 6)],
+        device_ids=[z for z in range(len(devices)) if z not in (1, 6)])
     np.testing.assert_array_equal(m.cluster_centers_, ref.cluster_centers_)
 
 

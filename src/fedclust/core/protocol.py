@@ -89,6 +89,9 @@ class RunLog:
     #: clusters out, a cluster cap), and samples the server removed; absent: none
     removed: dict[int, int] = field(default_factory=dict)
     removed_by_server: int = 0
+    #: the server's diagnostics: reasons to doubt the answer (e.g. k-FED's final centers
+    #: explaining the devices' local clusters poorly)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -62,7 +62,8 @@ def log_to_json(log: RunLog) -> dict[str, Any]:
             "failed": {str(z): str(t) for z, t in log.failed.items()},
             "distrusted": {str(z): str(t) for z, t in log.distrusted.items()},
             "removed": {str(z): int(c) for z, c in log.removed.items()},
-            "removed_by_server": int(log.removed_by_server)}
+            "removed_by_server": int(log.removed_by_server),
+            "warnings": [str(w) for w in log.warnings]}
 
 
 def log_from_json(d: dict[str, Any]) -> RunLog:
@@ -72,7 +73,8 @@ def log_from_json(d: dict[str, Any]) -> RunLog:
                   failed={int(z): t for z, t in d["failed"].items()},
                   distrusted={int(z): t for z, t in d.get("distrusted", {}).items()},
                   removed={int(z): int(c) for z, c in d.get("removed", {}).items()},
-                  removed_by_server=int(d.get("removed_by_server", 0)))
+                  removed_by_server=int(d.get("removed_by_server", 0)),
+                  warnings=[str(w) for w in d.get("warnings", [])])
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

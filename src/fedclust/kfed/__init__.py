@@ -15,7 +15,7 @@ __all__ = ["KFed", "KFedProtocol", "KFedResult"]
 
 register_protocol(KFedProtocol, KFedResult)
 register_predictor("kfed-induced", KFedPredictor.load)
-register_algorithm(Algorithm("kfed", KFed, required=("n_clusters", "n_local_clusters"),
+register_algorithm(Algorithm("kfed", KFed, required=("n_clusters",),
                              export=kfed_export))
 #: ``fedclust demo`` / ``fedclust demo kfed``: a reduced Table-1 federation of k-FED.
 register_demo("kfed", {
@@ -23,7 +23,8 @@ register_demo("kfed", {
     "seed": 0,
     "data": {"source": "gaussians", "n_features": 100, "n_clusters": 16, "n_local_clusters": 4,
              "m0": 5, "separation": 100.0, "n_per_component": 500},
-    "algorithm": {"name": "kfed", "n_clusters": 16, "n_local_clusters": 4},
+    "algorithm": {"name": "kfed", "n_clusters": 16, "n_local_clusters": 4,
+                  "server": "farthest-lloyd1"},
     "simulation": {"dropout": 0.0, "late": 0.0},
     "baselines": {"centralized": True, "distributed_lloyd": True},
 }, description="k-FED: 16 Gaussians in d=100 over 20 devices")

@@ -20,7 +20,9 @@ from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
                                check_n_local_clusters)
 from ..core.exceptions import ValidationError
+from .local import auto_range
 from .messages import LocalCenters
+from .server import WEIGHTED_SERVERS, assign_to_centers
 from .protocol import KFedProtocol, KFedResult
 from ..core.protocol import Request, Transport
 from ..sim.transport import InProcessTransport
@@ -33,20 +35,40 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
 
     Each device runs the Awasthi–Sheffet local k-means with k_z clusters and
     sends its centers and counts once; the server clusters all device centers
-    into k groups; each point's label is the group of its local center.
+    into k groups. With the default server every device gets the k final
+    centers back and labels its points by the nearest one (so ``labels_``
+    equals ``predict``); with the paper's servers each point's label is the
+    group of its local center.
 
     Parameters
     ----------
     n_clusters : int
         k, the number of global clusters.
-    n_local_clusters : int or sequence of int
-        k' for every device, or one k_z per device (devices may differ).
-    server : {"farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++"}
-        Aggregation: the paper's farthest-point initialisation + one Lloyd
-        round (default), Lloyd to convergence (the authors' code), the
-        poster's union-find / single-linkage merge, or (ours) 10 k-means++
-        starts with Lloyd to convergence, the lowest inertia kept: an outlying
-        device center does not claim a final cluster of its own.
+    n_local_clusters : "auto", int or sequence of int, default="auto"
+        k' for every device, or one k_z per device (devices may differ); with
+        the default server a device sends at least ``min(2k, n_z // 5)``
+        centers whatever k_z says (its labels come from the final centers, and
+        a coarser summary can merge groups the server cannot split again).
+        ``"auto"``: every device picks its own k_z from its data, between
+        ``min(k, n_z // 5)`` and ``min(2k, n_z // 5)`` by the X-means BIC of
+        its local k-means (:func:`fedclust.kfed.local.local_kmeans_auto`):
+        under-clustering cannot be undone by the server, over-clustering can.
+        Under privacy ``"auto"`` is k on every device (a data-chosen k_z would
+        be a release). Made for the default server; the paper's server wants
+        k_z = the number of groups a device holds.
+    server : str, default="weighted-kmeans++"
+        Aggregation, one of ``"weighted-kmeans++"``, ``"farthest-lloyd1"``,
+        ``"farthest-lloyd"``, ``"single-linkage"``, ``"kmeans++"``.
+        Default ``"weighted-kmeans++"``: device centers weighted
+        by their counts, 10 weighted k-means++ starts and the farthest-first
+        start, weighted Lloyd to convergence, the lowest weighted cost kept;
+        devices also send each local cluster's scatter (``run_log_.warnings``)
+        and get the final centers back. ``"farthest-lloyd1"`` is the paper's
+        server (farthest-point initialisation + one Lloyd round; every paper
+        reproduction names it), ``"farthest-lloyd"`` Lloyd to convergence (the
+        authors' code), ``"single-linkage"`` the poster's union-find merge,
+        ``"kmeans++"`` unweighted k-means++ restarts (``weighted=`` applies).
+        See ``docs/kfed.md`` for when to use which.
     weighted : bool, default=False
         Weight device centers by their point counts in the server's Lloyd.
     first_device : {"widest", "random"} or int, default="widest"
@@ -94,7 +116,10 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     communication_ : dict
         ``rounds``, ``bytes_up``, ``bytes_down``, ``bytes_total`` and per-device counts.
     run_log_ : RunLog
-        Participants, dropped, late, failed and rejected devices.
+        Participants, dropped, late, failed and rejected devices; ``warnings``:
+        the default server's diagnostic (local clusters holding over a quarter
+        of the points lie outside their final center's reach,
+        :func:`fedclust.kfed.server.explanation_warning`).
     seed_ : int
         The root seed actually used (reproduces the run when ``random_state=None``).
     privacy_ : dict or None
@@ -103,12 +128,17 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
 
     Notes
     -----
-    Device z sends ``k_z (d + 1) * 8`` bytes (float64 centers + int64 counts)
-    and receives ``k_z * 8`` (its label map). Server work: O(Σk_z · k · d).
+    Device z sends ``k_z (d + 1) * 8`` bytes (float64 centers + int64 counts;
+    ``k_z (d + 2) * 8`` with the default server's scatter) and receives
+    ``k_z * 8`` (its label map; ``k d 8``, the final centers, with the default
+    server). Server work: O(Σk_z · k · d) per Lloyd round. For the pooled cost
+    at the price of more rounds, seed distributed Lloyd with this round:
+    ``DistributedLloyd(k, init="kfed", max_rounds=r)`` (each Lloyd round
+    ``k (d + 1) 8 + 8`` bytes up and ``k d 8`` down per device).
     """
 
-    def __init__(self, n_clusters: int = 8, n_local_clusters: int | Sequence[int] = 2, *,
-                 server: str = "farthest-lloyd1", weighted: bool = False,
+    def __init__(self, n_clusters: int = 8, n_local_clusters: int | Sequence[int] | str = "auto",
+                 *, server: str = "weighted-kmeans++", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
                  trim: float = 0.0, privacy: DifferentialPrivacy | None = None,
@@ -127,10 +157,13 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.random_state = random_state
         self.progress = progress
 
-    def _protocol(self, device_ids: Sequence[int], k_locals: Sequence[int],
+    def _protocol(self, device_ids: Sequence[int], k_locals: Sequence[int] | str,
                   n_features: int | None = None) -> KFedProtocol:
-        k_local: int | dict[int, int]
-        k_local = k_locals[0] if len(set(k_locals)) == 1 else dict(zip(device_ids, k_locals))
+        k_local: int | dict[int, int] | str
+        if isinstance(k_locals, str):
+            k_local = k_locals
+        else:
+            k_local = k_locals[0] if len(set(k_locals)) == 1 else dict(zip(device_ids, k_locals))
         return KFedProtocol(
             self.n_clusters, k_local, server=self.server, weighted=self.weighted,
             first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
@@ -165,14 +198,24 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             device_ids = [check_int(z, f"device_ids[{i}]", min_value=0)
                           for i, z in enumerate(device_ids)]
         devices = check_devices(devices, ids=device_ids)
-        k_locals = check_n_local_clusters(self.n_local_clusters, len(devices))
         device_ids = check_device_ids(device_ids, len(devices))
+        auto = isinstance(self.n_local_clusters, str)
+        if auto and self.n_local_clusters != "auto":
+            raise ValidationError(f"n_local_clusters={self.n_local_clusters!r} must be 'auto', "
+                                  "an int or one int per device")
+        if auto:   # the most each device may send
+            k_locals = [n_clusters if self.privacy is not None
+                        else auto_range(len(X), n_clusters)[1] for X in devices]
+        else:
+            k_locals = check_n_local_clusters(self.n_local_clusters, len(devices))
         if sum(k_locals) < n_clusters:
             raise ValidationError(
                 f"the devices would send sum(n_local_clusters)={sum(k_locals)} centers but "
                 f"n_clusters={n_clusters}; need sum k_z >= k (raise n_local_clusters or add devices)")
         if not self.allow_raw_points:
             for pos, (X, k_z) in enumerate(zip(devices, k_locals)):
+                if auto and self.privacy is None:
+                    k_z = auto_range(len(X), n_clusters)[0]   # the fewest it may send
                 if X.shape[0] <= k_z:
                     raise ValidationError(
                         f"device {device_ids[pos]} has n_z={X.shape[0]} points but "
@@ -181,7 +224,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if self.privacy is not None and not isinstance(self.privacy, DifferentialPrivacy):
             raise ValidationError(f"privacy={self.privacy!r} must be a "
                                   "fedclust.privacy.DifferentialPrivacy or None")
-        protocol = self._protocol(device_ids, k_locals, devices[0].shape[1])
+        protocol = self._protocol(device_ids, "auto" if auto else k_locals, devices[0].shape[1])
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         out = transport.run(protocol, dict(zip(device_ids, devices)), self.seed_)
@@ -255,6 +298,9 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             self.center_labels_.append(None)
         pos = self.device_ids_.index(device_id)
         labels = mapping[state["local_labels"]]
+        if self._protocol_.server in WEIGHTED_SERVERS:   # as the fitted devices: nearest center
+            labels = assign_to_centers(X_new.astype(self.cluster_centers_.dtype, copy=False),
+                                       self.cluster_centers_)
         self.device_labels_[pos] = labels
         self.local_centers_[pos] = reply.centers
         self.local_counts_[pos] = reply.counts

@@ -20,7 +20,13 @@ __all__ = ["KFedPredictor", "kfed_export"]
 
 
 def kfed_export(model: Any, fed: Any) -> Exported:
-    """Global centers + per site (device order) its local centers and their global labels."""
+    """Global centers + per site (device order) its local centers and their global labels;
+    with the default server (devices labelled by the nearest final center) the centers alone."""
+    from ..core.registry import export_centers
+    from .server import WEIGHTED_SERVERS
+
+    if getattr(model, "server", None) in WEIGHTED_SERVERS:
+        return export_centers(model, fed)
     centers = np.asarray(model.cluster_centers_, np.float64)
     d = centers.shape[1]
     local, labels, site = [], [], []

@@ -27,7 +27,13 @@ from ..core.exceptions import ValidationError
 from .messages import LocalCenters
 
 __all__ = ["LocalKMeansResult", "local_kmeans", "local_kmeans_many",
-           "top_right_singular_vectors"]
+           "top_right_singular_vectors", "local_kmeans_auto", "kmeans_bic", "local_scatter",
+           "auto_range", "MIN_POINTS_PER_LOCAL_CLUSTER"]
+
+#: ``n_local_clusters="auto"``: a device never makes local clusters of fewer points than this
+#: on average (k_z <= n_z / 5): smaller ones are dominated by noise and their centers come
+#: close to individual rows.
+MIN_POINTS_PER_LOCAL_CLUSTER = 5
 
 # Devices with min(n, d) above this (and well above k) use a randomized SVD.
 _EXACT_SVD_MAX = 400
@@ -186,3 +192,79 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
         out.extend(LocalKMeansResult(LocalCenters(C[i], N[i]), L[i], int(it[i]), False)
                    for i in range(len(Xb)))
     return out
+
+
+def local_scatter(X: np.ndarray, centers: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Sum of squared distances of each local cluster's points to its center, (k_z,)."""
+    resid = X - centers[labels]
+    return np.bincount(labels, weights=np.einsum("ij,ij->i", resid, resid),
+                       minlength=len(centers)).astype(np.float64)
+
+
+def kmeans_bic(n: int, d: int, counts: np.ndarray, inertia: float) -> float:
+    """BIC of a k-means solution read as spherical Gaussians with one shared variance.
+
+    X-means' score (Pelleg & Moore, ICML 2000): log-likelihood
+    ``Σ_j n_j log(n_j / n) − n d/2 log(2π σ²) − d (n − k)/2`` with
+    ``σ² = inertia / (d (n − k))``, minus ``p/2 log n`` for ``p = k d + k``
+    free parameters (k means, k − 1 weights, one variance). Larger is better.
+    """
+    k = len(counts)
+    if n <= k:
+        return -np.inf
+    var = max(inertia / (d * (n - k)), np.finfo(float).tiny)
+    nj = counts[counts > 0].astype(float)
+    loglik = float(nj @ np.log(nj / n)) - n * d / 2 * np.log(2 * np.pi * var) - d * (n - k) / 2
+    return loglik - (k * d + k) / 2 * np.log(n)
+
+
+def auto_range(n: int, n_clusters: int) -> tuple[int, int]:
+    """The k_z that ``n_local_clusters="auto"`` tries on a device of n points: ``lo..hi``.
+
+    ``lo = min(k, n // MIN_POINTS_PER_LOCAL_CLUSTER)``: a device never sends fewer than k
+    centers unless it is too small, because the server can merge local clusters that
+    split one group but can never split a local cluster that merged two (its points
+    all get one label). ``hi = min(2k, n // MIN_POINTS_PER_LOCAL_CLUSTER)``: more local
+    clusters than k only when the device's own data support them (BIC).
+    """
+    cap = max(1, min(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER))
+    return max(1, min(n_clusters, cap)), max(1, min(2 * n_clusters, cap))
+
+
+def local_kmeans_auto(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
+                      max_iter: int = 300, tol: float = 1e-4, allow_raw_points: bool = False,
+                      device: str = "device") -> LocalKMeansResult:
+    """``n_local_clusters="auto"``: the device step with the k_z its own data support.
+
+    Runs :func:`local_kmeans` for every k_z in :func:`auto_range` (from the
+    device's stream, in increasing k_z) and keeps the k_z of highest
+    :func:`kmeans_bic`. The asymmetry behind the range: under-clustering is
+    harmful to k-FED (a local cluster that spans two groups cannot be split by
+    the server), over-clustering is cheap (the server merges the pieces; it costs
+    ``(d + 2) 8`` bytes per extra center). So the device sends at least k centers
+    (fewer only when it holds fewer than ``5 k`` points) and up to 2k when BIC
+    says its data have that many spherical groups (non-spherical or uneven
+    groups, which one center each describes badly).
+
+    A device of one point would send that point: refused unless ``allow_raw_points``.
+    Cost: ``hi − lo + 1`` local k-means runs (at most k + 1).
+    """
+    X = check_array(X, device)
+    n, d = X.shape
+    if n == 0:
+        raise ValidationError(f"{device} has no points")
+    lo, hi = auto_range(n, check_int(n_clusters, "n_clusters", min_value=1))
+    best, best_score = None, -np.inf
+    for k in range(lo, hi + 1):
+        try:
+            res = local_kmeans(X, k, rng, max_iter=max_iter, tol=tol, device=device,
+                               allow_raw_points=allow_raw_points)
+        except ValidationError:   # fewer distinct points than k: larger k cannot do better
+            if best is None:
+                raise
+            break
+        inertia = float(local_scatter(X, res.message.centers, res.labels).sum())
+        score = kmeans_bic(n, d, res.message.counts, inertia)
+        if best is None or score > best_score:
+            best, best_score = res, score
+    return best

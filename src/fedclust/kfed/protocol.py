@@ -25,10 +25,12 @@ from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.validation import check_choice, check_float, check_int
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from .batched import n_uniforms
-from .local import local_kmeans, local_kmeans_many
+from .local import auto_range, local_kmeans, local_kmeans_auto, local_kmeans_many, local_scatter
+from ..core.kmeans import assign
 from ..core.messages import Message
-from .messages import LabelMap, LocalCenters
-from .server import SERVER_METHODS, aggregate_centers, assign_to_centers
+from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
+from .server import (SERVER_METHODS, WEIGHTED_SERVERS, aggregate_centers, assign_to_centers,
+                     explanation_warning)
 from ..core.protocol import Protocol, Request, RunLog
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, calibrate, clip_points, noise_rng, planned,
                        pop_privacy, privacy_config)
@@ -71,7 +73,7 @@ class KFedProtocol(Protocol):
     parallel_safe = True
     not_summable_reason = "k-FED's server clusters each device's local centers"
 
-    def __init__(self, n_clusters: int, n_local_clusters: int | Mapping[int, int], *,
+    def __init__(self, n_clusters: int, n_local_clusters: int | Mapping[int, int] | str, *,
                  server: str = "farthest-lloyd1", weighted: bool = False,
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
@@ -83,7 +85,13 @@ class KFedProtocol(Protocol):
         # majority d of the replies wins (a liar cannot get honest devices rejected).
         self.n_features = None if n_features is None else check_int(n_features, "n_features",
                                                                     min_value=1)
-        if isinstance(n_local_clusters, Mapping):
+        self.auto = isinstance(n_local_clusters, str)
+        if self.auto:
+            if n_local_clusters != "auto":
+                raise ValidationError(f"n_local_clusters={n_local_clusters!r} must be 'auto', "
+                                      "an int or one int per device")
+            self.n_local_clusters = "auto"
+        elif isinstance(n_local_clusters, Mapping):
             self.n_local_clusters: int | dict[int, int] = {
                 int(z): check_int(v, f"n_local_clusters[{z}]", min_value=1)
                 for z, v in n_local_clusters.items()}
@@ -106,6 +114,11 @@ class KFedProtocol(Protocol):
         self.plan: PrivacyPlan | None = None
         if privacy is not None:
             self.plan = self._calibrate(privacy, noise_multipliers)
+        #: the default server's devices also send each local cluster's scatter (not under DP:
+        #: it would be one more release) and get the final centers back
+        self.summarise = self.server in WEIGHTED_SERVERS and self.plan is None
+        if self.summarise:
+            self.reply_types = {ACTION: LocalSummary}
 
     def _calibrate(self, spec: DifferentialPrivacy, multipliers) -> PrivacyPlan:
         if spec.unit == "device":
@@ -140,12 +153,17 @@ class KFedProtocol(Protocol):
     def min_k_local(self) -> int:
         """The smallest k_z: a private device releases sums in min(k_z, d) dimensions, and
         fewer dimensions mean a larger sensitivity B√(1 + 1/p), so the smallest is declared."""
+        if self.auto:   # under DP every device takes k: a data-chosen k_z would be a release
+            return self.n_clusters
         if isinstance(self.n_local_clusters, int):
             return self.n_local_clusters
         return min(self.n_local_clusters.values())
 
     def k_local(self, device_id: int) -> int:
-        """k_z of a device (clear error for a device without one)."""
+        """k_z of a device (clear error for a device without one); with ``"auto"`` the most
+        a device may send (2k; k under DP)."""
+        if self.auto:
+            return self.n_clusters if self.privacy is not None else 2 * self.n_clusters
         if isinstance(self.n_local_clusters, int):
             return self.n_local_clusters
         try:
@@ -154,6 +172,21 @@ class KFedProtocol(Protocol):
             raise ValidationError(
                 f"no n_local_clusters given for device {device_id}; "
                 f"known devices: {sorted(self.n_local_clusters)[:10]}") from None
+
+    def k_sent(self, k_z: int, n_z: int) -> int:
+        """Centers a device of n_z points sends: k_z, and with the default server at least
+        ``min(2k, n_z // 5)`` (the top of :func:`fedclust.kfed.local.auto_range`): a coarser
+        summary can merge groups the server cannot split again, a finer one costs
+        ``(d + 2) 8`` bytes per extra center, and the device's labels come from the final
+        centers, not from its local clusters."""
+        if not self.summarise or self.auto:
+            return k_z
+        return max(k_z, auto_range(n_z, self.n_clusters)[1])
+
+    def max_sent(self, device_id: int) -> int:
+        """The most centers the server accepts from a device."""
+        k_z = self.k_local(device_id)
+        return max(k_z, 2 * self.n_clusters) if self.summarise else k_z
 
     # -- config round trip (for clients on another machine) -----------------
     def config(self) -> dict[str, Any]:
@@ -167,7 +200,7 @@ class KFedProtocol(Protocol):
             cfg["n_features"] = self.n_features
         if self.plan is not None:
             cfg.update(privacy_config(self.privacy, self.plan))
-        if isinstance(self.n_local_clusters, int):
+        if isinstance(self.n_local_clusters, (int, str)):
             cfg["n_local_clusters"] = self.n_local_clusters
         else:
             ids = sorted(self.n_local_clusters)
@@ -202,7 +235,7 @@ class KFedProtocol(Protocol):
         if not isinstance(reply, LocalCenters):
             raise IncompatibleMessageError(
                 f"device {device_id}: expected local_centers, got {type(reply).__name__}")
-        k_z = self.k_local(device_id)
+        k_z = self.max_sent(device_id)
         if reply.centers.shape[0] > k_z:
             raise IncompatibleMessageError(
                 f"device {device_id}: sent {reply.centers.shape[0]} centers but "
@@ -246,6 +279,12 @@ class KFedProtocol(Protocol):
                         f"device {z}: {n_bad} of its {len(centers[pos])} centers in groups that "
                         f"too few devices support (at most {agg.distrust.n_trim} may lie; "
                         f"ball radius {agg.distrust.radius:.4g})")
+        if self.summarise:
+            warning = explanation_warning(
+                centers, counts, [state.replies[z].scatter for z in ids], agg.centers,
+                agg.center_labels, ids)
+            if warning is not None:
+                log.warnings.append(warning)
         return KFedResult(
             centers=agg.centers,
             local_centers=dict(zip(ids, centers)),
@@ -271,7 +310,7 @@ class KFedProtocol(Protocol):
 
     def assign_late(self, result: KFedResult, device_id: int, reply: LocalCenters) -> np.ndarray:
         """Map a late/new device's centers to the final centers (O(k_z k d)); returns its labels map."""
-        if reply.centers.shape[0] > self.k_local(device_id):
+        if reply.centers.shape[0] > self.max_sent(device_id):
             raise IncompatibleMessageError(
                 f"device {device_id}: sent {reply.centers.shape[0]} centers but "
                 f"n_local_clusters={self.k_local(device_id)}")
@@ -288,7 +327,11 @@ class KFedProtocol(Protocol):
 
     def final_message(self, result: KFedResult, device_id: int) -> Message | None:
         labels = result.center_labels.get(device_id)
-        return None if labels is None else LabelMap(global_labels=labels.astype(np.int64))
+        if labels is None:
+            return None
+        if self.server in WEIGHTED_SERVERS:
+            return FinalCenters(centers=result.centers)
+        return LabelMap(global_labels=labels.astype(np.int64))
 
     # -- client ------------------------------------------------------------
     def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
@@ -298,13 +341,28 @@ class KFedProtocol(Protocol):
         k = self.k_local(device_id)
         if self.plan is not None:
             return self._private_step(request, X, k, device_id, seed, state)
+        k = self.k_sent(k, len(X))
+        if self.auto:
+            res = local_kmeans_auto(X, self.n_clusters, device_rng(seed, device_id, request.round),
+                                    max_iter=self.local_max_iter, tol=self.tol,
+                                    allow_raw_points=self.allow_raw_points,
+                                    device=f"device {device_id}")
+            state["local_labels"] = res.labels
+            return self._summary(res.message, X, res.labels)
         res = local_kmeans(X, k, device_rng(seed, device_id, request.round),
                            max_iter=self.local_max_iter, tol=self.tol,
                            allow_raw_points=self.allow_raw_points, device=f"device {device_id}",
                            uniforms=device_uniforms(seed, [device_id], request.round,
                                                     n_uniforms(k))[0])
         state["local_labels"] = res.labels
-        return res.message
+        return self._summary(res.message, X, res.labels)
+
+    def _summary(self, msg: LocalCenters, X: np.ndarray, labels: np.ndarray) -> LocalCenters:
+        """The reply: with the default server, the centers plus each local cluster's scatter."""
+        if not self.summarise:
+            return msg
+        return LocalSummary(centers=msg.centers, counts=msg.counts,
+                            scatter=local_scatter(X, msg.centers, labels))
 
     def _private_step(self, request: Request, X: np.ndarray, k: int, device_id: int, seed: int,
                       state: dict[str, np.ndarray]) -> LocalCenters:
@@ -326,12 +384,12 @@ class KFedProtocol(Protocol):
     def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
                      states: Mapping[int, dict[str, np.ndarray]]):
         """Vectorised device steps: devices of one shape and one k_z run as a batch."""
-        if request.action != ACTION or self.plan is not None:
+        if request.action != ACTION or self.plan is not None or self.auto:
             return super().client_steps(request, devices, seed=seed, states=states)
         groups: dict[tuple, list[int]] = defaultdict(list)
         single: dict[int, np.ndarray] = {}
         for z, X in devices.items():
-            k = self.k_local(z)
+            k = self.k_sent(self.k_local(z), len(X)) if hasattr(X, "__len__") else self.k_local(z)
             if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f" and X.shape[0] > k:
                 groups[(X.shape, X.dtype.str, k)].append(z)
             else:  # the single path gives the precise error or the raw-points case
@@ -362,14 +420,18 @@ class KFedProtocol(Protocol):
                 continue
             for z, res in zip(ids, results):
                 states[z]["local_labels"] = res.labels
-                out[z] = res.message
+                out[z] = self._summary(res.message, devices[z], res.labels)
         return out
 
     def client_finish(self, message: Message | None, X: np.ndarray,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if message is None or "local_labels" not in state:
             return {}
-        out = {"labels": np.asarray(message.global_labels)[state["local_labels"]]}
+        if isinstance(message, FinalCenters):   # nearest final center, as predict
+            C = np.asarray(message.centers)
+            out = {"labels": assign(np.asarray(X, dtype=C.dtype), C)[0]}
+        else:
+            out = {"labels": np.asarray(message.global_labels)[state["local_labels"]]}
         if "n_clipped" in state:
             out["n_clipped"] = state["n_clipped"]
         return out

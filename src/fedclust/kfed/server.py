@@ -16,6 +16,16 @@ Methods (``method=``):
     Union the closest pair of centers until k sets remain. Done exactly via a
     Euclidean minimum spanning tree (Borůvka with blockwise BLAS distances), so
     memory is O(N) for N = Σ k_z centers; no N x N matrix is ever built.
+``"weighted-kmeans++"`` (ours, the default of :class:`fedclust.KFed`)
+    Weighted k-means on the device centers, each weighted by its count (the
+    points behind it): ``KMEANS_PP_INIT`` weighted k-means++ starts from the
+    server's stream plus the farthest-first start, weighted Lloyd to
+    convergence from each, the lowest weighted cost kept. The weighted cost of
+    the device centers plus their within-cluster scatter is the pooled data's
+    k-means cost when every local cluster goes to one final center, so this
+    minimises (locally) the pooled cost that one round can see. Unlike the
+    paper's server it does not give an outlying center or a small device a
+    final cluster of its own, and it does not stop after one Lloyd step.
 ``"kmeans++"`` (ours, not in the paper)
     ``KMEANS_PP_INIT`` k-means++ starts drawn from the server's stream, Lloyd to
     convergence from each, the lowest inertia kept. Farthest-first gives an
@@ -45,10 +55,16 @@ from ..core.exceptions import ValidationError
 from ..core.kmeans import assign, kmeans_plusplus, lloyd
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
-__all__ = ["AggregationResult", "aggregate_centers", "farthest_first", "assign_to_centers",
+__all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained",
+           "farthest_first", "assign_to_centers",
            "single_linkage", "SERVER_METHODS"]
 
-SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++")
+SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++",
+                  "weighted-kmeans++")
+#: the paper's server (Dennis, Li & Smith 2021); every paper reproduction names it
+PAPER_SERVER = "farthest-lloyd1"
+#: servers that always weight device centers by their counts
+WEIGHTED_SERVERS = ("weighted-kmeans++",)
 #: k-means++ starts of the ``"kmeans++"`` server (scikit-learn's KMeans default before 1.4)
 KMEANS_PP_INIT = 10
 
@@ -84,7 +100,8 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         Points behind each center; used as Lloyd weights when ``weighted``.
     method, first_device : see the module docstring.
     weighted : bool, default=False
-        Weight device centers by their counts (the paper does not).
+        Weight device centers by their counts (the paper does not);
+        ``"weighted-kmeans++"`` always does.
     rng : Generator, optional
         The server's stream (only ``first_device="random"`` draws from it).
     trim : float in [0, 0.5), default=0
@@ -116,7 +133,7 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
                                  max_iter=max_iter, tol=tol, trim=trim)
     C = np.concatenate(centers, axis=0)
     w = None
-    if weighted:
+    if weighted or method in WEIGHTED_SERVERS:
         if counts is None:
             raise ValidationError("weighted=True needs the devices' counts")
         w = np.concatenate(counts).astype(C.dtype)
@@ -143,10 +160,32 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
             if best is None or res.inertia < best.inertia:
                 best = res
         final, labels, n_iter = best.centers, best.labels, best.n_iter
+    elif method == "weighted-kmeans++":
+        if rng is None:
+            raise ValidationError("method='weighted-kmeans++' needs the server's random stream")
+        res = _best_weighted_kmeans(C, n_clusters, w, rng, centers, first_device,
+                                    max_iter=max_iter, tol=tol)
+        final, labels, n_iter = res.centers, res.labels, res.n_iter
     else:
         raise ValidationError(f"method={method!r} is not supported; choose one of {list(SERVER_METHODS)}")
     center_labels = [labels[offsets[z]:offsets[z + 1]].copy() for z in range(len(sizes))]
     return AggregationResult(final, center_labels, seed_device, n_iter)
+
+
+def _best_weighted_kmeans(C, k, w, rng, centers, first_device, *, max_iter, tol):
+    """Lowest weighted cost of weighted Lloyd from k-means++ starts and the farthest-first one."""
+    seed_device = _pick_first_device(centers, first_device if first_device != "random"
+                                     else "widest", None)
+    offsets = np.cumsum([0] + [len(c) for c in centers])
+    starts = [farthest_first(C, k, start=np.arange(offsets[seed_device],
+                                                   offsets[seed_device + 1]))]
+    starts += [kmeans_plusplus(C, k, rng, weights=w) for _ in range(KMEANS_PP_INIT)]
+    best = None
+    for idx in starts:
+        res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol)
+        if best is None or res.inertia < best.inertia:
+            best = res
+    return best
 
 
 def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_device, rng,
@@ -186,6 +225,57 @@ def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_de
     seed = None if plain.seed_device is None else kept_devices[plain.seed_device]
     return AggregationResult(final, [labels[offsets[z]:offsets[z + 1]] for z in range(len(sizes))],
                              seed, plain.n_iter, distrust)
+
+
+#: the warning fires when local clusters holding more than this share of the points are
+#: poorly explained by their final center (see :func:`poorly_explained`)
+POORLY_EXPLAINED_SHARE = 0.25
+
+
+def poorly_explained(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray],
+                     scatter: Sequence[np.ndarray], final: np.ndarray,
+                     center_labels: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Which local clusters their final center explains poorly, per device (bool (k_z,)).
+
+    A local cluster of n_j points, mean c_j and scatter S_j costs ``S_j`` around its
+    own mean and ``S_j + n_j ‖c_j − μ‖²`` around its final center μ. It is poorly
+    explained when the final center at least doubles that cost: ``‖c_j − μ‖² > S_j / n_j``,
+    i.e. μ lies farther from the local mean than the local points' RMS radius (outside
+    the local cluster). Local clusters of one point (no scatter) use the median
+    ``S_j / n_j`` of the others. O(Σ k_z d), from what the server already holds.
+    """
+    n = np.concatenate([np.asarray(c, dtype=np.float64) for c in counts])
+    S = np.maximum(np.concatenate([np.asarray(s, dtype=np.float64) for s in scatter]), 0.0)
+    C = np.concatenate(centers, axis=0).astype(np.float64)
+    lab = np.concatenate(center_labels)
+    r2 = S / n
+    spread = r2[n > 1]
+    if spread.size:
+        r2 = np.where(n > 1, r2, np.median(spread))
+    delta2 = ((C - np.asarray(final, dtype=np.float64)[lab]) ** 2).sum(axis=1)
+    bad = delta2 > r2
+    offsets = np.cumsum([0] + [len(c) for c in centers])
+    return [bad[offsets[z]:offsets[z + 1]] for z in range(len(centers))]
+
+
+def explanation_warning(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray],
+                        scatter: Sequence[np.ndarray], final: np.ndarray,
+                        center_labels: Sequence[np.ndarray], device_ids: Sequence[int],
+                        share: float = POORLY_EXPLAINED_SHARE) -> str | None:
+    """A warning when the local clusters :func:`poorly_explained` holds more than ``share``
+    of the points (``None`` otherwise): the final centers then leave out structure the
+    devices saw (k too small for the data, or groups merged by the server)."""
+    bad = poorly_explained(centers, counts, scatter, final, center_labels)
+    n_bad = sum(float(np.asarray(c, dtype=np.float64)[b].sum()) for c, b in zip(counts, bad))
+    n_all = sum(float(np.asarray(c, dtype=np.float64).sum()) for c in counts)
+    if n_all <= 0 or n_bad <= share * n_all:
+        return None
+    devs = [int(z) for z, b in zip(device_ids, bad) if b.any()]
+    listed = ", ".join(map(str, devs[:10])) + (", ..." if len(devs) > 10 else "")
+    return (f"k-FED: {n_bad / n_all:.0%} of the points are in local clusters whose final "
+            f"center lies outside them (farther than their RMS radius; devices {listed}): the "
+            f"{len(final)} final centers explain these devices poorly. Try more clusters, "
+            "n_local_clusters='auto', or refine with DistributedLloyd(init='kfed')")
 
 
 def assign_to_centers(local_centers: np.ndarray, final_centers: np.ndarray) -> np.ndarray:

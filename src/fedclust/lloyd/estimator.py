@@ -61,12 +61,13 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         private-capable moments + candidates initialisation (no raw point
         leaves a device), the box start (3k data-independent candidates
         spread over the cube inscribed in the data ball, no moments; without
-        privacy the cube [-1, 1]^d), or one
-        k-FED round (each device's k local centers, grouped by the server;
-        under privacy the devices' DP local centers of ``KFed(privacy=...)``,
-        point level only). With privacy the default picks the moments or the
-        box start from n, k, d and ε (:func:`~fedclust.lloyd.protocol.private_start`;
-        the federation's size n is treated as public).
+        privacy the cube [-1, 1]^d), or one k-FED round (each device's k local
+        centers, grouped by k-FED's default server; refused under privacy, see
+        :mod:`fedclust.lloyd.protocol`). ``init="kfed"`` with ``max_rounds=r``
+        is k-FED refined by r Lloyd rounds. With privacy the default picks the
+        moments or the box start from n, k, d and ε
+        (:func:`~fedclust.lloyd.protocol.private_start`; the federation's size
+        n is treated as public).
     rounds : int or None
         Alias of ``max_rounds``; give at most one of them.
     privacy : DifferentialPrivacy or None
