@@ -159,6 +159,10 @@ class ForgetMixin:
     def _unlearner(self) -> Unlearning:
         u = getattr(self, "_unlearning_", None)
         if u is None:
+            if hasattr(self, "device_ids_"):
+                raise ValidationError(
+                    f"forget: this {type(self).__name__} was fitted without a server that keeps "
+                    "device summaries (a general graph); fit again without the data")
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
         if not u.store.complete:
             raise ValidationError(
@@ -262,7 +266,8 @@ class ForgetMixin:
         for z, X in new_data.items():
             if z in u.data:
                 u.data[z] = X
-        ids = kept.device_ids
+        ids = [z for z in getattr(self, "device_ids_", kept.device_ids)
+               if z in set(kept.device_ids)]   # the fit's device order, less the forgotten
         if out is None:   # summaries unchanged: the model stands; the devices relabel
             u.memory.update(checked)
             outputs = self._relabel(u, u.result, list(deleted), relabel)
@@ -352,7 +357,8 @@ class ForgetMixin:
         digest = digest_result(u.result)
         summaries = digest_result(again.result) == digest
         devices = {**u.data, **{self._resolve(u, z): v for z, v in (data or {}).items()}}
-        ids = u.store.device_ids
+        ids = [z for z in getattr(self, "device_ids_", u.store.device_ids)
+               if z in set(u.store.device_ids)]
         retrain = None
         detail = ""
         if all(z in devices for z in ids):
