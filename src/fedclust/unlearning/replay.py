@@ -49,10 +49,6 @@ class ReplayOutput:
     states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
-def _same_round(rec: RoundRecord | None, request: Request) -> bool:
-    return rec is not None and rec.round == request.round and rec.action == request.action
-
-
 def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
            data: Mapping[int, Any] | None = None, fresh: frozenset[int] = frozenset()
            ) -> ReplayOutput:
@@ -84,11 +80,15 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
     out = ReplayOutput(None, new, log)
     asked: list[tuple[Request, list[int]]] = []    # every request so far and its targets
     digests: dict[int, str] = {}
+    kept: dict[tuple[int, str], list[RoundRecord]] = {}
+    for r in store.rounds:
+        kept.setdefault((r.round, r.action), []).append(r)
     i = 0
     while (request := protocol.next_request(state)) is not None:
-        rec = store.rounds[i] if i < len(store.rounds) else None
-        if not _same_round(rec, request):
-            rec = None
+        # the kept round this request answers: same round number and action (the payload
+        # digests below decide whether each device's reply still holds)
+        same = kept.get((request.round, request.action))
+        rec = same.pop(0) if same else None
         targets = [z for z in (request.devices or ids) if z in set(ids)]
         replies: dict[int, Any] = {}
         payloads: dict[int, str] = {}
@@ -116,6 +116,7 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
             replies.update(_ask(protocol, state, request, need, data, seed, out.states, asked))
             out.recomputed.extend((i, z) for z in need)
         asked.append((request, targets))
+        replies = {z: replies[z] for z in targets if z in replies}   # the transport's order
         new.rounds.append(RoundRecord(request.round, request.action,
                                       {z: payloads[z] for z in replies}, dict(replies)))
         with one_blas_thread():
