@@ -72,15 +72,15 @@ class ForgetRecord:
     unchanged: list[int]
     #: True when devices other than the ones losing rows had to compute again (a retrain)
     retrained: bool
+    #: digest of the remaining inputs: every kept summary (:meth:`SummaryStore.digest`)
     summaries_digest: str
-    result_digest: str
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
         return {"devices": self.devices, "rows": {str(z): r for z, r in self.rows.items()},
                 "recomputed": [list(p) for p in self.recomputed], "unchanged": self.unchanged,
                 "retrained": self.retrained, "summaries_digest": self.summaries_digest,
-                "result_digest": self.result_digest, "seconds": self.seconds}
+                "seconds": self.seconds}
 
 
 @dataclass
@@ -246,16 +246,18 @@ class ForgetMixin:
         avail.update(new_data)
         if getattr(self, "privacy", None) is not None:
             avail = {}  # under privacy only the kept noisy releases may be reused
-        checked: dict[int, dict] = {}
-        if not drop and len(kept.rounds) == 1:
-            checked = self._unchanged(u, kept, new_data)
-        unchanged = sorted(checked)
-        if unchanged and len(unchanged) == len(deleted):
+        answers: dict[int, tuple[str, Any, dict]] = {}
+        if len(kept.rounds) == 1:
+            answers = self._check_rows(u, kept, new_data)
+        rec = kept.rounds[0] if kept.rounds else None
+        unchanged = sorted(z for z, (_, msg, _) in answers.items()
+                           if z in rec.replies and digest_message(msg) == rec.digest_of(z))
+        if not drop and unchanged and len(unchanged) == len(deleted):
             out = None
         else:
             try:
                 out = replay(u.protocol, kept, u.seed, data=avail,
-                             fresh=frozenset(z for z in deleted if z not in unchanged))
+                             fresh=frozenset(deleted), first_answers=answers)
             except DevicesNeeded as exc:
                 if getattr(self, "privacy", None) is not None:
                     raise ValidationError(
@@ -269,10 +271,9 @@ class ForgetMixin:
         ids = [z for z in getattr(self, "device_ids_", kept.device_ids)
                if z in set(kept.device_ids)]   # the fit's device order, less the forgotten
         if out is None:   # summaries unchanged: the model stands; the devices relabel
-            u.memory.update(checked)
+            u.memory.update({z: answers[z][2] for z in unchanged})
             outputs = self._relabel(u, u.result, list(deleted), relabel)
             self._update_labels(outputs)
-            result_digest = digest_result(u.result)
             recomputed = [(0, z) for z in deleted]
         else:
             u.store, u.result = out.store, out.result
@@ -281,8 +282,7 @@ class ForgetMixin:
             outputs = self._relabel(u, out.result, ids, relabel)
             self._apply_forget(RunOutput(out.result, outputs, _KeptMeter(self.communication_),
                                          out.log, u.seed), ids)
-            result_digest = digest_result(out.result)
-            recomputed = out.recomputed + [(0, z) for z in unchanged]
+            recomputed = out.recomputed
         for z in drop:
             u.data.pop(z, None)
             u.memory.pop(z, None)
@@ -291,31 +291,32 @@ class ForgetMixin:
         self.forget_log_.append(ForgetRecord(
             drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
             sorted(unchanged),
-            any(z not in deleted for _, z in recomputed), u.store.digest(), result_digest,
+            any(z not in deleted for _, z in recomputed), u.store.digest(),
             time.perf_counter() - t0))
         return self
 
     # -- pieces ------------------------------------------------------------------
-    def _unchanged(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
-                   ) -> dict[int, dict]:
-        """Devices (one-round protocols) whose reply without the rows is the kept one,
-        with their new device state."""
+    def _check_rows(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
+                    ) -> dict[int, tuple[str, Any, dict]]:
+        """One-round protocols: each device's step without its rows, as
+        ``(payload digest, reply, state)``: the check of whether its summary changed."""
         proto = u.protocol
         state = proto.start(kept.device_ids, u.seed)
         request = proto.next_request(state)
         rec = kept.rounds[0]
-        same: dict[int, dict] = {}
+        answers: dict[int, tuple[str, Any, dict]] = {}
         for z, X in new_data.items():
-            if request is None or rec.payloads.get(z) != digest_message(request.payload_for(z)):
+            digest = None if request is None else digest_message(request.payload_for(z))
+            if digest is None or rec.payloads.get(z) != digest:
                 continue
             st: dict = {}
             got = proto.client_steps(request.for_device(z), {z: X}, seed=u.seed, states={z: st})
-            reply = got[z]
-            if isinstance(reply, Exception):
-                raise reply
-            if z in rec.replies and digest_message(reply) == digest_message(rec.replies[z]):
-                same[z] = st
-        return same
+            if isinstance(got[z], Exception):
+                raise got[z]
+            msg = proto.reply_types[request.action].from_arrays(got[z].to_arrays(),
+                                                                sender=f"device {z}")
+            answers[z] = (digest, msg, st)
+        return answers
 
     def _relabel(self, u: Unlearning, result: Any, ids: Sequence[int], relabel: bool
                  ) -> dict[int, dict]:

@@ -50,8 +50,8 @@ class ReplayOutput:
 
 
 def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
-           data: Mapping[int, Any] | None = None, fresh: frozenset[int] = frozenset()
-           ) -> ReplayOutput:
+           data: Mapping[int, Any] | None = None, fresh: frozenset[int] = frozenset(),
+           first_answers: Mapping[int, tuple[str, Any, dict]] | None = None) -> ReplayOutput:
     """The protocol's run over ``store.device_ids`` from the kept replies.
 
     Parameters
@@ -66,6 +66,9 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
         Devices that can compute again (in-process: the simulated devices).
     fresh : set of device ids
         Devices whose data changed (rows deleted): asked again in every round.
+    first_answers : mapping device id -> (payload digest, reply, state), optional
+        Replies to the first request already computed (the deletion check), used
+        when the payload digest matches.
 
     Raises
     ------
@@ -79,7 +82,7 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
     new = SummaryStore(ids, [], store.complete)
     out = ReplayOutput(None, new, log)
     asked: list[tuple[Request, list[int]]] = []    # every request so far and its targets
-    digests: dict[int, str] = {}
+    digests: dict[int, tuple[Any, str]] = {}
     kept: dict[tuple[int, str], list[RoundRecord]] = {}
     for r in store.rounds:
         kept.setdefault((r.round, r.action), []).append(r)
@@ -91,18 +94,21 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
         rec = same.pop(0) if same else None
         targets = [z for z in (request.devices or ids) if z in set(ids)]
         replies: dict[int, Any] = {}
+        reply_digests: dict[int, str] = {}
         payloads: dict[int, str] = {}
         need: list[int] = []
         for z in targets:
-            key = id(request.payload_for(z))
-            if key not in digests:
-                digests[key] = digest_message(request.payload_for(z))
-            payloads[z] = digests[key]
+            msg = request.payload_for(z)
+            if id(msg) not in digests or digests[id(msg)][0] is not msg:
+                digests[id(msg)] = (msg, digest_message(msg))   # the message kept alive
+            payloads[z] = digests[id(msg)][1]
             if z in out.states or z in fresh:
                 need.append(z)
             elif rec is not None and rec.payloads.get(z) == payloads[z]:
                 if z in rec.replies:
                     replies[z] = rec.replies[z]
+                    if z in rec.digests:
+                        reply_digests[z] = rec.digests[z]
             else:
                 need.append(z)
         if need:
@@ -113,12 +119,20 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
                     f"{len(need)} device(s) changed, so they must compute again, and devices "
                     f"{missing[:10]} are not at hand (pass data= with their arrays, or run a "
                     "fresh fit without the forgotten data)")
-            replies.update(_ask(protocol, state, request, need, data, seed, out.states, asked))
             out.recomputed.extend((i, z) for z in need)
+            if i == 0 and first_answers:
+                for z in [z for z in need if z in first_answers]:
+                    digest, msg, st = first_answers[z]
+                    if digest == payloads[z]:
+                        replies[z] = msg
+                        out.states[z] = st
+                        need.remove(z)
+            replies.update(_ask(protocol, state, request, need, data, seed, out.states, asked))
         asked.append((request, targets))
         replies = {z: replies[z] for z in targets if z in replies}   # the transport's order
         new.rounds.append(RoundRecord(request.round, request.action,
-                                      {z: payloads[z] for z in replies}, dict(replies)))
+                                      {z: payloads[z] for z in replies}, dict(replies),
+                                      reply_digests))
         with one_blas_thread():
             protocol.server_step(state, request, replies)
         i += 1

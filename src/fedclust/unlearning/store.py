@@ -53,11 +53,22 @@ class RoundRecord:
     action: str
     payloads: dict[int, str] = field(default_factory=dict)
     replies: dict[int, Message] = field(default_factory=dict)
+    #: digest of each reply (:func:`digest_message`), computed once
+    digests: dict[int, str] = field(default_factory=dict)
+
+    def digest_of(self, device_id: int) -> str:
+        if device_id not in self.digests:
+            self.digests[device_id] = digest_message(self.replies[device_id])
+        return self.digests[device_id]
 
     def without(self, device_ids: set[int]) -> "RoundRecord":
+        if not any(z in self.replies for z in device_ids):
+            return RoundRecord(self.round, self.action, dict(self.payloads), dict(self.replies),
+                               dict(self.digests))
         return RoundRecord(self.round, self.action,
                            {z: p for z, p in self.payloads.items() if z not in device_ids},
-                           {z: r for z, r in self.replies.items() if z not in device_ids})
+                           {z: r for z, r in self.replies.items() if z not in device_ids},
+                           {z: r for z, r in self.digests.items() if z not in device_ids})
 
 
 @dataclass
@@ -88,8 +99,7 @@ class SummaryStore:
         for r in self.rounds:
             h.update(f"round {r.round} {r.action};".encode())
             for z in sorted(r.replies):
-                h.update(f"device {z} {r.payloads.get(z, _NONE)};".encode())
-                h.update(digest_message(r.replies[z]).encode())
+                h.update(f"device {z} {r.payloads.get(z, _NONE)} {r.digest_of(z)};".encode())
         return h.hexdigest()
 
     @property
@@ -153,13 +163,13 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
     """
     step = protocol.server_step
     finish = protocol.client_finish
-    digests: dict[int, str] = {}
+    digests: dict[int, tuple[Any, str]] = {}   # id -> (the message, kept alive; digest)
 
     def payload_digest(msg: Message | None) -> str:
         key = id(msg)
-        if key not in digests:
-            digests[key] = digest_message(msg)
-        return digests[key]
+        if key not in digests or digests[key][0] is not msg:
+            digests[key] = (msg, digest_message(msg))
+        return digests[key][1]
 
     def recorded_step(state: Any, request: Any, replies: Mapping[int, Any]) -> None:
         if SUMMED in replies:
@@ -168,7 +178,8 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
             store.rounds.append(RoundRecord(
                 request.round, request.action,
                 {int(z): payload_digest(request.payload_for(z)) for z in replies},
-                {int(z): m for z, m in replies.items()}))
+                {int(z): m for z, m in replies.items()},
+                {int(z): digest_message(m) for z, m in replies.items()}))
         return step(state, request, replies)
 
     by_data = {id(X): z for z, X in (devices or {}).items()}
