@@ -75,7 +75,11 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
     DevicesNeeded
         A device must compute again (its payload changed) and ``data`` lacks it.
     """
-    data = data or {}
+    with one_blas_thread():   # as the transports run both sides: the same rounding
+        return _replay(protocol, store, seed, data or {}, fresh, first_answers or {})
+
+
+def _replay(protocol, store, seed, data, fresh, first_answers) -> ReplayOutput:
     ids = list(store.device_ids)
     log = RunLog()
     state = protocol.start(ids, seed)
@@ -133,12 +137,10 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
         new.rounds.append(RoundRecord(request.round, request.action,
                                       {z: payloads[z] for z in replies}, dict(replies),
                                       reply_digests))
-        with one_blas_thread():
-            protocol.server_step(state, request, replies)
+        protocol.server_step(state, request, replies)
         i += 1
     log.participants = sorted({z for r in new.rounds for z in r.replies})
-    with one_blas_thread():
-        out.result = protocol.finish(state, log)
+    out.result = protocol.finish(state, log)
     return out
 
 
