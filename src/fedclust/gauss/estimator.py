@@ -659,6 +659,26 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self.privacy_ = _privacy_record(protocol, out, ids)
         return self
 
+    def _forget_protocol(self, u: Any, kept: Any, new_data: dict) -> Any:
+        """After a forget the label set is the union of the remaining owners' labels (as a
+        fresh fit finds it); if a class goes, every owner computes again."""
+        counts = np.zeros(len(self.classes_), np.int64)
+        for r in kept.rounds:
+            for z, msg in r.replies.items():
+                if z not in new_data and getattr(msg, "class_count", None) is not None:
+                    counts += np.asarray(msg.class_count, np.int64)
+        for X, y in new_data.values():
+            counts += np.bincount(np.searchsorted(self.classes_, y), minlength=len(counts))
+        if (counts > 0).all():
+            return u.protocol
+        classes = self.classes_[counts > 0]
+        return type(u.protocol).from_config(
+            {**u.protocol.config(), "classes": [c.item() if isinstance(c, np.generic) else c
+                                                for c in classes]})
+
+    def _protocol_changed(self, protocol: Any) -> None:
+        self.classes_ = np.asarray(protocol.classes) if len(protocol.classes) else self.classes_
+
     def _store_classes(self) -> None:
         classes = self.classes_
         self.cluster_classes_ = classes[self._result.classes]

@@ -246,6 +246,9 @@ class ForgetMixin:
         avail.update(new_data)
         if getattr(self, "privacy", None) is not None:
             avail = {}  # under privacy only the kept noisy releases may be reused
+        protocol = self._forget_protocol(u, kept, new_data)
+        if protocol is not u.protocol:   # the federation's settings change: every device again
+            kept = SummaryStore(kept.device_ids, [], kept.complete)
         answers: dict[int, tuple[str, Any, dict]] = {}
         if len(kept.rounds) == 1:
             answers = self._check_rows(u, kept, new_data)
@@ -256,7 +259,7 @@ class ForgetMixin:
             out = None
         else:
             try:
-                out = replay(u.protocol, kept, u.seed, data=avail,
+                out = replay(protocol, kept, u.seed, data=avail,
                              fresh=frozenset(deleted), first_answers=answers)
             except DevicesNeeded as exc:
                 if getattr(self, "privacy", None) is not None:
@@ -268,6 +271,9 @@ class ForgetMixin:
         for z, X in new_data.items():
             if z in u.data:
                 u.data[z] = X
+        if protocol is not u.protocol:
+            u.protocol = protocol
+            self._protocol_changed(protocol)
         ids = [z for z in getattr(self, "device_ids_", kept.device_ids)
                if z in set(kept.device_ids)]   # the fit's device order, less the forgotten
         if out is None:   # summaries unchanged: the model stands; the devices relabel
@@ -296,6 +302,15 @@ class ForgetMixin:
         return self
 
     # -- pieces ------------------------------------------------------------------
+    def _forget_protocol(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
+                         ) -> Any:
+        """The protocol a fresh fit on the remaining data would build (``u.protocol`` when
+        its settings do not depend on the data; the classifier's label set does)."""
+        return u.protocol
+
+    def _protocol_changed(self, protocol: Any) -> None:
+        """Update the estimator's data-derived settings to ``protocol``'s."""
+
     def _check_rows(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
                     ) -> dict[int, tuple[str, Any, dict]]:
         """One-round protocols: each device's step without its rows, as
