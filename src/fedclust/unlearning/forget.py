@@ -82,6 +82,14 @@ class ForgetRecord:
                 "retrained": self.retrained, "summaries_digest": self.summaries_digest,
                 "seconds": self.seconds}
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "ForgetRecord":
+        return cls([int(z) for z in doc["devices"]],
+                   {int(z): [int(i) for i in r] for z, r in doc["rows"].items()},
+                   [(int(a), int(b)) for a, b in doc["recomputed"]],
+                   [int(z) for z in doc["unchanged"]], bool(doc["retrained"]),
+                   str(doc["summaries_digest"]), float(doc["seconds"]))
+
 
 @dataclass
 class VerifyReport:
