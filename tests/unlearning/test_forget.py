@@ -220,3 +220,23 @@ def test_forget_follows_groups_row_order_by_device_afterwards():
     # labels_ lists the remaining devices' rows in device order (10, 30, 40)
     order = np.concatenate([np.flatnonzero(groups[groups != 20] == g) for g in (10, 30, 40)])
     assert np.array_equal(model.labels_, fresh.labels_[order])
+
+
+def test_flower_server_keeps_the_summaries_and_forgets_offline_sites():
+    pytest.importorskip("flwr")
+    from fedclust.flower import FlowerInMemoryTransport
+
+    rng = np.random.default_rng(10)
+    Xs, _ = _federation(rng, 5)
+    model = KFed(4, 2, random_state=0).fit(Xs, transport=FlowerInMemoryTransport())
+    assert model._unlearning_.data == {}      # the server holds no device data
+    model.forget(devices=[2])                 # device 2 has left: its summary suffices
+    assert model.forget_log_[-1].recomputed == []
+    keep = [0, 1, 3, 4]
+    fresh = KFed(4, 2, random_state=0).fit([Xs[z] for z in keep], device_ids=keep)
+    assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
+    # row level: the site runs its step again on its own rows (given here as data=)
+    model.forget(rows={3: [0, 1]}, data={3: Xs[3]})
+    fresh = KFed(4, 2, random_state=0).fit(
+        [Xs[0], Xs[1], np.delete(Xs[3], [0, 1], 0), Xs[4]], device_ids=keep)
+    assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)

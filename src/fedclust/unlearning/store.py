@@ -23,7 +23,7 @@ from ..core.exceptions import ValidationError
 from ..core.messages import MESSAGE_TYPES, Message
 from ..core.secure_sum import SUMMED
 
-__all__ = ["RoundRecord", "SummaryStore", "digest_message", "recording"]
+__all__ = ["RoundRecord", "SummaryStore", "digest_message", "record_round", "recording"]
 
 _NONE = "-"  # digest of "no payload"
 
@@ -151,6 +151,19 @@ class SummaryStore:
             raise ValidationError(f"the kept device summaries are unreadable ({exc})") from None
 
 
+def record_round(store: SummaryStore, request: Any, replies: Mapping[int, Any],
+                 payload_digest: Any = digest_message) -> None:
+    """Keep one round's validated replies (what the server's step is about to read)."""
+    if SUMMED in replies:
+        store.complete = False  # a secure sum: the server holds no per-device reply
+        return
+    store.rounds.append(RoundRecord(
+        request.round, request.action,
+        {int(z): payload_digest(request.payload_for(z)) for z in replies},
+        {int(z): m for z, m in replies.items()},
+        {int(z): digest_message(m) for z, m in replies.items()}))
+
+
 @contextlib.contextmanager
 def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None = None,
               devices: Mapping[int, Any] | None = None) -> Iterator[SummaryStore]:
@@ -172,14 +185,7 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
         return digests[key][1]
 
     def recorded_step(state: Any, request: Any, replies: Mapping[int, Any]) -> None:
-        if SUMMED in replies:
-            store.complete = False  # a secure sum: the server holds no per-device reply
-        else:
-            store.rounds.append(RoundRecord(
-                request.round, request.action,
-                {int(z): payload_digest(request.payload_for(z)) for z in replies},
-                {int(z): m for z, m in replies.items()},
-                {int(z): digest_message(m) for z, m in replies.items()}))
+        record_round(store, request, replies, payload_digest)
         return step(state, request, replies)
 
     by_data = {id(X): z for z, X in (devices or {}).items()}
