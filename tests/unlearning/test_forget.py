@@ -57,6 +57,8 @@ FAMILIES = {
               ["means_", "covariances_", "counts_"]),
     "gauss-classifier": (lambda: FedGaussClassifier(random_state=1), True,
                          ["means_", "covariances_", "counts_", "fisher_scores_"]),
+    "gauss-2-rounds": (lambda: FedGaussClustering(n_rounds=2, random_state=1), False,
+                       ["means_", "covariances_", "counts_"]),
     "coreset": (lambda: DistributedKMeans(4, random_state=4), False, ["cluster_centers_"]),
 }
 
@@ -240,3 +242,20 @@ def test_flower_server_keeps_the_summaries_and_forgets_offline_sites():
     fresh = KFed(4, 2, random_state=0).fit(
         [Xs[0], Xs[1], np.delete(Xs[3], [0, 1], 0), Xs[4]], device_ids=keep)
     assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
+
+
+def test_private_kfed_forgets_a_device_from_the_noisy_releases_and_refuses_rows():
+    from fedclust.privacy import DifferentialPrivacy
+
+    rng = np.random.default_rng(11)
+    Xs, _ = _federation(rng, 6)
+    dp = DifferentialPrivacy(2.0, 1e-6, data_bound=30.0, noise_seed=4)
+    model = KFed(4, 2, privacy=dp, random_state=0).fit(Xs)
+    model._unlearning_.data.clear()
+    model.forget(devices=[1])
+    assert model.forget_log_[-1].recomputed == []   # no device releases again
+    keep = [0, 2, 3, 4, 5]
+    fresh = KFed(4, 2, privacy=dp, random_state=0).fit([Xs[z] for z in keep], device_ids=keep)
+    assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
+    with pytest.raises(ValidationError, match="row deletion is refused under privacy"):
+        model.forget(rows={2: [0]}, data={2: Xs[2]})
