@@ -173,7 +173,7 @@ def test_verify_detects_a_tampered_summary():
     rec = model._unlearning_.store.rounds[0]
     msg = rec.replies[2]
     rec.replies[2] = type(msg)(centers=msg.centers + 1.0, counts=msg.counts)
-    rec.digests.pop(2)
+    rec.digests.pop(2, None)
     report = model.verify()
     assert not report.summaries and not report.retrain and not report.ok
 

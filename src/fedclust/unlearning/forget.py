@@ -72,9 +72,17 @@ class ForgetRecord:
     unchanged: list[int]
     #: True when devices other than the ones losing rows had to compute again (a retrain)
     retrained: bool
-    #: digest of the remaining inputs: every kept summary (:meth:`SummaryStore.digest`)
-    summaries_digest: str
     seconds: float
+    _digest: str | None = field(default=None, repr=False)
+    _store: SummaryStore | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def summaries_digest(self) -> str:
+        """SHA-256 of the remaining inputs: every summary kept after this forget with what
+        its device was asked (:meth:`SummaryStore.digest`; hashed on first read)."""
+        if self._digest is None:
+            self._digest = self._store.digest()
+        return self._digest
 
     def to_json(self) -> dict[str, Any]:
         return {"devices": self.devices, "rows": {str(z): r for z, r in self.rows.items()},
@@ -88,7 +96,7 @@ class ForgetRecord:
                    {int(z): [int(i) for i in r] for z, r in doc["rows"].items()},
                    [(int(a), int(b)) for a, b in doc["recomputed"]],
                    [int(z) for z in doc["unchanged"]], bool(doc["retrained"]),
-                   str(doc["summaries_digest"]), float(doc["seconds"]))
+                   float(doc["seconds"]), str(doc["summaries_digest"]))
 
 
 @dataclass
@@ -308,8 +316,8 @@ class ForgetMixin:
         self.forget_log_.append(ForgetRecord(
             drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
             sorted(unchanged),
-            any(z not in deleted for _, z in recomputed), u.store.digest(),
-            time.perf_counter() - t0))
+            any(z not in deleted for _, z in recomputed), time.perf_counter() - t0,
+            _store=u.store))
         return self
 
     # -- pieces ------------------------------------------------------------------

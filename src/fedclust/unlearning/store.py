@@ -160,8 +160,7 @@ def record_round(store: SummaryStore, request: Any, replies: Mapping[int, Any],
     store.rounds.append(RoundRecord(
         request.round, request.action,
         {int(z): payload_digest(request.payload_for(z)) for z in replies},
-        {int(z): m for z, m in replies.items()},
-        {int(z): digest_message(m) for z, m in replies.items()}))
+        {int(z): m for z, m in replies.items()}))   # reply digests: on first use
 
 
 @contextlib.contextmanager
