@@ -175,6 +175,12 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
     """
     step = protocol.server_step
     finish = protocol.client_finish
+    begin = protocol.start
+
+    def recorded_start(device_ids: Any, seed: int) -> Any:
+        store.device_ids = sorted(int(z) for z in device_ids)  # those that take part
+        return begin(device_ids, seed)
+
     digests: dict[int, tuple[Any, str]] = {}   # id -> (the message, kept alive; digest)
 
     def payload_digest(msg: Message | None) -> str:
@@ -195,10 +201,12 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
             memory[z] = state
         return finish(message, X, state)
 
+    protocol.start = recorded_start
     protocol.server_step = recorded_step
     protocol.client_finish = recorded_finish
     try:
         yield store
     finally:
+        del protocol.start
         del protocol.server_step
         del protocol.client_finish
