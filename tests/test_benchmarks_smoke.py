@@ -98,6 +98,15 @@ def _check_secagg(doc):
     assert pre["secure_up_bytes"] > pre["plain_up_bytes"] and pre["scale_rel_error"] < 1e-6
 
 
+def _check_unlearning(doc):
+    assert {r["case"] for r in doc["rows"]} == {"kfed", "gauss"}
+    for row in doc["rows"]:
+        assert row["exact_device"] and row["exact_rows"] and row["exact_labels"]
+        assert row["forget_s"] > 0 and row["retrain_s"] > 0 and row["local_step_s"] > 0
+        assert row["kept_summary_bytes"] > 0
+        assert {z for _, z in row["recomputed_rows"]} == {row["devices"] // 3}
+
+
 CASES = {
     "table1": ([], _check_table1),
     "fig1_separation": ([], _check_fig1),
@@ -106,6 +115,7 @@ CASES = {
     "speed": (["--repeats", "1"], _check_speed),
     "kfed_byzantine": ([], _check_kfed_byzantine),
     "secagg": ([], _check_secagg),
+    "unlearning": ([], _check_unlearning),
 }
 
 
