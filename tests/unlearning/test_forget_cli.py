@@ -99,3 +99,16 @@ def test_store_survives_npz_round_trip_bit_for_bit(tmp_path):
                                         json.loads(json.dumps(meta)), "forget/")
     assert back.digest() == store.digest()
     assert back.device_ids == [1, 3, 4, 7, 9]
+
+
+def test_forget_a_site_of_a_multi_round_model_is_refused_in_one_line(tmp_path, capsys):
+    paths, _ = write_sites(tmp_path, n_sites=4, seed=3, missing=0.0)
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(CONFIG.replace('name = "kfed"', 'name = "coreset"')
+                   .replace("n_local_clusters = 3\n", "")
+                   + '[preprocess]\nimpute = "none"\nscale = "none"\n')
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 0
+    assert main(["forget", str(out / "model.npz"), "--site", "site2"]) == 2
+    err = capsys.readouterr().err
+    assert "every site must compute again" in err and len(err.strip().splitlines()) == 1

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..core.exceptions import ValidationError
 from .forget import ForgetRecord, Unlearning
+from .replay import DevicesNeeded
 from .store import SummaryStore
 
 __all__ = ["PREFIX", "saved_section", "forget_saved_model"]
@@ -71,7 +72,7 @@ def _restore(algorithm: Any, arrays: dict[str, np.ndarray], meta: dict[str, Any]
     model.device_labels_ = [None] * len(model.device_ids_)
     model.communication_ = {}
     model.forget_log_ = [ForgetRecord.from_json(r) for r in meta.get("records", [])]
-    if hasattr(model, "classes_") is False and "classes" in meta["config"]:
+    if "classes" in meta["config"]:   # the classifier's label set (a data-derived setting)
         model.classes_ = np.asarray(meta["config"]["classes"])
     return model
 
@@ -109,7 +110,13 @@ def forget_saved_model(path: str | Path, sites: Sequence[str], out: str | Path |
         arrays = {k: data[k] for k in data.files if k.startswith(PREFIX)}
     algorithm = get_algorithm(header["algorithm"])
     model = _restore(algorithm, arrays, meta)
-    model.forget(devices=list(sites), relabel=False)
+    try:
+        model.forget(devices=list(sites), relabel=False)
+    except DevicesNeeded:
+        raise ValidationError(
+            f"{path}: forgetting {', '.join(sites)} changes what the server asks the other "
+            f"sites ({header['algorithm']} has rounds after the first), so every site must "
+            "compute again; run again without the site") from None
     remaining = [n for n in header.get("sites", []) if n not in set(sites)]
     exported = algorithm.export(model, None)
     section = saved_section(model, remaining)
