@@ -233,6 +233,8 @@ class ForgetMixin:
         """
         t0 = time.perf_counter()
         u = self._unlearner()
+        if isinstance(devices, (str, int, np.integer)):
+            devices = [devices]
         drop = sorted({self._resolve(u, z) for z in devices})
         given = {self._resolve(u, z): v for z, v in (data or {}).items()}
         deleted: dict[int, np.ndarray] = {}
@@ -293,8 +295,9 @@ class ForgetMixin:
         if protocol is not u.protocol:
             u.protocol = protocol
             self._protocol_changed(protocol)
+        remaining = set(kept.device_ids)
         ids = [z for z in getattr(self, "device_ids_", kept.device_ids)
-               if z in set(kept.device_ids)]   # the fit's device order, less the forgotten
+               if z in remaining]   # the fit's device order, less the forgotten
         if out is None:   # summaries unchanged: the model stands; the devices relabel
             u.memory.update({z: answers[z][2] for z in unchanged})
             outputs = self._relabel(u, u.result, list(deleted), relabel)
@@ -302,7 +305,7 @@ class ForgetMixin:
             recomputed = [(0, z) for z in deleted]
         else:
             u.store, u.result = out.store, out.result
-            u.memory = {z: s for z, s in u.memory.items() if z in set(ids)}
+            u.memory = {z: s for z, s in u.memory.items() if z in remaining}
             u.memory.update(out.states)
             outputs = self._relabel(u, out.result, ids, relabel)
             self._apply_forget(RunOutput(out.result, outputs, _KeptMeter(self.communication_),
@@ -311,7 +314,7 @@ class ForgetMixin:
         for z in drop:
             u.data.pop(z, None)
             u.memory.pop(z, None)
-        u.names = {n: z for n, z in u.names.items() if z not in set(drop)}
+        u.names = {n: z for n, z in u.names.items() if z not in drop}
         self._rows_after_forget()
         self.forget_log_.append(ForgetRecord(
             drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
@@ -392,8 +395,8 @@ class ForgetMixin:
         digest = digest_result(u.result)
         summaries = digest_result(again.result) == digest
         devices = {**u.data, **{self._resolve(u, z): v for z, v in (data or {}).items()}}
-        ids = [z for z in getattr(self, "device_ids_", u.store.device_ids)
-               if z in set(u.store.device_ids)]
+        present = set(u.store.device_ids)
+        ids = [z for z in getattr(self, "device_ids_", u.store.device_ids) if z in present]
         retrain = None
         detail = ""
         if all(z in devices for z in ids):

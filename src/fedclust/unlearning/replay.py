@@ -81,6 +81,7 @@ def replay(protocol: Protocol, store: SummaryStore, seed: int, *,
 
 def _replay(protocol, store, seed, data, fresh, first_answers) -> ReplayOutput:
     ids = list(store.device_ids)
+    id_set = set(ids)
     log = RunLog()
     state = protocol.start(ids, seed)
     new = SummaryStore(ids, [], store.complete)
@@ -96,7 +97,8 @@ def _replay(protocol, store, seed, data, fresh, first_answers) -> ReplayOutput:
         # digests below decide whether each device's reply still holds)
         same = kept.get((request.round, request.action))
         rec = same.pop(0) if same else None
-        targets = [z for z in (request.devices or ids) if z in set(ids)]
+        targets = list(ids) if request.devices is None else [
+            z for z in request.devices if z in id_set]
         replies: dict[int, Any] = {}
         reply_digests: dict[int, str] = {}
         payloads: dict[int, str] = {}
