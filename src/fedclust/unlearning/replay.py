@@ -86,7 +86,7 @@ def _replay(protocol, store, seed, data, fresh, first_answers) -> ReplayOutput:
     state = protocol.start(ids, seed)
     new = SummaryStore(ids, [], store.complete)
     out = ReplayOutput(None, new, log)
-    asked: list[tuple[Request, list[int]]] = []    # every request so far and its targets
+    asked: list[tuple[Request, set[int]]] = []    # every request so far and its targets
     digests: dict[int, tuple[Any, str]] = {}
     kept: dict[tuple[int, str], list[RoundRecord]] = {}
     for r in store.rounds:
@@ -134,7 +134,7 @@ def _replay(protocol, store, seed, data, fresh, first_answers) -> ReplayOutput:
                         out.states[z] = st
                         need.remove(z)
             replies.update(_ask(protocol, state, request, need, data, seed, out.states, asked))
-        asked.append((request, targets))
+        asked.append((request, set(targets)))
         replies = {z: replies[z] for z in targets if z in replies}   # the transport's order
         new.rounds.append(RoundRecord(request.round, request.action,
                                       {z: payloads[z] for z in replies}, dict(replies),
@@ -146,9 +146,9 @@ def _replay(protocol, store, seed, data, fresh, first_answers) -> ReplayOutput:
     return out
 
 
-def _ask(protocol: Protocol, server_state: Any, request: Request, need: list[int], data: Mapping[int, Any],
-         seed: int, states: dict[int, dict], asked: list[tuple[Request, list[int]]]
-         ) -> dict[int, Any]:
+def _ask(protocol: Protocol, server_state: Any, request: Request, need: list[int],
+         data: Mapping[int, Any], seed: int, states: dict[int, dict],
+         asked: list[tuple[Request, set[int]]]) -> dict[int, Any]:
     """The devices' replies to ``request``; a device asked for the first time in this
     replay first answers its earlier requests again (on a fresh state) so that its own
     state is the one a fresh run would have."""
