@@ -13,6 +13,7 @@ import pytest
 
 from fedclust import (ClusteredFedAvg, DistributedKMeans, FedAvg, FedGaussClassifier,
                       FedGaussClustering, KFed)
+from fedclust.baselines import DistributedLloyd
 from fedclust.core.exceptions import NotFittedError, ValidationError
 from fedclust.unlearning import DevicesNeeded
 
@@ -60,6 +61,9 @@ FAMILIES = {
     "gauss-2-rounds": (lambda: FedGaussClustering(n_rounds=2, random_state=1), False,
                        ["means_", "covariances_", "counts_"]),
     "coreset": (lambda: DistributedKMeans(4, random_state=4), False, ["cluster_centers_"]),
+    # points_per_device follows the number of devices: a forget rebuilds the protocol
+    "lloyd": (lambda: DistributedLloyd(4, max_rounds=5, random_state=6), False,
+              ["cluster_centers_", "cost_history_"]),
 }
 
 

@@ -208,6 +208,18 @@ class _FLEstimator(ForgetMixin, BaseEstimator):
         return self
 
     # -- results ----------------------------------------------------------------
+    def _forget_protocol(self, u, kept, new_data):
+        """The protocol a fit on the remaining devices builds (the model's classes and sizes
+        follow their labels); the fitted one when nothing changes."""
+        data = {**u.data, **new_data}
+        remaining = set(kept.device_ids)
+        ids = [z for z in self.device_ids_ if z in remaining]
+        if not ids or any(z not in data for z in ids):
+            return u.protocol
+        proto = self._build([data[z][0] for z in ids], [data[z][1] for z in ids], ids,
+                            eval_every=getattr(u.protocol, "snapshot_every", 0))
+        return u.protocol if proto.config() == u.protocol.config() else proto
+
     def _apply_forget(self, out, device_ids) -> None:
         """The model after :meth:`forget` (``fedclust.unlearning``): as ``fit`` stores it."""
         self._store(out, device_ids, None)
