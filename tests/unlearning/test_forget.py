@@ -263,3 +263,18 @@ def test_private_kfed_forgets_a_device_from_the_noisy_releases_and_refuses_rows(
     assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
     with pytest.raises(ValidationError, match="row deletion is refused under privacy"):
         model.forget(rows={2: [0]}, data={2: Xs[2]})
+
+
+def test_fl_model_size_follows_the_remaining_labels():
+    rng = np.random.default_rng(12)
+    Xs = [rng.normal(size=(30, 3)) for _ in range(5)]
+    ys = [rng.integers(0, 2, size=30) for _ in range(5)]
+    ys[3][:5] = 2                       # only device 3 holds class 2
+    kw = dict(model="softmax", rounds=2, random_state=1)
+    model = FedAvg(**kw).fit(Xs, ys)
+    assert list(model.classes_) == [0, 1, 2]
+    model.forget(devices=[3])
+    keep = [0, 1, 2, 4]
+    fresh = FedAvg(**kw).fit([Xs[z] for z in keep], [ys[z] for z in keep], device_ids=keep)
+    assert list(model.classes_) == [0, 1] and np.array_equal(model.models_, fresh.models_)
+    assert model.forget_log_[-1].retrained

@@ -677,6 +677,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                                                 for c in classes]})
 
     def _protocol_changed(self, protocol: Any) -> None:
+        super()._protocol_changed(protocol)
         self.classes_ = np.asarray(protocol.classes) if len(protocol.classes) else self.classes_
 
     def _store_classes(self) -> None:

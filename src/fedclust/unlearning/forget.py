@@ -332,6 +332,8 @@ class ForgetMixin:
 
     def _protocol_changed(self, protocol: Any) -> None:
         """Update the estimator's data-derived settings to ``protocol``'s."""
+        if hasattr(self, "_protocol_"):
+            self._protocol_ = protocol
 
     def _check_rows(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
                     ) -> dict[int, tuple[str, Any, dict]]:
