@@ -278,3 +278,15 @@ def test_fl_model_size_follows_the_remaining_labels():
     fresh = FedAvg(**kw).fit([Xs[z] for z in keep], [ys[z] for z in keep], device_ids=keep)
     assert list(model.classes_) == [0, 1] and np.array_equal(model.models_, fresh.models_)
     assert model.forget_log_[-1].retrained
+
+
+def test_a_pickled_model_keeps_the_summaries_but_no_device_data():
+    import pickle
+
+    rng = np.random.default_rng(13)
+    Xs, _ = _federation(rng, 5)
+    model = pickle.loads(pickle.dumps(KFed(4, 2, random_state=0).fit(Xs)))
+    assert model._unlearning_.data == {} and model._unlearning_.memory == {}
+    model.forget(devices=[1])
+    fresh = KFed(4, 2, random_state=0).fit([Xs[z] for z in (0, 2, 3, 4)], device_ids=[0, 2, 3, 4])
+    assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)

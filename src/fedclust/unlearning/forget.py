@@ -128,6 +128,10 @@ class Unlearning:
     memory: dict[int, dict] = field(default_factory=dict)
     names: dict[str, int] = field(default_factory=dict)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the devices' side stays with the devices: a pickled model holds no device data
+        return {**self.__dict__, "data": {}, "memory": {}}
+
 
 class _KeptMeter:
     """Stands in for the communication meter: ``communication_`` stays the fit's."""
