@@ -155,7 +155,9 @@ def run_recorded(estimator: Any, transport: Any, protocol: Any, devices: Mapping
         store = kept
     if not store.rounds:
         store.complete = False
-    in_process = type(transport).__name__ == "InProcessTransport"
+    from ..sim.transport import InProcessTransport
+
+    in_process = isinstance(transport, InProcessTransport)   # the devices live in this process
     estimator._unlearning_ = Unlearning(protocol, int(seed), store, out.result,
                                        dict(devices) if in_process else {}, memory)
     estimator.forget_log_ = []
