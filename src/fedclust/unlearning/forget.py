@@ -229,7 +229,9 @@ class ForgetMixin:
             keep a reference to every simulated device's arrays.
         relabel : bool, default=True
             Recompute ``device_labels_`` of the remaining devices (each device's
-            own pass over its rows; the model itself does not need it).
+            own pass over its rows; the model itself does not need it). With
+            False, or where the devices' data is not held, a changed model leaves
+            ``device_labels_`` as ``None``.
 
         Returns
         -------
