@@ -108,6 +108,15 @@ def _check_real_federations(doc):
         assert r["bytes_up_per_site"] > 0 and r["runs"] == 2
 
 
+def _check_unlearning(doc):
+    assert {r["case"] for r in doc["rows"]} == {"kfed", "gauss"}
+    for row in doc["rows"]:
+        assert row["exact_device"] and row["exact_rows"] and row["exact_labels"]
+        assert row["forget_s"] > 0 and row["retrain_s"] > 0 and row["local_step_s"] > 0
+        assert row["kept_summary_bytes"] > 0
+        assert {z for _, z in row["recomputed_rows"]} == {row["devices"] // 3}
+
+
 CASES = {
     "table1": ([], _check_table1),
     "fig1_separation": ([], _check_fig1),
@@ -117,6 +126,7 @@ CASES = {
     "kfed_byzantine": ([], _check_kfed_byzantine),
     "secagg": ([], _check_secagg),
     "real_federations": ([], _check_real_federations),
+    "unlearning": ([], _check_unlearning),
 }
 
 

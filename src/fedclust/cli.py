@@ -77,6 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("data", help="site file (.csv, .tsv, .parquet, .npz) with the training columns")
     pred.add_argument("--out", default=None,
                       help="CSV to write (row, id columns, cluster or prediction); default stdout")
+    fgt = sub.add_parser("forget", help="forget a training site of a saved model.npz (exact)",
+                         description="Drop a site's kept summaries and recompute the model from "
+                         "the others' (the site\nneed not be online); the result equals a run "
+                         "without the site's data\nwith the same seed and the other sites' device "
+                         "ids (docs/unlearning.md).")
+    fgt.add_argument("model", help="model.npz written by `fedclust run`")
+    fgt.add_argument("--site", required=True, action="append",
+                     help="name of the site to forget (repeat for several)")
+    fgt.add_argument("--out", default=None, help="model file to write (default: in place)")
     _add_flower_parser(sub)
     return p
 
@@ -190,12 +199,15 @@ def _write_model_outputs(exp: Any, out: Path) -> None:
         print(format_sites(exp.result))
         for p in write_site_labels(out, exp)[:1]:
             print(f"wrote {p.parent}/<site>.csv ({len(sites.names)} files)")
+    from .unlearning.saved import saved_section
+
+    names = [] if sites is None else sites.names
     path = save_model(out / "model.npz", exp.exported, algorithm=exp.result["algorithm"],
                       preprocessor=exp.preprocessor,
                       schema=None if sites is None else sites.schema,
                       columns=None if sites is not None or exp.preprocessor is not None else
                       [f"x{j}" for j in range(exp.result["n_features"])],
-                      sites=[] if sites is None else sites.names)
+                      sites=names, unlearning=saved_section(exp.model, names))
     print(f"wrote {path}  (fedclust predict {path} NEW_FILE)")
 
 
@@ -221,6 +233,18 @@ def _predict(args) -> int:
     return 0
 
 
+def _forget(args) -> int:
+    from .unlearning.saved import forget_saved_model
+
+    path, record = forget_saved_model(args.model, args.site, args.out)
+    asked = sorted({z for _, z in record.recomputed})
+    print(f"forgot site(s) {', '.join(args.site)}: "
+          + ("no device computed again" if not asked else f"devices {asked} computed again")
+          + f"; remaining summaries digest {record.summaries_digest[:16]}")
+    print(f"wrote {path}")
+    return 0
+
+
 def _json_default(obj):
     import numpy as np
 
@@ -243,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _flower(args)
         if args.command == "predict":
             return _predict(args)
+        if args.command == "forget":
+            return _forget(args)
         if args.command == "demo":
             name = args.name or next(iter(DEMOS))
             if name not in DEMOS:

@@ -8,7 +8,10 @@
   training sites' names and the task;
 * ``model/<name>``: the fitted model's arrays (each family's export hook,
   :class:`fedclust.core.registry.Exported`);
-* ``pre/<name>``: the pooled preprocessing statistics.
+* ``pre/<name>``: the pooled preprocessing statistics;
+* ``forget/<round>/<device>/<field>``: the device summaries the server keeps to
+  forget a site (:mod:`fedclust.unlearning.saved`; described in the header's
+  ``"unlearning"`` entry).
 
 :func:`load_model` returns a :class:`SavedModel` whose ``predict`` applies the
 same encoding, the same preprocessing and the same model, with no refit. A
@@ -144,8 +147,13 @@ def _mixed(values: Sequence[Any]) -> bool:
 
 def save_model(path: str | os.PathLike, exported: Exported, *, algorithm: str,
                preprocessor: Any = None, schema: Any = None, columns: Sequence[str] | None = None,
-               sites: Sequence[str] = ()) -> Path:
-    """Write ``model.npz`` (see the module docstring); returns the path."""
+               sites: Sequence[str] = (),
+               unlearning: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None) -> Path:
+    """Write ``model.npz`` (see the module docstring); returns the path.
+
+    ``unlearning``: the kept device summaries (:func:`fedclust.unlearning.saved.saved_section`),
+    saved as ``forget/...`` arrays and the header's ``"unlearning"`` entry.
+    """
     path = Path(path)
     for name, a in exported.arrays.items():
         if np.asarray(a).dtype.kind == "O":
@@ -160,10 +168,14 @@ def save_model(path: str | os.PathLike, exported: Exported, *, algorithm: str,
               "columns": list(columns), "sites": list(sites),
               "preprocess": None if preprocessor is None else preprocessor.to_json(),
               "task": get_predictor(exported).task}
+    if unlearning is not None:
+        header["unlearning"] = unlearning[1]
     arrays = {"__header__": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)}
     arrays.update({f"model/{k}": np.asarray(v) for k, v in exported.arrays.items()})
     if preprocessor is not None:
         arrays.update({f"pre/{k}": v for k, v in preprocessor.to_arrays().items()})
+    if unlearning is not None:
+        arrays.update(unlearning[0])
     with open(path, "wb") as fh:
         np.savez(fh, **arrays)
     return path

@@ -24,6 +24,7 @@ from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_choice, check_device_ids, check_devices,
                                check_int, check_n_features)
 from ..sim.transport import InProcessTransport
+from ..unlearning.forget import ForgetMixin, run_recorded
 from .graph import TOPOLOGIES, check_graph, make_graph, run_on_graph
 from .messages import WORD_BYTES
 from .protocol import METHODS, CoresetProtocol
@@ -44,14 +45,19 @@ def _federation(devices: Any) -> list[np.ndarray]:
 
 
 def _run(protocol: CoresetProtocol, devices: list[np.ndarray], ids: list[int], graph: Any,
-         graph_p: float, graph_m: int, seed: int, transport: Transport | None, progress: bool):
+         graph_p: float, graph_m: int, seed: int, transport: Transport | None, progress: bool,
+         recorder: Any = None):
     """Run on the star (a transport) or on a graph (flooding). Returns (output, comm, graph).
 
-    Graph node j (0..n-1, as given or generated) is the device at position j.
+    Graph node j (0..n-1, as given or generated) is the device at position j. On the
+    star, ``recorder`` (an estimator) keeps the server's summaries for ``forget``.
     """
     if _is_star(graph):
         transport = transport or InProcessTransport(progress=progress)
-        out = transport.run(protocol, dict(zip(ids, devices)), seed)
+        if recorder is not None:
+            out = run_recorded(recorder, transport, protocol, dict(zip(ids, devices)), seed)
+        else:
+            out = transport.run(protocol, dict(zip(ids, devices)), seed)
         comm = out.meter.summary()
         comm.update(topology="star", words_up=comm["bytes_up"] // WORD_BYTES,
                     words_down=comm["bytes_down"] // WORD_BYTES,
@@ -179,7 +185,7 @@ class DistributedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         return Z @ self.components_ + self.mean_
 
 
-class DistributedKMeans(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
+class DistributedKMeans(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     """Distributed k-means by a distributed coreset, optionally after distributed PCA.
 
     ``method="coreset"``: Balcan, Ehrlich & Liang (NIPS 2013), Algorithm 1 —
@@ -315,21 +321,29 @@ class DistributedKMeans(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.seed_ = root_seed(self.random_state)
         out, self.communication_, self.graph_ = _run(
             protocol, devices, ids, self.graph, self.graph_p, self.graph_m, self.seed_,
-            transport, self.progress)
+            transport, self.progress, recorder=self)
+        self._protocol_ = protocol
+        self._store(out, ids)
+        self._rows = fed.rows
+        return self
+
+    def _store(self, out: Any, ids: Sequence[int]) -> None:
         res = out.result
-        self.device_ids_ = ids
+        d = res.centers.shape[1]
+        self.device_ids_ = list(ids)
         self.cluster_centers_ = res.centers
         self.n_features_in_ = d
         self.coreset_ = (res.coreset_points, res.coreset_weights)
         self.coreset_owner_ = res.coreset_owner
         self.solver_cost_ = res.solver_cost
-        pca = protocol.uses_pca
+        pca = self._protocol_.uses_pca
         self.components_ = res.components if pca else None
         self.mean_ = (res.mean if res.mean.size else np.zeros(d)) if pca else None
         self.device_labels_ = [out.device_outputs.get(z, {}).get("labels") for z in ids]
         self.coreset_digests_ = getattr(out, "coreset_digests", {})
         self.run_log_ = out.log
-        self._protocol_ = protocol
-        self._rows = fed.rows
-        return self
+
+    def _apply_forget(self, out: Any, device_ids: Sequence[int]) -> None:
+        """The model after :meth:`forget` (``fedclust.unlearning``): as ``fit`` stores it."""
+        self._store(out, device_ids)
 

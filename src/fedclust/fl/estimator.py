@@ -24,6 +24,7 @@ from ..core.validation import check_array, check_devices, check_int, check_n_fea
 from ..privacy import DifferentialPrivacy
 from ..privacy.distributed import min_noise_devices
 from ..sim.transport import fit_transport
+from ..unlearning.forget import ForgetMixin, run_recorded
 from .models import Model, build_model, make_model
 from .clustered import ROUTINGS, ClusteredFedAvgProtocol
 from .ifca import IFCAProtocol
@@ -57,7 +58,7 @@ def _check_federation(devices_X: Any, devices_y: Any, ids: Sequence[int] | None,
     return Xs, out
 
 
-class _FLEstimator(BaseEstimator):
+class _FLEstimator(ForgetMixin, BaseEstimator):
     """Shared fit / predict / history code; subclasses name the protocol.
 
     A classifier for every model but ``"linear"`` (a regressor): the tags and
@@ -224,13 +225,29 @@ class _FLEstimator(BaseEstimator):
             for z, X, y in zip(ids, *tests):
                 protocol.new_model().check_data(X, y, f"test device {z}")
         self.seed_ = root_seed(self.random_state)
-        out = transport.run(protocol, dict(zip(ids, zip(Xs, ys))), self.seed_)
+        out = run_recorded(self, transport, protocol, dict(zip(ids, zip(Xs, ys))), self.seed_)
         self._protocol_ = protocol
         self._store(out, ids, tests)
         self.privacy_ = None if protocol.plan is None else protocol.plan.summary()
         return self
 
     # -- results ----------------------------------------------------------------
+    def _forget_protocol(self, u, kept, new_data):
+        """The protocol a fit on the remaining devices builds (the model's classes and sizes
+        follow their labels); the fitted one when nothing changes."""
+        data = {**u.data, **new_data}
+        remaining = set(kept.device_ids)
+        ids = [z for z in self.device_ids_ if z in remaining]
+        if not ids or any(z not in data for z in ids):
+            return u.protocol
+        proto = self._build([data[z][0] for z in ids], [data[z][1] for z in ids], ids,
+                            eval_every=getattr(u.protocol, "snapshot_every", 0))
+        return u.protocol if proto.config() == u.protocol.config() else proto
+
+    def _apply_forget(self, out, device_ids) -> None:
+        """The model after :meth:`forget` (``fedclust.unlearning``): as ``fit`` stores it."""
+        self._store(out, device_ids, None)
+
     def _store(self, out, ids, tests) -> None:
         res: FLResult = out.result
         self._result = res

@@ -54,6 +54,7 @@ from ..sim.secure import summed_replies
 from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
 from ..core.registry import all_actions, protocol_from_config
+from ..unlearning.store import SummaryStore, record_round
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
 from .results import save_error, save_run_output
@@ -425,6 +426,7 @@ class _Server:
         log.late = sorted(late)
         active = [z for z in ids if z not in absent and z not in late]
         state = protocol.start(active, self.seed)
+        summaries = SummaryStore(list(active))   # what the server keeps to forget a device
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
             if request.action in self.summed:
@@ -438,6 +440,7 @@ class _Server:
                      request.action, replied, len(targets),
                      " (server holds their sum only)" if request.action in self.summed else "")
             require_replies(request, targets, replies, log)
+            record_round(summaries, request, replies)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
@@ -452,7 +455,9 @@ class _Server:
                  "nodes_failed": {str(n): t for n, t in node_failed.items()},
                  "time_s": {"hello": t_hello, "rounds": t_rounds,
                             "total": time.perf_counter() - t0}})
-        return RunOutput(result, outputs, self.meter, log, self.seed), extra
+        out = RunOutput(result, outputs, self.meter, log, self.seed)
+        out.summaries = summaries   # type: ignore[attr-defined]
+        return out, extra
 
     def _assign_late(self, result, late: list[int]) -> None:
         request = late_request(self.protocol, result)

@@ -40,6 +40,7 @@ from ..core.random import RandomState, root_seed
 from ..core.validation import (check_array, check_device_ids, check_devices, check_n_features,
                                check_scale)
 from ..sim.transport import InProcessTransport
+from ..unlearning.forget import ForgetMixin, run_recorded
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
 from .model import MERGE_TOL
@@ -311,8 +312,17 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
                                 else int(round(self._cs.removed)))
 
 
-class _FedBase:
+class _FedBase(ForgetMixin):
     _protocol_cls: type = GaussProtocol
+
+    def _apply_forget(self, out: Any, device_ids: Sequence[int]) -> None:
+        """The model after :meth:`forget` (``fedclust.unlearning``): as ``fit`` stores it."""
+        with one_thread():
+            self._store(out, device_ids, len(getattr(self, "classes_", ())))
+        self._store_classes()
+
+    def _store_classes(self) -> None:
+        """Per-class attributes of the classifier (nothing for clustering)."""
 
     def _store(self, out: Any, device_ids: Sequence[int], n_classes: int) -> None:
         res: GaussResult = out.result
@@ -474,7 +484,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         _settings(self)
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
-        out = transport.run(protocol, dict(zip(ids, devices)), self.seed_)
+        out = run_recorded(self, transport, protocol, dict(zip(ids, devices)), self.seed_)
         with one_thread():
             self._store(out, ids, 0)
         self._protocol_ = protocol
@@ -640,17 +650,42 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
         data = {z: (X.astype(np.float64, copy=False), y) for z, X, y in zip(ids, devices, ys)}
-        out = transport.run(protocol, data, self.seed_)
+        out = run_recorded(self, transport, protocol, data, self.seed_)
         with one_thread():
             self._store(out, ids, len(classes))
+        self._store_classes()
+        self._protocol_ = protocol
+        self.privacy_ = _privacy_record(protocol, out, ids)
+        return self
+
+    def _forget_protocol(self, u: Any, kept: Any, new_data: dict) -> Any:
+        """After a forget the label set is the union of the remaining owners' labels (as a
+        fresh fit finds it); if a class goes, every owner computes again."""
+        counts = np.zeros(len(self.classes_), np.int64)
+        for r in kept.rounds:
+            for z, msg in r.replies.items():
+                if z not in new_data and getattr(msg, "class_count", None) is not None:
+                    counts += np.asarray(msg.class_count, np.int64)
+        for X, y in new_data.values():
+            counts += np.bincount(np.searchsorted(self.classes_, y), minlength=len(counts))
+        if (counts > 0).all():
+            return u.protocol
+        classes = self.classes_[counts > 0]
+        return type(u.protocol).from_config(
+            {**u.protocol.config(), "classes": [c.item() if isinstance(c, np.generic) else c
+                                                for c in classes]})
+
+    def _protocol_changed(self, protocol: Any) -> None:
+        super()._protocol_changed(protocol)
+        self.classes_ = np.asarray(protocol.classes) if len(protocol.classes) else self.classes_
+
+    def _store_classes(self) -> None:
+        classes = self.classes_
         self.cluster_classes_ = classes[self._result.classes]
         self.clusters_per_class_ = {c.item() if isinstance(c, np.generic) else c:
                                     int((self._result.classes == i).sum())
                                     for i, c in enumerate(classes)}
         self.fisher_scores_ = self._result.fisher.copy()
-        self._protocol_ = protocol
-        self.privacy_ = _privacy_record(protocol, out, ids)
-        return self
 
     def _public_classes(self, ids: Sequence[int], ys: Sequence[np.ndarray]) -> np.ndarray:
         """``classes_``: the public ``classes`` (required under privacy: the union of the

@@ -26,11 +26,12 @@ from .server import WEIGHTED_SERVERS, assign_to_centers
 from .protocol import KFedProtocol, KFedResult
 from ..core.protocol import Request, Transport
 from ..sim.transport import InProcessTransport
+from ..unlearning.forget import ForgetMixin, run_recorded
 
 __all__ = ["KFed"]
 
 
-class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
+class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     """k-FED: one-shot federated k-means (Dennis, Li & Smith, ICML 2021).
 
     Each device runs the Awasthi–Sheffet local k-means with k_z clusters and
@@ -227,7 +228,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         protocol = self._protocol(device_ids, "auto" if auto else k_locals, devices[0].shape[1])
         transport = transport or InProcessTransport(progress=self.progress)
         self.seed_ = root_seed(self.random_state)
-        out = transport.run(protocol, dict(zip(device_ids, devices)), self.seed_)
+        out = run_recorded(self, transport, protocol, dict(zip(device_ids, devices)), self.seed_)
         self._store(out.result, out.device_outputs, out.meter, device_ids)
         self._protocol_ = protocol
         self._rows = fed.rows
@@ -249,6 +250,10 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.seed_device_ = result.seed_device
         self.n_iter_ = result.n_iter
         self._result = result
+
+    def _apply_forget(self, out, device_ids) -> None:
+        """The model after :meth:`forget` (``fedclust.unlearning``): as ``fit`` stores it."""
+        self._store(out.result, out.device_outputs, out.meter, device_ids)
 
     def assign_device(self, X_new: Any, n_local_clusters: int | None = None, *,
                       device_id: int | None = None) -> np.ndarray:

@@ -20,6 +20,7 @@ from ..core.exceptions import ValidationError
 from .protocol import DistributedLloydProtocol, private_start
 from ..core.protocol import Transport
 from ..sim.transport import fit_transport
+from ..unlearning.forget import ForgetMixin, run_recorded
 
 __all__ = ["centralized_kmeans", "DistributedLloyd"]
 
@@ -40,7 +41,7 @@ def centralized_kmeans(devices: Sequence[Any], n_clusters: int, *, n_init: int =
                   random_state=seed).fit(X)
 
 
-class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
+class DistributedLloyd(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     """Distributed Lloyd as an estimator, optionally differentially private
     (see :mod:`fedclust.lloyd.protocol`).
 
@@ -122,6 +123,27 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.progress = progress
         self.secure_aggregation = secure_aggregation
 
+    def _apply_forget(self, out: Any, device_ids: Sequence[int]) -> None:
+        """The model after :meth:`forget` (``fedclust.unlearning``): every Lloyd round depends
+        on every device, so a forget asks every device again (a recorded retrain)."""
+        res = out.result
+        self.cluster_centers_ = res.centers
+        self.cost_history_ = res.cost_history
+        self.n_rounds_ = len(self._unlearning_.store.rounds)
+        self.converged_ = res.converged
+        self.device_ids_ = list(device_ids)
+        self.device_labels_ = [out.device_outputs.get(z, {}).get("labels") for z in device_ids]
+        self.run_log_ = out.log
+
+    def _forget_protocol(self, u: Any, kept: Any, new_data: dict) -> Any:
+        """The default ``points_per_device`` follows the number of devices, as in ``fit``."""
+        if self.points_per_device is not None:
+            return u.protocol
+        ppd = max(1, math.ceil(20 * u.protocol.n_clusters / len(kept.device_ids)))
+        if ppd == u.protocol.points_per_device:
+            return u.protocol
+        return type(u.protocol).from_config({**u.protocol.config(), "points_per_device": ppd})
+
     def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
             transport: Transport | None = None) -> "DistributedLloyd":
@@ -166,7 +188,7 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
                                             n_features=devices[0].shape[1],
                                             noise_devices=noise_devices)
         self.seed_ = root_seed(self.random_state)
-        out = transport.run(protocol, dict(zip(ids, devices)), self.seed_)
+        out = run_recorded(self, transport, protocol, dict(zip(ids, devices)), self.seed_)
         res = out.result
         self.cluster_centers_ = res.centers
         self.cost_history_ = res.cost_history

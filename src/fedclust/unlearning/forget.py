@@ -1,0 +1,428 @@
+"""``forget`` and ``verify`` for the federated estimators (exact unlearning).
+
+``model.forget(devices=[...])`` drops every summary the server keeps from those
+devices and runs the server side of the protocol again over the rest
+(:func:`fedclust.unlearning.replay.replay`); ``model.forget(rows={device:
+rows})`` has that device run its step again without the rows, then the server
+aggregates once. Either way the model equals a fresh ``fit`` on the federation
+without that data with the same ``random_state`` and the same device ids.
+Every forget appends a :class:`ForgetRecord` to ``forget_log_``;
+:meth:`ForgetMixin.verify` recomputes from scratch and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..core.exceptions import NotFittedError, ValidationError
+from ..core.protocol import RunLog, RunOutput
+from .replay import DevicesNeeded, ReplayOutput, replay
+from .store import SummaryStore, digest_message, recording
+
+__all__ = ["ForgetMixin", "ForgetRecord", "Unlearning", "VerifyReport", "digest_result",
+           "run_recorded"]
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, RunLog) or value is None:
+        return
+    if isinstance(value, np.ndarray):
+        a = np.ascontiguousarray(value)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    elif is_dataclass(value) and not isinstance(value, type):
+        for f in fields(value):
+            h.update(f.name.encode())
+            _feed(h, getattr(value, f.name))
+    elif isinstance(value, Mapping):
+        for k in sorted(value, key=repr):
+            h.update(repr(k).encode())
+            _feed(h, value[k])
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _feed(h, v)
+    elif hasattr(value, "to_arrays"):
+        h.update(digest_message(value).encode())
+    else:
+        h.update(repr(value).encode())
+
+
+def digest_result(result: Any) -> str:
+    """SHA-256 of a protocol result: every array bit for bit (run logs left out)."""
+    h = hashlib.sha256()
+    _feed(h, result)
+    return h.hexdigest()
+
+
+@dataclass
+class ForgetRecord:
+    """One forget: what was forgotten, what was computed again, and the digest of the
+    inputs the model now rests on (the kept summaries, :meth:`SummaryStore.digest`)."""
+
+    devices: list[int]
+    rows: dict[int, list[int]]
+    #: (round, device) pairs computed again (row deletions, and devices whose request changed)
+    recomputed: list[tuple[int, int]]
+    #: devices whose rows were deleted but whose summaries did not change (only the check ran)
+    unchanged: list[int]
+    #: True when devices other than the ones losing rows had to compute again (a retrain)
+    retrained: bool
+    seconds: float
+    _digest: str | None = field(default=None, repr=False)
+    _store: SummaryStore | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def summaries_digest(self) -> str:
+        """SHA-256 of the remaining inputs: every summary kept after this forget with what
+        its device was asked (:meth:`SummaryStore.digest`; hashed on first read)."""
+        if self._digest is None:
+            self._digest = self._store.digest()
+        return self._digest
+
+    def to_json(self) -> dict[str, Any]:
+        return {"devices": self.devices, "rows": {str(z): r for z, r in self.rows.items()},
+                "recomputed": [list(p) for p in self.recomputed], "unchanged": self.unchanged,
+                "retrained": self.retrained, "summaries_digest": self.summaries_digest,
+                "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "ForgetRecord":
+        return cls([int(z) for z in doc["devices"]],
+                   {int(z): [int(i) for i in r] for z, r in doc["rows"].items()},
+                   [(int(a), int(b)) for a, b in doc["recomputed"]],
+                   [int(z) for z in doc["unchanged"]], bool(doc["retrained"]),
+                   float(doc["seconds"]), str(doc["summaries_digest"]))
+
+
+@dataclass
+class VerifyReport:
+    """``summaries``: the kept summaries give the model again (server side);
+    ``retrain``: a fresh fit on the devices' current data gives it too (None: not run)."""
+
+    summaries: bool
+    retrain: bool | None
+    digest: str
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.summaries and self.retrain is not False
+
+
+@dataclass
+class Unlearning:
+    """Held by a fitted estimator (``_unlearning_``): the protocol, the run's seed, the
+    kept summaries (server side) and, in-process, the simulated devices' data and
+    final state (the devices' side, never saved with the model)."""
+
+    protocol: Any
+    seed: int
+    store: SummaryStore
+    result: Any
+    data: dict[int, Any] = field(default_factory=dict)
+    memory: dict[int, dict] = field(default_factory=dict)
+    names: dict[str, int] = field(default_factory=dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the devices' side stays with the devices: a pickled model holds no device data
+        return {**self.__dict__, "data": {}, "memory": {}}
+
+
+class _KeptMeter:
+    """Stands in for the communication meter: ``communication_`` stays the fit's."""
+
+    def __init__(self, summary: dict[str, Any]):
+        self._summary = summary
+
+    def summary(self) -> dict[str, Any]:
+        return self._summary
+
+
+def run_recorded(estimator: Any, transport: Any, protocol: Any, devices: Mapping[int, Any],
+                 seed: int) -> RunOutput:
+    """``transport.run`` while recording what the server keeps; sets ``estimator._unlearning_``."""
+    store = SummaryStore(sorted(int(z) for z in devices))
+    memory: dict[int, dict] = {}
+    with recording(protocol, store, memory, devices):
+        out = transport.run(protocol, devices, seed)
+    kept = getattr(out, "summaries", None)   # a server elsewhere (Flower) keeps its own
+    if not store.rounds and kept is not None:
+        store = kept
+    if not store.rounds:
+        store.complete = False
+    from ..sim.transport import InProcessTransport
+
+    in_process = isinstance(transport, InProcessTransport)   # the devices live in this process
+    estimator._unlearning_ = Unlearning(protocol, int(seed), store, out.result,
+                                       dict(devices) if in_process else {}, memory)
+    estimator.forget_log_ = []
+    return out
+
+
+def _drop_rows(data: Any, rows: np.ndarray, z: int) -> Any:
+    X = data[0] if isinstance(data, tuple) else data
+    n = len(X)
+    if rows.size and (rows.min() < 0 or rows.max() >= n):
+        bad = rows[(rows < 0) | (rows >= n)][0]
+        raise ValidationError(f"forget: device {z} has {n} rows; row index {bad} is out of range")
+    keep = np.ones(n, bool)
+    keep[rows] = False
+    if isinstance(data, tuple):
+        return tuple(np.asarray(a)[keep] for a in data)
+    return np.asarray(X)[keep]
+
+
+class ForgetMixin:
+    """``forget`` / ``verify`` / ``forget_log_`` for an estimator fitted through
+    :func:`run_recorded`; the estimator provides ``_apply_forget(out, ids)``."""
+
+    def _unlearner(self) -> Unlearning:
+        u = getattr(self, "_unlearning_", None)
+        if u is None:
+            if hasattr(self, "device_ids_"):
+                raise ValidationError(
+                    f"forget: this {type(self).__name__} was fitted without a server that keeps "
+                    "device summaries (a general graph); fit again without the data")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
+        if not u.store.complete:
+            raise ValidationError(
+                "forget: the server kept no per-device summaries for this run (secure "
+                "aggregation hands it only their sum), so it cannot drop one device's share; "
+                "fit again without the data")
+        return u
+
+    def _resolve(self, u: Unlearning, device: Any) -> int:
+        if isinstance(device, str):
+            if device not in u.names:
+                raise ValidationError(f"forget: no site named {device!r}; sites: "
+                                      f"{sorted(u.names)[:10]}")
+            return u.names[device]
+        if isinstance(device, (bool, np.bool_)) or not isinstance(device, (int, np.integer)):
+            raise ValidationError(f"forget: device {device!r} must be a device id or a site name")
+        if int(device) not in u.store.device_ids:
+            raise ValidationError(f"forget: device {device} is not in the model (devices: "
+                                  f"{u.store.device_ids[:10]})")
+        return int(device)
+
+    def forget(self, devices: Sequence[Any] = (), rows: Mapping[Any, Any] | None = None, *,
+               data: Mapping[Any, Any] | None = None, relabel: bool = True) -> Any:
+        """Forget whole devices and/or some of their rows, exactly.
+
+        Parameters
+        ----------
+        devices : sequence of int or str
+            Device ids (or site names) to forget: their kept summaries are dropped
+            and the server's step runs again over the rest; the devices need not be
+            online.
+        rows : mapping device -> sequence of int, optional
+            Rows to delete from a device's data (indices into its current rows).
+            The device runs its step again without them; the server then
+            aggregates once. If its summary does not change, nothing else runs.
+        data : mapping device -> array (or (X, y)), optional
+            A device's current data, where the model does not hold it (a model
+            fitted on another transport, or read from a file); in-process fits
+            keep a reference to every simulated device's arrays.
+        relabel : bool, default=True
+            Recompute ``device_labels_`` of the remaining devices (each device's
+            own pass over its rows; the model itself does not need it). With
+            False, or where the devices' data is not held, a changed model leaves
+            ``device_labels_`` as ``None``.
+
+        Returns
+        -------
+        self
+            With the model of a fresh ``fit`` without that data (same seed, same
+            device ids); ``forget_log_[-1]`` records what was done.
+        """
+        t0 = time.perf_counter()
+        u = self._unlearner()
+        if isinstance(devices, (str, int, np.integer)):
+            devices = [devices]
+        drop = sorted({self._resolve(u, z) for z in devices})
+        given = {self._resolve(u, z): v for z, v in (data or {}).items()}
+        deleted: dict[int, np.ndarray] = {}
+        for z, r in (rows or {}).items():
+            z = self._resolve(u, z)
+            idx = np.unique(np.asarray(r, dtype=np.int64).reshape(-1))
+            if z in drop or idx.size == 0:
+                continue
+            deleted[z] = idx
+        if not drop and not deleted:
+            raise ValidationError("forget: nothing to forget (give devices= or rows=)")
+        if getattr(self, "privacy", None) is not None and deleted:
+            raise ValidationError(
+                "forget: row deletion is refused under privacy=: the device would release its "
+                "summary again, and two releases of neighbouring data with the same noise reveal "
+                "the deleted rows (fresh noise would spend budget and not equal a retrain); "
+                "forget the whole device, or fit again")
+        devices_data = {**u.data, **given}
+        new_data = {}
+        for z, idx in deleted.items():
+            if z not in devices_data:
+                raise ValidationError(
+                    f"forget: device {z} must run its step again without the rows, but the "
+                    "model does not hold its data; pass data={device: its current rows}")
+            new_data[z] = _drop_rows(devices_data[z], idx, z)
+        kept = u.store.without(set(drop))
+        if not kept.device_ids:
+            raise ValidationError("forget: no device would remain")
+        avail = {z: devices_data[z] for z in kept.device_ids if z in devices_data}
+        avail.update(new_data)
+        if getattr(self, "privacy", None) is not None:
+            avail = {}  # under privacy only the kept noisy releases may be reused
+        protocol = self._forget_protocol(u, kept, new_data)
+        if protocol is not u.protocol:   # the federation's settings change: every device again
+            kept = SummaryStore(kept.device_ids, [], kept.complete)
+        answers: dict[int, tuple[str, Any, dict]] = {}
+        if len(kept.rounds) == 1:
+            answers = self._check_rows(u, kept, new_data)
+        rec = kept.rounds[0] if kept.rounds else None
+        unchanged = sorted(z for z, (_, msg, _) in answers.items()
+                           if z in rec.replies and digest_message(msg) == rec.digest_of(z))
+        if not drop and unchanged and len(unchanged) == len(deleted):
+            out = None
+        else:
+            try:
+                out = replay(protocol, kept, u.seed, data=avail,
+                             fresh=frozenset(deleted), first_answers=answers)
+            except DevicesNeeded as exc:
+                if getattr(self, "privacy", None) is not None:
+                    raise ValidationError(
+                        "forget: under privacy=, forgetting may only recompute from the noisy "
+                        "releases the server kept; this one would make devices release again "
+                        f"({exc})") from None
+                raise
+        for z, X in new_data.items():
+            if z in u.data:
+                u.data[z] = X
+        if protocol is not u.protocol:
+            u.protocol = protocol
+            self._protocol_changed(protocol)
+        remaining = set(kept.device_ids)
+        ids = [z for z in getattr(self, "device_ids_", kept.device_ids)
+               if z in remaining]   # the fit's device order, less the forgotten
+        if out is None:   # summaries unchanged: the model stands; the devices relabel
+            u.memory.update({z: answers[z][2] for z in unchanged})
+            outputs = self._relabel(u, u.result, list(deleted), relabel)
+            self._update_labels(outputs)
+            recomputed = [(0, z) for z in deleted]
+        else:
+            u.store, u.result = out.store, out.result
+            u.memory = {z: s for z, s in u.memory.items() if z in remaining}
+            u.memory.update(out.states)
+            outputs = self._relabel(u, out.result, ids, relabel)
+            self._apply_forget(RunOutput(out.result, outputs, _KeptMeter(self.communication_),
+                                         out.log, u.seed), ids)
+            recomputed = out.recomputed
+        for z in drop:
+            u.data.pop(z, None)
+            u.memory.pop(z, None)
+        u.names = {n: z for n, z in u.names.items() if z not in drop}
+        self._rows_after_forget()
+        self.forget_log_.append(ForgetRecord(
+            drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
+            sorted(unchanged),
+            any(z not in deleted for _, z in recomputed), time.perf_counter() - t0,
+            _store=u.store))
+        return self
+
+    # -- pieces ------------------------------------------------------------------
+    def _forget_protocol(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
+                         ) -> Any:
+        """The protocol a fresh fit on the remaining data would build (``u.protocol`` when
+        its settings do not depend on the data; the classifier's label set does)."""
+        return u.protocol
+
+    def _protocol_changed(self, protocol: Any) -> None:
+        """Update the estimator's data-derived settings to ``protocol``'s."""
+        if hasattr(self, "_protocol_"):
+            self._protocol_ = protocol
+
+    def _check_rows(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
+                    ) -> dict[int, tuple[str, Any, dict]]:
+        """One-round protocols: each device's step without its rows, as
+        ``(payload digest, reply, state)``: the check of whether its summary changed."""
+        proto = u.protocol
+        state = proto.start(kept.device_ids, u.seed)
+        request = proto.next_request(state)
+        rec = kept.rounds[0]
+        answers: dict[int, tuple[str, Any, dict]] = {}
+        for z, X in new_data.items():
+            digest = None if request is None else digest_message(request.payload_for(z))
+            if digest is None or rec.payloads.get(z) != digest:
+                continue
+            st: dict = {}
+            got = proto.client_steps(request.for_device(z), {z: X}, seed=u.seed, states={z: st})
+            if isinstance(got[z], Exception):
+                raise got[z]
+            msg = proto.reply_types[request.action].from_arrays(got[z].to_arrays(),
+                                                                sender=f"device {z}")
+            answers[z] = (digest, msg, st)
+        return answers
+
+    def _relabel(self, u: Unlearning, result: Any, ids: Sequence[int], relabel: bool
+                 ) -> dict[int, dict]:
+        outputs: dict[int, dict] = {}
+        if not relabel:
+            return outputs
+        proto = u.protocol
+        for z in ids:
+            if z not in u.memory or z not in u.data:
+                continue
+            final = proto.final_message(result, z)
+            if final is not None:
+                outputs[z] = proto.client_finish(final, u.data[z], u.memory[z])
+        return outputs
+
+    def _update_labels(self, outputs: dict[int, dict]) -> None:
+        for z, o in outputs.items():
+            if "labels" in o and z in self.device_ids_:
+                self.device_labels_[self.device_ids_.index(z)] = o["labels"]
+
+    def _rows_after_forget(self) -> None:
+        """``labels_`` in the groups form followed the rows of the fitted X; after a
+        forget the devices' rows are listed in device order instead."""
+        from ..core.estimators import RowOrder
+
+        if hasattr(self, "_rows"):
+            self._rows = RowOrder()
+
+    def verify(self, data: Mapping[Any, Any] | None = None) -> VerifyReport:
+        """Recompute from scratch and compare.
+
+        Always: the server's step over the kept summaries, from the start, gives
+        the model bit for bit. With the devices' data (held in-process, or
+        ``data``): a fresh ``fit`` on it (same seed and device ids) gives the same
+        model and the same kept summaries.
+        """
+        u = self._unlearner()
+        again = replay(u.protocol, u.store, u.seed)
+        digest = digest_result(u.result)
+        summaries = digest_result(again.result) == digest
+        devices = {**u.data, **{self._resolve(u, z): v for z, v in (data or {}).items()}}
+        present = set(u.store.device_ids)
+        ids = [z for z in getattr(self, "device_ids_", u.store.device_ids) if z in present]
+        retrain = None
+        detail = ""
+        if all(z in devices for z in ids):
+            from sklearn.base import clone
+
+            fresh = clone(self).set_params(random_state=u.seed)
+            parts = [devices[z] for z in ids]
+            if parts and isinstance(parts[0], tuple):
+                fresh.fit([p[0] for p in parts], [p[1] for p in parts], device_ids=list(ids))
+            else:
+                fresh.fit(parts, device_ids=list(ids))
+            fu = fresh._unlearning_
+            retrain = (digest_result(fu.result) == digest
+                       and fu.store.digest() == u.store.digest())
+            if not retrain:
+                detail = "a fresh fit on the devices' current data gives a different model"
+        else:
+            detail = "the devices' data is not at hand: only the kept summaries were checked"
+        return VerifyReport(summaries, retrain, u.store.digest(), detail)
