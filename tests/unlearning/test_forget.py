@@ -8,6 +8,8 @@ with an independent fresh ``fit`` on what remains.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -176,7 +178,7 @@ def test_verify_detects_a_tampered_summary():
     model = KFed(4, 2, random_state=0).fit(Xs)
     rec = model._unlearning_.store.rounds[0]
     msg = rec.replies[2]
-    rec.replies[2] = type(msg)(centers=msg.centers + 1.0, counts=msg.counts)
+    rec.replies[2] = dataclasses.replace(msg, centers=msg.centers + 1.0)
     rec.digests.pop(2, None)
     report = model.verify()
     assert not report.summaries and not report.retrain and not report.ok

@@ -51,7 +51,7 @@ def test_forget_a_site_from_the_saved_model(tmp_path, capsys):
     with np.load(model_path, allow_pickle=False) as data:   # no pickle anywhere
         kept = [k for k in data.files if k.startswith("forget/")]
         header = json.loads(bytes(data["__header__"]).decode())
-    assert len(kept) == 4 * 2   # 4 sites x (centers, counts)
+    assert len(kept) == 4 * 3   # 4 sites x (centers, counts, scatter)
     assert header["unlearning"]["names"] == {"site0": 0, "site1": 1, "site2": 2, "site3": 3}
     new = tmp_path / "new.npz"
     assert main(["forget", str(model_path), "--site", "site1", "--out", str(new)]) == 0
