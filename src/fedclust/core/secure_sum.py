@@ -69,10 +69,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .exceptions import IncompatibleMessageError, ValidationError
+from .policy import DevicePolicy, group_threshold
 from .random import server_rng
-from .secagg import (SHARE_BYTES, Entropy, array_to_bytes, bytes_to_array, decode_fixed,
-                     ed25519_keypair, encode_fixed, open_sealed, pair_mask_seed, prg_mask, seal,
-                     shamir_combine, shamir_split, sign, verify, x25519_keypair)
+from .secagg import (SHARE_BYTES, Entropy, InconsistentSharesError, array_to_bytes,
+                     bytes_to_array, decode_fixed, ed25519_keypair, encode_fixed, open_sealed,
+                     pair_mask_seed, prg_mask, seal, shamir_decode, shamir_split, sign, verify,
+                     x25519_keypair)
 
 __all__ = ["SUMMED", "STAGES", "SIGNED_STAGES", "SecureAggregation", "SecureSumServer",
            "secure_sum_client", "check_summable", "DeviceIdentity", "make_identities"]
@@ -178,8 +180,7 @@ def check_summable(protocol: Any) -> frozenset[str]:
     return summed
 
 
-def _threshold(group_size: int) -> int:
-    return max(group_size - group_size // 3, group_size // 2 + 1)
+_threshold = group_threshold  # the same rule on the server and on every device
 
 
 class SecureSumServer:
@@ -208,6 +209,8 @@ class SecureSumServer:
         self.threshold = {z: _threshold(len(g)) for z, g in self.group.items()}
         self.failed: dict[int, str] = {}
         self.rejected: dict[int, str] = {}
+        #: survivors whose revealed shares were inconsistent (their replies are in the sum)
+        self.distrusted: dict[int, str] = {}
         self.alive = list(self.ids)
         self.keys: dict[int, tuple[bytes, bytes]] = {}
         self.forward: dict[int, list[tuple[int, bytes]]] = {}
@@ -245,8 +248,9 @@ class SecureSumServer:
                 out[z] = {"round": r, "ids": np.asarray(g, np.int64),
                           "x": np.asarray([self.pos[v] + 1 for v in g], np.int64),
                           "c_pk": np.stack([bytes_to_array(self.keys[v][0]) for v in g]),
-                          "s_pk": np.stack([bytes_to_array(self.keys[v][1]) for v in g]),
-                          "threshold": np.asarray(self.threshold[z], np.int64)}
+                          "s_pk": np.stack([bytes_to_array(self.keys[v][1]) for v in g])}
+                # each device computes its threshold from its group's size (never sent)
+                self.threshold[z] = _threshold(len(g))
                 if self.settings.signed:
                     out[z]["sig"] = np.stack([self.sigs[v] for v in g])
             elif stage == "mask":
@@ -395,13 +399,28 @@ class SecureSumServer:
         self._sum = decode_fixed(total, self.layout or "[]", self.settings.frac_bits)
 
     def _combine(self, u: int, shares: Mapping[int, int], what: str) -> bytes:
+        """u's seed from the revealed shares; every share beyond the threshold is checked,
+        a holder whose share is inconsistent is named (and decoding corrects it)."""
+        where = f"secure aggregation round {self.round_id}: device {u}'s {what}"
         try:
-            return shamir_combine(shares, self.threshold[u])
+            s, bad = shamir_decode(shares, self.threshold[u])
+        except InconsistentSharesError as exc:
+            raise ValidationError(f"{where} cannot be removed: {exc}") from None
         except ValidationError:
             raise ValidationError(
-                f"secure aggregation round {self.round_id}: device {u}'s {what} cannot be "
-                f"removed: {len(shares)} shares revealed, threshold {self.threshold[u]}"
-            ) from None
+                f"{where} cannot be removed: {len(shares)} shares revealed, threshold "
+                f"{self.threshold[u]}") from None
+        holder = {x: v for v, x in ((v, self.pos[v] + 1) for v in self.ids)}
+        for x in bad:
+            v = holder.get(x)
+            if v is not None:
+                self.distrusted.setdefault(v, f"device {v}: its revealed share of device {u}'s "
+                                              f"{what} is inconsistent with the others' "
+                                              "(corrected)")
+        if s >= 1 << 256:
+            raise ValidationError(f"{where} cannot be removed: the shares do not belong to one "
+                                  "secret")
+        return s.to_bytes(32, "big")
 
     def result(self) -> dict[str, np.ndarray]:
         """The decoded sum over :attr:`survivors` (after stage ``unmask``)."""
@@ -453,11 +472,52 @@ def _b(state: Mapping[str, np.ndarray], key: str) -> bytes:
     return array_to_bytes(state[_P + key])
 
 
+#: the stage each stage must follow on a device (``keys`` opens a round)
+_AFTER = {"share": "keys", "mask": "share", "unmask": "mask"}
+_SIGNED_AFTER = {"share": "keys", "mask": "share", "confirm": "mask", "unmask": "confirm"}
+
+
+def _advance(stage: str, state: dict[str, np.ndarray], z: int, r: int, signed: bool) -> None:
+    """The device's state machine: each stage at most once per round, in order; rounds
+    only go forward (:func:`_answered` marks a stage once the device has answered it)."""
+    after = _SIGNED_AFTER if signed else _AFTER
+    if stage != "keys" and stage not in after:
+        raise ValidationError(f"device {z}: unknown secure aggregation stage {stage!r}"
+                              + ("" if signed else " (or a signed stage without an identity "
+                                 "key)"))
+    if stage == "keys":
+        last = int(state.get(_P + "last_round", np.asarray(-1)))
+        if r == last:
+            raise ValidationError(f"device {z}: secure aggregation stage 'keys' already "
+                                  f"answered in round {r}; refusing to answer it again")
+        if r < last:
+            raise ValidationError(f"device {z}: secure aggregation stage 'keys' for round {r} "
+                                  f"after round {last}; rounds only go forward")
+        return
+    if int(state.get(_P + "round", np.asarray(-1))) != r:
+        raise ValidationError(f"device {z}: secure aggregation stage {stage!r} for round {r} "
+                              "without its key stage")
+    done = array_to_bytes(state[_P + "done"]).decode("ascii").split(",")
+    if stage in done:
+        raise ValidationError(f"device {z}: secure aggregation stage {stage!r} already "
+                              f"answered in round {r}; refusing to answer it again")
+    if done[-1] != after[stage]:
+        raise ValidationError(f"device {z}: secure aggregation stage {stage!r} out of order in "
+                              f"round {r} (after {done[-1]!r}; it follows {after[stage]!r})")
+
+
+def _answered(stage: str, state: dict[str, np.ndarray]) -> None:
+    if stage != "keys":
+        done = array_to_bytes(state[_P + "done"]).decode("ascii")
+        state[_P + "done"] = bytes_to_array(f"{done},{stage}".encode("ascii"))
+
+
 def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
                       state: dict[str, np.ndarray], *, device_id: int,
                       reply: Mapping[str, np.ndarray] | None = None,
                       entropy: Entropy | None = None,
-                      identity: DeviceIdentity | None = None) -> dict[str, np.ndarray]:
+                      identity: DeviceIdentity | None = None,
+                      policy: DevicePolicy | None = None) -> dict[str, np.ndarray]:
     """One device's answer to a secure aggregation stage; keeps its secrets in ``state``.
 
     ``reply`` (stage ``mask``) is the device's plaintext reply arrays. Private
@@ -465,19 +525,37 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
     SuperNode's ``context.state``) and never leave the device, except the
     shares revealed in stage ``unmask``. With an ``identity`` the device signs
     its keys and insists on the malicious-server checks (module docstring).
+
+    Whatever the request says, the device answers each stage at most once per
+    round and in order, computes its threshold from the size of the group it
+    is given and refuses a group below its ``policy``'s minimum
+    (:meth:`~fedclust.core.policy.DevicePolicy.check_group`; default: 2).
     """
     entropy = entropy or os.urandom
+    policy = policy or DevicePolicy()
     z = int(device_id)
-    r = int(np.asarray(inbound["round"]))
-    if stage != "keys" and int(state.get(_P + "round", np.asarray(-1))) != r:
-        raise ValidationError(f"device {z}: secure aggregation stage {stage!r} for round {r} "
-                              "without its key stage")
+    try:
+        r = int(np.asarray(inbound["round"]))
+    except (KeyError, TypeError, ValueError):
+        raise ValidationError(f"device {z}: secure aggregation request without a round "
+                              "number") from None
+    _advance(stage, state, z, r, identity is not None)
+    out = _answer(stage, inbound, state, z, r, reply, entropy, identity, policy)
+    _answered(stage, state)
+    return out
+
+
+def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.ndarray], z: int,
+            r: int, reply: Mapping[str, np.ndarray] | None, entropy: Entropy,
+            identity: DeviceIdentity | None, policy: DevicePolicy) -> dict[str, np.ndarray]:
     if stage == "keys":
         for key in [k for k in state if k.startswith(_P)]:
             del state[key]
         c_sk, c_pk = x25519_keypair(entropy)
         s_sk, s_pk = x25519_keypair(entropy)
         state.update({_P + "round": np.asarray(r, np.int64),
+                      _P + "last_round": np.asarray(r, np.int64),
+                      _P + "done": bytes_to_array(b"keys"),
                       _P + "frac_bits": np.asarray(inbound["frac_bits"], np.int64),
                       _P + "n_devices": np.asarray(inbound["n_devices"], np.int64),
                       _P + "c_sk": bytes_to_array(c_sk), _P + "s_sk": bytes_to_array(s_sk),
@@ -489,9 +567,14 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
     if stage == "share":
         ids = np.asarray(inbound["ids"], np.int64)
         xs = np.asarray(inbound["x"], np.int64).tolist()
-        t = int(inbound["threshold"])
+        idl = ids.tolist()
+        if z not in idl or len(set(idl)) != len(idl) or len(xs) != len(idl):
+            raise ValidationError(f"device {z}: the group the server gives ({len(idl)} ids) "
+                                  "leaves out this device or repeats a member; refusing")
+        # the threshold is the device's own, from the group's size (the request's is ignored)
+        t = policy.check_group(len(idl), f"device {z}")
         if identity is not None:
-            _check_adverts(inbound, ids.tolist(), z, r, identity)
+            _check_adverts(inbound, idl, z, r, identity)
         b = entropy(32)
         s_shares = shamir_split(_b(state, "s_sk"), xs, t, entropy)
         b_shares = shamir_split(b, xs, t, entropy)
@@ -500,13 +583,14 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
                       _P + "c_pk": np.asarray(inbound["c_pk"], np.uint8),
                       _P + "s_pk": np.asarray(inbound["s_pk"], np.uint8)})
         dst, cts = [], []
-        for i, v in enumerate(ids.tolist()):
+        for i, v in enumerate(idl):
             plain = (s_shares[i].to_bytes(SHARE_BYTES, "big")
                      + b_shares[i].to_bytes(SHARE_BYTES, "big"))
             if v == z:
                 state[_P + "own"] = bytes_to_array(plain)
                 continue
             dst.append(v)
+            # one seal per (fresh round key, direction): 'share' is answered once per round
             cts.append(bytes_to_array(seal(_b(state, "c_sk"), array_to_bytes(inbound["c_pk"][i]),
                                            z, v, r, plain)))
         return {"dst": np.asarray(dst, np.int64),
@@ -545,9 +629,6 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
     if stage == "confirm":
         if identity is None:
             raise ValidationError(f"device {z}: a 'confirm' stage without an identity key")
-        if _P + "confirmed" in state:
-            raise ValidationError(f"device {z}: already signed a survivor set for round {r}; "
-                                  "refusing to sign another")
         named = sorted(set(np.asarray(inbound["survivors"], np.int64).tolist()))
         if z not in named or len(set(named) & set(ids)) < int(state[_P + "threshold"]):
             raise ValidationError(f"device {z}: the survivor set {named[:10]} leaves out this "
@@ -556,8 +637,6 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
         claim = _survivor_claim(r, _b(state, "own_s_pk"), named)
         return {"sig": bytes_to_array(sign(identity.private, claim))}
     if stage == "unmask":
-        if _P + "revealed" in state:
-            raise ValidationError(f"device {z}: already revealed its shares for round {r}")
         if identity is not None:
             _check_confirmed(inbound, state, ids, z, r, identity)
         survivors = set(np.asarray(inbound["survivors"], np.int64).tolist())
@@ -569,7 +648,6 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
         if len(survivors & set(ids)) < t:
             raise ValidationError(f"device {z}: only {len(survivors & set(ids))} survivors in its "
                                   f"group, threshold {t}; refusing to reveal shares")
-        state[_P + "revealed"] = np.asarray(1, np.int64)
         out_ids, kinds, shares = [], [], []
         for u, plain in zip(state[_P + "held_ids"].tolist(), state[_P + "held"]):
             if u in survivors:

@@ -1,0 +1,186 @@
+"""A deviating server against the secure-sum devices: every attack is refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import drive, values
+
+from fedclust.core.exceptions import ValidationError
+from fedclust.core.secagg import (SHARE_BYTES, array_to_bytes, decode_fixed, prg_mask,
+                                  shamir_combine, shamir_decode, shamir_split)
+from fedclust.core.secure_sum import (SecureAggregation, SecureSumServer, make_identities,
+                                      secure_sum_client)
+
+PLAIN = SecureAggregation()
+SIGNED = SecureAggregation(signed=True)
+
+
+def _alone(stage, z, inbound):
+    """Finding 1: the server tells device 0 that its group is {0} with threshold 1."""
+    if z == 0 and stage == "share":
+        i = list(np.asarray(inbound["ids"])).index(0)
+        for key in ("ids", "x", "c_pk", "s_pk", "sig"):
+            if key in inbound:
+                inbound[key] = inbound[key][i:i + 1]
+        inbound["threshold"] = np.asarray(1, np.int64)
+    if z == 0 and stage == "mask":
+        inbound.update(src=np.zeros(0, np.int64), ct=np.zeros((0, 0), np.uint8),
+                       peers=np.zeros(0, np.int64))
+    return inbound
+
+
+def _recover_alone(settings, identities=None):
+    """The attack itself: device 0 alone, its own share of its self-mask unmasks it."""
+    vals = values(4)
+    srv = SecureSumServer(range(4), 5, settings, 1)
+    state = {}
+    idn = (identities or {}).get(0)
+    y = None
+    for stage in srv.stages:
+        inbound = _alone(stage, 0, dict(srv.requests(stage)[0]) if stage in ("keys", "share")
+                         else {"round": np.asarray(5)})
+        if stage == "share":
+            pass
+        elif stage == "mask":
+            inbound = _alone(stage, 0, inbound)
+        elif stage in ("confirm", "unmask"):
+            inbound.update(survivors=np.asarray([0]), dropped=np.zeros(0, np.int64))
+            if stage == "unmask" and idn is not None:
+                inbound.update(signers=np.asarray([0]), sigs=confirm_sig[None])
+        rep = secure_sum_client(stage, inbound, state, device_id=0, identity=idn,
+                                reply=vals[0] if stage == "mask" else None)
+        if stage == "keys":
+            srv.take("keys", {z: (rep if z == 0 else secure_sum_client(
+                "keys", m, {}, device_id=z, identity=(identities or {}).get(z)))
+                for z, m in srv.requests("keys").items()})
+        if stage == "mask":
+            y, layout = rep["y"], array_to_bytes(rep["layout"]).decode()
+        if stage == "confirm":
+            confirm_sig = rep["sig"]
+        if stage == "unmask":
+            b = shamir_combine({1: int.from_bytes(array_to_bytes(rep["share"][0]), "big")}, 1)
+            return vals[0], decode_fixed(y - prg_mask(b, y.size), layout, 20)
+
+
+@pytest.mark.parametrize("settings", [PLAIN, SIGNED], ids=["honest-but-curious", "signed"])
+def test_finding1_a_group_of_one_is_refused(settings):
+    idn = make_identities(range(4)) if settings.signed else None
+    with pytest.raises(ValidationError, match=r"device 0: .*group of 1 device.*minimum 2"):
+        _recover_alone(settings, idn)
+
+
+def test_finding1_the_threshold_is_the_devices_own():
+    """The server says t=1 for the full group: a single colluding peer would then hold
+    device 0's whole self-mask seed. The device ignores the server's t."""
+    def low_t(stage, z, inbound):
+        if stage == "share":
+            inbound["threshold"] = np.asarray(1, np.int64)
+        return inbound
+
+    srv, states = drive(values(6), PLAIN, lie=low_t, stages=("keys", "share", "mask"))
+    held = dict(zip(states[1]["secagg.held_ids"].tolist(), states[1]["secagg.held"]))
+    one = int.from_bytes(array_to_bytes(held[0][SHARE_BYTES:]), "big")
+    b0 = int.from_bytes(array_to_bytes(states[0]["secagg.b"]), "big")
+    assert shamir_decode({srv.pos[1] + 1: one}, 1)[0] != b0  # one share says nothing of b
+    assert int(states[0]["secagg.threshold"]) == 4  # 6 - 6 // 3, computed on the device
+
+
+def _to_mask(n=4):
+    vals = values(n)
+    srv, states = drive(vals, PLAIN, stages=("keys", "share"))
+    return vals, srv, states, srv.requests("mask")
+
+
+def test_finding2_mask_twice_is_refused():
+    vals, srv, states, inbound = _to_mask()
+    first = secure_sum_client("mask", inbound[0], states[0], device_id=0, reply=vals[0])
+    other = {k: v * 0 for k, v in vals[0].items()}
+    with pytest.raises(ValidationError, match=r"device 0: .*'mask' .*already .*round 5"):
+        second = secure_sum_client("mask", inbound[0], states[0], device_id=0, reply=other)
+        # what the server would get: the exact reply
+        assert not np.array_equal(first["y"] - second["y"], first["y"])
+
+
+def test_finding2_share_twice_is_refused_no_nonce_reuse():
+    vals = values(4)
+    srv, states = drive(vals, PLAIN, stages=("keys", "share"))
+    with pytest.raises(ValidationError, match=r"device 2: .*'share' .*already .*round 5"):
+        secure_sum_client("share", srv.requests("share")[2], states[2], device_id=2)
+
+
+@pytest.mark.parametrize("order", [("keys", "mask"), ("keys", "unmask"),
+                                   ("keys", "share", "unmask"), ("keys", "keys")])
+def test_out_of_order_stages_are_refused(order):
+    vals = values(4)
+    srv = SecureSumServer(range(4), 5, PLAIN, 1)
+    state = {}
+    msgs = {"keys": srv.requests("keys")[0]}
+    with pytest.raises(ValidationError, match=r"device 0: secure aggregation stage"):
+        for stage in order:
+            inbound = msgs.get(stage, {"round": np.asarray(5), "survivors": np.arange(4),
+                                       "dropped": np.zeros(0, np.int64),
+                                       "src": np.zeros(0, np.int64),
+                                       "ct": np.zeros((0, 0), np.uint8),
+                                       "peers": np.arange(1, 4)})
+            if stage == "share":
+                srv.take("keys", {z: secure_sum_client("keys", m, {} if z else state,
+                                                       device_id=z)
+                                  for z, m in srv.requests("keys").items()})
+                inbound = srv.requests("share")[0]
+            secure_sum_client(stage, inbound, state, device_id=0, reply=vals[0])
+
+
+def test_an_old_round_is_refused():
+    vals = values(4)
+    _, states = drive(vals, PLAIN, round_id=7)
+    with pytest.raises(ValidationError, match=r"device 0: .*round 6.*after round 7"):
+        secure_sum_client("keys", {"round": np.asarray(6), "frac_bits": np.asarray(20),
+                                   "n_devices": np.asarray(4)}, states[0], device_id=0)
+
+
+def test_shamir_checks_the_extra_shares_and_names_the_bad_one():
+    secret = bytes(range(32))
+    xs = list(range(1, 8))
+    ys = shamir_split(secret, xs, 3)
+    good = dict(zip(xs, ys))
+    assert shamir_combine(good, 3) == secret
+    for bad_x in (1, 5):  # among the first t, and an extra one
+        pts = dict(good)
+        pts[bad_x] = (pts[bad_x] + 12345) % (1 << 521)
+        with pytest.raises(ValidationError) as err:
+            shamir_combine(pts, 3, strict=True)
+        assert err.value.bad == [bad_x]
+        assert shamir_combine(pts, 3) == secret  # within the error-correcting capacity
+    pts = dict(good)
+    for x in (1, 2, 3):
+        pts[x] += 1
+    with pytest.raises(ValidationError, match="inconsistent"):
+        shamir_combine(pts, 3)
+
+
+def test_a_bad_revealed_share_is_named_and_the_sum_stays_exact():
+    vals = values(7)
+
+    def corrupt(stage, z, inbound):
+        return inbound
+
+    class Lying(SecureSumServer):
+        pass
+
+    ids = list(range(7))
+    srv = SecureSumServer(ids, 5, PLAIN, 1)
+    states = {z: {} for z in ids}
+    for stage in srv.stages:
+        replies = {z: secure_sum_client(stage, m, states[z], device_id=z,
+                                        reply=vals[z] if stage == "mask" else None)
+                   for z, m in srv.requests(stage).items()}
+        if stage == "unmask":
+            sh = replies[3]["share"].copy()
+            sh[0, -1] ^= 1  # device 3 reveals one wrong share
+            replies[3] = dict(replies[3], share=sh)
+        srv.take(stage, replies)
+    got = srv.result()
+    np.testing.assert_array_equal(got["counts"], sum(vals[z]["counts"] for z in ids))
+    assert 3 in srv.distrusted and "inconsistent" in srv.distrusted[3] and not srv.rejected
