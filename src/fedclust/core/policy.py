@@ -45,8 +45,8 @@ import numpy as np
 
 from .exceptions import ValidationError
 
-__all__ = ["DevicePolicy", "PolicyRefusal", "PrivacyLedger", "group_threshold",
-           "SECURE_MODES"]
+__all__ = ["DevicePolicy", "PolicyRefusal", "PrivacyLedger", "group_threshold", "policy_for",
+           "write_private_atomic", "SECURE_MODES"]
 
 SECURE_MODES = ("any", "required", "signed")
 _CHARGED = "policy.charged"  # device state entry: fingerprints of the fits already charged
@@ -245,6 +245,16 @@ class DevicePolicy:
             self._memory["ledger"] = PrivacyLedger(self.epsilon, self.delta, self.ledger,
                                                    self.accountant)
         return self._memory["ledger"]
+
+
+def policy_for(policies: Any, device_id: int, default: DevicePolicy | None = None
+               ) -> DevicePolicy | None:
+    """A transport's ``policies`` setting (one policy, or device id -> policy) for one device."""
+    if policies is None:
+        return default
+    if isinstance(policies, DevicePolicy):
+        return policies
+    return dict(policies).get(int(device_id), default)
 
 
 def _secure_form(protocol: Any) -> Any:
