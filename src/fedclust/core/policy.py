@@ -89,6 +89,8 @@ class DevicePolicy:
         The δ at which ``epsilon`` is measured.
     ledger : str, optional
         JSON file of the device's ledger (kept across runs); ``None``: in memory.
+        ``{device}`` in it is replaced by the device id (one policy for several
+        simulated devices).
     accountant : {"pld", "rdp"}, default="pld"
         ``dp-accounting``'s accountant for the composition.
     """
@@ -213,7 +215,7 @@ class DevicePolicy:
             summable = getattr(_secure_form(protocol), "summed_actions", frozenset())
             if action in summable:
                 raise PolicyRefusal(f"{device}: refuses a plain {action!r} request: its policy "
-                                    f"requires {self.secure_aggregation} secure aggregation "
+                                    f"requires secure aggregation ({self.secure_aggregation}) "
                                     "for the rounds the server only sums")
         privacy = getattr(protocol, "privacy", None)
         if (privacy is not None and getattr(privacy, "noise_seed", None) is not None
@@ -235,16 +237,21 @@ class DevicePolicy:
         if fingerprint in charged:
             return
         events = _events(protocol, name, device)
-        self.ledger_object().charge(events, f"{name} (fit {fingerprint})", device)
+        self.ledger_object(device).charge(events, f"{name} (fit {fingerprint})", device)
         charged.add(fingerprint)
         state[_CHARGED] = np.frombuffer(",".join(sorted(charged)).encode("ascii"),
                                         np.uint8).copy()
 
-    def ledger_object(self) -> "PrivacyLedger":
-        if "ledger" not in self._memory:
-            self._memory["ledger"] = PrivacyLedger(self.epsilon, self.delta, self.ledger,
-                                                   self.accountant)
-        return self._memory["ledger"]
+    def ledger_object(self, device: str) -> "PrivacyLedger":
+        """The ledger of ``device`` ("device <id>"): one per device, also when simulated
+        devices share this policy object (``ledger`` may hold ``{device}``, the id)."""
+        if device not in self._memory:
+            path = self.ledger
+            if path is not None and "{device}" in path:
+                path = path.replace("{device}", device.split()[-1])
+            self._memory[device] = PrivacyLedger(self.epsilon, self.delta, path,
+                                                 self.accountant)
+        return self._memory[device]
 
 
 def policy_for(policies: Any, device_id: int, default: DevicePolicy | None = None

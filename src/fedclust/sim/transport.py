@@ -117,6 +117,11 @@ class InProcessTransport:
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         identities = make_identities(ids) if secure is not None and secure.signed else None
         self._policies = {z: policy_for(self.policies, z) for z in ids}
+        shared = [p for p in self._policies.values() if p is not None and p.ledger]
+        if len(shared) > 1 and len({id(p) for p in shared}) == 1 \
+                and "{device}" not in shared[0].ledger:
+            raise ValidationError(f"policies: devices share the ledger file {shared[0].ledger}; "
+                                  "put {device} in its name (one ledger per device)")
         if identities is not None:
             self._policies = {z: p.at_least_signed() if p is not None else None
                               for z, p in self._policies.items()}
