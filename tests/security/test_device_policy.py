@@ -102,7 +102,8 @@ def test_actions_allowlist_and_collect():
         InProcessTransport(policies=other).run(proto, _devices(), 0)
     keep = InProcessTransport(policies={3: DevicePolicy()}).run(proto, _devices(), 0)
     assert 3 not in keep.device_outputs and 0 in keep.device_outputs
-    assert "device 3: refuses to send per-point outputs" in keep.log.failed[3]
+    assert keep.log.failed[3] == ("device 3: refuses to send per-point outputs: its policy has "
+                                  "allow_collect off")
 
 
 def test_required_secure_aggregation_refuses_plain_summed_rounds():

@@ -202,12 +202,9 @@ class DevicePolicy:
                       secure: bool) -> None:
         """Before a data request runs on the device (``secure``: it arrived as the
         ``mask`` stage of a secure sum). Charges the ledger on a fit's first request."""
-        name = getattr(protocol, "name", type(protocol).__name__)
+        name = self._check_protocol(protocol, device)
         if self.actions is not None:
-            allowed = self.actions.get(name)
-            if allowed is None:
-                raise PolicyRefusal(f"{device}: refuses protocol {name!r}: not in its "
-                                    f"policy's allowed protocols {sorted(self.actions)}")
+            allowed = self.actions[name]
             if action not in allowed:
                 raise PolicyRefusal(f"{device}: refuses action {action!r} of protocol "
                                     f"{name!r}: its policy allows {sorted(allowed)}")
@@ -225,7 +222,17 @@ class DevicePolicy:
         if self.epsilon is not None:
             self._charge(protocol, name, state, device)
 
-    def check_collect(self, collect: bool, device: str) -> None:
+    def _check_protocol(self, protocol: Any, device: str) -> str:
+        name = getattr(protocol, "name", type(protocol).__name__)
+        if self.actions is not None and name not in self.actions:
+            raise PolicyRefusal(f"{device}: refuses protocol {name!r}: not in its "
+                                f"policy's allowed protocols {sorted(self.actions)}")
+        return name
+
+    def check_finish(self, protocol: Any, collect: bool, device: str) -> None:
+        """Before the final message: the protocol must be allowed, and per-point outputs
+        go back only with ``allow_collect``."""
+        self._check_protocol(protocol, device)
         if collect and not self.allow_collect:
             raise PolicyRefusal(f"{device}: refuses to send per-point outputs: its policy "
                                 "has allow_collect off")

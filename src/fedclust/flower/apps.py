@@ -667,7 +667,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 _save_state(context, state)
             elif request.action == FINISH_ACTION:
                 collect = bool(head.get("collect"))
-                pol.check_collect(collect, me)
+                pol.check_finish(protocol, collect, me)
                 X = device_data_for(protocol, X, me)
                 out = protocol.client_finish(request.payload, X, _load_state(context))
                 content = RecordDict({OUTPUT: arrays_to_record(out if collect else {})})

@@ -166,11 +166,13 @@ class InProcessTransport:
             by_type.setdefault(type(final), []).append(z)
         for z in list(finals):
             pol = self._policies.get(z)
-            if pol is not None and not pol.allow_collect:  # the device keeps its outputs
-                refusal = f"device {z}: refuses to send per-point outputs (policy allow_collect off)"
-                _DEVICE_LOG.warning("fedclust: %s", refusal)
-                log.failed.setdefault(z, refusal)
-                del finals[z]
+            if pol is not None:  # the outputs go back to the caller: collect is asked
+                try:
+                    pol.check_finish(protocol, True, f"device {z}")
+                except PolicyRefusal as exc:
+                    _DEVICE_LOG.warning("fedclust: %s", exc)
+                    log.failed.setdefault(z, str(exc))
+                    del finals[z]
         for cls, zs in by_type.items():
             zs = [z for z in zs if z in finals]
             if not zs:
