@@ -96,7 +96,7 @@ fi
 
 # ---------------------------------------------------------------- files
 echo "== certificates, keys, data, apps, in-process references"
-fedclust flower certs "$WORK/certs" --host "$LINK_IP" > /dev/null
+fedclust flower certs "$WORK/certs" --host "$LINK_IP" --loopback > /dev/null
 fedclust flower keys "$WORK/keys" --nodes $((N + 1)) > /dev/null   # node-$N: never registered
 fedclust flower split "$ROOT/scripts/flower_loopback.toml" --out "$WORK/data" > /dev/null
 fedclust flower app "$WORK/appA" --config "$ROOT/scripts/flower_loopback.toml" --no-wheel \

@@ -61,7 +61,7 @@ from .results import save_error, save_run_output
 from ..site_protocol import device_data_for
 
 __all__ = ["ServerSpec", "ServerAppFailed", "one_line_cause", "make_server_app", "make_client_app",
-           "run_server", "node_policy",
+           "run_server", "node_policy", "confine_result_dir",
            "save_device_file", "load_device_file", "load_node_data"]
 
 _STATE = "fedclust.state"
@@ -194,16 +194,44 @@ class ServerSpec:
             secagg_signed=bool(rc.get("secagg-signed", False)))
 
 
+def confine_result_dir(result_dir: str, root: str | Path) -> str:
+    """``result_dir`` (relative: under ``root``) as an absolute path inside ``root``;
+    a run config pointing anywhere else on the server host is refused."""
+    base = Path(root).resolve()
+    path = Path(result_dir)
+    path = (path if path.is_absolute() else base / path).resolve()
+    if path != base and base not in path.parents:
+        raise ValidationError(f"run config result-dir={result_dir!r} is outside the app's output "
+                              f"folder {base}; give a folder inside it")
+    return str(path)
+
+
 def make_server_app(spec: ServerSpec | None = None, *,
-                    on_result: Callable[[RunOutput, dict], None] | None = None) -> ServerApp:
-    """A ``ServerApp`` running the protocol of ``spec`` (default: read from ``context.run_config``)."""
+                    on_result: Callable[[RunOutput, dict], None] | None = None,
+                    result_root: str | Path | None = None) -> ServerApp:
+    """A ``ServerApp`` running the protocol of ``spec`` (default: read from ``context.run_config``).
+
+    A spec read from the run config writes its results only inside the app's
+    output folder: ``result_root`` (the generated app fixes it), else the
+    server host's ``FEDCLUST_RESULT_ROOT``, else the ServerApp's working folder.
+    """
+    import os
+
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         s = None
         try:
-            s = spec if spec is not None else ServerSpec.from_run_config(context.run_config)
+            if spec is not None:
+                s = spec
+            else:
+                read = ServerSpec.from_run_config(context.run_config)
+                if read.result_dir:  # confined before anything (even error.json) is written
+                    root = (result_root or os.environ.get("FEDCLUST_RESULT_ROOT")
+                            or os.getcwd())
+                    read.result_dir = confine_result_dir(read.result_dir, root)
+                s = read
             out, extra = run_server(grid, s)
         except Exception as exc:
             cause = one_line_cause(exc)
