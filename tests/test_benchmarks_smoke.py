@@ -90,6 +90,15 @@ def _check_secagg(doc):
         assert r["secure_up_bytes"] > r["plain_up_bytes"]
         assert r["exchanges_secure"] == (5 if r["workload"] == "lloyd-signed" else 4)
         assert r["device_time_s"] > 0 and r["server_time_s"] > 0
+    for r in rows:  # the earlier commit's code in the same run (absent without git history)
+        if "baseline" in r:
+            o = r["baseline"]
+            assert o["workload"] == r["workload"] and o["n_devices"] == r["n_devices"]
+            # the same wire format up; the share request no longer carries a threshold
+            assert r["secure_up_bytes"] == o["secure_up_bytes"]
+            assert r["secure_down_bytes"] == o["secure_down_bytes"] - 8 * (r["n_devices"] - 1) \
+                if r["workload"] != "lloyd-signed" else r["secure_down_bytes"] < \
+                o["secure_down_bytes"]
     dp = [r for r in rows if r["workload"] == "dp-lloyd"][0]
     # 200 noisy sums: their std within ~20 % of sigma sqrt(n / n_min), never below sigma's reach
     assert 0.8 < dp["sum_noise_std"] / dp["expected_std"] < 1.2
