@@ -184,3 +184,14 @@ def test_a_bad_revealed_share_is_named_and_the_sum_stays_exact():
     got = srv.result()
     np.testing.assert_array_equal(got["counts"], sum(vals[z]["counts"] for z in ids))
     assert 3 in srv.distrusted and "inconsistent" in srv.distrusted[3] and not srv.rejected
+
+
+def test_errors_that_reach_the_server_carry_no_data_values():
+    from fedclust.core.secagg import encode_fixed
+
+    secret = 987654321.123e5
+    with pytest.raises(ValidationError) as err:
+        encode_fixed({"sums": np.array([1.0, -secret])}, 20, 10, sender="device 4")
+    text = str(err.value)
+    assert text.startswith("device 4: field 'sums' has a value too large")
+    assert "987" not in text and "9.87" not in text and "limit" in text
