@@ -195,3 +195,47 @@ def test_errors_that_reach_the_server_carry_no_data_values():
     text = str(err.value)
     assert text.startswith("device 4: field 'sums' has a value too large")
     assert "987" not in text and "9.87" not in text and "limit" in text
+
+
+def _lie_at_share(change):
+    def lie(stage, z, inbound):
+        if stage == "share" and z == 0:
+            change(inbound)
+        return inbound
+    return lie
+
+
+@pytest.mark.parametrize("change, message", [
+    # share point 0 would make a peer's share the secret itself
+    (lambda m: m.__setitem__("x", np.where(np.arange(len(m["x"])) == 1, 0, m["x"])),
+     "share points must be distinct and non-zero"),
+    (lambda m: m.__setitem__("x", np.full(len(m["x"]), 3)),
+     "share points must be distinct and non-zero"),
+    (lambda m: m.__setitem__("ids", np.asarray([1, 1, 2, 3])),
+     "device 0: the group the server gives .* leaves out this device or repeats a member"),
+    (lambda m: m.__setitem__("ids", np.asarray([4, 1, 2, 3])),
+     "device 0: the group the server gives .* leaves out this device or repeats a member"),
+], ids=["x-zero", "x-repeated", "member-twice", "not-in-group"])
+def test_a_forged_group_or_share_points_are_refused(change, message):
+    with pytest.raises(ValidationError, match=message):
+        drive(values(4), PLAIN, lie=_lie_at_share(change), stages=("keys", "share"))
+
+
+def test_masking_with_a_device_outside_the_group_is_refused():
+    def lie(stage, z, inbound):
+        if stage == "mask" and z == 0:
+            inbound["peers"] = np.asarray([1, 2, 3, 9], np.int64)
+        return inbound
+
+    with pytest.raises(ValidationError, match="device 0: asked to mask with device 9, not in "
+                                              "its group"):
+        drive(values(4), PLAIN, lie=lie, stages=("keys", "share", "mask"))
+
+
+def test_a_device_with_an_identity_refuses_unsigned_peers_and_a_skipped_confirm():
+    idn = make_identities(range(4))
+    srv, states = drive(values(4), SIGNED, identities=idn, stages=("keys", "share", "mask"))
+    unmask = {"round": np.asarray(5), "survivors": np.arange(4), "dropped": np.zeros(0, int)}
+    with pytest.raises(ValidationError, match=r"device 2: secure aggregation stage 'unmask' out "
+                                              r"of order .*it follows 'confirm'"):
+        secure_sum_client("unmask", unmask, states[2], device_id=2, identity=idn[2])
