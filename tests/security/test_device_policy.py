@@ -145,3 +145,18 @@ def test_an_unreadable_ledger_is_refused_not_reset(tmp_path):
     with pytest.raises(ValidationError, match="cannot be read .*refusing to guess"):
         PrivacyLedger(1.0, 1e-6, str(path))
     assert math.isfinite(PrivacyLedger(1.0, 1e-6, str(tmp_path / "new.json")).spent())
+
+
+def test_the_security_pages_example_runs_and_a_second_fit_is_refused():
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+    (code,) = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    ns: dict = {}
+    exec(compile(code, "security.md", "exec"), ns)  # noqa: S102 (our own docs)
+    assert ns["model"].cluster_centers_.shape == (3, 2)
+    with pytest.raises(PolicyRefusal, match=r"device 0: refuses distributed-lloyd .*past its "
+                                            r"budget 2\.5"):
+        ns["DistributedLloyd"](3, init="candidates", privacy=ns["dp"], secure_aggregation=True,
+                               random_state=1).fit(ns["devices"], transport=ns["transport"])
