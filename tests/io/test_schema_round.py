@@ -132,7 +132,8 @@ def _deploy(tmp_path, cfg_path, paths):
                                                   app_dir / "fedclust_app" / "apps.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    nodes = [{"data-path": str(p), "device-id": z, "policy-allow-collect": True}
+             for z, p in enumerate(paths)]
     run_server_app(module.server_app, LocalGrid(module.client_app, nodes, run_config=run_config),
                    run_config)
     return load_run_output(res_dir)
@@ -319,7 +320,8 @@ def test_bad_site_data_stops_the_deployed_run_in_one_line(tmp_path, case, impute
     assert pattern in str(err.value) and "\n" not in str(err.value)
     # the same on a Flower grid, each node holding its own file
     run_config = flatten_dict(app_run_config(cfg, result_dir=tmp_path / "res"))
-    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    nodes = [{"data-path": str(p), "device-id": z, "policy-allow-collect": True}
+             for z, p in enumerate(paths)]
     with pytest.raises(ServerAppFailed) as err:
         run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes,
                                                     run_config=run_config), run_config)
@@ -355,7 +357,8 @@ n_clusters = 2
     rc = flatten_dict(app_run_config(cfg, result_dir=tmp_path / "res"))
     assert rc["secure-aggregation"] is True and json.loads(rc["params.summed"]) == [
         "candidates", "column_squares", "column_sums", "lloyd", "moments"]
-    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    nodes = [{"data-path": str(p), "device-id": z, "policy-allow-collect": True}
+             for z, p in enumerate(paths)]
     run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes, run_config=rc), rc)
     out, _ = load_run_output(tmp_path / "res")
     ref = run_experiment(cfg)

@@ -132,12 +132,20 @@ def test_out_of_order_stages_are_refused(order):
             secure_sum_client(stage, inbound, state, device_id=0, reply=vals[0])
 
 
-def test_an_old_round_is_refused():
+def test_a_finished_round_is_not_keyed_again():
     vals = values(4)
     _, states = drive(vals, PLAIN, round_id=7)
-    with pytest.raises(ValidationError, match=r"device 0: .*round 6.*after round 7"):
-        secure_sum_client("keys", {"round": np.asarray(6), "frac_bits": np.asarray(20),
-                                   "n_devices": np.asarray(4)}, states[0], device_id=0)
+    keys = {"frac_bits": np.asarray(20), "n_devices": np.asarray(4)}
+    with pytest.raises(ValidationError, match=r"device 0: secure aggregation stage 'keys' "
+                                              r"already answered in round 7"):
+        secure_sum_client("keys", dict(keys, round=np.asarray(7)), states[0], device_id=0)
+    # another protocol phase (another action) may number its rounds from 0 again
+    secure_sum_client("keys", dict(keys, round=np.asarray(0)), states[0], device_id=0,
+                      action="lloyd")
+    with pytest.raises(ValidationError, match=r"device 0: secure aggregation stage 'share' of "
+                                              r"round 0 for another action"):
+        secure_sum_client("share", {"round": np.asarray(0)}, states[0], device_id=0,
+                          action="moments")
 
 
 def test_shamir_checks_the_extra_shares_and_names_the_bad_one():

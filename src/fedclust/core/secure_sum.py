@@ -477,26 +477,29 @@ _AFTER = {"share": "keys", "mask": "share", "unmask": "mask"}
 _SIGNED_AFTER = {"share": "keys", "mask": "share", "confirm": "mask", "unmask": "confirm"}
 
 
-def _advance(stage: str, state: dict[str, np.ndarray], z: int, r: int, signed: bool) -> None:
-    """The device's state machine: each stage at most once per round, in order; rounds
-    only go forward (:func:`_answered` marks a stage once the device has answered it)."""
+def _advance(stage: str, state: dict[str, np.ndarray], z: int, r: int, signed: bool,
+             action: str) -> None:
+    """The device's state machine: each stage at most once per round, in order, and a
+    round (of an action) is keyed once (:func:`_answered` marks a stage once the device
+    has answered it)."""
     after = _SIGNED_AFTER if signed else _AFTER
     if stage != "keys" and stage not in after:
         raise ValidationError(f"device {z}: unknown secure aggregation stage {stage!r}"
                               + ("" if signed else " (or a signed stage without an identity "
                                  "key)"))
     if stage == "keys":
-        last = int(state.get(_P + "last_round", np.asarray(-1)))
-        if r == last:
+        keyed = array_to_bytes(state.get(_P + "keyed", np.zeros(0, np.uint8))).decode()
+        if f"{action}@{r}" in keyed.split(","):
             raise ValidationError(f"device {z}: secure aggregation stage 'keys' already "
-                                  f"answered in round {r}; refusing to answer it again")
-        if r < last:
-            raise ValidationError(f"device {z}: secure aggregation stage 'keys' for round {r} "
-                                  f"after round {last}; rounds only go forward")
+                                  f"answered in round {r}" + (f" ({action})" if action else "")
+                                  + "; refusing to answer it again")
         return
     if int(state.get(_P + "round", np.asarray(-1))) != r:
         raise ValidationError(f"device {z}: secure aggregation stage {stage!r} for round {r} "
                               "without its key stage")
+    if array_to_bytes(state.get(_P + "action", np.zeros(0, np.uint8))).decode() != action:
+        raise ValidationError(f"device {z}: secure aggregation stage {stage!r} of round {r} "
+                              f"for another action than its key stage ({action!r})")
     done = array_to_bytes(state[_P + "done"]).decode("ascii").split(",")
     if stage in done:
         raise ValidationError(f"device {z}: secure aggregation stage {stage!r} already "
@@ -517,7 +520,8 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
                       reply: Mapping[str, np.ndarray] | None = None,
                       entropy: Entropy | None = None,
                       identity: DeviceIdentity | None = None,
-                      policy: DevicePolicy | None = None) -> dict[str, np.ndarray]:
+                      policy: DevicePolicy | None = None,
+                      action: str = "") -> dict[str, np.ndarray]:
     """One device's answer to a secure aggregation stage; keeps its secrets in ``state``.
 
     ``reply`` (stage ``mask``) is the device's plaintext reply arrays. Private
@@ -527,7 +531,8 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
     its keys and insists on the malicious-server checks (module docstring).
 
     Whatever the request says, the device answers each stage at most once per
-    round and in order, computes its threshold from the size of the group it
+    round (``action``: the protocol action the round sums; a round of an action
+    is keyed once) and in order, computes its threshold from the size of the group it
     is given and refuses a group below its ``policy``'s minimum
     (:meth:`~fedclust.core.policy.DevicePolicy.check_group`; default: 2).
     """
@@ -539,22 +544,26 @@ def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
     except (KeyError, TypeError, ValueError):
         raise ValidationError(f"device {z}: secure aggregation request without a round "
                               "number") from None
-    _advance(stage, state, z, r, identity is not None)
-    out = _answer(stage, inbound, state, z, r, reply, entropy, identity, policy)
+    _advance(stage, state, z, r, identity is not None, str(action))
+    out = _answer(stage, inbound, state, z, r, reply, entropy, identity, policy, str(action))
     _answered(stage, state)
     return out
 
 
 def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.ndarray], z: int,
             r: int, reply: Mapping[str, np.ndarray] | None, entropy: Entropy,
-            identity: DeviceIdentity | None, policy: DevicePolicy) -> dict[str, np.ndarray]:
+            identity: DeviceIdentity | None, policy: DevicePolicy, action: str
+            ) -> dict[str, np.ndarray]:
     if stage == "keys":
+        keyed = array_to_bytes(state.get(_P + "keyed", np.zeros(0, np.uint8))).decode()
         for key in [k for k in state if k.startswith(_P)]:
             del state[key]
+        state[_P + "keyed"] = bytes_to_array(",".join(
+            [k for k in keyed.split(",") if k] + [f"{action}@{r}"]).encode())
+        state[_P + "action"] = bytes_to_array(str(action).encode())
         c_sk, c_pk = x25519_keypair(entropy)
         s_sk, s_pk = x25519_keypair(entropy)
         state.update({_P + "round": np.asarray(r, np.int64),
-                      _P + "last_round": np.asarray(r, np.int64),
                       _P + "done": bytes_to_array(b"keys"),
                       _P + "frac_bits": np.asarray(inbound["frac_bits"], np.int64),
                       _P + "n_devices": np.asarray(inbound["n_devices"], np.int64),

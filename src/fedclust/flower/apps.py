@@ -690,7 +690,8 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                     if tamper is not None:
                         plain = tamper(int(device_id), request.round, plain)
                 out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
-                                        reply=plain, identity=ident, policy=pol)
+                                        reply=plain, identity=ident, policy=pol,
+                                        action=request.action)
                 content = RecordDict({SECAGG: arrays_to_record(out)})
                 _save_state(context, state)
             elif request.action == FINISH_ACTION:

@@ -73,7 +73,8 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
                         plain = tamper(z, request.round, plain)
                 out = secure_sum_client(stage, msg, states[z], device_id=z, reply=plain,
                                         identity=identities.get(z),
-                                        policy=(policies or {}).get(z))
+                                        policy=(policies or {}).get(z),
+                                        action=request.action)
             except FedClustError as exc:
                 if raise_client_errors:
                     raise

@@ -149,7 +149,7 @@ def encode_table(table: RawTable, schema: SiteSchema, unknown: str = "error") ->
                     B[i] = np.nan
                 else:
                     raise ValidationError(
-                        f"{table.path}: row {i}, column {c!r}: category {t!r} is not one of "
+                        f"{table.path}: row {i}, column {c!r}: the category is not one of "
                         f"the federation's {list(cats)}")
             blocks.append(B)
         else:
