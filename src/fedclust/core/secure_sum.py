@@ -10,8 +10,10 @@ exchanges (five in the signed variant below) (SecAgg+, Bell et al., CCS 2020; Se
 2. ``share`` — the server sends each device the public keys of its group
    (every other device, or ``neighbors`` of them on a random circulant graph
    for large federations); the device Shamir-shares its ``s`` private key and
-   a fresh self-mask seed ``b`` among the group (threshold ``t``) and sends
-   each peer's shares AES-GCM-encrypted for that peer, through the server;
+   a fresh self-mask seed ``b`` among the group (threshold ``t``, which the
+   device computes from the group's size and its policy, never from the
+   request) and sends each peer's shares AES-GCM-encrypted for that peer,
+   through the server;
 3. ``mask`` — the device computes its reply (the protocol's ``client_step``),
    encodes it in fixed point mod 2**64 and adds ``PRG(b)`` and, for each peer
    ``v`` still in, ``+-PRG(s_uv)`` (``+`` if its id is smaller); the pairwise
@@ -20,8 +22,15 @@ exchanges (five in the signed variant below) (SecAgg+, Bell et al., CCS 2020; Se
 4. ``unmask`` — the server names the survivors (sent a masked reply) and the
    dropped (shared keys, then sent nothing). Each survivor reveals, per group
    member, the share of ``b`` (member survived) or of ``s`` (member dropped),
-   never both. The server rebuilds the seeds from ``t`` shares, removes the
-   masks and decodes the sum.
+   never both. The server rebuilds the seeds, checking every share beyond
+   ``t`` (Reed-Solomon decoding: a holder of a wrong share is named and
+   corrected), removes the masks and decodes the sum.
+
+Each device answers every stage at most once per round and in order (a
+second ``mask`` request would give the server the difference of two replies;
+a second ``share`` would seal two messages under one key and nonce), and
+refuses a group smaller than its minimum (a group of one would hand the
+server the device's own share of its self-mask).
 
 Up to ``floor(g / 3)`` of a group of ``g`` may drop after step 2 (default
 ``t = g - floor(g / 3)``, at least a strict majority); more stops the round
