@@ -247,3 +247,20 @@ def test_a_device_with_an_identity_refuses_unsigned_peers_and_a_skipped_confirm(
     with pytest.raises(ValidationError, match=r"device 2: secure aggregation stage 'unmask' out "
                                               r"of order .*it follows 'confirm'"):
         secure_sum_client("unmask", unmask, states[2], device_id=2, identity=idn[2])
+
+
+def test_reconstruction_names_exactly_the_wrong_shares_within_capacity():
+    """Every (n, t) up to 9 shares, every number of wrong shares Reed-Solomon can correct:
+    the secret comes back and exactly the altered points are named."""
+    rng = np.random.default_rng(3)
+    for t in range(1, 5):
+        for n in range(t, t + 6):
+            secret = rng.bytes(32)
+            xs = [int(x) for x in rng.choice(np.arange(1, 1000), n, replace=False)]
+            good = dict(zip(xs, shamir_split(secret, xs, t)))
+            for n_bad in range(0, (n - t) // 2 + 1):
+                bad = sorted(int(x) for x in rng.choice(xs, n_bad, replace=False))
+                pts = {x: (y + 1 + int(rng.integers(1 << 60))) if x in bad else y
+                       for x, y in good.items()}
+                s, named = shamir_decode(pts, t)
+                assert s.to_bytes(32, "big") == secret and named == bad, (n, t, bad)

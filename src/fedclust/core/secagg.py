@@ -308,6 +308,24 @@ def _berlekamp_welch(pts: list[tuple[int, int]], threshold: int) -> list[int] | 
     return quotient[:threshold]
 
 
+@functools.lru_cache(maxsize=64)
+def _parity_check(xs: tuple[int, ...], threshold: int) -> tuple[int, ...]:
+    """A secret random codeword ``(u_i g(x_i))`` of the dual of the Reed-Solomon code
+    (``u_i = 1 / prod_{j != i} (x_i - x_j)``, ``g`` random of degree < n - threshold):
+    ``sum_i c_i y_i = 0`` for shares ``y`` of any degree < threshold polynomial, and for
+    inconsistent shares only with probability ``1 / PRIME`` (one inner product checks
+    every extra share)."""
+    g = [_random_below(PRIME, os.urandom) for _ in range(len(xs) - threshold)]
+    out = []
+    for i, xi in enumerate(xs):
+        den = 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                den = den * (xi - xj) % PRIME
+        out.append(pow(den, -1, PRIME) * _poly_at(g, xi) % PRIME)
+    return tuple(out)
+
+
 def _poly_at(coef: Sequence[int], x: int) -> int:
     y = 0
     for c in reversed(coef):
@@ -330,8 +348,10 @@ def shamir_decode(points: Mapping[int, int], threshold: int) -> tuple[int, list[
     base = pts[:threshold]
     xs = tuple(x for x, _ in base)
     secret = sum(y * c for (_, y), c in zip(base, _lagrange_at(xs, 0))) % PRIME
-    if all(sum(y * c for (_, y), c in zip(base, _lagrange_at(xs, x))) % PRIME == yx
-           for x, yx in pts[threshold:]):
+    if len(pts) == threshold:
+        return secret, []
+    check = _parity_check(tuple(x for x, _ in pts), threshold)
+    if sum(c * y for c, (_, y) in zip(check, pts)) % PRIME == 0:
         return secret, []
     coef = _berlekamp_welch(pts, threshold)
     bad = [] if coef is None else [x for x, y in pts if _poly_at(coef, x) != y]
