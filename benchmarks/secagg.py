@@ -34,11 +34,12 @@ unmasking), exchanges (plaintext 1, secure 4), and the largest error of the
 unmasked sum against the float64 sum (bound ``n 2**-21``).
 
 A third table runs the same rounds (same seeds, same process tree, same
-machine) on the secure-sum code of an earlier commit (``--baseline-commit``,
-default ``95c14ef``: before the device-side state machine, the device's own
-threshold and the checked reconstruction), extracted with ``git archive`` and
-run in a subprocess; it gives bytes and times of both and their ratios
-(``--no-baseline`` skips it, as does a checkout without git history).
+machine) on the secure-sum code of another commit (``--baseline-commit``,
+default ``95c14ef``: the code without the device-side state machine, the
+device's own threshold and the checked reconstruction), extracted with ``git
+archive`` and run in a subprocess, alternating with this code; it gives bytes
+and times of both and their ratios (``--no-baseline`` skips it, as does a
+checkout without git history).
 
 Beside them: Flower's legacy SecAgg+ workflow settings (``SecAggPlusWorkflow``,
 flwr 1.42 defaults and its example app) and what the FastLloyd paper reports.

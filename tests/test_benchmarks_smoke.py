@@ -90,7 +90,7 @@ def _check_secagg(doc):
         assert r["secure_up_bytes"] > r["plain_up_bytes"]
         assert r["exchanges_secure"] == (5 if r["workload"] == "lloyd-signed" else 4)
         assert r["device_time_s"] > 0 and r["server_time_s"] > 0
-    for r in rows:  # the earlier commit's code in the same run (absent without git history)
+    for r in rows:  # the baseline commit's code in the same run (absent without git history)
         if "baseline" in r:
             o = r["baseline"]
             assert o["workload"] == r["workload"] and o["n_devices"] == r["n_devices"]
