@@ -12,6 +12,7 @@ pytest.importorskip("flwr")
 
 from flwr.app import Message  # noqa: E402
 
+from fedclust.core.exceptions import ValidationError  # noqa: E402
 from fedclust.core.policy import DevicePolicy  # noqa: E402
 from fedclust.core.protocol import Request  # noqa: E402
 from fedclust.core.secure_sum import (SecureAggregation, SecureSumServer,  # noqa: E402
@@ -178,3 +179,17 @@ def test_the_node_ledger_refuses_a_second_fit(tmp_path):
     assert len(entries) == 1
     with pytest.raises(Exception, match="device [0-9]: refuses .*past its budget 1.2"):
         FlowerInMemoryTransport(policies=pol).run(proto, _devices(), 1)
+
+
+def test_a_node_budget_needs_a_ledger_file():
+    from flwr.app import Context, RecordDict
+
+    from fedclust.flower.apps import node_policy
+
+    ctx = Context(run_id=1, node_id=7, node_config={"policy-epsilon": 2.0}, state=RecordDict(),
+                  run_config={})
+    with pytest.raises(ValidationError, match="SuperNode 7: node config policy-epsilon needs "
+                                              "policy-ledger"):
+        node_policy(ctx)
+    ctx.node_config["policy-ledger"] = "/var/lib/fedclust/ledger.json"
+    assert node_policy(ctx).ledger == "/var/lib/fedclust/ledger.json"

@@ -625,8 +625,18 @@ def node_identity(context: Context, data_dir: str | Path | None = None
 def node_policy(context: Context) -> DevicePolicy:
     """This SuperNode's :class:`~fedclust.core.policy.DevicePolicy`: its node config's
     ``policy-*`` entries (``flower-supernode --node-config "policy-epsilon=2.0 ..."``),
-    defaults for the others (no per-point outputs, no server-chosen noise seed)."""
-    return DevicePolicy.from_node_config(context.node_config)
+    defaults for the others (no per-point outputs, no server-chosen noise seed).
+
+    A budget (``policy-epsilon``) needs ``policy-ledger``, a file on the node: a
+    deployed SuperNode starts a ClientApp process per message, so a ledger in
+    memory would not outlive one message.
+    """
+    policy = DevicePolicy.from_node_config(context.node_config)
+    if policy.epsilon is not None and policy.ledger is None:
+        raise ValidationError(f"SuperNode {context.node_id}: node config policy-epsilon needs "
+                              "policy-ledger (a JSON file on the node that keeps the ledger "
+                              "across messages and runs)")
+    return policy
 
 
 def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | None = None, *,
