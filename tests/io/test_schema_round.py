@@ -26,6 +26,12 @@ from sitegen import write_sites  # noqa: E402
 from test_every_algorithm_on_sites import ALGOS  # noqa: E402
 
 
+
+@pytest.fixture(autouse=True)
+def _result_root(tmp_path, monkeypatch):
+    """The server host's FEDCLUST_RESULT_ROOT: a deployed ServerApp writes under tmp_path."""
+    monkeypatch.setenv("FEDCLUST_RESULT_ROOT", str(tmp_path))
+
 def _table(name, **cols):
     cols = {k: np.asarray(v, dtype=object if isinstance(v[0], str) or v[0] is None else None)
             for k, v in cols.items()}

@@ -27,6 +27,13 @@ from fedclust.sites import read_table  # noqa: E402
 
 from sitegen import write_sites  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _result_root(tmp_path, monkeypatch):
+    """The server host's FEDCLUST_RESULT_ROOT: a deployed ServerApp writes under tmp_path."""
+    monkeypatch.setenv("FEDCLUST_RESULT_ROOT", str(tmp_path))
+
+
 BASE = """
 seed = 3
 [data]
