@@ -33,14 +33,27 @@ device time (mean per device, all stages), server time (all stages, including
 unmasking), exchanges (plaintext 1, secure 4), and the largest error of the
 unmasked sum against the float64 sum (bound ``n 2**-21``).
 
+A third table runs the same rounds (same seeds, same process tree, same
+machine) on the secure-sum code of another commit (``--baseline-commit``,
+default ``95c14ef``: the code without the device-side state machine, the
+device's own threshold and the checked reconstruction), extracted with ``git
+archive`` and run in a subprocess, alternating with this code; it gives bytes
+and times of both and their ratios (``--no-baseline`` skips it, as does a
+checkout without git history).
+
 Beside them: Flower's legacy SecAgg+ workflow settings (``SecAggPlusWorkflow``,
 flwr 1.42 defaults and its example app) and what the FastLloyd paper reports.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -199,8 +212,51 @@ def preprocess_fit(n: int, seed: int, d: int = 20) -> dict:
     return out
 
 
+_BASELINE_FLAG = "--baseline-rows"  # internal: run the given cases, print their rows as JSON
+_KEEP = ("workload", "n_devices", "secure_up_bytes", "secure_down_bytes", "device_time_s",
+         "server_time_s", "max_abs_error", "error_bound")
+
+
+def baseline_rows(cases: list, seed: int, commit: str) -> list[dict] | None:
+    """The same cases on the fedclust source of ``commit`` (git archive), in a subprocess."""
+    repo = Path(__file__).resolve().parents[1]
+    work = Path(tempfile.mkdtemp(prefix="secagg-baseline-"))
+    try:
+        tar = subprocess.run(["git", "-C", str(repo), "archive", commit, "src/fedclust"],
+                             capture_output=True, check=False)
+        if tar.returncode != 0:
+            print(f"  no baseline: git archive {commit} failed "
+                  f"({tar.stderr.decode(errors='replace').strip()[:200]})", flush=True)
+            return None
+        subprocess.run(["tar", "-x", "-C", str(work)], input=tar.stdout, check=True)
+        env = dict(os.environ, PYTHONPATH=str(work / "src"))
+        out = subprocess.run([sys.executable, __file__, _BASELINE_FLAG, json.dumps(cases),
+                              str(seed)], capture_output=True, text=True, env=env, check=False)
+        if out.returncode != 0:
+            print(f"  no baseline: the {commit} run failed:\n{out.stderr[-2000:]}", flush=True)
+            return None
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _baseline_main(cases_json: str, seed: str) -> int:
+    rows = [one_round(w, n, k, int(seed) + i) for i, (w, n, k) in enumerate(json.loads(cases_json))]
+    print(json.dumps([{k: r[k] for k in _KEEP} for r in rows]))
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == _BASELINE_FLAG:
+        return _baseline_main(argv[1], argv[2])
     p = C.make_parser(__doc__.split("\n")[0])
+    p.add_argument("--baseline-commit", default="95c14ef",
+                   help="commit whose secure-sum code runs beside (default: %(default)s)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the baseline table")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of every case, this code and the baseline's alternating; "
+                        "times are the fastest (default: %(default)s)")
     args = C.finish_args(p.parse_args(argv))
     cases = []
     for workload in ("lloyd", "fedavg", "dp-lloyd", "lloyd-signed"):
@@ -210,13 +266,29 @@ def main(argv=None) -> int:
                 continue
             neighbors = None if n <= 100 else 3 * math.ceil(math.log2(n))
             cases.append((workload, n, neighbors))
-    rows = []
-    for i, (workload, n, neighbors) in enumerate(cases):
-        r = one_round(workload, n, neighbors, args.seed + i)
-        assert r["max_abs_error"] <= r["error_bound"], r
-        rows.append(r)
-        print(f"  {workload} n={n}: device {r['device_time_s'] * 1e3:.1f} ms, "
-              f"server {r['server_time_s']:.2f} s", flush=True)
+    rows: list[dict] = []
+    old: list[dict] | None = None
+    for rep in range(max(1, args.repeats)):  # alternate, so both see the same machine load
+        for i, (workload, n, neighbors) in enumerate(cases):
+            r = one_round(workload, n, neighbors, args.seed + i)
+            assert r["max_abs_error"] <= r["error_bound"], r
+            if rep == 0:
+                rows.append(r)
+            else:
+                for key in ("device_time_s", "server_time_s"):
+                    rows[i][key] = min(rows[i][key], r[key])
+            print(f"  {workload} n={n}: device {r['device_time_s'] * 1e3:.1f} ms, "
+                  f"server {r['server_time_s']:.2f} s", flush=True)
+        if not args.no_baseline and (rep == 0 or old is not None):
+            got = baseline_rows(cases, args.seed, args.baseline_commit)
+            if got is None:
+                old = None
+            elif old is None:
+                old = got
+            else:
+                for o, g in zip(old, got):
+                    for key in ("device_time_s", "server_time_s"):
+                        o[key] = min(o[key], g[key])
     table = C.print_table(
         ["workload", "devices", "group", "t", "plain B up", "secure B up", "secure B down",
          "x up", "device ms", "server s", "exchanges", "max |err|"],
@@ -226,6 +298,22 @@ def main(argv=None) -> int:
           f"{r['server_time_s']:.2f}", f"1 -> {r['exchanges_secure']}",
           f"{r['max_abs_error']:.1e}"] for r in rows],
         title="One securely summed round vs plaintext (this machine, one process)")
+    base_table = None
+    if old is not None:
+        for r, o in zip(rows, old):
+            assert o["max_abs_error"] <= o["error_bound"], o
+            r["baseline"] = o
+        base_table = C.print_table(
+            ["workload", "devices", "B up", "B up old", "B down", "B down old", "device ms",
+             "device ms old", "x device", "server s", "server s old", "x server"],
+            [[r["workload"], r["n_devices"], f"{r['secure_up_bytes']:,.0f}",
+              f"{o['secure_up_bytes']:,.0f}", f"{r['secure_down_bytes']:,.0f}",
+              f"{o['secure_down_bytes']:,.0f}", f"{r['device_time_s'] * 1e3:.1f}",
+              f"{o['device_time_s'] * 1e3:.1f}",
+              f"{r['device_time_s'] / o['device_time_s']:.2f}", f"{r['server_time_s']:.2f}",
+              f"{o['server_time_s']:.2f}", f"{r['server_time_s'] / o['server_time_s']:.2f}"]
+             for r, o in zip(rows, old)],
+            title=f"\nHardened state machine vs {args.baseline_commit} (same cases, same run)")
     dp = [r for r in rows if r["workload"] == "dp-lloyd"]
     dp_table = C.print_table(
         ["devices", "n_min", "sigma", "device std", "sum noise std", "sigma sqrt(n/n_min)"],
@@ -246,6 +334,8 @@ def main(argv=None) -> int:
                         title="\nReference settings")
     C.write_json(args, "secagg", {"rows": rows, "preprocess": pre, "reference": REFERENCE,
                                   "table": table, "dp_table": dp_table,
+                                  "baseline_commit": None if old is None
+                                  else args.baseline_commit, "baseline_table": base_table,
                                   "preprocess_table": pre_table, "reference_table": ref})
     return 0
 

@@ -96,7 +96,7 @@ fi
 
 # ---------------------------------------------------------------- files
 echo "== certificates, keys, data, apps, in-process references"
-fedclust flower certs "$WORK/certs" --host "$LINK_IP" > /dev/null
+fedclust flower certs "$WORK/certs" --host "$LINK_IP" --loopback > /dev/null
 fedclust flower keys "$WORK/keys" --nodes $((N + 1)) > /dev/null   # node-$N: never registered
 fedclust flower split "$ROOT/scripts/flower_loopback.toml" --out "$WORK/data" > /dev/null
 fedclust flower app "$WORK/appA" --config "$ROOT/scripts/flower_loopback.toml" --no-wheel \
@@ -108,7 +108,7 @@ sed '/^\[algorithm\]/,/^\[/ s/^n_clusters = 6/n_clusters = 4/' "$ROOT/scripts/fl
     > "$WORK/kfed4.toml"
 fedclust flower app "$WORK/appC" --config "$WORK/kfed4.toml" --no-wheel \
     --result-dir "$WORK/resC" --no-faults > /dev/null
-cat > "$WORK/appC/fedclust_app/apps.py" <<'PY'
+cat > "$WORK/appC/fedclust_app/apps.py" <<PY
 """Test app: device 1's host rewrites its replies (NaN centers) before they leave."""
 import numpy as np
 from fedclust.flower.apps import make_client_app, make_server_app
@@ -120,7 +120,7 @@ def _tamper(device_id, round_index, arrays):
     return {k: (np.full_like(v, np.nan) if v.dtype.kind == "f" else v) for k, v in arrays.items()}
 
 
-server_app = make_server_app()
+server_app = make_server_app(result_root="$WORK/resC")
 client_app = make_client_app(tamper=_tamper)
 PY
 fedclust run "$ROOT/scripts/flower_loopback.toml" --out "$WORK/refA" --no-plot > /dev/null

@@ -59,7 +59,7 @@ T_START=$(now)
 echo "== preparing ($CONFIG)"
 fedclust flower split "$CONFIG" --out "$WORK/data" > "$WORK/split.txt"
 fedclust flower app "$WORK/app" --config "$CONFIG" --result-dir "$WORK/result" --no-wheel > /dev/null
-fedclust flower certs "$WORK/certs" --host 127.0.0.1 > /dev/null
+fedclust flower certs "$WORK/certs" --host 127.0.0.1 --loopback > /dev/null
 fedclust run "$CONFIG" --out "$WORK/inprocess" --no-plot > "$WORK/inprocess.txt"
 DEVICES=("$WORK"/data/dev-*.npz)
 fedclust flower keys "$WORK/keys" --nodes "${#DEVICES[@]}" > /dev/null

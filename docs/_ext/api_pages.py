@@ -36,6 +36,8 @@ SECTIONS = [
      "does."),
     ("fedclust.core.registry", "Registry", "What a family registers so that the command line, "
      "the configurations and the Flower apps serve it."),
+    ("fedclust.core.policy", "Device policy", "What a device enforces whatever the server "
+     "asks: secure-aggregation mode, group minimum, allowed actions, its own privacy ledger."),
     ("fedclust.flower", "Flower", "The same protocols on Flower: the simulation and in-memory "
      "transports and the ServerApp/ClientApp factories (needs the ``flower`` extra)."),
 ]

@@ -9,6 +9,8 @@
     fedclust flower run APP [SUPERLINK]              flwr run; exit 1 unless the run completed
     fedclust flower certs DIR --host NAME_OR_IP ...  CA + SuperLink TLS certificate
     fedclust flower keys DIR --nodes N              SuperNode authentication key pairs
+    fedclust flower secagg-key DIR --device-id Z    this node's secure-aggregation identity
+    fedclust flower secagg-directory OUT PUB...     the identity directory from public halves
 
 Errors are one line on stderr and exit status 2 (a failed Flower run: 1; an
 unexpected internal error: 3); no traceback (set ``FEDCLUST_DEBUG=1`` to see one).
@@ -348,10 +350,26 @@ def _add_flower_parser(sub) -> None:
                             "SuperLink (repeat for several)")
     certs.add_argument("--days", type=int, default=365, help="validity (default: %(default)s)")
     certs.add_argument("--force", action="store_true", help="overwrite existing files")
+    certs.add_argument("--loopback", action="store_true",
+                       help="also name 127.0.0.1, ::1 and localhost (a SuperExec that dials "
+                            "its SuperLink over loopback)")
     keys = fsub.add_parser("keys", help="SuperNode authentication key pairs (OpenSSH ECDSA)")
     keys.add_argument("dir", help="output folder (node-<i>, node-<i>.pub, public-keys.csv)")
     keys.add_argument("--nodes", type=int, required=True, help="how many SuperNodes")
     keys.add_argument("--force", action="store_true", help="overwrite existing files")
+    keys.add_argument("--secagg-identities", action="store_true",
+                      help="also make every node's secure-aggregation identity here (a test "
+                           "federation; in a deployment each node runs `secagg-key`)")
+    skey = fsub.add_parser("secagg-key", help="this node's own secure-aggregation identity key "
+                           "(run it on the node; send out only the .pub.json)")
+    skey.add_argument("dir", help="output folder (secagg-<id>.pem, secagg-<id>.pub.json)")
+    skey.add_argument("--device-id", type=int, required=True, help="the device this node holds")
+    skey.add_argument("--force", action="store_true", help="overwrite existing files")
+    sdir = fsub.add_parser("secagg-directory", help="the secure-aggregation directory from the "
+                           "nodes' public key files")
+    sdir.add_argument("out", help="output file (secagg-identities.json)")
+    sdir.add_argument("public", nargs="+", help="the nodes' secagg-<id>.pub.json files")
+    sdir.add_argument("--force", action="store_true", help="overwrite an existing file")
 
 
 def _flower(args) -> int:
@@ -385,7 +403,8 @@ def _flower(args) -> int:
     if args.flower_command == "certs":
         from .flower.pki import write_certificates
 
-        paths = write_certificates(args.dir, args.host, days=args.days, overwrite=args.force)
+        paths = write_certificates(args.dir, args.host, days=args.days, overwrite=args.force,
+                                   loopback=args.loopback)
         for what, path in paths.items():
             print(f"{what}: {path}")
         return 0
@@ -393,10 +412,23 @@ def _flower(args) -> int:
         from .flower.pki import write_node_keys, write_secagg_identities
 
         paths = write_node_keys(args.dir, args.nodes, overwrite=args.force)
-        ident = write_secagg_identities(args.dir, range(args.nodes), overwrite=args.force)
         print(f"{args.nodes} SuperNode key pairs in {args.dir}; public keys listed in "
-              f"{paths['csv']}; secure-aggregation identities secagg-<i>.pem, directory "
-              f"{ident['directory']}")
+              f"{paths['csv']}")
+        if args.secagg_identities:
+            ident = write_secagg_identities(args.dir, range(args.nodes), overwrite=args.force)
+            print(f"secure-aggregation identities secagg-<i>.pem, directory "
+                  f"{ident['directory']}")
+        return 0
+    if args.flower_command == "secagg-key":
+        from .flower.pki import write_secagg_key
+
+        p = write_secagg_key(args.dir, args.device_id, overwrite=args.force)
+        print(f"private key {p['private']} (keep it on this node); send {p['public']}")
+        return 0
+    if args.flower_command == "secagg-directory":
+        from .flower.pki import write_secagg_directory
+
+        print(f"wrote {write_secagg_directory(args.out, args.public, overwrite=args.force)}")
         return 0
     if args.flower_command == "split":
         from .flower.deploy import split_devices

@@ -157,7 +157,7 @@ def test_device_refuses_inconsistent_unmask_request():
         secure_sum_client("unmask", bad, states[0], device_id=0)
     ok = srv.requests("unmask")[0]
     secure_sum_client("unmask", ok, states[0], device_id=0)
-    with pytest.raises(ValidationError, match="already revealed"):
+    with pytest.raises(ValidationError, match="stage .unmask. already answered"):
         secure_sum_client("unmask", ok, states[0], device_id=0)
 
 

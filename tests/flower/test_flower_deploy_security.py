@@ -24,7 +24,7 @@ from fedclust.flower.runner import DeploymentError, flwr_run  # noqa: E402
 
 
 def test_certificates_chain_and_sans(tmp_path):
-    paths = write_certificates(tmp_path, ["10.0.0.5", "superlink.example.org"])
+    paths = write_certificates(tmp_path, ["10.0.0.5", "superlink.example.org"], loopback=True)
     ca = x509.load_pem_x509_certificate(paths["ca_cert"].read_bytes())
     cert = x509.load_pem_x509_certificate(paths["server_cert"].read_bytes())
     # signed by the CA (raises InvalidSignature otherwise)

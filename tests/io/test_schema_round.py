@@ -26,6 +26,12 @@ from sitegen import write_sites  # noqa: E402
 from test_every_algorithm_on_sites import ALGOS  # noqa: E402
 
 
+
+@pytest.fixture(autouse=True)
+def _result_root(tmp_path, monkeypatch):
+    """The server host's FEDCLUST_RESULT_ROOT: a deployed ServerApp writes under tmp_path."""
+    monkeypatch.setenv("FEDCLUST_RESULT_ROOT", str(tmp_path))
+
 def _table(name, **cols):
     cols = {k: np.asarray(v, dtype=object if isinstance(v[0], str) or v[0] is None else None)
             for k, v in cols.items()}
@@ -132,7 +138,8 @@ def _deploy(tmp_path, cfg_path, paths):
                                                   app_dir / "fedclust_app" / "apps.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    nodes = [{"data-path": str(p), "device-id": z, "policy-allow-collect": True}
+             for z, p in enumerate(paths)]
     run_server_app(module.server_app, LocalGrid(module.client_app, nodes, run_config=run_config),
                    run_config)
     return load_run_output(res_dir)
@@ -279,7 +286,7 @@ name = "gauss-classifier"
 
 
 @pytest.mark.parametrize("case, impute, pattern", [
-    ("text", "mean", "site1.csv: row 4, column 'bp': value 'high' is not a number"),
+    ("text", "mean", "site1.csv: row 4, column 'bp': the value is not a number"),
     ("empty", "mean", "site1.csv: the file has no rows"),
     ("nan", "none", "site1.csv: row 2, column 'age' is missing and impute='none'"),
     ("nolabel", "mean", "site1.csv: row 3, column 'diagnosis': the label is missing"),
@@ -319,7 +326,8 @@ def test_bad_site_data_stops_the_deployed_run_in_one_line(tmp_path, case, impute
     assert pattern in str(err.value) and "\n" not in str(err.value)
     # the same on a Flower grid, each node holding its own file
     run_config = flatten_dict(app_run_config(cfg, result_dir=tmp_path / "res"))
-    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    nodes = [{"data-path": str(p), "device-id": z, "policy-allow-collect": True}
+             for z, p in enumerate(paths)]
     with pytest.raises(ServerAppFailed) as err:
         run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes,
                                                     run_config=run_config), run_config)
@@ -355,7 +363,8 @@ n_clusters = 2
     rc = flatten_dict(app_run_config(cfg, result_dir=tmp_path / "res"))
     assert rc["secure-aggregation"] is True and json.loads(rc["params.summed"]) == [
         "candidates", "column_squares", "column_sums", "lloyd", "moments"]
-    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    nodes = [{"data-path": str(p), "device-id": z, "policy-allow-collect": True}
+             for z, p in enumerate(paths)]
     run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes, run_config=rc), rc)
     out, _ = load_run_output(tmp_path / "res")
     ref = run_experiment(cfg)

@@ -27,6 +27,13 @@ from fedclust.sites import read_table  # noqa: E402
 
 from sitegen import write_sites  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _result_root(tmp_path, monkeypatch):
+    """The server host's FEDCLUST_RESULT_ROOT: a deployed ServerApp writes under tmp_path."""
+    monkeypatch.setenv("FEDCLUST_RESULT_ROOT", str(tmp_path))
+
+
 BASE = """
 seed = 3
 [data]
@@ -86,7 +93,8 @@ def _spy(monkeypatch):
 
 def _grid_run(cfg, paths, res):
     rc = flatten_dict(app_run_config(cfg, result_dir=res, collect_outputs=True))
-    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    nodes = [{"data-path": str(p), "device-id": z, "policy-allow-collect": True}
+             for z, p in enumerate(paths)]
     run_server_app(make_server_app(), LocalGrid(make_client_app(), nodes, run_config=rc), rc)
     return load_run_output(res)
 

@@ -60,7 +60,7 @@ def test_table_split_by_site_column(tmp_path):
 
 @pytest.mark.parametrize("case, pattern", [
     ("glob", r"glob '.*nothing\*\.csv' matches no file"),
-    ("text", r"site1.csv: row 2, column 'chol': value 'high' is not a number"),
+    ("text", r"site1.csv: row 2, column 'chol': the value is not a number"),
     ("missing-column", r"site1.csv: column 'bp' is missing \(present at site0\)"),
     ("empty", r"site1.csv: the file has no rows"),
 ])

@@ -16,7 +16,7 @@ Fixed point
     the unmasked sum is the sum of the rounded values: its error per entry is at
     most ``n_devices * 2**-(frac_bits + 1)``, and it is the same on every
     transport. Each value must satisfy ``|x| * 2**frac_bits * n_devices <
-    2**63`` (checked on the device, which names the field and the value).
+    2**63`` (checked on the device, which names the field and the limit, never the value).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .exceptions import ValidationError
 __all__ = ["PRIME", "SHARE_BYTES", "Entropy", "encode_fixed", "decode_fixed", "prg_mask",
            "x25519_keypair", "agree", "shamir_split", "shamir_combine", "seal", "open_sealed",
            "layout_of", "bytes_to_array", "array_to_bytes", "ed25519_keypair", "sign",
-           "verify"]
+           "verify", "shamir_decode", "InconsistentSharesError"]
 
 #: the Mersenne prime 2**521 - 1: Shamir's field holds any 256-bit secret
 PRIME = (1 << 521) - 1
@@ -76,10 +76,11 @@ def encode_fixed(arrays: Mapping[str, np.ndarray], frac_bits: int, n_devices: in
                                       "secure aggregation sums finite numbers only")
             worst = float(np.abs(flat).max())
             if worst >= limit:
+                # the message reaches the server: it names the limit, never the value
                 raise ValidationError(
-                    f"{sender}: field {name!r} has a value of magnitude {worst / scale:.6g}, "
-                    f"too large to sum over {n_devices} devices with frac_bits={frac_bits} "
-                    f"(limit {limit / scale:.6g}); lower frac_bits")
+                    f"{sender}: field {name!r} has a value too large to sum over {n_devices} "
+                    f"devices with frac_bits={frac_bits} (limit {limit / scale:.6g} in "
+                    "magnitude); lower frac_bits")
         if kind == "i":  # integers exactly, even beyond 2**53
             parts.append(a.astype(np.int64, copy=False).ravel().view(np.uint64))
         else:
@@ -229,29 +230,148 @@ def shamir_split(secret: bytes, xs: Sequence[int], threshold: int,
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
-    """Lagrange basis values at 0 for the points ``xs`` (shared by every secret
+class InconsistentSharesError(ValidationError):
+    """Shares that do not lie on one polynomial of degree ``threshold - 1``.
+
+    ``bad`` lists the share points (``x``) found inconsistent with the others
+    (empty when there are too many to tell which).
+    """
+
+    def __init__(self, message: str, bad: Sequence[int] = ()):
+        super().__init__(message)
+        self.bad = sorted(int(x) for x in bad)
+
+
+@functools.lru_cache(maxsize=256)
+def _lagrange_at(xs: tuple[int, ...], at: int = 0) -> tuple[int, ...]:
+    """Lagrange basis values at ``at`` for the points ``xs`` (shared by every secret
     reconstructed from the same holders)."""
     out = []
     for i, xi in enumerate(xs):
         num, den = 1, 1
         for j, xj in enumerate(xs):
             if i != j:
-                num = num * (-xj) % PRIME
+                num = num * (at - xj) % PRIME
                 den = den * (xi - xj) % PRIME
         out.append(num * pow(den, -1, PRIME) % PRIME)
     return tuple(out)
 
 
-def shamir_combine(points: Mapping[int, int], threshold: int, size: int = 32) -> bytes:
-    """The secret from at least ``threshold`` shares ``{x: f(x)}`` (Lagrange at 0)."""
+def _solve_mod(rows: list[list[int]], rhs: list[int]) -> list[int] | None:
+    """One solution of ``rows @ v = rhs`` over GF(PRIME) (free unknowns 0), or None."""
+    n_col = len(rows[0]) if rows else 0
+    m = [r[:] + [b] for r, b in zip(rows, rhs)]
+    pivots, r = [], 0
+    for c in range(n_col):
+        p = next((i for i in range(r, len(m)) if m[i][c] % PRIME), None)
+        if p is None:
+            continue
+        m[r], m[p] = m[p], m[r]
+        inv = pow(m[r][c], -1, PRIME)
+        m[r] = [v * inv % PRIME for v in m[r]]
+        for i in range(len(m)):
+            if i != r and m[i][c]:
+                f = m[i][c]
+                m[i] = [(a - f * b) % PRIME for a, b in zip(m[i], m[r])]
+        pivots.append(c)
+        r += 1
+    if any(row[-1] % PRIME for row in m[r:]):
+        return None
+    v = [0] * n_col
+    for i, c in enumerate(pivots):
+        v[c] = m[i][-1]
+    return v
+
+
+def _berlekamp_welch(pts: list[tuple[int, int]], threshold: int) -> list[int] | None:
+    """Coefficients of the degree < ``threshold`` polynomial through all but at most
+    ``(n - threshold) // 2`` of ``pts`` (Reed-Solomon decoding), or None."""
+    e = (len(pts) - threshold) // 2
+    rows, rhs = [], []
+    for x, y in pts:
+        powers = [pow(x, k, PRIME) for k in range(threshold + e + 1)]
+        rows.append(powers[:threshold + e] + [(-y * powers[k]) % PRIME for k in range(e)])
+        rhs.append(y * powers[e] % PRIME)
+    sol = _solve_mod(rows, rhs)
+    if sol is None:
+        return None
+    q, err = sol[:threshold + e], sol[threshold + e:] + [1]  # E is monic of degree e
+    quotient = [0] * max(len(q) - e, 1)  # q / err, long division
+    rem = q[:]
+    for k in range(len(q) - 1, e - 1, -1):
+        c = rem[k]
+        quotient[k - e] = c
+        for j in range(e + 1):
+            rem[k - e + j] = (rem[k - e + j] - c * err[j]) % PRIME
+    if any(rem[:e]) or any(quotient[threshold:]):
+        return None
+    return quotient[:threshold]
+
+
+@functools.lru_cache(maxsize=64)
+def _parity_check(xs: tuple[int, ...], threshold: int) -> tuple[int, ...]:
+    """A secret random codeword ``(u_i g(x_i))`` of the dual of the Reed-Solomon code
+    (``u_i = 1 / prod_{j != i} (x_i - x_j)``, ``g`` random of degree < n - threshold):
+    ``sum_i c_i y_i = 0`` for shares ``y`` of any degree < threshold polynomial, and for
+    inconsistent shares only with probability ``1 / PRIME`` (one inner product checks
+    every extra share)."""
+    g = [_random_below(PRIME, os.urandom) for _ in range(len(xs) - threshold)]
+    out = []
+    for i, xi in enumerate(xs):
+        den = 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                den = den * (xi - xj) % PRIME
+        out.append(pow(den, -1, PRIME) * _poly_at(g, xi) % PRIME)
+    return tuple(out)
+
+
+def _poly_at(coef: Sequence[int], x: int) -> int:
+    y = 0
+    for c in reversed(coef):
+        y = (y * x + c) % PRIME
+    return y
+
+
+def shamir_decode(points: Mapping[int, int], threshold: int) -> tuple[int, list[int]]:
+    """``(secret, bad)`` from shares ``{x: f(x)}``, checking every share beyond the
+    first ``threshold``.
+
+    All shares consistent: ``bad`` is empty. Otherwise Berlekamp-Welch decoding
+    finds the polynomial through all but at most ``(n - threshold) // 2`` of them
+    and ``bad`` names the others; beyond that an :class:`InconsistentSharesError`.
+    """
     if len(points) < threshold:
         raise ValidationError(f"{len(points)} shares for a threshold of {threshold}: the secret "
                               "cannot be reconstructed")
-    pts = sorted(points.items())[:threshold]
-    coef = _lagrange_at_zero(tuple(x for x, _ in pts))
-    s = sum(y * c for (_, y), c in zip(pts, coef)) % PRIME
+    pts = sorted((int(x), int(y) % PRIME) for x, y in points.items())
+    base = pts[:threshold]
+    xs = tuple(x for x, _ in base)
+    secret = sum(y * c for (_, y), c in zip(base, _lagrange_at(xs, 0))) % PRIME
+    if len(pts) == threshold:
+        return secret, []
+    check = _parity_check(tuple(x for x, _ in pts), threshold)
+    if sum(c * y for c, (_, y) in zip(check, pts)) % PRIME == 0:
+        return secret, []
+    coef = _berlekamp_welch(pts, threshold)
+    bad = [] if coef is None else [x for x, y in pts if _poly_at(coef, x) != y]
+    if coef is None or len(bad) > (len(pts) - threshold) // 2:
+        raise InconsistentSharesError(
+            f"{len(pts)} shares are inconsistent (not on one polynomial of degree "
+            f"{threshold - 1}) and more than {(len(pts) - threshold) // 2} of them would have "
+            "to be wrong: cannot tell which")
+    return coef[0], bad
+
+
+def shamir_combine(points: Mapping[int, int], threshold: int, size: int = 32, *,
+                   strict: bool = False) -> bytes:
+    """The secret from at least ``threshold`` shares ``{x: f(x)}``; every extra share is
+    checked (:func:`shamir_decode`). ``strict``: an inconsistent share is an
+    :class:`InconsistentSharesError` naming its point even when decoding corrects it."""
+    s, bad = shamir_decode(points, threshold)
+    if bad and strict:
+        raise InconsistentSharesError(f"the shares at points {bad} are inconsistent with the "
+                                      "others", bad)
     if s >= 1 << (8 * size):
         raise ValidationError("the shares do not belong to one secret (reconstruction out of "
                               "range)")

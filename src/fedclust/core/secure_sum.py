@@ -10,8 +10,10 @@ exchanges (five in the signed variant below) (SecAgg+, Bell et al., CCS 2020; Se
 2. ``share`` — the server sends each device the public keys of its group
    (every other device, or ``neighbors`` of them on a random circulant graph
    for large federations); the device Shamir-shares its ``s`` private key and
-   a fresh self-mask seed ``b`` among the group (threshold ``t``) and sends
-   each peer's shares AES-GCM-encrypted for that peer, through the server;
+   a fresh self-mask seed ``b`` among the group (threshold ``t``, which the
+   device computes from the group's size and its policy, never from the
+   request) and sends each peer's shares AES-GCM-encrypted for that peer,
+   through the server;
 3. ``mask`` — the device computes its reply (the protocol's ``client_step``),
    encodes it in fixed point mod 2**64 and adds ``PRG(b)`` and, for each peer
    ``v`` still in, ``+-PRG(s_uv)`` (``+`` if its id is smaller); the pairwise
@@ -20,8 +22,15 @@ exchanges (five in the signed variant below) (SecAgg+, Bell et al., CCS 2020; Se
 4. ``unmask`` — the server names the survivors (sent a masked reply) and the
    dropped (shared keys, then sent nothing). Each survivor reveals, per group
    member, the share of ``b`` (member survived) or of ``s`` (member dropped),
-   never both. The server rebuilds the seeds from ``t`` shares, removes the
-   masks and decodes the sum.
+   never both. The server rebuilds the seeds, checking every share beyond
+   ``t`` (Reed-Solomon decoding: a holder of a wrong share is named and
+   corrected), removes the masks and decodes the sum.
+
+Each device answers every stage at most once per round and in order (a
+second ``mask`` request would give the server the difference of two replies;
+a second ``share`` would seal two messages under one key and nonce), and
+refuses a group smaller than its minimum (a group of one would hand the
+server the device's own share of its self-mask).
 
 Up to ``floor(g / 3)`` of a group of ``g`` may drop after step 2 (default
 ``t = g - floor(g / 3)``, at least a strict majority); more stops the round
@@ -55,13 +64,14 @@ certificates; :class:`DeviceIdentity`). Two additions:
 
 A device with an identity insists on both, whatever the server asks.
 
-This module does not import flwr: a transport moves the four stages' arrays.
+The device side is :mod:`fedclust.core.secure_sum_device` (``secure_sum_client``,
+re-exported here). This module does not import flwr: a transport moves the four
+stages' arrays.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -69,10 +79,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .exceptions import IncompatibleMessageError, ValidationError
+from .policy import group_threshold
 from .random import server_rng
-from .secagg import (SHARE_BYTES, Entropy, array_to_bytes, bytes_to_array, decode_fixed,
-                     ed25519_keypair, encode_fixed, open_sealed, pair_mask_seed, prg_mask, seal,
-                     shamir_combine, shamir_split, sign, verify, x25519_keypair)
+from .secagg import (InconsistentSharesError, array_to_bytes, bytes_to_array, decode_fixed,
+                     ed25519_keypair, pair_mask_seed, prg_mask, shamir_decode)
 
 __all__ = ["SUMMED", "STAGES", "SIGNED_STAGES", "SecureAggregation", "SecureSumServer",
            "secure_sum_client", "check_summable", "DeviceIdentity", "make_identities"]
@@ -178,8 +188,7 @@ def check_summable(protocol: Any) -> frozenset[str]:
     return summed
 
 
-def _threshold(group_size: int) -> int:
-    return max(group_size - group_size // 3, group_size // 2 + 1)
+_threshold = group_threshold  # the same rule on the server and on every device
 
 
 class SecureSumServer:
@@ -208,6 +217,8 @@ class SecureSumServer:
         self.threshold = {z: _threshold(len(g)) for z, g in self.group.items()}
         self.failed: dict[int, str] = {}
         self.rejected: dict[int, str] = {}
+        #: survivors whose revealed shares were inconsistent (their replies are in the sum)
+        self.distrusted: dict[int, str] = {}
         self.alive = list(self.ids)
         self.keys: dict[int, tuple[bytes, bytes]] = {}
         self.forward: dict[int, list[tuple[int, bytes]]] = {}
@@ -245,8 +256,9 @@ class SecureSumServer:
                 out[z] = {"round": r, "ids": np.asarray(g, np.int64),
                           "x": np.asarray([self.pos[v] + 1 for v in g], np.int64),
                           "c_pk": np.stack([bytes_to_array(self.keys[v][0]) for v in g]),
-                          "s_pk": np.stack([bytes_to_array(self.keys[v][1]) for v in g]),
-                          "threshold": np.asarray(self.threshold[z], np.int64)}
+                          "s_pk": np.stack([bytes_to_array(self.keys[v][1]) for v in g])}
+                # each device computes its threshold from its group's size (never sent)
+                self.threshold[z] = _threshold(len(g))
                 if self.settings.signed:
                     out[z]["sig"] = np.stack([self.sigs[v] for v in g])
             elif stage == "mask":
@@ -395,13 +407,28 @@ class SecureSumServer:
         self._sum = decode_fixed(total, self.layout or "[]", self.settings.frac_bits)
 
     def _combine(self, u: int, shares: Mapping[int, int], what: str) -> bytes:
+        """u's seed from the revealed shares; every share beyond the threshold is checked,
+        a holder whose share is inconsistent is named (and decoding corrects it)."""
+        where = f"secure aggregation round {self.round_id}: device {u}'s {what}"
         try:
-            return shamir_combine(shares, self.threshold[u])
+            s, bad = shamir_decode(shares, self.threshold[u])
+        except InconsistentSharesError as exc:
+            raise ValidationError(f"{where} cannot be removed: {exc}") from None
         except ValidationError:
             raise ValidationError(
-                f"secure aggregation round {self.round_id}: device {u}'s {what} cannot be "
-                f"removed: {len(shares)} shares revealed, threshold {self.threshold[u]}"
-            ) from None
+                f"{where} cannot be removed: {len(shares)} shares revealed, threshold "
+                f"{self.threshold[u]}") from None
+        holder = {x: v for v, x in ((v, self.pos[v] + 1) for v in self.ids)}
+        for x in bad:
+            v = holder.get(x)
+            if v is not None:
+                self.distrusted.setdefault(v, f"device {v}: its revealed share of device {u}'s "
+                                              f"{what} is inconsistent with the others' "
+                                              "(corrected)")
+        if s >= 1 << 256:
+            raise ValidationError(f"{where} cannot be removed: the shares do not belong to one "
+                                  "secret")
+        return s.to_bytes(32, "big")
 
     def result(self) -> dict[str, np.ndarray]:
         """The decoded sum over :attr:`survivors` (after stage ``unmask``)."""
@@ -410,172 +437,5 @@ class SecureSumServer:
         return self._sum
 
 
-# --------------------------------------------------------------------------- device side
-def _check_adverts(inbound: Mapping[str, np.ndarray], ids: list[int], z: int, r: int,
-                   identity: DeviceIdentity) -> None:
-    """Every group member's keys must carry its identity signature (and ours be ours)."""
-    if "sig" not in inbound:
-        raise ValidationError(f"device {z}: the server sent its group's keys without their "
-                              "signatures; refusing to share secrets")
-    for i, v in enumerate(ids):
-        c_pk, s_pk = array_to_bytes(inbound["c_pk"][i]), array_to_bytes(inbound["s_pk"][i])
-        if not verify(identity.public_of(v, f"device {z}"), array_to_bytes(inbound["sig"][i]),
-                      _advert(r, v, c_pk, s_pk)):
-            raise ValidationError(f"device {z}: the keys the server gives for device {v} are "
-                                  "not signed by its identity key; refusing to share secrets")
-
-
-def _check_confirmed(inbound: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray],
-                     ids: list[int], z: int, r: int, identity: DeviceIdentity) -> None:
-    """Reveal only for the survivor set this device signed, with t group signatures on it."""
-    if _P + "confirmed" not in state:
-        raise ValidationError(f"device {z}: asked to reveal shares before signing the survivor "
-                              "set; refusing")
-    mine = state[_P + "confirmed"].tolist()
-    named = sorted(set(np.asarray(inbound["survivors"], np.int64).tolist()))
-    if named != mine:
-        raise ValidationError(f"device {z}: the server now names survivors {named[:10]}, not "
-                              f"the set it signed {mine[:10]}; refusing to reveal shares")
-    t = int(state[_P + "threshold"])
-    good = set()
-    for v, sig in zip(np.asarray(inbound.get("signers", np.zeros(0)), np.int64).tolist(),
-                      inbound.get("sigs", np.zeros((0, 64), np.uint8))):
-        if v in ids and v in mine and v not in good:
-            s_pk = array_to_bytes(state[_P + "s_pk"][ids.index(v)])
-            if verify(identity.public_of(v, f"device {z}"), array_to_bytes(sig),
-                      _survivor_claim(r, s_pk, mine)):
-                good.add(v)
-    if len(good) < t:
-        raise ValidationError(f"device {z}: only {len(good)} of its group signed the survivor "
-                              f"set the server names (threshold {t}); refusing to reveal shares")
-
-def _b(state: Mapping[str, np.ndarray], key: str) -> bytes:
-    return array_to_bytes(state[_P + key])
-
-
-def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
-                      state: dict[str, np.ndarray], *, device_id: int,
-                      reply: Mapping[str, np.ndarray] | None = None,
-                      entropy: Entropy | None = None,
-                      identity: DeviceIdentity | None = None) -> dict[str, np.ndarray]:
-    """One device's answer to a secure aggregation stage; keeps its secrets in ``state``.
-
-    ``reply`` (stage ``mask``) is the device's plaintext reply arrays. Private
-    keys, seeds and received shares stay in ``state`` (on Flower: the
-    SuperNode's ``context.state``) and never leave the device, except the
-    shares revealed in stage ``unmask``. With an ``identity`` the device signs
-    its keys and insists on the malicious-server checks (module docstring).
-    """
-    entropy = entropy or os.urandom
-    z = int(device_id)
-    r = int(np.asarray(inbound["round"]))
-    if stage != "keys" and int(state.get(_P + "round", np.asarray(-1))) != r:
-        raise ValidationError(f"device {z}: secure aggregation stage {stage!r} for round {r} "
-                              "without its key stage")
-    if stage == "keys":
-        for key in [k for k in state if k.startswith(_P)]:
-            del state[key]
-        c_sk, c_pk = x25519_keypair(entropy)
-        s_sk, s_pk = x25519_keypair(entropy)
-        state.update({_P + "round": np.asarray(r, np.int64),
-                      _P + "frac_bits": np.asarray(inbound["frac_bits"], np.int64),
-                      _P + "n_devices": np.asarray(inbound["n_devices"], np.int64),
-                      _P + "c_sk": bytes_to_array(c_sk), _P + "s_sk": bytes_to_array(s_sk),
-                      _P + "own_s_pk": bytes_to_array(s_pk)})
-        out = {"c_pk": bytes_to_array(c_pk), "s_pk": bytes_to_array(s_pk)}
-        if identity is not None:
-            out["sig"] = bytes_to_array(sign(identity.private, _advert(r, z, c_pk, s_pk)))
-        return out
-    if stage == "share":
-        ids = np.asarray(inbound["ids"], np.int64)
-        xs = np.asarray(inbound["x"], np.int64).tolist()
-        t = int(inbound["threshold"])
-        if identity is not None:
-            _check_adverts(inbound, ids.tolist(), z, r, identity)
-        b = entropy(32)
-        s_shares = shamir_split(_b(state, "s_sk"), xs, t, entropy)
-        b_shares = shamir_split(b, xs, t, entropy)
-        state.update({_P + "b": bytes_to_array(b), _P + "ids": ids,
-                      _P + "x": np.asarray(xs, np.int64), _P + "threshold": np.asarray(t, np.int64),
-                      _P + "c_pk": np.asarray(inbound["c_pk"], np.uint8),
-                      _P + "s_pk": np.asarray(inbound["s_pk"], np.uint8)})
-        dst, cts = [], []
-        for i, v in enumerate(ids.tolist()):
-            plain = (s_shares[i].to_bytes(SHARE_BYTES, "big")
-                     + b_shares[i].to_bytes(SHARE_BYTES, "big"))
-            if v == z:
-                state[_P + "own"] = bytes_to_array(plain)
-                continue
-            dst.append(v)
-            cts.append(bytes_to_array(seal(_b(state, "c_sk"), array_to_bytes(inbound["c_pk"][i]),
-                                           z, v, r, plain)))
-        return {"dst": np.asarray(dst, np.int64),
-                "ct": np.stack(cts) if cts else np.zeros((0, 0), np.uint8)}
-    ids = state[_P + "ids"].tolist()
-    if stage == "mask":
-        if reply is None:
-            raise ValidationError(f"device {z}: stage 'mask' needs the device's reply")
-        held, bad = {z: array_to_bytes(state[_P + "own"])}, []
-        for u, ct in zip(np.asarray(inbound["src"], np.int64).tolist(), inbound["ct"]):
-            if u not in ids:
-                raise ValidationError(f"device {z}: shares from device {u}, not in its group")
-            c_pk = array_to_bytes(state[_P + "c_pk"][ids.index(u)])
-            try:
-                plain = open_sealed(_b(state, "c_sk"), c_pk, u, z, r, array_to_bytes(ct))
-            except ValidationError:
-                bad.append(u)
-                continue
-            held[u] = plain
-        state[_P + "held_ids"] = np.asarray(sorted(held), np.int64)
-        state[_P + "held"] = np.stack([bytes_to_array(held[u]) for u in sorted(held)])
-        vec, layout = encode_fixed(reply, int(state[_P + "frac_bits"]),
-                                   int(state[_P + "n_devices"]), sender=f"device {z}")
-        y = vec + prg_mask(_b(state, "b"), vec.size)
-        s_sk = _b(state, "s_sk")
-        for v in np.asarray(inbound["peers"], np.int64).tolist():
-            if v == z or v in bad:
-                continue
-            if v not in ids:
-                raise ValidationError(f"device {z}: asked to mask with device {v}, not in its group")
-            m = prg_mask(pair_mask_seed(s_sk, array_to_bytes(state[_P + "s_pk"][ids.index(v)]), r),
-                         vec.size)
-            y = y + m if z < v else y - m
-        return {"y": y, "layout": bytes_to_array(layout.encode("utf-8")),
-                "bad_src": np.asarray(bad, np.int64)}
-    if stage == "confirm":
-        if identity is None:
-            raise ValidationError(f"device {z}: a 'confirm' stage without an identity key")
-        if _P + "confirmed" in state:
-            raise ValidationError(f"device {z}: already signed a survivor set for round {r}; "
-                                  "refusing to sign another")
-        named = sorted(set(np.asarray(inbound["survivors"], np.int64).tolist()))
-        if z not in named or len(set(named) & set(ids)) < int(state[_P + "threshold"]):
-            raise ValidationError(f"device {z}: the survivor set {named[:10]} leaves out this "
-                                  "device or leaves its group below the threshold; refusing")
-        state[_P + "confirmed"] = np.asarray(named, np.int64)
-        claim = _survivor_claim(r, _b(state, "own_s_pk"), named)
-        return {"sig": bytes_to_array(sign(identity.private, claim))}
-    if stage == "unmask":
-        if _P + "revealed" in state:
-            raise ValidationError(f"device {z}: already revealed its shares for round {r}")
-        if identity is not None:
-            _check_confirmed(inbound, state, ids, z, r, identity)
-        survivors = set(np.asarray(inbound["survivors"], np.int64).tolist())
-        dropped = set(np.asarray(inbound["dropped"], np.int64).tolist())
-        if survivors & dropped:
-            raise ValidationError(f"device {z}: devices {sorted(survivors & dropped)} are named "
-                                  "both survivor and dropped; refusing to reveal shares")
-        t = int(state[_P + "threshold"])
-        if len(survivors & set(ids)) < t:
-            raise ValidationError(f"device {z}: only {len(survivors & set(ids))} survivors in its "
-                                  f"group, threshold {t}; refusing to reveal shares")
-        state[_P + "revealed"] = np.asarray(1, np.int64)
-        out_ids, kinds, shares = [], [], []
-        for u, plain in zip(state[_P + "held_ids"].tolist(), state[_P + "held"]):
-            if u in survivors:
-                out_ids.append(u); kinds.append(0); shares.append(plain[SHARE_BYTES:])
-            elif u in dropped:
-                out_ids.append(u); kinds.append(1); shares.append(plain[:SHARE_BYTES])
-        return {"ids": np.asarray(out_ids, np.int64), "kind": np.asarray(kinds, np.uint8),
-                "share": (np.stack(shares) if shares else np.zeros((0, SHARE_BYTES), np.uint8))}
-    raise ValidationError(f"unknown secure aggregation stage {stage!r}")
+# the device side lives in its own module; importing it here keeps one entry point
+from .secure_sum_device import secure_sum_client  # noqa: E402

@@ -48,6 +48,7 @@ from ..core.messages import message_nbytes
 from ..core.protocol import Protocol, Request, RunLog, require_replies, round_targets
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput, Tamper, draw_faults, late_request
+from ..core.policy import DevicePolicy, PolicyRefusal
 from ..core.secure_sum import (DeviceIdentity, SecureAggregation, SecureSumServer,
                                check_summable, secure_sum_client)
 from ..sim.secure import summed_replies
@@ -61,10 +62,11 @@ from .results import save_error, save_run_output
 from ..site_protocol import device_data_for
 
 __all__ = ["ServerSpec", "ServerAppFailed", "one_line_cause", "make_server_app", "make_client_app",
-           "run_server",
+           "run_server", "node_policy", "confine_result_dir",
            "save_device_file", "load_device_file", "load_node_data"]
 
 _STATE = "fedclust.state"
+_POLICY_STATE = "fedclust.policy"  # the fits this run's node already charged to its ledger
 _INFO = 20
 _WARNING = 30
 _ERROR = 40
@@ -193,16 +195,44 @@ class ServerSpec:
             secagg_signed=bool(rc.get("secagg-signed", False)))
 
 
+def confine_result_dir(result_dir: str, root: str | Path) -> str:
+    """``result_dir`` (relative: under ``root``) as an absolute path inside ``root``;
+    a run config pointing anywhere else on the server host is refused."""
+    base = Path(root).resolve()
+    path = Path(result_dir)
+    path = (path if path.is_absolute() else base / path).resolve()
+    if path != base and base not in path.parents:
+        raise ValidationError(f"run config result-dir={result_dir!r} is outside the app's output "
+                              f"folder {base}; give a folder inside it")
+    return str(path)
+
+
 def make_server_app(spec: ServerSpec | None = None, *,
-                    on_result: Callable[[RunOutput, dict], None] | None = None) -> ServerApp:
-    """A ``ServerApp`` running the protocol of ``spec`` (default: read from ``context.run_config``)."""
+                    on_result: Callable[[RunOutput, dict], None] | None = None,
+                    result_root: str | Path | None = None) -> ServerApp:
+    """A ``ServerApp`` running the protocol of ``spec`` (default: read from ``context.run_config``).
+
+    A spec read from the run config writes its results only inside the app's
+    output folder: ``result_root`` (the generated app fixes it), else the
+    server host's ``FEDCLUST_RESULT_ROOT``, else the ServerApp's working folder.
+    """
+    import os
+
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         s = None
         try:
-            s = spec if spec is not None else ServerSpec.from_run_config(context.run_config)
+            if spec is not None:
+                s = spec
+            else:
+                read = ServerSpec.from_run_config(context.run_config)
+                if read.result_dir:  # confined before anything (even error.json) is written
+                    root = (result_root or os.environ.get("FEDCLUST_RESULT_ROOT")
+                            or os.getcwd())
+                    read.result_dir = confine_result_dir(read.result_dir, root)
+                s = read
             out, extra = run_server(grid, s)
         except Exception as exc:
             cause = one_line_cause(exc)
@@ -552,13 +582,21 @@ def _data_shape(data: Any) -> tuple[int, int]:
     return int(X.shape[0]), int(X.shape[1]) if X.ndim == 2 else -1
 
 
-def _load_state(context: Context) -> dict[str, np.ndarray]:
-    rec = context.state.array_records.get(_STATE)
+def _load_state(context: Context, key: str = _STATE) -> dict[str, np.ndarray]:
+    rec = context.state.array_records.get(key)
     return {} if rec is None else record_to_arrays(rec, sender="client state")
 
 
-def _save_state(context: Context, state: Mapping[str, np.ndarray]) -> None:
-    context.state[_STATE] = arrays_to_record(state)
+def _save_state(context: Context, state: Mapping[str, np.ndarray], key: str = _STATE) -> None:
+    context.state[key] = arrays_to_record(state)
+
+
+def _check(pol: DevicePolicy, context: Context, protocol: Protocol, action: str, me: str, *,
+           secure: bool) -> None:
+    """The node's policy on a data request; what it charged stays in ``context.state``."""
+    seen = _load_state(context, _POLICY_STATE)
+    pol.check_request(protocol, action, seen, me, secure=secure)
+    _save_state(context, seen, _POLICY_STATE)
 
 
 def node_identity(context: Context, data_dir: str | Path | None = None
@@ -589,57 +627,98 @@ def node_identity(context: Context, data_dir: str | Path | None = None
     return load_secagg_identity(str(key), str(directory))
 
 
+def node_policy(context: Context) -> DevicePolicy:
+    """This SuperNode's :class:`~fedclust.core.policy.DevicePolicy`: its node config's
+    ``policy-*`` entries (``flower-supernode --node-config "policy-epsilon=2.0 ..."``),
+    defaults for the others (no per-point outputs, no server-chosen noise seed).
+
+    A budget (``policy-epsilon``) needs ``policy-ledger``, a file on the node: a
+    deployed SuperNode starts a ClientApp process per message, so a ledger in
+    memory would not outlive one message.
+    """
+    policy = DevicePolicy.from_node_config(context.node_config)
+    if policy.epsilon is not None and policy.ledger is None:
+        raise ValidationError(f"SuperNode {context.node_id}: node config policy-epsilon needs "
+                              "policy-ledger (a JSON file on the node that keeps the ledger "
+                              "across messages and runs)")
+    return policy
+
+
 def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | None = None, *,
                     data_dir: str | Path | None = None, tamper: Tamper | None = None,
-                    identity: Callable[[Context], DeviceIdentity | None] | None = None
-                    ) -> ClientApp:
+                    identity: Callable[[Context], DeviceIdentity | None] | None = None,
+                    policy: Callable[[Context], DevicePolicy] | None = None) -> ClientApp:
     """A ``ClientApp`` serving every registered protocol.
 
     ``load_data(context) -> (device_id, X)`` defaults to :func:`load_node_data`;
     ``identity(context)`` (secure aggregation's malicious-server variant) to
-    :func:`node_identity`.
+    :func:`node_identity`; ``policy(context)`` (what the node agrees to,
+    whatever the server asks) to :func:`node_policy`. A node with an identity
+    key insists on signed secure aggregation for every summable round.
     ``tamper(device_id, round, arrays) -> arrays`` rewrites this client's replies
     (tests of Byzantine / faulty clients, as with ``InProcessTransport``).
     """
     app = ClientApp()
+    policies: dict[tuple, DevicePolicy] = {}  # one per node: its in-memory ledger lives on
+
+    def policy_of(context: Context, ident: DeviceIdentity | None) -> DevicePolicy:
+        key = (context.node_id, tuple(sorted((str(k), str(v)) for k, v in
+                                             context.node_config.items())))
+        if key not in policies:
+            policies[key] = policy(context) if policy is not None else node_policy(context)
+        pol = policies[key]
+        return pol.at_least_signed() if ident is not None else pol
 
     def handle(msg: Message, context: Context) -> Message:
+        device_id = None
         try:
             protocol, request, seed, head = content_to_request(msg.content)
             if load_data is not None:
                 device_id, X = load_data(context)
             else:
                 device_id, X = load_node_data(context, data_dir)
+            me = f"device {device_id}"
             if request.action == HELLO_ACTION:
                 n, d = _data_shape(X)
                 content = RecordDict({HELLO: ConfigRecord({
                     "device-id": int(device_id), "n-points": n, "n-features": d})})
-            elif head.get(SECAGG_STAGE):
+                return Message(content, reply_to=msg)
+            ident = (identity(context) if identity is not None
+                     else node_identity(context, data_dir))
+            pol = policy_of(context, ident)
+            if pol.secure_aggregation == "signed" and ident is None:
+                raise PolicyRefusal(f"{me}: its policy requires signed secure aggregation but "
+                                    "the node has no identity key (node config "
+                                    "secagg-identity-key, secagg-directory)")
+            if head.get(SECAGG_STAGE):
                 stage = str(head[SECAGG_STAGE])
                 inbound = record_to_arrays(msg.content.array_records[SECAGG], sender="server")
                 state = _load_state(context)
                 plain = None
                 if stage == "mask":
-                    X = device_data_for(protocol, X, f"device {device_id}")
+                    _check(pol, context, protocol, request.action, me, secure=True)
+                    X = device_data_for(protocol, X, me)
                     with one_blas_thread():
                         reply = protocol.client_step(request, X, device_id=int(device_id),
                                                      seed=seed, state=state)
                     plain = reply.to_arrays()
                     if tamper is not None:
                         plain = tamper(int(device_id), request.round, plain)
-                ident = (identity(context) if identity is not None
-                         else node_identity(context, data_dir))
                 out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
-                                        reply=plain, identity=ident)
+                                        reply=plain, identity=ident, policy=pol,
+                                        action=request.action)
                 content = RecordDict({SECAGG: arrays_to_record(out)})
                 _save_state(context, state)
             elif request.action == FINISH_ACTION:
-                X = device_data_for(protocol, X, f"device {device_id}")
+                collect = bool(head.get("collect"))
+                pol.check_finish(protocol, collect, me)
+                X = device_data_for(protocol, X, me)
                 out = protocol.client_finish(request.payload, X, _load_state(context))
-                content = RecordDict({OUTPUT: arrays_to_record(out if head.get("collect") else {})})
+                content = RecordDict({OUTPUT: arrays_to_record(out if collect else {})})
             else:
-                X = device_data_for(protocol, X, f"device {device_id}")
+                _check(pol, context, protocol, request.action, me, secure=False)
                 state = _load_state(context)
+                X = device_data_for(protocol, X, me)
                 # one BLAS thread, as a simulated device in process: same rounding on both
                 with one_blas_thread():
                     reply = protocol.client_step(request, X, device_id=int(device_id), seed=seed,
@@ -650,6 +729,8 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 content = RecordDict({REPLY: arrays_to_record(arrays)})
                 _save_state(context, state)
         except (FedClustError, OSError) as exc:
+            if isinstance(exc, PolicyRefusal):  # one line on the device too
+                flwr_log(_WARNING, "fedclust: %s", one_line_cause(exc))
             content = RecordDict({ERROR: ConfigRecord({"type": type(exc).__name__,
                                                        "message": str(exc)})})
         return Message(content, reply_to=msg)
@@ -657,4 +738,3 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
     for action in (HELLO_ACTION, FINISH_ACTION, *all_actions()):
         app.query(action)(handle)
     return app
-

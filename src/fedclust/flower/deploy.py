@@ -131,7 +131,8 @@ ClientApp loads its device from its SuperNode's node config, e.g.
 
 from fedclust.flower.apps import make_client_app, make_server_app
 
-server_app = make_server_app()
+# results go only inside this folder, whatever a run config's result-dir says
+server_app = make_server_app(result_root={result_root!r})
 client_app = make_client_app()
 '''
 
@@ -224,7 +225,8 @@ def write_app(app_dir: str | Path, cfg: Mapping[str, Any], *, result_dir: str | 
     rc = app_run_config(cfg, result_dir=result_dir, **kw)
     (app_dir / PACKAGE).mkdir(parents=True, exist_ok=True)
     (app_dir / PACKAGE / "__init__.py").write_text('"""fedclust Flower app."""\n')
-    (app_dir / PACKAGE / "apps.py").write_text(_MODULE.format(version=__version__))
+    (app_dir / PACKAGE / "apps.py").write_text(
+        _MODULE.format(version=__version__, result_root=str(result_dir.resolve())))
     title = str(cfg.get("title", "")).replace("\n", " ")
     params = {k[len("params."):]: v for k, v in rc.items() if k.startswith("params.")}
     top = {k: v for k, v in rc.items() if not k.startswith("params.")}

@@ -35,6 +35,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from ..core.random import root_seed
 from ..core.validation import check_float
+from ..core.policy import DevicePolicy
 from ..core.protocol import Protocol
 from ..sim.transport import RunOutput, Tamper
 from .apps import ServerAppFailed, ServerSpec, make_client_app, make_server_app
@@ -154,6 +155,7 @@ class FlowerInMemoryTransport:
     unresponsive: Sequence[int] = ()
     collect_outputs: bool = True
     secure_aggregation: Any = False
+    policies: Any = None
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None) -> RunOutput:
@@ -175,9 +177,14 @@ class FlowerInMemoryTransport:
 
         sa = SecureAggregation.coerce(self.secure_aggregation)
         idn = make_identities(ids) if sa is not None and sa.signed else {}
+        from ..core.policy import policy_for
+
+        default = DevicePolicy(allow_collect=bool(self.collect_outputs), allow_noise_seed=True)
         client_app = make_client_app(
             lambda ctx: data[int(ctx.node_config["partition-id"])], tamper=self.tamper,
-            identity=lambda ctx: idn.get(data[int(ctx.node_config["partition-id"])][0]))
+            identity=lambda ctx: idn.get(data[int(ctx.node_config["partition-id"])][0]),
+            policy=lambda ctx: policy_for(self.policies, data[int(
+                ctx.node_config["partition-id"])][0], default))
         configs = [{"partition-id": i, "num-partitions": len(ids)} for i in range(len(ids))]
         pos = {z: i for i, z in enumerate(ids)}
         grid = LocalGrid(client_app, configs)

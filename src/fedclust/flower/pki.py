@@ -8,11 +8,11 @@
   every machine that runs ``flwr`` (``root-certificates`` of the SuperLink
   connection); ``ca.key`` stays offline with whoever signs certificates;
 * ``server.pem`` / ``server.key`` — the SuperLink's certificate, signed by the
-  CA, with every given host name / IP address as a subject alternative name
-  (plus ``127.0.0.1``, ``::1`` and ``localhost``: the SuperLink's own SuperExec,
-  which starts the ServerApp, connects to it over loopback with the same TLS),
-  for ``flower-superlink --ssl-ca-certfile ca.crt --ssl-certfile server.pem
-  --ssl-keyfile server.key``.
+  CA, with exactly the given host names / IP addresses as subject alternative
+  names; ``--loopback`` adds ``127.0.0.1``, ``::1`` and ``localhost`` (needed
+  when the SuperLink's own SuperExec, which starts the ServerApp, connects to
+  it over loopback with the same TLS), for ``flower-superlink --ssl-ca-certfile
+  ca.crt --ssl-certfile server.pem --ssl-keyfile server.key``.
 
 ``fedclust flower keys DIR --nodes N`` writes the SuperNode authentication
 keys in the format Flower 1.42 reads (OpenSSH ECDSA on a NIST curve, as
@@ -25,6 +25,18 @@ keys in the format Flower 1.42 reads (OpenSSH ECDSA on a NIST curve, as
   ``--enable-supernode-auth``);
 * ``public-keys.csv`` — all public keys on one comma-separated line, the list
   older Flower releases took as ``--auth-list-public-keys``.
+
+``fedclust flower secagg-key DIR --device-id Z`` runs on the node that holds
+device ``Z``: it writes that node's secure-aggregation identity key
+``secagg-<Z>.pem`` (never leaves the node) and its public half
+``secagg-<Z>.pub.json``, which is all the node sends out.
+``fedclust flower secagg-directory OUT.json PUB...`` assembles the public
+halves into the directory every node gets (not through the server).
+
+Every private key is written atomically with mode 0600 from its creation: a
+new temporary file (``O_CREAT | O_EXCL | O_NOFOLLOW``) in the target folder,
+renamed over the target, so ``--force`` replaces a symlink, never writes
+through it.
 
 Nothing here is a cipher of our own: keys, signatures and certificates are made
 by ``cryptography``; TLS and node authentication are Flower's.
@@ -39,8 +51,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.exceptions import ValidationError
+from ..core.policy import write_private_atomic
 
 __all__ = ["write_certificates", "write_node_keys", "write_secagg_identities",
+           "write_secagg_key", "write_secagg_directory",
            "load_secagg_identity", "CA_CERT", "CA_KEY", "SERVER_CERT", "SERVER_KEY",
            "PUBLIC_KEYS_CSV", "SECAGG_DIRECTORY"]
 
@@ -52,15 +66,8 @@ _LOCAL_NAMES = ("127.0.0.1", "::1", "localhost")
 
 
 def _write(path: Path, data: bytes, *, private: bool, overwrite: bool) -> Path:
-    if path.exists() and not overwrite:
-        raise ValidationError(f"{path} exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    fd = os.open(path, flags, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600 if private else 0o644)
-    return path
+    return write_private_atomic(path, data, overwrite=overwrite,
+                                mode=0o600 if private else 0o644)
 
 
 def _san(host: str):
@@ -80,12 +87,13 @@ def _san(host: str):
 
 
 def write_certificates(out_dir: str | Path, hosts: Sequence[str], *, days: int = 365,
-                       overwrite: bool = False) -> dict[str, Path]:
+                       overwrite: bool = False, loopback: bool = False) -> dict[str, Path]:
     """Write a CA and a SuperLink certificate valid for ``hosts`` (DNS names or IPs).
 
     Returns the four paths by role (``ca_cert``, ``ca_key``, ``server_cert``,
-    ``server_key``). The server certificate carries every host as a subject
-    alternative name (TLS clients check the address they dial against them).
+    ``server_key``). The server certificate carries exactly ``hosts`` as subject
+    alternative names (TLS clients check the address they dial against them),
+    and the loopback names too when ``loopback`` is true.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -96,9 +104,10 @@ def write_certificates(out_dir: str | Path, hosts: Sequence[str], *, days: int =
         raise ValidationError("give at least one --host (the SuperLink's DNS name or IP address)")
     if int(days) < 1:
         raise ValidationError(f"days={days} must be >= 1")
-    # the SuperLink's own SuperExec (which starts ServerApps) dials it on the loopback
-    # address over the same TLS: without these names it fails its handshake
-    names = list(dict.fromkeys([str(h).strip() for h in hosts] + list(_LOCAL_NAMES)))
+    # the SuperLink's own SuperExec (which starts ServerApps) may dial it on the loopback
+    # address over the same TLS: those names only when asked for
+    names = list(dict.fromkeys([str(h).strip() for h in hosts]
+                               + (list(_LOCAL_NAMES) if loopback else [])))
     sans = [_san(h) for h in names]
     out = Path(out_dir)
     now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)  # clock skew
@@ -198,6 +207,58 @@ def write_secagg_identities(out_dir: str | Path, device_ids: Sequence[int], *,
     path = _write(out / SECAGG_DIRECTORY, (json.dumps(directory, indent=1) + "\n").encode(),
                   private=False, overwrite=overwrite)
     return {"private": private, "directory": path}
+
+
+def write_secagg_key(out_dir: str | Path, device_id: int, *, overwrite: bool = False
+                     ) -> dict[str, Path]:
+    """One node's own identity key, made on that node: ``secagg-<z>.pem`` (private,
+    mode 0600, stays there) and ``secagg-<z>.pub.json`` (``{"device_id": z,
+    "public": hex}``, the only part the node sends out)."""
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    if isinstance(device_id, bool) or int(device_id) != device_id or int(device_id) < 0:
+        raise ValidationError(f"--device-id {device_id!r} must be an integer >= 0")
+    z = int(device_id)
+    out = Path(out_dir)
+    key = Ed25519PrivateKey.generate()
+    private = _write(out / f"secagg-{z}.pem", key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()), private=True, overwrite=overwrite)
+    pub = key.public_key().public_bytes(serialization.Encoding.Raw,
+                                        serialization.PublicFormat.Raw).hex()
+    public = _write(out / f"secagg-{z}.pub.json",
+                    (json.dumps({"device_id": z, "public": pub}) + "\n").encode(),
+                    private=False, overwrite=overwrite)
+    return {"private": private, "public": public}
+
+
+def write_secagg_directory(out_path: str | Path, public_files: Sequence[str | Path], *,
+                           overwrite: bool = False) -> Path:
+    """The directory (:data:`SECAGG_DIRECTORY` format) from the nodes' public halves
+    (:func:`write_secagg_key`); one key per device id, each a 32-byte Ed25519 key."""
+    import json
+
+    directory: dict[str, str] = {}
+    for f in public_files:
+        try:
+            entry = json.loads(Path(f).read_text())
+            z, pub = int(entry["device_id"]), str(entry["public"])
+            raw = bytes.fromhex(pub)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValidationError(f"{f}: not a secure-aggregation public key file ({exc})"
+                                  ) from None
+        if len(raw) != 32:
+            raise ValidationError(f"{f}: public key of {len(raw)} bytes, an Ed25519 key has 32")
+        if str(z) in directory and directory[str(z)] != pub:
+            raise ValidationError(f"{f}: a second, different key for device {z}")
+        directory[str(z)] = pub
+    if not directory:
+        raise ValidationError("no public key files given")
+    return _write(Path(out_path), (json.dumps(directory, indent=1) + "\n").encode(),
+                  private=False, overwrite=overwrite)
 
 
 def load_secagg_identity(key_path: str | Path, directory_path: str | Path):

@@ -25,8 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     spec = ServerSpec(**job["server"])
     server_app = make_server_app(spec)
     tamper = job.get("tamper")
+    from ..core.policy import DevicePolicy
+
+    policy = job.get("policy")
     client_app = make_client_app(data_dir=job["data_dir"], tamper=None if tamper is None
-                                 else ByzantineTamper.from_config(tamper))
+                                 else ByzantineTamper.from_config(tamper),
+                                 policy=None if policy is None
+                                 else lambda ctx: DevicePolicy.from_node_config(policy))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from flwr.simulation import run_simulation

@@ -42,6 +42,7 @@ import numpy as np
 from ..core.random import root_seed
 from ..core.validation import check_float
 from ..core.exceptions import FedClustError
+from ..core.policy import DevicePolicy
 from ..core.protocol import Protocol
 from ..core.secure_sum import SecureAggregation
 from ..sim.byzantine import ByzantineTamper
@@ -112,6 +113,9 @@ class FlowerSimulationTransport:
         from the ServerApp's log as the simulation runs.
     secure_aggregation : bool or SecureAggregation, default=False
         Summed rounds as secure sums, as with ``InProcessTransport``.
+    policy : DevicePolicy or None
+        Every simulated SuperNode's policy (default: ``collect_outputs`` and a
+        noise seed allowed — the simulated devices' owner runs the simulation).
 
     Attributes
     ----------
@@ -132,6 +136,7 @@ class FlowerSimulationTransport:
     tamper: ByzantineTamper | None = None
     progress: bool = False
     secure_aggregation: Any = False
+    policy: Any = None
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None) -> RunOutput:
@@ -182,7 +187,10 @@ class FlowerSimulationTransport:
                                      "include_dashboard": False,
                                      "log_to_driver": bool(self.verbose)}},
                    "verbose": self.verbose,
-                   "tamper": None if self.tamper is None else self.tamper.config()}
+                   "tamper": None if self.tamper is None else self.tamper.config(),
+                   "policy": (self.policy or DevicePolicy(
+                       allow_collect=bool(self.collect_outputs),
+                       allow_noise_seed=True)).to_node_config()}
             job_path = work / "job.json"
             job_path.write_text(json.dumps(job, indent=1))
             log_path = work / "simulation.log"

@@ -32,11 +32,15 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
                  tamper: Callable | None = None, drop_after_masking: Sequence[int] = (),
                  raise_client_errors: bool = True,
                  identities: Mapping[int, DeviceIdentity] | None = None,
-                 server: Callable[..., SecureSumServer] = SecureSumServer) -> dict[int, Message]:
+                 server: Callable[..., SecureSumServer] = SecureSumServer,
+                 admit: Callable[[list[int]], list[int]] | None = None,
+                 policies: Mapping[int, Any] | None = None) -> dict[int, Message]:
     """Run ``request`` over ``targets`` as a secure sum; returns ``{SUMMED: sum message}``.
 
     ``identities`` (``settings.signed``): each device's identity key and directory.
     ``server`` builds the server side (tests put a lying server there).
+    ``admit(devices) -> devices`` applies the devices' policies before they compute
+    their replies; ``policies`` (device id -> policy) gives each its group rule.
     """
     srv = server(targets, request.round, settings, seed)
     drop = {int(z) for z in drop_after_masking}
@@ -45,7 +49,12 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
         inbound = srv.requests(stage)
         computed: dict[int, Any] = {}
         if stage == "mask":
-            computed = _client_replies(protocol, request, list(inbound), devices, states, seed)
+            allowed = admit(list(inbound)) if admit is not None else list(inbound)
+            computed = _client_replies(protocol, request, allowed, devices, states, seed)
+            for z in inbound:
+                if z not in computed:
+                    computed[z] = FedClustError(log.failed.get(z, f"device {z}: refused by its "
+                                                                   "policy"))
         replies: dict[int, dict[str, np.ndarray]] = {}
         reasons: dict[int, str] = {}
         for z, msg in inbound.items():
@@ -63,7 +72,9 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
                     if tamper is not None:
                         plain = tamper(z, request.round, plain)
                 out = secure_sum_client(stage, msg, states[z], device_id=z, reply=plain,
-                                        identity=identities.get(z))
+                                        identity=identities.get(z),
+                                        policy=(policies or {}).get(z),
+                                        action=request.action)
             except FedClustError as exc:
                 if raise_client_errors:
                     raise

@@ -11,6 +11,7 @@ failing clients are dropped and named.
 
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from ..core.messages import Message, message_nbytes
 from ..core.threads import one_blas_thread
 from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, require_replies,
                              round_targets)
+from ..core.policy import PolicyRefusal, policy_for
 from ..core.secure_sum import SecureAggregation, check_summable, make_identities
 from .meter import CommunicationMeter
 from .secure import secure_round
@@ -35,6 +37,7 @@ __all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults", "fit_tran
 Tamper = Callable[[int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 _FAULT_BRANCH = 7  # server-stream round index reserved for drawing faults
+_DEVICE_LOG = logging.getLogger("fedclust.device")
 
 
 @dataclass
@@ -72,6 +75,12 @@ class InProcessTransport:
         declare ``parallel_safe`` (k-FED): ``None`` uses every core, as
         scikit-learn's KMeans does. Results do not depend on it (each device has
         its own random stream; replies are validated in device order).
+    policies : DevicePolicy or mapping of int to DevicePolicy, optional
+        Each device's own policy (:class:`fedclust.core.policy.DevicePolicy`,
+        the object a Flower SuperNode reads from its node config), checked on
+        the device before every data request; a refusal is one line on the
+        device and, as a client error, stops the run or (``on_client_error=
+        "drop"``) names the device in ``log.failed``. ``None``: no checks.
     """
 
     dropout: float = 0.0
@@ -84,6 +93,7 @@ class InProcessTransport:
     n_jobs: int | None = None
     secure_aggregation: Any = False
     drop_after_masking: Sequence[int] = ()
+    policies: Any = None
 
     def run(self, protocol: Protocol, devices: Mapping[int, DeviceData],
             random_state: Any = None) -> RunOutput:
@@ -106,6 +116,16 @@ class InProcessTransport:
         active = [z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         identities = make_identities(ids) if secure is not None and secure.signed else None
+        self._policies = {z: policy_for(self.policies, z) for z in ids}
+        shared = [p for p in self._policies.values() if p is not None and p.ledger]
+        if len(shared) > 1 and len({id(p) for p in shared}) == 1 \
+                and "{device}" not in shared[0].ledger:
+            raise ValidationError(f"policies: devices share the ledger file {shared[0].ledger}; "
+                                  "put {device} in its name (one ledger per device)")
+        if identities is not None:
+            self._policies = {z: p.at_least_signed() if p is not None else None
+                              for z, p in self._policies.items()}
+        self._charged: dict[int, dict] = {z: {} for z in ids}  # the policy's own device state
         meter = CommunicationMeter()
         state = protocol.start(active, seed)
         rounds_bar = _rounds_bar(self.progress, protocol.name)
@@ -116,9 +136,13 @@ class InProcessTransport:
                                        secure, meter, log, tamper=self.tamper,
                                        drop_after_masking=self.drop_after_masking,
                                        raise_client_errors=self.on_client_error == "raise",
-                                       identities=identities)
+                                       identities=identities,
+                                       admit=lambda zs: self._admit(protocol, request.action, zs,
+                                                                    log, secure=True),
+                                       policies=self._policies)
             else:
-                replies = self._round(protocol, state, request, targets, devices, states, seed,
+                allowed = self._admit(protocol, request.action, targets, log, secure=False)
+                replies = self._round(protocol, state, request, allowed, devices, states, seed,
                                       log, meter)
             meter.rounds += 1
             if rounds_bar is not None:
@@ -140,7 +164,19 @@ class InProcessTransport:
         by_type: dict[type, list[int]] = {}
         for z, final in finals.items():
             by_type.setdefault(type(final), []).append(z)
+        for z in list(finals):
+            pol = self._policies.get(z)
+            if pol is not None:  # the outputs go back to the caller: collect is asked
+                try:
+                    pol.check_finish(protocol, True, f"device {z}")
+                except PolicyRefusal as exc:
+                    _DEVICE_LOG.warning("fedclust: %s", exc)
+                    log.failed.setdefault(z, str(exc))
+                    del finals[z]
         for cls, zs in by_type.items():
+            zs = [z for z in zs if z in finals]
+            if not zs:
+                continue
             wires = [finals[z].to_arrays() for z in zs]
             decoded = cls.from_arrays_many(wires, [f"server -> device {z}" for z in zs])
             for z, wire, final in zip(zs, wires, decoded):
@@ -149,6 +185,24 @@ class InProcessTransport:
                 meter.record_down(z, sum(a.nbytes for a in wire.values()))
                 outputs[z] = protocol.client_finish(final, devices[z], states[z])
         return RunOutput(result, outputs, meter, log, seed)
+
+    def _admit(self, protocol, action: str, targets, log, *, secure: bool) -> list[int]:
+        """The targets whose policy accepts the request; a refusal is a client error."""
+        allowed = []
+        for z in targets:
+            pol = self._policies.get(z)
+            if pol is not None:
+                try:
+                    pol.check_request(protocol, action, self._charged[z], f"device {z}",
+                                      secure=secure)
+                except PolicyRefusal as exc:
+                    _DEVICE_LOG.warning("fedclust: %s", exc)
+                    if self.on_client_error == "raise":
+                        raise
+                    log.failed[z] = str(exc)
+                    continue
+            allowed.append(z)
+        return allowed
 
     def _draw_faults(self, ids, seed):
         return draw_faults(ids, seed, dropout=self.dropout, late=self.late, dropped=self.dropped,
@@ -215,6 +269,7 @@ class InProcessTransport:
     def _assign_late(self, protocol, result, late, devices, states, seed, log, meter):
         request = late_request(protocol, result)
         reply_type = protocol.reply_types[request.action]
+        late = self._admit(protocol, request.action, late, log, secure=False)
         for z in late:
             meter.record_down(z, message_nbytes(request.payload))
             try:

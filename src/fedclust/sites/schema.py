@@ -115,7 +115,8 @@ def _numeric(table: RawTable, c: str) -> np.ndarray:
             out[i] = float(x)
         except (TypeError, ValueError):
             raise ValidationError(
-                f"{table.path}: row {i}, column {c!r}: value {x!r} is not a number "
+                # no value in the text: it may travel to the server
+                f"{table.path}: row {i}, column {c!r}: the value is not a number "
                 "(list the column in categorical=, or fix the value)") from None
     return out
 
@@ -148,7 +149,7 @@ def encode_table(table: RawTable, schema: SiteSchema, unknown: str = "error") ->
                     B[i] = np.nan
                 else:
                     raise ValidationError(
-                        f"{table.path}: row {i}, column {c!r}: category {t!r} is not one of "
+                        f"{table.path}: row {i}, column {c!r}: the category is not one of "
                         f"the federation's {list(cats)}")
             blocks.append(B)
         else:
@@ -214,7 +215,7 @@ def label_indices(y: np.ndarray, classes: Sequence[Any], where: str,
             j = index.get(str(v))
         if j is None:
             col = "" if column is None else f", column {column!r}"
-            raise ValidationError(f"{where}: row {i}{col}: label {v!r} is not one of the "
+            raise ValidationError(f"{where}: row {i}{col}: the label is not one of the "
                                   f"classes the model knows {list(classes)}")
         out[i] = j
     return out
