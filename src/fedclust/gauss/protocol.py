@@ -457,6 +457,7 @@ def encode_labels(y: np.ndarray, classes: np.ndarray, owner: str) -> np.ndarray:
     idx = np.clip(idx, 0, len(classes) - 1)
     bad = classes[idx] != y
     if np.any(bad):
-        raise ValidationError(f"{owner}: label {y[np.argmax(bad)]!r} is not one of the classes "
-                              f"{classes.tolist()[:10]}")
+        # the row, never the value: this message can reach the server
+        raise ValidationError(f"{owner}: the label of row {int(np.argmax(bad))} is not one of "
+                              f"the {len(classes)} classes")
     return idx.astype(np.int64)
