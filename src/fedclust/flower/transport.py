@@ -132,11 +132,20 @@ class FlowerSimulationTransport:
     tamper: ByzantineTamper | None = None
     progress: bool = False
     secure_aggregation: Any = False
+    #: ``run(..., graph=)`` relays a general communication graph
+    runs_graphs = True
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
-            random_state: Any = None) -> RunOutput:
-        """Run ``protocol`` over ``devices`` (device id -> (n_z, d) array) on Flower."""
+            random_state: Any = None, *, graph: Any = None) -> RunOutput:
+        """Run ``protocol`` over ``devices`` (device id -> (n_z, d) array) on Flower.
+
+        ``graph`` (networkx graph or edge list over the device ids): the server
+        only relays messages between neighbours (:mod:`fedclust.flower.relay`).
+        """
+
         require_flwr()
+        from .relay import GraphMeter, graph_edges
+
         check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
         check_float(self.late, "late", min_value=0.0, max_value=1.0)
         from .apps import ServerSpec
@@ -173,6 +182,7 @@ class FlowerSimulationTransport:
                 late_devices=[int(z) for z in self.late_devices], min_nodes=len(ids),
                 node_wait_s=120.0, round_timeout_s=self.round_timeout_s,
                 result_dir=str(result_dir), collect_outputs=self.collect_outputs,
+                graph_edges=[] if graph is None else graph_edges(graph),
                 **_secure_spec(self.secure_aggregation))
             ncpu = int(self.num_cpus or os.cpu_count() or 1)
             job = {"server": asdict(spec), "data_dir": str(data_dir), "num_supernodes": len(ids),
@@ -204,6 +214,8 @@ class FlowerSimulationTransport:
                 raise FedClustError(f"the Flower simulation {what} without a result; "
                                     f"log tail:\n{tail}")
             out, extra = load_run_output(result_dir)
+            if graph is not None:
+                out.meter = GraphMeter.from_summary(extra["graph"])
             self.last_run_ = {"wall_s": wall, "extra": extra,
                               "log": str(log_path) if self.keep_dir else None}
             return out
