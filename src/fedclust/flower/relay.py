@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.protocol import Protocol, Request, RunLog, RunOutput, round_targets
 from ..core.registry import RESULT_TYPES
 from ..core.secagg import agree, array_to_bytes, bytes_to_array, x25519_keypair
