@@ -53,7 +53,7 @@ SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans
 KMEANS_PP_INIT = 10
 #: above this many device centers the k-means++ server seeds on a lightweight coreset and
 #: runs blocked Lloyd (:func:`fedclust.core.kmeans.weighted_kmeans`)
-LARGE_N = 500_000
+LARGE_N = 100_000
 
 
 @dataclass(frozen=True)
