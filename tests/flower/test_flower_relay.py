@@ -194,3 +194,25 @@ def test_gnp_graph_on_the_flower_simulation(devices):
     cb = dict(b.communication_)
     cb.pop("relay_bytes")
     assert a.communication_ == cb
+
+
+def test_simulation_job_points_ray_at_an_existing_cluster(tmp_path, monkeypatch, devices):
+    """``ray_address``: ray.init connects (address, no local CPU count), actors ask 1 CPU."""
+    import fedclust.flower.transport as tmod
+    from fedclust.core.exceptions import FedClustError
+
+    class _Exited:
+        def __init__(self, *a, **kw):
+            pass
+
+        def wait(self, timeout=None):
+            return 1
+
+    monkeypatch.setattr(tmod.subprocess, "Popen", _Exited)
+    tr = tmod.FlowerSimulationTransport(ray_address="ray://head:10001", keep_dir=str(tmp_path))
+    with pytest.raises(FedClustError, match="exited with status 1"):
+        DistributedKMeans(**KW).fit(devices[:3], transport=tr)
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["backend_config"]["init_args"]["address"] == "ray://head:10001"
+    assert "num_cpus" not in job["backend_config"]["init_args"]
+    assert job["backend_config"]["client_resources"]["num_cpus"] == 1

@@ -112,6 +112,13 @@ class FlowerSimulationTransport:
         from the ServerApp's log as the simulation runs.
     secure_aggregation : bool or SecureAggregation, default=False
         Summed rounds as secure sums, as with ``InProcessTransport``.
+    ray_address : str or None
+        Run the virtual SuperNodes on an existing Ray cluster (``"auto"``, or
+        ``"ray://head:10001"``) instead of starting Ray here. ``num_cpus`` is
+        then the CPUs per ClientApp actor (default 1), the cluster decides how
+        many actors run; ``keep_dir`` must be a folder every Ray node mounts at
+        the same path (the device files are read there) and fedclust must be
+        installed on every node (``docs/flower.md``).
 
     Attributes
     ----------
@@ -132,6 +139,7 @@ class FlowerSimulationTransport:
     tamper: ByzantineTamper | None = None
     progress: bool = False
     secure_aggregation: Any = False
+    ray_address: str | None = None
     #: ``run(..., graph=)`` relays a general communication graph
     runs_graphs = True
 
@@ -184,13 +192,18 @@ class FlowerSimulationTransport:
                 result_dir=str(result_dir), collect_outputs=self.collect_outputs,
                 graph_edges=[] if graph is None else graph_edges(graph),
                 **_secure_spec(self.secure_aggregation))
-            ncpu = int(self.num_cpus or os.cpu_count() or 1)
+            if self.ray_address:  # an existing cluster: it has its own resources
+                ncpu = int(self.num_cpus or 1)
+                init_args = {"address": str(self.ray_address),
+                             "log_to_driver": bool(self.verbose)}
+            else:
+                ncpu = int(self.num_cpus or os.cpu_count() or 1)
+                init_args = {"num_cpus": ncpu, "num_gpus": 0, "include_dashboard": False,
+                             "log_to_driver": bool(self.verbose)}
             job = {"server": asdict(spec), "data_dir": str(data_dir), "num_supernodes": len(ids),
                    "backend_config": {
                        "client_resources": {"num_cpus": ncpu, "num_gpus": 0.0},
-                       "init_args": {"num_cpus": ncpu, "num_gpus": 0,
-                                     "include_dashboard": False,
-                                     "log_to_driver": bool(self.verbose)}},
+                       "init_args": init_args},
                    "verbose": self.verbose,
                    "tamper": None if self.tamper is None else self.tamper.config()}
             job_path = work / "job.json"
