@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Mapping
 
