@@ -75,9 +75,13 @@ def run_point(n_devices: int, seed: int, phase) -> dict:
             "cost_devices": min(n_devices, COST_DEVICES), "cost_check_s": time.perf_counter() - t0}
 
 
-def points(max_devices: int) -> list[int]:
+def points(max_devices: int, min_devices: int = 1000) -> list[int]:
+    """Powers of ten from ``min_devices`` to ``max_devices`` devices."""
     out, z = [], 1000
     while z <= max_devices:
+        if z < min_devices:
+            z *= 10
+            continue
         out.append(z)
         z *= 10
     return out

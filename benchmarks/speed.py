@@ -250,17 +250,22 @@ def main(argv=None) -> dict:
     p = C.make_parser(__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=None, help="timing repeats (default 3; quick 2)")
     p.add_argument("--cases", default=None,
-                   help="comma-separated case indices to run (default: all), e.g. 0,1")
+                   help="comma-separated case indices to run (default: all), e.g. 0,1; "
+                        "'none': only the streamed curve")
     p.add_argument("--no-authors", action="store_true", help="skip the authors' design")
     p.add_argument("--curve-max", type=float, default=None,
                    help="largest device count of the streamed curve (default 1e7; quick 1e5; "
                         "0 skips the curve)")
+    p.add_argument("--curve-min", type=float, default=1e3,
+                   help="smallest device count of the streamed curve (default 1e3)")
     p.add_argument("--authors-devices", type=int, default=None,
                    help="devices the authors' design runs on in the many-small case "
                         "(extrapolated; default 2000, quick 100)")
     args = C.finish_args(p.parse_args(argv))
     cases = QUICK if args.quick else FULL
-    if args.cases:
+    if args.cases == "none":
+        cases = []
+    elif args.cases:
         cases = [cases[int(i)] for i in args.cases.split(",")]
     if args.authors_devices:
         for c in cases:
@@ -272,7 +277,8 @@ def main(argv=None) -> dict:
         warm = make_federated_gaussians(n_features=20, n_clusters=4, n_local_clusters=2, m0=2,
                                         n_per_component=40, random_state=0)
         KFed(4, 2, random_state=0).fit(warm.devices)
-        authors_kfed(warm.devices, 2, 4)
+        if cases:
+            authors_kfed(warm.devices, 2, 4)
         for case in cases:
             if case.dataset == "mnist":
                 from fedclust.datasets import DataNotFoundError
@@ -295,7 +301,7 @@ def main(argv=None) -> dict:
         import _stream_curve as S
 
         with C.blas_limit(args):
-            for z in S.points(cmax):
+            for z in S.points(cmax, int(args.curve_min)):
                 curve.append(S.run_point(z, args.seed, Phase))
                 print(f"  streamed curve: {z:,} devices in {curve[-1]['fit_s']:.1f} s", flush=True)
     table = []
