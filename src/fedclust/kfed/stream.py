@@ -38,6 +38,40 @@ __all__ = ["is_stream", "fit_stream", "StreamFit", "Ragged"]
 
 #: rows read before a chunk's devices run (≈ 20 MB of float64 at d = 20)
 CHUNK_ROWS = 1 << 17
+#: device centers per storage block: blocks of ≥ 32 MB are their own memory maps, so
+#: each one goes back to the system as soon as it is copied into the final array
+BLOCK_BYTES = 64 << 20
+
+
+class _Blocks:
+    """Append-only rows in large fixed blocks; ``stack()`` frees each block as it copies."""
+
+    def __init__(self, dtype: Any):
+        self.dtype, self.blocks, self.fill, self.rows = np.dtype(dtype), [], 0, 0
+
+    def append(self, a: np.ndarray) -> None:
+        a = np.asarray(a, dtype=self.dtype)
+        while len(a):
+            if not self.blocks or self.fill == len(self.blocks[-1]):
+                cap = max(1, BLOCK_BYTES // max(1, self.dtype.itemsize * int(np.prod(a.shape[1:]))))
+                self.blocks.append(np.empty((cap,) + a.shape[1:], dtype=self.dtype))
+                self.fill = 0
+            take = min(len(a), len(self.blocks[-1]) - self.fill)
+            self.blocks[-1][self.fill:self.fill + take] = a[:take]
+            self.fill += take
+            self.rows += take
+            a = a[take:]
+
+    def stack(self, row_shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty((self.rows,) + row_shape, dtype=self.dtype)
+        at = 0
+        while self.blocks:
+            b = self.blocks.pop(0)
+            n = min(len(b), self.rows - at)
+            out[at:at + n] = b[:n]
+            at += n
+            del b
+        return out
 
 
 def is_stream(X: Any) -> bool:
@@ -92,8 +126,8 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
                device_ids: Iterable[int] | None = None) -> StreamFit:
     """Local steps over a stream of devices, then the server step (see module docstring)."""
     ids_iter = None if device_ids is None else iter(device_ids)
-    kept_c: list[np.ndarray] = []
-    kept_n: list[np.ndarray] = []
+    kept_c = _Blocks(np.float64)
+    kept_n = _Blocks(np.int64)
     sizes: list[np.ndarray] = []
     ids_seen: list[int] = []
     n_dev = 0
@@ -147,23 +181,17 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
         if d is None:
             d = C_out[0].shape[1]
         n_points += sum(int(X.shape[0]) for X in chunk)
-        kept_c.append(np.concatenate(C_out).astype(np.float64, copy=False))
+        kept_c.append(np.concatenate(C_out))
         kept_n.append(np.concatenate(N_out))
         sizes.append(np.fromiter((len(c) for c in C_out), dtype=np.int64, count=len(C_out)))
         n_dev += len(chunk)
         del chunk, C_out, N_out
     if n_dev == 0:
         raise ValidationError("the stream of devices was empty: nothing to fit")
-    # one array for all device centers, freeing each chunk as it is copied
-    total = sum(len(c) for c in kept_c)
-    C_all = np.empty((total, d), dtype=np.float64)
-    N_all = np.empty(total, dtype=np.int64)
-    at = 0
-    while kept_c:
-        c, nn = kept_c.pop(0), kept_n.pop(0)
-        C_all[at:at + len(c)] = c
-        N_all[at:at + len(c)] = nn
-        at += len(c)
+    # one array for all device centers, freeing each block as it is copied
+    total = kept_c.rows
+    C_all = kept_c.stack((d,))
+    N_all = kept_n.stack(())
     offsets = np.concatenate([[0], np.cumsum(np.concatenate(sizes))])
     k = protocol.n_clusters
     if total < k:
