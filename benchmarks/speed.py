@@ -250,14 +250,22 @@ def main(argv=None) -> dict:
     p = C.make_parser(__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=None, help="timing repeats (default 3; quick 2)")
     p.add_argument("--cases", default=None,
-                   help="comma-separated case indices to run (default: all), e.g. 0,1")
+                   help="comma-separated case indices to run (default: all), e.g. 0,1; "
+                        "'none': only the streamed curve")
     p.add_argument("--no-authors", action="store_true", help="skip the authors' design")
+    p.add_argument("--curve-max", type=float, default=None,
+                   help="largest device count of the streamed curve (default 1e7; quick 1e5; "
+                        "0 skips the curve)")
+    p.add_argument("--curve-min", type=float, default=1e3,
+                   help="smallest device count of the streamed curve (default 1e3)")
     p.add_argument("--authors-devices", type=int, default=None,
                    help="devices the authors' design runs on in the many-small case "
                         "(extrapolated; default 2000, quick 100)")
     args = C.finish_args(p.parse_args(argv))
     cases = QUICK if args.quick else FULL
-    if args.cases:
+    if args.cases == "none":
+        cases = []
+    elif args.cases:
         cases = [cases[int(i)] for i in args.cases.split(",")]
     if args.authors_devices:
         for c in cases:
@@ -269,7 +277,8 @@ def main(argv=None) -> dict:
         warm = make_federated_gaussians(n_features=20, n_clusters=4, n_local_clusters=2, m0=2,
                                         n_per_component=40, random_state=0)
         KFed(4, 2, server="farthest-lloyd1", random_state=0).fit(warm.devices)
-        authors_kfed(warm.devices, 2, 4)
+        if cases:
+            authors_kfed(warm.devices, 2, 4)
         for case in cases:
             if case.dataset == "mnist":
                 from fedclust.datasets import DataNotFoundError
@@ -286,6 +295,15 @@ def main(argv=None) -> dict:
             reps = args.repeats or case.repeats or (2 if args.quick else 3)
             rows.append(run_case(case, reps, args.seed, authors=not args.no_authors,
                                  data_dir=args.data_dir))
+    curve = []
+    cmax = int(args.curve_max if args.curve_max is not None else (1e5 if args.quick else 1e7))
+    if cmax:
+        import _stream_curve as S
+
+        with C.blas_limit(args):
+            for z in S.points(cmax, int(args.curve_min)):
+                curve.append(S.run_point(z, args.seed, Phase))
+                print(f"  streamed curve: {z:,} devices in {curve[-1]['fit_s']:.1f} s", flush=True)
     table = []
     for r in rows:
         t = {k: v["min"] for k, v in r["time_s"].items()}
@@ -319,7 +337,17 @@ def main(argv=None) -> dict:
     C.print_table(["case", "device centers", "farthest-lloyd1 s", "farthest-lloyd s",
                    "farthest-lloyd cost/sk", "server +MiB"], srv,
                   title="Server step alone (bound: < 2 s for 10^5 devices' centers)")
-    out = {"params": {"separation": 100.0, "cases": [vars(c) for c in cases],
+    if curve:
+        C.print_table(["devices", "points", "fit s", "peak +MiB", "centers MiB",
+                       "cost / generating means"],
+                      [[f"{c['n_devices']:,}", f"{c['n_points']:,}", f"{c['fit_s']:.1f}",
+                        "-" if c["peak_extra_mib"] is None else f"{c['peak_extra_mib']:.0f}",
+                        f"{c['centers_mib']:.0f}", f"{c['cost_over_generating_means']:.4f}"]
+                       for c in curve],
+                      title="Streamed k-FED (generator; 20 points, d=20, k=50, k'=2, "
+                            "server kmeans++)")
+    out = {"streamed_curve": curve,
+           "params": {"separation": 100.0, "cases": [vars(c) for c in cases],
                       "memory": "VmHWM after reset minus RSS before the phase (MiB)"},
            "reference": {"authors_40x800_s": 20.8, "sklearn_40x800_s": 1.7},
            "rows": rows}

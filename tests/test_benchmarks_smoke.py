@@ -68,6 +68,12 @@ def _check_speed(doc):
         assert all(v["min"] > 0 for v in t.values())
         assert 0.0 < row["quality"]["kfed_cost_ratio"] < 10.0
         assert 0.0 <= row["quality"]["kfed_accuracy"] <= 1.0
+    curve = doc["streamed_curve"]
+    assert [c["n_devices"] for c in curve] == [1000, 10000]
+    for c in curve:
+        assert c["fit_s"] > 0 and c["cost_over_generating_means"] <= 1.05
+    # kept: the device centers (2 per device, d = 20, float64), nothing per row
+    assert curve[1]["centers_mib"] * 2**20 == 10000 * 2 * 20 * 8
 
 
 def _check_kfed_byzantine(doc):
@@ -129,7 +135,7 @@ CASES = {
     "fig1_separation": ([], _check_fig1),
     "fig2_heterogeneity": (["--dataset", "digits"], _check_fig2),
     "fig3_rounds": (["--dataset", "digits"], _check_fig3),
-    "speed": (["--repeats", "1"], _check_speed),
+    "speed": (["--repeats", "1", "--curve-max", "1e4"], _check_speed),
     "kfed_byzantine": ([], _check_kfed_byzantine),
     "secagg": (["--repeats", "1"], _check_secagg),
     "real_federations": ([], _check_real_federations),

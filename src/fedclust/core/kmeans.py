@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["squared_distances", "assign", "lloyd", "kmeans_plusplus", "LloydResult", "update_centers",
-           "sum_by_label", "relocate_empty_centers", "BLOCK"]
+           "sum_by_label", "relocate_empty_centers", "BLOCK", "lightweight_coreset",
+           "blocked_lloyd", "weighted_kmeans"]
 
 # Rows per block: 4096 rows x k centers x 8 bytes stays in the low MB for k <= 1000.
 BLOCK = 4096
@@ -192,3 +193,161 @@ def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator, *,
         closest = d_cand[:, best]
         pot = pots[best]
     return idx
+
+
+# --------------------------------------------------------------------------- many centers
+#: rows per block of the large-data kernels: 65 536 x k distances stay a few tens of MB
+LARGE_BLOCK = 1 << 16
+
+
+def _row_sq(X: np.ndarray, block: int = LARGE_BLOCK) -> np.ndarray:
+    out = np.empty(X.shape[0], dtype=np.float64)
+    for s in range(0, X.shape[0], block):
+        Xb = X[s:s + block]
+        out[s:s + block] = np.einsum("ij,ij->i", Xb, Xb)
+    return out
+
+
+def lightweight_coreset(X: np.ndarray, size: int, rng: np.random.Generator, *,
+                        weights: np.ndarray | None = None, block: int = LARGE_BLOCK
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and weights of a lightweight coreset of the (weighted) rows of X.
+
+    Bachem, Lucic & Krause (KDD 2018): row x is drawn (with replacement) with
+    probability ``q(x) = ½ w(x)/W + ½ w(x) ‖x − μ‖² / Σ w ‖x' − μ‖²`` (μ the
+    weighted mean) and weighted ``w(x) / (size · q(x))``. With
+    ``size ≥ c (d k log k + log 1/δ) / ε²``, with probability ≥ 1 − δ every set
+    Q of k centers has ``|cost_coreset(Q) − cost_X(Q)| ≤ ε/2 · cost_X(Q) +
+    ε/2 · cost_X({μ})``. Two passes over X in blocks (O(n d) time, O(n) extra
+    memory).
+
+    Returns
+    -------
+    idx : ndarray (size,) int64, rows of X
+    coreset_weights : ndarray (size,) float64
+    """
+    n = X.shape[0]
+    w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    W = float(w.sum())
+    mu = np.zeros(X.shape[1])
+    for s in range(0, n, block):
+        mu += w[s:s + block] @ X[s:s + block]
+    mu /= W
+    dist = np.empty(n, dtype=np.float64)
+    for s in range(0, n, block):
+        diff = X[s:s + block] - mu
+        dist[s:s + block] = np.einsum("ij,ij->i", diff, diff)
+    dist *= w
+    total = float(dist.sum())
+    q = 0.5 * w / W + (0.5 * dist / total if total > 0 else 0.5 * w / W)
+    cdf = np.cumsum(q)
+    idx = np.searchsorted(cdf, rng.random(int(size)) * cdf[-1], side="right")
+    np.minimum(idx, n - 1, out=idx)
+    return idx.astype(np.int64), w[idx] / (int(size) * q[idx])
+
+
+def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
+                  max_iter: int = 300, tol: float = 1e-4, block: int = LARGE_BLOCK
+                  ) -> LloydResult:
+    """Weighted Lloyd for many rows: BLAS distances in row blocks, no copy of X.
+
+    The same stopping rules as :func:`lloyd` (labels unchanged, or total squared
+    shift ≤ ``tol`` times the mean per-feature variance). Memory beyond X:
+    O(n) for labels and row norms plus O(block · k) per block; time
+    O(n k d) per round, in BLAS matrix products. An emptied cluster keeps its
+    center (it has weight 0).
+    """
+    n, d = X.shape
+    k = init.shape[0]
+    centers = np.array(init, dtype=np.float64, copy=True)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    x_sq = _row_sq(X, block)
+    W = float(n if w is None else w.sum())
+    mean = np.zeros(d)
+    for s in range(0, n, block):
+        mean += (X[s:s + block].sum(axis=0) if w is None else w[s:s + block] @ X[s:s + block])
+    mean /= W
+    total_sq = float(x_sq.sum() if w is None else x_sq @ w)
+    abs_tol = tol * max(total_sq / W - float(mean @ mean), 0.0) / d
+    labels = np.full(n, -1, dtype=np.int32)
+    mind = np.empty(n, dtype=np.float64)
+    col = np.arange(d)
+    converged = False
+    n_iter = 0
+
+    def assign_all(C: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        changed = 0
+        sums = np.zeros(k * d)
+        wsum = np.zeros(k)
+        c_sq = np.einsum("ij,ij->i", C, C)
+        for s in range(0, n, block):
+            Xb = X[s:s + block]
+            D = Xb @ C.T
+            D *= -2.0
+            D += c_sq
+            lab = D.argmin(axis=1)
+            mind[s:s + block] = D[np.arange(len(lab)), lab] + x_sq[s:s + block]
+            changed += int((labels[s:s + block] != lab).sum())
+            labels[s:s + block] = lab
+            wb = None if w is None else w[s:s + block]
+            vals = Xb if wb is None else Xb * wb[:, None]
+            sums += np.bincount((lab[:, None] * d + col).ravel(), weights=vals.ravel(),
+                                minlength=k * d)
+            wsum += np.bincount(lab, weights=wb, minlength=k)
+        return changed, sums.reshape(k, d), wsum
+
+    for n_iter in range(1, max_iter + 1):
+        changed, sums, wsum = assign_all(centers)
+        if changed == 0 and n_iter > 1:
+            converged = True
+            n_iter -= 1
+            break
+        new = centers.copy()
+        nonempty = wsum > 0
+        new[nonempty] = sums[nonempty] / wsum[nonempty, None]
+        shift = float(((new - centers) ** 2).sum())
+        centers = new
+        if shift <= abs_tol:
+            converged = True
+            break
+    _, _, wsum = assign_all(centers)
+    np.maximum(mind, 0.0, out=mind)
+    inertia = float(mind.sum() if w is None else mind @ w)
+    return LloydResult(centers, labels.astype(np.int64), wsum, inertia, max(n_iter, 1),
+                       converged)
+
+
+def weighted_kmeans(X: np.ndarray, k: int, rng: np.random.Generator, *,
+                    weights: np.ndarray | None = None, sample_size: int | None = None,
+                    n_init: int = 3, max_iter: int = 300, tol: float = 1e-4) -> LloydResult:
+    """Weighted k-means for many rows: seeds on a coreset, then Lloyd on all rows.
+
+    1. a lightweight coreset of ``sample_size`` rows (default
+       ``max(50 000, 200 k)``; all rows when there are fewer):
+       :func:`lightweight_coreset` states its guarantee — every k centers cost
+       the same on the coreset as on X up to ``ε/2`` of their cost plus ``ε/2``
+       of the one-center cost;
+    2. ``n_init`` times weighted k-means++ (O(log k)-competitive in expectation
+       on the coreset; Arthur & Vassilvitskii 2007) and Lloyd on the coreset;
+       the lowest coreset cost is kept;
+    3. :func:`blocked_lloyd` on all rows from those centers: Lloyd never
+       increases the cost, so the result costs at most what the seeds cost on X.
+
+    Time: O(n d) for the coreset, O(n k d) per full Lloyd round (BLAS).
+    """
+    n = X.shape[0]
+    m = int(sample_size) if sample_size is not None else max(50_000, 200 * int(k))
+    if n <= m:
+        Xs, ws = X, (None if weights is None else np.asarray(weights, dtype=np.float64))
+    else:
+        idx, ws = lightweight_coreset(X, m, rng, weights=weights)
+        Xs = np.asarray(X[idx], dtype=np.float64)
+    best = None
+    for _ in range(max(1, int(n_init))):
+        res = lloyd(Xs, Xs[kmeans_plusplus(Xs, k, rng, weights=ws)], weights=ws,
+                    max_iter=max_iter, tol=tol)
+        if best is None or res.inertia < best.inertia:
+            best = res
+    if n <= m:
+        return best
+    return blocked_lloyd(X, best.centers, weights=weights, max_iter=max_iter, tol=tol)

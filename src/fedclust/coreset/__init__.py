@@ -24,23 +24,24 @@ __all__ = ["DistributedPCA", "DistributedKMeans", "CoresetProtocol", "CoresetRes
 
 
 def _fit(model: DistributedKMeans, fed: Federation, transport: Any) -> None:
-    """Star: the configured transport. A general graph runs in process (flooding)."""
+    """Star: the configured transport. A general graph floods in process, or on
+    Flower the server relays each message to one neighbour."""
     if model.graph is None or model.graph == "star":
         model.fit(fed.devices, transport=transport)
         return
+    from ..core.exceptions import ValidationError
     from ..sim.transport import InProcessTransport
 
-    if type(transport) is not InProcessTransport:
-        from ..core.exceptions import ValidationError
-
-        raise ValidationError(
-            f"graph={model.graph!r} is simulated in process by flooding; Flower (a server) runs "
-            "only graph='star'")
-    if transport.dropout or transport.late:
-        from ..core.exceptions import ValidationError
-
+    if getattr(transport, "dropout", 0) or getattr(transport, "late", 0):
         raise ValidationError("[simulation] dropout/late apply to the star only, not to graphs")
-    model.fit(fed.devices)
+    if type(transport) is InProcessTransport:
+        model.fit(fed.devices)
+        return
+    if not getattr(transport, "runs_graphs", False):
+        raise ValidationError(
+            f"graph={model.graph!r} needs a transport that relays between neighbours; "
+            f"{type(transport).__name__} runs only graph='star'")
+    model.fit(fed.devices, transport=transport)
 
 
 register_protocol(CoresetProtocol, CoresetResult)

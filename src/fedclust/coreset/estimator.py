@@ -63,16 +63,20 @@ def _run(protocol: CoresetProtocol, devices: list[np.ndarray], ids: list[int], g
                     words_down=comm["bytes_down"] // WORD_BYTES,
                     words_total=comm["bytes_total"] // WORD_BYTES)
         return out, comm, None
-    if transport is not None:
+    if transport is not None and not getattr(transport, "runs_graphs", False):
         raise ValidationError(
-            "a general graph is simulated in process (flooding); transports such as Flower "
-            "have a server, so pass graph=None / 'star' to use one")
+            f"a general graph needs a transport that relays between neighbours (the Flower "
+            f"transports do); {type(transport).__name__} runs only a star: pass graph=None / "
+            "'star', or no transport to flood in process")
     if isinstance(graph, str):
         check_choice(graph, "graph", TOPOLOGIES)
         g = make_graph(graph, len(devices), p=graph_p, m=graph_m, random_state=seed)
     else:
         g = check_graph(graph, len(devices))
     g = nx.relabel_nodes(g, dict(enumerate(ids)))
+    if transport is not None:  # Flower: the server only relays along g's edges
+        out = transport.run(protocol, dict(zip(ids, devices)), seed, graph=g)
+        return out, out.meter.summary(), g
     run = run_on_graph(protocol, dict(zip(ids, devices)), g, seed)
     return run, run.summary(), g
 

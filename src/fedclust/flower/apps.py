@@ -58,6 +58,7 @@ from ..core.registry import all_actions, protocol_from_config
 from ..unlearning.store import SummaryStore, record_round
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
+from .relay import GRAPH_ACTION, relay_client
 from .results import save_error, save_run_output
 from ..site_protocol import device_data_for
 
@@ -136,6 +137,9 @@ class ServerSpec:
     secagg_frac_bits: int = 20
     secagg_neighbors: int = 0
     secagg_signed: bool = False
+    #: edges ``[u, v]`` (device ids) of a communication graph: the server then only
+    #: relays messages between neighbours (:mod:`fedclust.flower.relay`); empty: a star
+    graph_edges: list[list[int]] = field(default_factory=list)
 
     def secure_settings(self) -> SecureAggregation | None:
         if not self.secure_aggregation:
@@ -161,6 +165,7 @@ class ServerSpec:
             "secagg-frac-bits": int(self.secagg_frac_bits),
             "secagg-neighbors": int(self.secagg_neighbors),
             "secagg-signed": bool(self.secagg_signed),
+            "graph-edges": json.dumps([[int(u), int(v)] for u, v in self.graph_edges]),
         }
         for k, v in self.protocol_config.items():
             cfg[f"params.{k}"] = json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
@@ -192,7 +197,8 @@ class ServerSpec:
             secure_aggregation=bool(rc.get("secure-aggregation", False)),
             secagg_frac_bits=int(rc.get("secagg-frac-bits", 20)),
             secagg_neighbors=int(rc.get("secagg-neighbors", 0)),
-            secagg_signed=bool(rc.get("secagg-signed", False)))
+            secagg_signed=bool(rc.get("secagg-signed", False)),
+            graph_edges=json.loads(rc.get("graph-edges", "[]")))
 
 
 def confine_result_dir(result_dir: str, root: str | Path) -> str:
@@ -445,6 +451,10 @@ class _Server:
             return None
 
     def run(self) -> tuple[RunOutput, dict[str, Any]]:
+        if self.spec.graph_edges:
+            from .relay import run_relay
+
+            return run_relay(self)
         t0 = time.perf_counter()
         protocol, log, spec = self.protocol, self.log, self.spec
         node_failed = self.hello()
@@ -690,7 +700,14 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 raise PolicyRefusal(f"{me}: its policy requires signed secure aggregation but "
                                     "the node has no identity key (node config "
                                     "secagg-identity-key, secagg-directory)")
-            if head.get(SECAGG_STAGE):
+            if request.action == GRAPH_ACTION:
+                # the server only relays sealed packets between neighbours; it sums nothing
+                _check(pol, context, protocol, request.action, me, secure=True)
+                X = device_data_for(protocol, X, me)
+                content = relay_client(msg, context, protocol, seed, head, int(device_id), X,
+                                       tamper=tamper, load_state=_load_state,
+                                       save_state=_save_state)
+            elif head.get(SECAGG_STAGE):
                 stage = str(head[SECAGG_STAGE])
                 inbound = record_to_arrays(msg.content.array_records[SECAGG], sender="server")
                 state = _load_state(context)
@@ -735,6 +752,6 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                                                        "message": str(exc)})})
         return Message(content, reply_to=msg)
 
-    for action in (HELLO_ACTION, FINISH_ACTION, *all_actions()):
+    for action in (HELLO_ACTION, FINISH_ACTION, GRAPH_ACTION, *all_actions()):
         app.query(action)(handle)
     return app

@@ -156,9 +156,15 @@ class FlowerInMemoryTransport:
     collect_outputs: bool = True
     secure_aggregation: Any = False
     policies: Any = None
+    #: ``run(..., graph=)`` relays a general communication graph
+    runs_graphs = True
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
-            random_state: Any = None) -> RunOutput:
+            random_state: Any = None, *, graph: Any = None) -> RunOutput:
+        """``graph`` (networkx graph or edge list over the device ids): the server only
+        relays messages between neighbours (:mod:`fedclust.flower.relay`)."""
+        from .relay import graph_edges
+
         check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
         check_float(self.late, "late", min_value=0.0, max_value=1.0)
         seed = root_seed(random_state)
@@ -169,6 +175,7 @@ class FlowerInMemoryTransport:
             protocol, seed, dropout=self.dropout, late=self.late, dropped=list(self.dropped),
             late_devices=list(self.late_devices), min_nodes=len(ids), node_wait_s=0.0,
             round_timeout_s=None, collect_outputs=self.collect_outputs,
+            graph_edges=[] if graph is None else graph_edges(graph),
             **_secure_spec(self.secure_aggregation))
         box: dict[str, Any] = {}
         server_app = make_server_app(spec, on_result=lambda out, extra: box.update(

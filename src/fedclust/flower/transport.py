@@ -116,6 +116,13 @@ class FlowerSimulationTransport:
     policy : DevicePolicy or None
         Every simulated SuperNode's policy (default: ``collect_outputs`` and a
         noise seed allowed — the simulated devices' owner runs the simulation).
+    ray_address : str or None
+        Run the virtual SuperNodes on an existing Ray cluster (``"auto"``, or
+        ``"ray://head:10001"``) instead of starting Ray here. ``num_cpus`` is
+        then the CPUs per ClientApp actor (default 1), the cluster decides how
+        many actors run; ``keep_dir`` must be a folder every Ray node mounts at
+        the same path (the device files are read there) and fedclust must be
+        installed on every node (``docs/flower.md``).
 
     Attributes
     ----------
@@ -137,11 +144,21 @@ class FlowerSimulationTransport:
     progress: bool = False
     secure_aggregation: Any = False
     policy: Any = None
+    ray_address: str | None = None
+    #: ``run(..., graph=)`` relays a general communication graph
+    runs_graphs = True
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
-            random_state: Any = None) -> RunOutput:
-        """Run ``protocol`` over ``devices`` (device id -> (n_z, d) array) on Flower."""
+            random_state: Any = None, *, graph: Any = None) -> RunOutput:
+        """Run ``protocol`` over ``devices`` (device id -> (n_z, d) array) on Flower.
+
+        ``graph`` (networkx graph or edge list over the device ids): the server
+        only relays messages between neighbours (:mod:`fedclust.flower.relay`).
+        """
+
         require_flwr()
+        from .relay import GraphMeter, graph_edges
+
         check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
         check_float(self.late, "late", min_value=0.0, max_value=1.0)
         from .apps import ServerSpec
@@ -178,14 +195,20 @@ class FlowerSimulationTransport:
                 late_devices=[int(z) for z in self.late_devices], min_nodes=len(ids),
                 node_wait_s=120.0, round_timeout_s=self.round_timeout_s,
                 result_dir=str(result_dir), collect_outputs=self.collect_outputs,
+                graph_edges=[] if graph is None else graph_edges(graph),
                 **_secure_spec(self.secure_aggregation))
-            ncpu = int(self.num_cpus or os.cpu_count() or 1)
+            if self.ray_address:  # an existing cluster: it has its own resources
+                ncpu = int(self.num_cpus or 1)
+                init_args = {"address": str(self.ray_address),
+                             "log_to_driver": bool(self.verbose)}
+            else:
+                ncpu = int(self.num_cpus or os.cpu_count() or 1)
+                init_args = {"num_cpus": ncpu, "num_gpus": 0, "include_dashboard": False,
+                             "log_to_driver": bool(self.verbose)}
             job = {"server": asdict(spec), "data_dir": str(data_dir), "num_supernodes": len(ids),
                    "backend_config": {
                        "client_resources": {"num_cpus": ncpu, "num_gpus": 0.0},
-                       "init_args": {"num_cpus": ncpu, "num_gpus": 0,
-                                     "include_dashboard": False,
-                                     "log_to_driver": bool(self.verbose)}},
+                       "init_args": init_args},
                    "verbose": self.verbose,
                    "tamper": None if self.tamper is None else self.tamper.config(),
                    "policy": (self.policy or DevicePolicy(
@@ -212,6 +235,8 @@ class FlowerSimulationTransport:
                 raise FedClustError(f"the Flower simulation {what} without a result; "
                                     f"log tail:\n{tail}")
             out, extra = load_run_output(result_dir)
+            if graph is not None:
+                out.meter = GraphMeter.from_summary(extra["graph"])
             self.last_run_ = {"wall_s": wall, "extra": extra,
                               "log": str(log_path) if self.keep_dir else None}
             return out

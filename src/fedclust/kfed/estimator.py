@@ -178,10 +178,14 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : sequence of ndarray (n_z, d), or ndarray (n, d)
+        X : sequence or iterator of ndarray (n_z, d), or ndarray (n, d)
             One array per device; or all rows with ``groups``; or one array
             alone, a federation of one device
-            (:func:`fedclust.core.estimators.split_federation`).
+            (:func:`fedclust.core.estimators.split_federation`). An iterator
+            (a generator, a lazy reader of site files) is streamed in process
+            when no transport, privacy or ``trim`` is set: only each device's
+            centers and counts are kept (memory O(Σ k_z d), not the rows;
+            :mod:`fedclust.kfed.stream`), and ``device_labels_`` holds None.
         y : ignored
         groups : array (n,) or None
             Device id of every row of ``X``; ``labels_`` then follows the rows of X.
@@ -192,6 +196,14 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         transport : Transport or None
             Default: the in-process simulator.
         """
+        from .stream import is_stream
+
+        if is_stream(X):
+            # a generator / lazy reader: streamed when nothing needs the rows twice
+            if (transport is None and groups is None and self.privacy is None
+                    and not self.trim and isinstance(self.n_local_clusters, (int, np.integer))):
+                return self._fit_stream(X, device_ids)
+            X = list(X)
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         devices, device_ids = fed.devices, fed.device_ids
         n_clusters = check_int(self.n_clusters, "n_clusters", min_value=1)
@@ -235,6 +247,44 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.privacy_ = None
         if protocol.plan is not None:
             self.privacy_ = protocol.plan.summary()   # clipping counts stay on the devices
+        return self
+
+    def _fit_stream(self, devices: Any, device_ids: Any) -> "KFed":
+        """``fit`` over an iterator of devices: only centers and counts are kept
+        (:mod:`fedclust.kfed.stream`); row labels are not (``device_labels_`` holds None)."""
+        from .stream import Ragged, fit_stream
+
+        n_clusters = check_int(self.n_clusters, "n_clusters", min_value=1)
+        k_local = check_int(self.n_local_clusters, "n_local_clusters", min_value=1)
+        protocol = KFedProtocol(
+            n_clusters, k_local, server=self.server, weighted=self.weighted,
+            first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
+            local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points)
+        self.seed_ = root_seed(self.random_state)
+        fit = fit_stream(protocol, devices, self.seed_, device_ids=device_ids)
+        Z = len(fit.device_ids)
+        self.cluster_centers_ = fit.centers
+        self.n_features_in_ = fit.centers.shape[1]
+        self.device_ids_ = fit.device_ids
+        self.device_labels_ = [None] * Z
+        self.local_centers_ = Ragged(fit.local_centers, fit.offsets)
+        self.local_counts_ = Ragged(fit.local_counts, fit.offsets)
+        self.center_labels_ = Ragged(fit.center_labels, fit.offsets)
+        up = int(fit.local_centers.nbytes + fit.local_counts.nbytes)
+        down = int(len(fit.center_labels) * 8)
+        self.communication_ = {"rounds": 1, "bytes_up": up, "bytes_down": down,
+                               "bytes_total": up + down, "messages_up": Z, "messages_down": Z,
+                               "n_devices": Z, "n_points": fit.n_points}
+        from ..core.protocol import RunLog
+
+        self.run_log_ = RunLog(participants=fit.device_ids)
+        self.seed_device_ = fit.seed_device
+        self.n_iter_ = fit.n_iter
+        self._result = KFedResult(centers=fit.centers, local_centers={}, local_counts={},
+                                  center_labels={}, seed_device=fit.seed_device,
+                                  n_iter=fit.n_iter, log=self.run_log_)
+        self._protocol_ = protocol
+        self.privacy_ = None
         return self
 
     def _store(self, result: KFedResult, outputs, meter, device_ids) -> None:

@@ -52,7 +52,7 @@ import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
 
 from ..core.exceptions import ValidationError
-from ..core.kmeans import assign, kmeans_plusplus, lloyd
+from ..core.kmeans import assign, kmeans_plusplus, lloyd, weighted_kmeans
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
 __all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained",
@@ -67,6 +67,9 @@ PAPER_SERVER = "farthest-lloyd1"
 WEIGHTED_SERVERS = ("weighted-kmeans++",)
 #: k-means++ starts of the ``"kmeans++"`` server (scikit-learn's KMeans default before 1.4)
 KMEANS_PP_INIT = 10
+#: above this many device centers the k-means++ server seeds on a lightweight coreset and
+#: runs blocked Lloyd (:func:`fedclust.core.kmeans.weighted_kmeans`)
+LARGE_N = 100_000
 
 
 @dataclass(frozen=True)
@@ -153,12 +156,15 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
     elif method == "kmeans++":
         if rng is None:
             raise ValidationError("method='kmeans++' needs the server's random stream (rng)")
-        best = None
-        for _ in range(KMEANS_PP_INIT):
-            res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng, weights=w)], weights=w,
-                        max_iter=max_iter, tol=tol)
-            if best is None or res.inertia < best.inertia:
-                best = res
+        if len(C) > LARGE_N:  # millions of device centers: coreset seeds, blocked Lloyd
+            best = weighted_kmeans(C, n_clusters, rng, weights=w, max_iter=max_iter, tol=tol)
+        else:
+            best = None
+            for _ in range(KMEANS_PP_INIT):
+                res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng, weights=w)], weights=w,
+                            max_iter=max_iter, tol=tol)
+                if best is None or res.inertia < best.inertia:
+                    best = res
         final, labels, n_iter = best.centers, best.labels, best.n_iter
     elif method == "weighted-kmeans++":
         if rng is None:

@@ -1,0 +1,223 @@
+"""k-FED over a stream of devices: only each device's centers and counts are kept.
+
+``KFed.fit(devices)`` with ``devices`` an iterator (a generator, a lazy
+reader of site files) runs here, in process: devices are read in chunks,
+same-shaped devices of a chunk run the local step as one batch
+(:func:`fedclust.kfed.batched.spectral_kmeans_batch`, with the same per-device
+random streams as the protocol's ``client_steps``), and the chunk's rows are
+dropped. Memory grows with Σ k_z · d (the device centers), not with the rows.
+The server step then runs on all device centers: the protocol's own
+:func:`~fedclust.kfed.server.aggregate_centers` while the centers are few,
+else — for ``server="kmeans++"`` — directly on the stacked centers
+(:func:`fedclust.core.kmeans.weighted_kmeans`: coreset seeding, blocked Lloyd)
+so no per-device object is built.
+
+Row labels are not kept (the rows are gone): ``center_labels_[z]`` maps each of
+device z's centers to its cluster, and ``predict`` labels any rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..core.exceptions import ValidationError
+from ..core.kmeans import weighted_kmeans
+from ..core.protocol import Request
+from ..core.random import device_uniforms, server_rng
+from ..core.validation import check_devices
+from .batched import n_uniforms, spectral_kmeans_batch
+from .protocol import ACTION, KFedProtocol
+from .local import _use_randomized_svd
+from .server import LARGE_N, aggregate_centers
+
+__all__ = ["is_stream", "fit_stream", "StreamFit", "Ragged"]
+
+#: rows read before a chunk's devices run (≈ 20 MB of float64 at d = 20)
+CHUNK_ROWS = 1 << 17
+#: device centers per storage block: blocks of ≥ 32 MB are their own memory maps, so
+#: each one goes back to the system as soon as it is copied into the final array
+BLOCK_BYTES = 64 << 20
+
+
+class _Blocks:
+    """Append-only rows in large fixed blocks; ``stack()`` frees each block as it copies."""
+
+    def __init__(self, dtype: Any):
+        self.dtype, self.blocks, self.fill, self.rows = np.dtype(dtype), [], 0, 0
+
+    def append(self, a: np.ndarray) -> None:
+        a = np.asarray(a, dtype=self.dtype)
+        while len(a):
+            if not self.blocks or self.fill == len(self.blocks[-1]):
+                cap = max(1, BLOCK_BYTES // max(1, self.dtype.itemsize * int(np.prod(a.shape[1:]))))
+                self.blocks.append(np.empty((cap,) + a.shape[1:], dtype=self.dtype))
+                self.fill = 0
+            take = min(len(a), len(self.blocks[-1]) - self.fill)
+            self.blocks[-1][self.fill:self.fill + take] = a[:take]
+            self.fill += take
+            self.rows += take
+            a = a[take:]
+
+    def stack(self, row_shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty((self.rows,) + row_shape, dtype=self.dtype)
+        at = 0
+        while self.blocks:
+            b = self.blocks.pop(0)
+            n = min(len(b), self.rows - at)
+            out[at:at + n] = b[:n]
+            at += n
+            del b
+        return out
+
+
+def is_stream(X: Any) -> bool:
+    """True for an iterable of devices that is not a sequence or an array (a generator)."""
+    return (isinstance(X, Iterable) and not isinstance(X, (SequenceABC, np.ndarray, dict))
+            and not hasattr(X, "shape"))
+
+
+class Ragged(SequenceABC):
+    """Rows ``offsets[i]:offsets[i+1]`` of one stacked array as item i (views, no copies)."""
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray):
+        self.data, self.offsets = data, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return self.data[self.offsets[i]:self.offsets[i + 1]]
+
+
+@dataclass
+class StreamFit:
+    centers: np.ndarray          # (k, d) final centers
+    local_centers: np.ndarray    # (N, d) all device centers, device after device
+    local_counts: np.ndarray     # (N,)
+    center_labels: np.ndarray    # (N,) cluster of every device center
+    offsets: np.ndarray          # (Z + 1,) device z's centers are rows offsets[z]:offsets[z+1]
+    device_ids: Sequence         # (Z,) range(Z) unless ids were given
+    seed_device: int | None
+    n_iter: int
+    n_points: int
+
+
+def _chunks(devices: Iterator[Any]) -> Iterator[list[Any]]:
+    chunk, rows = [], 0
+    for X in devices:
+        chunk.append(X)
+        rows += int(getattr(X, "shape", (1,))[0]) if hasattr(X, "shape") else 1
+        if rows >= CHUNK_ROWS:
+            yield chunk
+            chunk, rows = [], 0
+    if chunk:
+        yield chunk
+
+
+def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
+               device_ids: Iterable[int] | None = None) -> StreamFit:
+    """Local steps over a stream of devices, then the server step (see module docstring)."""
+    ids_iter = None if device_ids is None else iter(device_ids)
+    kept_c = _Blocks(np.float64)
+    kept_n = _Blocks(np.int64)
+    sizes: list[np.ndarray] = []
+    ids_seen: list[int] = []
+    n_dev = 0
+    n_points = 0
+    d = protocol.n_features
+    request = Request(round=0, action=ACTION)
+    for chunk in _chunks(iter(devices)):
+        ids = (list(range(n_dev, n_dev + len(chunk))) if ids_iter is None
+               else [int(next(ids_iter)) for _ in chunk])
+        if ids_iter is not None:
+            ids_seen.extend(ids)
+        if d is None and isinstance(chunk[0], np.ndarray) and chunk[0].ndim == 2:
+            d = int(chunk[0].shape[1])
+        groups: dict[tuple, list[int]] = {}
+        for i, X in enumerate(chunk):
+            ok = (isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f"
+                  and (d is None or X.shape[1] == d))
+            k_i = protocol.k_local(ids[i]) if ok else 0
+            if ok and X.shape[0] > k_i and not (X.shape[1] > k_i and _use_randomized_svd(
+                    X.shape[0], X.shape[1], k_i)):
+                groups.setdefault((X.shape, X.dtype.str), []).append(i)
+            else:
+                groups.setdefault(("single", i), []).append(i)
+        C_out: list[Any] = [None] * len(chunk)
+        N_out: list[Any] = [None] * len(chunk)
+        for key, members in groups.items():
+            batch = None
+            if key[0] != "single":
+                k = protocol.k_local(ids[members[0]])
+                if len({protocol.k_local(ids[i]) for i in members}) == 1:
+                    batch = np.stack([chunk[i] for i in members])
+                    if not np.isfinite(batch).all():
+                        batch = None
+            if batch is not None:
+                mids = [ids[i] for i in members]
+                U = device_uniforms(seed, mids, 0, n_uniforms(k))
+                C, _, N, _ = spectral_kmeans_batch(batch, k, U, max_iter=protocol.local_max_iter,
+                                                   tol=protocol.tol)
+                bad = (N == 0).any(axis=1)
+                for j, i in enumerate(members):
+                    if not bad[j]:
+                        C_out[i], N_out[i] = C[j], N[j].astype(np.int64)
+                members = [i for j, i in enumerate(members) if bad[j]]
+            for i in members:  # one by one: the exact error, or the raw-points case
+                X = check_devices([chunk[i]], ids=[ids[i]])[0]
+                if d is not None and X.shape[1] != d:
+                    raise ValidationError(f"device {ids[i]} has {X.shape[1]} features but the "
+                                          f"first device has {d}")
+                msg = protocol.client_step(request, X, device_id=ids[i], seed=seed, state={})
+                C_out[i], N_out[i] = msg.centers, msg.counts
+        if d is None:
+            d = C_out[0].shape[1]
+        n_points += sum(int(X.shape[0]) for X in chunk)
+        kept_c.append(np.concatenate(C_out))
+        kept_n.append(np.concatenate(N_out))
+        sizes.append(np.fromiter((len(c) for c in C_out), dtype=np.int64, count=len(C_out)))
+        n_dev += len(chunk)
+        del chunk, C_out, N_out
+    if n_dev == 0:
+        raise ValidationError("the stream of devices was empty: nothing to fit")
+    # one array for all device centers, freeing each block as it is copied
+    total = kept_c.rows
+    C_all = kept_c.stack((d,))
+    N_all = kept_n.stack(())
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(sizes))])
+    k = protocol.n_clusters
+    if total < k:
+        raise ValidationError(f"the devices sent {total} local centers in all but "
+                              f"n_clusters={k}; need sum k_z >= k")
+    rng = server_rng(seed)
+    if protocol.server == "kmeans++" and total > LARGE_N:
+        w = N_all.astype(np.float64) if protocol.weighted else None
+        res = weighted_kmeans(C_all, k, rng, weights=w, max_iter=protocol.max_iter,
+                              tol=protocol.tol)
+        final, labels, n_iter, seed_dev = res.centers, res.labels, res.n_iter, None
+    else:
+        first = protocol.first_device
+        if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
+            ids_list = list(range(n_dev)) if ids_iter is None else ids_seen
+            if int(first) not in ids_list:
+                raise ValidationError(f"first_device={first} did not reply")
+            first = ids_list.index(int(first))
+        views = Ragged(C_all, offsets)
+        agg = aggregate_centers(list(views), k, counts=list(Ragged(N_all, offsets)),
+                                method=protocol.server, weighted=protocol.weighted,
+                                first_device=first, rng=rng, max_iter=protocol.max_iter,
+                                tol=protocol.tol)
+        final, n_iter, seed_dev = agg.centers, agg.n_iter, agg.seed_device
+        labels = np.concatenate(agg.center_labels) if agg.center_labels else np.zeros(0, int)
+    ids_out: Sequence = range(n_dev) if ids_iter is None else ids_seen
+    return StreamFit(final, C_all, N_all, labels, offsets, ids_out,
+                     None if seed_dev is None else ids_out[seed_dev], n_iter, n_points)
+

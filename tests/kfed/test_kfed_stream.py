@@ -1,0 +1,100 @@
+"""KFed.fit over an iterator of devices: the same model as over a list, rows not kept."""
+
+import numpy as np
+import pytest
+
+from conftest import make_structured_federation
+
+from fedclust import KFed
+from fedclust.core.exceptions import ValidationError
+from fedclust.kfed import stream
+
+
+@pytest.fixture(scope="module")
+def fed():
+    devices, labels, _ = make_structured_federation(k=6, k_local=2, m0=4, d=5, n_per=12, seed=3)
+    return devices
+
+
+@pytest.mark.parametrize("server", ["farthest-lloyd1", "kmeans++", "single-linkage"])
+def test_generator_gives_the_list_result(fed, server):
+    a = KFed(6, 2, server=server, random_state=2).fit(fed)
+    b = KFed(6, 2, server=server, random_state=2).fit(X for X in fed)
+    assert np.array_equal(a.cluster_centers_, b.cluster_centers_)
+    assert len(b.local_centers_) == len(fed) == len(b.device_ids_)
+    for z in range(len(fed)):
+        assert np.array_equal(a.local_centers_[z], b.local_centers_[z])
+        assert np.array_equal(a.local_counts_[z], b.local_counts_[z])
+        assert np.array_equal(a.center_labels_[z], b.center_labels_[z])
+    assert b.communication_["bytes_up"] == a.communication_["bytes_up"]
+    assert b.seed_device_ == a.seed_device_
+    assert all(lab is None for lab in b.device_labels_)
+    # predict labels rows from the kept centers exactly as the list-fitted model
+    assert np.array_equal(a.predict(fed[0]), b.predict(fed[0]))
+
+
+def test_chunks_and_odd_devices(fed, monkeypatch):
+    monkeypatch.setattr(stream, "CHUNK_ROWS", 30)  # several chunks, shapes mixed in one chunk
+    devs = [X[: 8 + (i % 3)] for i, X in enumerate(fed)]
+    a = KFed(6, 2, random_state=1).fit(devs)
+    b = KFed(6, 2, random_state=1).fit(iter(devs), device_ids=range(100, 100 + len(devs)))
+    c = KFed(6, 2, random_state=1).fit(devs, device_ids=list(range(100, 100 + len(devs))))
+    assert list(b.device_ids_) == list(range(100, 100 + len(devs)))
+    assert np.array_equal(b.cluster_centers_, c.cluster_centers_)
+    for z in range(len(devs)):
+        assert np.array_equal(b.local_centers_[z], c.local_centers_[z])
+    # the random streams follow the ids: other ids, other k-means++ draws, same final clusters
+    np.testing.assert_allclose(np.sort(a.cluster_centers_, axis=0),
+                               np.sort(b.cluster_centers_, axis=0), atol=1.0)
+
+
+def test_memory_holds_centers_not_rows():
+    # 3000 devices x 50 rows: the fit keeps (Σ k_z, d) centers, never the rows
+    rng = np.random.default_rng(0)
+    means = rng.normal(scale=20, size=(4, 3))
+
+    def gen():
+        for z in range(3000):
+            yield means[[z % 4, (z + 1) % 4]].repeat(25, axis=0) + rng.normal(size=(50, 3))
+
+    m = KFed(4, 2, server="kmeans++", random_state=0).fit(gen())
+    assert m.local_centers_.data.shape == (6000, 3)
+    assert len(m.device_labels_) == 3000
+    got = np.sort(m.cluster_centers_, axis=0)
+    np.testing.assert_allclose(got, np.sort(means, axis=0), atol=0.2)
+
+
+def test_bad_device_in_a_stream_is_named(fed):
+    bad = [X.copy() for X in fed]
+    bad[5][0, 0] = np.nan
+    with pytest.raises(ValidationError, match="device 5"):
+        KFed(6, 2, random_state=0).fit(iter(bad))
+    wrong_d = list(fed)
+    wrong_d[7] = np.ones((10, 4))
+    with pytest.raises(ValidationError, match="device 7"):
+        KFed(6, 2, random_state=0).fit(iter(wrong_d))
+    with pytest.raises(ValidationError, match="empty"):
+        KFed(6, 2, random_state=0).fit(iter([]))
+
+
+def test_large_kmeanspp_server_uses_the_stacked_kernel(monkeypatch):
+    # above LARGE_N device centers the stream never builds per-device arrays for the server
+    monkeypatch.setattr(stream, "LARGE_N", 100)
+    rng = np.random.default_rng(1)
+    means = rng.normal(scale=30, size=(5, 4))
+    devs = [means[[z % 5, (z + 2) % 5]].repeat(10, axis=0) + rng.normal(size=(20, 4))
+            for z in range(400)]
+    called = {}
+    orig = stream.weighted_kmeans
+
+    def spy(*a, **kw):
+        called["n"] = a[0].shape[0]
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(stream, "weighted_kmeans", spy)
+    m = KFed(5, 2, server="kmeans++", random_state=0).fit(iter(devs))
+    assert called["n"] == 800
+    X = np.concatenate(devs)
+    cost = ((X[:, None] - m.cluster_centers_[None]) ** 2).sum(-1).min(1).sum()
+    ref = ((X[:, None] - means[None]) ** 2).sum(-1).min(1).sum()
+    assert cost <= 1.05 * ref
