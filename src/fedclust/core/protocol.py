@@ -89,6 +89,9 @@ class RunLog:
     #: clusters out, a cluster cap), and samples the server removed; absent: none
     removed: dict[int, int] = field(default_factory=dict)
     removed_by_server: int = 0
+    #: private runs with a write-ahead ledger: rounds released, releases lost to a crash
+    #: and redone, and the true ε (:class:`fedclust.core.checkpoint.PrivacyLedger`)
+    privacy_ledger: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -27,6 +27,8 @@ from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, r
                              round_targets)
 from ..core.secure_sum import SecureAggregation, check_summable, make_identities
 from .meter import CommunicationMeter
+from ..core.checkpoint import PrivacyLedger, round_releases
+from .resume import RunCheckpoint, run_identity
 from .secure import secure_round
 
 __all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults", "fit_transport"]
@@ -72,6 +74,14 @@ class InProcessTransport:
         declare ``parallel_safe`` (k-FED): ``None`` uses every core, as
         scikit-learn's KMeans does. Results do not depend on it (each device has
         its own random stream; replies are validated in device order).
+    checkpoint_dir : str or Path, optional
+        Folder where the server writes ``checkpoint.npz`` after every completed
+        round and the write-ahead privacy ledger ``ledger.json``
+        (:mod:`fedclust.sim.resume`).
+    resume : bool, default=False
+        Continue the run checkpointed in ``checkpoint_dir`` after its last
+        complete round (from the start when it has none); the protocol's
+        config, the seed and the devices must be those of the checkpointed run.
     """
 
     dropout: float = 0.0
@@ -84,6 +94,8 @@ class InProcessTransport:
     n_jobs: int | None = None
     secure_aggregation: Any = False
     drop_after_masking: Sequence[int] = ()
+    checkpoint_dir: Any = None
+    resume: bool = False
 
     def run(self, protocol: Protocol, devices: Mapping[int, DeviceData],
             random_state: Any = None) -> RunOutput:
@@ -93,7 +105,11 @@ class InProcessTransport:
         if self.on_client_error not in ("raise", "drop"):
             raise ValidationError(
                 f"on_client_error={self.on_client_error!r} must be 'raise' or 'drop'")
-        seed = root_seed(random_state)
+        if self.resume and self.checkpoint_dir is None:
+            raise ValidationError("resume=True needs checkpoint_dir (the folder to resume from)")
+        ckpt = (RunCheckpoint.open(self.checkpoint_dir, self.resume)
+                if self.checkpoint_dir is not None else None)
+        seed = ckpt.seed(random_state) if ckpt is not None else root_seed(random_state)
         secure = SecureAggregation.coerce(self.secure_aggregation)
         if secure is not None:
             protocol = protocol.secure_form()
@@ -107,16 +123,27 @@ class InProcessTransport:
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         identities = make_identities(ids) if secure is not None and secure.signed else None
         meter = CommunicationMeter()
-        state = protocol.start(active, seed)
+        identity = run_identity(protocol, seed, ids, secure is not None)
+        saved = ckpt.restore(identity) if ckpt is not None else None
+        if saved is not None:
+            state, log, meter, states, active = saved
+        else:
+            state = protocol.start(active, seed)
+        ledger = ckpt.ledger if ckpt is not None else PrivacyLedger()
         rounds_bar = _rounds_bar(self.progress, protocol.name)
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
+            # written ahead: the round counts as spent before anything is released
+            ledger.spend(request.round, request.action, round_releases(protocol, request),
+                         meter.rounds)
             if request.action in summed:
                 replies = secure_round(protocol, state, request, targets, devices, states, seed,
                                        secure, meter, log, tamper=self.tamper,
                                        drop_after_masking=self.drop_after_masking,
                                        raise_client_errors=self.on_client_error == "raise",
-                                       identities=identities)
+                                       identities=identities,
+                                       round_id=None if ckpt is None else
+                                       ckpt.secure_round_id(request.round))
             else:
                 replies = self._round(protocol, state, request, targets, devices, states, seed,
                                       log, meter)
@@ -128,8 +155,12 @@ class InProcessTransport:
             require_replies(request, targets, replies, log)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
+            if ckpt is not None:
+                self._checkpoint(ckpt, identity, state, log, meter, states, active)
         if rounds_bar is not None:
             rounds_bar.close()
+        if ledger.lost or any(e["releases"] for e in ledger.entries):
+            log.privacy_ledger = ledger.summary(getattr(protocol, "plan", None))
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
             result = protocol.finish(state, log)
@@ -149,6 +180,11 @@ class InProcessTransport:
                 meter.record_down(z, sum(a.nbytes for a in wire.values()))
                 outputs[z] = protocol.client_finish(final, devices[z], states[z])
         return RunOutput(result, outputs, meter, log, seed)
+
+    def _checkpoint(self, ckpt: RunCheckpoint, identity, state, log, meter, states, active
+                    ) -> None:
+        """Write the round just completed (a test transport overrides it to crash here)."""
+        ckpt.save(identity, state, log, meter, states, active)
 
     def _draw_faults(self, ids, seed):
         return draw_faults(ids, seed, dropout=self.dropout, late=self.late, dropped=self.dropped,
