@@ -234,6 +234,14 @@ class DistributedLloydProtocol(Protocol):
         last = round_index - first == self.max_rounds - 1
         return self.plan.releases[-1 if last else 2]
 
+    def round_releases(self, request: Request) -> list[Release]:
+        """What round ``request`` releases (the write-ahead privacy ledger charges it)."""
+        if self.plan is None or request.action == "sample":
+            return []
+        if request.action == "kfed":
+            return list(self.plan.releases[:2])
+        return [self._release(request.round, request.action)]
+
     def _device_noise(self, msg: Message, action: str, device_id: int, round_index: int
                       ) -> Message:
         """Distributed noise: this device's share of the round's Gaussian noise."""
