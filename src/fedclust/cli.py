@@ -28,6 +28,7 @@ import numpy as np
 
 from . import __version__
 from .config import describe_config
+from .core.atomic import write_text_atomic
 from .core.exceptions import FedClustError
 from .core.registry import DEMO_DESCRIPTIONS, DEMOS
 
@@ -128,7 +129,7 @@ def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool,
     exp = run_experiment(cfg, transport=transport, source=source)
     result = exp.result
     path = out / "result.json"
-    path.write_text(json.dumps(result, indent=1, default=_json_default))
+    write_text_atomic(path, json.dumps(result, indent=1, default=_json_default))
     print(result.get("title") or result["federation"])
     print(f"federation: {result['federation']}")
     print(format_table(result))

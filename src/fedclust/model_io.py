@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .core.atomic import atomic_open, write_npz_atomic
 from .core.exceptions import ValidationError
 from .core.registry import Exported, get_predictor
 
@@ -164,8 +165,7 @@ def save_model(path: str | os.PathLike, exported: Exported, *, algorithm: str,
     arrays.update({f"model/{k}": np.asarray(v) for k, v in exported.arrays.items()})
     if preprocessor is not None:
         arrays.update({f"pre/{k}": v for k, v in preprocessor.to_arrays().items()})
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
+    write_npz_atomic(path, arrays)   # a killed run leaves the previous model or none
     return path
 
 
@@ -205,7 +205,7 @@ def write_labels_csv(path: str | os.PathLike, values: np.ndarray, column: str, *
     """One line per input row, in input order: ``row``, the id columns, ``column`` (, ``split``)."""
     path = Path(path)
     ids = ids or {}
-    with open(path, "w", newline="") as fh:
+    with atomic_open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["row", *ids, column, *(["split"] if split is not None else [])])
         for i, v in enumerate(np.asarray(values).tolist()):
