@@ -40,7 +40,8 @@ from .atomic import write_json_atomic, write_npz_atomic
 from .exceptions import FedClustError
 
 __all__ = ["CheckpointError", "to_plain", "from_plain", "save_checkpoint", "load_checkpoint",
-           "PrivacyLedger", "CHECKPOINT_FILE", "LEDGER_FILE", "round_releases"]
+           "PrivacyLedger", "CHECKPOINT_FILE", "LEDGER_FILE", "round_releases",
+           "privacy_summary"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 LEDGER_FILE = "ledger.json"
@@ -273,3 +274,14 @@ def _grouped(extra: list[tuple[float, int, float]]) -> list[tuple[float, int, fl
     for z, n, q in extra:
         counts[(z, q)] = counts.get((z, q), 0) + n
     return [(z, n, q) for (z, q), n in counts.items()]
+
+
+def privacy_summary(plan: Any, log: Any) -> dict[str, Any]:
+    """``plan.summary()`` with the run's true ε: the ledger's when a crash made a round
+    release twice (``log.privacy_ledger``, filled by a checkpointing transport)."""
+    out = plan.summary()
+    ledger = getattr(log, "privacy_ledger", None) or {}
+    if ledger.get("lost_releases"):
+        out["epsilon_spent"] = ledger["epsilon_spent"]
+        out["lost_releases"] = ledger["lost_releases"]
+    return out

@@ -14,6 +14,7 @@ import numpy as np
 
 from sklearn.base import BaseEstimator, ClusterMixin
 
+from ..core.checkpoint import privacy_summary
 from ..core.random import RandomState, root_seed
 from ..privacy import DifferentialPrivacy
 from ..core.estimators import CenterEstimatorMixin, split_federation
@@ -190,7 +191,7 @@ class KFed(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self._rows = fed.rows
         self.privacy_ = None
         if protocol.plan is not None:
-            self.privacy_ = protocol.plan.summary()
+            self.privacy_ = privacy_summary(protocol.plan, out.log)
             self.privacy_["clipped"] = [
                 None if out.device_outputs.get(z, {}).get("n_clipped") is None
                 else int(out.device_outputs[z]["n_clipped"]) for z in device_ids]

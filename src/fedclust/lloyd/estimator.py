@@ -11,6 +11,7 @@ import numpy as np
 
 from sklearn.base import BaseEstimator, ClusterMixin
 
+from ..core.checkpoint import privacy_summary
 from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.random import RandomState, root_seed
 from ..privacy import DifferentialPrivacy
@@ -168,7 +169,7 @@ class DistributedLloyd(CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.run_log_ = out.log
         self.privacy_ = None
         if protocol.plan is not None:
-            self.privacy_ = protocol.plan.summary()
+            self.privacy_ = privacy_summary(protocol.plan, out.log)
             self.privacy_["clipped"] = [
                 None if out.device_outputs.get(z, {}).get("n_clipped") is None
                 else int(out.device_outputs[z]["n_clipped"]) for z in ids]
