@@ -375,6 +375,12 @@ def _add_flower_parser(sub) -> None:
     run.add_argument("app", help="the app folder (written by `fedclust flower app`)")
     run.add_argument("superlink", nargs="?", default=None,
                      help="SuperLink connection name of the Flower configuration")
+    run.add_argument("--run-config", default=None, metavar="'KEY=VALUE ...'",
+                     help="override the app's run config for this run, e.g. "
+                     "\"round-timeout-s=60 min-nodes=3\" (Flower's own --run-config)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run checkpointed in the app's result folder after its "
+                     "last complete round")
     certs = fsub.add_parser("certs", help="a CA and a SuperLink TLS certificate for given hosts")
     certs.add_argument("dir", help="output folder (ca.crt, ca.key, server.pem, server.key)")
     certs.add_argument("--host", action="append", required=True, metavar="NAME_OR_IP",
@@ -413,7 +419,8 @@ def _flower(args) -> int:
     if args.flower_command == "run":
         from .flower.runner import flwr_run
 
-        run_id = flwr_run(args.app, args.superlink)
+        run_id = flwr_run(args.app, args.superlink, run_config=args.run_config,
+                          resume=args.resume)
         print(f"fedclust: run {run_id} finished:completed")
         return 0
     if args.flower_command == "certs":

@@ -56,6 +56,7 @@ from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SE
 from ..core.registry import all_actions, protocol_from_config
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
+from .recovery import ServerRecovery
 from .results import save_error, save_run_output
 from ..site_protocol import device_data_for
 
@@ -111,6 +112,10 @@ class ServerSpec:
         Where the ServerApp writes ``result.npz`` / ``result.json`` (or ``error.json``).
     collect_outputs : bool
         Send device outputs (point labels) back to the server after the run.
+    resume : bool
+        Continue the run checkpointed in ``result_dir/checkpoint`` after its last
+        complete round (:mod:`fedclust.flower.recovery`); a ServerApp with a
+        ``result_dir`` writes that checkpoint after every round.
     secure_aggregation : bool
         Run the protocol's summed rounds as secure sums
         (:mod:`fedclust.core.secure_sum`); ``secagg_frac_bits`` and
@@ -133,6 +138,7 @@ class ServerSpec:
     secagg_frac_bits: int = 20
     secagg_neighbors: int = 0
     secagg_signed: bool = False
+    resume: bool = False
 
     def secure_settings(self) -> SecureAggregation | None:
         if not self.secure_aggregation:
@@ -158,6 +164,7 @@ class ServerSpec:
             "secagg-frac-bits": int(self.secagg_frac_bits),
             "secagg-neighbors": int(self.secagg_neighbors),
             "secagg-signed": bool(self.secagg_signed),
+            "resume": bool(self.resume),
         }
         for k, v in self.protocol_config.items():
             cfg[f"params.{k}"] = json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
@@ -189,7 +196,8 @@ class ServerSpec:
             secure_aggregation=bool(rc.get("secure-aggregation", False)),
             secagg_frac_bits=int(rc.get("secagg-frac-bits", 20)),
             secagg_neighbors=int(rc.get("secagg-neighbors", 0)),
-            secagg_signed=bool(rc.get("secagg-signed", False)))
+            secagg_signed=bool(rc.get("secagg-signed", False)),
+            resume=bool(rc.get("resume", False)))
 
 
 def make_server_app(spec: ServerSpec | None = None, *,
@@ -324,7 +332,8 @@ class _Server:
 
     def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
         """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
-        srv = SecureSumServer(targets, request.round, self.secure, self.seed)
+        srv = SecureSumServer(targets, self.recovery.secure_round_id(request.round),
+                              self.secure, self.seed)
         for stage in srv.stages:
             inbound = srv.requests(stage)
             msgs = []
@@ -424,9 +433,15 @@ class _Server:
         log.dropped = sorted(absent)
         log.late = sorted(late)
         active = [z for z in ids if z not in absent and z not in late]
-        state = protocol.start(active, self.seed)
+        rec = self.recovery = ServerRecovery(protocol, self.seed, spec.result_dir, spec.resume,
+                                             self.secure is not None)
+        state, log, self.meter, active = rec.begin(ids, active, log, self.meter)
+        self.log = log
+        if state is None:
+            state = protocol.start(active, self.seed)
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
+            rec.before_round(request, self.meter.rounds)   # written ahead of any release
             if request.action in self.summed:
                 replies = self.secure_round(state, request, targets)
             else:
@@ -440,6 +455,8 @@ class _Server:
             require_replies(request, targets, replies, log)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
+            rec.after_round(state, log, self.meter, active)
+        rec.finish(log)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
             result = protocol.finish(state, log)
