@@ -96,7 +96,7 @@ start_node() {
     PIDS+=($!)
 }
 online() {  # how many SuperNodes the SuperLink lists as online
-    flwr supernode ls federation --format json 2>/dev/null | python3 -c '
+    flwr supernode ls federation --format json 2>/dev/null | "$BIN/python" -c '
 import json, sys
 t = sys.stdin.read()
 try:
@@ -106,7 +106,7 @@ except ValueError:
 print(sum(1 for n in nodes if str(n.get("status", "")).lower() == "online"))' || echo 0
 }
 rounds_done() {  # rounds in the checkpoint of result folder $1 (0: none yet)
-    python3 -c 'import sys
+    "$BIN/python" -c 'import sys
 from fedclust.core.checkpoint import load_checkpoint
 s = load_checkpoint(sys.argv[1])
 print(0 if s is None else s[0]["rounds"])' "$1/checkpoint" 2>/dev/null || echo 0
@@ -131,7 +131,7 @@ compare() {  # compare NAME: the result of app NAME against the in-process run
         || fail "run $1: centers differ from the in-process run"
 }
 ledger() {
-    python3 - "$WORK/res$1/result.json" <<'PY'
+    "$BIN/python" - "$WORK/res$1/result.json" <<'PY'
 import json, sys
 led = json.load(open(sys.argv[1]))["run_log"].get("privacy_ledger", {})
 lost = [e["round"] for e in led.get("lost_releases", [])]
@@ -198,7 +198,7 @@ stop_pids "${NODE_PID[1]}"
 start_node 1
 echo "   SuperNode 1 restarted at round $(rounds_done "$WORK/resC")"
 wait "$RUN_PID" || { tail -30 "$WORK/run-C.log" >&2; fail "run C did not complete"; }
-python3 - "$WORK/resC" <<'PY' || fail "run C: no result"
+"$BIN/python" - "$WORK/resC" <<'PY' || fail "run C: no result"
 import json, sys
 log = json.load(open(sys.argv[1] + "/result.json"))["run_log"]
 print(f"   run completed; participants {log['participants']}; failed {log['failed'] or 'none'}")

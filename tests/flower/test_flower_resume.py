@@ -111,6 +111,6 @@ def test_resume_with_another_configuration_is_refused(tmp_path):
     with pytest.raises(ServerAppFailed):
         _serve(ServerSpec.for_protocol(_protocol(False), 7, **kw),
                CrashingGrid(_client(devices), nodes, at=2))
-    with pytest.raises(ServerAppFailed, match=r"checkpoint is of another run \(seed was 7, now 8"):
+    with pytest.raises(ServerAppFailed, match=r"checkpoint is of another run \(seed 7 in the checkpoint, 8 in"):
         _serve(ServerSpec.for_protocol(_protocol(False), 8, resume=True, **kw),
                LocalGrid(_client(devices), nodes))

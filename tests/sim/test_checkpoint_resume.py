@@ -252,10 +252,10 @@ def test_resume_refuses_another_run(tmp_path):
     with pytest.raises(Boom):
         _fit(lambda: DistributedLloyd(3, max_rounds=3, random_state=1), _devices,
              CrashingTransport(checkpoint_dir=folder, at=1))
-    with pytest.raises(CheckpointError, match=r"another run \(config was .*max_rounds\": 3"):
+    with pytest.raises(CheckpointError, match=r"another run \(config .*max_rounds\": 3.* in the checkpoint"):
         _fit(lambda: DistributedLloyd(3, max_rounds=5, random_state=1), _devices,
              InProcessTransport(checkpoint_dir=folder, resume=True))
-    with pytest.raises(CheckpointError, match=r"seed was 1, now 2"):
+    with pytest.raises(CheckpointError, match=r"seed 1 in the checkpoint, 2 in this run"):
         _fit(lambda: DistributedLloyd(3, max_rounds=3, random_state=2), _devices,
              InProcessTransport(checkpoint_dir=folder, resume=True))
 

@@ -174,12 +174,12 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]
 def check_same_run(path: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuse to resume a checkpoint of another run (other protocol, config, seed, devices)."""
     for key, value in current.items():
-        was = saved.get(key)
-        if json.loads(json.dumps(value)) != was:
+        kept = saved.get(key)
+        if json.loads(json.dumps(value)) != kept:
             raise CheckpointError(
-                f"{path}: the checkpoint is of another run ({key} was {_short(was)}, "
-                f"now {_short(value)}); resume with the same configuration and seed, or "
-                "start afresh in another folder")
+                f"{path}: the checkpoint is of another run ({key} {_short(kept)} in the "
+                f"checkpoint, {_short(value)} in this run); resume with the same configuration "
+                "and seed, or start afresh in another folder")
 
 
 def _short(value: Any) -> str:
