@@ -114,3 +114,55 @@ def test_resume_with_another_configuration_is_refused(tmp_path):
     with pytest.raises(ServerAppFailed, match=r"checkpoint is of another run \(seed 7 in the checkpoint, 8 in"):
         _serve(ServerSpec.for_protocol(_protocol(False), 8, resume=True, **kw),
                LocalGrid(_client(devices), nodes))
+
+
+def test_flower_run_passes_run_config_overrides_and_resume_to_flwr(tmp_path, capsys,
+                                                                  monkeypatch):
+    """`fedclust flower run APP LINK --run-config ... --resume` hands Flower's own
+    `--run-config` the overrides plus resume=true."""
+    import os
+    import sys
+    import textwrap
+
+    from fedclust.cli import main
+
+    seen = tmp_path / "argv.json"
+    script = tmp_path / "flwr"
+    script.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, sys
+        if sys.argv[1] == "run":
+            json.dump(sys.argv[1:], open({str(seen)!r}, "w"))
+            print("Successfully started run 42")
+        else:
+            print(json.dumps({{"runs": [{{"run-id": "42", "status": "finished:completed"}}]}}))
+        """))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert main(["flower", "run", "myapp", "link", "--run-config",
+                 "round-timeout-s=60 min-nodes=2", "--resume"]) == 0
+    argv = json.loads(seen.read_text())
+    assert argv[:3] == ["run", "myapp", "link"]
+    i = argv.index("--run-config")
+    assert argv[i + 1] == "round-timeout-s=60 min-nodes=2 resume=true"
+    # Flower's own parser reads the overrides as we mean them
+    from flwr.common.config import parse_config_args
+
+    assert parse_config_args([argv[i + 1]]) == {"round-timeout-s": 60, "min-nodes": 2,
+                                                "resume": True}
+    assert main(["flower", "run", "myapp", "link"]) == 0
+    assert "--run-config" not in json.loads(seen.read_text())
+
+
+def test_generated_apps_carry_the_resume_key(tmp_path):
+    """Flower refuses run-config overrides of keys the app lacks: `resume` must be there."""
+    from fedclust.config import check_config
+    from fedclust.flower.deploy import app_run_config
+
+    cfg = check_config({"seed": 1, "data": {"source": "gaussians", "n_features": 3,
+                                            "n_clusters": 2, "n_local_clusters": 1, "m0": 1,
+                                            "n_per_component": 10},
+                        "algorithm": {"name": "distributed-lloyd", "n_clusters": 2}})
+    rc = app_run_config(cfg, result_dir=tmp_path)
+    assert rc["resume"] is False and ServerSpec.from_run_config(rc).resume is False
+    assert ServerSpec.from_run_config({**rc, "resume": True}).resume is True

@@ -97,6 +97,8 @@ def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
         "secure-aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation", False)),
         "secagg-frac-bits": 20, "secagg-neighbors": 0,
         "secagg-signed": cfg.get("simulation", {}).get("secure_aggregation") == "signed",
+        # `fedclust flower run --resume` sets it: continue the checkpointed run
+        "resume": False,
     }
     rc.update({f"params.{k}": _plain(v) for k, v in lists.items()})
     return rc
