@@ -287,6 +287,27 @@ def test_plain_values_round_trip_with_their_types():
     assert back["req"] == Request(2, "lloyd", back["req"].payload, devices=(0, 1))
     assert np.array_equal(back["req"].payload.centers, msg.centers)
     assert back["none"] is None and back["ok"] is True
+    # a composite protocol's state holds its inner protocol: kept as its config
+    from fedclust.lloyd.protocol import DistributedLloydProtocol
+
+    inner = DistributedLloydProtocol(3, max_rounds=2, init="candidates")
+    arrays = {}
+    got = from_plain(json.loads(json.dumps(to_plain({"p": inner}, arrays))), arrays)["p"]
+    assert type(got) is DistributedLloydProtocol and got.config() == inner.config()
+
+
+def test_a_state_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path, monkeypatch):
+    import fedclust.sim.resume as resume
+
+    def refuse(*args, **kw):
+        raise CheckpointError("state.g: a Generator cannot be checkpointed")
+
+    monkeypatch.setattr(resume, "save_checkpoint", refuse)
+    make = lambda: DistributedLloyd(3, max_rounds=3, random_state=1)  # noqa: E731
+    with pytest.warns(RuntimeWarning, match="cannot be resumed .*Generator") as caught:
+        got = _fit(make, _devices, InProcessTransport(checkpoint_dir=tmp_path))
+    assert len(caught) == 1   # once, not every round
+    _same(got.cluster_centers_, _fit(make, _devices, None).cluster_centers_)
 
 
 def test_plain_values_refuse_what_needs_pickle():

@@ -38,6 +38,7 @@ import numpy as np
 
 from .atomic import write_json_atomic, write_npz_atomic
 from .exceptions import FedClustError
+from .protocol import Protocol
 
 __all__ = ["CheckpointError", "to_plain", "from_plain", "save_checkpoint", "load_checkpoint",
            "PrivacyLedger", "CHECKPOINT_FILE", "LEDGER_FILE", "round_releases",
@@ -58,9 +59,10 @@ def to_plain(value: Any, arrays: dict[str, np.ndarray], where: str = "state") ->
     """``value`` as JSON-ready structure; its numpy arrays go into ``arrays``.
 
     Handles None, bool, int, float (NaN/inf too), str, numpy arrays and
-    scalars, lists, tuples, sets, dicts (any plain keys) and instances of
+    scalars, lists, tuples, sets, dicts (any plain keys), instances of
     fedclust's dataclasses (their attributes, including ones set after
-    construction). Anything else is refused, naming where it sits.
+    construction) and protocols (as their class and :meth:`Protocol.config`,
+    rebuilt by ``from_config``). Anything else is refused, naming where it sits.
     """
     if value is None or isinstance(value, (bool, str)):
         return value
@@ -89,6 +91,9 @@ def to_plain(value: Any, arrays: dict[str, np.ndarray], where: str = "state") ->
         return {"__dict__": [[to_plain(k, arrays, f"{where} key"),
                               to_plain(v, arrays, f"{where}[{k!r}]")] for k, v in value.items()]}
     cls = type(value)
+    if isinstance(value, Protocol):   # a composite protocol's inner one: its config
+        return {"__protocol__": f"{cls.__module__}:{cls.__qualname__}",
+                "config": to_plain(value.config(), arrays, f"{where}.config()")}
     if dataclasses.is_dataclass(value) and cls.__module__.startswith("fedclust."):
         return {"__dc__": f"{cls.__module__}:{cls.__qualname__}",
                 "attrs": {k: to_plain(v, arrays, f"{where}.{k}") for k, v in vars(value).items()}}
@@ -97,15 +102,19 @@ def to_plain(value: Any, arrays: dict[str, np.ndarray], where: str = "state") ->
         "numpy arrays and fedclust dataclasses only)")
 
 
-def _dataclass(name: str) -> type:
+def _fedclust_class(name: str, protocol: bool = False) -> type:
+    """The fedclust dataclass (or protocol class) ``module:qualname`` names."""
     module, _, qual = name.partition(":")
     if not module.startswith("fedclust.") or not qual:
         raise CheckpointError(f"checkpoint names a class outside fedclust: {name!r}")
     obj: Any = importlib.import_module(module)
     for part in qual.split("."):
         obj = getattr(obj, part, None)
-    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
-        raise CheckpointError(f"checkpoint names {name!r}, which is not a fedclust dataclass")
+    ok = isinstance(obj, type) and (issubclass(obj, Protocol) if protocol
+                                    else dataclasses.is_dataclass(obj))
+    if not ok:
+        raise CheckpointError(f"checkpoint names {name!r}, which is not a fedclust "
+                              f"{'protocol' if protocol else 'dataclass'}")
     return obj
 
 
@@ -127,8 +136,11 @@ def from_plain(plain: Any, arrays: Mapping[str, np.ndarray]) -> Any:
         return frozenset(items) if plain.get("frozen") else set(items)
     if "__dict__" in plain:
         return {_key(from_plain(k, arrays)): from_plain(v, arrays) for k, v in plain["__dict__"]}
+    if "__protocol__" in plain:
+        config = from_plain(plain["config"], arrays)
+        return _fedclust_class(plain["__protocol__"], protocol=True).from_config(config)
     if "__dc__" in plain:
-        cls = _dataclass(plain["__dc__"])
+        cls = _fedclust_class(plain["__dc__"])
         obj = object.__new__(cls)
         for k, v in plain["attrs"].items():
             object.__setattr__(obj, k, from_plain(v, arrays))   # frozen dataclasses too

@@ -16,6 +16,7 @@ the round) with fresh keys, so nothing of the interrupted attempt is reused.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,8 @@ class RunCheckpoint:
     values: dict[str, Any] | None = None
     ledger: PrivacyLedger = field(default_factory=PrivacyLedger)
     attempt: int = 0
+    #: a state that cannot be written: the run goes on without checkpoints (warned once)
+    broken: bool = False
 
     @classmethod
     def open(cls, folder: str | Path, resume: bool) -> "RunCheckpoint":
@@ -96,7 +99,9 @@ class RunCheckpoint:
 
     def save(self, identity: Mapping[str, Any], state: Any, log: RunLog,
              meter: CommunicationMeter, device_states: Mapping[int, Mapping[str, np.ndarray]],
-             active: Sequence[int]) -> Path:
+             active: Sequence[int]) -> Path | None:
+        if self.broken:
+            return None
         devices = {int(z): {k: v for k, v in s.items() if not k.startswith(_SECAGG_STATE)}
                    for z, s in device_states.items()}
         try:
@@ -106,4 +111,8 @@ class RunCheckpoint:
                 {"state": state, "log": log, "meter": meter, "devices": devices,
                  "active": [int(z) for z in active]})
         except CheckpointError as exc:
-            raise CheckpointError(f"{identity['protocol']}: {exc}") from None
+            # the run itself is fine: it goes on, without further checkpoints
+            self.broken = True
+            warnings.warn(f"{identity['protocol']}: no checkpoints for this run, it cannot be "
+                          f"resumed ({exc})", RuntimeWarning, stacklevel=2)
+            return None
