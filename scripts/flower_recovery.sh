@@ -14,7 +14,7 @@
 #  3. a SuperNode killed and restarted in the middle of a run: the run completes; whether the
 #     device took part again is printed.
 # Env: FEDCLUST_BIN (folder with fedclust, flwr, flower-*; default .venv-flower/bin),
-#      KEEP=1 keeps the work folder, DEPLOY_TIMEOUT (seconds per run, default 400).
+#      KEEP=1 keeps the work folder, DEPLOY_TIMEOUT (seconds per run, default 900).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -121,7 +121,7 @@ wait_rounds() {  # wait_rounds RESULT_DIR N RUN_PID
     return 1
 }
 run_bg() {  # run_bg NAME [--resume]: fedclust flower run in the background, PID in RUN_PID
-    timeout "${DEPLOY_TIMEOUT:-400}" fedclust flower run "$WORK/app$1" federation "${@:2}" \
+    timeout "${DEPLOY_TIMEOUT:-900}" fedclust flower run "$WORK/app$1" federation "${@:2}" \
         >> "$WORK/run-$1.log" 2>&1 &
     RUN_PID=$!
     PIDS+=($RUN_PID)
