@@ -60,5 +60,6 @@ test-loopback: $(VENV_FLOWER)/.installed
 ## make test-deploy: SuperLink, operator and SuperNodes in separate network namespaces with TLS
 ## and SuperNode authentication (loopback where namespaces cannot be made; a few minutes):
 ## result = in-process, unregistered node refused, tampered reply rejected, killed node named
+## and recovery: ServerApp killed + --resume, SuperLink restarted on its database, SuperNode restarted
 test-deploy: $(VENV_FLOWER)/.installed
 	$(VENV_FLOWER)/bin/python -m pytest -q -m deploy tests/flower/test_flower_deploy.py

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import __version__
 from .config import describe_config
+from .core.atomic import write_json_atomic, write_text_atomic
 from .core.exceptions import FedClustError
 from .core.registry import DEMO_DESCRIPTIONS, DEMOS
 
@@ -66,8 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=describe_config() + "\n\nexamples/ has a commented "
                          "configuration per family.",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("config", help="TOML configuration (tables below; see examples/)")
-    run.add_argument("--out", required=True, help="output folder for result.json")
+    run.add_argument("config", nargs="?", default=None,
+                     help="TOML configuration (tables below; see examples/)")
+    run.add_argument("--out", default=None, help="output folder for result.json (and the "
+                     "run's checkpoint/, written after every round)")
+    run.add_argument("--resume", metavar="OUT", default=None,
+                     help="continue the interrupted run in OUT after its last complete round "
+                     "(same configuration, seed and transport; no CONFIG)")
+    run.add_argument("--no-checkpoint", action="store_true",
+                     help="write no checkpoint/ (a crash then loses the run)")
     run.add_argument("--transport", choices=("inprocess", "flower"), default="inprocess",
                      help="in-process simulator (default) or Flower's simulation engine")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
@@ -132,14 +140,23 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool,
-             source: str = "config") -> dict[str, Any]:
+             source: str = "config", checkpoint: bool = False,
+             resume: bool = False) -> dict[str, Any]:
     from .experiment import run_experiment
 
     out.mkdir(parents=True, exist_ok=True)
-    exp = run_experiment(cfg, transport=transport, source=source)
+    ckpt = out / CHECKPOINT_DIR if checkpoint else None
+    if ckpt is not None and not resume:
+        ckpt.mkdir(exist_ok=True)
+        write_json_atomic(ckpt / RUN_FILE, {"config": cfg, "source": source,
+                                            "transport": transport, "plot": plot,
+                                            "finished": False}, indent=1,
+                          default=_json_default)
+    exp = run_experiment(cfg, transport=transport, source=source, checkpoint_dir=ckpt,
+                         resume=resume)
     result = exp.result
     path = out / "result.json"
-    path.write_text(json.dumps(result, indent=1, default=_json_default))
+    write_text_atomic(path, json.dumps(result, indent=1, default=_json_default))
     print(result.get("title") or result["federation"])
     print(f"federation: {result['federation']}")
     print(format_table(result))
@@ -158,7 +175,47 @@ def _execute(cfg: dict[str, Any], out: Path, transport: str, plot: bool,
             print(f"wrote {png}")
         elif draw is not None:
             print("(matplotlib not installed: no figure; pip install 'fedclust[plot]')")
+    if ckpt is not None:
+        _finish_checkpoint(ckpt)
     return result
+
+
+CHECKPOINT_DIR = "checkpoint"
+RUN_FILE = "run.json"
+
+
+def _finish_checkpoint(ckpt: Path) -> None:
+    """A finished run keeps its ledger and run.json (marked finished); the checkpoints,
+    which hold the simulated devices' own state, are removed."""
+    from .core.checkpoint import CHECKPOINT_FILE
+
+    run = json.loads((ckpt / RUN_FILE).read_text())
+    write_json_atomic(ckpt / RUN_FILE, {**run, "finished": True}, indent=1)
+    for part in ("preprocess", "fit"):
+        (ckpt / part / CHECKPOINT_FILE).unlink(missing_ok=True)
+
+
+def _resume(args) -> None:
+    """``fedclust run --resume OUT``: the run written in OUT/checkpoint/run.json, resumed."""
+    from .config import check_config
+
+    if args.config is not None or args.out is not None:
+        raise FedClustError("--resume OUT takes neither CONFIG nor --out (the run's "
+                            f"configuration is in OUT/{CHECKPOINT_DIR}/{RUN_FILE})")
+    out = Path(args.resume)
+    path = out / CHECKPOINT_DIR / RUN_FILE
+    if not path.is_file():
+        raise FedClustError(f"--resume {out}: no run to resume there ({path} does not exist; "
+                            "runs started with --no-checkpoint cannot be resumed)")
+    run = json.loads(path.read_text())
+    if run.get("finished"):
+        raise FedClustError(f"--resume {out}: that run has finished (its result.json is "
+                            "complete); start a new run in another folder")
+    cfg = check_config(run["config"], source=run["source"])
+    if args.progress:
+        cfg.setdefault("simulation", {})["progress"] = True
+    _execute(cfg, out, run["transport"], run["plot"] and not args.no_plot, source=run["source"],
+             checkpoint=True, resume=True)
 
 
 def format_sites(result: dict[str, Any]) -> str:
@@ -277,13 +334,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise FedClustError(f"no demo named {name!r}; available: {sorted(DEMOS)}")
             cfg = check_config(DEMOS[name], source=f"demo {name}")
             _execute(cfg, Path(args.out), "inprocess", not args.no_plot, source=f"demo {name}")
+        elif args.resume is not None:
+            _resume(args)
         else:
+            if args.config is None or args.out is None:
+                raise FedClustError("fedclust run needs CONFIG and --out OUT (or --resume OUT)")
             cfg = load_config(args.config)
             if args.seed is not None:
                 cfg["seed"] = args.seed
             if args.progress:
                 cfg.setdefault("simulation", {})["progress"] = True
-            _execute(cfg, Path(args.out), args.transport, not args.no_plot, source=args.config)
+            _execute(cfg, Path(args.out), args.transport, not args.no_plot, source=args.config,
+                     checkpoint=args.transport == "inprocess" and not args.no_checkpoint)
     except (FedClustError, OSError, ImportError) as exc:
         if os.environ.get("FEDCLUST_DEBUG"):
             raise
@@ -343,6 +405,12 @@ def _add_flower_parser(sub) -> None:
     run.add_argument("app", help="the app folder (written by `fedclust flower app`)")
     run.add_argument("superlink", nargs="?", default=None,
                      help="SuperLink connection name of the Flower configuration")
+    run.add_argument("--run-config", default=None, metavar="'KEY=VALUE ...'",
+                     help="override the app's run config for this run, e.g. "
+                     "\"round-timeout-s=60 min-nodes=3\" (Flower's own --run-config)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run checkpointed in the app's result folder after its "
+                     "last complete round")
     certs = fsub.add_parser("certs", help="a CA and a SuperLink TLS certificate for given hosts")
     certs.add_argument("dir", help="output folder (ca.crt, ca.key, server.pem, server.key)")
     certs.add_argument("--host", action="append", required=True, metavar="NAME_OR_IP",
@@ -397,7 +465,8 @@ def _flower(args) -> int:
     if args.flower_command == "run":
         from .flower.runner import flwr_run
 
-        run_id = flwr_run(args.app, args.superlink)
+        run_id = flwr_run(args.app, args.superlink, run_config=args.run_config,
+                          resume=args.resume)
         print(f"fedclust: run {run_id} finished:completed")
         return 0
     if args.flower_command == "certs":

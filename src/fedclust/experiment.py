@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -128,8 +129,12 @@ def build_estimator(cfg: Mapping[str, Any], preprocessor: Any = None,
 
 
 def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
-                   n_devices: int | None = None):
+                   n_devices: int | None = None, checkpoint_dir: Any = None,
+                   resume: bool = False):
     """The transport named ``transport`` with the faults of ``cfg['simulation']``.
+
+    ``checkpoint_dir`` / ``resume``: the in-process transport writes a checkpoint
+    there after every round and resumes from it (:mod:`fedclust.sim.resume`).
 
     ``byzantine = α`` makes a fraction α of the devices (ids 0..n_devices-1,
     drawn from the seed) lie on the wire with ``attack`` / ``attack_scale``
@@ -154,7 +159,11 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
     elif {"attack", "attack_scale"} & set(sim):
         raise ConfigError("[simulation] attack/attack_scale need byzantine = <fraction> > 0")
     if transport == "inprocess":
-        return InProcessTransport(progress=bool(sim.get("progress", False)), tamper=tamper, **kw)
+        return InProcessTransport(progress=bool(sim.get("progress", False)), tamper=tamper,
+                                  checkpoint_dir=checkpoint_dir, resume=resume, **kw)
+    if checkpoint_dir is not None:
+        raise ConfigError("checkpoints and --resume need the in-process transport (on a "
+                          "Flower deployment: fedclust flower run --resume)")
     from .flower.transport import FlowerSimulationTransport  # optional extra
 
     return FlowerSimulationTransport(tamper=tamper, progress=bool(sim.get("progress", False)),
@@ -241,7 +250,8 @@ def label_kind(cfg: Mapping[str, Any]) -> str:
     return kind
 
 
-def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: str = "inprocess"
+def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: str = "inprocess",
+                          *, checkpoint_dir: Any = None, resume: bool = False
                           ) -> tuple[Federation, Any]:
     """Fit ``[preprocess]`` (default for site data) in one counted round; transform every device.
 
@@ -288,7 +298,8 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     secure = cfg.get("simulation", {}).get("secure_aggregation", False)
     wire = make_transport({"seed": cfg["seed"],
                            "simulation": {"progress": progress, "secure_aggregation": secure}},
-                          transport, n_devices=len(fed.devices))
+                          transport, n_devices=len(fed.devices), checkpoint_dir=checkpoint_dir,
+                          resume=resume)
     # a site dropped or late in [simulation] is absent from the preprocessing round too
     # (as on a deployed run): the pooled statistics are those of the sites that take part
     if sites is not None:
@@ -362,8 +373,13 @@ def _site_report(predictor: Any, fed: Federation) -> tuple[list[dict[str, Any]],
 
 
 def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
-                   federation: Federation | None = None, source: str = "config") -> Experiment:
+                   federation: Federation | None = None, source: str = "config",
+                   checkpoint_dir: Any = None, resume: bool = False) -> Experiment:
     """Run ``cfg`` (already checked by :func:`fedclust.config.check_config`).
+
+    ``checkpoint_dir``: the in-process runs (preprocessing, the algorithm) write a
+    checkpoint after every round into its ``preprocess/`` and ``fit/`` folders;
+    ``resume=True`` continues them after their last complete round.
 
     An invalid value that the data builder or the estimator finds is reported
     against ``source`` (the file name) and its table: ``myfed.toml: [algorithm]
@@ -376,11 +392,15 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
             federation = build_federation(cfg)
     fed = federation
     with config_errors(cfg, "preprocess", source):
-        fed, pre = preprocess_federation(cfg, fed, transport)
+        fed, pre = preprocess_federation(
+            cfg, fed, transport, resume=resume,
+            checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir) / "preprocess")
     seed = cfg["seed"]
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     t0 = time.perf_counter()
-    wire = make_transport(cfg, transport, n_devices=len(fed.devices))
+    wire = make_transport(cfg, transport, n_devices=len(fed.devices), resume=resume,
+                          checkpoint_dir=None if checkpoint_dir is None else
+                          Path(checkpoint_dir) / "fit")
     if pre is not None and transport != "inprocess":
         # the nodes hold raw data and preprocess it themselves (same numbers as in process)
         from .site_protocol import SiteTransformTransport

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .core.atomic import atomic_open, write_npz_atomic
 from .core.exceptions import ValidationError
 from .core.registry import Exported, get_predictor
 
@@ -176,8 +177,7 @@ def save_model(path: str | os.PathLike, exported: Exported, *, algorithm: str,
         arrays.update({f"pre/{k}": v for k, v in preprocessor.to_arrays().items()})
     if unlearning is not None:
         arrays.update(unlearning[0])
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
+    write_npz_atomic(path, arrays)   # a killed run leaves the previous model or none
     return path
 
 
@@ -217,7 +217,7 @@ def write_labels_csv(path: str | os.PathLike, values: np.ndarray, column: str, *
     """One line per input row, in input order: ``row``, the id columns, ``column`` (, ``split``)."""
     path = Path(path)
     ids = ids or {}
-    with open(path, "w", newline="") as fh:
+    with atomic_open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["row", *ids, column, *(["split"] if split is not None else [])])
         for i, v in enumerate(np.asarray(values).tolist()):

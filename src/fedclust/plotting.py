@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["have_matplotlib", "plot_federated_clustering", "clustering_figure",
+from .core.atomic import atomic_open
+__all__ = ["have_matplotlib", "save_figure", "plot_federated_clustering", "clustering_figure",
            "plot_gaussian_clusters", "PlaneView", "plane_view", "wrap_title"]
 
 
@@ -104,9 +105,16 @@ def plot_federated_clustering(devices: Sequence[np.ndarray], device_labels: Sequ
     import matplotlib.pyplot as plt
 
     fig = clustering_figure(devices, device_labels, centers, result, max_points=max_points)
-    path = Path(path)
-    fig.savefig(path, dpi=110)
+    path = save_figure(fig, path, dpi=110)
     plt.close(fig)
+    return path
+
+
+def save_figure(fig: Any, path: str | Path, **kwargs: Any) -> Path:
+    """``fig.savefig`` written atomically (the format from the suffix, PNG by default)."""
+    path = Path(path)
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format=path.suffix.lstrip(".") or "png", **kwargs)
     return path
 
 

@@ -92,6 +92,9 @@ class RunLog:
     #: the server's diagnostics: reasons to doubt the answer (e.g. k-FED's final centers
     #: explaining the devices' local clusters poorly)
     warnings: list[str] = field(default_factory=list)
+    #: private runs with a write-ahead ledger: rounds released, releases lost to a crash
+    #: and redone, and the true ε (:class:`fedclust.core.checkpoint.PrivacyLedger`)
+    privacy_ledger: dict = field(default_factory=dict)
 
 
 @dataclass

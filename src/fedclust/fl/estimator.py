@@ -16,6 +16,7 @@ from sklearn.base import BaseEstimator
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils import ClassifierTags, RegressorTags
 
+from ..core.checkpoint import privacy_summary
 from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
@@ -228,7 +229,7 @@ class _FLEstimator(ForgetMixin, BaseEstimator):
         out = run_recorded(self, transport, protocol, dict(zip(ids, zip(Xs, ys))), self.seed_)
         self._protocol_ = protocol
         self._store(out, ids, tests)
-        self.privacy_ = None if protocol.plan is None else protocol.plan.summary()
+        self.privacy_ = None if protocol.plan is None else privacy_summary(protocol.plan, out.log)
         return self
 
     # -- results ----------------------------------------------------------------

@@ -81,7 +81,7 @@ def fl_result_fields(model: Any) -> dict[str, Any]:
 
 def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
     """Test accuracy (or train loss) per round."""
-    from ..plotting import have_matplotlib, wrap_title
+    from ..plotting import have_matplotlib, save_figure, wrap_title
 
     if not have_matplotlib() or not model.history_:
         return None
@@ -98,7 +98,7 @@ def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path
     ax.set_title(wrap_title(result.get("title") or type(model).__name__, 4.5, 9), fontsize=9)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

@@ -59,6 +59,7 @@ from ..unlearning.store import SummaryStore, record_round
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
 from .relay import GRAPH_ACTION, relay_client
+from .recovery import ServerRecovery
 from .results import save_error, save_run_output
 from ..site_protocol import device_data_for
 
@@ -115,6 +116,10 @@ class ServerSpec:
         Where the ServerApp writes ``result.npz`` / ``result.json`` (or ``error.json``).
     collect_outputs : bool
         Send device outputs (point labels) back to the server after the run.
+    resume : bool
+        Continue the run checkpointed in ``result_dir/checkpoint`` after its last
+        complete round (:mod:`fedclust.flower.recovery`); a ServerApp with a
+        ``result_dir`` writes that checkpoint after every round.
     secure_aggregation : bool
         Run the protocol's summed rounds as secure sums
         (:mod:`fedclust.core.secure_sum`); ``secagg_frac_bits`` and
@@ -140,6 +145,7 @@ class ServerSpec:
     #: edges ``[u, v]`` (device ids) of a communication graph: the server then only
     #: relays messages between neighbours (:mod:`fedclust.flower.relay`); empty: a star
     graph_edges: list[list[int]] = field(default_factory=list)
+    resume: bool = False
 
     def secure_settings(self) -> SecureAggregation | None:
         if not self.secure_aggregation:
@@ -166,6 +172,7 @@ class ServerSpec:
             "secagg-neighbors": int(self.secagg_neighbors),
             "secagg-signed": bool(self.secagg_signed),
             "graph-edges": json.dumps([[int(u), int(v)] for u, v in self.graph_edges]),
+            "resume": bool(self.resume),
         }
         for k, v in self.protocol_config.items():
             cfg[f"params.{k}"] = json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
@@ -198,7 +205,8 @@ class ServerSpec:
             secagg_frac_bits=int(rc.get("secagg-frac-bits", 20)),
             secagg_neighbors=int(rc.get("secagg-neighbors", 0)),
             secagg_signed=bool(rc.get("secagg-signed", False)),
-            graph_edges=json.loads(rc.get("graph-edges", "[]")))
+            graph_edges=json.loads(rc.get("graph-edges", "[]")),
+            resume=bool(rc.get("resume", False)))
 
 
 def confine_result_dir(result_dir: str, root: str | Path) -> str:
@@ -361,7 +369,8 @@ class _Server:
 
     def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
         """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
-        srv = SecureSumServer(targets, request.round, self.secure, self.seed)
+        srv = SecureSumServer(targets, self.recovery.secure_round_id(request.round),
+                              self.secure, self.seed)
         for stage in srv.stages:
             inbound = srv.requests(stage)
             msgs = []
@@ -465,10 +474,16 @@ class _Server:
         log.dropped = sorted(absent)
         log.late = sorted(late)
         active = [z for z in ids if z not in absent and z not in late]
-        state = protocol.start(active, self.seed)
+        rec = self.recovery = ServerRecovery(protocol, self.seed, spec.result_dir, spec.resume,
+                                             self.secure is not None)
+        state, log, self.meter, active = rec.begin(ids, active, log, self.meter)
+        self.log = log
+        if state is None:
+            state = protocol.start(active, self.seed)
         summaries = SummaryStore(list(active))   # what the server keeps to forget a device
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
+            rec.before_round(request, self.meter.rounds)   # written ahead of any release
             if request.action in self.summed:
                 replies = self.secure_round(state, request, targets)
             else:
@@ -483,6 +498,8 @@ class _Server:
             record_round(summaries, request, replies)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
+            rec.after_round(state, log, self.meter, active)
+        rec.finish(log)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
             result = protocol.finish(state, log)

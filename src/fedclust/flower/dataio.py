@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.atomic import write_npz_atomic
 from ..core.exceptions import ValidationError
 
 __all__ = ["save_device_file", "load_device_file"]
@@ -48,8 +49,7 @@ def save_device_file(path: str | Path, data: Any, device_id: int | None = None) 
         arrays = {"X": np.asarray(data)}
     if device_id is not None:
         arrays["device_id"] = np.asarray(int(device_id), dtype=np.int64)
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
+    write_npz_atomic(path, arrays)
     return path
 
 

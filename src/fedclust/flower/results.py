@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..core.atomic import atomic_write
 from ..core.protocol import RunLog
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput
@@ -63,7 +64,8 @@ def log_to_json(log: RunLog) -> dict[str, Any]:
             "distrusted": {str(z): str(t) for z, t in log.distrusted.items()},
             "removed": {str(z): int(c) for z, c in log.removed.items()},
             "removed_by_server": int(log.removed_by_server),
-            "warnings": [str(w) for w in log.warnings]}
+            "warnings": [str(w) for w in log.warnings],
+            **({"privacy_ledger": _jsonable(log.privacy_ledger)} if log.privacy_ledger else {})}
 
 
 def log_from_json(d: dict[str, Any]) -> RunLog:
@@ -74,13 +76,12 @@ def log_from_json(d: dict[str, Any]) -> RunLog:
                   distrusted={int(z): t for z, t in d.get("distrusted", {}).items()},
                   removed={int(z): int(c) for z, c in d.get("removed", {}).items()},
                   removed_by_server=int(d.get("removed_by_server", 0)),
-                  warnings=[str(w) for w in d.get("warnings", [])])
+                  warnings=[str(w) for w in d.get("warnings", [])],
+                  privacy_ledger=dict(d.get("privacy_ledger", {})))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write(path, data)
 
 
 def save_run_output(out: RunOutput, protocol_name: str, directory: str | Path,

@@ -66,8 +66,15 @@ def run_status(run_id: int, superlink: str | None = None, *, flwr: str | None = 
 
 
 def flwr_run(app: str | Path, superlink: str | None = None, *, flwr: str | None = None,
-             stream: bool = True, out: TextIO | None = None) -> int:
+             stream: bool = True, out: TextIO | None = None, run_config: str | None = None,
+             resume: bool = False) -> int:
     """Run ``flwr run APP [SUPERLINK] --stream``; return the run id if it completed.
+
+    ``run_config``: ``"key=value ..."`` overrides of the app's
+    ``[tool.flwr.app.config]`` (e.g. ``"round-timeout-s=60"``), passed to
+    Flower's own ``--run-config``. ``resume``: adds ``resume=true``, so the
+    ServerApp continues the run checkpointed in its result folder
+    (:mod:`fedclust.flower.recovery`).
 
     Raises
     ------
@@ -77,6 +84,9 @@ def flwr_run(app: str | Path, superlink: str | None = None, *, flwr: str | None 
     """
     out = out or sys.stdout
     cmd = [_flwr(flwr), "run", str(app)] + ([superlink] if superlink else [])
+    overrides = " ".join(t for t in ((run_config or "").strip(),
+                                     "resume=true" if resume else "") if t)
+    cmd += ["--run-config", overrides] if overrides else []
     cmd += ["--stream"] if stream else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1)

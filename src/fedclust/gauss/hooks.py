@@ -50,7 +50,7 @@ def gauss_result_fields(model: Any) -> dict[str, Any]:
 
 def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
     """Data coloured by cluster and the global clusters as 2-sigma ellipses (PCA view when D > 2)."""
-    from ..plotting import have_matplotlib, plot_gaussian_clusters
+    from ..plotting import have_matplotlib, plot_gaussian_clusters, save_figure
 
     if not have_matplotlib():
         return None
@@ -77,7 +77,7 @@ def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) 
                            labels if labels is not None else model.predict(X), title=title)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from sklearn.base import BaseEstimator, ClusterMixin
 
+from ..core.checkpoint import privacy_summary
 from ..core.random import RandomState, root_seed
 from ..privacy import DifferentialPrivacy
 from ..core.estimators import CenterEstimatorMixin, split_federation
@@ -246,7 +247,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self._rows = fed.rows
         self.privacy_ = None
         if protocol.plan is not None:
-            self.privacy_ = protocol.plan.summary()   # clipping counts stay on the devices
+            # clipping counts stay on the devices
+            self.privacy_ = privacy_summary(protocol.plan, out.log)
         return self
 
     def _fit_stream(self, devices: Any, device_ids: Any) -> "KFed":

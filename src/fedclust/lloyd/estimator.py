@@ -11,6 +11,7 @@ import numpy as np
 
 from sklearn.base import BaseEstimator, ClusterMixin
 
+from ..core.checkpoint import privacy_summary
 from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.random import RandomState, root_seed
 from ..privacy import DifferentialPrivacy
@@ -202,5 +203,6 @@ class DistributedLloyd(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEsti
         self.run_log_ = out.log
         self.privacy_ = None
         if protocol.plan is not None:
-            self.privacy_ = protocol.plan.summary()   # clipping counts stay on the devices
+            # clipping counts stay on the devices
+            self.privacy_ = privacy_summary(protocol.plan, out.log)
         return self

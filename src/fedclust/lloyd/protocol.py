@@ -308,6 +308,15 @@ class DistributedLloydProtocol(Protocol):
         """The trust radius a device clips to: the broadcast's, or data_bound."""
         return float(getattr(payload, "radius", self.privacy.data_bound))
 
+    def round_releases(self, request: Request) -> list[Release]:
+        """What round ``request`` releases (the write-ahead privacy ledger charges it)."""
+        if self.plan is None or request.action == "sample":
+            return []
+        out = [self._release(request.round, request.action)]
+        if request.action == "lloyd" and self._spread_round(request.round):
+            out.append(self.plan.release(pk.SPREAD))
+        return out
+
     def _device_noise(self, msg: Message, request: Request, device_id: int) -> Message:
         """Distributed noise: this device's share of the round's Gaussian noise."""
         action, round_index = request.action, request.round

@@ -335,7 +335,7 @@ def robust_result_fields(model: Any) -> dict[str, Any]:
 
 def plot_round_loss(model: Any, fed: Any, result: dict[str, Any], path: Path) -> Path | None:
     """Stage-3 median local loss per round, one line per cluster."""
-    from ..plotting import have_matplotlib, wrap_title
+    from ..plotting import have_matplotlib, save_figure, wrap_title
 
     loss = model.stage_log_["round_loss"]
     if not have_matplotlib() or loss.size == 0:
@@ -354,7 +354,7 @@ def plot_round_loss(model: Any, fed: Any, result: dict[str, Any], path: Path) ->
     ax.set_title(wrap_title(result.get("title") or result.get("algorithm", ""), 5.0, 9),
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return Path(path)
 

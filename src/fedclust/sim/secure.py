@@ -34,15 +34,18 @@ def secure_round(protocol: Protocol, state: Any, request: Request, targets: Sequ
                  identities: Mapping[int, DeviceIdentity] | None = None,
                  server: Callable[..., SecureSumServer] = SecureSumServer,
                  admit: Callable[[list[int]], list[int]] | None = None,
-                 policies: Mapping[int, Any] | None = None) -> dict[int, Message]:
+                 policies: Mapping[int, Any] | None = None,
+                 round_id: int | None = None) -> dict[int, Message]:
     """Run ``request`` over ``targets`` as a secure sum; returns ``{SUMMED: sum message}``.
 
     ``identities`` (``settings.signed``): each device's identity key and directory.
     ``server`` builds the server side (tests put a lying server there).
     ``admit(devices) -> devices`` applies the devices' policies before they compute
     their replies; ``policies`` (device id -> policy) gives each its group rule.
+    ``round_id``: the secure round's id (default ``request.round``; a resumed run
+    gives a redone round a new one).
     """
-    srv = server(targets, request.round, settings, seed)
+    srv = server(targets, request.round if round_id is None else int(round_id), settings, seed)
     drop = {int(z) for z in drop_after_masking}
     identities = identities or {}
     for stage in srv.stages:

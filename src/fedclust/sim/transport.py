@@ -29,6 +29,8 @@ from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, r
 from ..core.policy import PolicyRefusal, policy_for
 from ..core.secure_sum import SecureAggregation, check_summable, make_identities
 from .meter import CommunicationMeter
+from ..core.checkpoint import PrivacyLedger, round_releases
+from .resume import RunCheckpoint, run_identity
 from .secure import secure_round
 
 __all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults", "fit_transport"]
@@ -81,6 +83,14 @@ class InProcessTransport:
         the device before every data request; a refusal is one line on the
         device and, as a client error, stops the run or (``on_client_error=
         "drop"``) names the device in ``log.failed``. ``None``: no checks.
+    checkpoint_dir : str or Path, optional
+        Folder where the server writes ``checkpoint.npz`` after every completed
+        round and the write-ahead privacy ledger ``ledger.json``
+        (:mod:`fedclust.sim.resume`).
+    resume : bool, default=False
+        Continue the run checkpointed in ``checkpoint_dir`` after its last
+        complete round (from the start when it has none); the protocol's
+        config, the seed and the devices must be those of the checkpointed run.
     """
 
     dropout: float = 0.0
@@ -94,6 +104,8 @@ class InProcessTransport:
     secure_aggregation: Any = False
     drop_after_masking: Sequence[int] = ()
     policies: Any = None
+    checkpoint_dir: Any = None
+    resume: bool = False
 
     def run(self, protocol: Protocol, devices: Mapping[int, DeviceData],
             random_state: Any = None) -> RunOutput:
@@ -103,7 +115,11 @@ class InProcessTransport:
         if self.on_client_error not in ("raise", "drop"):
             raise ValidationError(
                 f"on_client_error={self.on_client_error!r} must be 'raise' or 'drop'")
-        seed = root_seed(random_state)
+        if self.resume and self.checkpoint_dir is None:
+            raise ValidationError("resume=True needs checkpoint_dir (the folder to resume from)")
+        ckpt = (RunCheckpoint.open(self.checkpoint_dir, self.resume)
+                if self.checkpoint_dir is not None else None)
+        seed = ckpt.seed(random_state) if ckpt is not None else root_seed(random_state)
         secure = SecureAggregation.coerce(self.secure_aggregation)
         if secure is not None:
             protocol = protocol.secure_form()
@@ -127,10 +143,19 @@ class InProcessTransport:
                               for z, p in self._policies.items()}
         self._charged: dict[int, dict] = {z: {} for z in ids}  # the policy's own device state
         meter = CommunicationMeter()
-        state = protocol.start(active, seed)
+        identity = run_identity(protocol, seed, ids, secure is not None)
+        saved = ckpt.restore(identity) if ckpt is not None else None
+        if saved is not None:
+            state, log, meter, states, active = saved
+        else:
+            state = protocol.start(active, seed)
+        ledger = ckpt.ledger if ckpt is not None else PrivacyLedger()
         rounds_bar = _rounds_bar(self.progress, protocol.name)
         while (request := protocol.next_request(state)) is not None:
             targets = round_targets(request, active, log)
+            # written ahead: the round counts as spent before anything is released
+            ledger.spend(request.round, request.action, round_releases(protocol, request),
+                         meter.rounds)
             if request.action in summed:
                 replies = secure_round(protocol, state, request, targets, devices, states, seed,
                                        secure, meter, log, tamper=self.tamper,
@@ -139,7 +164,9 @@ class InProcessTransport:
                                        identities=identities,
                                        admit=lambda zs: self._admit(protocol, request.action, zs,
                                                                     log, secure=True),
-                                       policies=self._policies)
+                                       policies=self._policies,
+                                       round_id=None if ckpt is None else
+                                       ckpt.secure_round_id(request.round))
             else:
                 allowed = self._admit(protocol, request.action, targets, log, secure=False)
                 replies = self._round(protocol, state, request, allowed, devices, states, seed,
@@ -150,10 +177,13 @@ class InProcessTransport:
                                            "devices")
                 rounds_bar.update(1)
             require_replies(request, targets, replies, log)
-            with one_blas_thread():  # the same rounding on every transport and machine
-                protocol.server_step(state, request, replies)
+            self._server_step(protocol, state, request, replies)
+            if ckpt is not None:
+                self._checkpoint(ckpt, identity, state, log, meter, states, active)
         if rounds_bar is not None:
             rounds_bar.close()
+        if any(e["releases"] for e in ledger.entries + ledger.lost):
+            log.privacy_ledger = ledger.summary(getattr(protocol, "plan", None))
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
             result = protocol.finish(state, log)
@@ -203,6 +233,16 @@ class InProcessTransport:
                     continue
             allowed.append(z)
         return allowed
+
+    def _server_step(self, protocol: Protocol, state, request: Request, replies) -> None:
+        """The round's server maths (a test transport overrides it to crash around it)."""
+        with one_blas_thread():  # the same rounding on every transport and machine
+            protocol.server_step(state, request, replies)
+
+    def _checkpoint(self, ckpt: RunCheckpoint, identity, state, log, meter, states, active
+                    ) -> None:
+        """Write the round just completed (a test transport overrides it to crash here)."""
+        ckpt.save(identity, state, log, meter, states, active)
 
     def _draw_faults(self, ids, seed):
         return draw_faults(ids, seed, dropout=self.dropout, late=self.late, dropped=self.dropped,

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# Recovery of a Flower deployment (TLS, SuperNode authentication, SuperLink with --database),
+# checked end to end on 127.0.0.1.
+#
+#   scripts/flower_recovery.sh
+#
+# Checks (exit 1 at the first that fails, naming it; what Flower does is printed):
+#  1. ServerApp killed after its checkpoint of round 3: `fedclust flower run --resume` continues
+#     after round 3; result identical to the in-process `fedclust run`, ledger without a lost
+#     release (the kill came at a round boundary or inside a round: printed);
+#  2. SuperLink killed and restarted on the same --database: whether the SuperNodes reconnect
+#     by themselves is measured and printed; those that do not are restarted (the supervised
+#     restart of docs/flower.md); then `--resume`: result identical;
+#  3. a SuperNode killed and restarted in the middle of a run: the run completes; whether the
+#     device took part again is printed.
+# Env: FEDCLUST_BIN (folder with fedclust, flwr, flower-*; default .venv-flower/bin),
+#      KEEP=1 keeps the work folder, DEPLOY_TIMEOUT (seconds per run, default 900).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${FEDCLUST_BIN:-$ROOT/.venv-flower/bin}
+[ -x "$BIN/flower-superlink" ] || { echo "no flower-superlink in $BIN: make .venv-flower (see docs/flower.md)" >&2; exit 2; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/fedclust-recovery.XXXXXX")
+export PATH="$BIN:$PATH" FLWR_HOME="$WORK/flwr-home" PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
+mkdir -p "$FLWR_HOME"
+N=3
+PIDS=()
+T0=$(date +%s)
+
+descendants() { local c; for c in $(pgrep -P "$1" 2>/dev/null || true); do descendants "$c"; echo "$c"; done; }
+stop_pids() {  # TERM, wait up to 20 s, KILL: the given PIDs and everything below them
+    local all=() pid i alive
+    for pid in "$@"; do all+=($(descendants "$pid") "$pid"); done
+    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for i in $(seq 1 40); do
+        alive=0; for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break; sleep 0.5
+    done
+    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+cleanup() {
+    local rc=$?
+    [ "${#PIDS[@]}" -gt 0 ] && stop_pids "${PIDS[@]}"
+    if [ "${KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then echo "work folder kept: $WORK" >&2; else rm -rf "$WORK"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+fail() { echo "FAILED: $*" >&2; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+LINK_IP=127.0.0.1; LINK_PORT=$(free_port)
+
+echo "== certificates, keys, data, apps, the in-process reference"
+fedclust flower certs "$WORK/certs" --host "$LINK_IP" > /dev/null
+fedclust flower keys "$WORK/keys" --nodes $N > /dev/null
+fedclust flower split "$ROOT/scripts/flower_recovery.toml" --out "$WORK/data" > /dev/null
+for a in A B C; do
+    fedclust flower app "$WORK/app$a" --config "$ROOT/scripts/flower_recovery.toml" --no-wheel \
+        --result-dir "$WORK/res$a" --round-timeout 180 --no-faults > /dev/null
+done
+fedclust run "$ROOT/scripts/flower_recovery.toml" --out "$WORK/ref" --no-plot > /dev/null
+DEVICES=("$WORK"/data/dev-*.npz)
+[ "${#DEVICES[@]}" = "$N" ] || fail "expected $N device files, got ${#DEVICES[@]}"
+cat > "$FLWR_HOME/config.toml" <<TOML
+[superlink]
+default = "federation"
+
+[superlink.federation]
+address = "$LINK_IP:$LINK_PORT"
+root-certificates = "$WORK/certs/ca.crt"
+TOML
+
+start_superlink() {
+    flower-superlink --ssl-ca-certfile "$WORK/certs/ca.crt" --ssl-certfile "$WORK/certs/server.pem" \
+        --ssl-keyfile "$WORK/certs/server.key" --enable-supernode-auth --database "$WORK/superlink.db" \
+        --disable-runtime-dependency-installation --host "$LINK_IP" --port "$LINK_PORT" \
+        >> "$WORK/superlink.log" 2>&1 &
+    LINK_PID=$!
+    PIDS+=($LINK_PID)
+    local i
+    for i in $(seq 1 120); do
+        flwr supernode ls federation > /dev/null 2>&1 && return 0
+        kill -0 "$LINK_PID" 2>/dev/null || { tail -20 "$WORK/superlink.log" >&2; fail "the SuperLink died"; }
+        sleep 0.5
+    done
+    fail "the SuperLink did not answer over TLS within 60 s"
+}
+declare -A NODE_PID
+start_node() {
+    flower-supernode --superlink "$LINK_IP:$LINK_PORT" --root-certificates "$WORK/certs/ca.crt" \
+        --auth-supernode-private-key "$WORK/keys/node-$1" --port "$(free_port)" \
+        --node-config "data-path='${DEVICES[$1]}'" >> "$WORK/supernode-$1.log" 2>&1 &
+    NODE_PID[$1]=$!
+    PIDS+=($!)
+}
+online() {  # how many SuperNodes the SuperLink lists as online
+    flwr supernode ls federation --format json 2>/dev/null | "$BIN/python" -c '
+import json, sys
+t = sys.stdin.read()
+try:
+    nodes = json.loads(t[t.index("{"):])["nodes"]
+except ValueError:
+    print(0); sys.exit()
+print(sum(1 for n in nodes if str(n.get("status", "")).lower() == "online"))' || echo 0
+}
+rounds_done() {  # rounds in the checkpoint of result folder $1 (0: none yet)
+    "$BIN/python" -c 'import sys
+from fedclust.core.checkpoint import load_checkpoint
+s = load_checkpoint(sys.argv[1])
+print(0 if s is None else s[0]["rounds"])' "$1/checkpoint" 2>/dev/null || echo 0
+}
+wait_rounds() {  # wait_rounds RESULT_DIR N RUN_PID
+    local i
+    for i in $(seq 1 2400); do
+        [ "$(rounds_done "$1")" -ge "$2" ] && return 0
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.25
+    done
+    return 1
+}
+run_bg() {  # run_bg NAME [--resume]: fedclust flower run in the background, PID in RUN_PID
+    timeout "${DEPLOY_TIMEOUT:-900}" fedclust flower run "$WORK/app$1" federation "${@:2}" \
+        >> "$WORK/run-$1.log" 2>&1 &
+    RUN_PID=$!
+    PIDS+=($RUN_PID)
+}
+compare() {  # compare NAME: the result of app NAME against the in-process run
+    fedclust flower result "$WORK/res$1" --compare "$WORK/ref/result.json" | sed 's/^/   /' \
+        || fail "run $1: centers differ from the in-process run"
+}
+ledger() {
+    "$BIN/python" - "$WORK/res$1/result.json" <<'PY'
+import json, sys
+led = json.load(open(sys.argv[1]))["run_log"].get("privacy_ledger", {})
+lost = [e["round"] for e in led.get("lost_releases", [])]
+print(f"   ledger: {led.get('rounds_released')} rounds released, lost releases {lost or 'none'}, "
+      f"epsilon {led.get('epsilon_spent')}")
+PY
+}
+
+echo "== SuperLink (TLS, SuperNode authentication, --database) on $LINK_IP:$LINK_PORT; $N SuperNodes"
+start_superlink
+for ((i = 0; i < N; i++)); do
+    flwr supernode register "$WORK/keys/node-$i.pub" federation > "$WORK/register-$i.log" 2>&1 \
+        || { cat "$WORK/register-$i.log" >&2; fail "registering node-$i.pub"; }
+    start_node "$i"
+done
+
+echo "== 1. the ServerApp killed after round 3, then fedclust flower run --resume"
+run_bg A
+wait_rounds "$WORK/resA" 3 "$RUN_PID" || { tail -20 "$WORK/run-A.log" >&2; fail "run A never reached round 3"; }
+SERVERAPP=""
+for p in $(descendants "$LINK_PID"); do
+    grep -q "flwr-serverapp" "/proc/$p/cmdline" 2>/dev/null && SERVERAPP="$SERVERAPP $p"
+done
+[ -n "$SERVERAPP" ] || fail "no flwr-serverapp process under the SuperLink"
+kill -KILL $SERVERAPP
+echo "   killed the ServerApp process (PID$SERVERAPP) with $(rounds_done "$WORK/resA") rounds checkpointed"
+rc=0; for i in $(seq 1 240); do kill -0 "$RUN_PID" 2>/dev/null || break; sleep 0.5; done
+if kill -0 "$RUN_PID" 2>/dev/null; then
+    echo "   flwr run still streaming 120 s after the ServerApp died: stopped"; stop_pids "$RUN_PID"
+else
+    wait "$RUN_PID" || rc=$?
+    echo "   fedclust flower run exited $rc: $(grep -a 'fedclust: error' "$WORK/run-A.log" | tail -1)"
+fi
+run_bg A --resume
+wait "$RUN_PID" || { tail -30 "$WORK/run-A.log" >&2; fail "run A: the resumed run did not complete"; }
+compare A
+ledger A
+
+echo "== 2. the SuperLink killed after round 3 and restarted on its database"
+run_bg B
+wait_rounds "$WORK/resB" 3 "$RUN_PID" || { tail -20 "$WORK/run-B.log" >&2; fail "run B never reached round 3"; }
+stop_pids "$LINK_PID"
+echo "   SuperLink stopped with $(rounds_done "$WORK/resB") rounds checkpointed"
+stop_pids "$RUN_PID" > /dev/null 2>&1 || true
+start_superlink
+T1=$(date +%s); ON=0
+for i in $(seq 1 120); do ON=$(online); [ "$ON" = "$N" ] && break; sleep 0.5; done
+ALIVE=0; for ((i = 0; i < N; i++)); do kill -0 "${NODE_PID[$i]}" 2>/dev/null && ALIVE=$((ALIVE + 1)); done
+echo "   after the restart: $ON of $N SuperNodes online within $(( $(date +%s) - T1 )) s; $ALIVE SuperNode processes still running"
+if [ "$ON" != "$N" ]; then
+    for ((i = 0; i < N; i++)); do stop_pids "${NODE_PID[$i]}" > /dev/null 2>&1 || true; start_node "$i"; done
+    for i in $(seq 1 120); do ON=$(online); [ "$ON" = "$N" ] && break; sleep 0.5; done
+    echo "   SuperNodes restarted (supervised restart): $ON of $N online"
+fi
+run_bg B --resume
+wait "$RUN_PID" || { tail -30 "$WORK/run-B.log" >&2; fail "run B: the resumed run did not complete"; }
+compare B
+ledger B
+
+echo "== 3. SuperNode 1 killed after round 3 and restarted"
+run_bg C
+wait_rounds "$WORK/resC" 3 "$RUN_PID" || { tail -20 "$WORK/run-C.log" >&2; fail "run C never reached round 3"; }
+stop_pids "${NODE_PID[1]}"
+start_node 1
+echo "   SuperNode 1 restarted at round $(rounds_done "$WORK/resC")"
+wait "$RUN_PID" || { tail -30 "$WORK/run-C.log" >&2; fail "run C did not complete"; }
+"$BIN/python" - "$WORK/resC" <<'PY' || fail "run C: no result"
+import json, sys
+log = json.load(open(sys.argv[1] + "/result.json"))["run_log"]
+print(f"   run completed; participants {log['participants']}; failed {log['failed'] or 'none'}")
+PY
+echo "recovery checks passed in $(( $(date +%s) - T0 )) s"
+echo "OK"

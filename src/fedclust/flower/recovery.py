@@ -1,0 +1,84 @@
+"""Checkpoint and resume of the ServerApp (:mod:`fedclust.core.checkpoint`).
+
+With a ``result-dir``, the ServerApp writes ``result-dir/checkpoint/checkpoint.npz``
+after every completed round and keeps the write-ahead privacy ledger
+``ledger.json`` beside it, as the in-process transport does
+(:mod:`fedclust.sim.resume`). Flower does not restart a ServerApp; started again
+with the run-config key ``resume=true`` (``fedclust flower run ... --resume``),
+the new run reads the checkpoint and continues after the last complete round.
+
+What differs from the in-process transport: the devices are real SuperNodes.
+They say hello again (device ids come from their data, so a node that
+reconnected under a new node id is the same device); a device of the
+checkpointed run that is not connected when the run resumes is named in
+``log.failed`` and left out, as a device that timed out. A SuperNode keeps
+its state per Flower run, so a resumed run starts the devices without the
+state they kept between rounds: families whose devices carry state from one
+round to the next (PCA-reduced data for coresets, local labels of k-FED +
+FedAvg) resume only at a round that does not need it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core.checkpoint import PrivacyLedger, round_releases
+from ..core.protocol import Protocol, Request, RunLog
+from ..sim.meter import CommunicationMeter
+from ..sim.resume import RunCheckpoint
+
+__all__ = ["ServerRecovery", "CHECKPOINT_SUBDIR"]
+
+CHECKPOINT_SUBDIR = "checkpoint"
+
+
+class ServerRecovery:
+    """The ServerApp's checkpoint folder, its ledger and the resumed position."""
+
+    def __init__(self, protocol: Protocol, seed: int, result_dir: str | None, resume: bool,
+                 secure: bool):
+        self.protocol = protocol
+        self.ckpt = (RunCheckpoint.open(Path(result_dir) / CHECKPOINT_SUBDIR, resume)
+                     if result_dir else None)
+        if resume and self.ckpt is None:
+            from ..core.exceptions import ValidationError
+
+            raise ValidationError("resume=true needs result-dir (where the checkpoint is)")
+        # the devices are whoever says hello: not part of what must match
+        self.identity = {"protocol": protocol.name, "config": protocol.config(),
+                         "seed": int(seed), "secure_aggregation": bool(secure)}
+        self.ledger = PrivacyLedger()
+
+    def begin(self, connected: Sequence[int], active: list[int], log: RunLog,
+              meter: CommunicationMeter) -> tuple[Any, RunLog, CommunicationMeter, list[int]]:
+        """``(state or None, log, meter, active)``: the checkpointed position, or the fresh one
+        (``state`` None: the caller starts the protocol)."""
+        saved = self.ckpt.restore(self.identity) if self.ckpt is not None else None
+        if self.ckpt is not None:
+            self.ledger = self.ckpt.ledger
+        if saved is None:
+            return None, log, meter, active
+        state, log, meter, _, active = saved
+        here = set(connected)
+        for z in active:
+            if z not in here and z not in log.failed and z not in log.rejected:
+                log.failed[z] = f"device {z}: not connected when the run resumed"
+        return state, log, meter, list(active)
+
+    def before_round(self, request: Request, rounds_done: int) -> None:
+        """Record the round as spent, durably, before it is sent out."""
+        self.ledger.spend(request.round, request.action,
+                          round_releases(self.protocol, request), rounds_done)
+
+    def secure_round_id(self, round_index: int) -> int:
+        return round_index if self.ckpt is None else self.ckpt.secure_round_id(round_index)
+
+    def after_round(self, state: Any, log: RunLog, meter: CommunicationMeter,
+                    active: Sequence[int]) -> None:
+        if self.ckpt is not None:
+            self.ckpt.save(self.identity, state, log, meter, {}, active)
+
+    def finish(self, log: RunLog) -> None:
+        if any(e["releases"] for e in self.ledger.entries + self.ledger.lost):
+            log.privacy_ledger = self.ledger.summary(getattr(self.protocol, "plan", None))
