@@ -35,7 +35,8 @@ WORK = ROOT / ".mutation"
 
 #: module (under src/fedclust) -> the test files that guard it
 MODULES: dict[str, list[str]] = {
-    "core/kmeans.py": ["tests/core/test_kmeans_kernels.py", "tests/lloyd",
+    "core/kmeans.py": ["tests/core/test_kmeans_kernels.py", "tests/core/test_kmeans_relocation.py",
+                       "tests/lloyd",
                        "tests/kfed/test_local_kmeans.py", "tests/kfed/test_server_kfed.py"],
     "lloyd/protocol.py": ["tests/lloyd", "tests/privacy/test_privacy.py",
                           "tests/privacy/test_sensitivity.py",
