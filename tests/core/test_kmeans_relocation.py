@@ -129,12 +129,12 @@ def test_weighted_lloyd_relocation_uses_the_weights():
     """One round, weighted: the empty center takes the farthest point whose cluster keeps
     weight, and both clusters get their weighted means."""
     X = col(0, 1, 2, 10)
-    w = np.array([1.0, 1.0, 1.0, 5.0])
+    w = np.array([3.0, 1.0, 1.0, 5.0])
     res = lloyd(X, col(1, 100), weights=w, max_iter=1)
-    # round 1: all points -> center 0, weighted mean (0 + 1 + 2 + 50) / 8 = 6.625; center 1
-    # empty takes 10 (farthest from 1); center 0 becomes the mean of 0, 1, 2
-    np.testing.assert_allclose(np.sort(res.centers.ravel()), [1.0, 10.0])
-    np.testing.assert_allclose(np.sort(res.counts), [3.0, 5.0])
+    # round 1: all points -> center 0; center 1 is empty and takes 10 (farthest from 1);
+    # center 0 becomes the weighted mean of 0, 1, 2: (0 + 1 + 2) / 5
+    np.testing.assert_allclose(np.sort(res.centers.ravel()), [0.6, 10.0])
+    np.testing.assert_allclose(np.sort(res.counts), [5.0, 5.0])
 
 
 @pytest.mark.parametrize("tol", [1e-4, 1e-2, 0.3])
@@ -152,13 +152,29 @@ def test_tolerance_stops_where_scikit_learn_does(tol, seed):
     assert res.converged
 
 
+def test_one_feature_uses_its_variance_in_the_tolerance():
+    rng = np.random.default_rng(6)
+    X = np.concatenate([rng.normal(0, 1, 50), rng.normal(1.5, 1, 50)])[:, None] * 5.0
+    init = X[:2].copy()
+    for tol in (1e-3, 0.05, 0.3):
+        ref = KMeans(2, init=init, n_init=1, tol=tol, algorithm="lloyd").fit(X)
+        np.testing.assert_allclose(lloyd(X, init, tol=tol).centers, ref.cluster_centers_,
+                                   rtol=0, atol=1e-10)
+
+
 def test_cut_off_runs_say_they_did_not_converge():
     rng = np.random.default_rng(3)
     X = rng.normal(size=(200, 2))
     res = lloyd(X, X[:5].copy(), max_iter=1, tol=0.0)
-    assert not res.converged and res.n_iter == 1
+    assert res.converged is False and res.n_iter == 1
     full = lloyd(X, X[:5].copy(), max_iter=300, tol=0.0)
-    assert full.converged and full.n_iter > 1
+    assert full.converged is True and full.n_iter > 1
+
+
+def test_float32_data_with_float64_start_stays_float32():
+    X = np.random.default_rng(7).normal(size=(40, 3)).astype(np.float32)
+    res = lloyd(X, X[:3].astype(np.float64))
+    assert res.centers.dtype == np.float32
 
 
 def test_assign_distances_are_never_negative():
