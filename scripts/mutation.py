@@ -51,7 +51,7 @@ MODULES: dict[str, list[str]] = {
     "privacy/kmeans.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_sensitivity.py",
                           "tests/lloyd"],
     "privacy/accounting.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_secure_dp.py"],
-    "privacy/spec.py": ["tests/privacy/test_privacy.py"],
+    "privacy/spec.py": ["tests/privacy/test_spec.py", "tests/privacy/test_privacy.py"],
     "privacy/distributed.py": ["tests/privacy/test_secure_dp.py"],
     "privacy/columns.py": ["tests/privacy/test_privacy_preprocess.py",
                            "tests/privacy/test_sensitivity.py"],
