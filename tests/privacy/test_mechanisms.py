@@ -63,3 +63,47 @@ def test_noise_streams_differ_by_key_and_repeat_by_seed():
     assert not np.array_equal(a, noise_rng(3, 0, 2).normal(size=5))
     assert not np.array_equal(a, noise_rng(4, 0, 1).normal(size=5))
     assert not np.array_equal(noise_rng(None).normal(size=5), noise_rng(None).normal(size=5))
+
+
+# -- post-processing of the candidate release (fedclust.privacy.kmeans) -----------------
+def test_candidates_below_the_count_threshold_are_dropped_and_the_rest_weighted():
+    from fedclust.privacy import kmeans as pk
+
+    sums = np.array([[5.0, 0.0], [0.5, 0.5], [0.0, 6.0], [10.0, 10.0]])
+    counts = np.array([5.0, 0.5, 3.0, 2.5])
+    # k = 1: candidates 0 and 2 (counts >= 3) are averaged with weights 5 and 3
+    C, w = pk.centers_from_candidates(sums, counts, 1, bound=None, min_count=3.0, seed=0)
+    np.testing.assert_allclose(C, [[5.0 / 8.0, 6.0 / 8.0]], atol=1e-9)
+    np.testing.assert_allclose(w, [8.0])
+    # too few above the threshold: the k largest counts are kept, whatever they are
+    C, w = pk.centers_from_candidates(sums, counts, 2, bound=None, min_count=10.0, seed=0)
+    order = np.argsort(w)
+    np.testing.assert_allclose(C[order], [[0.0, 2.0], [1.0, 0.0]])
+    np.testing.assert_allclose(w[order], [3.0, 5.0])
+    # a kept count below 1 still divides its sum
+    C, w = pk.centers_from_candidates(sums[:2], np.array([0.5, 0.25]), 2, bound=None,
+                                      min_count=10.0, seed=0)
+    np.testing.assert_allclose(C, [[10.0, 0.0], [2.0, 2.0]])
+    # centroids outside the data ball are pulled onto it, along their direction
+    C, _ = pk.centers_from_candidates(np.array([[30.0, 40.0], [0.3, 0.4]]), np.ones(2), 2,
+                                      bound=5.0, min_count=0.5, seed=0)
+    np.testing.assert_allclose(C, [[3.0, 4.0], [0.3, 0.4]])
+
+
+def test_private_local_centers_noise_each_statistic_with_its_own_release(monkeypatch):
+    from fedclust.privacy import DifferentialPrivacy, calibrate
+    from fedclust.privacy import kmeans as pk
+
+    spec = DifferentialPrivacy(1.0, 1e-6, data_bound=3.0)
+    rels = calibrate(spec, [pk.moments_release(spec), pk.sums_release(spec, 2)]).releases
+    used = {}
+    real_m, real_s = pk.noisy_moments, pk.noisy_cluster_sums
+    monkeypatch.setattr(pk, "noisy_moments", lambda *a: used.setdefault("m", a[3]) and real_m(*a))
+    monkeypatch.setattr(pk, "noisy_cluster_sums",
+                        lambda *a: used.setdefault("s", (a[2], a[0].shape)) and real_s(*a))
+    X = clip_points(np.random.default_rng(0).normal(size=(400, 4)) * 2, 3.0)[0]
+    centers, _ = pk.private_local_centers(X, 2, spec, rels, np.random.default_rng(1),
+                                          noise_rng(2), seed=3)
+    assert used["m"] is rels[0]
+    assert used["s"][0] is rels[1] and used["s"][1][1] == 2    # sums in the top-2 subspace
+    assert centers.shape == (2, 4)
