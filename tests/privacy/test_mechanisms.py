@@ -107,3 +107,33 @@ def test_private_local_centers_noise_each_statistic_with_its_own_release(monkeyp
     assert used["m"] is rels[0]
     assert used["s"][0] is rels[1] and used["s"][1][1] == 2    # sums in the top-2 subspace
     assert centers.shape == (2, 4)
+
+
+def test_gaussian_subspace_is_the_covariance_eigendecomposition():
+    from fedclust.privacy import kmeans as pk
+
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(500, 4)) * [3.0, 1.0, 0.3, 0.05] + [10.0, -5.0, 2.0, 0.0]
+    n, s, Q = pk.device_moments(X, None)
+    mean, V, lam = pk.gaussian_subspace(n, s, Q, 2)
+    ref_lam, ref_V = np.linalg.eigh(np.cov(X.T, bias=True))
+    np.testing.assert_allclose(mean, X.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(lam, ref_lam[::-1][:2], rtol=1e-9)
+    np.testing.assert_allclose(np.abs(V.T @ ref_V[:, ::-1][:, :2]), np.eye(2), atol=1e-9)
+    # small variances are kept as they are (only negative noise is cut at 0)
+    _, _, lam4 = pk.gaussian_subspace(n, s, Q, 4)
+    np.testing.assert_allclose(lam4, ref_lam[::-1], rtol=1e-6)
+    assert lam4.min() < 0.01
+
+
+def test_candidate_count_and_spread():
+    from fedclust.privacy import kmeans as pk
+
+    assert pk.n_candidates(10_000, 1.0, 3) == 150            # capped at 50 k
+    assert pk.n_candidates(10_000, 1.0, 3, cap=40) == 40
+    assert pk.n_candidates(1_000, 10.0, 3) == 12             # 8 count stds per candidate
+    assert pk.n_candidates(1_000, 1.0, 3) == 50              # at least 20 points each
+    assert pk.n_candidates(10, 1.0, 3) == 3                  # never fewer than k
+    lam = np.array([4.0, 0.25])
+    coords = pk.draw_candidates(np.zeros(3), np.eye(3)[:, :2], lam, 4000, np.random.default_rng(0))
+    assert coords.std(axis=0) == pytest.approx(np.sqrt(lam), rel=0.05)

@@ -126,6 +126,10 @@ def test_lloyd_one_device_moves_each_release_by_at_most_its_sensitivity(B, C):
                 # measures both triangles of Q, the release one)
                 low = 0.7 if req.action == "moments" else 1 - 1e-6
                 assert got >= low * rels[r].sensitivity, (req.action, got)
+                if req.action == "moments":   # the clip: ‖Σ a aᵀ‖_F, a = (B, x), at the bound
+                    full = math.sqrt((B * B * float(reply.n)) ** 2 + 2 * B * B * float(
+                        np.sum(reply.s ** 2)) + float(np.sum(reply.Q ** 2)))
+                    assert full == pytest.approx(rels[r].sensitivity, rel=1e-9)
 
 
 # -- k-FED ------------------------------------------------------------------------------
