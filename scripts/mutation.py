@@ -43,7 +43,7 @@ MODULES: dict[str, list[str]] = {
                           "tests/privacy/test_lloyd_kfed_init.py",
                           "tests/privacy/test_secure_dp.py"],
     "kfed/server.py": ["tests/kfed/test_server_kfed.py", "tests/kfed/test_kfed_server_kmeanspp.py",
-                       "tests/kfed/test_kfed.py"],
+                       "tests/kfed/test_kfed.py", "tests/kfed/test_kfed_trim.py"],
     "core/secure_sum.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py"],
     "core/secagg.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py"],
     "privacy/mechanisms.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy.py",
