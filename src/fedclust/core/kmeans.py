@@ -106,7 +106,7 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
     With ``relocate_empty`` an emptied cluster is moved to the point farthest
     from its center among clusters that keep another point (as scikit-learn
     does; :func:`relocate_empty_centers`). When X has at least k *distinct*
-    points and the run stops because its labels no longer change, every
+    points and the run stops because its labels stay the same, every
     returned center has weight > 0. With fewer distinct points duplicates tie
     to one center and some centers stay empty (X = [0, 0, 10], k = 3 ends with
     weights (2, 1, 0)); a run cut off by ``max_iter`` returns the nearest-center
