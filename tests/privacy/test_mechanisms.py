@@ -137,3 +137,40 @@ def test_candidate_count_and_spread():
     lam = np.array([4.0, 0.25])
     coords = pk.draw_candidates(np.zeros(3), np.eye(3)[:, :2], lam, 4000, np.random.default_rng(0))
     assert coords.std(axis=0) == pytest.approx(np.sqrt(lam), rel=0.05)
+
+
+# -- the preprocessing release (fedclust.privacy.columns) --------------------------------
+def test_column_release_without_noise_gives_the_pooled_statistics():
+    from fedclust.privacy import columns as pc
+
+    rng = np.random.default_rng(9)
+    low, high = np.array([0.0, -4.0, 10.0]), np.array([10.0, 4.0, 50.0])
+    X = rng.uniform(low, high, size=(80, 3))
+    X[rng.random(X.shape) < 0.15] = np.nan
+    ok = ~np.isnan(X)
+    count = ok.sum(axis=0)
+    total = np.nansum(X, axis=0)
+    m2 = np.nansum((X - np.nanmean(X, axis=0)) ** 2, axis=0)
+    out = pc.noisy_column_moments(80, count, total, m2, low, high, 0.0, rng)
+    np.testing.assert_allclose(out["mean"], np.nanmean(X, axis=0), rtol=1e-12)
+    # variance over rows, a missing cell imputed at the mean (adds nothing)
+    np.testing.assert_allclose(out["var"], m2 / 80, rtol=1e-12)
+    np.testing.assert_array_equal(out["count"], count)
+    assert out["n_rows"] == 80 and np.all(out["var_floor"] == 0)
+
+
+def test_column_release_noise_is_centred_with_the_documented_floor():
+    from fedclust.privacy import columns as pc
+
+    low, high = np.array([0.0]), np.array([2.0])
+    count, total, m2 = np.array([1000]), np.array([1000.0]), np.array([250.0])
+    outs = [pc.noisy_column_moments(1000, count, total, m2, low, high, 3.0, noise_rng(s))
+            for s in range(400)]
+    means = np.array([o["mean"][0] for o in outs])
+    rows = np.array([o["n_rows"] for o in outs])
+    assert abs(means.mean() - 1.0) < 4 * means.std() / 20 + 1e-3
+    assert abs(rows.mean() - 1000) < 4 * 3.0 / 20
+    o = outs[0]
+    np.testing.assert_allclose(o["var_floor"], 1.0 * 3.0 / o["n_rows"], rtol=2e-3)
+    v = np.array([x["var"][0] for x in outs])
+    assert abs(v.mean() - 0.25) < 0.01 and v.max() <= 1.0      # never above w² = 1
