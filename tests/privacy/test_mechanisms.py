@@ -174,3 +174,20 @@ def test_column_release_noise_is_centred_with_the_documented_floor():
     np.testing.assert_allclose(o["var_floor"], 1.0 * 3.0 / o["n_rows"], rtol=2e-3)
     v = np.array([x["var"][0] for x in outs])
     assert abs(v.mean() - 0.25) < 0.01 and v.max() <= 1.0      # never above w² = 1
+
+
+def test_column_bounds_and_site_rows_are_checked_by_name():
+    from fedclust.core.exceptions import ValidationError
+    from fedclust.privacy import columns as pc
+
+    with pytest.raises(ValidationError, match=r"bounds of column 'c' are \[1.0, nan\]"):
+        pc.column_ranges([[0, 1], [0, 1], [1, np.nan]], 3, ["a", "b", "c"])
+    with pytest.raises(ValidationError, match=r"bounds of column 2 are \[3.0, 3.0\]"):
+        pc.column_ranges([[0, 1], [0, 1], [3, 3]], 3)
+    assert pc.check_site_rows(1) == 1
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValidationError, match="site_rows=.* must be an int >= 1"):
+            pc.check_site_rows(bad)
+    X = np.array([[0.0, 5.0], [np.nan, 2.0]])
+    Xc, n = pc.clip_columns(X, np.array([0.0, 0.0]), np.array([1.0, 5.0]))
+    assert n == 0 and Xc is X                       # values on a range's edge are inside
