@@ -159,21 +159,43 @@ def test_column_release_without_noise_gives_the_pooled_statistics():
     assert out["n_rows"] == 80 and np.all(out["var_floor"] == 0)
 
 
-def test_column_release_noise_is_centred_with_the_documented_floor():
+def test_column_release_noise_is_centred_independent_with_the_documented_floor():
     from fedclust.privacy import columns as pc
 
-    low, high = np.array([0.0]), np.array([2.0])
-    count, total, m2 = np.array([1000]), np.array([1000.0]), np.array([250.0])
+    low, high = np.array([0.0, 0.0, -2.0]), np.array([4.0, 4.0, 2.0])   # w = 2, 2, 2
+    count, total = np.array([500, 800, 800]), np.array([1000.0, 1600.0, 0.0])
+    m2 = np.array([1000.0, 1600.0, 800.0])
     outs = [pc.noisy_column_moments(1000, count, total, m2, low, high, 3.0, noise_rng(s))
             for s in range(400)]
-    means = np.array([o["mean"][0] for o in outs])
-    rows = np.array([o["n_rows"] for o in outs])
-    assert abs(means.mean() - 1.0) < 4 * means.std() / 20 + 1e-3
+    means = np.array([o["mean"] for o in outs])
+    rows = np.array([o["n_rows"] for o in outs], float)
+    counts = np.array([o["count"] for o in outs], float)
+    assert np.abs(means.mean(axis=0) - [2.0, 2.0, 0.0]).max() < 0.01
     assert abs(rows.mean() - 1000) < 4 * 3.0 / 20
+    # every released coordinate has its own noise
+    assert abs(np.corrcoef(rows, counts[:, 0])[0, 1]) < 0.3
+    C = np.corrcoef(means.T)
+    assert np.abs(C[np.triu_indices(3, 1)]).max() < 0.3
     o = outs[0]
-    np.testing.assert_allclose(o["var_floor"], 1.0 * 3.0 / o["n_rows"], rtol=2e-3)
-    v = np.array([x["var"][0] for x in outs])
-    assert abs(v.mean() - 0.25) < 0.01 and v.max() <= 1.0      # never above w² = 1
+    np.testing.assert_allclose(o["var_floor"], 4.0 * 3.0 / o["n_rows"], rtol=2e-3)
+    v = np.array([x["var"] for x in outs])
+    np.testing.assert_allclose(v.mean(axis=0), m2 / 1000, atol=0.02)
+    assert v.max() <= 4.0                                    # never above w² = 4
+
+
+def test_site_scaling_keeps_an_empty_column_finite():
+    from types import SimpleNamespace
+
+    from fedclust.privacy import columns as pc
+
+    low, high = np.array([0.0, 0.0]), np.array([1.0, 1.0])
+    site = SimpleNamespace(count=np.array([50, 0]), total=np.array([40.0, 0.0]),
+                           m2=np.array([2.0, 0.0]), n_rows=50)
+    (scaled,) = pc.clip_sites([site], low, high, 5)
+    f = scaled.n_rows / 50
+    assert 0 < f < 1
+    np.testing.assert_allclose(scaled.total, site.total * f)
+    assert np.isfinite(scaled.m2).all() and np.isfinite(scaled.count).all()
 
 
 def test_column_bounds_and_site_rows_are_checked_by_name():
@@ -184,6 +206,8 @@ def test_column_bounds_and_site_rows_are_checked_by_name():
         pc.column_ranges([[0, 1], [0, 1], [1, np.nan]], 3, ["a", "b", "c"])
     with pytest.raises(ValidationError, match=r"bounds of column 2 are \[3.0, 3.0\]"):
         pc.column_ranges([[0, 1], [0, 1], [3, 3]], 3)
+    with pytest.raises(ValidationError, match=r"bounds of column 0 are \[3.0, 3.0\]"):
+        pc.column_ranges([[3, 3], [0, 1]], 2)
     assert pc.check_site_rows(1) == 1
     for bad in (0, True, 2.0):
         with pytest.raises(ValidationError, match="site_rows=.* must be an int >= 1"):
