@@ -51,10 +51,13 @@ MODULES: dict[str, list[str]] = {
     "privacy/kmeans.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy.py",
                           "tests/privacy/test_sensitivity.py",
                           "tests/lloyd"],
-    "privacy/accounting.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_secure_dp.py"],
+    "privacy/accounting.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_spec.py",
+                              "tests/privacy/test_privacy_fl.py",
+                              "tests/privacy/test_privacy_preprocess.py"],
     "privacy/spec.py": ["tests/privacy/test_spec.py", "tests/privacy/test_privacy.py"],
     "privacy/distributed.py": ["tests/privacy/test_secure_dp.py"],
-    "privacy/columns.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy_preprocess.py",
+    "privacy/columns.py": ["tests/privacy/test_mechanisms.py",
+                           "tests/privacy/test_privacy_preprocess.py",
                            "tests/privacy/test_sensitivity.py"],
 }
 
