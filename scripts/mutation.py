@@ -62,6 +62,17 @@ MODULES: dict[str, list[str]] = {
 }
 
 
+FRESH_CACHES = """
+
+@pytest.fixture(autouse=True)
+def _fresh_accountant_cache():
+    from fedclust.privacy import accounting
+
+    accounting._epsilon.cache_clear()
+    yield
+"""
+
+
 def mutmut_section(module: str, tests: list[str]) -> str:
     lines = ["", "[tool.mutmut]",
              'source_paths = ["src"]',
@@ -93,6 +104,10 @@ def scratch(module: str, tests: list[str]) -> Path:
             shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True)
         else:
             shutil.copy(src, dst)
+    # each mutant runs in a process forked after the tests were collected and run once:
+    # the accountant's memoised compositions would answer without running mutated code
+    with open(where / "tests" / "conftest.py", "a") as f:
+        f.write(FRESH_CACHES)
     text = (ROOT / "pyproject.toml").read_text()
     (where / "pyproject.toml").write_text(text + mutmut_section(module, tests))
     return where
