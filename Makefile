@@ -4,9 +4,10 @@ VENV_DEMO := .venv
 VENV_TEST := .venv-test
 VENV_FLOWER := .venv-flower
 VENV_DOCS := .venv-docs
+VENV_MUTATION := .venv-mutation
 OUT ?= fedclust-demo
 
-.PHONY: demo test bench docs clean test-loopback test-deploy
+.PHONY: demo test bench docs clean test-loopback test-deploy mutation
 
 $(VENV_DEMO)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_DEMO)
@@ -42,9 +43,21 @@ $(VENV_DOCS)/.installed: pyproject.toml
 docs: $(VENV_DOCS)/.installed
 	$(VENV_DOCS)/bin/python -m sphinx -b html -W --keep-going -q docs docs/_build/html
 
+$(VENV_MUTATION)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_MUTATION)
+	$(VENV_MUTATION)/bin/python -m pip install -q --upgrade pip
+	$(VENV_MUTATION)/bin/python -m pip install -q -e ".[mutation]"
+	touch $@
+
+## make mutation: mutmut over the privacy, secure-aggregation and k-means core, one module at
+## a time with its own tests, at low CPU priority (scripts/mutation.py; about 20 minutes on
+## one core); MODULES="core/kmeans.py lloyd/protocol.py" runs some; survivors in docs/developer.md
+mutation: $(VENV_MUTATION)/.installed
+	$(VENV_MUTATION)/bin/python scripts/mutation.py $(MODULES)
+
 clean:
-	rm -rf $(VENV_DEMO) $(VENV_TEST) $(VENV_FLOWER) $(VENV_DOCS) $(OUT) .pytest_cache \
-		docs/_build docs/api
+	rm -rf $(VENV_DEMO) $(VENV_TEST) $(VENV_FLOWER) $(VENV_DOCS) $(VENV_MUTATION) $(OUT) \
+		.pytest_cache .mutation docs/_build docs/api
 
 $(VENV_FLOWER)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLOWER)

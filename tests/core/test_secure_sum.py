@@ -191,10 +191,22 @@ def test_shamir_reconstructs_at_threshold_and_not_below():
     assert wrong != secret.rjust(66, b"\0")
     for candidate in (0, 12345, PRIME - 1):
         pts = {0: candidate, 1: shares[1], 2: shares[2], 3: shares[3]}
-        # Lagrange through 4 points: degree <= 3, matches the 3 shares, f(0) = candidate
-        f = lambda x: sum(y * np.prod([(x - xj) * pow(xi - xj, -1, PRIME) for xj in pts  # noqa
-                                       if xj != xi]) for xi, y in pts.items()) % PRIME
-        assert [int(f(x)) for x in (1, 2, 3)] == [shares[1], shares[2], shares[3]]
+
+        def f(x, pts=pts):   # Lagrange through the 4 points over GF(PRIME): degree <= 3
+            total = 0
+            for xi, y in pts.items():
+                term = y
+                for xj in pts:
+                    if xj != xi:
+                        term = term * (x - xj) * pow(xi - xj, -1, PRIME) % PRIME
+                total += term
+            return total % PRIME
+
+        # a fourth share consistent with the same three makes the library reconstruct the
+        # candidate: the three shares leave every secret possible
+        fourth = {1: shares[1], 2: shares[2], 3: shares[3], 6: f(6)}
+        assert shamir_combine(fourth, 4, size=66) == candidate.to_bytes(66, "big")
+        assert (f(6) == shares[6]) == (candidate == int.from_bytes(secret, "big"))
 
 
 def test_shamir_hand_case():

@@ -96,6 +96,18 @@ def test_aggregate_weighted_mean_and_robust_rules_of_identical_updates():
     same = np.tile(P[0], (6, 1))
     for rule in ("trimmed-mean", "median", "mean"):
         np.testing.assert_allclose(aggregate_updates(same, aggregator=rule, beta=0.2), P[0])
+    # different updates with outliers: scipy's coordinate-wise median and trimmed mean
+    from scipy.stats import trim_mean
+    V = RNG.normal(size=(10, 4))
+    V[[2, 7], 1] = [1e6, -1e6]
+    for m in (9, 10):
+        np.testing.assert_allclose(aggregate_updates(V[:m], aggregator="median"),
+                                   np.median(V[:m], axis=0), rtol=1e-12)
+        for beta in (0.1, 0.2, 0.3):
+            np.testing.assert_allclose(aggregate_updates(V[:m], aggregator="trimmed-mean",
+                                                         beta=beta),
+                                       trim_mean(V[:m], beta, axis=0), rtol=1e-12)
+    assert abs(aggregate_updates(V, aggregator="trimmed-mean", beta=0.1)[1]) < 10
     # integer counts = repeated updates
     rep = np.repeat(P, [1, 2, 7], axis=0)
     np.testing.assert_allclose(aggregate_updates(P, [1, 2, 7]), rep.mean(axis=0))

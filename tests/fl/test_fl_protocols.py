@@ -67,6 +67,14 @@ def test_kprime_two_trains_each_local_cluster():
     c = ClusteredFedAvg(n_clusters=4, n_local_clusters=2, **SMALL).fit(fed.devices, fed.labels)
     assert c.models_.shape[0] == 4
     assert all(len(lab) == 40 for lab in c.device_labels_)
+    # every training image goes to the model of its own rotation (k-FED separates the
+    # four rotations of the digits), so each device trains two different models
+    rot = np.concatenate(fed.extra["point_rotations"])
+    assert matched_accuracy(rot, np.concatenate(c.device_labels_)) >= 0.95
+    assert all(len(np.unique(lab)) == 2 for lab in c.device_labels_)
+    # every model moved away from the others: each got its own cluster's updates
+    dist = np.linalg.norm(c.models_[:, None] - c.models_[None], axis=-1)
+    assert dist[~np.eye(4, dtype=bool)].min() > 1e-3
     assert c.predict_device(3, fed.test_devices[3]).shape == (20,)
 
 

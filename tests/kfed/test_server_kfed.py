@@ -292,3 +292,31 @@ def test_methods_recover_separated_groups(method):
     res = aggregate_centers(parts, 6, method=method)
     assert adjusted_rand_score(np.concatenate(truth), np.concatenate(res.center_labels)) == 1.0
     assert [len(c) for c in res.center_labels] == [3] * 12
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_farthest_first_is_scale_invariant(scale):
+    """Picking the farthest point does not depend on the units: points closer than 1 to
+    each other are chosen exactly as at scale 1 (and never twice)."""
+    C = np.random.default_rng(3).normal(size=(30, 2))
+    ref = farthest_first(C, 6, start=np.array([4]))
+    got = farthest_first(C * scale, 6, start=np.array([4]))
+    np.testing.assert_array_equal(got, ref)
+    assert len(set(got.tolist())) == 6
+
+
+def test_weighted_kmeanspp_server_ends_at_weighted_means():
+    """Weighted server: every global center is the count-weighted mean of the local
+    centers assigned to it (a fixed point of weighted Lloyd), not their plain mean."""
+    rng = np.random.default_rng(5)
+    means = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0]])
+    centers = [means + rng.normal(size=(3, 2)) for _ in range(6)]
+    counts = [rng.integers(1, 50, size=3) for _ in range(6)]
+    res = aggregate_centers(centers, 3, counts=counts, method="kmeans++", weighted=True,
+                            rng=np.random.default_rng(0))
+    C, w = np.concatenate(centers), np.concatenate(counts).astype(float)
+    lab = cdist(C, res.centers).argmin(axis=1)
+    for j in range(3):
+        np.testing.assert_allclose(res.centers[j], (w[lab == j] @ C[lab == j]) / w[lab == j].sum(),
+                                   atol=1e-10)
+        assert np.abs(res.centers[j] - C[lab == j].mean(axis=0)).max() > 1e-3

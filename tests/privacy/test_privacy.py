@@ -94,14 +94,23 @@ def test_clip_contribution_scales_jointly():
 
 
 def test_device_clipping_counted_per_device():
+    """ε = ∞ and a bound that clips many points: the fit is the non-private fit on the
+    points clipped by hand (so the clipped rows, not the raw ones, are summed), and each
+    device counts its own clipped points."""
     devs = blobs(1)
     bound = 2.0
     t = KeepOutput()
-    dl = DistributedLloyd(4, max_rounds=2, privacy=DifferentialPrivacy(
-        5.0, 1e-6, data_bound=bound, noise_seed=0), random_state=0).fit(devs, transport=t)
-    assert "clipped" not in dl.privacy_
-    assert t.clipped(range(len(devs))) == [int((np.linalg.norm(X, axis=1) > bound).sum())
-                                           for X in devs]
+    dl = DistributedLloyd(4, max_rounds=4, privacy=DifferentialPrivacy(
+        math.inf, 1e-6, data_bound=bound), random_state=0).fit(devs, transport=t)
+    norms = [np.linalg.norm(X, axis=1) for X in devs]
+    assert "clipped" not in dl.privacy_     # counted on each device, kept there
+    clipped = t.clipped(range(len(devs)))
+    assert clipped == [int((r > bound).sum()) for r in norms]
+    assert sum(clipped) > 0.3 * sum(len(X) for X in devs)
+    by_hand = [X * np.minimum(1.0, bound / r)[:, None] for X, r in zip(devs, norms)]
+    ref = DistributedLloyd(4, max_rounds=4, tol=0.0, init="candidates", random_state=0
+                           ).fit(by_hand)
+    np.testing.assert_allclose(dl.cluster_centers_, ref.cluster_centers_, rtol=0, atol=1e-12)
     assert np.linalg.norm(dl.cluster_centers_, axis=1).max() <= bound * (1 + 1e-12)
 
 
@@ -167,12 +176,30 @@ def test_dp_lloyd_quality_and_privacy_record():
 
 def test_device_level_lloyd_runs_and_uses_clip_norm():
     devs = blobs(5, Z=40, n=30, k=3, d=4, sep=10.0)
-    dp = DifferentialPrivacy(2.0, 1e-6, unit="device", data_bound=8.0, clip_norm=40.0,
+    B, C = 8.0, 40.0
+    dp = DifferentialPrivacy(2.0, 1e-6, unit="device", data_bound=B, clip_norm=C,
                              noise_seed=0)
     dl = DistributedLloyd(3, max_rounds=3, privacy=dp, random_state=0).fit(devs)
-    rel = dl.privacy_["releases"][2]
-    assert rel["sensitivity"] == pytest.approx(40.0 * math.sqrt(1 + 1 / 4))
+    # every release's sensitivity is the point-level one times C / B
+    sens = [r["sensitivity"] for r in dl.privacy_["releases"]]
+    assert sens == pytest.approx([2 * B * C, C * math.sqrt(1 + 1 / 3), C * math.sqrt(1 + 1 / 4),
+                                  C * math.sqrt(1 + 1 / 4)], rel=1e-12)
     assert np.isfinite(dl.cluster_centers_).all()
+    # ε = ∞: with a clip norm no device reaches, the device-level fit is the point-level
+    # one; with a small one every device is scaled down by one factor per release, which
+    # changes the weights of the devices and so the centers
+    inf = dict(epsilon=math.inf, delta=1e-6, data_bound=B)
+    point = DistributedLloyd(3, max_rounds=3, random_state=0,
+                             privacy=DifferentialPrivacy(**inf)).fit(devs)
+    loose = DistributedLloyd(3, max_rounds=3, random_state=0, privacy=DifferentialPrivacy(
+        **inf, unit="device", clip_norm=1e9)).fit(devs)
+    np.testing.assert_array_equal(loose.cluster_centers_, point.cluster_centers_)
+    uneven = [X[: 5 + 25 * (z % 2)] for z, X in enumerate(devs)]
+    tight = DistributedLloyd(3, max_rounds=3, random_state=0, privacy=DifferentialPrivacy(
+        **inf, unit="device", clip_norm=B)).fit(uneven)
+    plain = DistributedLloyd(3, max_rounds=3, random_state=0,
+                             privacy=DifferentialPrivacy(**inf)).fit(uneven)
+    assert np.abs(tight.cluster_centers_ - plain.cluster_centers_).max() > 1e-6
 
 
 def test_kfed_point_level_privacy():

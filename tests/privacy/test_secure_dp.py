@@ -129,19 +129,55 @@ def test_distributed_noise_refuses_plain_replies_and_too_few_devices(fed):
     devs = dict(enumerate(fed))
     p = DistributedLloydProtocol(4, init="candidates", max_rounds=2, n_features=5, privacy=dp,
                                  noise_devices=4)
-    with pytest.raises(ValidationError, match="needs secure aggregation"):
+    with pytest.raises(ValidationError, match="needs secure aggregation .* run it with "
+                                              "secure_aggregation=True$"):
         InProcessTransport().run(p, devs, 0)
     p6 = DistributedLloydProtocol(4, init="candidates", max_rounds=2, n_features=5, privacy=dp,
                                   noise_devices=6)
     t = InProcessTransport(secure_aggregation=True, drop_after_masking=[2],
                            on_client_error="drop")
-    with pytest.raises(ValidationError, match="holds 5 devices' noise, fewer than the 6"):
+    with pytest.raises(ValidationError, match="holds 5 devices' noise, fewer than the 6 .* "
+                                              "release would be under-noised$"):
         t.run(p6, devs, 0)
     with pytest.raises(ValidationError, match="needs privacy"):
         DistributedLloydProtocol(4, n_features=5, noise_devices=4)
 
 
 def test_a_third_dropping_still_leaves_sigma(fed):
+    """Two of six devices drop after masking: the four survivors' noise (each σ²/n_min,
+    n_min = 4) still adds up to the calibrated σ² in the sum the server unmasks."""
+    n_min = min_noise_devices(len(fed))
+    assert n_min == 4
+    alive = [z for z in range(len(fed)) if z not in (1, 4)]
+    exact_n = sum(len(fed[z]) for z in alive)
+    # each device clips its rows onto the ball of radius B
+    exact_s = sum((fed[z] * np.minimum(1.0, B / np.linalg.norm(fed[z], axis=1))[:, None]
+                   ).sum(axis=0) for z in alive)
+
+    class Stop(Exception):
+        pass
+
+    class Spy(DistributedLloydProtocol):
+        def server_step(self, state, request, replies):
+            (summed,) = replies.values()
+            seen.append((int(summed.n_devices), float(summed.n) - exact_n,
+                         np.asarray(summed.s, float) - exact_s))
+            raise Stop   # the moments round is all this test reads
+
+    seen = []
+    for seed in range(60):
+        dp = DifferentialPrivacy(epsilon=2.0, delta=1e-5, data_bound=B, noise_seed=seed)
+        p = Spy(4, init="candidates", max_rounds=3, n_features=5, privacy=dp, noise_devices=n_min)
+        t = InProcessTransport(secure_aggregation=True, drop_after_masking=[1, 4],
+                               on_client_error="drop")
+        with pytest.raises(Stop):
+            t.run(p, dict(enumerate(fed)), 2)
+    sigma = p.plan.releases[0].noise_std
+    assert {m for m, _, _ in seen} == {4}
+    # 60 draws of the count (std σ/B²) and 300 of the sum (std σ/B): within ~3 sd
+    assert np.var([c for _, c, _ in seen]) / (sigma / B ** 2) ** 2 == pytest.approx(1.0, rel=0.55)
+    assert np.var([s for _, _, s in seen]) / (sigma / B) ** 2 == pytest.approx(1.0, rel=0.25)
+    # and the run itself names the two and completes
     dp = DifferentialPrivacy(epsilon=2.0, delta=1e-5, data_bound=B, noise_seed=1)
     t = InProcessTransport(secure_aggregation=True, drop_after_masking=[1, 4],
                            on_client_error="drop")

@@ -31,17 +31,43 @@ ROBUST = [
 ]
 
 
-@pytest.mark.parametrize("make", ROBUST + [lambda k, **kw: KMeansLloyd(k, **kw)])
-def test_equals_lloyd_on_clean_separated_data(make):
+def _geomedian_gradient(c, P):
+    """Norm of the gradient of Σ ‖c − p‖ at c: 0 at the geometric median."""
+    u = c - P
+    return float(np.linalg.norm((u / np.linalg.norm(u, axis=1, keepdims=True)).sum(axis=0)))
+
+
+@pytest.mark.parametrize("rule", ["trim-default", "trim-mean", "trim-quantile", "trim-median",
+                                  "geomedian", "lloyd"])
+def test_equals_lloyd_on_clean_separated_data(rule):
+    """Same partition as scikit-learn's Lloyd; each centre is its own rule's centre of that
+    partition, computed independently (mean, scipy's trimmed mean, or the point where the
+    geometric median's gradient vanishes)."""
+    from scipy.stats import trim_mean
+
+    make = dict(zip(["trim-default", "trim-mean", "trim-quantile", "trim-median", "geomedian"],
+                    ROBUST)).get(rule, lambda k, **kw: KMeansLloyd(k, **kw))
     X, lab, _ = _blobs(0)
     init = X[[np.flatnonzero(lab == j)[0] for j in range(4)]]
-    ref = KMeans(4, init=init, n_init=1, algorithm="lloyd").fit(X)
+    ref = KMeans(4, init=init, n_init=1, algorithm="lloyd", tol=0).fit(X)
     est = make(4, init=init).fit(X)
     np.testing.assert_array_equal(est.labels_, ref.labels_)
-    # the centre rules differ (mean of kept points / trimmed mean / geomedian) but agree to
-    # within the noise of a cluster's centre estimate
-    np.testing.assert_allclose(est.cluster_centers_, ref.cluster_centers_, atol=0.35)
     np.testing.assert_array_equal(est.predict(X), est.labels_)
+    C, L = est.cluster_centers_, ref.labels_
+    if rule in ("trim-default", "trim-median", "lloyd"):   # nothing trimmed on clean data
+        np.testing.assert_allclose(C, ref.cluster_centers_, rtol=0, atol=1e-10)
+    elif rule == "trim-mean":
+        tm = np.array([trim_mean(X[L == j], 0.25, axis=0) for j in range(4)])
+        np.testing.assert_allclose(C, tm, rtol=0, atol=1e-10)
+    elif rule == "trim-quantile":           # the mean of the 75 % kept
+        keep = est.inlier_mask_
+        assert keep.mean() == pytest.approx(0.75, abs=0.01)
+        kept = np.array([X[(L == j) & keep].mean(axis=0) for j in range(4)])
+        np.testing.assert_allclose(C, kept, rtol=0, atol=1e-10)
+    else:
+        assert max(_geomedian_gradient(C[j], X[L == j]) for j in range(4)) < 1e-6
+        # the geometric median is not the mean: the rule really differs from Lloyd's
+        assert np.abs(C - ref.cluster_centers_).max() > 1e-3
 
 
 def test_trimmed_kmeans_default_radius_keeps_all_clean_points_exactly_lloyd():

@@ -47,8 +47,16 @@ def test_too_few_samples_says_so_and_l2_regularises():
         RobustClusteredRegression(1).fit(Xs, ys)
     with pytest.raises(ValidationError, match="l2 > 0"):
         local_erm(Xs[4], ys[4], owner="machine 4")
+    # l2 > 0: ridge regression, (1/2n)‖Xw + b − y‖² + (l2/2)‖w‖², i.e. scikit-learn's Ridge
+    # with alpha = n·l2, even with fewer samples than features
+    from sklearn.linear_model import Ridge
+    for l2 in (1e-3, 0.5):
+        wb = local_erm(Xs[4], ys[4], l2=l2, owner="machine 4")
+        ref = Ridge(alpha=4 * l2).fit(Xs[4], ys[4])
+        np.testing.assert_allclose(wb, np.r_[ref.coef_, ref.intercept_], rtol=1e-9, atol=1e-12)
     r = RobustClusteredRegression(1, l2=1e-3, rounds=2, random_state=0).fit(Xs, ys)
     assert r.coef_.shape == (1, 6)
+    np.testing.assert_allclose(r.coef_[0], np.ones(6), atol=0.05)   # y = X·1, tiny shrinkage
 
 
 @pytest.mark.parametrize("change,needle", [

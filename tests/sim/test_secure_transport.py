@@ -100,6 +100,19 @@ def test_a_third_dropping_after_masking_are_named_and_the_run_completes(fed):
     assert "dropped after masking" in m.run_log_.failed[1]
     assert m.run_log_.participants == [0, 2, 3, 5]
     assert np.isfinite(m.cluster_centers_).all()
+    # what the server unmasks is the plaintext sum over the four survivors (their masks
+    # with the dropped two are reconstructed and removed), to fixed-point precision
+    p = _Spy(4, points_per_device=5, max_rounds=3, tol=0.0)
+    p.seen = []
+    InProcessTransport(secure_aggregation=True, drop_after_masking=[1, 4],
+                       on_client_error="drop").run(p, dict(enumerate(fed)), 11)
+    plain, _ = _run(fed, secure=False)
+    (summed,) = p.seen[0].values()
+    for field in ("sums", "counts", "cost"):
+        survivors = sum(plain.seen[0][z][field] for z in (0, 2, 3, 5))
+        everyone = sum(plain.seen[0][z][field] for z in range(6))
+        np.testing.assert_allclose(summed[field], survivors, rtol=0, atol=4 * 2.0 ** -20)
+        assert np.abs(survivors - everyone).max() > 1.0
 
 
 def test_rounds_that_cannot_be_summed_are_refused(fed):

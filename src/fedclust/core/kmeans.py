@@ -105,8 +105,14 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
     exactly one assignment + update round (k-FED's server step).
 
     With ``relocate_empty`` an emptied cluster is moved to the point farthest
-    from its center (as scikit-learn does), so every returned center has
-    weight > 0 whenever n >= k.
+    from its center among clusters that keep another point (as scikit-learn
+    does; :func:`relocate_empty_centers`). When X has at least k *distinct*
+    points and the run stops because its labels stay the same, every
+    returned center has weight > 0. With fewer distinct points duplicates tie
+    to one center and some centers stay empty (X = [0, 0, 10], k = 3 ends with
+    weights (2, 1, 0)); a run cut off by ``max_iter`` returns the nearest-center
+    labels of its last centers, where a cluster may be empty as in
+    scikit-learn.
     """
     k = init.shape[0]
     centers = np.array(init, dtype=X.dtype, copy=True)
@@ -140,7 +146,15 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
 
 
 def relocate_empty_centers(X, labels, centers, counts, mind, weights):
-    """Move each empty center onto a far point taken from a non-singleton cluster."""
+    """Move each empty center onto a far point taken from a cluster that keeps another point.
+
+    Points are taken farthest first (``mind``: squared distance to their
+    center); a point whose cluster would be left with no weight is skipped, so
+    a one-point cluster is never emptied. Without weights and with n >= k
+    every cluster of the returned labels has at least one point (duplicates
+    included). Returns the means of the returned labels (k, d), the labels
+    (n,) and the per-cluster weights (k,).
+    """
     order = np.argsort(-mind, kind="stable")
     empties = np.flatnonzero(counts == 0)
     taken = 0

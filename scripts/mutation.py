@@ -1,0 +1,183 @@
+"""Mutation testing of the privacy, secure-aggregation and k-means core (``make mutation``).
+
+mutmut makes small plausible bugs (an operator, a constant, a comparison) one
+at a time in one module and runs the tests of that module's area against each;
+a mutant that no test notices *survives*. Each module runs on its own, in a
+scratch copy under ``.mutation/<module>/`` (the work tree is never changed),
+with only its own tests, at low CPU priority.
+
+Usage::
+
+    python scripts/mutation.py                    # every module below
+    python scripts/mutation.py core/kmeans.py     # one module
+    python scripts/mutation.py --list             # the modules and their tests
+
+Prints a table (killed, survived, timeouts, score, minutes) and writes
+``.mutation/summary.json``; ``mutmut results`` / ``mutmut show NAME`` inside a
+module's scratch folder list and show its survivors. Surviving mutants are
+reviewed in ``docs/developer.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".mutation"
+
+#: module (under src/fedclust) -> the test files that guard it
+MODULES: dict[str, list[str]] = {
+    "core/kmeans.py": ["tests/core/test_kmeans_kernels.py", "tests/core/test_kmeans_relocation.py",
+                       "tests/lloyd",
+                       "tests/kfed/test_local_kmeans.py", "tests/kfed/test_server_kfed.py"],
+    "lloyd/protocol.py": ["tests/lloyd", "tests/privacy/test_privacy.py",
+                          "tests/privacy/test_sensitivity.py",
+                          "tests/privacy/test_lloyd_kfed_init.py",
+                          "tests/privacy/test_secure_dp.py"],
+    "kfed/server.py": ["tests/kfed/test_server_kfed.py", "tests/kfed/test_kfed_server_kmeanspp.py",
+                       "tests/kfed/test_kfed.py", "tests/kfed/test_kfed_trim.py"],
+    "core/secure_sum.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py"],
+    "core/secagg.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py"],
+    "privacy/mechanisms.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy.py",
+                              "tests/privacy/test_sensitivity.py"],
+    "privacy/kmeans.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy.py",
+                          "tests/privacy/test_sensitivity.py",
+                          "tests/lloyd"],
+    "privacy/accounting.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_spec.py",
+                              "tests/privacy/test_privacy_fl.py",
+                              "tests/privacy/test_privacy_preprocess.py"],
+    "privacy/spec.py": ["tests/privacy/test_spec.py", "tests/privacy/test_privacy.py"],
+    "privacy/distributed.py": ["tests/privacy/test_secure_dp.py"],
+    "privacy/columns.py": ["tests/privacy/test_mechanisms.py",
+                           "tests/privacy/test_privacy_preprocess.py",
+                           "tests/privacy/test_sensitivity.py"],
+}
+
+
+FRESH_CACHES = """
+
+@pytest.fixture(autouse=True)
+def _fresh_accountant_cache():
+    from fedclust.privacy import accounting
+
+    accounting._epsilon.cache_clear()
+    yield
+"""
+
+
+def mutmut_section(module: str, tests: list[str]) -> str:
+    lines = ["", "[tool.mutmut]",
+             'source_paths = ["src"]',
+             f'only_mutate = ["src/fedclust/{module}"]',
+             "pytest_add_cli_args_test_selection = [" + ", ".join(f'"{t}"' for t in tests) + "]",
+             # the mutation venv has no Flower: its transport tests are left to make test
+             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q", "-k", '
+             '"not flower and not Flower"]']
+    return "\n".join(lines) + "\n"
+
+
+def scratch(module: str, tests: list[str]) -> Path:
+    """A fresh copy of src/, the module's tests and pyproject.toml with its mutmut section."""
+    where = WORK / module.replace("/", "__")
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src", where / "src", ignore=ignore)
+    (where / "tests").mkdir()
+    shutil.copy(ROOT / "tests" / "conftest.py", where / "tests" / "conftest.py")
+    for t in tests:
+        src = ROOT / t
+        dst = where / t
+        if not src.exists():
+            raise SystemExit(f"{module}: test path {t} does not exist")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy(src, dst)
+    # each mutant runs in a process forked after the tests were collected and run once:
+    # the accountant's memoised compositions would answer without running mutated code
+    with open(where / "tests" / "conftest.py", "a") as f:
+        f.write(FRESH_CACHES)
+    text = (ROOT / "pyproject.toml").read_text()
+    (where / "pyproject.toml").write_text(text + mutmut_section(module, tests))
+    return where
+
+
+def results(where: Path, mutmut: list[str]) -> dict[str, list[str]]:
+    out = subprocess.run(mutmut + ["results", "--all", "true"], cwd=where, capture_output=True,
+                         text=True).stdout
+    by_status: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+): (.+)$", line)
+        if m:
+            by_status.setdefault(m.group(2).strip(), []).append(m.group(1))
+    return by_status
+
+
+def run_module(module: str, mutmut: list[str], children: int) -> dict:
+    tests = MODULES[module]
+    where = scratch(module, tests)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    t0 = time.perf_counter()
+    proc = subprocess.run(["nice", "-n", "15", *mutmut, "run", "--max-children", str(children)],
+                          cwd=where, env=env, capture_output=True, text=True)
+    minutes = (time.perf_counter() - t0) / 60.0
+    (where / "mutmut-run.log").write_text(proc.stdout + proc.stderr)
+    by_status = results(where, mutmut)
+    killed = len(by_status.get("killed", []))
+    survived = by_status.get("survived", [])
+    timeouts = len(by_status.get("timeout", []))
+    total = sum(len(v) for v in by_status.values())
+    return {"module": module, "tests": tests, "total": total, "killed": killed,
+            "survived": survived, "timeout": timeouts, "other": {
+                k: len(v) for k, v in by_status.items()
+                if k not in ("killed", "survived", "timeout")},
+            "score": (killed + timeouts) / max(total, 1), "minutes": round(minutes, 1),
+            "exit_code": proc.returncode}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modules", nargs="*", help="modules under src/fedclust (default: all)")
+    ap.add_argument("--list", action="store_true", help="print the modules and their tests")
+    ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers")
+    args = ap.parse_args(argv)
+    if args.list:
+        for m, t in MODULES.items():
+            print(f"{m:24s} {' '.join(t)}")
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        ap.error(f"unknown module(s) {unknown}; choose from {sorted(MODULES)}")
+    mutmut = [sys.executable, "-m", "mutmut"]
+    if subprocess.run(mutmut + ["--version"], capture_output=True).returncode != 0:
+        print("mutmut is not installed: pip install -e '.[mutation]'", file=sys.stderr)
+        return 2
+    rows = []
+    summary_path = WORK / "summary.json"
+    done = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    for module in args.modules or list(MODULES):
+        row = run_module(module, mutmut, args.max_children)
+        rows.append(row)
+        done[module] = row
+        summary_path.write_text(json.dumps(done, indent=1))
+        print(f"{module:24s} mutants {row['total']:4d}  killed {row['killed']:4d}  "
+              f"survived {len(row['survived']):3d}  timeout {row['timeout']:2d}  "
+              f"score {row['score']:.1%}  {row['minutes']:.1f} min", flush=True)
+        for name in row["survived"]:
+            print(f"    survived: {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

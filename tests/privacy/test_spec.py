@@ -1,0 +1,76 @@
+"""The privacy request: its checks name the bad field, prior releases are read and
+composed as documented, and the config round trip keeps everything."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedclust.core.exceptions import ValidationError
+from fedclust.privacy import DifferentialPrivacy, Release, calibrate
+
+
+@pytest.mark.parametrize("kwargs,text", [
+    (dict(epsilon=0.0, delta=1e-6), "privacy: epsilon=0.0 must be > 0 (math.inf for no privacy)"),
+    (dict(epsilon=1.0, delta="x"), "privacy: delta='x' must be a real number"),
+    (dict(epsilon=1.0, delta=1e-6, clip_norm=0.0), "privacy: clip_norm=0.0 must be a finite "
+                                                   "number > 0"),
+    (dict(epsilon=1.0, delta=1e-6, clip_norm="2"), "privacy: clip_norm='2' must be a real "
+                                                   "number"),
+    (dict(epsilon=1.0, delta=1e-6, noise_seed=-1), "privacy: noise_seed=-1 must be an int >= 0"),
+    (dict(epsilon=1.0, delta=1e-6, noise_seed=1.5), "privacy: noise_seed=1.5 must be an int"),
+    (dict(epsilon=1.0, delta=1e-6, noise_seed=True), "privacy: noise_seed=True must be an int"),
+])
+def test_bad_fields_are_named(kwargs, text):
+    with pytest.raises(ValidationError) as exc:
+        DifferentialPrivacy(**kwargs)
+    assert str(exc.value).startswith(text)
+
+
+def test_prior_releases_are_read_with_their_sampling():
+    dp = DifferentialPrivacy(1.0, 1e-6, prior=[("a", 2, 3, 1.5), ("b", 1.0, 1, 2.0, 0.25),
+                                               ("c", 1.0, 1, 2.0, 1.0)])
+    assert dp.prior == (("a", 2.0, 3, 1.5, 1.0), ("b", 1.0, 1, 2.0, 0.25),
+                        ("c", 1.0, 1, 2.0, 1.0))
+    for bad in [("a", 1.0, 1, 2.0, 0.0), ("a", 1.0, 1, 2.0, 1.5), ("a", 1.0, 1, 2.0, 0.5, 9),
+                ("a", 1.0), ("a", "x", 1, 2.0)]:
+        with pytest.raises(ValidationError) as exc:
+            DifferentialPrivacy(1.0, 1e-6, prior=[bad])
+        assert str(exc.value) == (f"privacy: prior release {bad!r} must be (what, sensitivity, "
+                                  "repeats, noise multiplier[, sampling in (0, 1]])")
+
+
+def test_after_adds_the_plan_to_the_prior_and_the_config_keeps_it():
+    dp = DifferentialPrivacy(2.0, 1e-6, data_bound=1.0, prior=[("p", 1.0, 1, 3.0)])
+    plan = calibrate(dp, [Release("x", 1.0, 2)])
+    later = dp.after(plan)
+    (x,) = plan.releases
+    assert later.prior == (("p", 1.0, 1, 3.0, 1.0),
+                           ("x", 1.0, 2, x.noise_multiplier, 1.0))
+    assert later.epsilon == 2.0 and later.data_bound == 1.0
+    back = DifferentialPrivacy.from_config(later.to_config())
+    assert back == later
+    inf = DifferentialPrivacy(math.inf, 1e-6, clip_norm=2.0, noise_seed=4)
+    assert inf.to_config()["epsilon"] == "inf"
+    assert DifferentialPrivacy.from_config(inf.to_config()) == inf
+    assert DifferentialPrivacy.from_config({**inf.to_config(), "epsilon": "Infinity"}) == inf
+
+
+def test_from_config_names_unknown_and_missing_keys():
+    with pytest.raises(ValidationError, match=r"^privacy: epsilon and delta are required$"):
+        DifferentialPrivacy.from_config({"epsilon": 1.0})
+    with pytest.raises(ValidationError, match=r"unknown key\(s\) \['bound'\]"):
+        DifferentialPrivacy.from_config({"epsilon": 1.0, "delta": 1e-6, "bound": 2})
+
+
+def test_require_names_the_missing_bound():
+    dp = DifferentialPrivacy(1.0, 1e-6, unit="device")
+    with pytest.raises(ValidationError) as exc:
+        dp.require(data_bound=True)
+    assert str(exc.value) == ("privacy: this estimator needs data_bound (the norm every point "
+                              "is clipped to); got None")
+    with pytest.raises(ValidationError) as exc:
+        dp.require(clip_norm=True, family="X")
+    assert str(exc.value) == ("privacy: X with unit='device' needs clip_norm (the bound on one "
+                              "device's contribution); got None")
