@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from fedclust.core.policy import DevicePolicy  # noqa: E402
 from fedclust.flower.apps import (ServerAppFailed, ServerSpec, make_client_app,  # noqa: E402
                                   make_server_app)
 from fedclust.flower.grid import LocalGrid, run_server_app  # noqa: E402
@@ -51,8 +52,12 @@ def _protocol(private):
 
 
 def _client(devices):
+    # the nodes' owner runs the test: a noise seed (for a reproducible private run) and the
+    # per-point outputs are allowed
     return make_client_app(lambda ctx: (int(ctx.node_config["partition-id"]),
-                                        devices[int(ctx.node_config["partition-id"])]))
+                                        devices[int(ctx.node_config["partition-id"])]),
+                           policy=lambda ctx: DevicePolicy(allow_noise_seed=True,
+                                                           allow_collect=True))
 
 
 def _serve(spec, grid):

@@ -11,25 +11,25 @@ import pytest
 from fedclust.core.exceptions import IncompatibleMessageError
 from fedclust.core.protocol import Request
 from fedclust.lloyd.messages import CandidateBroadcast, CenterBroadcast, ClusterSums, Moments
-from fedclust.lloyd.protocol import KFED_CANDIDATES, KFED_MOMENTS, DistributedLloydProtocol
+from fedclust.lloyd.protocol import DistributedLloydProtocol
 from fedclust.privacy import DifferentialPrivacy
 from fedclust.privacy import kmeans as pk
 
 DP = DifferentialPrivacy(1.0, 1e-6, data_bound=3.0)
 
 
-@pytest.mark.parametrize("init", ["candidates", "kfed"])
+@pytest.mark.parametrize("init", ["candidates"])
 @pytest.mark.parametrize("T", [1, 2, 5])
 def test_releases_weigh_the_candidates_and_the_last_round_T_plus_1(init, T):
     d, k = 6, 4
     p = DistributedLloydProtocol(k, init=init, max_rounds=T, privacy=DP, n_features=d)
     rels = p.releases()
     B = 3.0
-    expect = [(KFED_MOMENTS if init == "kfed" else pk.MOMENTS, 2 * B * B, 1, 1.0),
-              (KFED_CANDIDATES if init == "kfed" else pk.CANDIDATES,
-               B * math.sqrt(1 + 1 / k), 1, T + 1.0)]
-    if T > 1:
+    expect = [(pk.MOMENTS, 2 * B * B, 1, 1.0),
+              (pk.CANDIDATES, B * math.sqrt(1 + 1 / k), 1, T + 1.0)]
+    if T > 1:   # the middle rounds, and the first Lloyd round's spread (its trust radius)
         expect.append((pk.LLOYD, B * math.sqrt(1 + 1 / d), T - 1, 1.0))
+        expect.append((pk.SPREAD, B, 1, pk.SPREAD_SHARE))
     expect.append((pk.FINAL, B * math.sqrt(1 + 1 / d), 1, T + 1.0))
     got = [(r.what, r.sensitivity, r.repeats, r.share) for r in rels]
     assert got == [(w, pytest.approx(s, rel=1e-12), n, sh) for w, s, n, sh in expect]

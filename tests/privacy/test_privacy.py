@@ -180,10 +180,10 @@ def test_device_level_lloyd_runs_and_uses_clip_norm():
     dp = DifferentialPrivacy(2.0, 1e-6, unit="device", data_bound=B, clip_norm=C,
                              noise_seed=0)
     dl = DistributedLloyd(3, max_rounds=3, privacy=dp, random_state=0).fit(devs)
-    # every release's sensitivity is the point-level one times C / B
+    # every release's sensitivity is the point-level one times C / B (the spread's is B)
     sens = [r["sensitivity"] for r in dl.privacy_["releases"]]
     assert sens == pytest.approx([2 * B * C, C * math.sqrt(1 + 1 / 3), C * math.sqrt(1 + 1 / 4),
-                                  C * math.sqrt(1 + 1 / 4)], rel=1e-12)
+                                  C, C * math.sqrt(1 + 1 / 4)], rel=1e-12)
     assert np.isfinite(dl.cluster_centers_).all()
     # ε = ∞: with a clip norm no device reaches, the device-level fit is the point-level
     # one; with a small one every device is scaled down by one factor per release, which

@@ -73,7 +73,7 @@ def lloyd_requests(rng, d, k, p):
                               coords=rng.standard_normal((12, p)))
     centers = CenterBroadcast(rng.standard_normal((k, d)) * 3.0)
     return [(Request(0, "moments"), 0), (Request(1, "candidates", cand), 1),
-            (Request(2, "lloyd", centers), 2), (Request(4, "lloyd", centers), 3)]
+            (Request(2, "lloyd", centers), 2), (Request(4, "lloyd", centers), -1)]
 
 
 def lloyd_norm(action, reply, B):

@@ -205,9 +205,10 @@ def test_lost_release_costs_what_the_accountant_says(tmp_path):
     plan = resumed.privacy_["releases"]
     z = [r["noise_multiplier"] for r in plan]
     reps = [r["repeats"] for r in plan]
-    lost_z = resumed.run_log_.privacy_ledger["lost_releases"][0]["releases"][0][1]
-    assert lost_z == z[2]     # the crashed round 2 is the first Lloyd round
-    expected = composed_epsilon(list(zip(z, reps)) + [(lost_z, 1)], 1e-6)
+    lost = resumed.run_log_.privacy_ledger["lost_releases"][0]["releases"]
+    # the crashed round 2 is the first Lloyd round: its sums and the spread it also releases
+    assert [r[1] for r in lost] == [z[2], z[3]]
+    expected = composed_epsilon(list(zip(z, reps)) + [(r[1], 1) for r in lost], 1e-6)
     assert resumed.run_log_.privacy_ledger["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
 
 
