@@ -208,3 +208,52 @@ def test_an_honest_private_run_of_every_family_is_accepted(family):
                 asked[a] <= declared[a] for a in asked)
         else:
             assert asked == declared, (family, z)
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class _CrashAfterStep(InProcessTransport):
+    """Crashes once, after the server step of its round ``at`` (replies in, released)."""
+
+    def __init__(self, at, **kw):
+        super().__init__(**kw)
+        self.at, self.n = at, 0
+
+    def _server_step(self, protocol, state, request, replies):
+        n, self.n = self.n, self.n + 1
+        super()._server_step(protocol, state, request, replies)
+        if n == self.at:
+            raise _Crash(f"crash after round {n}")
+
+
+def test_a_resumed_private_run_is_accepted_and_charged_again(tmp_path):
+    """The resumed run redoes the crashed Lloyd round (same round and action, new secure
+    round id). In process the devices' memory ends with the crashed run, so the resumed run
+    is a new fit for them: they answer the redone round, their own ledger charges the fit a
+    second time (the safe side) and the run's write-ahead ledger names the lost release."""
+    from fedclust import DistributedLloyd
+
+    rng = np.random.default_rng(1)
+    Xs = [np.clip(rng.normal(0, 1, (30, 3)), -2, 2) + (z % 2) for z in range(5)]
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=4.0, noise_seed=5)
+    pol = DevicePolicy(allow_collect=True, allow_noise_seed=True, epsilon=10.0)
+
+    def fit(transport):
+        return DistributedLloyd(2, max_rounds=3, tol=0.0, init="candidates", privacy=dp,
+                                random_state=0, secure_aggregation=True).fit(
+                                    Xs, transport=transport)
+
+    folder = tmp_path / "run"
+    with pytest.raises(_Crash):   # round 2 is the first Lloyd round
+        fit(_CrashAfterStep(2, checkpoint_dir=folder, policies=pol, secure_aggregation=True))
+    resumed = fit(InProcessTransport(checkpoint_dir=folder, resume=True, policies=pol,
+                                     secure_aggregation=True))
+    assert not resumed.run_log_.failed
+    assert [e["round"] for e in resumed.run_log_.privacy_ledger["lost_releases"]] == [2]
+    assert all(len(pol.ledger_object(f"device {z}").entries) == 2 for z in range(5))
+    ref = fit(InProcessTransport(policies=DevicePolicy(allow_collect=True,
+                                                       allow_noise_seed=True),
+                                 secure_aggregation=True))
+    np.testing.assert_array_equal(resumed.cluster_centers_, ref.cluster_centers_)
