@@ -261,6 +261,11 @@ class PreprocessProtocol(Protocol):
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
         return _State(tuple(int(z) for z in device_ids))
 
+    def declared_rounds(self) -> dict[str, int]:
+        """The data rounds a fit asks of each device, by action: the moments at once, or
+        the sums then the squares about their centre."""
+        return {SUMS: 1, SQUARES: 1} if self.summed else {ACTION: 1}
+
     def next_request(self, state: _State) -> Request | None:
         if state.done:
             return None

@@ -193,3 +193,38 @@ def test_a_node_budget_needs_a_ledger_file():
         node_policy(ctx)
     ctx.node_config["policy-ledger"] = "/var/lib/fedclust/ledger.json"
     assert node_policy(ctx).ledger == "/var/lib/fedclust/ledger.json"
+
+
+def test_the_node_refuses_a_private_round_past_the_declared_ones():
+    """A server asking one Lloyd round more than the public config's max_rounds, under a
+    new round id (or an answered round again): each message is a new ClientApp call, so
+    the count lives in the node's state; the other nodes are untouched."""
+    from fedclust.lloyd.messages import RadiusBroadcast
+
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=20.0)
+    node = Node(DistributedLloydProtocol(2, max_rounds=2, tol=0.0, init="candidates",
+                                         privacy=dp, n_features=3))
+
+    def lloyd(r):
+        return Request(r, "lloyd", RadiusBroadcast(np.zeros((2, 3)), np.asarray(5.0)))
+
+    for r in (2, 3):
+        assert not isinstance(node.ask(0, lloyd(r)), str)
+    assert node.ask(0, lloyd(2)) == (
+        "PolicyRefusal: device 0: refuses a second 'lloyd' request for round 2 of private "
+        "protocol 'distributed-lloyd': it answered that round already (a repeat is a release "
+        "its ledger never charged)")
+    assert node.ask(0, lloyd(4)) == (
+        "PolicyRefusal: device 0: refuses 'lloyd' request 3 of private protocol "
+        "'distributed-lloyd': the fit declares 2 'lloyd' round(s)")
+    assert not isinstance(node.ask(1, lloyd(4)), str)   # device 1 answered none yet
+
+
+def test_an_honest_private_flower_run_is_accepted_by_counting_nodes():
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=20.0)
+    proto = DistributedLloydProtocol(2, max_rounds=3, tol=0.0, init="candidates", privacy=dp,
+                                     n_features=3)
+    out = FlowerInMemoryTransport(policies=DevicePolicy(allow_collect=True)).run(
+        proto, _devices(), 0)
+    assert not out.log.failed and sorted(out.log.participants) == list(range(N))
+    assert out.meter.rounds == sum(proto.declared_rounds().values())

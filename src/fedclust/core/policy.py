@@ -24,6 +24,12 @@ before it touches its data:
   before; a fit that would pass the budget is refused, as is a protocol
   without differential privacy. Sampling amplification is not counted: the
   device cannot know whether the server saw who was sampled.
+* the rounds of a private fit: the device counts the data requests it answers
+  per fit and refuses one past the rounds its protocol declares for that action
+  (``protocol.declared_rounds()``, computed from the public config; a protocol
+  without it: at most the sum of its plan's release repeats), and a second
+  request of a (round, action) pair it already answered — each would be a
+  release its ledger never charged.
 
 A refusal is a :class:`PolicyRefusal`: one line that starts with the device
 id, which the server's run log keeps (``log.failed``).
@@ -50,6 +56,7 @@ __all__ = ["DevicePolicy", "PolicyRefusal", "PrivacyLedger", "group_threshold", 
 
 SECURE_MODES = ("any", "required", "signed")
 _CHARGED = "policy.charged"  # device state entry: fingerprints of the fits already charged
+_ANSWERED = "policy.answered."  # + a fit's fingerprint: the (round, action) pairs it answered
 
 
 class PolicyRefusal(ValidationError):
@@ -199,9 +206,11 @@ class DevicePolicy:
         return group_threshold(group_size)
 
     def check_request(self, protocol: Any, action: str, state: dict, device: str, *,
-                      secure: bool) -> None:
+                      secure: bool, round_index: int | None = None) -> None:
         """Before a data request runs on the device (``secure``: it arrived as the
-        ``mask`` stage of a secure sum). Charges the ledger on a fit's first request."""
+        ``mask`` stage of a secure sum). Charges the ledger on a fit's first request;
+        with ``round_index`` (the request's round) a private fit's request is also
+        counted against the rounds its protocol declares."""
         name = self._check_protocol(protocol, device)
         if self.actions is not None:
             allowed = self.actions[name]
@@ -219,8 +228,15 @@ class DevicePolicy:
                 and not self.allow_noise_seed):
             raise PolicyRefusal(f"{device}: refuses a private protocol whose noise seed the "
                                 "server chose (a known seed makes the noise removable)")
+        answered = None
+        if round_index is not None and _private(protocol):
+            answered = _check_rounds(protocol, name, action, int(round_index), state, device)
         if self.epsilon is not None:
             self._charge(protocol, name, state, device)
+        if answered is not None:  # recorded once everything above accepted it
+            answered.append([int(round_index), str(action)])
+            state[_ANSWERED + _fingerprint(protocol)] = np.frombuffer(
+                json.dumps(answered).encode(), np.uint8).copy()
 
     def _check_protocol(self, protocol: Any, device: str) -> str:
         name = getattr(protocol, "name", type(protocol).__name__)
@@ -286,6 +302,40 @@ def _fingerprint(protocol: Any) -> str:
         cfg = {}
     text = json.dumps([getattr(protocol, "name", ""), cfg], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _private(protocol: Any) -> bool:
+    privacy = getattr(protocol, "privacy", None)
+    return privacy is not None and bool(getattr(privacy, "private", False))
+
+
+def _check_rounds(protocol: Any, name: str, action: str, round_index: int, state: dict,
+                  device: str) -> list[list]:
+    """The (round, action) pairs this fit answered so far; refuses a repeated pair or a
+    request past the rounds the protocol (built on the device from the public config)
+    declares for ``action``."""
+    raw = state.get(_ANSWERED + _fingerprint(protocol))
+    answered = [] if raw is None else json.loads(np.asarray(raw, np.uint8).tobytes())
+    if [round_index, action] in answered:
+        raise PolicyRefusal(f"{device}: refuses a second {action!r} request for round "
+                            f"{round_index} of private protocol {name!r}: it answered that "
+                            "round already (a repeat is a release its ledger never charged)")
+    declared = getattr(protocol, "declared_rounds", None)
+    if declared is not None:
+        allowed = int(declared().get(action, 0))
+        done = sum(1 for _, a in answered if a == action)
+        if done >= allowed:
+            raise PolicyRefusal(f"{device}: refuses {action!r} request {done + 1} of private "
+                                f"protocol {name!r}: the fit declares {allowed} {action!r} "
+                                "round(s)")
+    else:  # no declared rounds: at most one request per release the plan declares
+        releases = getattr(getattr(protocol, "plan", None), "releases", None) or ()
+        allowed = sum(max(int(r.repeats), 0) for r in releases)
+        if len(answered) >= allowed:
+            raise PolicyRefusal(f"{device}: refuses {action!r} request {len(answered) + 1} of "
+                                f"private protocol {name!r}: its plan declares {allowed} "
+                                "release(s)")
+    return answered
 
 
 def _events(protocol: Any, name: str, device: str) -> list[tuple[float, int]]:

@@ -292,6 +292,11 @@ class FLProtocol(Protocol):
     def _live(self, state: _State) -> list[int]:
         return [z for z in state.ids if z not in state.silent]
 
+    def declared_rounds(self) -> dict[str, int]:
+        """The data rounds a private fit asks of each device, by action: one training
+        round per FL round (a private fit selects devices at random: no loss probes)."""
+        return {TRAIN: self.rounds}
+
     def next_request(self, state: _State) -> Request | None:
         while True:
             if state.queue:

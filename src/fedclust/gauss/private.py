@@ -204,6 +204,10 @@ class PrivateGaussClassifierProtocol(PrivateGaussBase, GaussClassifierProtocol):
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
         return _State(tuple(int(z) for z in device_ids), int(seed), local_counts={})
 
+    def declared_rounds(self) -> dict[str, int]:
+        """The data rounds a fit asks of each device, by action: its one round."""
+        return {ACTION: 1}
+
     def next_request(self, state: _State) -> Request | None:
         return Request(0, ACTION) if state.round == 0 else None
 

@@ -173,6 +173,10 @@ class PrivateGaussProtocol(PrivateGaussBase, GaussProtocol):
         return cls(means=np.asarray(means, float), maps=np.asarray(maps, float),
                    log_weights=np.asarray(log_weights, float))
 
+    def declared_rounds(self) -> dict[str, int]:
+        """The data rounds a fit asks of each device, by action (``2 + n_rounds``)."""
+        return {ACTION: 2 + self.n_rounds}
+
     def next_request(self, state: _State) -> Request | None:
         if state.round >= 2 + self.n_rounds:
             return None

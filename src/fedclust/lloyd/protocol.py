@@ -212,6 +212,13 @@ class DistributedLloydProtocol(Protocol):
         out.append(pk.sums_release(self.privacy, d, what=pk.FINAL, share=float(T + 1)))
         return out
 
+    def declared_rounds(self) -> dict[str, int]:
+        """The data rounds a fit asks of each device, by action (its start, then at most
+        ``max_rounds`` Lloyd rounds; the spread rides on the first): a device's policy
+        refuses more."""
+        start = {"box": {"candidates": 1}, "candidates": {"moments": 1, "candidates": 1}}
+        return {**start.get(self.init, {self.init: 1}), "lloyd": self.max_rounds}
+
     @property
     def noisy(self) -> bool:
         """True when the run releases noisy statistics only (finite ε)."""

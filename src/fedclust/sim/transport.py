@@ -163,12 +163,14 @@ class InProcessTransport:
                                        raise_client_errors=self.on_client_error == "raise",
                                        identities=identities,
                                        admit=lambda zs: self._admit(protocol, request.action, zs,
-                                                                    log, secure=True),
+                                                                    log, secure=True,
+                                                                    round_index=request.round),
                                        policies=self._policies,
                                        round_id=None if ckpt is None else
                                        ckpt.secure_round_id(request.round))
             else:
-                allowed = self._admit(protocol, request.action, targets, log, secure=False)
+                allowed = self._admit(protocol, request.action, targets, log, secure=False,
+                                      round_index=request.round)
                 replies = self._round(protocol, state, request, allowed, devices, states, seed,
                                       log, meter)
             meter.rounds += 1
@@ -216,15 +218,17 @@ class InProcessTransport:
                 outputs[z] = protocol.client_finish(final, devices[z], states[z])
         return RunOutput(result, outputs, meter, log, seed)
 
-    def _admit(self, protocol, action: str, targets, log, *, secure: bool) -> list[int]:
-        """The targets whose policy accepts the request; a refusal is a client error."""
+    def _admit(self, protocol, action: str, targets, log, *, secure: bool,
+               round_index: int | None = None) -> list[int]:
+        """The targets whose policy accepts the request; a refusal is a client error.
+        ``round_index``: the request's round, counted per device for a private fit."""
         allowed = []
         for z in targets:
             pol = self._policies.get(z)
             if pol is not None:
                 try:
                     pol.check_request(protocol, action, self._charged[z], f"device {z}",
-                                      secure=secure)
+                                      secure=secure, round_index=round_index)
                 except PolicyRefusal as exc:
                     _DEVICE_LOG.warning("fedclust: %s", exc)
                     if self.on_client_error == "raise":
@@ -309,7 +313,8 @@ class InProcessTransport:
     def _assign_late(self, protocol, result, late, devices, states, seed, log, meter):
         request = late_request(protocol, result)
         reply_type = protocol.reply_types[request.action]
-        late = self._admit(protocol, request.action, late, log, secure=False)
+        late = self._admit(protocol, request.action, late, log, secure=False,
+                           round_index=request.round)
         for z in late:
             meter.record_down(z, message_nbytes(request.payload))
             try:
