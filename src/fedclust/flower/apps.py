@@ -52,7 +52,8 @@ from ..core.policy import DevicePolicy, PolicyRefusal
 from ..core.secure_sum import (DeviceIdentity, SecureAggregation, SecureSumServer,
                                check_summable, secure_sum_client)
 from ..sim.secure import summed_replies
-from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
+from .codec import (ERROR, FINISH_ACTION, FORGET_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
+                    SECAGG, SECAGG_STAGE,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
 from ..core.registry import all_actions, protocol_from_config
 from ..unlearning.store import SummaryStore, record_round
@@ -726,6 +727,11 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                                         action=request.action)
                 content = RecordDict({SECAGG: arrays_to_record(out)})
                 _save_state(context, state)
+            elif request.action == FORGET_ACTION:
+                from .forget import forget_reply
+
+                content = forget_reply(protocol, request, seed, head, int(device_id), X,
+                                       context, pol)
             elif request.action == FINISH_ACTION:
                 collect = bool(head.get("collect"))
                 pol.check_finish(protocol, collect, me)
@@ -752,6 +758,6 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                                                        "message": str(exc)})})
         return Message(content, reply_to=msg)
 
-    for action in (HELLO_ACTION, FINISH_ACTION, GRAPH_ACTION, *all_actions()):
+    for action in (HELLO_ACTION, FINISH_ACTION, FORGET_ACTION, GRAPH_ACTION, *all_actions()):
         app.query(action)(handle)
     return app
