@@ -131,12 +131,14 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
     abs_tol = tol * var
     labels = None
     converged = False
+    final = None   # (labels, mind) of the current centers, when already computed
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
         new_labels, mind = assign(X, centers, x_sq)
         if labels is not None and np.array_equal(new_labels, labels):
             converged = True
             n_iter -= 1  # this pass only confirmed the previous update
+            final = (new_labels, mind)
             break
         labels = new_labels
         new_centers, counts = update_centers(X, labels, k, weights, centers, Xw)
@@ -147,7 +149,7 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
         if shift <= abs_tol:
             converged = True
             break
-    labels, mind = assign(X, centers, x_sq)
+    labels, mind = assign(X, centers, x_sq) if final is None else final
     w = np.ones(X.shape[0], dtype=X.dtype) if weights is None else weights
     counts = np.bincount(labels, weights=w, minlength=k)
     inertia = float(mind @ w)
