@@ -147,3 +147,35 @@ def test_the_policy_decides_whether_a_node_may_ask_and_bad_answers_are_rejected(
     # a device the server names but that no connected node answers for
     report = _forget(model, _grid({0: Xs[0], 3: Xs[3]}, {}), devices=[2])
     assert list(report.refused) == [2] and "no connected node" in report.refused[2]
+
+
+def test_the_generic_server_app_forgets_a_saved_model_from_the_run_config(tmp_path):
+    import json
+
+    from fedclust.core.registry import get_algorithm
+    from fedclust.flower.apps import make_server_app
+    from fedclust.model_io import load_model, save_model
+    from fedclust.unlearning.saved import saved_section
+
+    rng = np.random.default_rng(24)
+    Xs = _federation(rng, 5)
+    model = KFed(4, 2, random_state=1).fit(Xs, device_ids=[0, 1, 2, 3, 4])
+    sites = ["a", "b", "c", "d", "e"]
+    save_model(tmp_path / "model.npz", get_algorithm("kfed").export(model, None),
+               algorithm="kfed", sites=sites, unlearning=saved_section(model, sites))
+    data = dict(enumerate(Xs))
+    data[0] = Xs[0][5:]                               # site a deleted its first five rows
+    grid = _grid(data, {0: {"forget": "rows"}, 3: {"forget": "device"}})
+    run_server_app(make_server_app(result_root=tmp_path), grid,
+                   {"forget-model": "model.npz", "forget-out": "new/model.npz"})
+    doc = json.loads((tmp_path / "new" / "forget.json").read_text())
+    assert doc["devices"] == [3] and doc["rows"] == [0] and doc["refused"] == {}
+    saved = load_model(tmp_path / "new" / "model.npz")
+    assert saved.sites == ["a", "b", "c", "e"]
+    fresh = KFed(4, 2, random_state=1).fit([data[z] for z in (0, 1, 2, 4)],
+                                           device_ids=[0, 1, 2, 4])
+    assert np.array_equal(saved.exported.arrays["centers"], fresh.cluster_centers_)
+    # a model path outside the app's output folder is refused
+    with pytest.raises(Exception, match="outside the app's output folder"):
+        run_server_app(make_server_app(result_root=tmp_path / "new"), grid,
+                       {"forget-model": str(tmp_path / "model.npz")})

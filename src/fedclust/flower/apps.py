@@ -230,6 +230,17 @@ def make_server_app(spec: ServerSpec | None = None, *,
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         s = None
+        if spec is None and "forget-model" in context.run_config:
+            # the sites' forget requests against a saved model (fedclust.flower.forget)
+            from .forget import forget_from_run_config
+
+            try:
+                forget_from_run_config(grid, context.run_config, result_root or os.environ.get(
+                    "FEDCLUST_RESULT_ROOT") or os.getcwd())
+            except Exception as exc:
+                flwr_log(_ERROR, "fedclust: error: %s", one_line_cause(exc))
+                raise ServerAppFailed(one_line_cause(exc), exc) from None
+            return
         try:
             if spec is not None:
                 s = spec

@@ -29,6 +29,7 @@ site and rows (same seed, same device ids).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -42,7 +43,7 @@ from ..site_protocol import device_data_for
 from .codec import FORGET, REPLY, arrays_to_record, record_to_arrays, request_to_content
 
 __all__ = ["FlowerForgetReport", "forget_on_grid", "forget_reply", "make_forget_server_app",
-           "LEVELS"]
+           "forget_saved_model_on_grid", "forget_from_run_config", "LEVELS"]
 
 #: what a node's ``forget`` node config may say; ``"none"``: it does not withdraw
 LEVELS = ("device", "rows")
@@ -205,3 +206,36 @@ def make_forget_server_app(model: Any, devices: Iterable[Any] | None = None, *,
             on_result(report)
 
     return app
+
+
+def forget_saved_model_on_grid(path: str | Path, grid: Grid, out: str | Path | None = None,
+                               **kw: Any) -> tuple[Path | None, FlowerForgetReport]:
+    """:func:`forget_on_grid` for a saved ``model.npz`` (``fedclust run``'s model with its
+    kept summaries); writes the new model to ``out`` (default: in place) when something
+    was forgotten. Returns ``(the file written or None, the report)``."""
+    from ..unlearning.saved import load_forgettable
+
+    saved = load_forgettable(path)
+    report = forget_on_grid(saved.model, grid, **kw)
+    return (saved.write(out) if report.record is not None else None), report
+
+
+def forget_from_run_config(grid: Grid, run_config: Any, root: str | Path) -> FlowerForgetReport:
+    """The ServerApp's forget run (run config ``forget-model``): the model file and
+    ``forget-out`` (default: the model file) must lie inside the app's output folder
+    ``root``; writes ``forget.json`` (the report) beside the new model."""
+    import json
+
+    from .apps import confine_result_dir
+
+    model = Path(confine_result_dir(str(run_config["forget-model"]), root))
+    out = Path(confine_result_dir(str(run_config.get("forget-out") or model), root))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    target, report = forget_saved_model_on_grid(
+        model, grid, out, min_nodes=int(run_config.get("min-nodes", 1)),
+        node_wait_s=float(run_config.get("node-wait-s", 30.0)))
+    doc = {"model": None if target is None else str(target), "devices": report.devices,
+           "rows": report.rows, "refused": {str(z): r for z, r in report.refused.items()},
+           "record": None if report.record is None else report.record.to_json()}
+    (out.parent / "forget.json").write_text(json.dumps(doc, indent=1))
+    return report
