@@ -1,7 +1,7 @@
 """Forgetting a site on Flower: the sites' own forget requests, the server's recompute.
 
 A site that withdraws says so in its SuperNode's node config: ``forget="device"``
-(the site leaves; its data is no longer used) or ``forget="rows"`` (some rows
+(the site leaves; its summaries must go) or ``forget="rows"`` (some rows
 were deleted from its data file; the file now holds the remaining rows). The
 server of a fitted model (:func:`forget_on_grid`, or the ``ServerApp`` of
 :func:`make_forget_server_app`) sends every connected node, or the devices it
