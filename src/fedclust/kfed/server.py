@@ -160,9 +160,11 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
             best = weighted_kmeans(C, n_clusters, rng, weights=w, max_iter=max_iter, tol=tol)
         else:
             best = None
+            c_sq = (C * C).sum(axis=1)   # the same for every start (same bits)
+            c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
             for _ in range(KMEANS_PP_INIT):
-                res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng, weights=w)], weights=w,
-                            max_iter=max_iter, tol=tol)
+                res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng, weights=w, x_sq=c_sq)],
+                            weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
                 if best is None or res.inertia < best.inertia:
                     best = res
         final, labels, n_iter = best.centers, best.labels, best.n_iter
