@@ -179,3 +179,19 @@ def test_the_generic_server_app_forgets_a_saved_model_from_the_run_config(tmp_pa
     with pytest.raises(Exception, match="outside the app's output folder"):
         run_server_app(make_server_app(result_root=tmp_path / "new"), grid,
                        {"forget-model": str(tmp_path / "model.npz")})
+
+
+def test_under_privacy_a_site_may_leave_but_not_release_its_rows_again():
+    from fedclust.privacy import DifferentialPrivacy
+
+    rng = np.random.default_rng(25)
+    Xs = _federation(rng, 5)
+    dp = DifferentialPrivacy(2.0, 1e-6, data_bound=30.0, noise_seed=4)
+    model = KFed(4, 2, privacy=dp, random_state=0).fit(Xs, device_ids=[0, 1, 2, 3, 4])
+    data = dict(enumerate(Xs))
+    data[1] = Xs[1][3:]
+    report = _forget(model, _grid(data, {1: {"forget": "rows"}, 4: {"forget": "device"}}))
+    assert list(report.refused) == [1] and report.devices == [4]
+    assert report.refused[1].startswith("device 1: PolicyRefusal: device 1: refuses to release")
+    fresh = KFed(4, 2, privacy=dp, random_state=0).fit(Xs[:4], device_ids=[0, 1, 2, 3])
+    assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
