@@ -3,8 +3,12 @@
 Cases (full mode; ``--quick`` shrinks them to seconds):
 
 ``kfed``
-    k-FED (paper server), 1,000 devices x 1,000 points, d = 50, k = 20, each
-    device holding k' = 5 of the 20 components (k-FED's heterogeneous setting).
+    k-FED (default server: weighted k-means++ restarts + weighted Lloyd over the
+    device centers), 1,000 devices x 1,000 points, d = 50, k = 20, each device
+    holding k' = 5 of the 20 components (k-FED's heterogeneous setting).
+``kfed-paper``
+    the same federation with the paper's server (farthest-first + one Lloyd
+    round, ``server="farthest-lloyd1"``).
 ``gauss``
     FedGaussClustering (evolving Gaussians, one round) on the same kind of
     federation with fewer devices (``--gauss-devices``, default 50): its server
@@ -155,6 +159,9 @@ def main(argv=None) -> int:
     if os.environ.get("OMP_NUM_THREADS") != "1":
         print("note: set OMP_NUM_THREADS=1 so that CPU time is the time of one thread")
     rows = [run_case("kfed", lambda: KFed(k, k_local, random_state=args.seed), devices, ids,
+                     10, args.seed),
+            run_case("kfed-paper", lambda: KFed(k, k_local, server="farthest-lloyd1",
+                                                random_state=args.seed), devices, ids,
                      10, args.seed)]
     g = args.gauss_devices
     rows.append(run_case("gauss", lambda: FedGaussClustering(random_state=args.seed),

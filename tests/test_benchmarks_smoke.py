@@ -122,7 +122,7 @@ def _check_real_federations(doc):
 
 
 def _check_unlearning(doc):
-    assert {r["case"] for r in doc["rows"]} == {"kfed", "gauss"}
+    assert {r["case"] for r in doc["rows"]} == {"kfed", "kfed-paper", "gauss"}
     for row in doc["rows"]:
         assert row["exact_device"] and row["exact_rows"] and row["exact_labels"]
         assert row["forget_s"] > 0 and row["retrain_s"] > 0 and row["local_step_s"] > 0

@@ -22,21 +22,26 @@ __all__ = ["squared_distances", "assign", "lloyd", "kmeans_plusplus", "LloydResu
 BLOCK = 4096
 
 
-def squared_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+def squared_distances(X: np.ndarray, C: np.ndarray, x_sq: np.ndarray | None = None
+                      ) -> np.ndarray:
     """All squared Euclidean distances between rows of X (n, d) and C (k, d).
 
     Returns an (n, k) array, clipped at 0 (the expansion can round below 0).
+    ``x_sq`` (n,): ``(X * X).sum(axis=1)`` when the caller already has it (same bits).
     """
-    D = (X * X).sum(axis=1)[:, None] - 2.0 * (X @ C.T) + (C * C).sum(axis=1)[None, :]
+    if x_sq is None:
+        x_sq = (X * X).sum(axis=1)
+    D = x_sq[:, None] - 2.0 * (X @ C.T) + (C * C).sum(axis=1)[None, :]
     np.maximum(D, 0.0, out=D)
     return D
 
 
-def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def assign(X: np.ndarray, C: np.ndarray, x_sq: np.ndarray | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Nearest center of every row of X, blockwise.
 
     Returns ``(labels, min_sq_dist)``: int64 (n,) and float (n,). Ties go to the
-    lowest center index.
+    lowest center index. ``x_sq`` (n,): the rows' squared norms, if already at hand.
     """
     n = X.shape[0]
     labels = np.empty(n, dtype=np.int64)
@@ -44,7 +49,8 @@ def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     c_sq = (C * C).sum(axis=1)
     for start in range(0, n, BLOCK):
         Xb = X[start:start + BLOCK]
-        D = (Xb * Xb).sum(axis=1)[:, None] - 2.0 * (Xb @ C.T) + c_sq[None, :]
+        xb_sq = (Xb * Xb).sum(axis=1) if x_sq is None else x_sq[start:start + BLOCK]
+        D = xb_sq[:, None] - 2.0 * (Xb @ C.T) + c_sq[None, :]
         lab = D.argmin(axis=1)
         labels[start:start + BLOCK] = lab
         mind[start:start + BLOCK] = D[np.arange(len(lab)), lab]
@@ -66,8 +72,9 @@ class LloydResult:
         self.converged = converged
 
 
-def update_centers(X, labels, k, weights, old_centers):
-    """Weighted means per label; empty clusters keep their previous center."""
+def update_centers(X, labels, k, weights, old_centers, Xw=None):
+    """Weighted means per label; empty clusters keep their previous center
+    (``Xw``: ``X * weights[:, None]``, if already at hand)."""
     if weights is None:
         counts = np.bincount(labels, minlength=k).astype(X.dtype)
         sums = np.zeros((k, X.shape[1]), dtype=X.dtype)
@@ -78,7 +85,7 @@ def update_centers(X, labels, k, weights, old_centers):
     else:
         counts = np.bincount(labels, weights=weights, minlength=k).astype(X.dtype)
         sums = np.zeros((k, X.shape[1]), dtype=X.dtype)
-        sum_by_label(X * weights[:, None], labels, k, sums)
+        sum_by_label(X * weights[:, None] if Xw is None else Xw, labels, k, sums)
     centers = old_centers.copy()
     nonempty = counts > 0
     centers[nonempty] = sums[nonempty] / counts[nonempty, None]
@@ -96,7 +103,8 @@ def sum_by_label(X, labels, k, out):
 
 
 def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
-          max_iter: int = 300, tol: float = 1e-4, relocate_empty: bool = True) -> LloydResult:
+          max_iter: int = 300, tol: float = 1e-4, relocate_empty: bool = True,
+          x_sq: np.ndarray | None = None, x_var: float | None = None) -> LloydResult:
     """Lloyd's algorithm from ``init`` until labels stop changing.
 
     Stops when labels are unchanged, when the total squared center shift is at
@@ -113,24 +121,33 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
     weights (2, 1, 0)); a run cut off by ``max_iter`` returns the nearest-center
     labels of its last centers, where a cluster may be empty as in
     scikit-learn.
+
+    ``x_sq`` (the rows' squared norms) and ``x_var`` (``X.var(axis=0).mean()``) may
+    be given by a caller that runs Lloyd several times on the same X: same bits.
     """
     k = init.shape[0]
     centers = np.array(init, dtype=X.dtype, copy=True)
+    Xw = None
     if weights is not None:
         weights = np.asarray(weights, dtype=X.dtype)
-    var = X.var(axis=0).mean() if X.shape[0] > 1 else 0.0
+        Xw = X * weights[:, None]   # the same every iteration
+    if x_sq is None:
+        x_sq = (X * X).sum(axis=1)
+    var = x_var if x_var is not None else X.var(axis=0).mean() if X.shape[0] > 1 else 0.0
     abs_tol = tol * var
     labels = None
     converged = False
+    final = None   # (labels, mind) of the current centers, when already computed
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
-        new_labels, mind = assign(X, centers)
+        new_labels, mind = assign(X, centers, x_sq)
         if labels is not None and np.array_equal(new_labels, labels):
             converged = True
             n_iter -= 1  # this pass only confirmed the previous update
+            final = (new_labels, mind)
             break
         labels = new_labels
-        new_centers, counts = update_centers(X, labels, k, weights, centers)
+        new_centers, counts = update_centers(X, labels, k, weights, centers, Xw)
         if relocate_empty and (counts == 0).any() and X.shape[0] >= k:
             new_centers, labels, counts = relocate_empty_centers(X, labels, new_centers, counts, mind, weights)
         shift = ((new_centers - centers) ** 2).sum()
@@ -138,7 +155,7 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
         if shift <= abs_tol:
             converged = True
             break
-    labels, mind = assign(X, centers)
+    labels, mind = assign(X, centers, x_sq) if final is None else final
     w = np.ones(X.shape[0], dtype=X.dtype) if weights is None else weights
     counts = np.bincount(labels, weights=w, minlength=k)
     inertia = float(mind @ w)
@@ -177,21 +194,25 @@ def relocate_empty_centers(X, labels, centers, counts, mind, weights):
 
 def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator, *,
                     weights: np.ndarray | None = None,
-                    n_local_trials: int | None = None) -> np.ndarray:
+                    n_local_trials: int | None = None,
+                    x_sq: np.ndarray | None = None) -> np.ndarray:
     """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007), as in scikit-learn.
 
     Each step samples ``2 + log k`` candidates proportionally to (weighted)
     squared distance to the chosen centers and keeps the one that lowers the
-    potential most. Returns the indices of the chosen rows of X.
+    potential most. Returns the indices of the chosen rows of X. ``x_sq``: the
+    rows' squared norms, if already at hand (same bits).
     """
     n = X.shape[0]
     if n_local_trials is None:
         n_local_trials = 2 + int(np.log(k))
+    if x_sq is None:
+        x_sq = (X * X).sum(axis=1)
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     idx = np.empty(k, dtype=np.int64)
     first = rng.choice(n, p=w / w.sum())
     idx[0] = first
-    closest = squared_distances(X, X[first:first + 1])[:, 0].astype(np.float64)
+    closest = squared_distances(X, X[first:first + 1], x_sq)[:, 0].astype(np.float64)
     pot = closest @ w
     for c in range(1, k):
         if pot <= 0:  # every point already coincides with a center: take unused rows
@@ -200,7 +221,7 @@ def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator, *,
             continue
         p = closest * w
         cand = rng.choice(n, size=n_local_trials, p=p / p.sum())
-        d_cand = np.minimum(closest[:, None], squared_distances(X, X[cand]))
+        d_cand = np.minimum(closest[:, None], squared_distances(X, X[cand], x_sq))
         pots = w @ d_cand
         best = int(np.argmin(pots))
         idx[c] = cand[best]

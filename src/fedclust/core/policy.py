@@ -16,7 +16,8 @@ before it touches its data:
 * ``allow_noise_seed`` (default off): a private protocol whose noise seed the
   server chose is refused (a known seed makes the noise removable);
 * ``allow_collect`` (default off): per-point outputs are not sent back;
-* ``actions``: protocol name -> the actions this device answers;
+* ``actions``: protocol name -> the actions this device answers (``"fedclust_forget"``:
+  the device may send its own forget request, :mod:`fedclust.flower.forget`);
 * ``epsilon`` / ``delta``: the device's privacy budget, kept in its own
   :class:`PrivacyLedger` (a JSON file on the device when ``ledger`` is set).
   A fit is charged once, at its first data request, with the Gaussian releases
@@ -55,6 +56,7 @@ __all__ = ["DevicePolicy", "PolicyRefusal", "PrivacyLedger", "group_threshold", 
            "write_private_atomic", "SECURE_MODES"]
 
 SECURE_MODES = ("any", "required", "signed")
+FORGET_ACTION = "fedclust_forget"  # a device's own forget request (unlearning on Flower)
 _CHARGED = "policy.charged"  # device state entry: fingerprints of the fits already charged
 _ANSWERED = "policy.answered."  # + a fit's fingerprint: the (round, action) pairs it answered
 
@@ -252,6 +254,20 @@ class DevicePolicy:
         if collect and not self.allow_collect:
             raise PolicyRefusal(f"{device}: refuses to send per-point outputs: its policy "
                                 "has allow_collect off")
+
+    def check_forget(self, protocol: Any, level: str, device: str) -> None:
+        """Before the device sends its own forget request (``level``: ``"device"`` or
+        ``"rows"``): the protocol must be allowed and, where ``actions`` is set, its
+        ``"fedclust_forget"`` action too. A row-level request of a private protocol is
+        refused: the device would release its summary a second time."""
+        name = self._check_protocol(protocol, device)
+        if self.actions is not None and FORGET_ACTION not in self.actions[name]:
+            raise PolicyRefusal(f"{device}: refuses action {FORGET_ACTION!r} of protocol "
+                                f"{name!r}: its policy allows {sorted(self.actions[name])}")
+        if level == "rows" and getattr(protocol, "privacy", None) is not None:
+            raise PolicyRefusal(f"{device}: refuses to release its summary again under "
+                                "privacy= (two releases of neighbouring data with the same "
+                                "noise reveal the deleted rows); ask to forget the whole device")
 
     def _charge(self, protocol: Any, name: str, state: dict, device: str) -> None:
         fingerprint = _fingerprint(protocol)

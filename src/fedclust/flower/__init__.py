@@ -30,7 +30,8 @@ import importlib
 from typing import Any
 
 __all__ = ["FlowerSimulationTransport", "FlowerInMemoryTransport", "LocalGrid",
-           "make_server_app", "make_client_app", "ServerSpec", "register_protocol"]
+           "make_server_app", "make_client_app", "ServerSpec", "register_protocol",
+           "forget_on_grid", "make_forget_server_app"]
 
 _WHERE = {
     "FlowerSimulationTransport": "transport",
@@ -39,6 +40,8 @@ _WHERE = {
     "make_server_app": "apps",
     "make_client_app": "apps",
     "ServerSpec": "apps",
+    "forget_on_grid": "forget",
+    "make_forget_server_app": "forget",
     "register_protocol": ".core.registry",  # re-exported from fedclust.core.registry
 }
 

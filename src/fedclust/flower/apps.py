@@ -52,7 +52,8 @@ from ..core.policy import DevicePolicy, PolicyRefusal
 from ..core.secure_sum import (DeviceIdentity, SecureAggregation, SecureSumServer,
                                check_summable, secure_sum_client)
 from ..sim.secure import summed_replies
-from .codec import (ERROR, FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
+from .codec import (ERROR, FINISH_ACTION, FORGET_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
+                    SECAGG, SECAGG_STAGE,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
 from ..core.registry import all_actions, protocol_from_config
 from ..unlearning.store import SummaryStore, record_round
@@ -237,6 +238,17 @@ def make_server_app(spec: ServerSpec | None = None, *,
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         s = None
+        if spec is None and "forget-model" in context.run_config:
+            # the sites' forget requests against a saved model (fedclust.flower.forget)
+            from .forget import forget_from_run_config
+
+            try:
+                forget_from_run_config(grid, context.run_config, result_root or os.environ.get(
+                    "FEDCLUST_RESULT_ROOT") or os.getcwd())
+            except Exception as exc:
+                flwr_log(_ERROR, "fedclust: error: %s", one_line_cause(exc))
+                raise ServerAppFailed(one_line_cause(exc), exc) from None
+            return
         try:
             if spec is not None:
                 s = spec
@@ -745,6 +757,11 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                                         action=request.action)
                 content = RecordDict({SECAGG: arrays_to_record(out)})
                 _save_state(context, state)
+            elif request.action == FORGET_ACTION:
+                from .forget import forget_reply
+
+                content = forget_reply(protocol, request, seed, head, int(device_id), X,
+                                       context, pol)
             elif request.action == FINISH_ACTION:
                 collect = bool(head.get("collect"))
                 pol.check_finish(protocol, collect, me)
@@ -772,6 +789,6 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                                                        "message": str(exc)})})
         return Message(content, reply_to=msg)
 
-    for action in (HELLO_ACTION, FINISH_ACTION, GRAPH_ACTION, *all_actions()):
+    for action in (HELLO_ACTION, FINISH_ACTION, FORGET_ACTION, GRAPH_ACTION, *all_actions()):
         app.query(action)(handle)
     return app

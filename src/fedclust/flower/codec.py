@@ -24,6 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import MESSAGE_TYPES, Message
+from ..core.policy import FORGET_ACTION
 from ..core.protocol import Protocol, Request
 from ..core.registry import protocol_from_config
 
@@ -31,7 +32,7 @@ __all__ = [
     "message_to_record", "record_to_message", "arrays_to_record", "record_to_arrays",
     "config_to_record", "record_to_config", "request_to_content", "content_to_request",
     "REQUEST", "PROTOCOL", "PAYLOAD", "REPLY", "ERROR", "HELLO", "OUTPUT",
-    "HELLO_ACTION", "FINISH_ACTION", "SECAGG", "SECAGG_STAGE",
+    "HELLO_ACTION", "FINISH_ACTION", "SECAGG", "SECAGG_STAGE", "FORGET", "FORGET_ACTION",
 ]
 
 # record names inside a Flower message's RecordDict
@@ -44,6 +45,7 @@ HELLO = "fedclust.hello"        # ConfigRecord: device-id, n-points, n-features
 OUTPUT = "fedclust.output"      # ArrayRecord: the device's output (client_finish)
 SECAGG = "fedclust.secagg"      # ArrayRecord: a secure aggregation stage's arrays (both ways)
 SECAGG_STAGE = "secagg-stage"   # request head entry: which stage (core.secure_sum.STAGES)
+FORGET = "fedclust.forget"      # ConfigRecord: a device's forget request (device-id, level)
 
 # adapter actions that are not protocol rounds
 HELLO_ACTION = "fedclust_hello"

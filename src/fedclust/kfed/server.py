@@ -160,9 +160,11 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
             best = weighted_kmeans(C, n_clusters, rng, weights=w, max_iter=max_iter, tol=tol)
         else:
             best = None
+            c_sq = (C * C).sum(axis=1)   # the same for every start (same bits)
+            c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
             for _ in range(KMEANS_PP_INIT):
-                res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng, weights=w)], weights=w,
-                            max_iter=max_iter, tol=tol)
+                res = lloyd(C, C[kmeans_plusplus(C, n_clusters, rng, weights=w, x_sq=c_sq)],
+                            weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
                 if best is None or res.inertia < best.inertia:
                     best = res
         final, labels, n_iter = best.centers, best.labels, best.n_iter
@@ -185,10 +187,13 @@ def _best_weighted_kmeans(C, k, w, rng, centers, first_device, *, max_iter, tol)
     offsets = np.cumsum([0] + [len(c) for c in centers])
     starts = [farthest_first(C, k, start=np.arange(offsets[seed_device],
                                                    offsets[seed_device + 1]))]
-    starts += [kmeans_plusplus(C, k, rng, weights=w) for _ in range(KMEANS_PP_INIT)]
+    # the same center matrix every start: its squared norms and variance once (same bits)
+    c_sq = (C * C).sum(axis=1)
+    c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
+    starts += [kmeans_plusplus(C, k, rng, weights=w, x_sq=c_sq) for _ in range(KMEANS_PP_INIT)]
     best = None
     for idx in starts:
-        res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol)
+        res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
         if best is None or res.inertia < best.inertia:
             best = res
     return best

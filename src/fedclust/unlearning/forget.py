@@ -210,7 +210,8 @@ class ForgetMixin:
         return int(device)
 
     def forget(self, devices: Sequence[Any] = (), rows: Mapping[Any, Any] | None = None, *,
-               data: Mapping[Any, Any] | None = None, relabel: bool = True) -> Any:
+               data: Mapping[Any, Any] | None = None, relabel: bool = True,
+               summaries: Mapping[Any, Any] | None = None) -> Any:
         """Forget whole devices and/or some of their rows, exactly.
 
         Parameters
@@ -232,6 +233,12 @@ class ForgetMixin:
             own pass over its rows; the model itself does not need it). With
             False, or where the devices' data is not held, a changed model leaves
             ``device_labels_`` as ``None``.
+        summaries : mapping device -> Message, optional
+            Rows deleted on a device that ran its step again itself (a site on
+            Flower, :mod:`fedclust.flower.forget`): its validated reply to the
+            fit's first request over its remaining rows. The server aggregates
+            once; which rows went stays with the device (``rows`` of the record
+            lists none). One-round protocols only; others need the device's data.
 
         Returns
         -------
@@ -252,9 +259,11 @@ class ForgetMixin:
             if z in drop or idx.size == 0:
                 continue
             deleted[z] = idx
-        if not drop and not deleted:
+        replied = {self._resolve(u, z): m for z, m in (summaries or {}).items()}
+        replied = {z: m for z, m in replied.items() if z not in drop and z not in deleted}
+        if not drop and not deleted and not replied:
             raise ValidationError("forget: nothing to forget (give devices= or rows=)")
-        if getattr(self, "privacy", None) is not None and deleted:
+        if getattr(self, "privacy", None) is not None and (deleted or replied):
             raise ValidationError(
                 "forget: row deletion is refused under privacy=: the device would release its "
                 "summary again, and two releases of neighbouring data with the same noise reveal "
@@ -281,15 +290,17 @@ class ForgetMixin:
         answers: dict[int, tuple[str, Any, dict]] = {}
         if len(kept.rounds) == 1:
             answers = self._check_rows(u, kept, new_data)
+        answers.update(self._given_answers(u, kept, replied))
         rec = kept.rounds[0] if kept.rounds else None
         unchanged = sorted(z for z, (_, msg, _) in answers.items()
                            if z in rec.replies and digest_message(msg) == rec.digest_of(z))
-        if not drop and unchanged and len(unchanged) == len(deleted):
+        changing = sorted({*deleted, *replied})
+        if not drop and unchanged and len(unchanged) == len(changing):
             out = None
         else:
             try:
                 out = replay(protocol, kept, u.seed, data=avail,
-                             fresh=frozenset(deleted), first_answers=answers)
+                             fresh=frozenset(changing), first_answers=answers)
             except DevicesNeeded as exc:
                 if getattr(self, "privacy", None) is not None:
                     raise ValidationError(
@@ -308,9 +319,9 @@ class ForgetMixin:
                if z in remaining]   # the fit's device order, less the forgotten
         if out is None:   # summaries unchanged: the model stands; the devices relabel
             u.memory.update({z: answers[z][2] for z in unchanged})
-            outputs = self._relabel(u, u.result, list(deleted), relabel)
+            outputs = self._relabel(u, u.result, changing, relabel)
             self._update_labels(outputs)
-            recomputed = [(0, z) for z in deleted]
+            recomputed = [(0, z) for z in changing]
         else:
             u.store, u.result = out.store, out.result
             u.memory = {z: s for z, s in u.memory.items() if z in remaining}
@@ -327,7 +338,7 @@ class ForgetMixin:
         self.forget_log_.append(ForgetRecord(
             drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
             sorted(unchanged),
-            any(z not in deleted for _, z in recomputed), time.perf_counter() - t0,
+            any(z not in changing for _, z in recomputed), time.perf_counter() - t0,
             _store=u.store))
         return self
 
@@ -363,6 +374,30 @@ class ForgetMixin:
             msg = proto.reply_types[request.action].from_arrays(got[z].to_arrays(),
                                                                 sender=f"device {z}")
             answers[z] = (digest, msg, st)
+        return answers
+
+    def _given_answers(self, u: Unlearning, kept: SummaryStore, replied: Mapping[int, Any]
+                       ) -> dict[int, tuple[str, Any, dict]]:
+        """Replies a device computed itself, as ``(payload digest, reply, state)`` for the
+        replay; they must answer the fit's first request of a one-round protocol."""
+        if not replied:
+            return {}
+        proto = u.protocol
+        if len(kept.rounds) != 1:
+            raise ValidationError(
+                f"forget: devices {sorted(replied)} sent their new summaries, but this "
+                f"protocol runs {len(kept.rounds)} rounds: every round's request depends on "
+                "the others' data, so the devices must take part in a fresh fit")
+        state = proto.start(kept.device_ids, u.seed)
+        request = proto.next_request(state)
+        reply_type = proto.reply_types[request.action]
+        answers = {}
+        for z, msg in replied.items():
+            if not isinstance(msg, reply_type):
+                raise ValidationError(f"forget: device {z}'s new summary is a "
+                                      f"{type(msg).__name__}, not a {reply_type.__name__}")
+            proto.check_reply(state, request, z, msg)
+            answers[z] = (digest_message(request.payload_for(z)), msg, {})
         return answers
 
     def _relabel(self, u: Unlearning, result: Any, ids: Sequence[int], relabel: bool

@@ -118,7 +118,9 @@ def _replay(protocol, store, seed, data, fresh, first_answers) -> ReplayOutput:
             else:
                 need.append(z)
         if need:
-            missing = [z for z in need if z not in data]
+            answered = {z for z in need if i == 0 and z in first_answers
+                        and first_answers[z][0] == payloads[z]}
+            missing = [z for z in need if z not in data and z not in answered]
             if missing:
                 raise DevicesNeeded(
                     f"round {request.round} ({request.action}): the server's request to "

@@ -22,7 +22,7 @@ from .forget import ForgetRecord, Unlearning
 from .replay import DevicesNeeded
 from .store import SummaryStore
 
-__all__ = ["PREFIX", "saved_section", "forget_saved_model"]
+__all__ = ["PREFIX", "ForgettableModel", "saved_section", "forget_saved_model", "load_forgettable"]
 
 PREFIX = "forget/"
 
@@ -85,8 +85,53 @@ def forget_saved_model(path: str | Path, sites: Sequence[str], out: str | Path |
     others suffice for the one-shot families. Refused, in one line, where the
     saved model cannot be updated exactly from what it holds.
     """
+    path = Path(path)
+    saved = load_forgettable(path)
+    unknown = [s for s in sites if s not in saved.names]
+    if unknown:
+        raise ValidationError(f"{path}: no training site named {unknown[0]!r}; sites: "
+                              f"{sorted(saved.names)[:10]}")
+    try:
+        saved.model.forget(devices=list(sites), relabel=False)
+    except DevicesNeeded:
+        raise ValidationError(
+            f"{path}: forgetting {', '.join(sites)} changes what the server asks the other "
+            f"sites ({saved.algorithm} has rounds after the first), so every site must "
+            "compute again; run again without the site") from None
+    return saved.write(out), saved.model.forget_log_[-1]
+
+
+class ForgettableModel:
+    """A saved ``model.npz`` restored with its kept summaries (:func:`load_forgettable`):
+    ``model`` has ``forget``; :meth:`write` saves it again without the forgotten sites."""
+
+    def __init__(self, path: Path, saved: Any, model: Any, names: dict[str, int]):
+        self.path, self.saved, self.model, self.names = path, saved, model, names
+        self.algorithm = saved.header["algorithm"]
+
+    def write(self, out: str | Path | None = None) -> Path:
+        from ..core.registry import get_algorithm
+        from ..model_io import save_model
+
+        header = self.saved.header
+        present = set(self.model._unlearning_.store.device_ids)
+        remaining = [n for n in header.get("sites", [])
+                     if n not in self.names or self.names[n] in present]
+        algorithm = get_algorithm(self.algorithm)
+        exported = algorithm.export(self.model, None)
+        section = saved_section(self.model, remaining)
+        target = Path(out) if out is not None else self.path
+        save_model(target, exported, algorithm=self.algorithm,
+                   preprocessor=self.saved.preprocessor, schema=self.saved.schema,
+                   columns=self.saved.columns, sites=remaining, unlearning=section)
+        return target
+
+
+def load_forgettable(path: str | Path) -> ForgettableModel:
+    """Read a saved ``model.npz`` with the device summaries kept for forgetting; refused
+    in one line where a forget could not be exact from what it holds."""
     from ..core.registry import get_algorithm
-    from ..model_io import load_model, save_model
+    from ..model_io import load_model
 
     path = Path(path)
     saved = load_model(path)
@@ -102,26 +147,8 @@ def forget_saved_model(path: str | Path, sites: Sequence[str], out: str | Path |
             f"{path}: the pooled preprocessing includes every site's moments, so forgetting a "
             "site changes every site's preprocessed rows and all of them must compute again; "
             "run again without the site")
-    unknown = [s for s in sites if s not in meta["names"]]
-    if unknown:
-        raise ValidationError(f"{path}: no training site named {unknown[0]!r}; sites: "
-                              f"{sorted(meta['names'])[:10]}")
     with np.load(path, allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files if k.startswith(PREFIX)}
-    algorithm = get_algorithm(header["algorithm"])
-    model = _restore(algorithm, arrays, meta)
-    try:
-        model.forget(devices=list(sites), relabel=False)
-    except DevicesNeeded:
-        raise ValidationError(
-            f"{path}: forgetting {', '.join(sites)} changes what the server asks the other "
-            f"sites ({header['algorithm']} has rounds after the first), so every site must "
-            "compute again; run again without the site") from None
-    remaining = [n for n in header.get("sites", []) if n not in set(sites)]
-    exported = algorithm.export(model, None)
-    section = saved_section(model, remaining)
-    target = Path(out) if out is not None else path
-    save_model(target, exported, algorithm=header["algorithm"], preprocessor=saved.preprocessor,
-               schema=saved.schema, columns=saved.columns, sites=remaining,
-               unlearning=section)
-    return target, model.forget_log_[-1]
+    model = _restore(get_algorithm(header["algorithm"]), arrays, meta)
+    return ForgettableModel(path, saved, model, {str(n): int(z)
+                                                 for n, z in meta["names"].items()})
