@@ -89,9 +89,12 @@ start_superlink() {
 }
 declare -A NODE_PID
 start_node() {
+    # the run is checked against the in-process run with the same noise seed: these nodes'
+    # owners allow a server-chosen seed (a real private deployment must not)
     flower-supernode --superlink "$LINK_IP:$LINK_PORT" --root-certificates "$WORK/certs/ca.crt" \
         --auth-supernode-private-key "$WORK/keys/node-$1" --port "$(free_port)" \
-        --node-config "data-path='${DEVICES[$1]}'" >> "$WORK/supernode-$1.log" 2>&1 &
+        --node-config "data-path='${DEVICES[$1]}' policy-allow-noise-seed=true" \
+        >> "$WORK/supernode-$1.log" 2>&1 &
     NODE_PID[$1]=$!
     PIDS+=($!)
 }
