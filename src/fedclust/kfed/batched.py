@@ -18,7 +18,7 @@ import numpy as np
 from ..core.kmeans import relocate_empty_centers
 
 __all__ = ["n_uniforms", "spectral_kmeans_batch", "spectral_seed_batch", "projection_batch",
-           "kmeanspp_batch", "lloyd_batch"]
+           "nested_projections", "kmeanspp_batch", "lloyd_batch"]
 
 
 #: S_r smaller than this fraction of an average cluster (n / k) is too small to trust.
@@ -62,6 +62,21 @@ def projection_batch(X: np.ndarray, k: int) -> np.ndarray:
     K = X @ X.transpose(0, 2, 1)                               # (B, n, n)
     U = _top_eigvecs(K, k)
     return _orthonormalize(X.transpose(0, 2, 1) @ U)           # spans the same subspace
+
+
+def nested_projections(X: np.ndarray, k_max: int) -> np.ndarray:
+    """Exact top-``k_max`` bases (B, d, k_max) whose first k columns are the top-k basis.
+
+    For a search over k (``n_local_clusters="auto"``): one ``eigh`` per device
+    serves every k <= k_max, and ``[:, :, :k]`` is the basis a one-device
+    :func:`projection_batch` gives (eigh for the Gram of X, or of X Xᵀ with
+    Gram–Schmidt, which keeps leading columns).
+    """
+    B, n, d = X.shape
+    if n >= d:
+        return np.linalg.eigh(X.transpose(0, 2, 1) @ X)[1][:, :, ::-1][:, :, :k_max]
+    U = np.linalg.eigh(X @ X.transpose(0, 2, 1))[1][:, :, ::-1][:, :, :k_max]
+    return _orthonormalize(X.transpose(0, 2, 1) @ U)
 
 
 #: Batches smaller than this, or k above this fraction of the Gram size, use eigh directly.

@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from .batched import (lloyd_batch, n_uniforms, projection_batch, spectral_kmeans_batch,
-                      spectral_seed_batch)
+from .batched import (lloyd_batch, n_uniforms, nested_projections, projection_batch,
+                      spectral_kmeans_batch, spectral_seed_batch)
 from ..core.random import sklearn_seed
 from ..core.validation import check_array, check_int
 from ..core.exceptions import ValidationError
@@ -324,13 +324,16 @@ def local_kmeans_auto_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
         best: list[LocalKMeansResult | None] = [None] * len(Xb)
         score = np.full(len(Xb), -np.inf)
         searching = np.ones(len(Xb), dtype=bool)
+        # one eigendecomposition per device serves every projected k_z (k_z < d)
+        Vb = nested_projections(Xb, min(hi, d - 1)) if d > lo else None
         for j, k in enumerate(ks):
             a = np.flatnonzero(searching)
             if len(a) == 0:
                 break
             Xa = Xb if len(a) == len(Xb) else Xb[a]
+            V = None if d <= k else (Vb if len(a) == len(Xb) else Vb[a])[:, :, :k]
             C, L, N, it = spectral_kmeans_batch(Xa, k, U[a, offsets[j]:offsets[j + 1]],
-                                                max_iter=max_iter, tol=tol)
+                                                max_iter=max_iter, tol=tol, V=V)
             resid = Xa - np.take_along_axis(C, L[:, :, None], axis=1)
             inertia = np.einsum("bnd,bnd->b", resid, resid)
             for i, z in enumerate(a):
