@@ -182,8 +182,9 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
          if uniforms is None else uniforms)
     chunk = max(1, max_batch_elements // (n * max(d, k)))
     out: list[LocalKMeansResult] = []
+    stack = _Stacker(Xs, chunk)
     for s in range(0, len(Xs), chunk):
-        Xb = Xs[s:s + chunk] if isinstance(Xs, np.ndarray) else np.stack(Xs[s:s + chunk])
+        Xb = stack(s)
         C, L, N, it = spectral_kmeans_batch(Xb, k, U[s:s + chunk], max_iter=max_iter, tol=tol,
                                             project=project)
         N, L = N.astype(np.int64), L.astype(np.int64)
@@ -192,6 +193,26 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
         out.extend(LocalKMeansResult(LocalCenters(C[i], N[i]), L[i], int(it[i]), False)
                    for i in range(len(Xb)))
     return out
+
+
+class _Stacker:
+    """Chunks of same-shaped devices as (B, n, d) arrays, copied into one reused buffer.
+
+    A fresh stacked chunk of large devices is a fresh large allocation, and its
+    page faults cost several times the copy itself; the batched maths only read
+    the chunk, and results keep no view of it.
+    """
+
+    def __init__(self, Xs, chunk: int):
+        self.Xs, self.chunk = Xs, chunk
+        self.buf = None if isinstance(Xs, np.ndarray) or len(Xs) <= chunk else np.empty(
+            (chunk,) + Xs[0].shape, dtype=np.result_type(*Xs[:chunk]))
+
+    def __call__(self, s: int) -> np.ndarray:
+        part = self.Xs[s:s + self.chunk]
+        if self.buf is None:
+            return part if isinstance(part, np.ndarray) else np.stack(part)
+        return np.stack(part, out=self.buf[:len(part)])
 
 
 def local_scatter(X: np.ndarray, centers: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -318,8 +339,9 @@ def local_kmeans_auto_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
     offsets = np.cumsum([0] + [n_uniforms(k) for k in ks])
     chunk = max(1, max_batch_elements // (n * max(d, hi)))
     out: list[LocalKMeansResult] = []
+    stack = _Stacker(Xs, chunk)
     for s in range(0, len(Xs), chunk):
-        Xb = Xs[s:s + chunk] if isinstance(Xs, np.ndarray) else np.stack(Xs[s:s + chunk])
+        Xb = stack(s)
         U = np.stack([rng_of(s + i).random(offsets[-1]) for i in range(len(Xb))])
         best: list[LocalKMeansResult | None] = [None] * len(Xb)
         score = np.full(len(Xb), -np.inf)
