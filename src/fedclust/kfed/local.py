@@ -190,8 +190,8 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
         N, L = N.astype(np.int64), L.astype(np.int64)
         for i in np.flatnonzero((N == 0).any(axis=1)):  # raises, naming the device
             _result(C[i], L[i], N[i], int(it[i]), k, Xb[i], names[s + i])
-        out.extend(LocalKMeansResult(LocalCenters(C[i], N[i]), L[i], int(it[i]), False)
-                   for i in range(len(Xb)))
+        out.extend(LocalKMeansResult(LocalCenters(c, m), lab, t, False)   # rows are views
+                   for c, m, lab, t in zip(C, N, L, it.tolist()))
     return out
 
 
