@@ -185,9 +185,14 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     hi = np.full(arrays[0].shape[1], -np.inf)
     for s in range(0, len(arrays), _SMALL_DEVICE):
         part = arrays[s:s + _SMALL_DEVICE]
-        stacked = np.concatenate(part) if len(part) > 1 else part[0]
-        np.minimum(lo, stacked.min(axis=0), out=lo)
-        np.maximum(hi, stacked.max(axis=0), out=hi)
+        # small devices stacked (one reduction per chunk); large ones read in place
+        small = [a for a in part if a.size <= _SMALL_DEVICE]
+        blocks = [a for a in part if a.size > _SMALL_DEVICE]
+        if small:
+            blocks.append(np.concatenate(small))
+        for a in blocks:
+            np.minimum(lo, a.min(axis=0), out=lo)
+            np.maximum(hi, a.max(axis=0), out=hi)
     top = float(max(hi.max(), -lo.min()))
     if top > huge:
         where = next(pos for pos, a in enumerate(arrays) if np.abs(a).max() > huge)

@@ -18,7 +18,7 @@ import numpy as np
 from ..core.kmeans import relocate_empty_centers
 
 __all__ = ["n_uniforms", "spectral_kmeans_batch", "spectral_seed_batch", "projection_batch",
-           "kmeanspp_batch", "lloyd_batch"]
+           "nested_projections", "kmeanspp_batch", "lloyd_batch"]
 
 
 #: S_r smaller than this fraction of an average cluster (n / k) is too small to trust.
@@ -62,6 +62,21 @@ def projection_batch(X: np.ndarray, k: int) -> np.ndarray:
     K = X @ X.transpose(0, 2, 1)                               # (B, n, n)
     U = _top_eigvecs(K, k)
     return _orthonormalize(X.transpose(0, 2, 1) @ U)           # spans the same subspace
+
+
+def nested_projections(X: np.ndarray, k_max: int) -> np.ndarray:
+    """Exact top-``k_max`` bases (B, d, k_max) whose first k columns are the top-k basis.
+
+    For a search over k (``n_local_clusters="auto"``): one ``eigh`` per device
+    serves every k <= k_max, and ``[:, :, :k]`` is the basis a one-device
+    :func:`projection_batch` gives (eigh for the Gram of X, or of X Xᵀ with
+    Gram–Schmidt, which keeps leading columns).
+    """
+    B, n, d = X.shape
+    if n >= d:
+        return np.linalg.eigh(X.transpose(0, 2, 1) @ X)[1][:, :, ::-1][:, :, :k_max]
+    U = np.linalg.eigh(X @ X.transpose(0, 2, 1))[1][:, :, ::-1][:, :, :k_max]
+    return _orthonormalize(X.transpose(0, 2, 1) @ U)
 
 
 #: Batches smaller than this, or k above this fraction of the Gram size, use eigh directly.
@@ -134,21 +149,34 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
     rows = np.arange(B)
     idx = np.empty((B, k), dtype=np.int64)
     idx[:, 0] = _inverse_cdf(np.ones((B, n)), uniforms[:, :1])[:, 0]
-    closest = _sqdist(P, P[rows, idx[:, 0]][:, None, :])[:, :, 0]
+    # candidates' distances laid out (B, T, n): the potential is a sum along the last axis
+    Pt = np.ascontiguousarray(P.transpose(0, 2, 1))            # (B, kp, n)
+    PP = np.einsum("bnd,bnd->bn", P, P)
+
+    def sqdist_to(cand: np.ndarray) -> np.ndarray:             # (B, t) rows -> (B, t, n)
+        Pc = P[rows[:, None], cand]
+        D = Pc @ Pt
+        D *= -2.0
+        D += PP[:, None, :]
+        D += np.einsum("btd,btd->bt", Pc, Pc)[:, :, None]
+        np.maximum(D, 0.0, out=D)
+        return D
+
+    closest = sqdist_to(idx[:, :1])[:, 0]
     chosen = np.zeros((B, n), dtype=bool)
     chosen[rows, idx[:, 0]] = True
     for c in range(1, k):
-        p = closest.copy()
+        p = closest
         flat = p.sum(axis=1) <= 0  # every point sits on a center: pick among unchosen rows
         if flat.any():
+            p = closest.copy()
             p[flat] = (~chosen[flat]).astype(p.dtype)
         u = uniforms[:, 1 + (c - 1) * T: 1 + c * T]
         cand = _inverse_cdf(p, u)                                  # (B, T)
-        d_cand = np.minimum(closest[:, :, None],
-                            _sqdist(P, P[rows[:, None], cand]))   # (B, n, T)
-        best = d_cand.sum(axis=1).argmin(axis=1)
+        d_cand = np.minimum(closest[:, None, :], sqdist_to(cand))  # (B, T, n)
+        best = d_cand.sum(axis=2).argmin(axis=1)
         idx[:, c] = cand[rows, best]
-        closest = d_cand[rows, :, best]
+        closest = d_cand[rows, best]
         chosen[rows, idx[:, c]] = True
     return idx
 
@@ -159,6 +187,18 @@ def _means(X: np.ndarray, labels: np.ndarray, k: int, mask: np.ndarray | None = 
     if mask is not None:
         onehot *= mask[:, :, None]
     return onehot.transpose(0, 2, 1) @ X, onehot.sum(axis=1)
+
+
+def _cross(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """(B, n, d) x (B, m, d) -> (B, n, m): ``‖c‖² − 2 x·c``, the squared distance less ‖x‖².
+
+    Enough for every nearest-center choice (‖x‖² is the same for all centers of a row),
+    and one pass over X fewer than :func:`_sqdist`.
+    """
+    D = X @ C.transpose(0, 2, 1)
+    D *= -2.0
+    D += np.einsum("bmd,bmd->bm", C, C)[:, None, :]
+    return D
 
 
 def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
@@ -185,13 +225,15 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         a = np.flatnonzero(active)
         if len(a) == 0:
             break
-        Xa, Ca = X[a], centers[a]
-        D = _sqdist(Xa, Ca)
+        # all devices active (the common first rounds): views, no copy of X
+        Xa, Ca = (X, centers) if len(a) == B else (X[a], centers[a])
+        D = _cross(Xa, Ca)
         new = D.argmin(axis=2)
         same = (new == labels[a]).all(axis=1)
         active[a[same]] = False           # labels unchanged: converged at the previous round
-        keep = ~same
-        a, Xa, Ca, new, D = a[keep], Xa[keep], Ca[keep], new[keep], D[keep]
+        if same.any():
+            keep = ~same
+            a, Xa, Ca, new, D = a[keep], Xa[keep], Ca[keep], new[keep], D[keep]
         if len(a) == 0:
             break
         n_iter[a] = it
@@ -199,15 +241,15 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         upd = np.where(counts[:, :, None] > 0, sums / np.maximum(counts, 1)[:, :, None], Ca)
         for j in np.flatnonzero((counts == 0).any(axis=1)):
             if n >= k:  # rare: move empty centers to far points, exactly as the serial Lloyd
-                mind = D[j, np.arange(n), new[j]]
-                upd[j], new[j], counts[j] = relocate_empty_centers(Xa[j], new[j].copy(), upd[j], counts[j].copy(),
-                                                      mind, None)
+                x2 = np.einsum("nd,nd->n", Xa[j], Xa[j])
+                mind = np.maximum(D[j, np.arange(n), new[j]] + x2, 0.0)
+                upd[j], new[j], counts[j] = relocate_empty_centers(
+                    Xa[j], new[j].copy(), upd[j], counts[j].copy(), mind, None)
         shift = ((upd - Ca) ** 2).sum(axis=(1, 2))
         centers[a] = upd
         labels[a] = new
         active[a[shift <= abs_tol[a]]] = False
-    D = _sqdist(X, centers)
-    labels = D.argmin(axis=2)
+    labels = _cross(X, centers).argmin(axis=2)
     counts = (labels[:, :, None] == np.arange(k)[None, None, :]).sum(axis=1)
     return centers, labels, counts, np.maximum(n_iter, 1)
 
@@ -251,9 +293,12 @@ def spectral_seed_batch(X: np.ndarray, k: int, uniforms: np.ndarray, *, project:
     # cluster (seen when clusters overlap, c <= 5). Such θ_r use the whole
     # projected Voronoi cell of ν_r instead; an empty cell falls back to ν_r Vᵀ.
     min_size = max(2.0, MIN_FILTERED_FRACTION * n / k)
-    cell_sums, cell_counts = _means(X, nearest, k)
     small = counts < min_size
-    sums = np.where(small[:, :, None], cell_sums, sums)
-    counts = np.where(small, cell_counts, counts)
+    redo = np.flatnonzero(small.any(axis=1))   # only these devices need their cells' sums
+    if len(redo):
+        cell_sums, cell_counts = _means(X[redo], nearest[redo], k)
+        sm = small[redo]
+        sums[redo] = np.where(sm[:, :, None], cell_sums, sums[redo])
+        counts[redo] = np.where(sm, cell_counts, counts[redo])
     lifted = seeds @ V.transpose(0, 2, 1) if V is not None else seeds
     return np.where(counts[:, :, None] > 0, sums / np.maximum(counts, 1)[:, :, None], lifted)

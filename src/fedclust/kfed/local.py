@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from .batched import (lloyd_batch, n_uniforms, projection_batch, spectral_kmeans_batch,
-                      spectral_seed_batch)
+from .batched import (lloyd_batch, n_uniforms, nested_projections, projection_batch,
+                      spectral_kmeans_batch, spectral_seed_batch)
 from ..core.random import sklearn_seed
 from ..core.validation import check_array, check_int
 from ..core.exceptions import ValidationError
@@ -28,7 +28,7 @@ from .messages import LocalCenters
 
 __all__ = ["LocalKMeansResult", "local_kmeans", "local_kmeans_many",
            "top_right_singular_vectors", "local_kmeans_auto", "kmeans_bic", "local_scatter",
-           "auto_range", "MIN_POINTS_PER_LOCAL_CLUSTER"]
+           "auto_range", "MIN_POINTS_PER_LOCAL_CLUSTER", "local_kmeans_auto_many"]
 
 #: ``n_local_clusters="auto"``: a device never makes local clusters of fewer points than this
 #: on average (k_z <= n_z / 5): smaller ones are dominated by noise and their centers come
@@ -182,16 +182,37 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
          if uniforms is None else uniforms)
     chunk = max(1, max_batch_elements // (n * max(d, k)))
     out: list[LocalKMeansResult] = []
+    stack = _Stacker(Xs, chunk)
     for s in range(0, len(Xs), chunk):
-        Xb = Xs[s:s + chunk] if isinstance(Xs, np.ndarray) else np.stack(Xs[s:s + chunk])
+        Xb = stack(s)
         C, L, N, it = spectral_kmeans_batch(Xb, k, U[s:s + chunk], max_iter=max_iter, tol=tol,
                                             project=project)
         N, L = N.astype(np.int64), L.astype(np.int64)
         for i in np.flatnonzero((N == 0).any(axis=1)):  # raises, naming the device
             _result(C[i], L[i], N[i], int(it[i]), k, Xb[i], names[s + i])
-        out.extend(LocalKMeansResult(LocalCenters(C[i], N[i]), L[i], int(it[i]), False)
-                   for i in range(len(Xb)))
+        out.extend(LocalKMeansResult(LocalCenters(c, m), lab, t, False)   # rows are views
+                   for c, m, lab, t in zip(C, N, L, it.tolist()))
     return out
+
+
+class _Stacker:
+    """Chunks of same-shaped devices as (B, n, d) arrays, copied into one reused buffer.
+
+    A fresh stacked chunk of large devices is a fresh large allocation, and its
+    page faults cost several times the copy itself; the batched maths only read
+    the chunk, and results keep no view of it.
+    """
+
+    def __init__(self, Xs, chunk: int):
+        self.Xs, self.chunk = Xs, chunk
+        self.buf = None if isinstance(Xs, np.ndarray) or len(Xs) <= chunk else np.empty(
+            (chunk,) + Xs[0].shape, dtype=np.result_type(*Xs[:chunk]))
+
+    def __call__(self, s: int) -> np.ndarray:
+        part = self.Xs[s:s + self.chunk]
+        if self.buf is None:
+            return part if isinstance(part, np.ndarray) else np.stack(part)
+        return np.stack(part, out=self.buf[:len(part)])
 
 
 def local_scatter(X: np.ndarray, centers: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -268,3 +289,85 @@ def local_kmeans_auto(X: np.ndarray, n_clusters: int, rng: np.random.Generator, 
         if best is None or score > best_score:
             best, best_score = res, score
     return best
+
+
+def local_kmeans_auto_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
+                           rngs: list[np.random.Generator] | Callable[[int], np.random.Generator],
+                           *, max_iter: int = 300, tol: float = 1e-4,
+                           allow_raw_points: bool = False, devices: list[str] | None = None,
+                           max_batch_elements: int = 1 << 23) -> list[LocalKMeansResult]:
+    """:func:`local_kmeans_auto` for many devices of one shape (n, d), vectorised.
+
+    Chooses the same k_z as :func:`local_kmeans_auto` on each device with its
+    own ``rng`` (inputs must already be validated): every k_z of
+    :func:`auto_range` runs as one batched device step over the devices, on
+    the same k-means++ uniforms (the reference draws them from the device's
+    stream k_z after k_z, so one draw of their total length gives the same
+    numbers), and each device keeps its k_z of highest :func:`kmeans_bic`
+    (ties to the smaller k_z; a k_z that leaves a local cluster empty ends the
+    device's search, as in the reference). Devices the batch cannot take (one
+    point, or large enough for a randomized SVD, whose seed comes from the
+    stream between two k_z) run :func:`local_kmeans_auto` one at a time.
+
+    Parameters
+    ----------
+    Xs : list of ndarray of shape (n, d), or ndarray of shape (B, n, d)
+    n_clusters : int
+        k, the number of global clusters.
+    rngs : list of Generator, or callable ``i -> Generator``
+        The devices' own streams.
+    max_iter, tol, allow_raw_points
+        As in :func:`local_kmeans_auto`.
+    devices : list of str, optional
+        Names for error messages.
+    max_batch_elements : int
+        Devices are stacked in chunks of about this many values.
+
+    Returns
+    -------
+    list of LocalKMeansResult, one per device, in order.
+    """
+    n, d = Xs[0].shape
+    names = devices or [f"device {i}" for i in range(len(Xs))]
+    rng_of = rngs if callable(rngs) else rngs.__getitem__
+    lo, hi = auto_range(n, check_int(n_clusters, "n_clusters", min_value=1))
+    ks = range(lo, hi + 1)
+    if n <= hi or any(d > k and _use_randomized_svd(n, d, k) for k in ks):
+        return [local_kmeans_auto(X, n_clusters, rng_of(i), max_iter=max_iter, tol=tol,
+                                  allow_raw_points=allow_raw_points, device=nm)
+                for i, (X, nm) in enumerate(zip(Xs, names))]
+    offsets = np.cumsum([0] + [n_uniforms(k) for k in ks])
+    chunk = max(1, max_batch_elements // (n * max(d, hi)))
+    out: list[LocalKMeansResult] = []
+    stack = _Stacker(Xs, chunk)
+    for s in range(0, len(Xs), chunk):
+        Xb = stack(s)
+        U = np.stack([rng_of(s + i).random(offsets[-1]) for i in range(len(Xb))])
+        best: list[LocalKMeansResult | None] = [None] * len(Xb)
+        score = np.full(len(Xb), -np.inf)
+        searching = np.ones(len(Xb), dtype=bool)
+        # one eigendecomposition per device serves every projected k_z (k_z < d)
+        Vb = nested_projections(Xb, min(hi, d - 1)) if d > lo else None
+        for j, k in enumerate(ks):
+            a = np.flatnonzero(searching)
+            if len(a) == 0:
+                break
+            Xa = Xb if len(a) == len(Xb) else Xb[a]
+            V = None if d <= k else (Vb if len(a) == len(Xb) else Vb[a])[:, :, :k]
+            C, L, N, it = spectral_kmeans_batch(Xa, k, U[a, offsets[j]:offsets[j + 1]],
+                                                max_iter=max_iter, tol=tol, V=V)
+            resid = Xa - np.take_along_axis(C, L[:, :, None], axis=1)
+            inertia = np.einsum("bnd,bnd->b", resid, resid)
+            for i, z in enumerate(a):
+                if (N[i] == 0).any():     # fewer distinct points than k: larger k cannot do better
+                    searching[z] = False
+                    if best[z] is None:   # as the reference: the device's own error
+                        _result(C[i], L[i], N[i], int(it[i]), k, Xa[i], names[s + z])
+                    continue
+                sc = kmeans_bic(n, d, N[i], float(inertia[i]))
+                if best[z] is None or sc > score[z]:
+                    score[z] = sc
+                    best[z] = LocalKMeansResult(LocalCenters(C[i], N[i].astype(np.int64)),
+                                                L[i].astype(np.int64), int(it[i]), False)
+        out.extend(best)
+    return out

@@ -25,7 +25,8 @@ from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.validation import check_choice, check_float, check_int
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from .batched import n_uniforms
-from .local import auto_range, local_kmeans, local_kmeans_auto, local_kmeans_many, local_scatter
+from .local import (auto_range, local_kmeans, local_kmeans_auto, local_kmeans_auto_many,
+                    local_kmeans_many, local_scatter)
 from ..core.kmeans import assign
 from ..core.messages import Message
 from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
@@ -388,12 +389,16 @@ class KFedProtocol(Protocol):
     def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
                      states: Mapping[int, dict[str, np.ndarray]]):
         """Vectorised device steps: devices of one shape and one k_z run as a batch."""
-        if request.action != ACTION or self.plan is not None or self.auto:
+        if request.action != ACTION or self.plan is not None:
             return super().client_steps(request, devices, seed=seed, states=states)
         groups: dict[tuple, list[int]] = defaultdict(list)
         single: dict[int, np.ndarray] = {}
         for z, X in devices.items():
-            k = self.k_sent(self.k_local(z), len(X)) if hasattr(X, "__len__") else self.k_local(z)
+            if self.auto:   # the k_z range depends only on n: one batch per shape
+                k = auto_range(len(X), self.n_clusters)[1] if hasattr(X, "__len__") else 0
+            else:
+                k = (self.k_sent(self.k_local(z), len(X)) if hasattr(X, "__len__")
+                     else self.k_local(z))
             if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f" and X.shape[0] > k:
                 groups[(X.shape, X.dtype.str, k)].append(z)
             else:  # the single path gives the precise error or the raw-points case
@@ -413,11 +418,19 @@ class KFedProtocol(Protocol):
         out = super().client_steps(request, single, seed=seed, states=states) if single else {}
         for k, ids, batch in batches:
             try:
-                results = local_kmeans_many(
-                    batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
-                    uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
-                    max_iter=self.local_max_iter, tol=self.tol,
-                    devices=[f"device {z}" for z in ids])
+                if self.auto:
+                    results = local_kmeans_auto_many(
+                        batch, self.n_clusters,
+                        lambda i, ids=ids: device_rng(seed, ids[i], request.round),
+                        max_iter=self.local_max_iter, tol=self.tol,
+                        allow_raw_points=self.allow_raw_points,
+                        devices=[f"device {z}" for z in ids])
+                else:
+                    results = local_kmeans_many(
+                        batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
+                        uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
+                        max_iter=self.local_max_iter, tol=self.tol,
+                        devices=[f"device {z}" for z in ids])
             except FedClustError:  # e.g. a device with too few distinct points: name it singly
                 out.update(super().client_steps(request, {z: devices[z] for z in ids}, seed=seed,
                                                 states=states))

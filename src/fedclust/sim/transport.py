@@ -260,9 +260,10 @@ class InProcessTransport:
         # Simulated devices are many small BLAS calls in a row: threading them
         # only adds contention (measured 5x slower on 2 cores), as scikit-learn's
         # KMeans also finds; one BLAS thread per call, as a real device would have.
-        chunks = _chunks(targets, _CHUNK)
         jobs = 1 if not getattr(protocol, "parallel_safe", False) else (
             self.n_jobs if self.n_jobs is not None else (os.cpu_count() or 1))
+        # at least one chunk per job, so a few large devices also fill every core
+        chunks = _chunks(targets, max(1, min(_CHUNK, -(-len(targets) // max(jobs, 1)))))
 
         def compute(chunk):
             if request.payloads is None:
