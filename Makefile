@@ -7,7 +7,7 @@ VENV_DOCS := .venv-docs
 VENV_MUTATION := .venv-mutation
 OUT ?= fedclust-demo
 
-.PHONY: demo test bench docs clean test-loopback test-deploy mutation
+.PHONY: demo test test-slow bench docs clean test-loopback test-deploy mutation
 
 $(VENV_DEMO)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_DEMO)
@@ -25,9 +25,13 @@ $(VENV_TEST)/.installed: pyproject.toml
 demo: $(VENV_DEMO)/.installed
 	$(VENV_DEMO)/bin/fedclust demo --out $(OUT)
 
-## make test: the whole test suite
+## make test: the unit and fast integration tests (not the ones marked slow)
 test: $(VENV_TEST)/.installed
-	$(VENV_TEST)/bin/python -m pytest -q
+	$(VENV_TEST)/bin/python -m pytest -q -m "not slow and not loopback and not deploy"
+
+## make test-slow: the slower end-to-end checks (Flower simulation, benchmark runs, full audit)
+test-slow: $(VENV_TEST)/.installed
+	$(VENV_TEST)/bin/python -m pytest -q -m "slow and not loopback and not deploy"
 
 ## make bench: the paper-reproduction and speed benchmarks in quick mode
 bench: $(VENV_DEMO)/.installed
