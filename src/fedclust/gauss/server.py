@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .consolidate import consolidate, snapshot
 from .local import add_clusters
 from .messages import GaussClusters
 from .model import ARRAYS, ClusterSet, Settings
@@ -48,7 +49,9 @@ def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes:
     for m in parts:
         add_clusters(srv, m)
     _sort_canonical(srv)
+    pieces = snapshot(srv)
     srv.merge_all()
+    consolidate(srv, pieces)
     srv.absorb_fragments()
     srv.prune()
     _sort_canonical(srv)
