@@ -271,7 +271,9 @@ def references(args, names):
 
 def ablation(args, names):
     """The default with one mechanism removed at a time (one owner split)."""
+    from fedclust.gauss import estimator as E
     from fedclust.gauss import model as M
+    from fedclust.gauss import server as SV
 
     variants = {
         "default": {},
@@ -279,6 +281,7 @@ def ablation(args, names):
         "no owner split": {"patch": ("split_by_rows", lambda self, X, labels, **kw: 0)},
         "BIC with full covariances only": {"patch": (
             "_bic_logdets", lambda self, n, S, f=M.ClusterSet._bic_logdets: f(self, n, S)[-1:])},
+        "no piece consolidation": {"module_patch": "consolidate"},
         "plain BIC (merge_tol=0)": {"kw": {"merge_tol": 0.0}},
         "paper's volume rule instead of BIC": {"kw": {"merge_test": "volume"}},
     }
@@ -294,11 +297,19 @@ def ablation(args, names):
             old = getattr(M.ClusterSet, patch[0]) if patch else None
             if patch:
                 setattr(M.ClusterSet, patch[0], patch[1])
+            fn = v.get("module_patch")
+            if fn:  # the server and compact() call it by module name
+                old_fn = getattr(SV, fn)
+                setattr(SV, fn, lambda cs, pieces: 0)
+                setattr(E, fn, lambda cs, pieces: 0)
             try:
                 aris, ks, _ = run_set(X, y, [args.seed], **v.get("kw", {}))
             finally:
                 if patch:
                     setattr(M.ClusterSet, patch[0], old)
+                if fn:
+                    setattr(SV, fn, old_fn)
+                    setattr(E, fn, old_fn)
             out.setdefault(name, {})[label] = {"ari": aris[0], "clusters": ks[0]}
             row.append(f"{aris[0]:.3f} / {ks[0]}")
         rows.append(row)

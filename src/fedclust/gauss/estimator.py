@@ -41,6 +41,7 @@ from ..core.validation import (check_array, check_device_ids, check_devices, che
                                check_scale)
 from ..sim.transport import InProcessTransport
 from ..unlearning.forget import ForgetMixin, run_recorded
+from .consolidate import consolidate, snapshot
 from .local import from_message, learn_local
 from .model import ClusterSet, Settings, one_thread
 from .model import MERGE_TOL
@@ -267,7 +268,9 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         cs = getattr(self, "_cs", None)
         if cs is not None and cs.C > 1:
             with one_thread():
+                pieces = snapshot(cs)
                 cs.merge_all()
+                consolidate(cs, pieces)
                 cs.absorb_fragments()
                 cs.prune()
         return self

@@ -5,7 +5,9 @@ owner are put in one canonical order (class, then size, then mean), so the
 result does not depend on the order in which owners reply; then the best
 same-class pair is merged while it passes the merge test (:meth:`ClusterSet.merge_all`:
 BIC by default; the paper's volume criterion with its size cap, followed by folding
-fragments below ``min_weight``, with ``merge_test="volume"``), and the oldest
+fragments below ``min_weight``, with ``merge_test="volume"``), the merged clusters are
+consolidated against the received pieces (:func:`~fedclust.gauss.consolidate.consolidate`:
+clustering with the BIC test), and the oldest
 clusters past ``max_clusters`` are removed (their samples counted in ``removed``). Work: O(K^2 D^2 + m K D^3) for K received
 clusters and m merges.
 """
@@ -16,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .consolidate import consolidate, snapshot
 from .local import add_clusters
 from .messages import GaussClusters
 from .model import ARRAYS, ClusterSet, Settings
@@ -48,7 +51,9 @@ def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes:
     for m in parts:
         add_clusters(srv, m)
     _sort_canonical(srv)
+    pieces = snapshot(srv)
     srv.merge_all()
+    consolidate(srv, pieces)
     srv.absorb_fragments()
     srv.prune()
     _sort_canonical(srv)

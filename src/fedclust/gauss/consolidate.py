@@ -1,0 +1,217 @@
+"""Consolidate merged clusters at the level of the pieces they were merged from.
+
+The pairwise BIC merges (:meth:`~fedclust.gauss.model.ClusterSet.merge_all`) are greedy:
+once small pieces have grown into several chunks of one cluster, or into a fragment on
+the border of two clusters holding some rows of each, no single pair may pass, although
+the mixture as a whole would be better without the chunk or the fragment. The server
+still has the exact statistics (n, mean, scatter) of every piece it merged, so it can
+judge the whole mixture by its classification likelihood with the pieces as atoms:
+
+    L = sum_k [ n_k log(n_k / N) + sum_{i in k} log-likelihood of piece i under N(mu_k, Sigma_k) ],
+
+exact from the moments (a piece's log-likelihood under any Gaussian needs only its
+count, mean and scatter). :func:`consolidate` alternates
+
+* a classification-EM step: every piece goes to the component under which its rows are
+  most likely (mixing weight included), every component is re-estimated from its pieces
+  (exact pooled moments, nothing is lost), and
+* a dissolve step: a component (smallest first) is removed when handing each of its pieces
+  to its most likely other component, those components re-estimated with the pieces'
+  rows (moment matching), loses less than ``merge_tol`` nats per affected sample of
+  penalised likelihood (mixture BIC, ``D + D(D+1)/2 + 1`` parameters per component,
+  log N each),
+
+then the pairwise merges again, until nothing changes. The component count never grows
+and every sample stays in a component. Maximum-likelihood covariances are ridged by the
+volume-rule Sigma_0 as one pseudo-sample, as in the pairwise BIC; full or diagonal,
+whichever gives the current mixture the lower BIC. Work per round O(m K D^2 + K D^3) for
+m pieces and K components.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import ARRAYS, ClusterSet
+
+__all__ = ["consolidate"]
+
+
+def _pool(Z: np.ndarray, n: np.ndarray, mu: np.ndarray, T: np.ndarray, full: bool):
+    """(n, mean, scatter) of the components whose pieces are the columns of one-hot Z
+    (m, K); T are the pieces' second moments about the origin (centred data)."""
+    nk = Z.T @ n
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mk = (Z.T @ (n[:, None] * mu)) / nk[:, None]
+    Tk = np.tensordot(Z.T, T, axes=1)
+    if full:
+        Sk = Tk - nk[:, None, None] * mk[:, :, None] * mk[:, None, :]
+    else:
+        Sk = Tk - nk[:, None] * mk ** 2
+    return nk, mk, Sk
+
+
+def _params(nk, Sk, ridge, full):
+    """Precisions and log-determinants of the ridged ML covariances (S + ridge) / n."""
+    if full:
+        A = (Sk + np.diag(ridge)) / nk[:, None, None]
+        L = np.linalg.cholesky(A)
+        ld = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+        return np.linalg.inv(A), ld
+    A = (Sk + ridge) / nk[:, None]
+    return 1.0 / A, np.log(A).sum(axis=1)
+
+
+def _piece_loglik(n, mu, S, nk, mk, P, ld, N, full):
+    """(m, K) log-likelihood of every piece's rows under every component, weights
+    included (additive constants dropped)."""
+    diff = mu[:, None, :] - mk[None]
+    if full:
+        tr = np.einsum("ide,kde->ik", S, P, optimize=True)
+        q = np.einsum("ikd,kde,ike->ik", diff, P, diff, optimize=True)
+    else:
+        tr = S @ P.T
+        q = np.einsum("ikd,kd->ik", diff ** 2, P)
+    with np.errstate(divide="ignore"):
+        logw = np.log(nk / N)
+    return n[:, None] * (logw - 0.5 * ld)[None] - 0.5 * (tr + n[:, None] * q)
+
+
+def _own_loglik(nk, Sk, P, ld, N, full):
+    """Log-likelihood of each component's rows under its own Gaussian and weight."""
+    tr = np.einsum("kde,ked->k", Sk, P) if full else (Sk * P).sum(axis=1)
+    return nk * (np.log(nk / N) - 0.5 * ld) - 0.5 * tr
+
+
+def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10) -> int:
+    """Refine ``cs`` (after :meth:`ClusterSet.merge_all`) against the ``pieces`` it was
+    merged from (:func:`snapshot` taken before the merges); returns the number of
+    components removed. Only for clustering with ``merge_test="bic"``."""
+    if cs.s.merge_test != "bic" or cs.n_classes or cs.C < 2:
+        return 0
+    slot = cs.row_clusters(pieces["uid"])
+    ok = slot >= 0
+    n, mu0, S = pieces["n"][ok], pieces["mu"][ok], pieces["S"][ok]
+    slot = slot[ok]
+    full = cs.full
+    center = cs.g[1]
+    mu = mu0 - center
+    T = S + n[:, None, None] * mu[:, :, None] * mu[:, None, :] if full else S + n[:, None] * mu ** 2
+    N = float(n.sum())
+    ridge = cs.s0_rule
+    D = cs.D
+    K0 = cs.C
+    z = slot.copy()
+    for _ in range(max_rounds):
+        changed = False
+        K = cs.C
+        Z = np.zeros((n.size, K))
+        Z[np.arange(n.size), z] = 1.0
+        fam = _family(Z, n, mu, T, ridge, full, N)
+        npar = D + (D * (D + 1) // 2 if fam else D) + 1
+        TT, SS = (T, S) if fam else (_diag(T), _diag(S))
+        # classification EM over the pieces (a few steps; the likelihood only grows)
+        for _ in range(20):
+            nk, mk, Sk = _pool(Z, n, mu, TT, fam)
+            live = nk > 0
+            P, ld = _params(nk[live], Sk[live], ridge, fam)
+            ll = _piece_loglik(n, mu, SS, nk[live], mk[live], P, ld, N, fam)
+            idx = np.flatnonzero(live)
+            znew = idx[np.argmax(ll, axis=1)]
+            if np.array_equal(znew, z):
+                break
+            z = znew
+            Z = np.zeros((n.size, K))
+            Z[np.arange(n.size), z] = 1.0
+            changed = True
+        # dissolve: smallest first, each against the current mixture
+        nk = Z.T @ n
+        for k in np.argsort(nk, kind="stable"):
+            if nk[k] == 0 or (Z.sum(axis=0) > 0).sum() < 2:
+                continue
+            if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol):
+                changed = True
+        nk, mk, Sk = _pool(Z, n, mu, T, full)
+        live = np.flatnonzero(nk > 0)
+        _write_back(cs, live, nk, mk + center, Sk, z)
+        uz = cs.uid[np.searchsorted(live, z)]
+        merged = cs.merge_all()
+        z = cs.row_clusters(uz)
+        changed = changed or merged > 0
+        if not changed:
+            break
+    return K0 - cs.C
+
+
+def _diag(S):
+    """The diagonals of (m, D, D) scatters (diagonal scatters unchanged)."""
+    return np.diagonal(S, axis1=1, axis2=2) if S.ndim == 3 else S
+
+
+def _family(Z, n, mu, T, ridge, full, N) -> bool:
+    """True: full covariances give the current mixture the lower BIC (else diagonal)."""
+    if not full:
+        return False
+    D = mu.shape[1]
+    Td = _diag(T)
+    bic = {}
+    for fam, TT in ((True, T), (False, Td)):
+        nk, _, Sk = _pool(Z, n, mu, TT, fam)
+        live = nk > 0
+        P, ld = _params(nk[live], Sk[live], ridge, fam)
+        npar = D + (D * (D + 1) // 2 if fam else D) + 1
+        bic[fam] = -2 * _own_loglik(nk[live], Sk[live], P, ld, N, fam).sum() \
+            + live.sum() * npar * np.log(N)
+    return bool(bic[True] <= bic[False])
+
+
+def _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, tol) -> bool:
+    """Hand the pieces of component k to their best other components if the mixture BIC
+    loses less than ``tol`` nats per affected sample; updates z and Z in place."""
+    TT = T if fam else _diag(T)
+    SS = S if fam else _diag(S)
+    nk, mk, Sk = _pool(Z, n, mu, TT, fam)
+    others = np.flatnonzero((nk > 0) & (np.arange(nk.size) != k))
+    mine = np.flatnonzero(z == k)
+    P, ld = _params(nk[others], Sk[others], ridge, fam)
+    ll = _piece_loglik(n[mine], mu[mine], SS[mine], nk[others], mk[others], P, ld, N, fam)
+    to = others[np.argmax(ll, axis=1)]
+    aff = np.unique(np.append(to, k))
+    Pa, lda = _params(nk[aff], Sk[aff], ridge, fam)
+    before = _own_loglik(nk[aff], Sk[aff], Pa, lda, N, fam).sum()
+    z2 = z.copy()
+    z2[mine] = to
+    Z2 = np.zeros_like(Z)
+    Z2[np.arange(n.size), z2] = 1.0
+    nk2, _, Sk2 = _pool(Z2, n, mu, TT, fam)
+    rec = np.unique(to)
+    Pr, ldr = _params(nk2[rec], Sk2[rec], ridge, fam)
+    after = _own_loglik(nk2[rec], Sk2[rec], Pr, ldr, N, fam).sum()
+    # BIC change of the whole mixture (only the affected terms move), per affected sample
+    score = (-2.0 * (after - before) - npar * np.log(N)) / (2.0 * nk[aff].sum()) - tol
+    if not score < 0.0:
+        return False
+    z[:] = z2
+    Z[:] = Z2
+    return True
+
+
+def _write_back(cs: ClusterSet, live: np.ndarray, nk, mk, Sk, z) -> None:
+    """Components ``live`` (indices into the current slots) with their new statistics
+    become the cluster set; a dissolved component's uid maps to where most of it went."""
+    gone = np.setdiff1d(np.arange(cs.C), live)
+    for g in gone:  # its pieces went to several components: no single heir
+        cs.joined[int(cs.uid[g])] = -1
+    for name in ARRAYS:
+        arr = getattr(cs, name)
+        arr[:live.size] = arr[live]
+    cs.C = int(live.size)
+    cs.n[:cs.C], cs.mu[:cs.C], cs.S[:cs.C] = nk[live], mk[live], Sk[live]
+    cs.refresh(np.arange(cs.C))
+
+
+def snapshot(cs: ClusterSet) -> dict:
+    """The statistics and uids of the current clusters (the pieces for :func:`consolidate`)."""
+    C = cs.C
+    return {"n": cs.n[:C].copy(), "mu": cs.mu[:C].copy(), "S": cs.S[:C].copy(),
+            "uid": cs.uid[:C].copy()}
