@@ -8,8 +8,9 @@ import pytest
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.secagg import (SHARE_BYTES, array_to_bytes, bytes_to_array, open_sealed,
                                   x25519_keypair)
+from fedclust.core.secure_sum_device import secure_sum_client
 from fedclust.core.secure_sum import (SIGNED_STAGES, STAGES, SecureAggregation,
-                                      SecureSumServer, make_identities, secure_sum_client)
+                                      SecureSumServer, make_identities)
 
 SIGNED = SecureAggregation(signed=True)
 

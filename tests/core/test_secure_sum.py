@@ -8,7 +8,8 @@ import pytest
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.secagg import (PRIME, decode_fixed, encode_fixed, open_sealed, prg_mask, seal,
                                   shamir_combine, shamir_split, x25519_keypair)
-from fedclust.core.secure_sum import SecureAggregation, SecureSumServer, secure_sum_client
+from fedclust.core.secure_sum import SecureAggregation, SecureSumServer
+from fedclust.core.secure_sum_device import secure_sum_client
 
 
 def _entropy(seed):

@@ -7,7 +7,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from fedclust.core.secure_sum import SecureAggregation, SecureSumServer, secure_sum_client
+from fedclust.core.secure_sum import SecureAggregation, SecureSumServer
+from fedclust.core.secure_sum_device import secure_sum_client
 
 Lie = Callable[[str, int, dict], dict]
 

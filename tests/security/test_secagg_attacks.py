@@ -10,8 +10,8 @@ from harness import drive, values
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.secagg import (SHARE_BYTES, array_to_bytes, decode_fixed, prg_mask,
                                   shamir_combine, shamir_decode, shamir_split)
-from fedclust.core.secure_sum import (SecureAggregation, SecureSumServer, make_identities,
-                                      secure_sum_client)
+from fedclust.core.secure_sum_device import secure_sum_client
+from fedclust.core.secure_sum import (SecureAggregation, SecureSumServer, make_identities)
 
 PLAIN = SecureAggregation()
 SIGNED = SecureAggregation(signed=True)

@@ -85,7 +85,7 @@ from .secagg import (InconsistentSharesError, array_to_bytes, bytes_to_array, de
                      ed25519_keypair, pair_mask_seed, prg_mask, shamir_decode)
 
 __all__ = ["SUMMED", "STAGES", "SIGNED_STAGES", "SecureAggregation", "SecureSumServer",
-           "secure_sum_client", "check_summable", "DeviceIdentity", "make_identities"]
+           "check_summable", "DeviceIdentity", "make_identities"]
 
 #: the key under which a summed round's single reply (the sum) reaches ``server_step``
 SUMMED = -1
@@ -438,4 +438,3 @@ class SecureSumServer:
 
 
 # the device side lives in its own module; importing it here keeps one entry point
-from .secure_sum_device import secure_sum_client  # noqa: E402

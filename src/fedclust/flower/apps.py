@@ -49,9 +49,11 @@ from ..core.protocol import Protocol, Request, RunLog, require_replies, round_ta
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput, Tamper, draw_faults, late_request
 from ..core.policy import DevicePolicy, PolicyRefusal
+from ..core.secure_sum_device import secure_sum_client
 from ..core.secure_sum import (DeviceIdentity, SecureAggregation, SecureSumServer,
-                               check_summable, secure_sum_client)
+                               check_summable)
 from ..sim.secure import summed_replies
+from .codec import reply_failure as _reason
 from .codec import (ERROR, FINISH_ACTION, FORGET_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY,
                     SECAGG, SECAGG_STAGE,
                     arrays_to_record, content_to_request, record_to_arrays, request_to_content)
@@ -295,17 +297,6 @@ def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
         if len(nodes) >= n or time.monotonic() >= end:
             return nodes
         time.sleep(0.1)
-
-
-def _reason(reply: Message) -> str | None:
-    """Why a reply is a failure (client error), or None."""
-    if reply.has_error():
-        return f"client error: {reply.error.reason}"
-    content = reply.content
-    if ERROR in content.config_records:
-        err = content.config_records[ERROR]
-        return f"{err.get('type', 'error')}: {err.get('message', '')}"
-    return None
 
 
 class _Server:

@@ -33,6 +33,7 @@ __all__ = [
     "config_to_record", "record_to_config", "request_to_content", "content_to_request",
     "REQUEST", "PROTOCOL", "PAYLOAD", "REPLY", "ERROR", "HELLO", "OUTPUT",
     "HELLO_ACTION", "FINISH_ACTION", "SECAGG", "SECAGG_STAGE", "FORGET", "FORGET_ACTION",
+    "reply_failure",
 ]
 
 # record names inside a Flower message's RecordDict
@@ -143,3 +144,14 @@ def content_to_request(content: RecordDict, *, sender: str = "server"
                                     sender=sender)
     request = Request(round=int(head["round"]), action=str(head["action"]), payload=payload)
     return protocol, request, int(head["seed"]), head
+
+
+def reply_failure(reply: Any) -> str | None:
+    """Why a Flower reply is a failure (a client error, or an error record), or None."""
+    if reply.has_error():
+        return f"client error: {reply.error.reason}"
+    content = reply.content
+    if ERROR in content.config_records:
+        err = content.config_records[ERROR]
+        return f"{err.get('type', 'error')}: {err.get('message', '')}"
+    return None

@@ -119,7 +119,8 @@ def forget_on_grid(model: Any, grid: Grid, devices: Iterable[Any] | None = None,
     -------
     FlowerForgetReport
     """
-    from .apps import ServerSpec, _reason, _Server
+    from .apps import ServerSpec, _Server
+    from .codec import reply_failure as _reason
 
     u = model._unlearner()
     spec = ServerSpec.for_protocol(u.protocol, u.seed, min_nodes=int(min_nodes),

@@ -281,7 +281,9 @@ def run_relay(server: "_Server") -> tuple[RunOutput, dict[str, Any]]:
     """The ServerApp's loop for a graph run (``spec.graph_edges`` set): relay only."""
     import time
 
-    from .apps import _INFO as INFO, _reason
+    from logging import INFO
+
+    from .codec import reply_failure as _reason
     from flwr.common.logger import log as flwr_log
 
     t0 = time.perf_counter()

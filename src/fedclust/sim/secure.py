@@ -16,8 +16,8 @@ import numpy as np
 from ..core.exceptions import FedClustError, IncompatibleMessageError
 from ..core.messages import Message, message_nbytes
 from ..core.protocol import Protocol, Request, RunLog
-from ..core.secure_sum import (SUMMED, DeviceIdentity, SecureAggregation, SecureSumServer,
-                               secure_sum_client)
+from ..core.secure_sum_device import secure_sum_client
+from ..core.secure_sum import (SUMMED, DeviceIdentity, SecureAggregation, SecureSumServer)
 
 __all__ = ["secure_round", "summed_replies"]
 
