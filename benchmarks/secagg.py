@@ -63,7 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 from fedclust.core.secure_sum import (SecureAggregation, SecureSumServer,  # noqa: E402
-                                      make_identities, secure_sum_client)
+                                      make_identities)
+from fedclust.core.secure_sum_device import secure_sum_client  # noqa: E402
 
 WORKLOADS = {
     "lloyd": lambda rng: {"sums": rng.normal(scale=30.0, size=(10, 20)),
