@@ -208,11 +208,21 @@ class DevicePolicy:
         return group_threshold(group_size)
 
     def check_request(self, protocol: Any, action: str, state: dict, device: str, *,
-                      secure: bool, round_index: int | None = None) -> None:
+                      secure: bool, round_index: int | None = None,
+                      device_state: Mapping[str, Any] | None = None,
+                      payload: Any = None) -> None:
         """Before a data request runs on the device (``secure``: it arrived as the
         ``mask`` stage of a secure sum). Charges the ledger on a fit's first request;
         with ``round_index`` (the request's round) a private fit's request is also
-        counted against the rounds its protocol declares."""
+        counted against the rounds its protocol declares.
+
+        A protocol made of several (a site run: schema, preprocessing, algorithm)
+        shows the policy one view of the whole fit, built from the device's own
+        protocol state (``device_state``) and the request's ``payload``
+        (``protocol.policy_view``)."""
+        view = getattr(protocol, "policy_view", None)
+        if view is not None:
+            protocol = view({} if device_state is None else device_state, payload)
         name = self._check_protocol(protocol, device)
         if self.actions is not None:
             allowed = self.actions[name]
@@ -270,6 +280,8 @@ class DevicePolicy:
                                 "noise reveal the deleted rows); ask to forget the whole device")
 
     def _charge(self, protocol: Any, name: str, state: dict, device: str) -> None:
+        if _private(protocol) and getattr(protocol, "releases_pending", False):
+            return  # a private fit whose releases the device learns with its schema
         fingerprint = _fingerprint(protocol)
         charged = set(np.asarray(state.get(_CHARGED, np.zeros(0, np.uint8))).tobytes()
                       .decode("ascii").split(",")) - {""}

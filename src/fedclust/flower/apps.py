@@ -622,11 +622,12 @@ def _save_state(context: Context, state: Mapping[str, np.ndarray], key: str = _S
 
 
 def _check(pol: DevicePolicy, context: Context, protocol: Protocol, action: str, me: str, *,
-           secure: bool, round_index: int | None = None) -> None:
+           secure: bool, round_index: int | None = None, payload: Any = None) -> None:
     """The node's policy on a data request; what it charged and the rounds it answered
     stay in ``context.state``."""
     seen = _load_state(context, _POLICY_STATE)
-    pol.check_request(protocol, action, seen, me, secure=secure, round_index=round_index)
+    pol.check_request(protocol, action, seen, me, secure=secure, round_index=round_index,
+                      device_state=_load_state(context), payload=payload)
     _save_state(context, seen, _POLICY_STATE)
 
 
@@ -735,7 +736,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 plain = None
                 if stage == "mask":
                     _check(pol, context, protocol, request.action, me, secure=True,
-                           round_index=request.round)
+                           round_index=request.round, payload=request.payload)
                     X = device_data_for(protocol, X, me)
                     with one_blas_thread():
                         reply = protocol.client_step(request, X, device_id=int(device_id),
@@ -761,7 +762,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 content = RecordDict({OUTPUT: arrays_to_record(out if collect else {})})
             else:
                 _check(pol, context, protocol, request.action, me, secure=False,
-                       round_index=request.round)
+                       round_index=request.round, payload=request.payload)
                 state = _load_state(context)
                 X = device_data_for(protocol, X, me)
                 # one BLAS thread, as a simulated device in process: same rounding on both

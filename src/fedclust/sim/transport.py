@@ -162,15 +162,13 @@ class InProcessTransport:
                                        drop_after_masking=self.drop_after_masking,
                                        raise_client_errors=self.on_client_error == "raise",
                                        identities=identities,
-                                       admit=lambda zs: self._admit(protocol, request.action, zs,
-                                                                    log, secure=True,
-                                                                    round_index=request.round),
+                                       admit=lambda zs: self._admit(protocol, request, zs, log,
+                                                                    states, secure=True),
                                        policies=self._policies,
                                        round_id=None if ckpt is None else
                                        ckpt.secure_round_id(request.round))
             else:
-                allowed = self._admit(protocol, request.action, targets, log, secure=False,
-                                      round_index=request.round)
+                allowed = self._admit(protocol, request, targets, log, states, secure=False)
                 replies = self._round(protocol, state, request, allowed, devices, states, seed,
                                       log, meter)
             meter.rounds += 1
@@ -218,17 +216,18 @@ class InProcessTransport:
                 outputs[z] = protocol.client_finish(final, devices[z], states[z])
         return RunOutput(result, outputs, meter, log, seed)
 
-    def _admit(self, protocol, action: str, targets, log, *, secure: bool,
-               round_index: int | None = None) -> list[int]:
-        """The targets whose policy accepts the request; a refusal is a client error.
-        ``round_index``: the request's round, counted per device for a private fit."""
+    def _admit(self, protocol, request: Request, targets, log, states, *, secure: bool
+               ) -> list[int]:
+        """The targets whose policy accepts the request (its round counted per device for
+        a private fit); a refusal is a client error."""
         allowed = []
         for z in targets:
             pol = self._policies.get(z)
             if pol is not None:
                 try:
-                    pol.check_request(protocol, action, self._charged[z], f"device {z}",
-                                      secure=secure, round_index=round_index)
+                    pol.check_request(protocol, request.action, self._charged[z], f"device {z}",
+                                      secure=secure, round_index=request.round,
+                                      device_state=states[z], payload=request.payload)
                 except PolicyRefusal as exc:
                     _DEVICE_LOG.warning("fedclust: %s", exc)
                     if self.on_client_error == "raise":
@@ -314,8 +313,7 @@ class InProcessTransport:
     def _assign_late(self, protocol, result, late, devices, states, seed, log, meter):
         request = late_request(protocol, result)
         reply_type = protocol.reply_types[request.action]
-        late = self._admit(protocol, request.action, late, log, secure=False,
-                           round_index=request.round)
+        late = self._admit(protocol, request, late, log, states, secure=False)
         for z in late:
             meter.record_down(z, message_nbytes(request.payload))
             try:

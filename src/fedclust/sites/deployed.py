@@ -294,22 +294,41 @@ class SitePreprocessProtocol(Protocol):
         return save_run_model(out, extra, directory)
 
     # -- site -----------------------------------------------------------------------------
-    def _site(self, state: Mapping[str, np.ndarray], where: str) -> tuple[Any, Protocol, Any]:
-        """(schema, the algorithm's protocol, the pooled transform) this site stored."""
+    def _built(self, text: Any, where: str) -> tuple[Any, Protocol, Any]:
+        """(schema, the algorithm's protocol, a preprocessor) of a stored schema broadcast."""
         from ..preprocess import FederatedPreprocessor
         from . import SiteSchema
         from .schema_round import array_text
 
-        if _TEXT not in state or _MEAN not in state:
-            raise ValidationError(f"{where}: no schema or pooled transform stored; the "
-                                  "preprocessing rounds did not reach this site")
-        key = bytes(np.asarray(state[_TEXT], np.uint8))
+        key = bytes(np.asarray(text, np.uint8))
         if key not in self._cache:
-            d = array_text(state[_TEXT], where)
+            d = array_text(text, where)
             schema = SiteSchema.from_json(d["schema"])
             inner = protocol_from_config(self.inner_name, d["inner"])
             self._cache = {key: (schema, inner, FederatedPreprocessor(self.impute, self.scaling))}
-        schema, inner, pre = self._cache[key]
+        return self._cache[key]
+
+    def policy_view(self, state: Mapping[str, np.ndarray], payload: Any = None) -> Any:
+        """This run as the site's device policy checks it
+        (:class:`~fedclust.sites.site_policy.SitePolicyView`), from the schema the site
+        stored (or a late site's request ``payload``)."""
+        from ..site_deploy import preprocess_protocol
+        from .site_policy import site_view
+
+        text = payload.text if isinstance(payload, LateSiteModel) else state.get(_TEXT)
+        parts: list[Any] = []
+        if text is not None:
+            schema, inner, _ = self._built(text, "site")
+            parts = [preprocess_protocol(json.loads(self.experiment), self.impute, self.scaling,
+                                         schema.columns), inner]
+        return site_view(self, parts, (_SCHEMA_UP, _SCHEMA_DOWN, _STORE))
+
+    def _site(self, state: Mapping[str, np.ndarray], where: str) -> tuple[Any, Protocol, Any]:
+        """(schema, the algorithm's protocol, the pooled transform) this site stored."""
+        if _TEXT not in state or _MEAN not in state:
+            raise ValidationError(f"{where}: no schema or pooled transform stored; the "
+                                  "preprocessing rounds did not reach this site")
+        schema, inner, pre = self._built(state[_TEXT], where)
         m, s = np.asarray(state[_MEAN], np.float64), np.asarray(state[_SCALE], np.float64)
         pre._set(m, s ** 2, s, np.zeros(len(m), np.int64), 0, schema.columns)
         return schema, inner, pre
