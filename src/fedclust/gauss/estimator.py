@@ -45,7 +45,7 @@ from .local import from_message
 from .model import MERGE_TOL, ClusterSet, one_thread
 from .protocol import (SETTING_NAMES, GaussClassifierProtocol, GaussProtocol, GaussResult,
                        predict_labels, result_message)
-from .scoring import class_log_scores, proba
+from .scoring import class_log_scores, log_density, proba
 
 __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier"]
 
@@ -257,6 +257,20 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
     def predict_proba(self, X: Any) -> np.ndarray:
         cs = self._check_fitted()
         return proba(cs.log_scores(self._check_X(X), cs.s.predict_rule))
+
+    def score_samples(self, X: Any) -> np.ndarray:
+        """(N,) log density of every row under the model as a Gaussian mixture (weights
+        ``counts_ / counts_.sum()``, ``means_``, ``covariances_``; with ``pooled_shrinkage``
+        > 0 the shrunk scoring covariances), as scikit-learn's
+        ``GaussianMixture.score_samples``."""
+        cs = self._check_fitted()
+        return log_density(cs, self._check_X(X))
+
+    def score(self, X: Any, y: None = None) -> float:
+        """Average log-likelihood per row of X (:meth:`score_samples`' mean), as
+        scikit-learn's ``GaussianMixture.score``: larger is better, so ``GridSearchCV``
+        needs no scorer."""
+        return float(np.mean(self.score_samples(X)))
 
 
 

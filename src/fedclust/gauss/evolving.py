@@ -18,7 +18,7 @@ from .consolidate import consolidate, snapshot
 from .local import learn_local
 from .model import MERGE_TOL, ClusterSet, Settings, one_thread
 from .protocol import SETTING_NAMES, check_settings, predict_labels
-from .scoring import proba
+from .scoring import log_density, proba
 from .stats import moments
 
 __all__ = ["EvolvingGaussians", "PARAMS_DOC", "estimator_settings", "cluster_attrs"]
@@ -239,6 +239,20 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
         """(N, c) cluster memberships (posterior; rows sum to 1)."""
         cs = self._fitted()
         return proba(cs.log_scores(self._check_X(X), cs.s.predict_rule))
+
+    def score_samples(self, X: Any) -> np.ndarray:
+        """(N,) log density of every row under the model as a Gaussian mixture (weights
+        ``counts_ / counts_.sum()``, ``means_``, ``covariances_``; with ``pooled_shrinkage``
+        > 0 the shrunk scoring covariances), as scikit-learn's
+        ``GaussianMixture.score_samples``."""
+        cs = self._fitted()
+        return log_density(cs, self._check_X(X))
+
+    def score(self, X: Any, y: None = None) -> float:
+        """Average log-likelihood per row of X (:meth:`score_samples`' mean), as
+        scikit-learn's ``GaussianMixture.score``: larger is better, so ``GridSearchCV``
+        needs no scorer."""
+        return float(np.mean(self.score_samples(X)))
 
     @property
     def n_clusters_(self) -> int:
