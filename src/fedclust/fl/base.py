@@ -4,7 +4,8 @@
 ``fit(devices_X, devices_y)`` validates the federation, builds one protocol
 (:mod:`fedclust.fl.fedavg`, :mod:`.ifca`, :mod:`.clustered`) and runs it once
 through ``transport.run`` (the in-process simulator by default, or Flower).
-Labels are class indices 0..C-1 (C = the largest label + 1) for the classifiers.
+Labels are class indices 0..C-1 (C = the largest label + 1) for the classifiers, or
+strings (``classes_`` then holds them sorted, and ``predict`` returns them).
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ def check_federation(devices_X: Any, devices_y: Any, ids: Sequence[int] | None, 
     for pos, (X, y) in enumerate(zip(Xs, ys)):
         z = pos if ids is None else ids[pos]
         y = np.asarray(y)
-        if y.dtype.kind not in "biuf":
-            raise ValidationError(f"device {z}: y has dtype {y.dtype}; expected numbers")
+        if y.dtype.kind == "O" and y.size and all(isinstance(v, str) for v in y.ravel()):
+            y = y.astype(str)  # pandas' column of strings
+        if y.dtype.kind not in "biufUS":
+            raise ValidationError(f"device {z}: y has dtype {y.dtype}; expected numbers or "
+                                  "strings")
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValidationError(
                 f"device {z}: X has {X.shape[0]} rows but y has shape {y.shape}")
@@ -127,10 +131,80 @@ class FLEstimator(ForgetMixin, BaseEstimator):
             clients_per_round=m or 0, snapshot_every=eval_every,
             privacy=privacy, sampling=sampling, **self._extra_config(len(Xs)))
 
+    def _string_classes(self, ys: list[np.ndarray], ids: Sequence[int]) -> np.ndarray | None:
+        """The sorted label values when the labels are strings (None: numbers, used as class
+        indices): the public ``classes`` when given (required under privacy, where the
+        devices' union would be released without noise), else the devices' union."""
+        classes = getattr(self, "classes", None)
+        public = None
+        if classes is not None and not isinstance(classes, (int, np.integer)):
+            arr = np.asarray(classes)
+            if arr.dtype.kind == "O" and arr.size and all(isinstance(v, str) for v in arr.ravel()):
+                arr = arr.astype(str)
+            public = arr if arr.dtype.kind in "US" else None
+        text = [y.dtype.kind in "US" for y in ys]
+        if not any(text) and public is None:
+            return None
+        if not self._is_classifier():
+            raise ValidationError(f"model={self.model!r} fits numbers; y holds strings "
+                                  f"(dtype {ys[text.index(True)].dtype})")
+        if not all(text):
+            pos = text.index(False)
+            raise ValidationError(
+                f"device {ids[pos]}: labels of dtype {ys[pos].dtype} but "
+                + ("classes= lists strings" if public is not None else
+                   f"device {ids[text.index(True)]} has string labels")
+                + "; give every label as a string, or every one as a class index")
+        private = self._privacy() is not None and self._privacy().private
+        if public is None and classes is not None:
+            raise ValidationError(f"classes={classes!r}: with string labels, classes= lists "
+                                  "the labels themselves")
+        if public is None and private:
+            raise ValidationError(
+                f"privacy: {type(self).__name__} with string labels needs classes= (the public "
+                "list of labels): the union of the devices' labels would be released without "
+                "noise")
+        values = np.unique(public if public is not None else np.concatenate(ys))
+        if public is not None and (public.ndim != 1 or len(values) != public.size):
+            raise ValidationError(f"classes={classes!r} must list each label once")
+        if len(values) < 2:
+            raise ValidationError(f"y holds one class ({values[0]!r}); a classifier needs at "
+                                  "least two")
+        return values
+
+    def _encode(self, ys: list[np.ndarray], ids: Sequence[int], name: str = "") -> list:
+        """Class indices (positions in ``classes_``) of string labels; numbers unchanged."""
+        values = getattr(self, "_label_values", None)
+        if values is None:
+            return ys
+        private = self._privacy() is not None and self._privacy().private
+        out = []
+        for z, y in zip(ids, ys):
+            if y.dtype.kind not in "US":
+                raise ValidationError(f"{name}device {z}: labels of dtype {y.dtype}; the model "
+                                      "was fitted on string labels")
+            idx = np.clip(np.searchsorted(values, y), 0, len(values) - 1)
+            bad = values[idx] != y
+            if bad.any():
+                # under privacy the row, never the value (a public label set is the point)
+                what = "" if private else f" ({y[bad][0]!r})"
+                raise ValidationError(f"{name}device {z}: the label of row {int(np.argmax(bad))}"
+                                      f"{what} is not one of the classes {values.tolist()[:10]}")
+            out.append(idx.astype(np.int64))
+        return out
+
+    def _decode(self, pred: np.ndarray) -> np.ndarray:
+        """Class indices back to the labels the model was fitted on."""
+        values = getattr(self, "_label_values", None)
+        return pred if values is None or not self.model_.classifier else values[pred]
+
     def _label_range(self, ys) -> np.ndarray:
         """The labels the model's class count is read from: the devices' labels, or the
         public ``classes`` (0..C-1; required under privacy for a multi-class model, whose
-        class count would otherwise be the largest label seen)."""
+        class count would otherwise be the largest label seen); string labels: their count."""
+        values = getattr(self, "_label_values", None)
+        if values is not None:
+            return np.array([len(values) - 1])
         classes = getattr(self, "classes", None)
         y = np.concatenate(ys)
         if self.model == "linear":
@@ -205,9 +279,12 @@ class FLEstimator(ForgetMixin, BaseEstimator):
                 raise ValidationError(f"device_ids must be distinct, got {device_ids[:10]}")
         Xs, ys = check_federation(devices_X, devices_y, device_ids)
         ids = list(range(len(Xs))) if device_ids is None else list(device_ids)
+        self._label_values = self._string_classes(ys, ids)
+        ys = self._encode(ys, ids)
         tests = None
         if test_X is not None:
             tX, ty = check_federation(test_X, test_y, ids, name="test_")
+            ty = self._encode(ty, ids, name="test ")
             if len(tX) != len(Xs):
                 raise ValidationError(f"test_X has {len(tX)} devices, the federation {len(Xs)}")
             tests = (tX, ty)
@@ -259,7 +336,8 @@ class FLEstimator(ForgetMixin, BaseEstimator):
         self._loaded = None
         self.n_features_in_ = self.model_.n_features
         if self.model_.classifier:
-            self.classes_ = np.arange(self.model_.n_classes)
+            values = getattr(self, "_label_values", None)
+            self.classes_ = np.arange(self.model_.n_classes) if values is None else values.copy()
         if self._protocol_.plan is None:
             self.device_clusters_ = self._device_clusters(res, ids)
         else:   # a device's cluster choice is not released: each routes on its own data
@@ -319,7 +397,7 @@ class FLEstimator(ForgetMixin, BaseEstimator):
         self._check_fitted()
         self._loaded = None
         try:
-            return self._route(self._check_X(X), self.models_)
+            return self._decode(self._route(self._check_X(X), self.models_))
         finally:
             self._loaded = None  # the cache lives for one call: predict leaves no state
 
@@ -330,7 +408,8 @@ class FLEstimator(ForgetMixin, BaseEstimator):
             raise ValidationError(f"device {i} is not in the federation {self.device_ids_[:10]}")
         self._loaded = None
         try:
-            return self._predict_device(self.device_ids_.index(i), self._check_X(X), self.models_)
+            return self._decode(self._predict_device(self.device_ids_.index(i), self._check_X(X),
+                                                     self.models_))
         finally:
             self._loaded = None
 

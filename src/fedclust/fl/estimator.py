@@ -60,8 +60,9 @@ class FedAvg(FLEstimator):
         needs ``aggregator="mean"`` and ``selection="random"``; updates are
         unweighted. See ``docs/privacy.md``.
     classes : int or list, optional
-        The public class labels 0..C-1 (or C): the model's class count. Required
-        under ``privacy`` for a multi-class model; otherwise read from the labels.
+        The public class labels 0..C-1 (or C): the model's class count; or the list
+        of string labels (then ``classes_``, sorted). Required under ``privacy`` for a
+        multi-class model and for string labels; otherwise read from the labels.
     secure_aggregation : bool or SecureAggregation, default=False
         Sum every training round's updates by secure aggregation
         (:mod:`fedclust.core.secure_sum`): the server learns only their weighted
@@ -337,6 +338,7 @@ class ClusteredFedAvg(FLEstimator):
             raise ValidationError(f"routing={routing!r} needs a fit with routing='gate' or "
                                   "'soft-gate'")
         tX, ty = check_federation(test_X, test_y, self.device_ids_, name="test_")
+        ty = self._encode(ty, self.device_ids_, name="test ")
         saved, self._routing = self._routing, routing
         try:
             return self._device_scores(self.models_, tX, ty)
