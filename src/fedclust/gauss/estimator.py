@@ -38,7 +38,7 @@ from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_device_ids, check_devices, check_n_features
-from ..sim.transport import InProcessTransport
+from ..sim.transport import InProcessTransport, fit_transport
 from ..unlearning.forget import ForgetMixin, run_recorded
 from .evolving import PARAMS_DOC, EvolvingGaussians, cluster_attrs, estimator_settings
 from .local import from_message
@@ -309,6 +309,16 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         The public list of labels (``classes_``, sorted). Required under
         ``privacy``; without it ``classes_`` is the sorted union of the owners'
         labels. An owner's label outside it is refused.
+    secure_aggregation : bool or SecureAggregation, default=False
+        Run the rounds whose replies the server only adds up as secure sums
+        (:mod:`fedclust.core.secure_sum`; the same as fitting on
+        ``InProcessTransport(secure_aggregation=...)``). With ``privacy`` that is the
+        whole fit: the owners' per-class counts, sums and second moments; the server
+        learns only their sum (to ``2**-20`` fixed-point precision per owner) and noises
+        it. Without ``privacy`` only the feature-selection round (``kappa_f > 0``) is
+        summed: the server merges each owner's evolving clusters, which a sum cannot
+        carry, so they still reach it one by one; with ``kappa_f=0`` no round is left to
+        sum and ``fit`` says so. Each secure round costs 3 extra exchanges.
 
     Attributes
     ----------
@@ -341,7 +351,8 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                  pooled_shrinkage: float = 0.5, merge_tol: float = MERGE_TOL,
                  kappa_f: float = 0.01, kappa_n: float = 1,
                  n_rounds: int = 1, privacy: Any = None, classes: Any = None,
-                 random_state: RandomState = None, progress: bool = False):
+                 random_state: RandomState = None, progress: bool = False,
+                 secure_aggregation: Any = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
         self.n_sigma = n_sigma
@@ -365,6 +376,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self.classes = classes
         self.random_state = random_state
         self.progress = progress
+        self.secure_aggregation = secure_aggregation
 
     def fit(self, X: Any, y: Any, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
@@ -418,7 +430,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
             from .private import PrivateGaussClassifierProtocol
 
             protocol = PrivateGaussClassifierProtocol(privacy=_check_privacy(self.privacy), **kw)
-        transport = transport or InProcessTransport(progress=self.progress)
+        transport = fit_transport(transport, self.secure_aggregation, self.progress)
         self.seed_ = root_seed(self.random_state)
         data = {z: (X.astype(np.float64, copy=False), y) for z, X, y in zip(ids, devices, ys)}
         out = run_recorded(self, transport, protocol, data, self.seed_)
