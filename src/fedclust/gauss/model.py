@@ -37,7 +37,7 @@ from scipy.linalg import lapack
 from scipy.stats import chi2
 
 from ..core.threads import one_blas_thread
-from . import _fast
+from . import fast_scan
 from .merging import ClusterMerging
 from .stats import (feature_variances, merge_moments, neighbour_variance,
                     prior_variances)
@@ -295,7 +295,7 @@ class ClusterSet(ClusterMerging):
         """One pass over the rows of X (class indices ``y`` when classifying); ``labels``
         (n,) int64, if given, receives the uid of the cluster each row went to."""
         lab = np.empty(X.shape[0], np.int64) if labels is None else labels
-        if self.full and self.use_fast and _fast.HAVE_NUMBA:
+        if self.full and self.use_fast and fast_scan.HAVE_NUMBA:
             return self._learn_fast(np.ascontiguousarray(X, dtype=np.float64), y, lab)
         return self._learn_numpy(X, y, lab)
 
@@ -330,14 +330,14 @@ class ClusterSet(ClusterMerging):
         i, N = 0, X.shape[0]
         while i < N:
             act = np.empty(max(self.C, 1), np.int64)
-            i, j, code, t, na = _fast.scan_full(
+            i, j, code, t, na = fast_scan.scan_full(
                 X, yy, i, self.t, self.mu, self.S, self.P, self.ld, self.n, self.cls,
                 self.last, self.upd, self.C, self.gate, self.n0, self.refresh_every, act,
                 self.merges_online, self.uid, lab)
             self.t = int(t)
-            if code == _fast.DONE:
+            if code == fast_scan.DONE:
                 return
-            if code == _fast.NEW:
+            if code == fast_scan.NEW:
                 self.t += 1
                 j = self._new(X[i], int(yy[i]))
                 lab[i] = self.uid[j]
