@@ -353,12 +353,12 @@ def main() -> None:
                              "studies): for a quiet machine")
     args = C.finish_args(parser.parse_args())
     repeats = 1 if args.quick else 10
-    from fedclust.gauss import _fast
+    from fedclust.gauss import fast_scan
 
     t0 = time.perf_counter()
     FedGaussClassifier().fit([np.random.default_rng(0).normal(size=(20, 3))], [np.arange(20) % 2])
     compile_s = time.perf_counter() - t0
-    print(f"compiled loop: {'numba' if _fast.HAVE_NUMBA else 'not available (numpy loop)'}; "
+    print(f"compiled loop: {'numba' if fast_scan.HAVE_NUMBA else 'not available (numpy loop)'}; "
           f"first fit (compile or cache load) {compile_s:.2f} s, excluded from the timings")
     with C.blas_limit(args):
         sets = load_sets(args)
@@ -378,7 +378,7 @@ def main() -> None:
               f"wall, {np.median(cpu):.4f} ms CPU per training sample over {len(ms)} sets "
               f"(bound 0.05; paper 0.56-1.45)")
         if args.speed_only:
-            payload["numba"] = _fast.HAVE_NUMBA
+            payload["numba"] = fast_scan.HAVE_NUMBA
             payload["first_fit_seconds"] = compile_s
             C.write_json(args, "gauss_classification_speed", payload)
             return
@@ -388,7 +388,7 @@ def main() -> None:
         if not args.quick:
             payload["unseen"] = unseen(args, 3)
             payload["hospitals"] = hospitals(args)
-    payload["numba"] = _fast.HAVE_NUMBA
+    payload["numba"] = fast_scan.HAVE_NUMBA
     payload["first_fit_seconds"] = compile_s
     C.write_json(args, "gauss_classification", payload)
 

@@ -348,9 +348,9 @@ def stream(args, X, block=1000, stretch=10000, passes=3):
     ratio = float(np.mean(cpu[half:]) / np.mean(cpu[1:half])) if half > 1 else float("nan")
     print(f"flatness: CPU time per sample, second half / first half (without the first "
           f"stretch, where the clusters form) = {ratio:.2f}")
-    from fedclust.gauss import _fast
+    from fedclust.gauss import fast_scan
 
-    loop = "numba" if _fast.HAVE_NUMBA else "numpy (numba did not import)"
+    loop = "numba" if fast_scan.HAVE_NUMBA else "numpy (numba did not import)"
     print(f"compiled loop: {loop}")
     return {"ms_per_sample_wall": wall.tolist(), "ms_per_sample_cpu": cpu.tolist(),
             "clusters": clusters, "late_over_early_cpu": ratio, "loop": loop}

@@ -58,7 +58,8 @@ def _check_instances() -> list:
 # -- the checks that cannot apply, and why ----------------------------------------------
 _OBJECT = ("object arrays are refused with one clear error (strings and objects are not "
            "cast to float silently)")
-_LABELS_FL = "labels are class indices 0..C-1 (strings are refused, not encoded)"
+_LABELS_FL = ("numeric labels are class indices 0..C-1 (the check's -1 is refused, not "
+              "encoded); string labels are encoded")
 _CONTINUOUS_FL = ("a non-integer label is refused as 'label 0.5 is not a class index', not "
                   "with scikit-learn's 'Unknown label type' wording")
 _Y2D = "y must be 1-D per device: a column vector is refused, not raveled with a warning"

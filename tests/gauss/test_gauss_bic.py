@@ -8,7 +8,7 @@ from sklearn.datasets import make_blobs
 from sklearn.metrics import adjusted_rand_score
 
 from fedclust import EvolvingGaussians, FedGaussClustering, ValidationError
-from fedclust.gauss import _fast
+from fedclust.gauss import fast_scan
 from fedclust.gauss.datasets import separated_blobs
 from fedclust.gauss.model import ClusterSet, Settings
 from fedclust.gauss.stats import merge_clusters, moments, neighbour_variance
@@ -219,7 +219,7 @@ def test_nothing_is_removed_below_the_cap_and_federation_conserves():
 
 
 def test_numba_is_a_dependency_and_the_merge_test_is_validated():
-    assert _fast.HAVE_NUMBA  # installed with the package (pyproject dependencies)
+    assert fast_scan.HAVE_NUMBA  # installed with the package (pyproject dependencies)
     with pytest.raises(ValidationError, match="merge_test"):
         FedGaussClustering(merge_test="both").fit([np.arange(10.0).reshape(5, 2)] * 2)
 

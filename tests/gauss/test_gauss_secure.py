@@ -122,3 +122,30 @@ def test_feature_selection_round_is_summed_and_selects_the_same_features():
         Xs, ys, transport=FlowerInMemoryTransport(secure_aggregation=True))
     np.testing.assert_array_equal(c.fisher_scores_, b.fisher_scores_)
     np.testing.assert_array_equal(c.means_, b.means_)
+
+
+def test_secure_aggregation_keyword_is_the_secure_transport():
+    """``FedGaussClassifier(secure_aggregation=True)`` runs the fit as a secure transport
+    does (the whole private fit; the selection round without privacy) and says when no
+    round can be summed."""
+    Xs, ys, X, y = owners(4)
+    dp = DifferentialPrivacy(1.0, 1e-6, data_bound=20.0, noise_seed=2)
+    a = FedGaussClassifier(privacy=dp, classes=[0, 1, 2], secure_aggregation=True,
+                           random_state=0).fit(Xs, ys)
+    b = _fit(dp, True, Xs, ys)
+    np.testing.assert_array_equal(a.means_, b.means_)
+    np.testing.assert_array_equal(a.scatters_, b.scatters_)
+    assert a.communication_["secure_exchanges"] == 3
+    assert FedGaussClassifier(privacy=dp, classes=[0, 1, 2]).fit(
+        Xs, ys).communication_.get("secure_exchanges", 0) == 0
+    c = FedGaussClassifier(kappa_f=0.05, secure_aggregation=True, random_state=0).fit(Xs, ys)
+    d = FedGaussClassifier(kappa_f=0.05, random_state=0).fit(
+        Xs, ys, transport=InProcessTransport(secure_aggregation=True))
+    np.testing.assert_array_equal(c.fisher_scores_, d.fisher_scores_)
+    np.testing.assert_array_equal(c.means_, d.means_)
+    assert c.communication_["secure_exchanges"] == 3
+    with pytest.raises(ValidationError, match="merges each owner's evolving clusters"):
+        FedGaussClassifier(kappa_f=0.0, secure_aggregation=True).fit(Xs, ys)
+    with pytest.raises(ValidationError, match="secure_aggregation off"):
+        FedGaussClassifier(privacy=dp, classes=[0, 1, 2], secure_aggregation=True).fit(
+            Xs, ys, transport=InProcessTransport())

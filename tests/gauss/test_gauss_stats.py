@@ -118,9 +118,9 @@ def test_bic_merge_joins_a_large_cluster_split_in_tiles():
 
 
 def test_compiled_loop_matches_the_numpy_loop(monkeypatch):
-    from fedclust.gauss import _fast
+    from fedclust.gauss import fast_scan
 
-    if not _fast.HAVE_NUMBA:
+    if not fast_scan.HAVE_NUMBA:
         pytest.skip("numba is not installed: only the numpy loop exists")
     from sklearn.datasets import load_wine
 

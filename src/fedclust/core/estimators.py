@@ -30,8 +30,8 @@ from .exceptions import NotFittedError, ValidationError
 from .kmeans import assign
 from .validation import check_array, check_n_features
 
-__all__ = ["CenterEstimatorMixin", "DeviceLabelsMixin", "Federation", "RowOrder",
-           "split_federation"]
+__all__ = ["CenterEstimatorMixin", "DeviceLabelsMixin", "Federation", "KMeansScoreMixin",
+           "RowOrder", "kmeans_cost", "split_federation"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,25 @@ def _as_2d(X: Any, name: str) -> np.ndarray:
     return arr
 
 
+def _object_groups(g: np.ndarray) -> np.ndarray:
+    """An object array of group ids (pandas' column of strings, or of Python ints) as a
+    string or integer array; a missing or other value is named with its row."""
+    if all(isinstance(v, str) for v in g):
+        return g.astype(str)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in g):
+        return g.astype(np.int64)
+    kinds = {type(v).__name__ for v in g}
+    if kinds & {"str"} and len(kinds) > 1:
+        row = next(i for i, v in enumerate(g) if not isinstance(v, str))
+        raise ValidationError(f"groups mixes strings with {type(g[row]).__name__} values "
+                              f"(row {row}: {g[row]!r}); every device id must be a string, or "
+                              "every one an integer")
+    row = next(i for i, v in enumerate(g)
+               if not isinstance(v, (int, np.integer)) or isinstance(v, bool))
+    raise ValidationError(f"groups row {row} is {g[row]!r} ({type(g[row]).__name__}); device "
+                          "ids must be integers or strings")
+
+
 def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: Any = None,
                      x_name: str = "X", y_name: str = "y") -> Federation:
     """Bring any of the three input forms of ``fit`` (module docstring) to a list of devices.
@@ -126,6 +145,8 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
     if g.ndim != 1 or g.shape[0] != X.shape[0]:
         raise ValidationError(f"groups has shape {g.shape} but {x_name} has {X.shape[0]} rows; "
                               "give one device id per row")
+    if g.dtype.kind == "O":
+        g = _object_groups(g)
     if g.dtype.kind not in "biuUS":
         raise ValidationError(f"groups has dtype {g.dtype}; device ids must be integers or "
                               "strings")
@@ -165,8 +186,41 @@ class DeviceLabelsMixin:
         return getattr(self, "_rows", RowOrder()).to_rows(self.device_labels_)
 
 
-class CenterEstimatorMixin(DeviceLabelsMixin):
-    """``labels_`` and ``predict`` (nearest final center) for a fitted model."""
+def kmeans_cost(X: np.ndarray, centers: np.ndarray, sample_weight: Any = None) -> float:
+    """sum_i w_i min_j ||x_i - c_j||^2 of the rows X (n, d) on ``centers`` (k, d), the
+    distances computed exactly (in float64) once the nearest center is found."""
+    n = X.shape[0]
+    w = None
+    if sample_weight is not None:
+        w = np.asarray(sample_weight, dtype=np.float64)
+        if w.shape != (n,) or not np.isfinite(w).all() or (w < 0).any():
+            raise ValidationError(f"sample_weight must be {n} finite non-negative numbers, got "
+                                  f"shape {w.shape}")
+    X = X.astype(np.float64, copy=False)
+    C = np.asarray(centers, dtype=np.float64)
+    labels = assign(X, C)[0]
+    d2 = ((X - C[labels]) ** 2).sum(axis=1)
+    return float(d2.sum() if w is None else d2 @ w)
+
+
+class KMeansScoreMixin:
+    """scikit-learn's ``KMeans.score`` for a fitted ``cluster_centers_``."""
+
+    def score(self, X: Any, y: None = None, sample_weight: Any = None) -> float:
+        """Negative k-means cost of X on the fitted centers, -sum_i w_i min_j ||x_i - c_j||^2
+        (scikit-learn's ``KMeans.score``): larger is better, so ``GridSearchCV`` needs no
+        scorer. The cost always falls as k grows; compare k by it only on held-out rows and
+        expect the largest k to win unless the gain flattens."""
+        if not hasattr(self, "cluster_centers_"):
+            raise NotFittedError(f"this {type(self).__name__} instance is not fitted yet; "
+                                 "call fit first")
+        X = check_n_features(check_array(X, "X"), self)
+        return -kmeans_cost(X, self.cluster_centers_, sample_weight)
+
+
+class CenterEstimatorMixin(KMeansScoreMixin, DeviceLabelsMixin):
+    """``labels_``, ``predict`` (nearest final center) and ``score`` (negative k-means cost)
+    for a fitted model."""
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):

@@ -3,9 +3,10 @@
 ``models`` — plain-numpy models (flat parameters, loss, gradient, SGD);
 ``client`` — the device step (:func:`local_update`, IFCA's choice);
 ``server`` — aggregation (:func:`aggregate_updates`), per-cluster averages,
-client selection; ``messages`` / ``protocol`` — the rounds and FedAvg; ``ifca`` /
-``clustered`` — IFCA's and k-FED + FedAvg's protocols; ``estimator`` —
-the :class:`FedAvg`, :class:`IFCA`, :class:`ClusteredFedAvg` front doors;
+client selection; ``messages`` / ``protocol`` — the rounds; ``fedavg`` / ``ifca`` /
+``clustered`` — FedAvg's, IFCA's and k-FED + FedAvg's protocols; ``base`` — what the
+front doors share; ``estimator`` — the :class:`FedAvg`, :class:`IFCA`,
+:class:`ClusteredFedAvg` front doors;
 ``data`` — rotated-digits / MNIST and label-skewed federations.
 """
 
@@ -17,7 +18,8 @@ from .estimator import IFCA, ClusteredFedAvg, FedAvg
 from .models import MLP, LinearRegression, LogisticRegression, Model, SoftmaxRegression, make_model
 from .clustered import ClusteredFedAvgProtocol
 from .ifca import IFCAProtocol
-from .protocol import FedAvgProtocol, FLProtocol, FLResult
+from .fedavg import FedAvgProtocol
+from .protocol import FLProtocol, FLResult
 from .report import (FLPredictor, fit_supervised, fl_export, fl_report, fl_result_fields,
                      fl_rounds_note, plot_history)
 from .server import aggregate_updates

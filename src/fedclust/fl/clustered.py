@@ -21,7 +21,7 @@ from ..kfed.messages import LabelMap, LocalCenters
 from ..kfed.server import assign_to_centers
 from .client import fit_gate
 from .messages import ClusterModel, LossReport, ModelParams, ModelUpdate, ServeModels
-from .protocol import _SELECT_BRANCH, FEATURE_MAPS, KFED, LOSS, TRAIN, FLProtocol, FLResult
+from .protocol import SELECT_BRANCH, FEATURE_MAPS, KFED, LOSS, TRAIN, FLProtocol, FLResult
 from .server import KFED_SERVERS, select_random
 
 __all__ = ["ClusteredFedAvgProtocol", "ROUTINGS"]
@@ -90,7 +90,7 @@ class ClusteredFedAvgProtocol(FLProtocol):
     def _round_plan(self, state):
         live = self._live(state)
         chosen = set(select_random(live, self._m(state),
-                                   server_rng(state.seed, _SELECT_BRANCH + state.fl_round)))
+                                   server_rng(state.seed, SELECT_BRANCH + state.fl_round)))
         plan = []
         for c in range(self.n_clusters):
             pairs = [(z, j) for z in sorted(chosen) if z in state.center_labels

@@ -14,12 +14,12 @@ from ..core.random import server_rng
 from ..core.validation import check_int
 from .client import choose_cluster
 from .messages import LossReport, ModelSet, ModelUpdate
-from .protocol import _INIT_BRANCH, _SELECT_BRANCH, LOSS, TRAIN, FLProtocol
+from .protocol import INIT_BRANCH, SELECT_BRANCH, LOSS, TRAIN, FLProtocol
 from .server import select_random
 
 __all__ = ["IFCAProtocol"]
 
-_RESTART_BRANCH = 100000  # IFCA start s > 0 draws its models from _INIT_BRANCH + s * this
+_RESTART_BRANCH = 100000  # IFCA start s > 0 draws its models from INIT_BRANCH + s * this
 
 
 class IFCAProtocol(FLProtocol):
@@ -67,7 +67,7 @@ class IFCAProtocol(FLProtocol):
             starts = [state.models]
             for s in range(1, self.n_init):
                 init = self.new_model()
-                base = _INIT_BRANCH + _RESTART_BRANCH * s
+                base = INIT_BRANCH + _RESTART_BRANCH * s
                 M = np.stack([init.init_params(server_rng(seed, base + j))
                               for j in range(self.n_models)])
                 if not hasattr(init, "hidden"):
@@ -86,7 +86,7 @@ class IFCAProtocol(FLProtocol):
             return super()._round_plan(state)
         state.restart_chosen = select_random(
             self._live(state), self._m(state),
-            server_rng(state.seed, _SELECT_BRANCH + state.fl_round))
+            server_rng(state.seed, SELECT_BRANCH + state.fl_round))
         state.start_acc[:] = 0.0
         return [f"start:{s}" for s in range(self.n_init)]
 

@@ -363,5 +363,7 @@ def make_model(kind: str | Model | None, X: Any, y: Any, *, n_hidden: int = 200,
             raise ValidationError(f"label {bad!r} is not a class index 0, 1, 2, ...")
         n_classes = max(int(y.max()) + 1, 2)
     if kind == "logistic" and n_classes > 2:
-        raise ValidationError(f"model='logistic' is binary but the labels go up to {int(y.max())}")
+        raise ValidationError(f"model='logistic' is binary but the labels go up to {int(y.max())} "
+                              f"({n_classes} classes); use model='softmax' (multinomial logistic "
+                              "regression) or the default MLP")
     return build_model(kind, d, n_classes, n_hidden=n_hidden, l2=l2)

@@ -1,5 +1,5 @@
-"""The FL round machinery (:class:`FLProtocol`) and FedAvg; IFCA in :mod:`.ifca`, k-FED +
-FedAvg in :mod:`.clustered` (one run = one ``transport.run``).
+"""The FL round machinery (:class:`FLProtocol`); FedAvg in :mod:`.fedavg`, IFCA in
+:mod:`.ifca`, k-FED + FedAvg in :mod:`.clustered` (one run = one ``transport.run``).
 
 Rounds (actions; every request names its devices, so bytes are exact):
 
@@ -46,29 +46,27 @@ from ..core.protocol import Protocol, Request, RunLog
 from ..core.random import device_rng, server_rng
 from ..core.secure_sum import SUMMED
 from ..core.validation import check_choice, check_float, check_int
-from ..kfed.messages import LocalCenters
 from ..kfed.protocol import KFedProtocol
 from .client import LOCAL_MODES, choose_cluster, local_update
 from .messages import LossReport, ModelParams, ModelSet, ModelUpdate, NoisyUpdate, SummedUpdate
 from .models import MODEL_KINDS, Model, build_model
-from .server import AGGREGATORS, KFED_SERVERS, SELECTIONS, average_per_cluster, \
+from .server import AGGREGATORS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, noise_rng, planned, pop_privacy,
                        privacy_config)
-from ..privacy.distributed import check_noise_devices, device_share
-from ..privacy.mechanisms import DEVICE, SERVER, clip_contribution, gaussian
+from ..privacy.mechanisms import SERVER, clip_contribution, gaussian
 
 __all__ = ["FLProtocol", "FedAvgProtocol", "FLResult", "FEATURE_MAPS", "feature_map"]
 
 TRAIN, LOSS, KFED = "fl_train", "fl_loss", "fl_kfed"
 FEATURE_MAPS = ("raw", "random-projection", "hidden")
-_SELECT_BRANCH = 1000   # server_rng round index offset for selection draws
-_INIT_BRANCH = 500      # ... for model initialisation
-_PROJ_BRANCH = 499      # ... for the shared random projection
-_KFED_BRANCH = 498      # ... for the k-means++ server step on the local centers
+SELECT_BRANCH = 1000   # server_rng round index offset for selection draws
+INIT_BRANCH = 500      # ... for model initialisation
+PROJ_BRANCH = 499      # ... for the shared random projection
+KFED_BRANCH = 498      # ... for the k-means++ server step on the local centers
 #: privacy-noise stream keys of the secret Poisson sample and of a round nobody was sampled in
-_POISSON_KEY = 1 << 21
-_EMPTY_KEY = (1 << 21) + (1 << 20)
+POISSON_KEY = 1 << 21
+EMPTY_KEY = (1 << 21) + (1 << 20)
 
 
 @dataclass
@@ -131,7 +129,7 @@ def feature_map(kind: str, X: np.ndarray, *, seed: int, dim: int,
     if kind == "raw":
         return X
     if kind == "random-projection":
-        R = server_rng(seed, _PROJ_BRANCH).standard_normal((X.shape[1], dim)) / math.sqrt(dim)
+        R = server_rng(seed, PROJ_BRANCH).standard_normal((X.shape[1], dim)) / math.sqrt(dim)
         return X @ R
     if model is None or not hasattr(model, "hidden"):
         raise ValidationError("feature_map='hidden' needs an MLP model and the first round's "
@@ -269,11 +267,11 @@ class FLProtocol(Protocol):
     # -- server ---------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
         init = self.new_model()
-        models = np.stack([init.init_params(server_rng(seed, _INIT_BRANCH + j))
+        models = np.stack([init.init_params(server_rng(seed, INIT_BRANCH + j))
                            for j in range(self.n_models)])
         if self.n_models > 1 and not hasattr(init, "hidden"):
             # convex models start at 0: break IFCA's symmetry with small noise
-            models += 0.01 * server_rng(seed, _INIT_BRANCH - 1).standard_normal(models.shape)
+            models += 0.01 * server_rng(seed, INIT_BRANCH - 1).standard_normal(models.shape)
         state = _State(tuple(sorted(int(z) for z in device_ids)), int(seed), models)
         state.queue = self._setup_requests(state)
         return state
@@ -346,7 +344,7 @@ class FLProtocol(Protocol):
                 # every device is asked and flips its own secret coin (see _noisy_update)
                 return [self._train_request(state, live)]
             return self._poisson_round(state, live)
-        rng = server_rng(state.seed, _SELECT_BRANCH + state.fl_round)
+        rng = server_rng(state.seed, SELECT_BRANCH + state.fl_round)
         m = self._m(state)
         if self.selection == "random" or m >= len(live):
             return [self._train_request(state, select_random(live, m, rng))]
@@ -357,11 +355,11 @@ class FLProtocol(Protocol):
 
     def _poisson_round(self, state: _State, live: list[int]) -> list:
         """A secret Poisson sample of the live devices (privacy-noise stream)."""
-        secret = noise_rng(self.privacy.noise_seed, SERVER, _POISSON_KEY + state.fl_round)
+        secret = noise_rng(self.privacy.noise_seed, SERVER, POISSON_KEY + state.fl_round)
         ids = sorted(live)
         chosen = [z for z, u in zip(ids, secret.random(len(ids))) if u < self.sampling]
         if not chosen:   # the release still happens: noise on empty sums
-            state.models = self._aggregate({}, state.models, _EMPTY_KEY + state.fl_round)
+            state.models = self._aggregate({}, state.models, EMPTY_KEY + state.fl_round)
             return []
         return [self._train_request(state, chosen)]
 
@@ -504,7 +502,7 @@ class FLProtocol(Protocol):
             ids = sorted(res.local_centers)
             centers, labels = cluster_local_centers(
                 [res.local_centers[z] for z in ids], self.n_clusters,
-                server_rng(state.seed, _KFED_BRANCH))
+                server_rng(state.seed, KFED_BRANCH))
             res.centers, res.center_labels = centers, dict(zip(ids, labels))
         state.centers = res.centers
         for z in res.center_labels:
@@ -589,130 +587,10 @@ class FLProtocol(Protocol):
         return self._local(request.payload.params, X, y, device_id, seed, request.round)
 
 
-class FedAvgProtocol(FLProtocol):
-    """FedAvg (McMahan et al. 2017): one global model; selection random / pow-d / kfed-pow-d.
-
-    ``kfed-pow-d`` first runs one k-FED round (``n_clusters``, ``n_local_clusters``;
-    server step ``kfed_server`` as in :class:`ClusteredFedAvgProtocol`, default
-    ``"kmeans++"``) whose clusters filter the power-of-choice candidates.
-    """
-
-    name = "fedavg"
-    reply_types = {TRAIN: ModelUpdate, LOSS: LossReport, KFED: LocalCenters}
-    _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "kfed_server", "secure_sum", "noise_devices")
-
-    def _init_extra(self, n_clusters: int = 1, n_local_clusters: int = 1,
-                    kfed_server: str = "kmeans++", secure_sum: bool = False,
-                    noise_devices: int = 0) -> None:
-        self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
-        self.n_local_clusters = check_int(n_local_clusters, "n_local_clusters", min_value=1)
-        self.kfed_server = check_choice(kfed_server, "kfed_server", KFED_SERVERS)
-        self.secure_sum = bool(secure_sum)
-        self.noise_devices = check_int(noise_devices, "noise_devices", min_value=0)
-        if self.noise_devices and not (self.secure_sum and self.privacy is not None):
-            raise ValidationError("noise_devices (distributed DP noise) needs privacy and "
-                                  "secure_sum=True")
-        if self.secure_sum:
-            # training replies become SummedUpdate: the server only adds them up, so a
-            # transport with secure aggregation can hand it their sum alone
-            if self.aggregator != "mean":
-                raise ValidationError(
-                    f"secure aggregation needs aggregator='mean', got {self.aggregator!r}: a "
-                    "trimmed mean or median needs each device's update")
-            if self.privacy is not None and not self.noise_devices:
-                raise ValidationError(
-                    "secure aggregation with privacy= needs the distributed noise "
-                    "(noise_devices=n_min: each device clips its update and adds its share of "
-                    "the noise); central DP-FedAvg clips each update on the server")
-            self.summed_actions = frozenset({TRAIN})
-            self.reply_types = {**type(self).reply_types,
-                                TRAIN: NoisyUpdate if self.noise_devices else SummedUpdate}
-
-    def _train(self, request, X, y, *, device_id, seed, state) -> Message:
-        u = self._local(request.payload.params, X, y, device_id, seed, request.round)
-        if not self.secure_sum:
-            return u
-        if self.noise_devices:
-            # a device trains whether or not its coin picks it, so its reply time tells nothing
-            sampled = self._device_coin(device_id, request.round)
-            return self._noisy_update(u.params - request.payload.params, device_id,
-                                      request.round, sampled)
-        n = int(u.n_samples)
-        w = float(n) if self.weighted else 1.0
-        return SummedUpdate(weighted_params=u.params * w, weight=np.float64(w),
-                            loss_sum=np.float64(float(u.loss) * n), n_samples=np.int64(n),
-                            n_devices=np.int64(1))
-
-    def _device_coin(self, device_id: int, round_index: int) -> bool:
-        """Whether this device takes part in this round: its own secret Poisson coin of
-        probability ``sampling``, from its privacy-noise source (never the server's)."""
-        if self.sampling >= 1.0:
-            return True
-        coin = noise_rng(self.privacy.noise_seed, DEVICE, device_id, _POISSON_KEY + round_index)
-        return bool(coin.random() < self.sampling)
-
-    def _noisy_update(self, delta: np.ndarray, device_id: int, round_index: int,
-                      sampled: bool = True) -> NoisyUpdate:
-        """Distributed DP-FedAvg: the clipped update and count 1 (zeros when this device's
-        coin left it out of the round), each plus this device's share of the noise central
-        DP-FedAvg adds to the sums (std σ/√n_min)."""
-        C = float(self.privacy.clip_norm)
-        (delta,), _ = clip_contribution([delta], [1.0], C)
-        if not sampled:
-            delta = np.zeros_like(delta)
-        std = device_share(self.plan.releases[0], self.noise_devices).noise_std
-        count = 1.0 if sampled else 0.0
-        if std > 0:
-            rng = noise_rng(self.privacy.noise_seed, DEVICE, device_id, round_index)
-            delta = gaussian(delta, std, rng)
-            count = float(gaussian(np.float64(count), std / C, rng))
-        return NoisyUpdate(delta=np.asarray(delta, np.float64), count=np.float64(count),
-                           n_devices=np.int64(1))
-
-    @staticmethod
-    def _total(replies: Mapping[int, Message]) -> SummedUpdate:
-        ids = sorted(replies)
-        return SummedUpdate(**{f: sum(getattr(replies[z], f) for z in ids)
-                               for f in SummedUpdate.schema})
-
-    def _aggregate(self, replies: Mapping[int, Message], previous: np.ndarray,
-                   round_index: int = 0) -> np.ndarray:
-        if not self.secure_sum:
-            return super()._aggregate(replies, previous, round_index)
-        tot = self._total(replies)
-        if float(tot.weight) <= 0:
-            return np.array(previous, dtype=np.float64, copy=True)
-        return (tot.weighted_params / float(tot.weight))[None, :].astype(np.float64)
-
-    def _train_step(self, state, request: Request, replies: Mapping[int, Message]) -> None:
-        if not self.secure_sum:
-            return super()._train_step(state, request, replies)
-        if not replies:
-            return
-        if self.noise_devices:
-            return self._noisy_train_step(state, request, replies)
-        state.models = self._aggregate(replies, state.models, request.round)
-        tot = self._total(replies)
-        state.acc["loss"] += float(tot.loss_sum)
-        state.acc["n"] += int(tot.n_samples)
-        state.acc["dev"] += int(tot.n_devices)
-
-    def _noisy_train_step(self, state, request: Request, replies: Mapping[int, Message]) -> None:
-        """Distributed DP-FedAvg's server step: the (already noisy) sums, as the central one."""
-        ids = sorted(replies)
-        delta = sum(replies[z].delta for z in ids)
-        count = float(sum(float(replies[z].count) for z in ids))
-        n_dev = sum(int(replies[z].n_devices) for z in ids)
-        check_noise_devices(replies, n_dev, self.noise_devices, request.round)
-        std = self.plan.releases[0].noise_std
-        if count > max(1.0, 3.0 * std / float(self.privacy.clip_norm)):
-            state.models = state.models + (delta / count)[None, :]
-        state.acc["dev"] += n_dev
-
-
-# IFCA and k-FED + FedAvg live in their own modules (:mod:`.ifca`, :mod:`.clustered`);
+# FedAvg, IFCA and k-FED + FedAvg live in their own modules (:mod:`.fedavg`, :mod:`.ifca`,
+# :mod:`.clustered`);
 # they stay importable from here, resolved on first use since those modules import this one.
-_MOVED = {"IFCAProtocol": "ifca", "ClusteredFedAvgProtocol": "clustered", "ROUTINGS": "clustered"}
+_MOVED = {"FedAvgProtocol": "fedavg", "IFCAProtocol": "ifca", "ClusteredFedAvgProtocol": "clustered", "ROUTINGS": "clustered"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,15 +1,17 @@
 """Federated self-evolving Gaussian clustering and classification (Ožbot & Škrjanc; eGAUSS+).
 
 ``stats`` — exact mergeable statistics (Chan); ``model`` — the evolving cluster
-set (online learning, merging, aging, scoring); ``local`` / ``server`` — owner
-and server maths; ``messages`` — what crosses the wire; ``protocol`` — the
-round(s); ``estimator`` — :class:`EvolvingGaussians`, :class:`FedGaussClustering`,
-:class:`FedGaussClassifier`; ``hooks`` — CLI reports, figure, data source, demo.
+set (online learning, aging, scoring); ``merging`` — its merge tests, merges and
+splits; ``local`` / ``server`` — owner and server maths; ``messages`` — what
+crosses the wire; ``protocol`` — the round(s); ``evolving`` — :class:`EvolvingGaussians`;
+``estimator`` — :class:`FedGaussClustering`, :class:`FedGaussClassifier`; ``hooks`` —
+CLI reports, figure, data source, demo.
 """
 
 from ..core.registry import (Algorithm, DataSource, register_algorithm, register_data_source,
                              register_demo, register_predictor, register_protocol)
-from .estimator import EvolvingGaussians, FedGaussClassifier, FedGaussClustering
+from .estimator import FedGaussClassifier, FedGaussClustering
+from .evolving import EvolvingGaussians
 from .hooks import (GaussPredictor, fit_classifier, gauss_blobs, gauss_classifier_report,
                     gauss_export, gauss_report,
                     gauss_result_fields, plot_gauss)

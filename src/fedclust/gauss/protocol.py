@@ -138,6 +138,7 @@ class GaussProtocol(Protocol):
 
     name = "gauss"
     reply_types = {ACTION: GaussClusters, STATS: GaussClassStats}
+    not_summable_reason = "the server merges each owner's evolving clusters, which a sum cannot carry"
 
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
                  **settings: Any):
@@ -394,6 +395,9 @@ class GaussClassifierProtocol(GaussProtocol):
 
     name = "gauss-classifier"
     supervised = True
+    not_summable_reason = ("the server merges each owner's evolving clusters, which a sum cannot "
+                           "carry; with kappa_f > 0 the feature-selection round is summed, and "
+                           "FedGaussClassifier(privacy=...) sends per-class sums only")
 
     def __init__(self, *, classes: Sequence[Any], kappa_f: float = 0.0,
                  summed_stats: bool = False, **kw: Any):

@@ -14,7 +14,7 @@ from scipy.special import logsumexp, softmax
 
 from .model import ClusterSet
 
-__all__ = ["class_log_scores", "proba"]
+__all__ = ["class_log_scores", "proba", "log_density"]
 
 
 def class_log_scores(cs: ClusterSet, X: np.ndarray, rule: str) -> np.ndarray:
@@ -32,3 +32,12 @@ def class_log_scores(cs: ClusterSet, X: np.ndarray, rule: str) -> np.ndarray:
 def proba(scores: np.ndarray) -> np.ndarray:
     """Row-wise softmax of log scores (rows sum to 1; -inf columns get 0)."""
     return softmax(scores, axis=1)
+
+
+def log_density(cs: ClusterSet, X: np.ndarray) -> np.ndarray:
+    """(N,) log density of every row under the model as a Gaussian mixture: weights
+    n_i / sum n, means mu_i and the scoring covariances (:meth:`ClusterSet.scoring_precisions`;
+    with ``pooled_shrinkage=0`` the model's (S_i + n0 Sigma_0) / (n_i + n0 - 1))."""
+    L = cs.log_scores(X, "likelihood")   # -(d2 + log det) / 2 + log n_i
+    n = cs.n[:cs.C]
+    return logsumexp(L, axis=1) - np.log(n.sum()) - 0.5 * cs.D * np.log(2.0 * np.pi)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin
 
+from ..core.estimators import KMeansScoreMixin
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.kmeans import assign
 from ..core.random import RandomState, root_seed, server_rng
@@ -68,7 +69,7 @@ def _weighted_quantile(values: np.ndarray, w: np.ndarray | None, q: float) -> fl
     return float(values[order][min(pos, len(values) - 1)])
 
 
-class _RobustLloyd(ClusterMixin, BaseEstimator):
+class _RobustLloyd(KMeansScoreMixin, ClusterMixin, BaseEstimator):
     """The shared loop (see the module docstring); subclasses define :meth:`_center`.
 
     ``duplicates="once"`` (default for the robust estimators): rows that

@@ -26,6 +26,7 @@ from scipy.sparse.csgraph import connected_components
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.neighbors import NearestNeighbors
 
+from ..core.estimators import KMeansScoreMixin
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.kmeans import assign
 from ..core.robust import geometric_median
@@ -34,7 +35,7 @@ from ..core.validation import check_array, check_float, check_int, check_n_featu
 __all__ = ["EdgeCutting"]
 
 
-class EdgeCutting(ClusterMixin, BaseEstimator):
+class EdgeCutting(KMeansScoreMixin, ClusterMixin, BaseEstimator):
     """Threshold-graph clustering that drops low-degree points.
 
     Parameters
