@@ -119,7 +119,7 @@ def format_table(result: dict[str, Any]) -> str:
         v = entry.get(key)
         if v is None:
             return "-"
-        if key in ("accuracy",) or key.endswith("_accuracy"):
+        if "accuracy" in key:
             return f"{100 * v:.2f}%"
         return f"{v:.4f}" if isinstance(v, float) else str(v)
 

@@ -454,8 +454,12 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
     if predictor is not None and "sites" in fed.extra:
         out["sites"], pooled, preds = _site_report(predictor, fed)
         out["metrics"].update(pooled)
-        if "test_accuracy_pooled" in pooled:
-            out["metrics"].setdefault("test_accuracy", pooled["test_accuracy_pooled"])
+        if "test_accuracy_pooled" in pooled:  # the saved model's, as in the sites table
+            from .metrics import summarize_test_accuracy
+
+            tested = [e for e in out["sites"] if e["n_test"] and "test_accuracy" in e]
+            out["metrics"].update(summarize_test_accuracy([e["test_accuracy"] for e in tested],
+                                                  [e["n_test"] for e in tested]))
     return Experiment(out, model, fed, pre, exported, predictor, preds)
 
 

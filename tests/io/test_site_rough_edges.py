@@ -3,6 +3,7 @@ column, a delimiter other than a comma, a file that is no model, DEPLOY.md of a 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pytest.importorskip("pandas")
@@ -39,3 +40,49 @@ def test_private_bounds_of_the_wrong_count_name_the_encoded_columns_in_order(tmp
     # the categorical column's one-hot columns stand in its place, categories sorted
     assert err.strip().endswith("must be (6, 2): (low, high) per column, in this order: "
                                 "age, chol, bp, smoker=former, smoker=no, smoker=yes")
+
+
+LABELLED = """
+seed = 1
+[data]
+source = "files"
+paths = ["site*.csv"]
+label = "diagnosis"
+id_columns = ["pid"]
+categorical = ["smoker"]
+test_fraction = 0.3
+[algorithm]
+name = "{algo}"
+{extra}
+"""
+
+
+@pytest.mark.parametrize("algo,extra", [("fedavg", 'model = "logistic"\nrounds = 3'),
+                                        ("gauss-classifier", "")])
+def test_site_run_headline_accuracy_is_pooled_over_test_rows(tmp_path, capsys, algo, extra):
+    import csv
+    import json
+
+    # sites of very different sizes: the mean over sites and the pooled accuracy differ
+    paths, truth = write_sites(tmp_path, n_sites=3, sizes=(200, 12, 20), seed=4)
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(LABELLED.format(algo=algo, extra=extra))
+    out = tmp_path / "o"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 0
+    table = capsys.readouterr().out
+    m = json.loads((out / "result.json").read_text())["metrics"]
+    hits, sizes = [], []
+    for path, df in zip(paths, truth["frames"]):  # independent: from the written labels
+        with open(out / "labels" / f"{path.stem}.csv", newline="") as fh:
+            rows = [r for r in csv.DictReader(fh) if r["split"] == "test"]
+        by_pid = dict(zip(df["pid"], df["diagnosis"]))
+        hits.append(sum(r["prediction"] == by_pid[r["pid"]] for r in rows))
+        sizes.append(len(rows))
+    assert m["test_accuracy"] == pytest.approx(sum(hits) / sum(sizes))
+    assert m["test_accuracy"] == m["test_accuracy_pooled"]
+    assert m["test_accuracy_device_mean"] == pytest.approx(
+        np.mean([h / n for h, n in zip(hits, sizes)]))
+    head, _, row = table.split("federation: ", 1)[1].splitlines()[1:4]
+    assert "test accuracy" in head and "mean over devices" in head
+    assert f"{100 * m['test_accuracy']:.2f}%" in row.split()
+    assert f"{100 * m['test_accuracy_device_mean']:.2f}%" in row.split()

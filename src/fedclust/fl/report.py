@@ -20,16 +20,16 @@ def fit_supervised(model: Any, fed: Federation, transport: Any) -> None:
 
 
 def fl_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Test accuracy averaged over devices (each with the model serving it), train loss,
-    and, where the source knows each device's group (rotations), how well clusters match it."""
+    """Test accuracy pooled over every test row (each device's rows scored by the model
+    serving it) and its mean over devices, train loss, and, where the source knows each
+    device's group (rotations), how well clusters match it."""
     from .. import metrics
 
     out: dict[str, Any] = {"train_loss": model.history_[-1]["train_loss"] if model.history_
                            else None}
     acc = getattr(model, "device_test_accuracy_", None)
     if acc is not None:
-        out["test_accuracy"] = float(np.mean(acc))
-        out["test_accuracy_std"] = float(np.std(acc))
+        out.update(metrics.summarize_test_accuracy(acc, [len(y) for y in fed.test_labels]))
     groups = fed.extra.get("rotations")
     clusters = getattr(model, "device_clusters_", None)
     if groups is not None and clusters is not None and all(len(g) == 1 for g in groups):
