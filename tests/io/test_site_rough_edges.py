@@ -86,3 +86,46 @@ def test_site_run_headline_accuracy_is_pooled_over_test_rows(tmp_path, capsys, a
     assert "test accuracy" in head and "mean over devices" in head
     assert f"{100 * m['test_accuracy']:.2f}%" in row.split()
     assert f"{100 * m['test_accuracy_device_mean']:.2f}%" in row.split()
+
+
+@pytest.mark.parametrize("sep", [";", "\t", "|", ","])
+def test_a_site_file_with_another_delimiter_reads_as_with_commas(tmp_path, sep):
+    import pandas as pd
+
+    from fedclust.sites import read_table
+
+    df = pd.DataFrame({"pid": ["a", "b", "c"], "age": [40.5, 61.0, None],
+                       "note": ["x, y", "z", "w"], "smoker": ["no", "yes", "no"]})
+    path = tmp_path / "site.csv"
+    df.to_csv(path, sep=sep, index=False)
+    table = read_table(path)
+    assert list(table.columns) == ["pid", "age", "note", "smoker"]
+    assert table.columns["note"].tolist() == ["x, y", "z", "w"]  # a quoted comma stays inside
+    np.testing.assert_array_equal(table.columns["age"], [40.5, 61.0, np.nan])
+
+
+def test_a_missing_column_error_says_what_header_was_read(tmp_path, capsys):
+    (tmp_path / "site0.csv").write_text("pid,age,chol\na,40,180\nb,61,260\n")
+    # one column only: nothing to tell the delimiter from, the header is read whole
+    (tmp_path / "site1.csv").write_text("pid:age:chol\nc:45:190\n")
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text('[data]\nsource = "files"\npaths = ["site*.csv"]\nid_columns = ["pid"]\n'
+                   '[algorithm]\nname = "distributed-lloyd"\nn_clusters = 2\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("site1.csv: column 'age' is missing (present at site0); its header "
+                        "was read as ['pid:age:chol']")
+
+
+def test_semicolon_sites_run_end_to_end(tmp_path, capsys):
+    import pandas as pd
+
+    paths, truth = write_sites(tmp_path, n_sites=3)
+    for p in paths:  # the same sites as Excel writes them where "," is the decimal mark
+        pd.read_csv(p).to_csv(p, sep=";", index=False)
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(SITES.format(ext="csv"))
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    rows = sum(len(df) for df in truth["frames"])
+    assert f"3 sites (site0, site1, site2; {rows} rows" in out
