@@ -129,3 +129,20 @@ def test_semicolon_sites_run_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     rows = sum(len(df) for df in truth["frames"])
     assert f"3 sites (site0, site1, site2; {rows} rows" in out
+
+
+def test_predict_with_a_file_that_is_no_model_says_so_in_one_line(tmp_path, capsys):
+    site = tmp_path / "site.csv"
+    site.write_text("age,chol\n40,180\n")
+    np.save(tmp_path / "array.npy", np.arange(3))
+    np.savez(tmp_path / "objects.npz", a=np.array([1, None], dtype=object))
+    np.savez(tmp_path / "other.npz", weights=np.ones(3))
+    for name, why in [("site.csv", "not an .npz archive"), ("array.npy", "not an .npz archive"),
+                      ("objects.npz", "it holds object arrays, which fedclust never writes"),
+                      ("other.npz", "an .npz archive without fedclust's header; it holds "
+                                    "['weights']")]:
+        assert main(["predict", str(tmp_path / name), str(site)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"fedclust: error: not a fedclust model file: {tmp_path / name} "
+                              f"({why}")
+        assert err.count("\n") == 1 and "allow_pickle" not in err and "pickle.load" not in err
