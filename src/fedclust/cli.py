@@ -536,7 +536,7 @@ def _flower(args) -> int:
     print(f"{shape}; participants {len(log.participants)}, dropped {log.dropped}, "
           f"late {log.late}, failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
     for z, why in sorted({**log.failed, **log.rejected}.items()):
-        print(f"  device {z}: {why}")
+        print(f"  {why}" if f"device {z}" in why else f"  device {z}: {why}")
     for warning in log.warnings:
         print(f"warning: {warning}")
     model = Path(args.dir) / "model.npz"

@@ -412,6 +412,8 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
                                                   None))
         algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
+    if sites is not None and hasattr(model.run_log_, "name_sites"):
+        model.run_log_.name_sites(sites.names)  # a failed device is named by its site
     n_points = sum(len(X) for X in fed.devices)
     out: dict[str, Any] = {
         "title": cfg.get("title", ""),

@@ -146,3 +146,67 @@ def test_predict_with_a_file_that_is_no_model_says_so_in_one_line(tmp_path, caps
         assert err.startswith(f"fedclust: error: not a fedclust model file: {tmp_path / name} "
                               f"({why}")
         assert err.count("\n") == 1 and "allow_pickle" not in err and "pickle.load" not in err
+
+
+def test_deploy_md_of_a_site_config_names_each_site_and_its_file(tmp_path):
+    paths, _ = write_sites(tmp_path, n_sites=3)
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(SITES.format(ext="csv"))
+    assert main(["flower", "app", str(tmp_path / "app"), "--config", str(cfg),
+                 "--no-wheel"]) == 0
+    text = (tmp_path / "app" / "DEPLOY.md").read_text()
+    assert "dev-<i>.npz" not in text and "dev-" not in text
+    for z, p in enumerate(paths):  # device id = the file's position in [data] paths
+        assert f"# site '{p.stem}' (device {z}), its file {p.name}" in text
+        assert f"--node-config \"data-path='/data/{p.name}' device-id={z}\"" in text
+        assert f"--auth-supernode-private-key node-{z} " in text
+
+
+def test_deploy_md_of_a_pooled_config_keeps_the_device_files(tmp_path):
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text('[data]\nsource = "gaussians"\nn_features = 2\nn_clusters = 2\n'
+                   'n_local_clusters = 2\nm0 = 2\nn_per_component = 5\n'
+                   '[algorithm]\nname = "kfed"\nn_clusters = 2\nn_local_clusters = 2\n')
+    assert main(["flower", "app", str(tmp_path / "app"), "--config", str(cfg),
+                 "--no-wheel"]) == 0
+    assert "data-path='/data/dev-<i>.npz'" in (tmp_path / "app" / "DEPLOY.md").read_text()
+
+
+def test_a_failed_site_node_is_named_by_its_site(tmp_path):
+    pytest.importorskip("flwr")
+    import tomllib
+
+    from flwr.common.config import flatten_dict
+
+    from fedclust.flower.apps import make_client_app, make_server_app
+    from fedclust.flower.grid import LocalGrid, run_server_app
+    from fedclust.flower.results import load_run_output
+
+    paths, _ = write_sites(tmp_path, n_sites=3)
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(SITES.format(ext="csv"))
+    res = tmp_path / "res"
+    assert main(["flower", "app", str(tmp_path / "app"), "--config", str(cfg), "--no-wheel",
+                 "--result-dir", str(res)]) == 0
+    project = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    rc = flatten_dict(project["tool"]["flwr"]["app"]["config"])
+
+    class SilentAfterSchema(LocalGrid):
+        """Node of device 1 answers the hello and the two schema rounds, then times out."""
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            node = self.node_ids[1]
+            self.seen = getattr(self, "seen", 0) + sum(
+                m.metadata.dst_node_id == node for m in messages)
+            if self.seen > 3:
+                self.unresponsive.add(node)
+            return super().push_messages(messages)
+
+    nodes = [{"data-path": str(p), "device-id": z} for z, p in enumerate(paths)]
+    run_server_app(make_server_app(result_root=str(tmp_path)),
+                   SilentAfterSchema(make_client_app(), nodes, run_config=rc), rc)
+    out, extra = load_run_output(res)
+    assert extra["sites"] == ["site0", "site1", "site2"]
+    assert list(out.log.failed) == [1]
+    assert out.log.failed[1].startswith("site 'site1' (device 1): no reply within")
