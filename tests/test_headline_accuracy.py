@@ -60,3 +60,25 @@ def test_fl_headline_is_pooled_over_test_rows_and_the_mean_is_labelled(name):
     assert "test accuracy" in head and "mean over devices" in head
     assert f"{100 * m['test_accuracy']:.2f}%" in row
     assert f"{100 * m['test_accuracy_device_mean']:.2f}%" in row
+
+
+def test_the_fl_history_figure_labels_its_curve_as_the_mean_over_devices(tmp_path):
+    pytest.importorskip("matplotlib")
+    from unittest import mock
+
+    import matplotlib.axes
+
+    from fedclust.fl.report import plot_history
+
+    fed = _uneven_federation()
+    cfg = check_config({"seed": 1, "data": {"source": "gaussians"},
+                        "algorithm": {"name": "fedavg", "rounds": 2, "model": "logistic",
+                                      "classes": 2}})
+    exp = run_experiment(cfg, federation=fed)
+    # the plotted curve is the per-round mean over devices, a different figure than the
+    # pooled headline: its axis says so
+    per_round = [h["test_accuracy"] for h in exp.model.history_]
+    assert per_round[-1] == pytest.approx(exp.result["metrics"]["test_accuracy_device_mean"])
+    with mock.patch.object(matplotlib.axes.Axes, "set_ylabel", autospec=True) as ylabel:
+        assert plot_history(exp.model, fed, exp.result, tmp_path / "h.png") is not None
+    assert ylabel.call_args.args[1] == "test accuracy (mean over devices)"

@@ -94,7 +94,9 @@ def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([h["round"] for h in model.history_], [np.nan if h[key] is None else h[key] for h in model.history_], marker=".")
     ax.set_xlabel("round")
-    ax.set_ylabel(key.replace("_", " "))
+    # the curve is the per-round mean over devices, not the run's pooled headline
+    ax.set_ylabel("test accuracy (mean over devices)" if key == "test_accuracy" else
+                  key.replace("_", " "))
     ax.set_title(wrap_title(result.get("title") or type(model).__name__, 4.5, 9), fontsize=9)
     fig.tight_layout()
     path = Path(path)
