@@ -212,7 +212,7 @@ _NODES_DEVICES = """## 3. SuperNode host i: copy certs/ca.crt, keys/node-<i> and
         --node-config "data-path='/data/dev-<i>.npz'"
 """
 
-_NODES_SITES = """## 3. SuperNode host of each site: copy certs/ca.crt, keys/node-<i> and the site's own file there
+_NODES_SITES = """## 3. SuperNode host of each site: copy certs/ca.crt, keys/node-<i>, the site's file
     # the site's file stays on its host; device-id is the file's position in [data] paths,
     # and the run names a failed node by its site
 {lines}"""
@@ -237,7 +237,8 @@ def _site_nodes(devices: Mapping[int, Any]) -> str:
                   f"        --node-config \"data-path='/data/{path.name}' device-id={z}\""]
     if len(devices) > _SITES_SHOWN:
         lines.append(f"    # ... and so on for the other {len(devices) - _SITES_SHOWN} sites "
-                     "(`fedclust flower split CONFIG --out DATA` prints every node's --node-config)")
+                     "(`fedclust flower split CONFIG --out DATA` prints every node's "
+                     "--node-config)")
     return _NODES_SITES.format(lines="\n".join(lines) + "\n")
 
 
