@@ -98,3 +98,25 @@ def test_a_long_title_is_wrapped_to_fit_its_figure():
         assert text.get_text().replace("\n", " ") == title
     finally:
         plt.close(fig)
+
+
+@pytest.mark.parametrize("baselines", [{}, {"distributed_lloyd": {"kmeans_cost": 930.0}},
+                                       {"centralized": {"kmeans_cost": 800.0},
+                                        "distributed_lloyd": {"kmeans_cost": 930.0}}])
+def test_cost_bars_show_only_measured_values(baselines):
+    X, labels, centers = _blobs(d=3, k=3)
+    result = {"algorithm": "kfed", "metrics": {"kmeans_cost": 952.0},
+              "communication": {"bytes_total": 10}, "baselines": baselines}
+    fig = clustering_figure([X], [labels], centers, result)
+    try:
+        ax = fig.axes[1]
+        heights = [bar.get_height() for bar in ax.containers[0]]
+        costs = [952.0, *(b["kmeans_cost"] for b in baselines.values())]
+        if "centralized" in baselines:  # a ratio only where the centralized cost was measured
+            assert heights == pytest.approx([c / 800.0 for c in costs])
+            assert ax.get_ylabel() == "k-means cost / centralized k-means"
+        else:  # no ratio of 1.0 for a reference never run: the measured costs themselves
+            assert heights == pytest.approx(costs)
+            assert ax.get_ylabel() == "k-means cost"
+    finally:
+        plt.close(fig)

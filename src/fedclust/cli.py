@@ -119,7 +119,7 @@ def format_table(result: dict[str, Any]) -> str:
         v = entry.get(key)
         if v is None:
             return "-"
-        if key in ("accuracy",) or key.endswith("_accuracy"):
+        if "accuracy" in key:
             return f"{100 * v:.2f}%"
         return f"{v:.4f}" if isinstance(v, float) else str(v)
 
@@ -317,6 +317,22 @@ def _json_default(obj):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (0 done, 1 a failed Flower run or a closed
+    output pipe, 2 an error, 3 an internal error, 130 interrupted)."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return status
+    except BrokenPipeError:
+        # the reader went away (`fedclust run ... | head`): stop quietly, as Python's
+        # documentation of SIGPIPE advises; stdout goes to devnull so that the flush
+        # at exit does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from .config import check_config, load_config
@@ -346,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cfg.setdefault("simulation", {})["progress"] = True
             _execute(cfg, Path(args.out), args.transport, not args.no_plot, source=args.config,
                      checkpoint=args.transport == "inprocess" and not args.no_checkpoint)
+    except BrokenPipeError:
+        raise
     except (FedClustError, OSError, ImportError) as exc:
         if os.environ.get("FEDCLUST_DEBUG"):
             raise
@@ -518,7 +536,7 @@ def _flower(args) -> int:
     print(f"{shape}; participants {len(log.participants)}, dropped {log.dropped}, "
           f"late {log.late}, failed {sorted(log.failed)}, rejected {sorted(log.rejected)}")
     for z, why in sorted({**log.failed, **log.rejected}.items()):
-        print(f"  device {z}: {why}")
+        print(f"  {why}" if f"device {z}" in why else f"  device {z}: {why}")
     for warning in log.warnings:
         print(f"warning: {warning}")
     model = Path(args.dir) / "model.npz"

@@ -52,13 +52,31 @@ from .core.registry import (ALGORITHMS, BASELINES, DATA_SOURCES, accepts_privacy
 __all__ = ["load_config", "check_config", "algorithm_keys", "data_keys", "partition_keys",
            "describe_config", "config_errors"]
 
-_SIMULATION = {"dropout", "late", "progress", "byzantine", "attack", "attack_scale",
-               "secure_aggregation"}
-_TOP = {"seed", "data", "partition", "algorithm", "simulation", "baselines", "title",
-        "preprocess", "privacy"}
+# The keys each fixed table accepts, with what ``run --help`` says of them: the check
+# and the help both read these, so the help cannot leave out a key the check accepts.
+#: [simulation] key -> its help line
+_SIMULATION = {
+    "dropout": "fraction of devices that never reply (0..1)",
+    "late": "fraction of devices that reply after the round closed (0..1)",
+    "byzantine": "fraction of devices that lie on the wire (< 0.5)",
+    "attack": "what the Byzantine devices send: {attacks}",
+    "attack_scale": "<float> > 0, the size of the attack",
+    "secure_aggregation": "true | false | \"signed\": summed rounds as secure sums (the "
+                          "server learns only the sum); \"signed\" for a malicious server",
+    "progress": "true for a progress bar",
+}
+#: top-level scalar keys -> their help line (the tables are the other top-level keys)
+_SCALARS = {"seed": "<int> >= 0, every random choice of the run", "title": "<str>"}
+_TOP = set(_SCALARS) | {"data", "partition", "algorithm", "simulation", "baselines",
+                        "preprocess", "privacy"}
 _PREPROCESS = {"impute": ("mean", "none"), "scale": ("standard", "none")}
 #: [preprocess] keys of a private run: public (low, high) per column, share of ε
-_PREPROCESS_PRIVACY = ("bounds", "budget_share", "site_rows")
+_PREPROCESS_PRIVACY = {
+    "bounds": "[[low, high], ...], a public range per column, in the order of the encoded "
+              "columns (a categorical column's one-hot columns in its place)",
+    "budget_share": "fraction of ε spent on the preprocessing (0..1], default 0.2",
+    "site_rows": "<int>, the most rows one site may weigh (unit = \"device\")",
+}
 
 
 def _check_preprocess_privacy(key: str, value: Any, private: bool, source: str) -> None:
@@ -177,8 +195,10 @@ def config_errors(cfg: Mapping[str, Any], section: str, source: str = "config"
 
 
 def describe_config() -> str:
-    """The tables and keys a configuration may have, from the registry (``run --help``)."""
+    """The tables and keys a configuration may have (``run --help``): from the registry and
+    the key tables :func:`check_config` reads, so every key it accepts is listed."""
     from .core.registry import DATA_SOURCES
+    from .privacy.spec import privacy_config_keys
     from .sim.byzantine import ATTACKS
     from .sim.partition import PARTITION_OPTIONS
 
@@ -187,8 +207,12 @@ def describe_config() -> str:
         return textwrap.wrap(text, 86, initial_indent=f"    {head}: ",
                              subsequent_indent=" " * 8)
 
+    def explain(key: str, text: str) -> list[str]:
+        return textwrap.wrap(text, 86, initial_indent=f"    {key} = ",
+                             subsequent_indent=" " * 8)
+
     lines = ["a configuration is a TOML file with these tables (unknown keys are errors):",
-             "", "seed = <int>   title = <str>", "",
+             "", *(f"{key} = {text}" for key, text in _SCALARS.items()), "",
              "[data]  source = one of the registered sources, then its keys:"]
     for name in DATA_SOURCES:
         federated = " (federated: no [partition])" if DATA_SOURCES[name].federated else ""
@@ -201,15 +225,25 @@ def describe_config() -> str:
     for name, algorithm in ALGORITHMS.items():
         keys = sorted(algorithm_keys(name))
         lines += entry(name, [f"{k}*" if k in algorithm.required else k for k in keys])
-    lines += ["", "[simulation]  faults, on either transport:",
-              "    dropout, late = fraction of devices that never reply / reply late (0..1)",
-              "    byzantine = fraction of devices that lie on the wire (< 0.5), with",
-              f"    attack = {' | '.join(ATTACKS)}, attack_scale = <float>",
-              "    progress = true for a progress bar", "",
-              "[baselines]  <name> = true, among those the algorithm registers:"]
+    lines += ["", "[simulation]  faults and secure aggregation, on either transport:"]
+    for key, text in _SIMULATION.items():
+        lines += explain(key, text.format(attacks=" | ".join(ATTACKS)))
+    lines += ["", "[baselines]  <name> = true, among those the algorithm registers:"]
     for name, algorithm in ALGORITHMS.items():
         if algorithm.baselines:
             lines += entry(name, algorithm.baselines)
+    lines += ["", "[preprocess]  federated imputation and scaling before the algorithm "
+              "(site data", "              sources get impute = \"mean\", scale = "
+              "\"standard\" by default):"]
+    for key, choices in _PREPROCESS.items():
+        lines += explain(key, " | ".join(f'"{c}"' for c in choices))
+    lines += ["    under [privacy] also:"]
+    for key, text in _PREPROCESS_PRIVACY.items():
+        lines += explain(key, text)
+    lines += ["", "[privacy]  (ε, δ)-differential privacy for the whole run, for the algorithms "
+              "whose", "           estimator takes privacy=:"]
+    for key, text in privacy_config_keys().items():
+        lines += explain(key, text)
     return "\n".join(lines)
 
 
@@ -269,9 +303,9 @@ def check_config(cfg: dict[str, Any], source: str = "config") -> dict[str, Any]:
         raise ConfigError(
             f"{source}: source={data['source']!r} is federated by construction; remove [partition]")
     sim = _table(cfg, "simulation", source)
-    if set(sim) - _SIMULATION:
-        raise ConfigError(f"{source}: [simulation] has unknown keys {sorted(set(sim) - _SIMULATION)}; "
-                          f"allowed: {sorted(_SIMULATION)}")
+    if set(sim) - set(_SIMULATION):
+        raise ConfigError(f"{source}: [simulation] has unknown keys "
+                          f"{sorted(set(sim) - set(_SIMULATION))}; allowed: {sorted(_SIMULATION)}")
     _check_simulation(sim, source)
     secure = sim.get("secure_aggregation", False)
     if not (isinstance(secure, bool) or secure == "signed"):

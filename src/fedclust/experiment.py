@@ -412,6 +412,8 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
                                                   None))
         algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
+    if sites is not None and hasattr(model.run_log_, "name_sites"):
+        model.run_log_.name_sites(sites.names)  # a failed device is named by its site
     n_points = sum(len(X) for X in fed.devices)
     out: dict[str, Any] = {
         "title": cfg.get("title", ""),
@@ -454,8 +456,12 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
     if predictor is not None and "sites" in fed.extra:
         out["sites"], pooled, preds = _site_report(predictor, fed)
         out["metrics"].update(pooled)
-        if "test_accuracy_pooled" in pooled:
-            out["metrics"].setdefault("test_accuracy", pooled["test_accuracy_pooled"])
+        if "test_accuracy_pooled" in pooled:  # the saved model's, as in the sites table
+            from .metrics import summarize_test_accuracy
+
+            tested = [e for e in out["sites"] if e["n_test"] and "test_accuracy" in e]
+            out["metrics"].update(summarize_test_accuracy([e["test_accuracy"] for e in tested],
+                                                  [e["n_test"] for e in tested]))
     return Experiment(out, model, fed, pre, exported, predictor, preds)
 
 

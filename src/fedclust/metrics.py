@@ -29,6 +29,7 @@ __all__ = [
     "adjusted_rand",
     "normalized_mutual_info",
     "clustering_report",
+    "summarize_test_accuracy",
 ]
 
 
@@ -262,3 +263,16 @@ def clustering_report(X: Any, y_true: Any, labels: Any, centers: Any,
     if reference_centers is not None:
         out["cost_ratio"] = cost_ratio(X, centers, reference_centers)
     return out
+
+
+def summarize_test_accuracy(device_accuracy: Any, n_test: Any) -> dict[str, float]:
+    """The one definition of a run's test accuracy, from each device's accuracy (Z,) and
+    number of test rows (Z,): ``test_accuracy`` pooled over every test row (a device's
+    accuracy weighted by its rows), the headline of every family; ``test_accuracy_device_mean``
+    and ``test_accuracy_std``: mean and spread over the devices with test rows."""
+    acc = np.asarray(device_accuracy, dtype=np.float64)
+    n = np.asarray(n_test, dtype=np.float64)
+    has = n > 0
+    return {"test_accuracy": float(acc[has] @ n[has] / n[has].sum()),
+            "test_accuracy_device_mean": float(np.mean(acc[has])),
+            "test_accuracy_std": float(np.std(acc[has]))}

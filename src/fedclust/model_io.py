@@ -188,18 +188,27 @@ def load_model(path: str | os.PathLike) -> SavedModel:
     path = Path(path)
     if not path.is_file():
         raise ValidationError(f"model file {path} does not exist")
+    def not_a_model(why: str) -> ValidationError:
+        return ValidationError(f"not a fedclust model file: {path} ({why})")
+
+    # numpy's own messages would advise allow_pickle, which a model file never needs
+    if not zipfile.is_zipfile(path):
+        raise not_a_model("not an .npz archive; `fedclust run` writes OUT/model.npz")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise ValidationError(f"{path}: not a readable fedclust model ({exc})") from None
+    except ValueError:  # an object array: fedclust writes none and never unpickles
+        raise not_a_model("it holds object arrays, which fedclust never writes") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise not_a_model(f"the archive cannot be read: {exc}") from None
     raw = arrays.pop("__header__", None)
     try:
         header = json.loads(bytes(raw).decode("utf-8")) if raw is not None else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         header = None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
-        raise ValidationError(f"{path}: not a fedclust model file (no fedclust header)")
+        raise not_a_model(f"an .npz archive without fedclust's header; it holds "
+                          f"{sorted(arrays)[:10]}")
     if header.get("version") != _VERSION:
         raise ValidationError(f"{path}: model format version {header.get('version')} is not "
                               f"supported (this fedclust reads {_VERSION})")

@@ -148,12 +148,14 @@ def clustering_figure(devices: Sequence[np.ndarray], device_labels: Sequence[Any
         costs.append(base["kmeans_cost"])
         comm.append(base.get("bytes_up", 0) + base.get("bytes_down", 0))
     x = np.arange(len(names))
-    ref = result["baselines"].get("centralized", {}).get("kmeans_cost", costs[0])
-    ax2.bar(x - 0.2, np.array(costs) / ref, 0.4, label="k-means cost / centralized")
+    # only measured values: the ratio needs a centralized run; without one, the costs
+    ref = result["baselines"].get("centralized", {}).get("kmeans_cost")
+    what = "k-means cost" if ref is None else "k-means cost / centralized"
+    ax2.bar(x - 0.2, np.array(costs) / (1.0 if ref is None else ref), 0.4, label=what)
     ax2b = ax2.twinx()
     ax2b.bar(x + 0.2, np.array(comm) / 1e3, 0.4, color="tab:orange", label="kB sent")
     ax2.set_xticks(x, names)
-    ax2.set_ylabel("k-means cost / centralized k-means")
+    ax2.set_ylabel(what if ref is None else "k-means cost / centralized k-means")
     handles = ax2.get_legend_handles_labels()[0] + ax2b.get_legend_handles_labels()[0]
     ax2.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
     ax2b.set_ylabel("kB communicated (centralized: data not counted)")

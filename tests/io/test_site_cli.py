@@ -121,7 +121,7 @@ def test_predict_errors_are_one_line_exit_2(tmp_path, capsys):
         assert pattern in err and name in err and err.count("\n") == 1
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     assert main(["predict", str(tmp_path / "junk.npz"), str(paths[0])]) == 2
-    assert "not a readable fedclust model" in capsys.readouterr().err
+    assert f"not a fedclust model file: {tmp_path / 'junk.npz'}" in capsys.readouterr().err
 
 
 def test_run_errors_are_one_line_exit_2(tmp_path, capsys):

@@ -327,3 +327,12 @@ def test_config_site_rows_key():
         with pytest.raises(ConfigError) as exc:
             check_config(_config(pre, priv))
         assert text in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_wrong_number_of_bounds_names_the_columns_in_order():
+    cols = ["age", "sex=f", "sex=m", "chol"]  # one-hot columns in place of their column
+    with pytest.raises(ValidationError) as exc:
+        FederatedPreprocessor(privacy=DifferentialPrivacy(1.0, 1e-6),
+                              bounds=BOUNDS[:3]).fit(sites(0), columns=cols)
+    assert str(exc.value).endswith("(low, high) per column, in this order: age, sex=f, sex=m, "
+                                   "chol")

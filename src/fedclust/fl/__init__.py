@@ -39,7 +39,9 @@ def _label_kind(params) -> str:
 
 _HOOKS = dict(fit=fit_supervised, label_kind=_label_kind, report=fl_report, result_fields=fl_result_fields,
               plot=plot_history, rounds_note=fl_rounds_note,
-              columns=(("test_accuracy", "test accuracy"), ("train_loss", "train loss")),
+              columns=(("test_accuracy", "test accuracy"),
+                       ("test_accuracy_device_mean", "mean over devices"),
+                       ("train_loss", "train loss")),
               baselines=(), export=fl_export)
 register_predictor("fl-models", FLPredictor.load)
 register_algorithm(Algorithm("fedavg", FedAvg, **_HOOKS))

@@ -20,16 +20,16 @@ def fit_supervised(model: Any, fed: Federation, transport: Any) -> None:
 
 
 def fl_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Test accuracy averaged over devices (each with the model serving it), train loss,
-    and, where the source knows each device's group (rotations), how well clusters match it."""
+    """Test accuracy pooled over every test row (each device's rows scored by the model
+    serving it) and its mean over devices, train loss, and, where the source knows each
+    device's group (rotations), how well clusters match it."""
     from .. import metrics
 
     out: dict[str, Any] = {"train_loss": model.history_[-1]["train_loss"] if model.history_
                            else None}
     acc = getattr(model, "device_test_accuracy_", None)
     if acc is not None:
-        out["test_accuracy"] = float(np.mean(acc))
-        out["test_accuracy_std"] = float(np.std(acc))
+        out.update(metrics.summarize_test_accuracy(acc, [len(y) for y in fed.test_labels]))
     groups = fed.extra.get("rotations")
     clusters = getattr(model, "device_clusters_", None)
     if groups is not None and clusters is not None and all(len(g) == 1 for g in groups):
@@ -94,7 +94,9 @@ def plot_history(model: Any, fed: Federation, result: dict[str, Any], path: Path
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([h["round"] for h in model.history_], [np.nan if h[key] is None else h[key] for h in model.history_], marker=".")
     ax.set_xlabel("round")
-    ax.set_ylabel(key.replace("_", " "))
+    # the curve is the per-round mean over devices, not the run's pooled headline
+    ax.set_ylabel("test accuracy (mean over devices)" if key == "test_accuracy" else
+                  key.replace("_", " "))
     ax.set_title(wrap_title(result.get("title") or type(model).__name__, 4.5, 9), fontsize=9)
     fig.tight_layout()
     path = Path(path)

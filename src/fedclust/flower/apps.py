@@ -511,6 +511,8 @@ class _Server:
         t_rounds = time.perf_counter() - t0 - t_hello
         outputs = self._finish(result, ids)
         extra = dict(protocol.run_extra(state)) if hasattr(protocol, "run_extra") else {}
+        if extra.get("sites"):  # a site run: a failed device is named by its site
+            log.name_sites(extra["sites"])
         extra.update({"nodes": {str(z): n for z, n in self.node_of.items()},
                  "nodes_failed": {str(n): t for n, t in node_failed.items()},
                  "time_s": {"hello": t_hello, "rounds": t_rounds,

@@ -37,7 +37,8 @@ register_predictor("gauss", GaussPredictor.load)
 register_algorithm(Algorithm(
     "gauss-classifier", FedGaussClassifier, fit=fit_classifier, report=gauss_classifier_report,
     result_fields=gauss_result_fields, plot=None,
-    columns=(("test_accuracy", "test accuracy"), ("n_clusters", "clusters")),
+    columns=(("test_accuracy", "test accuracy"), ("test_accuracy_device_mean", "mean over devices"),
+             ("n_clusters", "clusters")),
     baselines=(), export=gauss_export))
 register_data_source(DataSource("gauss-blobs", gauss_blobs))
 #: ``fedclust demo gauss``: 15 Gaussian blobs in 2-D over 3 owners, one round, defaults.

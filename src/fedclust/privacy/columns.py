@@ -58,8 +58,12 @@ def column_ranges(bounds: Any, d: int, columns: Sequence[str] = ()) -> tuple[np.
         raise ValidationError(f"privacy: bounds={bounds!r} must be a (d, 2) array of numbers "
                               "(low, high) per column") from None
     if B.shape != (d, 2):
+        # one-hot columns stand in place of their categorical column, so the order is not
+        # the file's: name the columns one range is expected for, in order
+        order = (f", in this order: {', '.join(map(str, columns))}" if len(columns) == d
+                 else "")
         raise ValidationError(f"privacy: bounds has shape {B.shape}; the data has {d} columns, "
-                              f"so it must be ({d}, 2): (low, high) per column")
+                              f"so it must be ({d}, 2): (low, high) per column{order}")
     bad = ~(np.isfinite(B).all(axis=1) & (B[:, 0] < B[:, 1]))
     if bad.any():
         j = int(np.flatnonzero(bad)[0])

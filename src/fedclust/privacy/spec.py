@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from ..core.exceptions import ValidationError
 
-__all__ = ["DifferentialPrivacy", "UNITS", "ACCOUNTANTS"]
+__all__ = ["DifferentialPrivacy", "UNITS", "ACCOUNTANTS", "privacy_config_keys"]
 
 UNITS = ("point", "device")
 ACCOUNTANTS = ("pld", "rdp")
@@ -160,10 +160,30 @@ class DifferentialPrivacy:
             cfg["epsilon"] = math.inf
         if isinstance(cfg.get("prior"), str):
             cfg["prior"] = tuple(tuple(r) for r in json.loads(cfg["prior"]))
-        unknown = set(cfg) - {"epsilon", "delta", "unit", "data_bound", "clip_norm",
-                              "noise_seed", "accountant", "prior"}
+        unknown = set(cfg) - set(privacy_config_keys())
         if unknown:
             raise ValidationError(f"privacy: unknown key(s) {sorted(unknown)}")
         if "epsilon" not in cfg or "delta" not in cfg:
             raise ValidationError("privacy: epsilon and delta are required")
         return cls(**cfg)
+
+
+#: a ``[privacy]`` key's line in ``fedclust run --help`` (one per field of the class)
+_CONFIG_HELP = {
+    "epsilon": "<float> > 0 (required), the total ε of the run, preprocessing included; "
+               "\"inf\" runs the mechanisms without noise",
+    "delta": "<float> in (0, 1) (required), the total δ",
+    "unit": " | ".join(f'"{u}"' for u in UNITS) + ": one record, or all of one device's data",
+    "data_bound": "<float> > 0, the norm every point is clipped to (clustering families)",
+    "clip_norm": "<float> > 0, the bound on one device's contribution (unit = \"device\")",
+    "noise_seed": "<int> >= 0, seeds the noise: tests only, the guarantee is void",
+    "accountant": " | ".join(f'"{a}"' for a in ACCOUNTANTS) + " (dp-accounting's PLD or RDP)",
+    "prior": "releases already made within the budget (JSON list; written by fedclust "
+             "itself when a preprocessing round spent part of ε)",
+}
+
+
+def privacy_config_keys() -> dict[str, str]:
+    """The keys a ``[privacy]`` table accepts, the fields of :class:`DifferentialPrivacy`,
+    each with its line of ``fedclust run --help``."""
+    return {f.name: _CONFIG_HELP[f.name] for f in fields(DifferentialPrivacy)}

@@ -47,7 +47,8 @@ register_algorithm(Algorithm(
     fit=fit_robust, report=robust_report, result_fields=robust_result_fields,
     plot=plot_round_loss, rounds_note=robust_rounds_note,
     columns=(("estimation_error", "max_j |w_j - w*_j|"), ("misclustering", "misclustered"),
-             ("test_accuracy", "test acc.")), baselines=(), export=robust_export))
+             ("test_accuracy", "test acc."), ("test_accuracy_device_mean", "mean over devices")),
+    baselines=(), export=robust_export))
 register_predictor("robust-linear", RobustPredictor.load)
 register_data_source(DataSource("mixture-logistic", mixture_logistic_source, federated=True))
 

@@ -287,8 +287,9 @@ def fit_robust(model: Any, fed: Any, transport: Any) -> None:
 
 
 def robust_report(model: Any, fed: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Estimation error and misclustering when the source knows the truth; test MSE (regression)
-    or accuracy (classification) of honest machines when it has test sets."""
+    """Estimation error and misclustering when the source knows the truth; test MSE (regression,
+    mean over machines) or accuracy (classification, pooled over the test rows, and its mean
+    over machines) of honest machines when it has test sets."""
     out: dict[str, Any] = {"n_clusters_found": int(model.n_clusters_),
                            "judged_byzantine": int((model.device_clusters_ == -1).sum())}
     truth = fed.extra.get("coef")
@@ -309,9 +310,11 @@ def robust_report(model: Any, fed: Any, cfg: Mapping[str, Any]) -> dict[str, Any
         honest = [i for i in range(len(fed.test_devices))
                   if clusters is None or clusters[i] >= 0]
         if isinstance(model, RobustClusteredClassification):
+            from ..metrics import summarize_test_accuracy
+
             acc = [float(np.mean(model.predict_device(i, fed.test_devices[i])
                                  == fed.test_labels[i])) for i in honest]
-            out["test_accuracy"] = float(np.mean(acc))
+            out.update(summarize_test_accuracy(acc, [len(fed.test_labels[i]) for i in honest]))
         else:
             mse = [float(np.mean((model.predict_device(i, fed.test_devices[i])
                                   - fed.test_labels[i]) ** 2)) for i in honest]

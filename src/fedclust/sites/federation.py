@@ -95,7 +95,8 @@ def _build(tables: list[RawTable], label: str | None, features: Sequence[str] | 
                 others = [u.name for u in tables if c in u.columns]
                 raise ValidationError(
                     f"{t.path}: column {c!r} is missing"
-                    + (f" (present at {', '.join(others[:3])})" if others else ""))
+                    + (f" (present at {', '.join(others[:3])})" if others else "")
+                    + f"; its header was read as {list(t.columns)[:20]}")
         extra = [c for c in t.features if c not in feats and c not in skip]
         if features is None and extra:
             raise ValidationError(f"{t.path}: column {extra[0]!r} is not at site "

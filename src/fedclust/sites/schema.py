@@ -131,7 +131,8 @@ def encode_table(table: RawTable, schema: SiteSchema, unknown: str = "error") ->
     missing = [c for c in schema.features if c not in table.columns]
     if missing:
         raise ValidationError(f"{table.path}: column {missing[0]!r} is missing "
-                              f"(the federation's features: {list(schema.features)})")
+                              f"(the federation's features: {list(schema.features)}; its "
+                              f"header was read as {list(table.columns)[:20]})")
     n = table.n_rows
     blocks = []
     for c in schema.features:

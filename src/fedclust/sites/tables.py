@@ -120,6 +120,26 @@ def frame_columns(df: Any) -> dict[str, np.ndarray]:
     return out
 
 
+#: the delimiters a CSV file may use (Excel writes ";" where "," is the decimal mark)
+DELIMITERS = ",;\t|"
+
+
+def _delimiter(path: Path, default: str) -> str:
+    """The file's delimiter among :data:`DELIMITERS`, from its first lines (``csv.Sniffer``);
+    ``default`` when the sample does not tell (one column, an unreadable file)."""
+    import csv
+    import gzip
+    import itertools
+
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rt", newline="", errors="replace") as fh:
+            sample = "".join(itertools.islice(fh, 20))
+        return csv.Sniffer().sniff(sample, delimiters=DELIMITERS).delimiter
+    except (csv.Error, OSError, EOFError):
+        return default
+
+
 def read_table(path: str | os.PathLike, *, na_values: Sequence[str] = NA_VALUES) -> RawTable:
     """Read one site file (format by extension) into a :class:`RawTable`."""
     path = Path(path)
@@ -137,7 +157,7 @@ def read_table(path: str | os.PathLike, *, na_values: Sequence[str] = NA_VALUES)
             raise ValidationError(f"{path} could not be read as Parquet: {exc}") from None
     elif low.endswith(_CSV):
         pd = _pandas(path)
-        sep = "\t" if ".tsv" in low else ","
+        sep = _delimiter(path, "\t" if ".tsv" in low else ",")
         try:
             df = pd.read_csv(path, sep=sep, na_values=list(na_values), keep_default_na=True,
                              skipinitialspace=True)
