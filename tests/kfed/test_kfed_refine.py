@@ -128,3 +128,18 @@ def test_protocol_config_round_trip(fed):
     again = RefinedKFedProtocol.from_config(proto.config())
     assert again.config() == proto.config()
     assert again.declared_rounds() == {"local_centers": 1, "lloyd": 4}
+
+
+def test_forget_a_device_equals_a_fit_without_it(fed):
+    ids = list(range(len(fed)))
+    m = KFed(K, random_state=5, refine_rounds=3).fit(fed, device_ids=ids)
+    m.forget(devices=[2])
+    again = KFed(K, random_state=5, refine_rounds=3).fit(
+        fed[:2] + fed[3:], device_ids=ids[:2] + ids[3:])
+    assert np.array_equal(m.cluster_centers_, again.cluster_centers_)
+
+
+def test_a_new_device_is_labelled_by_the_nearest_refined_center(fed):
+    m = KFed(K, random_state=5, refine_rounds=2).fit(fed)
+    X_new = np.random.default_rng(0).normal(size=(40, fed[0].shape[1]))
+    assert np.array_equal(m.assign_device(X_new), m.predict(X_new))
