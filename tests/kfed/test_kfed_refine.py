@@ -85,12 +85,15 @@ def test_zero_rounds_is_plain_kfed(fed):
     assert a.communication_ == b.communication_ and "refine" not in b.communication_
 
 
-def test_bytes_per_round_are_counted_and_stated(fed):
-    d, Z = fed[0].shape[1], len(fed)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_bytes_per_round_are_counted_and_stated(fed, dtype):
+    fed = [X.astype(dtype) for X in fed]
+    d, Z, s = fed[0].shape[1], len(fed), np.dtype(dtype).itemsize
     plain = KFed(K, random_state=1).fit(fed).communication_
     m = KFed(K, random_state=1, refine_rounds=3, tol=0.0).fit(fed)
     ref = m.communication_["refine"]
-    assert ref["bytes_up_per_device"] == K * (d + 1) * 8 + 8
+    # sums in the data's dtype, int64 counts, a float64 cost; float64 centers down
+    assert ref["bytes_up_per_device"] == K * d * s + K * 8 + 8
     assert ref["bytes_down_per_device"] == K * d * 8
     r = ref["rounds"]
     assert r == 3 and m.communication_["rounds"] == 1 + r

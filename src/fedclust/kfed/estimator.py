@@ -331,8 +331,9 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
                               else result.kfed_centers)
         self.refine_cost_history_ = list(result.cost_history)
         if check_refine_rounds(self.refine_rounds):
+            data = result.centers if result.kfed_centers is None else result.kfed_centers
             per_round = refine_bytes_per_round(*result.centers.shape,
-                                               itemsize=result.centers.dtype.itemsize)
+                                               itemsize=data.dtype.itemsize)
             self.communication_["refine"] = {
                 "rounds": int(result.refine_rounds),
                 "bytes_up_per_device": per_round["up"],

@@ -51,10 +51,11 @@ def check_refine_rounds(refine_rounds: Any) -> int:
 
 
 def refine_bytes_per_round(n_clusters: int, n_features: int, itemsize: int = 8) -> dict[str, int]:
-    """Bytes one device exchanges in one Lloyd round: up ``k (d + 1) 8 + 8`` (per-center
-    sums, counts, its cost), down ``k d 8`` (the centers), for float64 data."""
+    """Bytes one device exchanges in one Lloyd round: up ``k d s + k 8 + 8`` (per-center
+    sums in the data's dtype of ``s = itemsize`` bytes, int64 counts, its float64 cost;
+    ``k (d + 1) 8 + 8`` for float64 data), down ``k d 8`` (the float64 centers)."""
     k, d = int(n_clusters), int(n_features)
-    return {"up": k * d * itemsize + k * 8 + 8, "down": k * d * itemsize}
+    return {"up": k * d * int(itemsize) + k * 8 + 8, "down": k * d * 8}
 
 
 @dataclass
@@ -147,7 +148,7 @@ class RefinedKFedProtocol(KFedProtocol):
         log.participants = [z for z in log.participants if z not in log.rejected]
         if state.lloyd_protocol is None:
             return KFedResult(**{**vars(res), "log": log, "kfed_centers": res.centers})
-        centers = state.lloyd.centers
+        centers = state.lloyd.centers.astype(res.centers.dtype, copy=False)   # the data's dtype
         # each device center's group: its nearest final center
         labels = {z: assign_to_centers(np.asarray(c, centers.dtype), centers)
                   for z, c in res.local_centers.items()}
