@@ -50,3 +50,12 @@ def test_given_start_refused_under_privacy(fed):
     dp = DifferentialPrivacy(epsilon=1.0, delta=1e-6, data_bound=10.0)
     with pytest.raises(ValidationError, match="privacy: init=<centers> is not available"):
         DistributedLloyd(3, init=np.zeros((3, 4)), privacy=dp).fit(fed)
+
+
+def test_given_start_under_secure_aggregation_matches_plain_sums(fed):
+    C = np.concatenate(fed)[[0, 40, 100]]
+    plain = DistributedLloyd(3, init=C, max_rounds=3, tol=0.0).fit(fed)
+    secure = DistributedLloyd(3, init=C, max_rounds=3, tol=0.0, secure_aggregation=True).fit(fed)
+    assert secure.n_rounds_ == plain.n_rounds_ == 3
+    # fixed-point sums: 2**-20 per device
+    np.testing.assert_allclose(secure.cluster_centers_, plain.cluster_centers_, atol=1e-5)
