@@ -14,12 +14,16 @@ the pooled mean), k = 3:
 * ``diabetes-sex``: scikit-learn's bundled diabetes rows by sex (no labels: cost only).
 
 Methods: k-FED with the default server (``weighted-kmeans++``) and with the paper's
-(``farthest-lloyd1``) at k' in {2, 3, 5}, k-FED with ``n_local_clusters="auto"``,
-distributed Lloyd, the distributed coreset (``DistributedKMeans``) and the evolving
+(``farthest-lloyd1``) at k' in {2, 3, 5}, k-FED with ``n_local_clusters="auto"``, the
+same refined by 3 distributed Lloyd rounds (``refine_rounds=3``), distributed Lloyd, the distributed coreset (``DistributedKMeans``) and the evolving
 Gaussians (``FedGaussClustering``, ARI beside scikit-learn's GaussianMixture with the
 number of components chosen by BIC over 1..8). Cost = k-means cost of the pooled rows
 at the method's centers ÷ scikit-learn ``KMeans(n_init=10)`` on the pooled rows (same
-seed); ARI against the labels; bytes up per site. 5 seeds (``--quick``: 2, k' = 3 only).
+seed); ARI against the labels, its spread over the seeds (standard deviation) beside
+the spread of pooled ``KMeans(n_init=10)``'s own ARI (min-max over the seeds: how far
+apart two runs of the reference itself land); bytes up per site. 5 seeds (``--quick``:
+2, k' = 3 only). A second table: the reference's own ARI over 20 seeds (``--quick``: 5)
+on every labelled federation, its costs' spread, and the ARI of its lowest-cost run.
 """
 
 from __future__ import annotations
@@ -141,6 +145,8 @@ def run_federation(name, devices, ys, seeds, k_locals):
             add("kfed paper", kp, seed, KFed(K, kp, server="farthest-lloyd1",
                                              random_state=seed).fit(devices), ref)
         add("kfed auto", "auto", seed, KFed(K, random_state=seed).fit(devices), ref)
+        add("kfed auto + 3 Lloyd rounds", "auto", seed,
+            KFed(K, refine_rounds=3, random_state=seed).fit(devices), ref)
         add("distributed lloyd", "-", seed, DistributedLloyd(K, random_state=seed).fit(devices),
             ref)
         add("coreset", "-", seed, DistributedKMeans(K, coreset_size=200,
@@ -155,11 +161,28 @@ def run_federation(name, devices, ys, seeds, k_locals):
         out.append({"federation": name, "method": method, "k_local": kp, "sites": Z,
                     "cost_ratio": float(np.nanmean(r["cost"])),
                     "worst_cost_ratio": float(np.nanmax(r["cost"])),
-                    "ari": float(np.mean(r["ari"])), "pooled_ari": float(np.mean(r["pooled_ari"])),
+                    "ari": float(np.mean(r["ari"])), "ari_sd": float(np.std(r["ari"])),
+                    "pooled_ari": float(np.mean(r["pooled_ari"])),
+                    "pooled_ari_min": float(np.min(r["pooled_ari"])),
+                    "pooled_ari_max": float(np.max(r["pooled_ari"])),
                     "gmm_bic_ari": float(np.mean(r["ref_ari"])) if r["ref_ari"] else None,
                     "bytes_up_per_site": float(np.mean(r["bytes_up_per_site"])),
                     "warnings": r["warnings"], "runs": len(r["cost"])})
     return out
+
+
+def reference_spread(name, devices, ys, seeds):
+    """Pooled ``KMeans(n_init=10)`` over many seeds: how much its ARI moves between runs
+    whose costs are nearly equal (the scale against which an ARI gap can be read)."""
+    X, y = np.concatenate(devices), np.concatenate(ys)
+    fits = [KMeans(K, n_init=10, random_state=s).fit(X) for s in seeds]
+    ari = np.array([_ari(y, f.labels_) for f in fits])
+    cost = np.array([f.inertia_ for f in fits])
+    return {"federation": name, "runs": len(seeds), "ari_mean": float(ari.mean()),
+            "ari_sd": float(ari.std()), "ari_min": float(ari.min()), "ari_max": float(ari.max()),
+            "cost_spread": float(cost.max() / cost.min() - 1.0),
+            "ari_at_lowest_cost": float(ari[np.argmin(cost)]),
+            "sd_of_5_seed_mean": float(ari.std() / np.sqrt(5))}
 
 
 def main():
@@ -167,7 +190,7 @@ def main():
     args = C.finish_args(p.parse_args())
     seeds = [args.seed + r for r in range(2 if args.quick else 5)]
     k_locals = [3] if args.quick else [2, 3, 5]
-    rows = []
+    rows, spread = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, load in FEDERATIONS.items():
@@ -177,16 +200,30 @@ def main():
                 print(f"{name}: skipped ({exc})")
                 continue
             rows += run_federation(name, devices, ys, seeds, k_locals)
+            if ys is not None:
+                spread.append(reference_spread(name, devices, ys,
+                                               range(5 if args.quick else 20)))
             print(f"{name}: done", flush=True)
     C.print_table(
-        ["federation", "method", "k'", "cost ÷ pooled", "worst", "ARI", "pooled ARI",
-         "GMM-BIC ARI", "bytes up/site", "warnings"],
+        ["federation", "method", "k'", "cost ÷ pooled", "worst", "ARI", "ARI sd", "pooled ARI",
+         "pooled ARI min-max", "GMM-BIC ARI", "bytes up/site", "warnings"],
         [[r["federation"], r["method"], r["k_local"], C.fmt(r["cost_ratio"], 3),
-          C.fmt(r["worst_cost_ratio"], 3), C.fmt(r["ari"], 2), C.fmt(r["pooled_ari"], 2),
+          C.fmt(r["worst_cost_ratio"], 3), C.fmt(r["ari"], 3), C.fmt(r["ari_sd"], 3),
+          C.fmt(r["pooled_ari"], 3),
+          f"{C.fmt(r['pooled_ari_min'], 3)}-{C.fmt(r['pooled_ari_max'], 3)}",
           "" if r["gmm_bic_ari"] is None else C.fmt(r["gmm_bic_ari"], 2),
           int(r["bytes_up_per_site"]), r["warnings"]] for r in rows],
         title=f"Natural federations, k = {K}, {len(seeds)} seeds")
-    C.write_json(args, "real_federations", {"k": K, "seeds": seeds, "rows": rows})
+    C.print_table(
+        ["federation", "runs", "ARI mean", "ARI sd", "ARI min-max", "cost spread",
+         "ARI at lowest cost", "sd of a 5-seed mean"],
+        [[r["federation"], r["runs"], C.fmt(r["ari_mean"], 3), C.fmt(r["ari_sd"], 3),
+          f"{C.fmt(r['ari_min'], 3)}-{C.fmt(r['ari_max'], 3)}",
+          f"{100 * r['cost_spread']:.1f} %", C.fmt(r["ari_at_lowest_cost"], 3),
+          C.fmt(r["sd_of_5_seed_mean"], 3)] for r in spread],
+        title="Pooled KMeans(n_init=10) over seeds: its own ARI spread")
+    C.write_json(args, "real_federations", {"k": K, "seeds": seeds, "rows": rows,
+                                            "reference_spread": spread})
 
 
 if __name__ == "__main__":

@@ -62,6 +62,18 @@ def test_kfed_float32_and_per_device_k(fed):
     assert b.cluster_centers_.dtype == np.float32
 
 
+@pytest.mark.parametrize("faults", [{}, {"dropped": [0], "late_devices": [5, 7]}])
+def test_refined_kfed_identical_to_inprocess(fed, faults):
+    """k-FED's round then Lloyd rounds: one protocol object on both transports."""
+    a = KFed(8, 2, random_state=3, refine_rounds=3, tol=0.0).fit(
+        fed, transport=InProcessTransport(**faults))
+    b = KFed(8, 2, random_state=3, refine_rounds=3, tol=0.0).fit(
+        fed, transport=FlowerInMemoryTransport(**faults))
+    _same_fit(a, b)
+    assert b.refine_cost_history_ == a.refine_cost_history_
+    assert b.communication_["rounds"] == 1 + b.communication_["refine"]["rounds"] > 1
+
+
 def test_multi_round_lloyd_identical(fed):
     a = DistributedLloyd(8, random_state=2).fit(fed)
     b = DistributedLloyd(8, random_state=2).fit(fed, transport=FlowerInMemoryTransport())

@@ -2,7 +2,8 @@
 
 ``local`` / ``batched`` — the device step (Awasthi–Sheffet spectral k-means);
 ``server`` — aggregation of device centers; ``messages`` — what crosses the
-wire; ``protocol`` — the round; ``estimator`` — the :class:`KFed` front door.
+wire; ``protocol`` — the round; ``refine`` — the round then distributed Lloyd
+rounds from its centers; ``estimator`` — the :class:`KFed` front door.
 """
 
 from ..core.registry import (Algorithm, register_algorithm, register_demo, register_predictor,
@@ -10,10 +11,12 @@ from ..core.registry import (Algorithm, register_algorithm, register_demo, regis
 from .estimator import KFed
 from .export import KFedPredictor, kfed_export
 from .protocol import KFedProtocol, KFedResult
+from .refine import RefinedKFedProtocol
 
-__all__ = ["KFed", "KFedProtocol", "KFedResult"]
+__all__ = ["KFed", "KFedProtocol", "KFedResult", "RefinedKFedProtocol"]
 
 register_protocol(KFedProtocol, KFedResult)
+register_protocol(RefinedKFedProtocol, KFedResult)
 register_predictor("kfed-induced", KFedPredictor.load)
 register_algorithm(Algorithm("kfed", KFed, required=("n_clusters",),
                              export=kfed_export))

@@ -25,6 +25,7 @@ from .local import auto_range
 from .messages import LocalCenters
 from .server import WEIGHTED_SERVERS, assign_to_centers
 from .protocol import KFedProtocol, KFedResult
+from .refine import RefinedKFedProtocol, check_refine_rounds, refine_bytes_per_round
 from ..core.protocol import Request, Transport
 from ..sim.transport import InProcessTransport
 from ..unlearning.forget import ForgetMixin, run_recorded
@@ -97,6 +98,14 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         local DP noise of std 2·z·B·√k on every coordinate of every center
         (z the one-release multiplier: 294 ≈ 27 B at ε = 1, δ = 1e-6, B = 11,
         k = 10; the error names it for the given values). See ``docs/privacy.md``.
+    refine_rounds : int, default=0
+        Distributed Lloyd rounds after the k-FED round, started from its
+        centers (:mod:`fedclust.kfed.refine`): at most r more rounds (fewer
+        when the cost improves by at most ``tol``, relative) for the pooled
+        k-means cost; the answer is scikit-learn's ``KMeans(init=<k-FED
+        centers>, n_init=1, max_iter=r)`` on the pooled rows, and every device
+        labels its points by the nearest final center. Refused under
+        ``privacy`` and with ``trim``.
     random_state : int, Generator or None
         Seeds everything but the privacy noise; every device has its own
         stream keyed by its id.
@@ -116,7 +125,14 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     local_centers_, local_counts_ : list of ndarray (k_z, d) / (k_z,) or None
         What each device sent.
     communication_ : dict
-        ``rounds``, ``bytes_up``, ``bytes_down``, ``bytes_total`` and per-device counts.
+        ``rounds``, ``bytes_up``, ``bytes_down``, ``bytes_total`` and per-device counts;
+        with ``refine_rounds``, ``refine``: the Lloyd rounds run and each one's
+        bytes per device (``bytes_up_per_device``, ``bytes_down_per_device``).
+    kfed_centers_ : ndarray (k, d)
+        The one-shot k-FED centers (``cluster_centers_`` without ``refine_rounds``).
+    refine_cost_history_ : list of float
+        With ``refine_rounds``: the global k-means cost of the centers each
+        Lloyd round broadcast (the first is the k-FED centers' cost).
     run_log_ : RunLog
         Participants, dropped, late, failed and rejected devices; ``warnings``:
         the default server's diagnostic (local clusters holding over a quarter
@@ -134,9 +150,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     ``k_z (d + 2) * 8`` with the default server's scatter) and receives
     ``k_z * 8`` (its label map; ``k d 8``, the final centers, with the default
     server). Server work: O(Σk_z · k · d) per Lloyd round. For the pooled cost
-    at the price of more rounds, seed distributed Lloyd with this round:
-    ``DistributedLloyd(k, init="kfed", max_rounds=r)`` (each Lloyd round
-    ``k (d + 1) 8 + 8`` bytes up and ``k d 8`` down per device).
+    at the price of more rounds, ``refine_rounds=r``: each Lloyd round costs a
+    device ``k (d + 1) 8 + 8`` bytes up and ``k d 8`` down.
     """
 
     def __init__(self, n_clusters: int = 8, n_local_clusters: int | Sequence[int] | str = "auto",
@@ -144,7 +159,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
                  first_device: str | int = "widest", max_iter: int = 300, tol: float = 1e-4,
                  local_max_iter: int = 300, allow_raw_points: bool = False,
                  trim: float = 0.0, privacy: DifferentialPrivacy | None = None,
-                 random_state: RandomState = None, progress: bool = False):
+                 refine_rounds: int = 0, random_state: RandomState = None,
+                 progress: bool = False):
         self.n_clusters = n_clusters
         self.n_local_clusters = n_local_clusters
         self.server = server
@@ -156,6 +172,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.allow_raw_points = allow_raw_points
         self.trim = trim
         self.privacy = privacy
+        self.refine_rounds = refine_rounds
         self.random_state = random_state
         self.progress = progress
 
@@ -166,11 +183,15 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             k_local = k_locals
         else:
             k_local = k_locals[0] if len(set(k_locals)) == 1 else dict(zip(device_ids, k_locals))
-        return KFedProtocol(
-            self.n_clusters, k_local, server=self.server, weighted=self.weighted,
+        kw: dict[str, Any] = dict(
+            server=self.server, weighted=self.weighted,
             first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
             local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points,
             n_features=n_features, trim=self.trim, privacy=self.privacy)
+        if check_refine_rounds(self.refine_rounds):
+            return RefinedKFedProtocol(self.n_clusters, k_local,
+                                       refine_rounds=self.refine_rounds, **kw)
+        return KFedProtocol(self.n_clusters, k_local, **kw)
 
     def fit(self, X: Any, y: None = None, *, groups: Any = None,
             device_ids: Sequence[int] | None = None,
@@ -199,10 +220,16 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         """
         from .stream import is_stream
 
+        refine = check_refine_rounds(self.refine_rounds)
+        if refine and self.privacy is not None:
+            raise ValidationError(
+                "privacy: refine_rounds is not available with privacy: every device would noise "
+                "its own local centers, and the private Lloyd rounds need their own start; use "
+                "DistributedLloyd(privacy=...)")
         if is_stream(X):
             # a generator / lazy reader: streamed when nothing needs the rows twice
             if (transport is None and groups is None and self.privacy is None
-                    and not self.trim and isinstance(self.n_local_clusters, (int, np.integer))):
+                    and not self.trim and not refine and isinstance(self.n_local_clusters, (int, np.integer))):
                 return self._fit_stream(X, device_ids)
             X = list(X)
         fed = split_federation(X, groups=groups, device_ids=device_ids)
@@ -282,6 +309,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.run_log_ = RunLog(participants=fit.device_ids)
         self.seed_device_ = fit.seed_device
         self.n_iter_ = fit.n_iter
+        self.kfed_centers_ = fit.centers
+        self.refine_cost_history_ = []
         self._result = KFedResult(centers=fit.centers, local_centers={}, local_counts={},
                                   center_labels={}, seed_device=fit.seed_device,
                                   n_iter=fit.n_iter, log=self.run_log_)
@@ -298,6 +327,17 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.local_counts_ = [result.local_counts.get(z) for z in device_ids]
         self.center_labels_ = [result.center_labels.get(z) for z in device_ids]
         self.communication_ = meter.summary()
+        self.kfed_centers_ = (result.centers if result.kfed_centers is None
+                              else result.kfed_centers)
+        self.refine_cost_history_ = list(result.cost_history)
+        if check_refine_rounds(self.refine_rounds):
+            data = result.centers if result.kfed_centers is None else result.kfed_centers
+            per_round = refine_bytes_per_round(*result.centers.shape,
+                                               itemsize=data.dtype.itemsize)
+            self.communication_["refine"] = {
+                "rounds": int(result.refine_rounds),
+                "bytes_up_per_device": per_round["up"],
+                "bytes_down_per_device": per_round["down"]}
         self.run_log_ = result.log
         self.seed_device_ = result.seed_device
         self.n_iter_ = result.n_iter
@@ -355,7 +395,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             self.center_labels_.append(None)
         pos = self.device_ids_.index(device_id)
         labels = mapping[state["local_labels"]]
-        if self._protocol_.server in WEIGHTED_SERVERS:   # as the fitted devices: nearest center
+        if (self._protocol_.server in WEIGHTED_SERVERS
+                or isinstance(self._protocol_, RefinedKFedProtocol)):   # as the fitted devices
             labels = assign_to_centers(X_new.astype(self.cluster_centers_.dtype, copy=False),
                                        self.cluster_centers_)
         self.device_labels_[pos] = labels

@@ -25,7 +25,7 @@ def kfed_export(model: Any, fed: Any) -> Exported:
     from ..core.registry import export_centers
     from .server import WEIGHTED_SERVERS
 
-    if getattr(model, "server", None) in WEIGHTED_SERVERS:
+    if getattr(model, "server", None) in WEIGHTED_SERVERS or getattr(model, "refine_rounds", 0):
         return export_centers(model, fed)
     centers = np.asarray(model.cluster_centers_, np.float64)
     d = centers.shape[1]

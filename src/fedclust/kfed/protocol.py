@@ -56,6 +56,12 @@ class KFedResult:
     seed_device: int | None
     n_iter: int
     log: RunLog = field(default_factory=RunLog)
+    #: with ``refine_rounds`` (:mod:`fedclust.kfed.refine`): the one-shot k-FED centers
+    #: the Lloyd rounds started from, the global cost of the centers each Lloyd round
+    #: broadcast, and the number of Lloyd rounds run
+    kfed_centers: np.ndarray | None = None
+    cost_history: list[float] = field(default_factory=list)
+    refine_rounds: int = 0
 
 
 @dataclass

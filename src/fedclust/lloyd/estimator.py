@@ -58,7 +58,7 @@ class DistributedLloyd(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEsti
         after the box start, see :func:`~fedclust.lloyd.protocol.private_start`).
     tol : float
         Relative cost-improvement tolerance (not used under privacy).
-    init : {"sample", "candidates", "box", "kfed"} or None
+    init : {"sample", "candidates", "box", "kfed"}, ndarray (k, d) or None
         Raw-point sample + k-means++ (default without privacy), the
         private-capable moments + candidates initialisation (no raw point
         leaves a device), the box start (3k data-independent candidates
@@ -66,7 +66,12 @@ class DistributedLloyd(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEsti
         privacy the cube [-1, 1]^d), or one k-FED round (each device's k local
         centers, grouped by k-FED's default server; refused under privacy, see
         :mod:`fedclust.lloyd.protocol`). ``init="kfed"`` with ``max_rounds=r``
-        is k-FED refined by r Lloyd rounds. With privacy the default picks the
+        is k-FED refined by r Lloyd rounds. An array of k centers is the
+        start itself, as in scikit-learn's ``KMeans(init=array)``: no start
+        round, the first Lloyd round broadcasts them (refused under privacy:
+        a start outside the fit is not in its release plan; without privacy,
+        r rounds from centers C give scikit-learn's ``KMeans(init=C,
+        n_init=1, max_iter=r)`` on the pooled rows). With privacy the default picks the
         moments or the box start from n, k, d and ε
         (:func:`~fedclust.lloyd.protocol.private_start`; the federation's size
         n is treated as public).
@@ -109,7 +114,8 @@ class DistributedLloyd(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEsti
     """
 
     def __init__(self, n_clusters: int = 8, *, points_per_device: int | None = None,
-                 max_rounds: int | None = None, tol: float = 1e-4, init: str | None = None,
+                 max_rounds: int | None = None, tol: float = 1e-4,
+                 init: str | np.ndarray | None = None,
                  privacy: DifferentialPrivacy | None = None, random_state: RandomState = None,
                  progress: bool = False, secure_aggregation: Any = False,
                  rounds: int | None = None):
@@ -171,8 +177,9 @@ class DistributedLloyd(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEsti
                 raise ValidationError(f"rounds={self.rounds!r} and max_rounds={rounds!r} are the "
                                       "same setting; give one of them")
             rounds = self.rounds
-        init, auto_rounds = self.init or "sample", 100
-        if self.privacy is not None:
+        given = self.init is not None and not isinstance(self.init, str)
+        init, auto_rounds = (self.init if given else self.init or "sample"), 100
+        if self.privacy is not None and not given:   # a given start: the protocol refuses it
             # the federation's size is public here (as is δ, picked from it)
             start, auto_rounds = private_start(total, k, devices[0].shape[1], self.privacy)
             init = self.init or start

@@ -23,7 +23,13 @@ Initialisation, one of
   convergence). Refused under privacy: each device would noise its own local
   centers, calibrated to its own counts, so on small devices the seeds are
   mostly noise and a few private Lloyd rounds do not recover from them;
-  ``init="candidates"`` adds its noise once to federation-wide sums.
+  ``init="candidates"`` adds its noise once to federation-wide sums;
+* ``init=<array (k, d)>`` (no start round, as scikit-learn's ``KMeans(init=array)``):
+  the first Lloyd round broadcasts the given centers (k-FED's refinement,
+  :class:`fedclust.kfed.refine.RefinedKFedProtocol`, starts from its one-shot
+  answer this way). Refused under privacy: centers chosen outside the fit are
+  not in its release plan, and the private rounds' trust radius and release
+  weights assume the plan's own start (:func:`private_start`).
 
 Lloyd rounds (``"lloyd"``): the server broadcasts k centers (``k d 8`` bytes
 per device); each device returns per-center sums, counts and its cost
@@ -75,9 +81,29 @@ from .messages import (CandidateBroadcast, CenterBroadcast, ClusterSums, Moments
                        NoisyMoments, PointSample, RadiusBroadcast)
 from ..core.protocol import Protocol, Request, RunLog
 
-__all__ = ["DistributedLloydProtocol", "DistributedLloydResult", "INITS", "private_start"]
+__all__ = ["DistributedLloydProtocol", "DistributedLloydResult", "INITS", "GIVEN",
+           "check_init_centers", "private_start"]
 
 INITS = ("sample", "candidates", "kfed", "box")
+#: ``init`` name of a start from given centers (``init=<array (k, d)>``)
+GIVEN = "given"
+
+
+def check_init_centers(init: Any, n_clusters: int, n_features: int | None) -> np.ndarray:
+    """``init`` given as centers: a finite float64 array of shape (n_clusters, d)."""
+    try:
+        C = np.array(init, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValidationError(f"init centers must be numbers; got {type(init).__name__}") from None
+    if C.ndim != 2 or C.shape[0] != n_clusters:
+        raise ValidationError(f"init centers have shape {C.shape}; expected (n_clusters, d) = "
+                              f"({n_clusters}, d)")
+    if n_features is not None and C.shape[1] != n_features:
+        raise ValidationError(f"init centers have {C.shape[1]} features but the data have "
+                              f"{n_features}")
+    if not np.isfinite(C).all():
+        raise ValidationError("init centers contain NaN or infinite values")
+    return C
 
 
 def private_start(n_samples: int, n_clusters: int, n_features: int,
@@ -148,14 +174,20 @@ class DistributedLloydProtocol(Protocol):
     summed_actions = frozenset({"lloyd", "moments", "candidates"})
 
     def __init__(self, n_clusters: int, *, points_per_device: int = 10,
-                 max_rounds: int = 100, tol: float = 1e-4, init: str = "sample",
+                 max_rounds: int = 100, tol: float = 1e-4, init: str | np.ndarray = "sample",
                  privacy: DifferentialPrivacy | None = None, n_features: int | None = None,
                  noise_multipliers: Sequence[float] | None = None, noise_devices: int = 0):
         self.n_clusters = check_int(n_clusters, "n_clusters", min_value=1)
         self.points_per_device = check_int(points_per_device, "points_per_device", min_value=1)
         self.max_rounds = check_int(max_rounds, "max_rounds", min_value=1)
         self.tol = check_float(tol, "tol", min_value=0.0)
-        self.init = check_choice(init, "init", INITS)
+        #: the given start (``init=<array>``), else None
+        self.init_centers: np.ndarray | None = None
+        if isinstance(init, str):
+            self.init = check_choice(init, "init", INITS)
+        else:
+            self.init_centers = check_init_centers(init, self.n_clusters, n_features)
+            self.init = GIVEN
         self.privacy = privacy
         self.n_features = n_features
         self.plan: PrivacyPlan | None = None
@@ -163,6 +195,11 @@ class DistributedLloydProtocol(Protocol):
             if self.init == "sample":
                 raise ValidationError("privacy: init='sample' sends raw points; use "
                                       "init='candidates' with privacy")
+            if self.init == GIVEN:
+                raise ValidationError(
+                    "privacy: init=<centers> is not available with privacy: centers chosen "
+                    "outside the fit are not in its release plan (a start from the data would be "
+                    "an unaccounted release); use the default private start")
             if self.init == "kfed":
                 raise ValidationError(
                     "privacy: init='kfed' is not available with privacy: every device would noise "
@@ -216,7 +253,8 @@ class DistributedLloydProtocol(Protocol):
         """The data rounds a fit asks of each device, by action (its start, then at most
         ``max_rounds`` Lloyd rounds; the spread rides on the first): a device's policy
         refuses more."""
-        start = {"box": {"candidates": 1}, "candidates": {"moments": 1, "candidates": 1}}
+        start = {"box": {"candidates": 1}, "candidates": {"moments": 1, "candidates": 1},
+                 GIVEN: {}}
         return {**start.get(self.init, {self.init: 1}), "lloyd": self.max_rounds}
 
     @property
@@ -228,6 +266,9 @@ class DistributedLloydProtocol(Protocol):
         cfg: dict[str, Any] = {"n_clusters": self.n_clusters,
                                "points_per_device": self.points_per_device,
                                "max_rounds": self.max_rounds, "tol": self.tol, "init": self.init}
+        if self.init_centers is not None:   # config values are scalars or flat lists
+            cfg["init_centers"] = self.init_centers.ravel().tolist()
+            cfg["n_features"] = int(self.init_centers.shape[1])
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
         if self.plan is not None:
@@ -242,12 +283,19 @@ class DistributedLloydProtocol(Protocol):
         privacy = pop_privacy(cfg)
         if privacy is not None:
             cfg["privacy"] = privacy
+        flat = cfg.pop("init_centers", None)
+        if cfg.get("init") == GIVEN:
+            if flat is None or cfg.get("n_features") is None:
+                raise ValidationError("config init='given' needs init_centers and n_features")
+            cfg["init"] = np.asarray(flat, dtype=np.float64).reshape(-1, int(cfg["n_features"]))
         return cls(cfg.pop("n_clusters"), **cfg)
 
     # -- server --------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> _State:
         radius = float(self.privacy.data_bound) if self.noisy else math.inf
         state = _State(tuple(device_ids), int(seed), radius=radius)
+        if self.init_centers is not None:
+            state.centers = self.init_centers.copy()
         if self.init == "box":
             d = int(self.n_features)
             B = math.sqrt(d) if self.privacy is None else self.privacy.data_bound
@@ -258,6 +306,10 @@ class DistributedLloydProtocol(Protocol):
         return state
 
     def next_request(self, state: _State) -> Request | None:
+        if self.init == GIVEN:
+            if state.converged or state.lloyd_rounds >= self.max_rounds:
+                return None
+            return Request(state.round, "lloyd", CenterBroadcast(state.centers))
         if state.round == 0 and self.init == "box":
             return Request(0, "candidates", state.candidates)
         if state.round == 0:
@@ -304,7 +356,7 @@ class DistributedLloydProtocol(Protocol):
 
     @property
     def _first_lloyd(self) -> int:
-        return {"candidates": 2}.get(self.init, 1)   # Lloyd rounds follow the init
+        return {"candidates": 2, GIVEN: 0}.get(self.init, 1)   # Lloyd rounds follow the init
 
     def _spread_round(self, round_index: int) -> bool:
         """Whether a private Lloyd round also releases the spread (the first of T ≥ 2):
