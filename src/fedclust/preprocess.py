@@ -50,6 +50,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from .core.checkpoint import privacy_summary
 from .core.exceptions import IncompatibleMessageError, NotFittedError, ValidationError
 from .core.messages import FLOAT, INT, Message, reject
 from .core.protocol import Protocol, Request, RunLog
@@ -535,7 +536,7 @@ class FederatedPreprocessor:
         self.privacy_plan_ = protocol.plan
         self.privacy_ = None
         if protocol.plan is not None:
-            self.privacy_ = protocol.plan.summary()
+            self.privacy_ = privacy_summary(protocol.plan, out.log)  # lost releases count
             self.privacy_["budget_share"] = float(self.budget_share)
         return self
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from sklearn.base import BaseEstimator, ClassifierMixin, ClusterMixin
 
+from ..core.checkpoint import privacy_summary
 from ..core.estimators import DeviceLabelsMixin, split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
@@ -63,10 +64,11 @@ def _check_privacy(privacy: Any) -> Any:
 
 
 def _privacy_record(protocol: Any, out: Any, ids: Sequence[int]) -> dict | None:
-    """``privacy_``: the plan's summary (None: not private). The rows each owner clipped
-    are counted on the owner and stay there (its ``n_clipped`` output)."""
+    """``privacy_``: the plan's summary with the run's true ε (a release lost to a crash
+    and redone on resume counts); None: not private. The rows each owner clipped are
+    counted on the owner and stay there (its ``n_clipped`` output)."""
     plan = getattr(protocol, "plan", None)
-    return None if plan is None else plan.summary()
+    return None if plan is None else privacy_summary(plan, out.log)
 
 
 class _FedBase(ForgetMixin):
