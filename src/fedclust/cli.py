@@ -246,7 +246,7 @@ def format_sites(result: dict[str, Any]) -> str:
 
 def _write_model_outputs(exp: Any, out: Path) -> None:
     """``model.npz`` (the exported model + preprocessing) and, for site data, ``labels/``."""
-    from .model_io import save_model, write_site_labels
+    from .sites.files_out import save_model, write_site_labels
 
     sites = exp.federation.extra.get("sites")
     if exp.exported is None:
@@ -271,7 +271,7 @@ def _write_model_outputs(exp: Any, out: Path) -> None:
 
 
 def _predict(args) -> int:
-    from .model_io import load_model, write_labels_csv
+    from .sites.files_out import load_model, write_labels_csv
 
     model = load_model(args.model)
     values, table = model.predict_file(args.data)

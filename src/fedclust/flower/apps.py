@@ -64,7 +64,6 @@ from .dataio import load_device_file, save_device_file
 from .relay import GRAPH_ACTION, relay_client
 from .recovery import ServerRecovery
 from .results import save_error, save_run_output
-from ..site_protocol import device_data_for
 
 __all__ = ["ServerSpec", "ServerAppFailed", "one_line_cause", "make_server_app", "make_client_app",
            "run_server", "node_policy", "confine_result_dir",
@@ -724,7 +723,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
             if request.action == GRAPH_ACTION:
                 # the server only relays sealed packets between neighbours; it sums nothing
                 _check(pol, context, protocol, request.action, me, secure=True)
-                X = device_data_for(protocol, X, me)
+                X = protocol.node_data(X, me)
                 content = relay_client(msg, context, protocol, seed, head, int(device_id), X,
                                        tamper=tamper, load_state=_load_state,
                                        save_state=_save_state)
@@ -736,7 +735,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 if stage == "mask":
                     _check(pol, context, protocol, request.action, me, secure=True,
                            round_index=request.round)
-                    X = device_data_for(protocol, X, me)
+                    X = protocol.node_data(X, me)
                     with one_blas_thread():
                         reply = protocol.client_step(request, X, device_id=int(device_id),
                                                      seed=seed, state=state)
@@ -756,14 +755,14 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
             elif request.action == FINISH_ACTION:
                 collect = bool(head.get("collect"))
                 pol.check_finish(protocol, collect, me)
-                X = device_data_for(protocol, X, me)
+                X = protocol.node_data(X, me)
                 out = protocol.client_finish(request.payload, X, _load_state(context))
                 content = RecordDict({OUTPUT: arrays_to_record(out if collect else {})})
             else:
                 _check(pol, context, protocol, request.action, me, secure=False,
                        round_index=request.round)
                 state = _load_state(context)
-                X = device_data_for(protocol, X, me)
+                X = protocol.node_data(X, me)
                 # one BLAS thread, as a simulated device in process: same rounding on both
                 with one_blas_thread():
                     reply = protocol.client_step(request, X, device_id=int(device_id), seed=seed,

@@ -39,7 +39,6 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.policy import FORGET_ACTION, DevicePolicy, PolicyRefusal
 from ..core.protocol import Protocol, Request
 from ..core.threads import one_blas_thread
-from ..site_protocol import device_data_for
 from .codec import FORGET, REPLY, arrays_to_record, record_to_arrays, request_to_content
 
 __all__ = ["FlowerForgetReport", "forget_on_grid", "forget_reply", "make_forget_server_app",
@@ -78,7 +77,7 @@ def forget_reply(protocol: Protocol, request: Request, seed: int, head: dict[str
                 f"{me}: the forget request's first action {action!r} is not one of protocol "
                 f"{protocol.name!r}'s ({sorted(protocol.reply_types)})")
         step = Request(request.round, str(action), request.payload)
-        X = device_data_for(protocol, X, me)
+        X = protocol.node_data(X, me)
         with one_blas_thread():   # the fit's rounding
             reply = protocol.client_step(step, X, device_id=int(device_id), seed=seed, state={})
         content[REPLY] = arrays_to_record(reply.to_arrays())

@@ -24,7 +24,7 @@ from .federation import (SiteFederation, SiteInfo, as_values, files_source, load
                          load_table_sites, site_paths, site_request, table_source, to_federation)
 from .schema import (SiteSchema, encode_table, label_indices, label_values, site_categories,
                      union_categories)
-from .tables import NA_VALUES, RawTable, expand_paths, file_stem, frame_columns, read_table
+from .files_in import NA_VALUES, RawTable, expand_paths, file_stem, frame_columns, read_table
 
 __all__ = ["SiteFederation", "SiteInfo", "SiteSchema", "RawTable", "load_sites",
            "load_table_sites", "read_table", "encode_table", "union_categories",

@@ -38,6 +38,24 @@ class RawTable:
     def n_rows(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
 
+    def as_arrays(self, where: str) -> Any:
+        """``X`` or ``(X, y)`` for a protocol that takes numbers, not a table (see
+        :meth:`fedclust.core.protocol.Protocol.node_data`): an ``.npz`` with
+        ``feature_names`` gives its arrays; a CSV/Parquet file needs the site schema."""
+        if not self.path.lower().endswith(".npz"):
+            raise ValidationError(f"{where}: a CSV/Parquet node file needs the site schema: "
+                                  "deploy a config with [data] source = \"files\"")
+        cols = []
+        for c in self.features:
+            v = np.asarray(self.columns[c])
+            if v.dtype.kind not in "biuf":
+                raise ValidationError(f"{self.path}: column {c!r} is not numeric; this protocol "
+                                      "takes numbers (deploy a config with [data] source = "
+                                      "\"files\")")
+            cols.append(v.astype(np.float64))
+        X = np.column_stack(cols) if cols else np.zeros((self.n_rows, 0))
+        return (X, np.asarray(self.columns["y"])) if "y" in self.columns else X
+
 
 
 # ------------------------------------------------------------------ reading

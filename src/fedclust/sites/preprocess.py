@@ -50,20 +50,24 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from .core.exceptions import IncompatibleMessageError, NotFittedError, ValidationError
-from .core.messages import FLOAT, INT, Message, reject
-from .core.protocol import Protocol, Request, RunLog
-from .core.registry import register_protocol
-from .core.validation import check_choice
-from .privacy import DifferentialPrivacy, PrivacyPlan, calibrate, noise_rng, pop_privacy, privacy_config
-from .privacy import columns as pc
-from .privacy.mechanisms import SERVER
+from ..core.exceptions import IncompatibleMessageError, NotFittedError, ValidationError
+from ..core.messages import FLOAT, INT, Message, reject
+from ..core.protocol import Protocol, Request, RunLog
+from ..core.registry import register_protocol
+from ..core.validation import check_choice
+from ..privacy import DifferentialPrivacy, PrivacyPlan, calibrate, noise_rng, pop_privacy, privacy_config
+from ..privacy import columns as pc
+from ..privacy.mechanisms import SERVER
 
 __all__ = ["FederatedPreprocessor", "PreprocessProtocol", "PreprocessResult", "ColumnMoments",
-           "PooledTransform", "IMPUTE", "SCALE"]
+           "PooledTransform", "IMPUTE", "SCALE", "PREPROCESS_BUDGET_SHARE",
+           "check_no_missing"]
 
 IMPUTE = ("mean", "none")
 SCALE = ("standard", "none")
+#: share of the [privacy] ε that a private preprocessing round gets by default: one
+#: release of pooled column statistics (noise / all rows) beside the algorithm\'s several
+PREPROCESS_BUDGET_SHARE = 0.2
 ACTION = "column_moments"
 SUMS = "column_sums"        # summed form, round 0
 SQUARES = "column_squares"  # summed form, round 1
@@ -501,7 +505,7 @@ class FederatedPreprocessor:
             names: Sequence[str] | None = None, transport: Any = None) -> "FederatedPreprocessor":
         """Run the round over ``devices``: a list of (n_z, d) arrays (NaN = missing), or a
         :class:`~fedclust.sites.SiteFederation` (its columns and site names then name errors)."""
-        from .sim.transport import fit_transport
+        from ..sim.transport import fit_transport
 
         if hasattr(devices, "devices") and hasattr(devices, "names"):  # a SiteFederation
             columns = devices.columns if columns is None else columns
