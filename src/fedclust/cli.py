@@ -448,7 +448,7 @@ def _flower(args) -> int:
         if args.seed is not None:
             cfg["seed"] = args.seed
     if args.flower_command == "app":
-        from .flower.deploy import write_app
+        from .flower_app import write_app
 
         path = write_app(args.dir, cfg, result_dir=args.result_dir, min_nodes=args.min_nodes,
                          round_timeout_s=args.round_timeout, collect_outputs=args.collect_outputs,
@@ -500,7 +500,7 @@ def _flower(args) -> int:
         print(f"wrote {write_secagg_directory(args.out, args.public, overwrite=args.force)}")
         return 0
     if args.flower_command == "split":
-        from .flower.deploy import split_devices
+        from .flower_app import split_devices
 
         for z, path in split_devices(cfg, args.out):
             print(f"device {z}: {path}  (--node-config \"data-path='{path.resolve()}' "

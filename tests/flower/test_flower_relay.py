@@ -120,7 +120,7 @@ def test_seal_round_trip_and_tampering():
     b_priv, b_pub = relay.x25519_keypair()
     arrays = {"points": np.arange(12.0).reshape(4, 3), "n": np.asarray(4, dtype=np.int64)}
     header = {"src": 1, "dst": 2, "round": 0, "origin": 1, "action": "x",
-              "layout": relay._layout(arrays)}
+              "layout": relay.array_layout(arrays)}
     sealed = relay.seal_message(a_priv, b_pub, header, arrays)
     got = relay.open_message(b_priv, a_pub, header, sealed)
     assert set(got) == set(arrays)

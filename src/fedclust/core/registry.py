@@ -13,6 +13,10 @@ Flower apps never name a family. Each family registers, in its own wing's
 * optionally **data sources** (:func:`register_data_source`), **baselines**
   (:func:`register_baseline`) and **demos** (:func:`register_demo`).
 
+The site wing (:mod:`fedclust.sites`) registers how a node reads a site's own
+file and how a site table travels in a node's ``.npz`` (:func:`register_table_files`),
+so the Flower apps read site files without importing it.
+
 Nothing here imports a wing; wings import this module.
 """
 
@@ -35,6 +39,7 @@ __all__ = [
     "estimator_params", "PROTOCOLS", "RESULT_TYPES", "ALGORITHMS", "DATA_SOURCES", "BASELINES",
     "DEMOS", "DEMO_DESCRIPTIONS", "clustering_report", "plot_clustering", "Exported", "PREDICTORS",
     "register_predictor", "get_predictor", "export_centers", "CentersPredictor",
+    "TableFiles", "register_table_files", "table_files",
 ]
 
 
@@ -279,6 +284,36 @@ def register_data_source(source: DataSource) -> None:
 def register_baseline(baseline: Baseline) -> None:
     _taken("baseline", baseline.name, BASELINES, baseline)
     BASELINES[baseline.name] = baseline
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """How node data that is a table (a site's own file) is read and travels.
+
+    ``read(path)``: a site file (CSV, Parquet, an ``.npz`` with ``feature_names``)
+    as the node's data. ``to_arrays(data)``: the arrays of a table to hand a node
+    in its ``.npz`` (None when ``data`` is no table); ``from_arrays(npz)``: that
+    table back (None when the ``.npz`` holds none).
+    """
+
+    read: Callable[[Any], Any]
+    to_arrays: Callable[[Any], "dict[str, np.ndarray] | None"]
+    from_arrays: Callable[[Any], Any]
+
+
+_TABLE_FILES: list[TableFiles] = []
+
+
+def register_table_files(files: TableFiles) -> None:
+    """The site wing's table files (one; registered again, it replaces the first)."""
+    _TABLE_FILES[:] = [files]
+
+
+def table_files() -> TableFiles:
+    """The registered :class:`TableFiles` (``import fedclust`` registers the site wing's)."""
+    if not _TABLE_FILES:
+        raise ValidationError("no reader of site tables is registered (import fedclust.sites)")
+    return _TABLE_FILES[0]
 
 
 def register_demo(name: str, config: Mapping[str, Any], description: str = "") -> None:

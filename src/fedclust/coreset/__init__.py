@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.registry import (Algorithm, DataSource, Federation, register_algorithm,
                              register_data_source, register_demo, register_protocol)
-from .data import _source as _low_rank_source
+from .data import low_rank_source as _low_rank_source
 from .data import make_low_rank_mixture
 from .estimator import DistributedKMeans, DistributedPCA
 from .graph import check_graph, flood, make_graph, run_on_graph

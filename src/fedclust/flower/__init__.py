@@ -10,8 +10,6 @@ of fedclust imports and runs without it. Modules:
   simulation engine behind the ``InProcessTransport`` interface;
 * :mod:`~fedclust.flower.grid` — ``LocalGrid`` / ``FlowerInMemoryTransport``: the
   real apps in-process, every message through protobuf (tests);
-* :mod:`~fedclust.flower.deploy` — write a deployable Flower app (with a fedclust
-  wheel) and per-device data files (``fedclust flower app`` / ``fedclust flower split``);
 * :mod:`~fedclust.flower.pki` — TLS certificates and SuperNode authentication keys
   (``fedclust flower certs`` / ``fedclust flower keys``, with ``cryptography``);
 * :mod:`~fedclust.flower.runner` — ``fedclust flower run``: ``flwr run`` whose exit

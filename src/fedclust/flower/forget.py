@@ -118,14 +118,15 @@ def forget_on_grid(model: Any, grid: Grid, devices: Iterable[Any] | None = None,
     -------
     FlowerForgetReport
     """
-    from .apps import ServerSpec, _Server
+    from .server import Server
+    from .spec import ServerSpec
     from .codec import reply_failure as _reason
 
     u = model._unlearner()
     spec = ServerSpec.for_protocol(u.protocol, u.seed, min_nodes=int(min_nodes),
                                    node_wait_s=float(node_wait_s),
                                    round_timeout_s=round_timeout_s)
-    server = _Server(grid, spec)
+    server = Server(grid, spec)
     server.hello()
     report = FlowerForgetReport()
     known = set(u.store.device_ids)
@@ -226,7 +227,7 @@ def forget_from_run_config(grid: Grid, run_config: Any, root: str | Path) -> Flo
     ``root``; writes ``forget.json`` (the report) beside the new model."""
     import json
 
-    from .apps import confine_result_dir
+    from .spec import confine_result_dir
 
     model = Path(confine_result_dir(str(run_config["forget-model"]), root))
     out = Path(confine_result_dir(str(run_config.get("forget-out") or model), root))

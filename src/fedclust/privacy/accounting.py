@@ -158,7 +158,7 @@ def _multipliers(releases: Sequence[Release], z: float) -> tuple[tuple[float, in
     return tuple((z / math.sqrt(r.share), r.repeats, r.sampling) for r in releases)
 
 
-def _prior(spec: DifferentialPrivacy) -> tuple[tuple[float, int, float], ...]:
+def prior_releases(spec: DifferentialPrivacy) -> tuple[tuple[float, int, float], ...]:
     """The fixed (multiplier, repeats, sampling) of the releases made before this fit."""
     return tuple((mult, reps, q) for _, _, reps, mult, q in spec.prior if mult > 0 and reps > 0)
 
@@ -176,7 +176,7 @@ def planned(spec: DifferentialPrivacy, releases: Sequence[Release],
         if any(not r.noise_multiplier > 0 for r in out if r.repeats > 0):
             raise ValidationError(f"privacy: {family} was given a release without noise at "
                                   f"epsilon={spec.epsilon:g}")
-        spent = composed_epsilon(_prior(spec) + tuple((r.noise_multiplier, r.repeats, r.sampling)
+        spent = composed_epsilon(prior_releases(spec) + tuple((r.noise_multiplier, r.repeats, r.sampling)
                                                       for r in out), spec.delta, spec.accountant)
     return PrivacyPlan(spec, out, spent)
 
@@ -201,11 +201,11 @@ def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
         raise ValidationError("privacy: a prior release without noise (made at epsilon=inf) "
                               f"cannot be composed into epsilon={spec.epsilon:g}")
     if not spec.private or not releases:
-        spent = (composed_epsilon(_prior(spec), spec.delta, spec.accountant)
-                 if spec.private and _prior(spec) else 0.0)
+        spent = (composed_epsilon(prior_releases(spec), spec.delta, spec.accountant)
+                 if spec.private and prior_releases(spec) else 0.0)
         return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=0.0) for r in releases), spent)
     eps, delta, acc = float(spec.epsilon), float(spec.delta), spec.accountant
-    prior = _prior(spec)
+    prior = prior_releases(spec)
     f = lambda z: composed_epsilon(prior + _multipliers(releases, z), delta, acc)  # noqa: E731
     z_max = MAX_NOISE_MULTIPLIER * math.sqrt(min(r.share for r in releases))
     n_releases = sum(r.repeats for r in releases)

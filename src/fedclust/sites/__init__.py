@@ -17,7 +17,7 @@ one. The same :class:`SiteSchema` encodes a new site's file at prediction time
 Missing values (empty cells, ``NA``, ``?``, NaN) stay NaN in the numeric
 columns; a missing categorical value is NaN in all of its indicator columns, so
 mean imputation fills it with the pooled category frequencies. Federated
-imputation and scaling are :class:`fedclust.preprocess.FederatedPreprocessor`.
+imputation and scaling are :class:`fedclust.sites.preprocess.FederatedPreprocessor`.
 """
 
 from .federation import (SiteFederation, SiteInfo, as_values, files_source, load_sites,

@@ -84,13 +84,13 @@ class SitePreprocessProtocol(Protocol):
     2. ``schema_union``: the schema and that protocol's config are broadcast
        (:class:`~fedclust.sites.schema_round.SchemaBroadcast`); each site keeps
        them in its state and answers 8 bytes.
-    3. ``column_moments``: :class:`fedclust.preprocess.PreprocessProtocol`'s round
+    3. ``column_moments``: :class:`fedclust.sites.preprocess.PreprocessProtocol`'s round
        on the encoded rows (``24 d + 8`` bytes up), pooled exactly; under secure
        aggregation its summed form, ``column_sums`` then ``column_squares``
        (``16 d + 8`` and ``8 d + 8`` bytes up), each a secure sum. With privacy
        (``experiment["privacy"]``) the sites clip to the public column ranges
        and the server releases the noisy statistics ``FederatedPreprocessor``
-       releases in process (:func:`fedclust.site_deploy.preprocess_protocol`).
+       releases in process (:func:`fedclust.sites.algorithm.preprocess_protocol`).
     4. ``pooled_transform``: mean and scale down (``16 d``), kept by each site.
     5. the algorithm's rounds, unchanged, each site encoding, imputing and scaling
        its rows with what it stored.
@@ -190,7 +190,7 @@ class SitePreprocessProtocol(Protocol):
             state.inner_protocol.check_reply(state.inner, request, device_id, reply)
 
     def _build_inner(self, schema: Any, sizes: Mapping[int, int]) -> Protocol:
-        from .deploy import protocol_for_schema
+        from .algorithm import protocol_for_schema
 
         exp = json.loads(self.experiment)
         n_dev = max([*sizes, *[-1]]) + 1
@@ -205,7 +205,7 @@ class SitePreprocessProtocol(Protocol):
 
     def server_step(self, state: _CompositeState, request: Request,
                     replies: Mapping[int, Message]) -> None:
-        from .deploy import preprocess_protocol
+        from .algorithm import preprocess_protocol
         from .schema_round import SchemaBroadcast, pool_schema, text_array
 
         if state.phase == 0:
@@ -290,7 +290,7 @@ class SitePreprocessProtocol(Protocol):
 
     def write_outputs(self, out: RunOutput, extra: Mapping[str, Any], directory: Any) -> Any:
         """``directory/model.npz`` of the run (as ``fedclust run`` writes it), or None."""
-        from .deploy import save_run_model
+        from .algorithm import save_run_model
 
         return save_run_model(out, extra, directory)
 
@@ -342,7 +342,7 @@ class SitePreprocessProtocol(Protocol):
     def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
         from .preprocess import ACTION, SQUARES, SUMS
-        from .deploy import preprocess_protocol
+        from .algorithm import preprocess_protocol
         from .schema_round import as_table, site_columns
 
         where = f"device {device_id}"
@@ -453,7 +453,7 @@ def deployed_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
     from dataclasses import replace as dc_replace
 
     from ..configured import label_kind
-    from .deploy import experiment_part, preprocess_protocol, protocol_for_schema
+    from .algorithm import experiment_part, preprocess_protocol, protocol_for_schema
 
     opts = dict(cfg.get("preprocess") or {})
     kind = label_kind(cfg)
@@ -494,7 +494,7 @@ def deployed_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
 
 def _check_private_preprocess(exp: Mapping[str, Any]) -> None:
     """One line at app writing for what the nodes' private preprocessing round lacks."""
-    from .deploy import preprocess_protocol
+    from .algorithm import preprocess_protocol
 
     pp = exp["preprocess_privacy"]
     if pp["bounds"] is None:
