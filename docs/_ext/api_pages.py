@@ -23,7 +23,7 @@ SECTIONS = [
      "Robust clustering and clustered regression (Ghosh, Hong, Yin & Ramchandran 2019)."),
     ("fedclust.datasets", "Datasets", "Generators and loaders of federations."),
     ("fedclust.sites", "Site files", "One file per site in (CSV, Parquet, npz), the saved model out."),
-    ("fedclust.preprocess", "Federated preprocessing",
+    ("fedclust.sites.preprocess", "Federated preprocessing",
      "Pooled mean imputation and standard scaling in one counted round."),
     ("fedclust.privacy", "Differential privacy",
      "Clipping, discrete Gaussian noise (OpenDP), the accountant (dp-accounting) and the "

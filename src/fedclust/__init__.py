@@ -22,7 +22,7 @@ _LAZY = {
     "EvolvingGaussians": "gauss", "FedGaussClustering": "gauss", "FedGaussClassifier": "gauss",
     "RobustClusteredRegression": "robust", "RobustClusteredClassification": "robust",
     "FedAvg": "fl", "IFCA": "fl", "ClusteredFedAvg": "fl",
-    "load_model": "model_io",
+    "load_model": "sites.files_out",
 }
 
 __all__ = [

@@ -242,7 +242,7 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     # a site dropped or late in [simulation] is absent from the preprocessing round too
     # (as on a deployed run): the pooled statistics are those of the sites that take part
     if sites is not None:
-        from .sites.deploy import present_sites
+        from .sites.algorithm import present_sites
 
         keep = present_sites(cfg, fed)
     else:

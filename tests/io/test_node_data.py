@@ -10,7 +10,7 @@ from fedclust.flower.dataio import load_device_file, save_device_file
 from fedclust.kfed import KFedProtocol
 from fedclust.core.protocol import Request
 from fedclust.gauss import GaussClassifierProtocol
-from fedclust.site_protocol import device_data_for
+
 
 
 def test_a_file_with_labels_serves_a_clustering_protocol(tmp_path):
@@ -21,7 +21,7 @@ def test_a_file_with_labels_serves_a_clustering_protocol(tmp_path):
     data, z = load_device_file(tmp_path / "dev.npz")
     assert z == 4 and isinstance(data, tuple)
     proto = KFedProtocol(2, 2)
-    got = device_data_for(proto, data, "device 4")
+    got = proto.node_data(data, "device 4")
     np.testing.assert_array_equal(got, X)
     # the reply is the one the same device gives without labels in its file
     a = proto.client_step(Request(0, "local_centers"), got, device_id=4, seed=1, state={})
@@ -35,8 +35,8 @@ def test_unlabelled_file_for_a_supervised_protocol_and_table_without_schema(tmp_
     data, _ = load_device_file(tmp_path / "dev.npz")
     proto = GaussClassifierProtocol(classes=[0, 1], n_features=2)
     with pytest.raises(ValidationError, match="needs labels; the data file has no 'y'"):
-        device_data_for(proto, data, "device 0")
+        proto.node_data(data, "device 0")
     pd.DataFrame({"a": [1.0, 2.0]}).to_csv(tmp_path / "site.csv", index=False)
     table, _ = load_device_file(tmp_path / "site.csv")
     with pytest.raises(ValidationError, match="needs the site schema"):
-        device_data_for(KFedProtocol(2, 1), table, "device 0")
+        KFedProtocol(2, 1).node_data(table, "device 0")

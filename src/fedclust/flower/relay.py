@@ -171,7 +171,7 @@ def open_message(private: bytes, peer_public: bytes, header: Mapping[str, Any],
     return out
 
 
-def arrayarray_layout(arrays: Mapping[str, np.ndarray]) -> list[list[Any]]:
+def array_layout(arrays: Mapping[str, np.ndarray]) -> list[list[Any]]:
     out = []
     for name in sorted(arrays):
         a = np.asarray(arrays[name])
