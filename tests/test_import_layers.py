@@ -167,3 +167,11 @@ def test_a_private_module_of_the_package_is_its_own(tmp_path):
                                "sub/b.py": "from .. import _fast\nfrom .._fast import _k\n"})
     assert private_imports(root, "pkg") == ["pkg.sub.b -> pkg._fast: _fast",
                                             "pkg.sub.b -> pkg._fast: _k"]
+
+
+def test_core_is_the_ground_floor():
+    """``core/`` imports nothing else of the package: every other layer stands on it."""
+    graph = import_graph(SRC, "fedclust")
+    up = sorted((a, b) for a, b in graph.edges
+                if a.startswith("fedclust.core.") and not b.startswith("fedclust.core"))
+    assert up == []

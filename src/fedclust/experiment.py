@@ -362,7 +362,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         "n_points": int(n_points),
         "n_features": int(fed.devices[0].shape[1]),
         **algorithm.result_fields(model),
-        "metrics": algorithm.report(model, fed, cfg),
+        "metrics": algorithm.report(model, fed, cfg) if algorithm.report is not None else {},
         "communication": _comm(model.communication_, len(fed.devices)),
         "rounds_note": algorithm.rounds_note(model, model.communication_)
         if algorithm.rounds_note else None,

@@ -273,7 +273,7 @@ class PrivacyLedger:
         extra = [(z, 1, q) for e in self.lost for _, z, q in e["releases"]]
         if not extra or not plan.spec.private:
             return float(plan.epsilon_spent)
-        from ..privacy.accounting import prior_releases, composed_epsilon
+        from .composition import composed_epsilon, prior_releases
 
         spec = plan.spec
         planned = [(r.noise_multiplier, r.repeats, r.sampling) for r in plan.releases]

@@ -37,7 +37,7 @@ __all__ = [
     "register_protocol", "register_algorithm", "register_data_source", "register_baseline",
     "register_demo", "protocol_from_config", "accepts_privacy", "all_actions", "get_algorithm", "get_data_source",
     "estimator_params", "PROTOCOLS", "RESULT_TYPES", "ALGORITHMS", "DATA_SOURCES", "BASELINES",
-    "DEMOS", "DEMO_DESCRIPTIONS", "clustering_report", "plot_clustering", "Exported", "PREDICTORS",
+    "DEMOS", "DEMO_DESCRIPTIONS", "Exported", "PREDICTORS",
     "register_predictor", "get_predictor", "export_centers", "CentersPredictor",
     "TableFiles", "register_table_files", "table_files",
 ]
@@ -66,38 +66,8 @@ def _default_fit(model: Any, fed: Federation, transport: Any) -> None:
     model.fit(fed.devices, transport=transport)
 
 
-def clustering_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """k-means cost of the final centers on all points; accuracy/ARI/NMI when labels exist."""
-    from .. import metrics
-
-    X_all = np.concatenate(fed.devices)
-    scores: dict[str, Any] = {"kmeans_cost": metrics.kmeans_cost(X_all, model.cluster_centers_)}
-    if fed.labels is None:
-        return scores
-    got = [(lab, y) for lab, y in zip(model.device_labels_, fed.labels) if lab is not None]
-    if not got:
-        return scores
-    pred = np.concatenate([g[0] for g in got])
-    true = np.concatenate([g[1] for g in got])
-    scores.update(accuracy=metrics.matched_accuracy(true, pred),
-                  ari=metrics.adjusted_rand(true, pred),
-                  nmi=metrics.normalized_mutual_info(true, pred),
-                  labelled_fraction=len(pred) / len(X_all))
-    return scores
-
-
 def _centers_fields(model: Any) -> dict[str, Any]:
     return {"cluster_centers": np.asarray(model.cluster_centers_).tolist()}
-
-
-def plot_clustering(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
-    """The default figure: devices' points coloured by label, final centers."""
-    from ..plotting import have_matplotlib, plot_federated_clustering
-
-    if not have_matplotlib():
-        return None
-    return plot_federated_clustering(fed.devices, model.device_labels_, model.cluster_centers_,
-                                     result, path)
 
 
 @dataclass(frozen=True)
@@ -179,12 +149,14 @@ class Algorithm:
         Keys a config must give.
     fit : callable(model, federation, transport)
         Fits the estimator; default ``model.fit(fed.devices, transport=transport)``.
-    report : callable(model, federation, cfg) -> dict
-        The ``metrics`` of ``result.json``; default :func:`clustering_report`.
+    report : callable(model, federation, cfg) -> dict, or None
+        The ``metrics`` of ``result.json``; None: none. A clustering that ends in
+        centers registers :func:`fedclust.clustering.clustering_report`.
     result_fields : callable(model) -> dict
         Extra top-level ``result.json`` fields; default the cluster centers.
-    plot : callable(model, federation, result, path) -> Path or None
-        The figure; default :func:`plot_clustering`; ``None`` for no figure.
+    plot : callable(model, federation, result, path) -> Path or None, or None
+        The figure; ``None`` for no figure. A clustering that ends in centers
+        registers :func:`fedclust.clustering.plot_clustering`.
     columns : tuple of (metric key, column title)
         What the printed table shows for the algorithm and its baselines.
     baselines : tuple of str
@@ -207,9 +179,9 @@ class Algorithm:
     estimator: type
     required: tuple[str, ...] = ()
     fit: Callable[[Any, Federation, Any], None] = _default_fit
-    report: Callable[[Any, Federation, Mapping[str, Any]], dict[str, Any]] = clustering_report
+    report: Callable[[Any, Federation, Mapping[str, Any]], dict[str, Any]] | None = None
     result_fields: Callable[[Any], dict[str, Any]] = _centers_fields
-    plot: Callable[[Any, Federation, dict, Path], Path | None] | None = plot_clustering
+    plot: Callable[[Any, Federation, dict, Path], Path | None] | None = None
     columns: tuple[tuple[str, str], ...] = (("accuracy", "accuracy"), ("ari", "ARI"),
                                             ("cost_ratio_vs_centralized", "cost / centralized"))
     baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
