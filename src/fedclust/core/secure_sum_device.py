@@ -19,7 +19,8 @@ from .policy import DevicePolicy
 from .secagg import (SHARE_BYTES, Entropy, array_to_bytes, bytes_to_array, encode_fixed,
                      open_sealed, pair_mask_seed, prg_mask, seal, shamir_split, sign, verify,
                      x25519_keypair)
-from .secure_sum import STATE_PREFIX, DeviceIdentity, advert, survivor_claim
+from .secure_sum import STATE_PREFIX as _P
+from .secure_sum import DeviceIdentity, advert, survivor_claim
 
 __all__ = ["secure_sum_client"]
 
@@ -41,20 +42,20 @@ def _check_adverts(inbound: Mapping[str, np.ndarray], ids: list[int], z: int, r:
 def _check_confirmed(inbound: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray],
                      ids: list[int], z: int, r: int, identity: DeviceIdentity) -> None:
     """Reveal only for the survivor set this device signed, with t group signatures on it."""
-    if STATE_PREFIX + "confirmed" not in state:
+    if _P + "confirmed" not in state:
         raise ValidationError(f"device {z}: asked to reveal shares before signing the survivor "
                               "set; refusing")
-    mine = state[STATE_PREFIX + "confirmed"].tolist()
+    mine = state[_P + "confirmed"].tolist()
     named = sorted(set(np.asarray(inbound["survivors"], np.int64).tolist()))
     if named != mine:
         raise ValidationError(f"device {z}: the server now names survivors {named[:10]}, not "
                               f"the set it signed {mine[:10]}; refusing to reveal shares")
-    t = int(state[STATE_PREFIX + "threshold"])
+    t = int(state[_P + "threshold"])
     good = set()
     for v, sig in zip(np.asarray(inbound.get("signers", np.zeros(0)), np.int64).tolist(),
                       inbound.get("sigs", np.zeros((0, 64), np.uint8))):
         if v in ids and v in mine and v not in good:
-            s_pk = array_to_bytes(state[STATE_PREFIX + "s_pk"][ids.index(v)])
+            s_pk = array_to_bytes(state[_P + "s_pk"][ids.index(v)])
             if verify(identity.public_of(v, f"device {z}"), array_to_bytes(sig),
                       survivor_claim(r, s_pk, mine)):
                 good.add(v)
@@ -63,7 +64,7 @@ def _check_confirmed(inbound: Mapping[str, np.ndarray], state: Mapping[str, np.n
                               f"set the server names (threshold {t}); refusing to reveal shares")
 
 def _b(state: Mapping[str, np.ndarray], key: str) -> bytes:
-    return array_to_bytes(state[STATE_PREFIX + key])
+    return array_to_bytes(state[_P + key])
 
 
 #: the stage each stage must follow on a device (``keys`` opens a round)
@@ -82,19 +83,19 @@ def _advance(stage: str, state: dict[str, np.ndarray], z: int, r: int, signed: b
                               + ("" if signed else " (or a signed stage without an identity "
                                  "key)"))
     if stage == "keys":
-        keyed = array_to_bytes(state.get(STATE_PREFIX + "keyed", np.zeros(0, np.uint8))).decode()
+        keyed = array_to_bytes(state.get(_P + "keyed", np.zeros(0, np.uint8))).decode()
         if f"{action}@{r}" in keyed.split(","):
             raise ValidationError(f"device {z}: secure aggregation stage 'keys' already "
                                   f"answered in round {r}" + (f" ({action})" if action else "")
                                   + "; refusing to answer it again")
         return
-    if int(state.get(STATE_PREFIX + "round", np.asarray(-1))) != r:
+    if int(state.get(_P + "round", np.asarray(-1))) != r:
         raise ValidationError(f"device {z}: secure aggregation stage {stage!r} for round {r} "
                               "without its key stage")
-    if array_to_bytes(state.get(STATE_PREFIX + "action", np.zeros(0, np.uint8))).decode() != action:
+    if array_to_bytes(state.get(_P + "action", np.zeros(0, np.uint8))).decode() != action:
         raise ValidationError(f"device {z}: secure aggregation stage {stage!r} of round {r} "
                               f"for another action than its key stage ({action!r})")
-    done = array_to_bytes(state[STATE_PREFIX + "done"]).decode("ascii").split(",")
+    done = array_to_bytes(state[_P + "done"]).decode("ascii").split(",")
     if stage in done:
         raise ValidationError(f"device {z}: secure aggregation stage {stage!r} already "
                               f"answered in round {r}; refusing to answer it again")
@@ -105,8 +106,8 @@ def _advance(stage: str, state: dict[str, np.ndarray], z: int, r: int, signed: b
 
 def _answered(stage: str, state: dict[str, np.ndarray]) -> None:
     if stage != "keys":
-        done = array_to_bytes(state[STATE_PREFIX + "done"]).decode("ascii")
-        state[STATE_PREFIX + "done"] = bytes_to_array(f"{done},{stage}".encode("ascii"))
+        done = array_to_bytes(state[_P + "done"]).decode("ascii")
+        state[_P + "done"] = bytes_to_array(f"{done},{stage}".encode("ascii"))
 
 
 def secure_sum_client(stage: str, inbound: Mapping[str, np.ndarray],
@@ -149,20 +150,20 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
             identity: DeviceIdentity | None, policy: DevicePolicy, action: str
             ) -> dict[str, np.ndarray]:
     if stage == "keys":
-        keyed = array_to_bytes(state.get(STATE_PREFIX + "keyed", np.zeros(0, np.uint8))).decode()
-        for key in [k for k in state if k.startswith(STATE_PREFIX)]:
+        keyed = array_to_bytes(state.get(_P + "keyed", np.zeros(0, np.uint8))).decode()
+        for key in [k for k in state if k.startswith(_P)]:
             del state[key]
-        state[STATE_PREFIX + "keyed"] = bytes_to_array(",".join(
+        state[_P + "keyed"] = bytes_to_array(",".join(
             [k for k in keyed.split(",") if k] + [f"{action}@{r}"]).encode())
-        state[STATE_PREFIX + "action"] = bytes_to_array(str(action).encode())
+        state[_P + "action"] = bytes_to_array(str(action).encode())
         c_sk, c_pk = x25519_keypair(entropy)
         s_sk, s_pk = x25519_keypair(entropy)
-        state.update({STATE_PREFIX + "round": np.asarray(r, np.int64),
-                      STATE_PREFIX + "done": bytes_to_array(b"keys"),
-                      STATE_PREFIX + "frac_bits": np.asarray(inbound["frac_bits"], np.int64),
-                      STATE_PREFIX + "n_devices": np.asarray(inbound["n_devices"], np.int64),
-                      STATE_PREFIX + "c_sk": bytes_to_array(c_sk), STATE_PREFIX + "s_sk": bytes_to_array(s_sk),
-                      STATE_PREFIX + "own_s_pk": bytes_to_array(s_pk)})
+        state.update({_P + "round": np.asarray(r, np.int64),
+                      _P + "done": bytes_to_array(b"keys"),
+                      _P + "frac_bits": np.asarray(inbound["frac_bits"], np.int64),
+                      _P + "n_devices": np.asarray(inbound["n_devices"], np.int64),
+                      _P + "c_sk": bytes_to_array(c_sk), _P + "s_sk": bytes_to_array(s_sk),
+                      _P + "own_s_pk": bytes_to_array(s_pk)})
         out = {"c_pk": bytes_to_array(c_pk), "s_pk": bytes_to_array(s_pk)}
         if identity is not None:
             out["sig"] = bytes_to_array(sign(identity.private, advert(r, z, c_pk, s_pk)))
@@ -181,16 +182,16 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
         b = entropy(32)
         s_shares = shamir_split(_b(state, "s_sk"), xs, t, entropy)
         b_shares = shamir_split(b, xs, t, entropy)
-        state.update({STATE_PREFIX + "b": bytes_to_array(b), STATE_PREFIX + "ids": ids,
-                      STATE_PREFIX + "x": np.asarray(xs, np.int64), STATE_PREFIX + "threshold": np.asarray(t, np.int64),
-                      STATE_PREFIX + "c_pk": np.asarray(inbound["c_pk"], np.uint8),
-                      STATE_PREFIX + "s_pk": np.asarray(inbound["s_pk"], np.uint8)})
+        state.update({_P + "b": bytes_to_array(b), _P + "ids": ids,
+                      _P + "x": np.asarray(xs, np.int64), _P + "threshold": np.asarray(t, np.int64),
+                      _P + "c_pk": np.asarray(inbound["c_pk"], np.uint8),
+                      _P + "s_pk": np.asarray(inbound["s_pk"], np.uint8)})
         dst, cts = [], []
         for i, v in enumerate(idl):
             plain = (s_shares[i].to_bytes(SHARE_BYTES, "big")
                      + b_shares[i].to_bytes(SHARE_BYTES, "big"))
             if v == z:
-                state[STATE_PREFIX + "own"] = bytes_to_array(plain)
+                state[_P + "own"] = bytes_to_array(plain)
                 continue
             dst.append(v)
             # one seal per (fresh round key, direction): 'share' is answered once per round
@@ -198,25 +199,25 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
                                            z, v, r, plain)))
         return {"dst": np.asarray(dst, np.int64),
                 "ct": np.stack(cts) if cts else np.zeros((0, 0), np.uint8)}
-    ids = state[STATE_PREFIX + "ids"].tolist()
+    ids = state[_P + "ids"].tolist()
     if stage == "mask":
         if reply is None:
             raise ValidationError(f"device {z}: stage 'mask' needs the device's reply")
-        held, bad = {z: array_to_bytes(state[STATE_PREFIX + "own"])}, []
+        held, bad = {z: array_to_bytes(state[_P + "own"])}, []
         for u, ct in zip(np.asarray(inbound["src"], np.int64).tolist(), inbound["ct"]):
             if u not in ids:
                 raise ValidationError(f"device {z}: shares from device {u}, not in its group")
-            c_pk = array_to_bytes(state[STATE_PREFIX + "c_pk"][ids.index(u)])
+            c_pk = array_to_bytes(state[_P + "c_pk"][ids.index(u)])
             try:
                 plain = open_sealed(_b(state, "c_sk"), c_pk, u, z, r, array_to_bytes(ct))
             except ValidationError:
                 bad.append(u)
                 continue
             held[u] = plain
-        state[STATE_PREFIX + "held_ids"] = np.asarray(sorted(held), np.int64)
-        state[STATE_PREFIX + "held"] = np.stack([bytes_to_array(held[u]) for u in sorted(held)])
-        vec, layout = encode_fixed(reply, int(state[STATE_PREFIX + "frac_bits"]),
-                                   int(state[STATE_PREFIX + "n_devices"]), sender=f"device {z}")
+        state[_P + "held_ids"] = np.asarray(sorted(held), np.int64)
+        state[_P + "held"] = np.stack([bytes_to_array(held[u]) for u in sorted(held)])
+        vec, layout = encode_fixed(reply, int(state[_P + "frac_bits"]),
+                                   int(state[_P + "n_devices"]), sender=f"device {z}")
         y = vec + prg_mask(_b(state, "b"), vec.size)
         s_sk = _b(state, "s_sk")
         for v in np.asarray(inbound["peers"], np.int64).tolist():
@@ -224,7 +225,7 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
                 continue
             if v not in ids:
                 raise ValidationError(f"device {z}: asked to mask with device {v}, not in its group")
-            m = prg_mask(pair_mask_seed(s_sk, array_to_bytes(state[STATE_PREFIX + "s_pk"][ids.index(v)]), r),
+            m = prg_mask(pair_mask_seed(s_sk, array_to_bytes(state[_P + "s_pk"][ids.index(v)]), r),
                          vec.size)
             y = y + m if z < v else y - m
         return {"y": y, "layout": bytes_to_array(layout.encode("utf-8")),
@@ -233,10 +234,10 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
         if identity is None:
             raise ValidationError(f"device {z}: a 'confirm' stage without an identity key")
         named = sorted(set(np.asarray(inbound["survivors"], np.int64).tolist()))
-        if z not in named or len(set(named) & set(ids)) < int(state[STATE_PREFIX + "threshold"]):
+        if z not in named or len(set(named) & set(ids)) < int(state[_P + "threshold"]):
             raise ValidationError(f"device {z}: the survivor set {named[:10]} leaves out this "
                                   "device or leaves its group below the threshold; refusing")
-        state[STATE_PREFIX + "confirmed"] = np.asarray(named, np.int64)
+        state[_P + "confirmed"] = np.asarray(named, np.int64)
         claim = survivor_claim(r, _b(state, "own_s_pk"), named)
         return {"sig": bytes_to_array(sign(identity.private, claim))}
     if stage == "unmask":
@@ -247,12 +248,12 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
         if survivors & dropped:
             raise ValidationError(f"device {z}: devices {sorted(survivors & dropped)} are named "
                                   "both survivor and dropped; refusing to reveal shares")
-        t = int(state[STATE_PREFIX + "threshold"])
+        t = int(state[_P + "threshold"])
         if len(survivors & set(ids)) < t:
             raise ValidationError(f"device {z}: only {len(survivors & set(ids))} survivors in its "
                                   f"group, threshold {t}; refusing to reveal shares")
         out_ids, kinds, shares = [], [], []
-        for u, plain in zip(state[STATE_PREFIX + "held_ids"].tolist(), state[STATE_PREFIX + "held"]):
+        for u, plain in zip(state[_P + "held_ids"].tolist(), state[_P + "held"]):
             if u in survivors:
                 out_ids.append(u); kinds.append(0); shares.append(plain[SHARE_BYTES:])
             elif u in dropped:

@@ -106,8 +106,8 @@ def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int
     cfg, pre = _algorithm_cfg(exp, n_features, probe)
     fed = _placeholder(n_features, sizes, classes, labels)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
-    return capture_run(algorithm, build_estimator(cfg, pre, classes if labels == "class" else None),
-                       fed, bool(exp.get("secure_aggregation", False))).protocol
+    model = build_estimator(cfg, pre, classes if labels == "class" else None)
+    return capture_run(algorithm, model, fed, bool(exp.get("secure_aggregation", False))).protocol
 
 
 class _ReplayTransport:
