@@ -17,9 +17,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .configured import build_estimator, capture_run, label_kind
 from .core.exceptions import ConfigError
 from .core.protocol import Protocol
-from .configured import build_estimator, capture_run, label_kind
 from .core.registry import BASELINES, Federation, get_algorithm, get_data_source, get_predictor
 from .sim.transport import InProcessTransport
 from .sites.preprocess import PREPROCESS_BUDGET_SHARE

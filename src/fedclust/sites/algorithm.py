@@ -11,10 +11,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..configured import build_estimator, capture_run, label_kind
 from ..core.exceptions import ConfigError, ValidationError
 from ..core.protocol import Protocol
 from ..core.registry import Federation, get_algorithm
-from ..configured import build_estimator, capture_run, label_kind
 
 __all__ = ["experiment_part", "protocol_for_schema", "preprocess_protocol", "model_from_run",
            "save_run_model", "present_sites"]
