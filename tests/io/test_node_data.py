@@ -40,3 +40,41 @@ def test_unlabelled_file_for_a_supervised_protocol_and_table_without_schema(tmp_
     table, _ = load_device_file(tmp_path / "site.csv")
     with pytest.raises(ValidationError, match="needs the site schema"):
         KFedProtocol(2, 1).node_data(table, "device 0")
+
+
+def test_a_users_npz_site_file_serves_a_protocol_that_takes_numbers(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(12, 3))
+    y = np.arange(12) % 2
+    np.savez(tmp_path / "site.npz", X=X, y=y, feature_names=np.array(["u", "v", "w"]))
+    table, _ = load_device_file(tmp_path / "site.npz")
+    assert not isinstance(table, (tuple, np.ndarray))  # read as the site's table
+    # the clustering protocol gets X, column by column as saved, labels dropped
+    np.testing.assert_array_equal(KFedProtocol(2, 1).node_data(table, "device 0"), X)
+    # the classifier gets X and y
+    got_X, got_y = GaussClassifierProtocol(classes=[0, 1], n_features=3).node_data(table, "d")
+    np.testing.assert_array_equal(got_X, X)
+    np.testing.assert_array_equal(got_y, y)
+
+
+def test_a_site_table_travels_to_a_simulated_node_and_site_protocols_take_it_whole(tmp_path):
+    import json
+
+    pd = pytest.importorskip("pandas")
+    from fedclust.sites.transform import SiteTransformProtocol
+
+    pd.DataFrame({"a": [1.5, None, 3.0], "kind": ["x", None, "y"]}).to_csv(
+        tmp_path / "north.csv", index=False)
+    table, _ = load_device_file(tmp_path / "north.csv")
+    save_device_file(tmp_path / "dev-3.npz", table, device_id=3)
+    back, z = load_device_file(tmp_path / "dev-3.npz")
+    assert z == 3 and (back.name, back.path, back.features) == (table.name, table.path,
+                                                                 table.features)
+    np.testing.assert_array_equal(back.columns["a"], table.columns["a"])
+    assert back.columns["kind"].tolist() == ["x", None, "y"]
+    # a protocol run on site data encodes the table itself: the node hands it over unchanged
+    wrapped = SiteTransformProtocol("kfed", json.dumps(KFedProtocol(2, 1).config()),
+                                    mean=[0.0], scale=[1.0])
+    assert wrapped.node_data(back, "device 3") is back
+    with pytest.raises(ValidationError, match="needs the site schema"):
+        KFedProtocol(2, 1).node_data(back, "device 3")
