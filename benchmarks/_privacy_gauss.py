@@ -31,7 +31,7 @@ from sklearn.metrics import adjusted_rand_score
 from fedclust import FedGaussClustering
 from fedclust.datasets import load_benchmark
 from fedclust.lloyd import DistributedLloyd
-from fedclust.preprocess import FederatedPreprocessor
+from fedclust.sites.preprocess import FederatedPreprocessor
 from fedclust.privacy import DifferentialPrivacy
 
 METHODS = ("dp-gauss", "dp-lloyd (true k)")

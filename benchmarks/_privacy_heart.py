@@ -35,7 +35,7 @@ from sklearn.cluster import KMeans
 from fedclust import FedAvg, FedGaussClassifier, KFed
 from fedclust.lloyd import DistributedLloyd
 from fedclust.metrics import kmeans_cost
-from fedclust.preprocess import FederatedPreprocessor
+from fedclust.sites.preprocess import FederatedPreprocessor
 from fedclust.privacy import DifferentialPrivacy
 from fedclust.sites import load_sites
 from fedclust.sites.federation import to_federation

@@ -61,7 +61,7 @@ def _add_point(Xs, ys, x, label=1):
 def cases(epsilon: float = EPSILON) -> list[dict[str, Any]]:
     """Each: name, release, fit(dataset) -> estimator, D, D', attributes not audited."""
     from fedclust import DistributedLloyd, FedAvg, FedGaussClassifier, FedGaussClustering, KFed
-    from fedclust.preprocess import FederatedPreprocessor
+    from fedclust.sites.preprocess import FederatedPreprocessor
     from fedclust.privacy import DifferentialPrivacy
 
     dp = DifferentialPrivacy(epsilon, DELTA, data_bound=BOUND)

@@ -189,7 +189,7 @@ def preprocess_fit(n: int, seed: int, d: int = 20) -> dict:
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from fedclust.preprocess import FederatedPreprocessor
+    from fedclust.sites.preprocess import FederatedPreprocessor
 
     rng = np.random.default_rng(seed)
     sites = []

@@ -54,6 +54,9 @@ MODULES: dict[str, list[str]] = {
     "privacy/accounting.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_spec.py",
                               "tests/privacy/test_privacy_fl.py",
                               "tests/privacy/test_privacy_preprocess.py"],
+    "core/composition.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_spec.py",
+                            "tests/privacy/test_privacy_fl.py",
+                            "tests/privacy/test_privacy_preprocess.py"],
     "privacy/spec.py": ["tests/privacy/test_spec.py", "tests/privacy/test_privacy.py"],
     "privacy/distributed.py": ["tests/privacy/test_secure_dp.py"],
     "privacy/columns.py": ["tests/privacy/test_mechanisms.py",
@@ -66,9 +69,9 @@ FRESH_CACHES = """
 
 @pytest.fixture(autouse=True)
 def _fresh_accountant_cache():
-    from fedclust.privacy import accounting
+    from fedclust.core import composition
 
-    accounting._epsilon.cache_clear()
+    composition._epsilon.cache_clear()
     yield
 """
 

@@ -23,7 +23,7 @@ SECTIONS = [
      "Robust clustering and clustered regression (Ghosh, Hong, Yin & Ramchandran 2019)."),
     ("fedclust.datasets", "Datasets", "Generators and loaders of federations."),
     ("fedclust.sites", "Site files", "One file per site in (CSV, Parquet, npz), the saved model out."),
-    ("fedclust.preprocess", "Federated preprocessing",
+    ("fedclust.sites.preprocess", "Federated preprocessing",
      "Pooled mean imputation and standard scaling in one counted round."),
     ("fedclust.privacy", "Differential privacy",
      "Clipping, discrete Gaussian noise (OpenDP), the accountant (dp-accounting) and the "
@@ -51,6 +51,7 @@ def public_names(module_name: str) -> list[str]:
 def write_api_pages(folder: Path) -> Path:
     """Write ``folder/index.rst`` (autosummary tables); returns its path."""
     seen: set[int] = set()
+    pages: set[str] = set()
     lines = ["API reference", "=============", "",
              "Every public class and function, generated from the docstrings. "
              "Shapes use ``n`` points, ``d`` features, ``k`` clusters and ``Z`` devices.", ""]
@@ -63,12 +64,17 @@ def write_api_pages(folder: Path) -> Path:
                 continue
             seen.add(id(obj))
             names.append(name)
+            pages.add(f"{module_name}.{name}.rst")
         if not names:
             continue
         lines += [heading, "-" * len(heading), "", blurb, "",
                   f".. currentmodule:: {module_name}", "", ".. autosummary::",
                   "   :toctree: generated", "", *(f"   {n}" for n in names), ""]
     folder.mkdir(parents=True, exist_ok=True)
+    # a page of a name no longer public (moved or removed) would be built outside the toctree
+    for old in (folder / "generated").glob("*.rst"):
+        if old.name not in pages:
+            old.unlink()
     path = folder / "index.rst"
     text = "\n".join(lines)
     if not path.exists() or path.read_text() != text:

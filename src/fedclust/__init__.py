@@ -10,7 +10,7 @@ from . import datasets as _datasets  # noqa: F401  (registers the built-in data 
 from .core.exceptions import (ConfigError, FedClustError, IncompatibleMessageError, NotFittedError,
                               ValidationError)
 from . import kfed, lloyd, coreset, gauss, fl, robust  # noqa: E402,F401  (the wings register)
-from . import preprocess, site_protocol  # noqa: E402,F401  (preprocessing protocols register)
+from .sites import deployed, preprocess, transform  # noqa: E402,F401  (the site protocols register)
 from .kfed import KFed
 from .lloyd import DistributedLloyd
 
@@ -22,7 +22,7 @@ _LAZY = {
     "EvolvingGaussians": "gauss", "FedGaussClustering": "gauss", "FedGaussClassifier": "gauss",
     "RobustClusteredRegression": "robust", "RobustClusteredClassification": "robust",
     "FedAvg": "fl", "IFCA": "fl", "ClusteredFedAvg": "fl",
-    "load_model": "model_io",
+    "load_model": "sites.files_out",
 }
 
 __all__ = [

@@ -246,7 +246,7 @@ def format_sites(result: dict[str, Any]) -> str:
 
 def _write_model_outputs(exp: Any, out: Path) -> None:
     """``model.npz`` (the exported model + preprocessing) and, for site data, ``labels/``."""
-    from .model_io import save_model, write_site_labels
+    from .sites.files_out import save_model, write_site_labels
 
     sites = exp.federation.extra.get("sites")
     if exp.exported is None:
@@ -271,7 +271,7 @@ def _write_model_outputs(exp: Any, out: Path) -> None:
 
 
 def _predict(args) -> int:
-    from .model_io import load_model, write_labels_csv
+    from .sites.files_out import load_model, write_labels_csv
 
     model = load_model(args.model)
     values, table = model.predict_file(args.data)
@@ -466,7 +466,7 @@ def _flower(args) -> int:
         if args.seed is not None:
             cfg["seed"] = args.seed
     if args.flower_command == "app":
-        from .flower.deploy import write_app
+        from .flower_app import write_app
 
         path = write_app(args.dir, cfg, result_dir=args.result_dir, min_nodes=args.min_nodes,
                          round_timeout_s=args.round_timeout, collect_outputs=args.collect_outputs,
@@ -518,7 +518,7 @@ def _flower(args) -> int:
         print(f"wrote {write_secagg_directory(args.out, args.public, overwrite=args.force)}")
         return 0
     if args.flower_command == "split":
-        from .flower.deploy import split_devices
+        from .flower_app import split_devices
 
         for z, path in split_devices(cfg, args.out):
             print(f"device {z}: {path}  (--node-config \"data-path='{path.resolve()}' "

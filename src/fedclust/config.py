@@ -15,7 +15,7 @@ silently ignored)::
                   "signed": the malicious-server variant)
     [baselines]   name = true for the baselines the algorithm registers
     [preprocess]  impute = "mean" | "none", scale = "standard" | "none": federated imputation
-                  and scaling before the algorithm (:mod:`fedclust.preprocess`); site data
+                  and scaling before the algorithm (:mod:`fedclust.sites.preprocess`); site data
                   sources ("files", "table") get it by default; under [privacy] also
                   bounds = [[low, high], ...] (public range per column) and
                   budget_share (fraction of ε for the preprocessing, default 0.2)

@@ -17,10 +17,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .configured import build_estimator, capture_run, label_kind
 from .core.exceptions import ConfigError
 from .core.protocol import Protocol
 from .core.registry import BASELINES, Federation, get_algorithm, get_data_source, get_predictor
 from .sim.transport import InProcessTransport
+from .sites.preprocess import PREPROCESS_BUDGET_SHARE
 
 __all__ = ["Federation", "Experiment", "build_federation", "build_estimator", "build_protocol",
            "make_transport", "run_experiment", "preprocess_federation", "TRANSPORTS",
@@ -78,11 +80,6 @@ def build_federation(cfg: Mapping[str, Any]) -> Federation:
                       f"{source.name} ({len(X)} points, {kind} over {n_devices} devices)")
 
 
-#: share of the [privacy] ε that a private preprocessing round gets by default: one
-#: release of pooled column statistics (noise / all rows) beside the algorithm's several
-PREPROCESS_BUDGET_SHARE = 0.2
-
-
 def _check_public_sets(cfg: Mapping[str, Any]) -> None:
     """Under ``[privacy]``, site data's category sets and (for an estimator that takes
     ``classes``) label set come from ``[data] categories`` / ``classes``: one line if not."""
@@ -99,33 +96,6 @@ def _check_public_sets(cfg: Mapping[str, Any]) -> None:
         replace(request, labels=labels).public()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def build_estimator(cfg: Mapping[str, Any], preprocessor: Any = None,
-                    site_classes: Any = None) -> Any:
-    """The registered front-door estimator of ``cfg['algorithm']``, seeded by ``cfg['seed']``.
-
-    After a private ``preprocessor``, the estimator's privacy carries its
-    release as ``prior``: the accountant composes both within ``[privacy]``'s ε.
-    ``site_classes``: the site schema's classes (the sites' rows carry their
-    indices); an estimator that takes ``classes`` gets those indices, so its
-    label set is the schema's (public under privacy), not the labels seen.
-    """
-    import inspect
-
-    params = dict(cfg["algorithm"])
-    algorithm = get_algorithm(params.pop("name"))
-    if site_classes is not None and "classes" not in params and \
-            "classes" in inspect.signature(algorithm.estimator).parameters:
-        params["classes"] = list(range(len(site_classes)))
-    if cfg.get("privacy"):
-        from .privacy import DifferentialPrivacy
-
-        params["privacy"] = DifferentialPrivacy.from_config(cfg["privacy"])
-        plan = getattr(preprocessor, "privacy_plan_", None)
-        if plan is not None:
-            params["privacy"] = params["privacy"].after(plan)
-    return algorithm.estimator(**params, random_state=cfg["seed"])
 
 
 def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
@@ -170,25 +140,6 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
                                      **kw)
 
 
-class _Captured(Exception):
-    pass
-
-
-class _CaptureTransport:
-    """A transport that records what the estimator would run, and stops it.
-
-    ``secure_aggregation`` mirrors the config's, so an estimator that shapes its
-    protocol for secure sums (FedAvg) builds the protocol the deployment runs.
-    """
-
-    def __init__(self, secure_aggregation: bool = False):
-        self.secure_aggregation = secure_aggregation
-
-    def run(self, protocol, devices, random_state=None):
-        self.protocol, self.devices, self.seed = protocol, dict(devices), random_state
-        raise _Captured
-
-
 def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None, *,
                    preprocess_on_nodes: bool = False, count_sites: bool = True
                    ) -> tuple[Protocol, dict[int, Any], int]:
@@ -203,7 +154,7 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
     schema round and preprocessing round run on the nodes before the algorithm's
     own rounds; the device data are the site files' paths (counted only, when
     ``count_sites``). Otherwise, on preprocessed site data, the protocol is
-    :class:`~fedclust.site_protocol.SiteTransformProtocol` (the pooled transform
+    :class:`~fedclust.sites.transform.SiteTransformProtocol` (the pooled transform
     fitted here travels in its config) over the raw rows.
     """
     if preprocess_on_nodes:
@@ -214,40 +165,28 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
                               "(write each site's rows to its own file)")
         request = site_request(cfg["data"])
         if request is not None:
-            from .site_deploy import site_protocol
+            from .sites.deployed import deployed_protocol
 
-            return site_protocol(cfg, request, count_sites)
+            return deployed_protocol(cfg, request, count_sites)
     fed = federation or build_federation(cfg)
     fed, pre = preprocess_federation(cfg, fed)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
-    cap = _CaptureTransport(bool(cfg.get("simulation", {}).get("secure_aggregation", False)))
-    try:
-        sites = fed.extra.get("sites") if isinstance(fed.extra, Mapping) else None
-        algorithm.fit(build_estimator(cfg, pre, getattr(getattr(sites, "schema", None),
-                                                        "classes", None)), fed, cap)
-    except _Captured:
-        if pre is None:
-            return cap.protocol, cap.devices, int(cap.seed)
-        # preprocessed data: the nodes get the raw rows and the schema + pooled transform
-        # in the protocol, and preprocess themselves
-        from .site_protocol import SiteTransformProtocol
+    sites = fed.extra.get("sites") if isinstance(fed.extra, Mapping) else None
+    cap = capture_run(algorithm, build_estimator(cfg, pre, getattr(getattr(sites, "schema", None),
+                                                                   "classes", None)), fed,
+                      bool(cfg.get("simulation", {}).get("secure_aggregation", False)))
+    if pre is None:
+        return cap.protocol, cap.devices, int(cap.seed)
+    # preprocessed data: the nodes get the raw rows and the schema + pooled transform
+    # in the protocol, and preprocess themselves
+    from .sites.transform import SiteTransformProtocol
 
-        sites = fed.extra.get("sites")
-        protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
-                                              None if sites is None else sites.schema)
-        raw = fed.extra["raw_devices"]
-        devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]
-                   for z, d in cap.devices.items()}
-        return protocol, devices, int(cap.seed)
-    raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
-
-
-def label_kind(cfg: Mapping[str, Any]) -> str:
-    """How the algorithm of ``cfg`` takes site labels: ``"class"`` or ``"value"``."""
-    kind = get_algorithm(cfg["algorithm"]["name"]).label_kind
-    if callable(kind):
-        kind = kind({k: v for k, v in cfg["algorithm"].items() if k != "name"})
-    return kind
+    protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
+                                          None if sites is None else sites.schema)
+    raw = fed.extra["raw_devices"]
+    devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]
+               for z, d in cap.devices.items()}
+    return protocol, devices, int(cap.seed)
 
 
 def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: str = "inprocess",
@@ -259,7 +198,7 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     ``[simulation]`` (they are the algorithm's experiment); with its secure
     aggregation, as two rounds of secure sums. Returns the
     transformed federation (``extra["site_rows"]``: every site row, transformed)
-    and the fitted :class:`~fedclust.preprocess.FederatedPreprocessor`, or
+    and the fitted :class:`~fedclust.sites.preprocess.FederatedPreprocessor`, or
     ``(fed, None)`` when there is nothing to do.
     """
     sites = fed.extra.get("sites")
@@ -271,7 +210,7 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     opts = dict(cfg.get("preprocess") or {})
     if not opts and sites is None:
         return fed, None
-    from .preprocess import FederatedPreprocessor, check_no_missing
+    from .sites.preprocess import FederatedPreprocessor, check_no_missing
 
     progress = bool(cfg.get("simulation", {}).get("progress", False))
     if cfg.get("privacy"):  # the run's budget covers the preprocessing release too
@@ -303,7 +242,7 @@ def preprocess_federation(cfg: Mapping[str, Any], fed: Federation, transport: st
     # a site dropped or late in [simulation] is absent from the preprocessing round too
     # (as on a deployed run): the pooled statistics are those of the sites that take part
     if sites is not None:
-        from .site_deploy import present_sites
+        from .sites.algorithm import present_sites
 
         keep = present_sites(cfg, fed)
     else:
@@ -403,7 +342,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
                           Path(checkpoint_dir) / "fit")
     if pre is not None and transport != "inprocess":
         # the nodes hold raw data and preprocess it themselves (same numbers as in process)
-        from .site_protocol import SiteTransformTransport
+        from .sites.transform import SiteTransformTransport
 
         wire = SiteTransformTransport(wire, dict(enumerate(fed.extra["raw_devices"])), pre)
     with config_errors(cfg, "algorithm", source):
@@ -425,7 +364,7 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         "n_points": int(n_points),
         "n_features": int(fed.devices[0].shape[1]),
         **algorithm.result_fields(model),
-        "metrics": algorithm.report(model, fed, cfg),
+        "metrics": algorithm.report(model, fed, cfg) if algorithm.report is not None else {},
         "communication": _comm(model.communication_, len(fed.devices)),
         "rounds_note": algorithm.rounds_note(model, model.communication_)
         if algorithm.rounds_note else None,

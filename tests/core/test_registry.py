@@ -11,6 +11,7 @@ from fedclust import ConfigError, DistributedLloyd, KFed
 from fedclust.cli import main
 from fedclust.config import algorithm_keys, check_config
 from fedclust.core import registry
+from fedclust.clustering import clustering_report, plot_clustering
 from fedclust.core.registry import (Algorithm, DataSource, Federation, estimator_params,
                                     register_algorithm, register_data_source, register_demo)
 from fedclust.experiment import build_protocol
@@ -40,6 +41,7 @@ def _line_source(seed, *, n_devices=4, n_per=30):
 def toy_family():
     saved = {t: dict(getattr(registry, t)) for t in ("ALGORITHMS", "DATA_SOURCES", "DEMOS")}
     register_algorithm(Algorithm("toy-lloyd", _TwoStepLloyd, required=("toy_knob",),
+                                 report=clustering_report, plot=plot_clustering,
                                  baselines=("centralized",)))
     register_data_source(DataSource("toy-blobs", _line_source, federated=True))
     register_demo("toy", {"seed": 1, "data": {"source": "toy-blobs", "n_devices": 3},

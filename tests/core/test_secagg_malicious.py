@@ -250,7 +250,7 @@ def test_a_stage_nobody_answers_stops_the_round_with_the_reasons():
 def test_config_asks_for_the_signed_variant(tmp_path):
     from fedclust.config import ConfigError, check_config
     from fedclust.experiment import make_transport
-    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower_app import app_run_config
 
     base = {"seed": 1, "data": {"source": "gaussians", "n_features": 3, "n_clusters": 2,
                                 "n_local_clusters": 1, "m0": 2},

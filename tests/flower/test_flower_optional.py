@@ -15,7 +15,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 def test_core_and_flower_package_import_without_flwr():
     r = _run("import fedclust, fedclust.cli, fedclust.experiment, fedclust.flower\n"
-             "import fedclust.flower.deploy, fedclust.flower.results, fedclust.flower.transport\n"
+             "import fedclust.flower_app, fedclust.flower.results, fedclust.flower.transport\n"
              "assert 'flwr' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
              "print('ok')")
     assert r.returncode == 0, r.stderr

@@ -18,7 +18,8 @@ pytest.importorskip("cryptography")
 
 from fedclust.coreset import DistributedKMeans  # noqa: E402
 from fedclust.coreset.graph import make_graph  # noqa: E402
-from fedclust.core.exceptions import ValidationError  # noqa: E402
+from fedclust.core.exceptions import IncompatibleMessageError, ValidationError  # noqa: E402
+from fedclust.core.secagg import x25519_keypair  # noqa: E402
 from fedclust.flower import relay  # noqa: E402
 from fedclust.flower.grid import FlowerInMemoryTransport, LocalGrid  # noqa: E402
 from fedclust.sim.transport import InProcessTransport  # noqa: E402
@@ -109,18 +110,18 @@ def test_relay_sees_only_ciphertext_and_sizes(devices, spy):
         assert s.size == n + 16
     # and a relay without the pair key cannot open a packet
     _, h, s = spy.seen[0]
-    priv, _ = relay.x25519_keypair()
-    _, other = relay.x25519_keypair()
-    with pytest.raises(relay.IncompatibleMessageError, match="altered"):
+    priv, _ = x25519_keypair()
+    _, other = x25519_keypair()
+    with pytest.raises(IncompatibleMessageError, match="altered"):
         relay.open_message(priv, other, h, s.tobytes())
 
 
 def test_seal_round_trip_and_tampering():
-    a_priv, a_pub = relay.x25519_keypair()
-    b_priv, b_pub = relay.x25519_keypair()
+    a_priv, a_pub = x25519_keypair()
+    b_priv, b_pub = x25519_keypair()
     arrays = {"points": np.arange(12.0).reshape(4, 3), "n": np.asarray(4, dtype=np.int64)}
     header = {"src": 1, "dst": 2, "round": 0, "origin": 1, "action": "x",
-              "layout": relay._layout(arrays)}
+              "layout": relay.array_layout(arrays)}
     sealed = relay.seal_message(a_priv, b_pub, header, arrays)
     got = relay.open_message(b_priv, a_pub, header, sealed)
     assert set(got) == set(arrays)
@@ -128,11 +129,11 @@ def test_seal_round_trip_and_tampering():
         assert np.array_equal(got[k], arrays[k]) and got[k].dtype == arrays[k].dtype
     flipped = bytearray(sealed)
     flipped[3] ^= 1
-    with pytest.raises(relay.IncompatibleMessageError, match="altered"):
+    with pytest.raises(IncompatibleMessageError, match="altered"):
         relay.open_message(b_priv, a_pub, header, bytes(flipped))
     # a replayed packet under another round or origin does not open either
     for change in ({"round": 1}, {"origin": 3}):
-        with pytest.raises(relay.IncompatibleMessageError, match="altered"):
+        with pytest.raises(IncompatibleMessageError, match="altered"):
             relay.open_message(b_priv, a_pub, {**header, **change}, sealed)
 
 

@@ -162,7 +162,7 @@ def test_flower_run_passes_run_config_overrides_and_resume_to_flwr(tmp_path, cap
 def test_generated_apps_carry_the_resume_key(tmp_path):
     """Flower refuses run-config overrides of keys the app lacks: `resume` must be there."""
     from fedclust.config import check_config
-    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower_app import app_run_config
 
     cfg = check_config({"seed": 1, "data": {"source": "gaussians", "n_features": 3,
                                             "n_clusters": 2, "n_local_clusters": 1, "m0": 1,

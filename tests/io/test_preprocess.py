@@ -9,7 +9,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from fedclust import ValidationError
-from fedclust.preprocess import FederatedPreprocessor
+from fedclust.sites.preprocess import FederatedPreprocessor
 
 
 def _federation(seed=0, sizes=(30, 51, 7, 12), d=6, missing=0.2):

@@ -16,8 +16,9 @@ pytest.importorskip("flwr")
 from fedclust.cli import main  # noqa: E402
 from fedclust.config import load_config  # noqa: E402
 from fedclust.core.exceptions import ValidationError  # noqa: E402
-from fedclust.experiment import build_protocol, label_kind  # noqa: E402
-from fedclust.site_deploy import protocol_for_schema  # noqa: E402
+from fedclust.configured import label_kind  # noqa: E402
+from fedclust.experiment import build_protocol  # noqa: E402
+from fedclust.sites.algorithm import protocol_for_schema  # noqa: E402
 from fedclust.experiment import run_experiment  # noqa: E402
 from fedclust.sites import RawTable, load_sites  # noqa: E402
 from fedclust.sites.schema_round import SchemaRequest, pool_schema, site_columns  # noqa: E402
@@ -297,10 +298,10 @@ def test_bad_site_data_stops_the_deployed_run_in_one_line(tmp_path, case, impute
     from flwr.common.config import flatten_dict
 
     from fedclust.flower.apps import ServerAppFailed
-    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower_app import app_run_config
     from fedclust.flower.grid import LocalGrid, run_server_app
     from fedclust.flower.apps import make_client_app, make_server_app
-    from fedclust.flower.deploy import experiment_protocol
+    from fedclust.flower_app import experiment_protocol
     from fedclust.sim.transport import InProcessTransport
     from fedclust.sites import read_table
 
@@ -340,7 +341,7 @@ def test_secure_aggregation_after_the_site_rounds(tmp_path):
     from flwr.common.config import flatten_dict
 
     from fedclust.flower.apps import make_client_app, make_server_app
-    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower_app import app_run_config
     from fedclust.flower.grid import LocalGrid, run_server_app
     from fedclust.flower.results import load_run_output
 

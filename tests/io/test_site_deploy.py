@@ -108,7 +108,7 @@ def ref_out(tmp_path, cfg_path):
 def test_same_protocol_object_in_process(tmp_path):
     """The deployed protocol, run by the in-process simulator over the raw site tables, gives
     the labels of `fedclust run`; a column missing at one site is one line naming it."""
-    from fedclust.flower.deploy import experiment_protocol
+    from fedclust.flower_app import experiment_protocol
     from fedclust.sim.transport import InProcessTransport
     from fedclust.sites import read_table
 
@@ -119,7 +119,7 @@ def test_same_protocol_object_in_process(tmp_path):
     protocol, devices, seed = experiment_protocol(cfg)
     assert sorted(devices) == [0, 1, 2, 3]
     # `fedclust flower split`: each node gets its own site file under its own name
-    from fedclust.flower.deploy import split_devices
+    from fedclust.flower_app import split_devices
 
     split = split_devices(cfg, tmp_path / "data")
     assert [(z, p.name) for z, p in split] == [(z, p.name) for z, p in enumerate(paths)]

@@ -86,7 +86,7 @@ def test_deployed_protocol_on_flower_simulation(tmp_path, algo, extra):
 
     from fedclust import load_model
     from fedclust.config import load_config
-    from fedclust.flower.deploy import experiment_protocol
+    from fedclust.flower_app import experiment_protocol
     from fedclust.flower.transport import FlowerSimulationTransport
     from fedclust.sim.transport import InProcessTransport
     from fedclust.sites import read_table

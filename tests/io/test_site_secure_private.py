@@ -17,12 +17,12 @@ from fedclust.core.exceptions import ConfigError  # noqa: E402
 from fedclust.core.secure_sum import SUMMED  # noqa: E402
 from fedclust.experiment import run_experiment  # noqa: E402
 from fedclust.flower.apps import make_client_app, make_server_app  # noqa: E402
-from fedclust.flower.deploy import app_run_config, experiment_protocol  # noqa: E402
+from fedclust.flower_app import app_run_config, experiment_protocol  # noqa: E402
 from fedclust.flower.grid import LocalGrid, run_server_app  # noqa: E402
 from fedclust.flower.results import load_run_output  # noqa: E402
-from fedclust.preprocess import ACTION, SQUARES, SUMS, PreprocessProtocol  # noqa: E402
+from fedclust.sites.preprocess import ACTION, SQUARES, SUMS, PreprocessProtocol  # noqa: E402
 from fedclust.sim.transport import InProcessTransport  # noqa: E402
-from fedclust.site_deploy import model_from_run  # noqa: E402
+from fedclust.sites.algorithm import model_from_run  # noqa: E402
 from fedclust.sites import read_table  # noqa: E402
 
 from sitegen import write_sites  # noqa: E402

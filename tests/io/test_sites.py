@@ -83,7 +83,7 @@ def test_bad_input_is_one_line_naming_file_row_column(tmp_path, case, pattern):
 
 
 def test_preprocessing_a_site_federation_names_file_row_column(tmp_path):
-    from fedclust.preprocess import FederatedPreprocessor
+    from fedclust.sites.preprocess import FederatedPreprocessor
 
     paths, truth = write_sites(tmp_path, n_sites=2)
     fed = load_sites(paths, label="diagnosis", categorical=["smoker"], id_columns=["pid"])

@@ -11,7 +11,7 @@ import pytest
 from conftest import KeepOutput
 from fedclust.core.exceptions import ValidationError
 from fedclust.lloyd import DistributedLloyd
-from fedclust.preprocess import FederatedPreprocessor, PreprocessProtocol
+from fedclust.sites.preprocess import FederatedPreprocessor, PreprocessProtocol
 from fedclust.privacy import DifferentialPrivacy, Release, calibrate, composed_epsilon
 from fedclust.privacy import columns as pc
 
@@ -195,7 +195,8 @@ def _config(preprocess, privacy):
 
 def test_config_privacy_covers_the_preprocessing():
     from fedclust.config import check_config
-    from fedclust.experiment import PREPROCESS_BUDGET_SHARE, run_experiment
+    from fedclust.experiment import run_experiment
+    from fedclust.sites.preprocess import PREPROCESS_BUDGET_SHARE
 
     cfg = check_config(_config({"bounds": [[-300, 300]] * 4},
                                {"epsilon": 1.0, "delta": 1e-6, "data_bound": 4.0,

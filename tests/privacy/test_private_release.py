@@ -88,7 +88,7 @@ def test_private_gauss_classifier_releases_no_owner_counts(tmp_path):
 @pytest.mark.parametrize("family", ["lloyd", "kfed", "gauss-clustering", "preprocess"])
 def test_no_clipping_counts_in_a_private_record(family):
     from fedclust import DistributedLloyd, FedGaussClustering, KFed
-    from fedclust.preprocess import FederatedPreprocessor
+    from fedclust.sites.preprocess import FederatedPreprocessor
 
     devs = _blobs()
     dp = DifferentialPrivacy(2.0, 1e-6, data_bound=1.0, noise_seed=0)   # clips most points

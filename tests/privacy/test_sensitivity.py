@@ -34,7 +34,7 @@ from fedclust.gauss.private_clustering import (GaussDPModel, GaussDPModelDiag,
 from fedclust.kfed.protocol import KFedProtocol
 from fedclust.lloyd.messages import CandidateBroadcast, CenterBroadcast
 from fedclust.lloyd.protocol import DistributedLloydProtocol
-from fedclust.preprocess import PreprocessProtocol
+from fedclust.sites.preprocess import PreprocessProtocol
 from fedclust.privacy import DifferentialPrivacy, clip_points
 from fedclust.privacy import columns as pc
 from fedclust.privacy import kmeans as pk

@@ -152,7 +152,7 @@ def test_a_private_protocol_without_declared_rounds_is_capped_by_its_plan():
 
 def _families():
     from fedclust import DistributedLloyd, FedAvg, FedGaussClassifier, FedGaussClustering, KFed
-    from fedclust.preprocess import FederatedPreprocessor
+    from fedclust.sites.preprocess import FederatedPreprocessor
 
     dp = DifferentialPrivacy(1.0, 1e-6, data_bound=2.0)
     dpd = DifferentialPrivacy(1.0, 1e-6, unit="device", clip_norm=1.0)

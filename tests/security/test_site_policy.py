@@ -17,7 +17,7 @@ from fedclust.config import load_config  # noqa: E402
 from fedclust.core.policy import DevicePolicy, PolicyRefusal  # noqa: E402
 from fedclust.core.protocol import Request  # noqa: E402
 from fedclust.experiment import run_experiment  # noqa: E402
-from fedclust.flower.deploy import experiment_protocol  # noqa: E402
+from fedclust.flower_app import experiment_protocol  # noqa: E402
 from fedclust.privacy import composed_epsilon  # noqa: E402
 from fedclust.sim.transport import InProcessTransport  # noqa: E402
 from fedclust.lloyd.protocol import DistributedLloydProtocol  # noqa: E402
@@ -207,7 +207,7 @@ def test_on_flower_a_node_ledger_holds_the_site_run_and_refuses_a_second(tmp_pat
     from flwr.common.config import flatten_dict
 
     from fedclust.flower.apps import ServerAppFailed, make_client_app, make_server_app
-    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower_app import app_run_config
     from fedclust.flower.grid import LocalGrid, run_server_app
 
     monkeypatch.setenv("FEDCLUST_RESULT_ROOT", str(tmp_path))

@@ -12,7 +12,7 @@ from sklearn.preprocessing import StandardScaler
 
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.secure_sum import SUMMED
-from fedclust.preprocess import (SQUARES, SUMS, ColumnSums, FederatedPreprocessor,
+from fedclust.sites.preprocess import (SQUARES, SUMS, ColumnSums, FederatedPreprocessor,
                                  PreprocessProtocol)
 from fedclust.privacy import DifferentialPrivacy
 from fedclust.sim.transport import InProcessTransport

@@ -246,7 +246,7 @@ def test_generated_app_config_carries_secure_aggregation(tmp_path):
     """`[simulation] secure_aggregation = true` reaches the Flower run config, FedAvg's
     protocol is built in its summable form, and k-FED is refused up front."""
     from fedclust.config import check_config
-    from fedclust.flower.deploy import app_run_config
+    from fedclust.flower_app import app_run_config
 
     fedavg = check_config({"seed": 1, "data": {"source": "rotated-images", "n_devices": 3,
                                                "n_train": 10, "n_test": 2},

@@ -154,7 +154,7 @@ def test_the_generic_server_app_forgets_a_saved_model_from_the_run_config(tmp_pa
 
     from fedclust.core.registry import get_algorithm
     from fedclust.flower.apps import make_server_app
-    from fedclust.model_io import load_model, save_model
+    from fedclust.sites.files_out import load_model, save_model
     from fedclust.unlearning.saved import saved_section
 
     rng = np.random.default_rng(24)

@@ -273,11 +273,11 @@ class PrivacyLedger:
         extra = [(z, 1, q) for e in self.lost for _, z, q in e["releases"]]
         if not extra or not plan.spec.private:
             return float(plan.epsilon_spent)
-        from ..privacy.accounting import _prior, composed_epsilon
+        from .composition import composed_epsilon, prior_releases
 
         spec = plan.spec
         planned = [(r.noise_multiplier, r.repeats, r.sampling) for r in plan.releases]
-        return composed_epsilon(list(_prior(spec)) + planned + _grouped(extra), spec.delta,
+        return composed_epsilon(list(prior_releases(spec)) + planned + _grouped(extra), spec.delta,
                                 spec.accountant)
 
 

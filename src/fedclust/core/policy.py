@@ -417,7 +417,7 @@ class PrivacyLedger:
 
     def spent(self, extra: list[tuple[float, int]] = ()) -> float:
         """ε at ``delta`` of everything charged (and ``extra``)."""
-        from ..privacy.accounting import composed_epsilon
+        from .composition import composed_epsilon
 
         events = [tuple(ev) for e in self.entries for ev in e["events"]] + list(extra)
         if not events:

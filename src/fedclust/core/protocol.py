@@ -162,6 +162,25 @@ class Protocol(ABC):
     def from_config(cls, config: Mapping[str, ConfigValue]) -> "Protocol":
         """Rebuild the protocol on a client from :meth:`config`."""
 
+    def node_data(self, data: Any, where: str) -> Any:
+        """What a node hands this protocol from its stored ``data``: ``X`` or ``(X, y)``.
+
+        Labels are dropped for an unsupervised protocol; data without labels is
+        refused, by ``where``, for a supervised one. Data that is not arrays (a
+        site table) offers ``as_arrays(where)``, which gives its numbers or says
+        why it cannot. A protocol that reads such data itself (site preprocessing
+        on the node) overrides this and takes ``data`` as it is.
+        """
+        as_arrays = getattr(data, "as_arrays", None)
+        if as_arrays is not None:
+            data = as_arrays(where)
+        if isinstance(data, tuple) and not self.supervised:
+            return data[0]
+        if not isinstance(data, tuple) and self.supervised:
+            raise ValidationError(f"{where}: protocol {self.name!r} needs labels; the data file "
+                                  "has no 'y'")
+        return data
+
     # -- server side -----------------------------------------------------
     @abstractmethod
     def start(self, device_ids: Sequence[int], seed: int) -> Any:

@@ -13,6 +13,10 @@ Flower apps never name a family. Each family registers, in its own wing's
 * optionally **data sources** (:func:`register_data_source`), **baselines**
   (:func:`register_baseline`) and **demos** (:func:`register_demo`).
 
+The site wing (:mod:`fedclust.sites`) registers how a node reads a site's own
+file and how a site table travels in a node's ``.npz`` (:func:`register_table_files`),
+so the Flower apps read site files without importing it.
+
 Nothing here imports a wing; wings import this module.
 """
 
@@ -33,8 +37,9 @@ __all__ = [
     "register_protocol", "register_algorithm", "register_data_source", "register_baseline",
     "register_demo", "protocol_from_config", "accepts_privacy", "all_actions", "get_algorithm", "get_data_source",
     "estimator_params", "PROTOCOLS", "RESULT_TYPES", "ALGORITHMS", "DATA_SOURCES", "BASELINES",
-    "DEMOS", "DEMO_DESCRIPTIONS", "clustering_report", "plot_clustering", "Exported", "PREDICTORS",
+    "DEMOS", "DEMO_DESCRIPTIONS", "Exported", "PREDICTORS",
     "register_predictor", "get_predictor", "export_centers", "CentersPredictor",
+    "TableFiles", "register_table_files", "table_files",
 ]
 
 
@@ -61,38 +66,8 @@ def _default_fit(model: Any, fed: Federation, transport: Any) -> None:
     model.fit(fed.devices, transport=transport)
 
 
-def clustering_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """k-means cost of the final centers on all points; accuracy/ARI/NMI when labels exist."""
-    from .. import metrics
-
-    X_all = np.concatenate(fed.devices)
-    scores: dict[str, Any] = {"kmeans_cost": metrics.kmeans_cost(X_all, model.cluster_centers_)}
-    if fed.labels is None:
-        return scores
-    got = [(lab, y) for lab, y in zip(model.device_labels_, fed.labels) if lab is not None]
-    if not got:
-        return scores
-    pred = np.concatenate([g[0] for g in got])
-    true = np.concatenate([g[1] for g in got])
-    scores.update(accuracy=metrics.matched_accuracy(true, pred),
-                  ari=metrics.adjusted_rand(true, pred),
-                  nmi=metrics.normalized_mutual_info(true, pred),
-                  labelled_fraction=len(pred) / len(X_all))
-    return scores
-
-
 def _centers_fields(model: Any) -> dict[str, Any]:
     return {"cluster_centers": np.asarray(model.cluster_centers_).tolist()}
-
-
-def plot_clustering(model: Any, fed: Federation, result: dict[str, Any], path: Path) -> Path | None:
-    """The default figure: devices' points coloured by label, final centers."""
-    from ..plotting import have_matplotlib, plot_federated_clustering
-
-    if not have_matplotlib():
-        return None
-    return plot_federated_clustering(fed.devices, model.device_labels_, model.cluster_centers_,
-                                     result, path)
 
 
 @dataclass(frozen=True)
@@ -174,12 +149,14 @@ class Algorithm:
         Keys a config must give.
     fit : callable(model, federation, transport)
         Fits the estimator; default ``model.fit(fed.devices, transport=transport)``.
-    report : callable(model, federation, cfg) -> dict
-        The ``metrics`` of ``result.json``; default :func:`clustering_report`.
+    report : callable(model, federation, cfg) -> dict, or None
+        The ``metrics`` of ``result.json``; None: none. A clustering that ends in
+        centers registers :func:`fedclust.clustering.clustering_report`.
     result_fields : callable(model) -> dict
         Extra top-level ``result.json`` fields; default the cluster centers.
-    plot : callable(model, federation, result, path) -> Path or None
-        The figure; default :func:`plot_clustering`; ``None`` for no figure.
+    plot : callable(model, federation, result, path) -> Path or None, or None
+        The figure; ``None`` for no figure. A clustering that ends in centers
+        registers :func:`fedclust.clustering.plot_clustering`.
     columns : tuple of (metric key, column title)
         What the printed table shows for the algorithm and its baselines.
     baselines : tuple of str
@@ -202,9 +179,9 @@ class Algorithm:
     estimator: type
     required: tuple[str, ...] = ()
     fit: Callable[[Any, Federation, Any], None] = _default_fit
-    report: Callable[[Any, Federation, Mapping[str, Any]], dict[str, Any]] = clustering_report
+    report: Callable[[Any, Federation, Mapping[str, Any]], dict[str, Any]] | None = None
     result_fields: Callable[[Any], dict[str, Any]] = _centers_fields
-    plot: Callable[[Any, Federation, dict, Path], Path | None] | None = plot_clustering
+    plot: Callable[[Any, Federation, dict, Path], Path | None] | None = None
     columns: tuple[tuple[str, str], ...] = (("accuracy", "accuracy"), ("ari", "ARI"),
                                             ("cost_ratio_vs_centralized", "cost / centralized"))
     baselines: tuple[str, ...] = ("centralized", "distributed_lloyd")
@@ -279,6 +256,36 @@ def register_data_source(source: DataSource) -> None:
 def register_baseline(baseline: Baseline) -> None:
     _taken("baseline", baseline.name, BASELINES, baseline)
     BASELINES[baseline.name] = baseline
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """How node data that is a table (a site's own file) is read and travels.
+
+    ``read(path)``: a site file (CSV, Parquet, an ``.npz`` with ``feature_names``)
+    as the node's data. ``to_arrays(data)``: the arrays of a table to hand a node
+    in its ``.npz`` (None when ``data`` is no table); ``from_arrays(npz)``: that
+    table back (None when the ``.npz`` holds none).
+    """
+
+    read: Callable[[Any], Any]
+    to_arrays: Callable[[Any], "dict[str, np.ndarray] | None"]
+    from_arrays: Callable[[Any], Any]
+
+
+_TABLE_FILES: list[TableFiles] = []
+
+
+def register_table_files(files: TableFiles) -> None:
+    """The site wing's table files (one; registered again, it replaces the first)."""
+    _TABLE_FILES[:] = [files]
+
+
+def table_files() -> TableFiles:
+    """The registered :class:`TableFiles` (``import fedclust`` registers the site wing's)."""
+    if not _TABLE_FILES:
+        raise ValidationError("no reader of site tables is registered (import fedclust.sites)")
+    return _TABLE_FILES[0]
 
 
 def register_demo(name: str, config: Mapping[str, Any], description: str = "") -> None:

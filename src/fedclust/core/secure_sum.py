@@ -91,7 +91,7 @@ __all__ = ["SUMMED", "STAGES", "SIGNED_STAGES", "SecureAggregation", "SecureSumS
 SUMMED = -1
 STAGES = ("keys", "share", "mask", "unmask")
 SIGNED_STAGES = ("keys", "share", "mask", "confirm", "unmask")
-_P = "secagg."  # prefix of the device state entries
+STATE_PREFIX = "secagg."  # prefix of the device state entries
 _SECAGG_ROUND_BRANCH = 11  # server-stream index for the neighbour graph
 
 
@@ -167,11 +167,11 @@ def make_identities(device_ids: Sequence[int]) -> dict[int, DeviceIdentity]:
     return {z: DeviceIdentity(sk, directory) for z, (sk, _) in keys.items()}
 
 
-def _advert(round_id: int, z: int, c_pk: bytes, s_pk: bytes) -> bytes:
+def advert(round_id: int, z: int, c_pk: bytes, s_pk: bytes) -> bytes:
     return b"fedclust secagg keys" + struct.pack(">qq", int(round_id), int(z)) + c_pk + s_pk
 
 
-def _survivor_claim(round_id: int, s_pk: bytes, survivors: Sequence[int]) -> bytes:
+def survivor_claim(round_id: int, s_pk: bytes, survivors: Sequence[int]) -> bytes:
     """What a survivor signs at ``confirm``: the set, bound to its fresh mask key."""
     ids = np.asarray(sorted(int(v) for v in survivors), dtype=">i8").tobytes()
     return b"fedclust secagg survivors" + struct.pack(">q", int(round_id)) + s_pk + ids

@@ -19,7 +19,8 @@ from .policy import DevicePolicy
 from .secagg import (SHARE_BYTES, Entropy, array_to_bytes, bytes_to_array, encode_fixed,
                      open_sealed, pair_mask_seed, prg_mask, seal, shamir_split, sign, verify,
                      x25519_keypair)
-from .secure_sum import _P, DeviceIdentity, _advert, _survivor_claim
+from .secure_sum import STATE_PREFIX as _P
+from .secure_sum import DeviceIdentity, advert, survivor_claim
 
 __all__ = ["secure_sum_client"]
 
@@ -33,7 +34,7 @@ def _check_adverts(inbound: Mapping[str, np.ndarray], ids: list[int], z: int, r:
     for i, v in enumerate(ids):
         c_pk, s_pk = array_to_bytes(inbound["c_pk"][i]), array_to_bytes(inbound["s_pk"][i])
         if not verify(identity.public_of(v, f"device {z}"), array_to_bytes(inbound["sig"][i]),
-                      _advert(r, v, c_pk, s_pk)):
+                      advert(r, v, c_pk, s_pk)):
             raise ValidationError(f"device {z}: the keys the server gives for device {v} are "
                                   "not signed by its identity key; refusing to share secrets")
 
@@ -56,7 +57,7 @@ def _check_confirmed(inbound: Mapping[str, np.ndarray], state: Mapping[str, np.n
         if v in ids and v in mine and v not in good:
             s_pk = array_to_bytes(state[_P + "s_pk"][ids.index(v)])
             if verify(identity.public_of(v, f"device {z}"), array_to_bytes(sig),
-                      _survivor_claim(r, s_pk, mine)):
+                      survivor_claim(r, s_pk, mine)):
                 good.add(v)
     if len(good) < t:
         raise ValidationError(f"device {z}: only {len(good)} of its group signed the survivor "
@@ -165,7 +166,7 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
                       _P + "own_s_pk": bytes_to_array(s_pk)})
         out = {"c_pk": bytes_to_array(c_pk), "s_pk": bytes_to_array(s_pk)}
         if identity is not None:
-            out["sig"] = bytes_to_array(sign(identity.private, _advert(r, z, c_pk, s_pk)))
+            out["sig"] = bytes_to_array(sign(identity.private, advert(r, z, c_pk, s_pk)))
         return out
     if stage == "share":
         ids = np.asarray(inbound["ids"], np.int64)
@@ -237,7 +238,7 @@ def _answer(stage: str, inbound: Mapping[str, np.ndarray], state: dict[str, np.n
             raise ValidationError(f"device {z}: the survivor set {named[:10]} leaves out this "
                                   "device or leaves its group below the threshold; refusing")
         state[_P + "confirmed"] = np.asarray(named, np.int64)
-        claim = _survivor_claim(r, _b(state, "own_s_pk"), named)
+        claim = survivor_claim(r, _b(state, "own_s_pk"), named)
         return {"sig": bytes_to_array(sign(identity.private, claim))}
     if stage == "unmask":
         if identity is not None:

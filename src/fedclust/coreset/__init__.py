@@ -13,7 +13,8 @@ from typing import Any
 
 from ..core.registry import (Algorithm, DataSource, Federation, register_algorithm,
                              register_data_source, register_demo, register_protocol)
-from .data import _source as _low_rank_source
+from ..clustering import clustering_report, plot_clustering
+from .data import low_rank_source as _low_rank_source
 from .data import make_low_rank_mixture
 from .estimator import DistributedKMeans, DistributedPCA
 from .graph import check_graph, flood, make_graph, run_on_graph
@@ -45,7 +46,8 @@ def _fit(model: DistributedKMeans, fed: Federation, transport: Any) -> None:
 
 
 register_protocol(CoresetProtocol, CoresetResult)
-register_algorithm(Algorithm("coreset", DistributedKMeans, required=("n_clusters",), fit=_fit))
+register_algorithm(Algorithm("coreset", DistributedKMeans, required=("n_clusters",), fit=_fit,
+                             report=clustering_report, plot=plot_clustering))
 register_data_source(DataSource("low-rank-mixture", _low_rank_source))
 #: ``fedclust demo coreset``: disPCA to 10 dimensions + distributed coreset, 10 nodes.
 register_demo("coreset", {

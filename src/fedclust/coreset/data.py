@@ -50,7 +50,7 @@ def make_low_rank_mixture(n_samples: int = 9120, n_features: int = 5625, n_clust
     return X, y
 
 
-def _source(seed: int, *, n_points: int = 9120, n_features: int = 5625, n_clusters: int = 19,
+def low_rank_source(seed: int, *, n_points: int = 9120, n_features: int = 5625, n_clusters: int = 19,
             signal_dim: int = 30, separation: float = 4.0, within: float = 1.0,
             noise: float = 0.5):
     # ``n_points``, not ``n_samples``: the config's pooled ``n_samples`` subsamples afterwards

@@ -5,13 +5,18 @@ of fedclust imports and runs without it. Modules:
 
 * :mod:`~fedclust.flower.codec` — messages and configs <-> Flower records;
 * :mod:`~fedclust.flower.apps` — ``make_server_app`` / ``make_client_app``: the
-  protocol loop as a ``ServerApp``, client steps as a ``ClientApp``;
+  protocol loop as a ``ServerApp`` (:mod:`~fedclust.flower.server`, run as
+  :mod:`~fedclust.flower.spec` says), client steps as a ``ClientApp``;
+* :mod:`~fedclust.flower.relay` — graph protocols, the server only relaying
+  (:mod:`~fedclust.flower.relay_server`, :mod:`~fedclust.flower.relay_client`);
 * :mod:`~fedclust.flower.transport` — ``FlowerSimulationTransport``: Flower's
   simulation engine behind the ``InProcessTransport`` interface;
 * :mod:`~fedclust.flower.grid` — ``LocalGrid`` / ``FlowerInMemoryTransport``: the
   real apps in-process, every message through protobuf (tests);
-* :mod:`~fedclust.flower.deploy` — write a deployable Flower app (with a fedclust
-  wheel) and per-device data files (``fedclust flower app`` / ``fedclust flower split``);
+* a deployable Flower app and per-device data files from a config (``fedclust flower
+  app`` / ``fedclust flower split``) are written by :mod:`fedclust.flower_app`, which
+  builds the protocol as ``fedclust run`` does; this package runs whatever protocol
+  it is handed;
 * :mod:`~fedclust.flower.pki` — TLS certificates and SuperNode authentication keys
   (``fedclust flower certs`` / ``fedclust flower keys``, with ``cryptography``);
 * :mod:`~fedclust.flower.runner` — ``fedclust flower run``: ``flwr run`` whose exit

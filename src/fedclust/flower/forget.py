@@ -39,7 +39,6 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.policy import FORGET_ACTION, DevicePolicy, PolicyRefusal
 from ..core.protocol import Protocol, Request
 from ..core.threads import one_blas_thread
-from ..site_protocol import device_data_for
 from .codec import FORGET, REPLY, arrays_to_record, record_to_arrays, request_to_content
 
 __all__ = ["FlowerForgetReport", "forget_on_grid", "forget_reply", "make_forget_server_app",
@@ -78,7 +77,7 @@ def forget_reply(protocol: Protocol, request: Request, seed: int, head: dict[str
                 f"{me}: the forget request's first action {action!r} is not one of protocol "
                 f"{protocol.name!r}'s ({sorted(protocol.reply_types)})")
         step = Request(request.round, str(action), request.payload)
-        X = device_data_for(protocol, X, me)
+        X = protocol.node_data(X, me)
         with one_blas_thread():   # the fit's rounding
             reply = protocol.client_step(step, X, device_id=int(device_id), seed=seed, state={})
         content[REPLY] = arrays_to_record(reply.to_arrays())
@@ -119,14 +118,15 @@ def forget_on_grid(model: Any, grid: Grid, devices: Iterable[Any] | None = None,
     -------
     FlowerForgetReport
     """
-    from .apps import ServerSpec, _Server
+    from .server import Server
+    from .spec import ServerSpec
     from .codec import reply_failure as _reason
 
     u = model._unlearner()
     spec = ServerSpec.for_protocol(u.protocol, u.seed, min_nodes=int(min_nodes),
                                    node_wait_s=float(node_wait_s),
                                    round_timeout_s=round_timeout_s)
-    server = _Server(grid, spec)
+    server = Server(grid, spec)
     server.hello()
     report = FlowerForgetReport()
     known = set(u.store.device_ids)
@@ -227,7 +227,7 @@ def forget_from_run_config(grid: Grid, run_config: Any, root: str | Path) -> Flo
     ``root``; writes ``forget.json`` (the report) beside the new model."""
     import json
 
-    from .apps import confine_result_dir
+    from .spec import confine_result_dir
 
     model = Path(confine_result_dir(str(run_config["forget-model"]), root))
     out = Path(confine_result_dir(str(run_config.get("forget-out") or model), root))

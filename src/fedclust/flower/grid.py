@@ -38,7 +38,8 @@ from ..core.validation import check_float
 from ..core.policy import DevicePolicy
 from ..core.protocol import Protocol
 from ..sim.transport import RunOutput, Tamper
-from .apps import ServerAppFailed, ServerSpec, make_client_app, make_server_app
+from .apps import make_client_app, make_server_app
+from .spec import ServerAppFailed, ServerSpec
 from .codec import HELLO_ACTION
 
 HELLO_TYPE = f"query.{HELLO_ACTION}"
@@ -176,7 +177,7 @@ class FlowerInMemoryTransport:
             late_devices=list(self.late_devices), min_nodes=len(ids), node_wait_s=0.0,
             round_timeout_s=None, collect_outputs=self.collect_outputs,
             graph_edges=[] if graph is None else graph_edges(graph),
-            **_secure_spec(self.secure_aggregation))
+            **secure_spec(self.secure_aggregation))
         box: dict[str, Any] = {}
         server_app = make_server_app(spec, on_result=lambda out, extra: box.update(
             out=out, extra=extra))
@@ -205,7 +206,7 @@ class FlowerInMemoryTransport:
         return box["out"]
 
 
-def _secure_spec(value: Any) -> dict[str, Any]:
+def secure_spec(value: Any) -> dict[str, Any]:
     """ServerSpec fields for a transport's ``secure_aggregation`` setting."""
     from ..core.secure_sum import SecureAggregation
 

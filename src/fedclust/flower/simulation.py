@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(argv[0]) as fh:
         job = json.load(fh)
     from ..sim.byzantine import ByzantineTamper
-    from .apps import ServerSpec, make_client_app, make_server_app
+    from .apps import make_client_app, make_server_app
+    from .spec import ServerSpec
 
     spec = ServerSpec(**job["server"])
     server_app = make_server_app(spec)

@@ -161,8 +161,8 @@ class FlowerSimulationTransport:
 
         check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
         check_float(self.late, "late", min_value=0.0, max_value=1.0)
-        from .apps import ServerSpec
-        from .grid import _secure_spec
+        from .spec import ServerSpec
+        from .grid import secure_spec
         from .dataio import save_device_file
         from .results import load_run_output
 
@@ -196,7 +196,7 @@ class FlowerSimulationTransport:
                 node_wait_s=120.0, round_timeout_s=self.round_timeout_s,
                 result_dir=str(result_dir), collect_outputs=self.collect_outputs,
                 graph_edges=[] if graph is None else graph_edges(graph),
-                **_secure_spec(self.secure_aggregation))
+                **secure_spec(self.secure_aggregation))
             if self.ray_address:  # an existing cluster: it has its own resources
                 ncpu = int(self.num_cpus or 1)
                 init_args = {"address": str(self.ray_address),

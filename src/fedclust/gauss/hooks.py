@@ -84,7 +84,7 @@ def plot_gauss(model: Any, fed: Federation, result: dict[str, Any], path: Path) 
 
 def gauss_report(model: Any, fed: Federation, cfg: Any) -> dict[str, Any]:
     """k-means cost, accuracy/ARI/NMI (as for every clustering) plus the cluster count."""
-    from ..core.registry import clustering_report
+    from ..clustering import clustering_report
 
     out = clustering_report(model, fed, cfg)
     out["n_clusters"] = int(model.n_clusters_)

@@ -8,6 +8,7 @@ rounds from its centers; ``estimator`` — the :class:`KFed` front door.
 
 from ..core.registry import (Algorithm, register_algorithm, register_demo, register_predictor,
                              register_protocol)
+from ..clustering import clustering_report, plot_clustering
 from .estimator import KFed
 from .export import KFedPredictor, kfed_export
 from .protocol import KFedProtocol, KFedResult
@@ -18,8 +19,8 @@ __all__ = ["KFed", "KFedProtocol", "KFedResult", "RefinedKFedProtocol"]
 register_protocol(KFedProtocol, KFedResult)
 register_protocol(RefinedKFedProtocol, KFedResult)
 register_predictor("kfed-induced", KFedPredictor.load)
-register_algorithm(Algorithm("kfed", KFed, required=("n_clusters",),
-                             export=kfed_export))
+register_algorithm(Algorithm("kfed", KFed, required=("n_clusters",), report=clustering_report,
+                             plot=plot_clustering, export=kfed_export))
 #: ``fedclust demo`` / ``fedclust demo kfed``: a reduced Table-1 federation of k-FED.
 register_demo("kfed", {
     "title": "k-FED on a Table-1 Gaussian mixture (d=100, k=16, k'=4, m0=5, c=100)",

@@ -49,7 +49,7 @@ class LocalKMeansResult:
     raw_points: bool  # True when the centers are the device's raw points (opt-in only)
 
 
-def _use_randomized_svd(n: int, d: int, k: int) -> bool:
+def use_randomized_svd(n: int, d: int, k: int) -> bool:
     return min(n, d) > _EXACT_SVD_MAX and 4 * k < min(n, d)
 
 
@@ -61,7 +61,7 @@ def top_right_singular_vectors(A: np.ndarray, k: int, rng: np.random.Generator) 
     is large compared with k.
     """
     n, d = A.shape
-    if not _use_randomized_svd(n, d, k):
+    if not use_randomized_svd(n, d, k):
         return projection_batch(A[None], k)[0]
     from sklearn.utils.extmath import randomized_svd
 
@@ -141,7 +141,7 @@ def _spectral_seed(X: np.ndarray, k: int, rng: np.random.Generator, *,
     n, d = X.shape
     uniforms = rng.random((1, n_uniforms(k))) if uniforms is None else uniforms.reshape(1, -1)
     V = None
-    if project and d > k and _use_randomized_svd(n, d, k):
+    if project and d > k and use_randomized_svd(n, d, k):
         V = top_right_singular_vectors(X, k, rng)[None]
     return spectral_seed_batch(X[None], k, uniforms, project=project, V=V)[0]
 
@@ -174,7 +174,7 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
     k = n_clusters
     names = devices or [f"device {i}" for i in range(len(Xs))]
     rng_of = rngs if callable(rngs) else rngs.__getitem__
-    if project and d > k and _use_randomized_svd(n, d, k):
+    if project and d > k and use_randomized_svd(n, d, k):
         return [local_kmeans(X, k, rng_of(i), max_iter=max_iter, tol=tol, device=nm,
                              uniforms=None if uniforms is None else uniforms[i])
                 for i, (X, nm) in enumerate(zip(Xs, names))]
@@ -332,7 +332,7 @@ def local_kmeans_auto_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
     rng_of = rngs if callable(rngs) else rngs.__getitem__
     lo, hi = auto_range(n, check_int(n_clusters, "n_clusters", min_value=1))
     ks = range(lo, hi + 1)
-    if n <= hi or any(d > k and _use_randomized_svd(n, d, k) for k in ks):
+    if n <= hi or any(d > k and use_randomized_svd(n, d, k) for k in ks):
         return [local_kmeans_auto(X, n_clusters, rng_of(i), max_iter=max_iter, tol=tol,
                                   allow_raw_points=allow_raw_points, device=nm)
                 for i, (X, nm) in enumerate(zip(Xs, names))]

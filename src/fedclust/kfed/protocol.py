@@ -65,7 +65,7 @@ class KFedResult:
 
 
 @dataclass
-class _State:
+class KFedState:
     device_ids: tuple[int, ...]
     seed: int
     round: int = 0
@@ -230,19 +230,19 @@ class KFedProtocol(Protocol):
         return cls(n_clusters, n_local, **cfg)
 
     # -- server ------------------------------------------------------------
-    def start(self, device_ids: Sequence[int], seed: int) -> _State:
-        return _State(tuple(int(z) for z in device_ids), int(seed))
+    def start(self, device_ids: Sequence[int], seed: int) -> KFedState:
+        return KFedState(tuple(int(z) for z in device_ids), int(seed))
 
     def declared_rounds(self) -> dict[str, int]:
         """The data rounds a fit asks of each device, by action: its one round."""
         return {ACTION: 1}
 
-    def next_request(self, state: _State) -> Request | None:
+    def next_request(self, state: KFedState) -> Request | None:
         if state.round > 0:
             return None
         return Request(round=0, action=ACTION)
 
-    def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
+    def check_reply(self, state: KFedState, request: Request, device_id: int, reply: Message) -> None:
         if not isinstance(reply, LocalCenters):
             raise IncompatibleMessageError(
                 f"device {device_id}: expected local_centers, got {type(reply).__name__}")
@@ -257,11 +257,11 @@ class KFedProtocol(Protocol):
                 f"device {device_id}: centers have {d} features but the federation has "
                 f"n_features={self.n_features}")
 
-    def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+    def server_step(self, state: KFedState, request: Request, replies: Mapping[int, Message]) -> None:
         state.replies.update(replies)  # type: ignore[arg-type]
         state.round += 1
 
-    def finish(self, state: _State, log: RunLog) -> KFedResult:
+    def finish(self, state: KFedState, log: RunLog) -> KFedResult:
         self._drop_minority_dimension(state, log)
         ids = sorted(state.replies)
         if not ids:
@@ -305,7 +305,7 @@ class KFedProtocol(Protocol):
             n_iter=agg.n_iter, log=log)
 
     @staticmethod
-    def _drop_minority_dimension(state: _State, log: RunLog) -> None:
+    def _drop_minority_dimension(state: KFedState, log: RunLog) -> None:
         """Without a known d, keep the replies of the most common d and reject the rest."""
         dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
         if len(set(dims.values())) <= 1:

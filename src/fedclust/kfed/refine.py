@@ -34,7 +34,7 @@ from ..core.validation import check_int
 from ..lloyd.messages import CenterBroadcast, ClusterSums
 from ..lloyd.protocol import DistributedLloydProtocol
 from .messages import FinalCenters
-from .protocol import ACTION, KFedProtocol, KFedResult, _State as _KFedState
+from .protocol import ACTION, KFedProtocol, KFedResult, KFedState
 from .server import assign_to_centers
 
 __all__ = ["RefinedKFedProtocol", "check_refine_rounds", "refine_bytes_per_round"]
@@ -60,7 +60,7 @@ def refine_bytes_per_round(n_clusters: int, n_features: int, itemsize: int = 8) 
 
 @dataclass
 class _RefineState:
-    kfed: _KFedState
+    kfed: KFedState
     kfed_log: RunLog = field(default_factory=RunLog)
     kfed_result: KFedResult | None = None
     lloyd: Any = None                      # the Lloyd protocol's state

@@ -31,7 +31,7 @@ from ..core.random import device_uniforms, server_rng
 from ..core.validation import check_devices
 from .batched import n_uniforms, spectral_kmeans_batch
 from .protocol import ACTION, KFedProtocol
-from .local import _use_randomized_svd
+from .local import use_randomized_svd
 from .server import LARGE_N, aggregate_centers
 
 __all__ = ["is_stream", "fit_stream", "StreamFit", "Ragged"]
@@ -146,7 +146,7 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
             ok = (isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f"
                   and (d is None or X.shape[1] == d))
             k_i = protocol.k_local(ids[i]) if ok else 0
-            if ok and X.shape[0] > k_i and not (X.shape[1] > k_i and _use_randomized_svd(
+            if ok and X.shape[0] > k_i and not (X.shape[1] > k_i and use_randomized_svd(
                     X.shape[0], X.shape[1], k_i)):
                 groups.setdefault((X.shape, X.dtype.str), []).append(i)
             else:

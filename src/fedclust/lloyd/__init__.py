@@ -10,6 +10,7 @@ import numpy as np
 
 from ..core.registry import (Algorithm, Baseline, Federation, register_algorithm,
                              register_baseline, register_protocol)
+from ..clustering import clustering_report, plot_clustering
 from .estimator import DistributedLloyd, centralized_kmeans
 from .protocol import DistributedLloydProtocol, DistributedLloydResult
 
@@ -52,6 +53,7 @@ def _distributed_lloyd(fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any
 
 register_protocol(DistributedLloydProtocol, DistributedLloydResult)
 register_algorithm(Algorithm("distributed-lloyd", DistributedLloyd, required=("n_clusters",),
+                             report=clustering_report, plot=plot_clustering,
                              baselines=("centralized",)))
 register_baseline(Baseline("centralized", _centralized))
 register_baseline(Baseline("distributed_lloyd", _distributed_lloyd))

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Any, Sequence
 
+from ..core.composition import composed_epsilon, prior_releases
 from ..core.exceptions import ValidationError
 from .spec import DifferentialPrivacy
 
@@ -35,7 +35,6 @@ __all__ = ["Release", "PrivacyPlan", "calibrate", "planned", "composed_epsilon",
 #: needing more is refused as too small
 MAX_NOISE_MULTIPLIER = 1000.0
 _MIN_MULTIPLIER = 0.25
-_PLD_DISCRETIZATION = 1e-3   # pessimistic either way; 1e-4 is 5-10x slower for <0.01 % of ε
 
 
 @dataclass(frozen=True)
@@ -111,56 +110,8 @@ class PrivacyPlan:
                 "releases": [r.as_dict() for r in self.prior + self.releases]}
 
 
-def _dp_accounting():
-    try:
-        import dp_accounting
-    except ImportError:  # pragma: no cover - the extra is part of dev installs
-        raise ImportError("differential privacy needs the accountant: "
-                          "pip install 'fedclust[privacy]' (dp-accounting)") from None
-    return dp_accounting
-
-
-def _event(multipliers: tuple[tuple[float, int, float], ...]):
-    dp_accounting = _dp_accounting()
-
-    def one(z: float, q: float):
-        g = dp_accounting.GaussianDpEvent(z)
-        return g if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(q, g)
-
-    events = [one(z, q) if n == 1 else dp_accounting.SelfComposedDpEvent(one(z, q), n)
-              for z, n, q in multipliers]
-    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
-
-
-@lru_cache(maxsize=4096)
-def _epsilon(multipliers: tuple[tuple[float, int, float], ...], delta: float,
-             accountant: str) -> float:
-    _dp_accounting()
-    from dp_accounting import pld, rdp
-
-    acc = (pld.PLDAccountant(value_discretization_interval=_PLD_DISCRETIZATION)
-           if accountant == "pld" else rdp.RdpAccountant())
-    acc.compose(_event(multipliers))
-    return float(acc.get_epsilon(delta))
-
-
-def composed_epsilon(multipliers: Sequence[tuple], delta: float,
-                     accountant: str = "pld") -> float:
-    """ε at ``delta`` of Gaussian mechanisms ``(noise multiplier, repeats)`` or
-    ``(noise multiplier, repeats, Poisson sampling probability)`` composed by
-    ``dp-accounting`` (PLD, pessimistic estimate, or RDP)."""
-    key = tuple((float(m[0]), int(m[1]), float(m[2]) if len(m) > 2 else 1.0)
-                for m in multipliers if m[1] > 0)
-    return _epsilon(key, float(delta), accountant)
-
-
 def _multipliers(releases: Sequence[Release], z: float) -> tuple[tuple[float, int, float], ...]:
     return tuple((z / math.sqrt(r.share), r.repeats, r.sampling) for r in releases)
-
-
-def _prior(spec: DifferentialPrivacy) -> tuple[tuple[float, int, float], ...]:
-    """The fixed (multiplier, repeats, sampling) of the releases made before this fit."""
-    return tuple((mult, reps, q) for _, _, reps, mult, q in spec.prior if mult > 0 and reps > 0)
 
 
 def planned(spec: DifferentialPrivacy, releases: Sequence[Release],
@@ -176,7 +127,7 @@ def planned(spec: DifferentialPrivacy, releases: Sequence[Release],
         if any(not r.noise_multiplier > 0 for r in out if r.repeats > 0):
             raise ValidationError(f"privacy: {family} was given a release without noise at "
                                   f"epsilon={spec.epsilon:g}")
-        spent = composed_epsilon(_prior(spec) + tuple((r.noise_multiplier, r.repeats, r.sampling)
+        spent = composed_epsilon(prior_releases(spec) + tuple((r.noise_multiplier, r.repeats, r.sampling)
                                                       for r in out), spec.delta, spec.accountant)
     return PrivacyPlan(spec, out, spent)
 
@@ -201,11 +152,11 @@ def calibrate(spec: DifferentialPrivacy, releases: Sequence[Release], *,
         raise ValidationError("privacy: a prior release without noise (made at epsilon=inf) "
                               f"cannot be composed into epsilon={spec.epsilon:g}")
     if not spec.private or not releases:
-        spent = (composed_epsilon(_prior(spec), spec.delta, spec.accountant)
-                 if spec.private and _prior(spec) else 0.0)
+        spent = (composed_epsilon(prior_releases(spec), spec.delta, spec.accountant)
+                 if spec.private and prior_releases(spec) else 0.0)
         return PrivacyPlan(spec, tuple(replace(r, noise_multiplier=0.0) for r in releases), spent)
     eps, delta, acc = float(spec.epsilon), float(spec.delta), spec.accountant
-    prior = _prior(spec)
+    prior = prior_releases(spec)
     f = lambda z: composed_epsilon(prior + _multipliers(releases, z), delta, acc)  # noqa: E731
     z_max = MAX_NOISE_MULTIPLIER * math.sqrt(min(r.share for r in releases))
     n_releases = sum(r.repeats for r in releases)

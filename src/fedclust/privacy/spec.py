@@ -63,7 +63,7 @@ class DifferentialPrivacy:
         Privacy-loss-distribution (tight) or Rényi accountant of ``dp-accounting``.
     prior : tuple of (what, sensitivity, repeats, noise multiplier[, sampling]), optional
         Releases already made on the same data within the same total budget
-        (e.g. by a private :class:`~fedclust.preprocess.FederatedPreprocessor`
+        (e.g. by a private :class:`~fedclust.sites.preprocess.FederatedPreprocessor`
         before the algorithm; see :meth:`after`). The accountant composes them
         with this fit's releases, so ``epsilon`` stays the total of the run.
 

@@ -17,7 +17,7 @@ from ..core.robust import trimmed_mean
 __all__ = ["off_axis_group", "off_axis_trimmed_mean"]
 
 
-def _beta_for(n_flagged: int, m: int, beta: float) -> float:
+def beta_for(n_flagged: int, m: int, beta: float) -> float:
     """``max(beta, s / m)`` as a fraction with ``floor(fraction m) >= s``, capped below 1/2."""
     s = min(n_flagged, (m - 1) // 2)
     if s == 0 or s <= int(np.floor(beta * m)):
@@ -87,7 +87,7 @@ def off_axis_trimmed_mean(V: np.ndarray, beta: float, radius: float = 3.0,
     if basis is None:
         return None, beta, off
     if weights is None:
-        b = max(beta, _beta_for(int(off.sum()), V.shape[0], beta))
+        b = max(beta, beta_for(int(off.sum()), V.shape[0], beta))
         c = np.median(V, axis=0)
     else:
         w = np.asarray(weights, dtype=np.float64)

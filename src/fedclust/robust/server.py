@@ -18,7 +18,7 @@ from ..fl.server import aggregate_updates
 from .clustering import KGeomedians, TrimmedKMeans
 from .edge_cutting import EdgeCutting
 from .filtering import iterative_filtering
-from .offaxis import _beta_for, off_axis_group, off_axis_trimmed_mean  # noqa: F401
+from .offaxis import beta_for, off_axis_group, off_axis_trimmed_mean  # noqa: F401
 
 __all__ = ["ErmClustering", "cluster_erms", "robust_step", "adaptive_beta", "outlier_share",
            "share_beta",
@@ -97,7 +97,7 @@ def share_beta(n_suspect: int, m: int, beta: float) -> float:
     """Stage-3 trim fraction of a cluster of m members of which ``n_suspect`` belong to a
     group beyond k (:func:`fedclust.robust.init.supported_groups`): at least their share,
     so that every one of them can be trimmed in every coordinate; never below ``beta``."""
-    return _beta_for(n_suspect, m, beta)
+    return beta_for(n_suspect, m, beta)
 
 
 def adaptive_beta(V: np.ndarray, beta: float, radius: float = 3.0) -> float:
@@ -112,7 +112,7 @@ def adaptive_beta(V: np.ndarray, beta: float, radius: float = 3.0) -> float:
     cluster under the ``between`` attack at α = 0.2).
     """
     _, flagged = outlier_share(V, radius)
-    return _beta_for(int(flagged.sum()), V.shape[0], beta)
+    return beta_for(int(flagged.sum()), V.shape[0], beta)
 
 
 def robust_step(params: np.ndarray, updates: np.ndarray, *, optimizer: str, lr: float,
@@ -136,7 +136,7 @@ def robust_step(params: np.ndarray, updates: np.ndarray, *, optimizer: str, lr: 
     agg = None
     if adaptive and aggregator == "trimmed-mean":
         _, flagged = outlier_share(V, radius)
-        b = _beta_for(int(flagged.sum()), V.shape[0], beta)
+        b = beta_for(int(flagged.sum()), V.shape[0], beta)
         agg, b_off, off = off_axis_trimmed_mean(V, b, radius)
         if agg is not None:
             flagged, b = flagged | off, b_off

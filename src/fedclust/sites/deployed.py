@@ -1,7 +1,8 @@
 """The protocol of a deployed run on site files: the schema round and the preprocessing
 round on the sites, then the algorithm's own rounds (:class:`SitePreprocessProtocol`).
 
-Registered by :mod:`fedclust.site_protocol`; no flwr import, no family name.
+:func:`deployed_protocol` builds it from a config alone (``fedclust flower app``).
+No flwr import, no family name: the algorithm is reached through the registry.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from ..core.exceptions import ValidationError
+from ..core.exceptions import ConfigError, ValidationError
 from ..core.messages import FLOAT, INT, Message
 from ..core.protocol import Protocol, Request, RunLog, RunOutput
-from ..core.registry import protocol_from_config
+from ..core.registry import protocol_from_config, register_protocol
 
-__all__ = ["SitePreprocessProtocol", "TransformReceived", "LateSiteModel"]
+__all__ = ["SitePreprocessProtocol", "TransformReceived", "LateSiteModel", "deployed_protocol"]
 
 
 @dataclass(frozen=True)
@@ -83,13 +84,13 @@ class SitePreprocessProtocol(Protocol):
     2. ``schema_union``: the schema and that protocol's config are broadcast
        (:class:`~fedclust.sites.schema_round.SchemaBroadcast`); each site keeps
        them in its state and answers 8 bytes.
-    3. ``column_moments``: :class:`fedclust.preprocess.PreprocessProtocol`'s round
+    3. ``column_moments``: :class:`fedclust.sites.preprocess.PreprocessProtocol`'s round
        on the encoded rows (``24 d + 8`` bytes up), pooled exactly; under secure
        aggregation its summed form, ``column_sums`` then ``column_squares``
        (``16 d + 8`` and ``8 d + 8`` bytes up), each a secure sum. With privacy
        (``experiment["privacy"]``) the sites clip to the public column ranges
        and the server releases the noisy statistics ``FederatedPreprocessor``
-       releases in process (:func:`fedclust.site_deploy.preprocess_protocol`).
+       releases in process (:func:`fedclust.sites.algorithm.preprocess_protocol`).
     4. ``pooled_transform``: mean and scale down (``16 d``), kept by each site.
     5. the algorithm's rounds, unchanged, each site encoding, imputing and scaling
        its rows with what it stored.
@@ -129,7 +130,7 @@ class SitePreprocessProtocol(Protocol):
                  summed: Sequence[str] = ()):
         from ..core.registry import PROTOCOLS
         from ..core.validation import check_choice
-        from ..preprocess import IMPUTE, SCALE
+        from .preprocess import IMPUTE, SCALE
         from .schema_round import SchemaRequest
 
         self.inner_name = str(inner)
@@ -168,7 +169,7 @@ class SitePreprocessProtocol(Protocol):
         return _CompositeState(tuple(int(z) for z in device_ids), int(seed))
 
     def next_request(self, state: _CompositeState) -> Request | None:
-        from ..preprocess import PooledTransform
+        from .preprocess import PooledTransform
 
         if state.phase == 0:
             return Request(round=0, action=_SCHEMA_UP)
@@ -189,7 +190,7 @@ class SitePreprocessProtocol(Protocol):
             state.inner_protocol.check_reply(state.inner, request, device_id, reply)
 
     def _build_inner(self, schema: Any, sizes: Mapping[int, int]) -> Protocol:
-        from ..site_deploy import protocol_for_schema
+        from .algorithm import protocol_for_schema
 
         exp = json.loads(self.experiment)
         n_dev = max([*sizes, *[-1]]) + 1
@@ -204,7 +205,7 @@ class SitePreprocessProtocol(Protocol):
 
     def server_step(self, state: _CompositeState, request: Request,
                     replies: Mapping[int, Message]) -> None:
-        from ..site_deploy import preprocess_protocol
+        from .algorithm import preprocess_protocol
         from .schema_round import SchemaBroadcast, pool_schema, text_array
 
         if state.phase == 0:
@@ -289,14 +290,14 @@ class SitePreprocessProtocol(Protocol):
 
     def write_outputs(self, out: RunOutput, extra: Mapping[str, Any], directory: Any) -> Any:
         """``directory/model.npz`` of the run (as ``fedclust run`` writes it), or None."""
-        from ..site_deploy import save_run_model
+        from .algorithm import save_run_model
 
         return save_run_model(out, extra, directory)
 
     # -- site -----------------------------------------------------------------------------
     def _built(self, text: Any, where: str) -> tuple[Any, Protocol, Any]:
         """(schema, the algorithm's protocol, a preprocessor) of a stored schema broadcast."""
-        from ..preprocess import FederatedPreprocessor
+        from .preprocess import FederatedPreprocessor
         from . import SiteSchema
         from .schema_round import array_text
 
@@ -312,7 +313,7 @@ class SitePreprocessProtocol(Protocol):
         """This run as the site's device policy checks it
         (:class:`~fedclust.sites.site_policy.SitePolicyView`), from the schema the site
         stored (or a late site's request ``payload``)."""
-        from ..site_deploy import preprocess_protocol
+        from .algorithm import preprocess_protocol
         from .site_policy import site_view
 
         text = payload.text if isinstance(payload, LateSiteModel) else state.get(_TEXT)
@@ -359,8 +360,8 @@ class SitePreprocessProtocol(Protocol):
 
     def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
-        from ..preprocess import ACTION, SQUARES, SUMS
-        from ..site_deploy import preprocess_protocol
+        from .preprocess import ACTION, SQUARES, SUMS
+        from .algorithm import preprocess_protocol
         from .schema_round import as_table, site_columns
 
         where = f"device {device_id}"
@@ -435,6 +436,10 @@ class SitePreprocessProtocol(Protocol):
             out = {**out, "preprocess_n_clipped": state[_CLIPPED]}
         return out
 
+    def node_data(self, data: Any, where: str) -> Any:
+        """The site's file as it is: every round encodes and preprocesses it on the node."""
+        return data
+
     def __getattr__(self, name: str) -> Any:
         # optional hooks of the algorithm's protocol (assign_late, ...), once it is built
         inner = self.__dict__.get("inner")
@@ -444,7 +449,7 @@ class SitePreprocessProtocol(Protocol):
 
 
 def _own_reply_types() -> None:
-    from ..preprocess import ACTION, SQUARES, SUMS, ColumnMoments, ColumnSquares, ColumnSums
+    from .preprocess import ACTION, SQUARES, SUMS, ColumnMoments, ColumnSquares, ColumnSums
     from .schema_round import SiteColumns
 
     SitePreprocessProtocol.reply_types = {_SCHEMA_UP: SiteColumns,
@@ -454,3 +459,80 @@ def _own_reply_types() -> None:
 
 
 _own_reply_types()
+
+
+def deployed_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
+                      ) -> tuple[Protocol, dict[int, Any], int]:
+    """``(protocol, devices, seed)`` of a deployed app on site files, from the config alone.
+
+    ``request``: the ``[data]`` table's :class:`~fedclust.sites.schema_round.SchemaRequest`.
+    The protocol is :class:`SitePreprocessProtocol` around the configured algorithm's
+    protocol; ``devices`` are the site files' paths when ``count_sites`` (no file is read).
+    """
+    from dataclasses import replace as dc_replace
+
+    from ..configured import label_kind
+    from .algorithm import experiment_part, preprocess_protocol, protocol_for_schema
+
+    opts = dict(cfg.get("preprocess") or {})
+    kind = label_kind(cfg)
+    exp = experiment_part(cfg)
+    if exp.get("privacy"):
+        _check_private_preprocess(exp)
+    # the algorithm's protocol for a placeholder schema: its name, supervision, summed rounds
+    probe = protocol_for_schema(exp, max(1, len(request.features or ())) + 1, [512, 512],
+                                (0, 1) if request.label else None, kind, probe=True)
+    labels = "none" if not probe.supervised or request.label is None else kind
+    if probe.supervised and request.label is None:
+        raise ConfigError(f"[algorithm] {cfg['algorithm']['name']!r} needs labels: set "
+                          "[data] label = \"<column>\"")
+    summed = sorted(set(getattr(probe, "summed_actions", ()))
+                    | set(preprocess_protocol({"secure_aggregation": exp["secure_aggregation"]},
+                                              "mean", "standard", ["x"]).summed_actions))
+    request = dc_replace(request, labels=labels)
+    if exp.get("privacy"):   # no category or label set leaves a site: the config's public ones
+        try:
+            request = request.public()
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from None
+    protocol = SitePreprocessProtocol(
+        probe.name, json.dumps(exp), json.dumps(request.to_json()),
+        opts.get("impute", "mean"), opts.get("scale", "standard"), bool(probe.supervised),
+        summed)
+    devices: dict[int, Any] = {}
+    if count_sites:
+        from . import site_paths
+
+        try:
+            devices = dict(enumerate(site_paths(cfg["data"])))
+        except ValidationError as exc:
+            raise ValidationError(f"{exc} (the app reads no site file: pass --min-nodes N "
+                                  "when the files are not on this machine)") from None
+    return protocol, devices, int(cfg["seed"])
+
+
+def _check_private_preprocess(exp: Mapping[str, Any]) -> None:
+    """One line at app writing for what the nodes' private preprocessing round lacks."""
+    from .algorithm import preprocess_protocol
+
+    pp = exp["preprocess_privacy"]
+    if pp["bounds"] is None:
+        raise ConfigError("[preprocess] needs bounds = [[low, high], ...] (a public range "
+                          "per column) under [privacy]: the preprocessing round is private too")
+    if exp["privacy"].get("unit") == "device" and pp["site_rows"] is None:
+        raise ConfigError("[preprocess] needs site_rows = N (the most rows one site may "
+                          "weigh, a public number) under [privacy] unit = \"device\": the "
+                          "preprocessing round hides whole sites too")
+    try:
+        preprocess_protocol(exp, "mean", "standard",
+                            [f"x{j}" for j in range(len(pp["bounds"]))])
+    except ValidationError as exc:
+        raise ConfigError(f"[preprocess] {exc}") from None
+
+
+@dataclass
+class _InnerResult:  # placeholder type: results are saved under the inner protocol's type
+    pass
+
+
+register_protocol(SitePreprocessProtocol, _InnerResult)

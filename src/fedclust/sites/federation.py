@@ -13,7 +13,7 @@ from ..core.exceptions import ValidationError
 from .schema_round import public_categories, public_classes
 from .schema import (SiteSchema, category_text, encode_table, label_indices, label_values,
                      site_categories, union_categories, union_classes)
-from .tables import NA_VALUES, RawTable, expand_paths, read_table
+from .files_in import NA_VALUES, RawTable, expand_paths, read_table
 
 __all__ = ["SiteFederation", "SiteInfo", "load_sites", "load_table_sites", "to_federation",
            "files_source", "table_source", "as_values", "site_request", "site_paths"]

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.exceptions import ValidationError
-from .tables import RawTable
+from .files_in import RawTable
 
 __all__ = ["SiteSchema", "encode_table", "site_categories", "union_categories", "label_values",
            "label_indices", "category_text"]

@@ -22,7 +22,7 @@ import numpy as np
 from ..core.exceptions import ValidationError
 from ..core.messages import INT, Message, reject
 from .schema import SiteSchema, label_values, site_categories, union_categories, union_classes
-from .tables import RawTable
+from .files_in import RawTable
 
 #: placeholder rows per site from which a private run's server builds the algorithm's
 #: protocol (its shapes; no site sends its row count under privacy)
@@ -229,7 +229,7 @@ def _check_public(table: RawTable, request: SchemaRequest, cats: Mapping[str, se
 
 
 def _check_rows(table: RawTable, request: SchemaRequest, impute: str) -> None:
-    from ..preprocess import check_no_missing
+    from .preprocess import check_no_missing
     from .schema import encode_table
 
     if table.n_rows == 0:

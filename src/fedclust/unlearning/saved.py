@@ -111,7 +111,7 @@ class ForgettableModel:
 
     def write(self, out: str | Path | None = None) -> Path:
         from ..core.registry import get_algorithm
-        from ..model_io import save_model
+        from ..sites.files_out import save_model
 
         header = self.saved.header
         present = set(self.model._unlearning_.store.device_ids)
@@ -131,7 +131,7 @@ def load_forgettable(path: str | Path) -> ForgettableModel:
     """Read a saved ``model.npz`` with the device summaries kept for forgetting; refused
     in one line where a forget could not be exact from what it holds."""
     from ..core.registry import get_algorithm
-    from ..model_io import load_model
+    from ..sites.files_out import load_model
 
     path = Path(path)
     saved = load_model(path)

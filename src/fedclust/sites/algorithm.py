@@ -1,6 +1,7 @@
-"""Site files on a deployment: the protocol a deployed app runs, built from the config
-alone; the algorithm's protocol for a schema the sites sent; the model of a finished
-deployed run (``model.npz``). Generic: every family is reached through the registry.
+"""The configured algorithm on site data of a known shape: its protocol for the schema the
+sites sent, the preprocessing round for that schema, the model of a finished deployed run
+(``model.npz``), the sites a simulated run asks. Generic: every family is reached through
+the registry (:mod:`fedclust.configured`).
 """
 
 from __future__ import annotations
@@ -10,19 +11,19 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .core.exceptions import ConfigError, ValidationError
-from .core.protocol import Protocol
-from .core.registry import Federation, get_algorithm
-from .experiment import _Captured, _CaptureTransport, build_estimator, label_kind
+from ..configured import build_estimator, capture_run, label_kind
+from ..core.exceptions import ConfigError, ValidationError
+from ..core.protocol import Protocol
+from ..core.registry import Federation, get_algorithm
 
-__all__ = ["site_protocol", "protocol_for_schema", "preprocess_protocol", "model_from_run",
+__all__ = ["experiment_part", "protocol_for_schema", "preprocess_protocol", "model_from_run",
            "save_run_model", "present_sites"]
 
 
-def _experiment_part(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def experiment_part(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What builds the preprocessing's and the algorithm's protocols once a schema is known
     (JSON-ready): with ``[privacy]``, its spec and the preprocessing's public settings."""
-    from .experiment import PREPROCESS_BUDGET_SHARE
+    from .preprocess import PREPROCESS_BUDGET_SHARE
 
     exp = {"algorithm": dict(cfg["algorithm"]), "seed": cfg["seed"],
            "secure_aggregation": bool(cfg.get("simulation", {}).get("secure_aggregation",
@@ -46,7 +47,7 @@ def preprocess_protocol(exp: Mapping[str, Any], impute: str, scale: str, columns
     cols = [str(c) for c in columns]
     kw: dict[str, Any] = {}
     if exp.get("privacy"):
-        from .privacy import DifferentialPrivacy
+        from ..privacy import DifferentialPrivacy
 
         pp = exp["preprocess_privacy"]
         kw = FederatedPreprocessor(privacy=DifferentialPrivacy.from_config(exp["privacy"]),
@@ -105,73 +106,8 @@ def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int
     cfg, pre = _algorithm_cfg(exp, n_features, probe)
     fed = _placeholder(n_features, sizes, classes, labels)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
-    cap = _CaptureTransport(bool(exp.get("secure_aggregation", False)))
-    try:
-        algorithm.fit(build_estimator(cfg, pre, classes if labels == "class" else None),
-                      fed, cap)
-    except _Captured:
-        return cap.protocol
-    raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
-
-
-def site_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
-                   ) -> tuple[Protocol, dict[int, Any], int]:
-    from dataclasses import replace as dc_replace
-
-    from .sites.deployed import SitePreprocessProtocol
-
-    opts = dict(cfg.get("preprocess") or {})
-    kind = label_kind(cfg)
-    exp = _experiment_part(cfg)
-    if exp.get("privacy"):
-        _check_private_preprocess(exp)
-    # the algorithm's protocol for a placeholder schema: its name, supervision, summed rounds
-    probe = protocol_for_schema(exp, max(1, len(request.features or ())) + 1, [512, 512],
-                                (0, 1) if request.label else None, kind, probe=True)
-    labels = "none" if not probe.supervised or request.label is None else kind
-    if probe.supervised and request.label is None:
-        raise ConfigError(f"[algorithm] {cfg['algorithm']['name']!r} needs labels: set "
-                          "[data] label = \"<column>\"")
-    summed = sorted(set(getattr(probe, "summed_actions", ()))
-                    | set(preprocess_protocol({"secure_aggregation": exp["secure_aggregation"]},
-                                              "mean", "standard", ["x"]).summed_actions))
-    request = dc_replace(request, labels=labels)
-    if exp.get("privacy"):   # no category or label set leaves a site: the config's public ones
-        try:
-            request = request.public()
-        except ValidationError as exc:
-            raise ConfigError(str(exc)) from None
-    protocol = SitePreprocessProtocol(
-        probe.name, json.dumps(exp), json.dumps(request.to_json()),
-        opts.get("impute", "mean"), opts.get("scale", "standard"), bool(probe.supervised),
-        summed)
-    devices: dict[int, Any] = {}
-    if count_sites:
-        from .sites import site_paths
-
-        try:
-            devices = dict(enumerate(site_paths(cfg["data"])))
-        except ValidationError as exc:
-            raise ValidationError(f"{exc} (the app reads no site file: pass --min-nodes N "
-                                  "when the files are not on this machine)") from None
-    return protocol, devices, int(cfg["seed"])
-
-
-def _check_private_preprocess(exp: Mapping[str, Any]) -> None:
-    """One line at app writing for what the nodes' private preprocessing round lacks."""
-    pp = exp["preprocess_privacy"]
-    if pp["bounds"] is None:
-        raise ConfigError("[preprocess] needs bounds = [[low, high], ...] (a public range "
-                          "per column) under [privacy]: the preprocessing round is private too")
-    if exp["privacy"].get("unit") == "device" and pp["site_rows"] is None:
-        raise ConfigError("[preprocess] needs site_rows = N (the most rows one site may "
-                          "weigh, a public number) under [privacy] unit = \"device\": the "
-                          "preprocessing round hides whole sites too")
-    try:
-        preprocess_protocol(exp, "mean", "standard",
-                            [f"x{j}" for j in range(len(pp["bounds"]))])
-    except ValidationError as exc:
-        raise ConfigError(f"[preprocess] {exc}") from None
+    model = build_estimator(cfg, pre, classes if labels == "class" else None)
+    return capture_run(algorithm, model, fed, bool(exp.get("secure_aggregation", False))).protocol
 
 
 class _ReplayTransport:
@@ -210,9 +146,9 @@ def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
     algorithm registers no export."""
     from pathlib import Path
 
-    from .model_io import save_model
+    from .files_out import save_model
     from .preprocess import FederatedPreprocessor
-    from .sites import SiteSchema
+    from . import SiteSchema
 
     exp = extra["experiment"]
     algorithm = get_algorithm(exp["algorithm"]["name"])
@@ -241,17 +177,14 @@ def present_sites(cfg: Mapping[str, Any], fed: Federation) -> list[int]:
     sim = cfg.get("simulation", {})
     if not sim.get("dropout") and not sim.get("late"):
         return list(range(len(fed.devices)))
-    from .sim.transport import draw_faults
+    from ..sim.transport import draw_faults
 
     # the seed the estimator hands its transport (the faults are drawn from it)
     probe = _placeholder(fed.devices[0].shape[1], [len(X) for X in fed.devices],
                          fed.extra["sites"].schema.classes, label_kind(cfg))
-    cap = _CaptureTransport(bool(sim.get("secure_aggregation", False)))
-    try:
-        get_algorithm(cfg["algorithm"]["name"]).fit(
-            build_estimator({"algorithm": cfg["algorithm"], "seed": cfg["seed"]}), probe, cap)
-    except _Captured:
-        pass
+    cap = capture_run(get_algorithm(cfg["algorithm"]["name"]),
+                      build_estimator({"algorithm": cfg["algorithm"], "seed": cfg["seed"]}), probe,
+                      bool(sim.get("secure_aggregation", False)))
     absent, late = draw_faults(list(range(len(fed.devices))), int(cap.seed),
                                dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
     keep = [z for z in range(len(fed.devices)) if z not in absent and z not in late]

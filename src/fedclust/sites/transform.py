@@ -4,7 +4,7 @@
 maths and messages are the inner protocol's, unchanged; each site, before every
 client step, turns its own raw data into the model's inputs — the site schema's
 encoding (a CSV/Parquet file read on the node), then the pooled transform of
-:class:`fedclust.preprocess.FederatedPreprocessor` (mean imputation, scaling).
+:class:`fedclust.sites.preprocess.FederatedPreprocessor` (mean imputation, scaling).
 The pooled means and scales travel in the protocol's config (what the
 preprocessing round broadcast), so no extra round and no row leaves a site.
 
@@ -13,7 +13,7 @@ server-side preprocessed arrays runs, on that transport, over the raw site data
 instead (``fedclust run --transport flower`` with site data): the nodes
 preprocess, and the result is the same as in process.
 
-:class:`~fedclust.sites.deployed.SitePreprocessProtocol` (registered here) is
+:class:`~fedclust.sites.deployed.SitePreprocessProtocol` is
 what a deployed app runs: the schema round and the preprocessing round on the
 sites, then the algorithm's rounds; the app holds no site value.
 """
@@ -26,14 +26,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .core.exceptions import ValidationError
-from .core.messages import Message
-from .core.protocol import Protocol, Request, RunLog, RunOutput
-from .core.registry import protocol_from_config, register_protocol
-from .sites.deployed import SitePreprocessProtocol
+from ..core.exceptions import ValidationError
+from ..core.messages import Message
+from ..core.protocol import Protocol, Request, RunLog, RunOutput
+from ..core.registry import protocol_from_config, register_protocol
 
-__all__ = ["SiteTransformProtocol", "SitePreprocessProtocol", "SiteTransformTransport",
-           "device_data_for"]
+__all__ = ["SiteTransformProtocol", "SiteTransformTransport"]
 
 
 class SiteTransformProtocol(Protocol):
@@ -59,7 +57,7 @@ class SiteTransformProtocol(Protocol):
                  scale: Sequence[float], impute: str = "mean", scaling: str = "standard",
                  schema: str = ""):
         from .preprocess import FederatedPreprocessor
-        from .sites import SiteSchema
+        from . import SiteSchema
 
         self.inner_name = str(inner)
         self.inner_config = str(inner_config)
@@ -111,7 +109,7 @@ class SiteTransformProtocol(Protocol):
     # -- the site's own data --------------------------------------------------------------
     def encode(self, data: Any) -> Any:
         """Raw site data -> encoded (not yet imputed or scaled) ``X`` or ``(X, y)``."""
-        from .sites import RawTable, encode_table, label_indices, label_values
+        from . import RawTable, encode_table, label_indices, label_values
 
         if not isinstance(data, RawTable):
             return data
@@ -128,7 +126,7 @@ class SiteTransformProtocol(Protocol):
 
     def local_data(self, data: Any, where: str = "site") -> Any:
         """Raw site data -> the inner protocol's input: ``X`` or ``(X, y)``, preprocessed."""
-        from .sites import RawTable, encode_table, label_indices, label_values
+        from . import RawTable, encode_table, label_indices, label_values
 
         if isinstance(data, RawTable):
             if self._schema is None:
@@ -151,6 +149,10 @@ class SiteTransformProtocol(Protocol):
         if self.supervised:
             raise ValidationError(f"{where}: the protocol needs labels y; the site's data has none")
         return self._pre.transform(data, where=where)
+
+    def node_data(self, data: Any, where: str) -> Any:
+        """The node's raw data as it is: :meth:`local_data` encodes and preprocesses it."""
+        return data
 
     # -- everything else is the inner protocol's ------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> Any:
@@ -185,38 +187,6 @@ class SiteTransformProtocol(Protocol):
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
-
-
-def device_data_for(protocol: Protocol, data: Any, where: str) -> Any:
-    """What a node hands ``protocol``: labels dropped for an unsupervised protocol; a table or
-    an unlabelled file refused, by name, where the protocol cannot use it."""
-    from .sites import RawTable
-
-    if isinstance(protocol, (SiteTransformProtocol, SitePreprocessProtocol)):
-        return data
-    if isinstance(data, RawTable) and data.path.lower().endswith(".npz"):
-        data = _arrays_of(data, where)  # an .npz with feature_names: its X (and y) as arrays
-    if isinstance(data, RawTable):
-        raise ValidationError(f"{where}: a CSV/Parquet node file needs the site schema: deploy a "
-                              "config with [data] source = \"files\"")
-    if isinstance(data, tuple) and not protocol.supervised:
-        return data[0]
-    if not isinstance(data, tuple) and protocol.supervised:
-        raise ValidationError(f"{where}: protocol {protocol.name!r} needs labels; the data file "
-                              "has no 'y'")
-    return data
-
-
-def _arrays_of(table: Any, where: str) -> Any:
-    cols = []
-    for c in table.features:
-        v = np.asarray(table.columns[c])
-        if v.dtype.kind not in "biuf":
-            raise ValidationError(f"{table.path}: column {c!r} is not numeric; this protocol "
-                                  "takes numbers (deploy a config with [data] source = \"files\")")
-        cols.append(v.astype(np.float64))
-    X = np.column_stack(cols) if cols else np.zeros((table.n_rows, 0))
-    return (X, np.asarray(table.columns["y"])) if "y" in table.columns else X
 
 
 @dataclass
@@ -254,4 +224,3 @@ class _InnerResult:  # placeholder type: results are saved under the inner proto
 
 
 register_protocol(SiteTransformProtocol, _InnerResult)
-register_protocol(SitePreprocessProtocol, _InnerResult)

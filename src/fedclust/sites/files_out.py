@@ -30,9 +30,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .core.atomic import atomic_open, write_npz_atomic
-from .core.exceptions import ValidationError
-from .core.registry import Exported, get_predictor
+from ..core.atomic import atomic_open, write_npz_atomic
+from ..core.exceptions import ValidationError
+from ..core.registry import Exported, get_predictor
 
 __all__ = ["SavedModel", "save_model", "load_model", "write_site_labels", "write_labels_csv"]
 
@@ -57,7 +57,7 @@ class SavedModel:
 
     def __init__(self, header: dict[str, Any], exported: Exported, preprocessor: Any,
                  path: str = "model"):
-        from .sites import SiteSchema
+        from . import SiteSchema
 
         self.header = header
         self.path = path
@@ -74,7 +74,7 @@ class SavedModel:
 
     # -- inputs -----------------------------------------------------------------------
     def _encode(self, X: Any, where: str) -> np.ndarray:
-        from .sites import RawTable, encode_table, frame_columns, label_indices
+        from . import RawTable, encode_table, frame_columns, label_indices
 
         if hasattr(X, "columns") and hasattr(X, "iloc"):  # a pandas DataFrame
             cols = frame_columns(X)
@@ -86,7 +86,7 @@ class SavedModel:
             label = self.schema.label
             if (label is not None and label in X.columns and self.task == "classification"
                     and self.classes is not None):
-                from .sites import label_values
+                from . import label_values
 
                 label_indices(label_values(X, label), self.classes, X.path, label)
             return encode_table(X, self.schema)
@@ -118,7 +118,7 @@ class SavedModel:
 
     def predict_file(self, path: str | os.PathLike) -> tuple[np.ndarray, Any]:
         """Predictions for a site file (CSV/Parquet/npz) and the table read."""
-        from .sites import file_stem, read_table
+        from . import file_stem, read_table
 
         table = read_table(Path(path))
         if table.n_rows == 0:

@@ -37,8 +37,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..core.exceptions import ValidationError
-from ..core.protocol import Protocol
+from .core.exceptions import ValidationError
+from .core.protocol import Protocol
 
 __all__ = ["experiment_protocol", "split_devices", "write_app", "app_run_config", "build_wheel"]
 
@@ -51,7 +51,7 @@ def experiment_protocol(cfg: Mapping[str, Any], count_sites: bool = True
     (:func:`fedclust.experiment.build_protocol`); on site files the schema round and the
     preprocessing round are the deployed run's first rounds, on the nodes, and no site
     file is read (the device data are the files' paths)."""
-    from ..experiment import build_protocol
+    from .experiment import build_protocol
 
     return build_protocol(cfg, preprocess_on_nodes=True, count_sites=count_sites)
 
@@ -59,7 +59,7 @@ def experiment_protocol(cfg: Mapping[str, Any], count_sites: bool = True
 def split_devices(cfg: Mapping[str, Any], out_dir: str | Path) -> list[tuple[int, Path]]:
     """Write each device of ``cfg``'s federation to ``out_dir/dev-<id>.npz`` (site files:
     a copy of each site's own file under its own name; the site is named by its stem)."""
-    from .dataio import save_device_file
+    from .flower.dataio import save_device_file
 
     _, devices, _ = experiment_protocol(cfg)
     out = Path(out_dir)
@@ -80,7 +80,7 @@ def app_run_config(cfg: Mapping[str, Any], *, result_dir: str | Path,
     """Flat ``[tool.flwr.app.config]`` for ``cfg`` (see :class:`fedclust.flower.apps.ServerSpec`)."""
     protocol, devices, seed = experiment_protocol(cfg, count_sites=min_nodes is None)
     if cfg.get("simulation", {}).get("secure_aggregation", False):
-        from ..core.secure_sum import check_summable
+        from .core.secure_sum import check_summable
 
         check_summable(protocol.secure_form())
     sim = cfg.get("simulation", {}) if faults else {}
@@ -260,7 +260,7 @@ def write_app(app_dir: str | Path, cfg: Mapping[str, Any], *, result_dir: str | 
     (:func:`build_wheel`), a path copies that wheel there, ``None``/``False``
     writes none. ``insecure`` adds the no-TLS commands to ``DEPLOY.md``.
     """
-    from .. import __version__
+    from . import __version__
 
     app_dir = Path(app_dir)
     result_dir = Path(result_dir) if result_dir is not None else app_dir / "result"

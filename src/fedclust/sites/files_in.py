@@ -12,7 +12,8 @@ import numpy as np
 
 from ..core.exceptions import ValidationError
 
-__all__ = ["RawTable", "read_table", "expand_paths", "file_stem", "frame_columns", "NA_VALUES"]
+__all__ = ["RawTable", "read_table", "expand_paths", "file_stem", "frame_columns", "NA_VALUES",
+           "table_to_arrays", "table_from_arrays"]
 
 #: cells read as missing in CSV files (pandas' defaults plus "?", common in UCI files)
 NA_VALUES = ("", "?", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
@@ -37,6 +38,24 @@ class RawTable:
     @property
     def n_rows(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
+
+    def as_arrays(self, where: str) -> Any:
+        """``X`` or ``(X, y)`` for a protocol that takes numbers, not a table (see
+        :meth:`fedclust.core.protocol.Protocol.node_data`): an ``.npz`` with
+        ``feature_names`` gives its arrays; a CSV/Parquet file needs the site schema."""
+        if not self.path.lower().endswith(".npz"):
+            raise ValidationError(f"{where}: a CSV/Parquet node file needs the site schema: "
+                                  "deploy a config with [data] source = \"files\"")
+        cols = []
+        for c in self.features:
+            v = np.asarray(self.columns[c])
+            if v.dtype.kind not in "biuf":
+                raise ValidationError(f"{self.path}: column {c!r} is not numeric; this protocol "
+                                      "takes numbers (deploy a config with [data] source = "
+                                      "\"files\")")
+            cols.append(v.astype(np.float64))
+        X = np.column_stack(cols) if cols else np.zeros((self.n_rows, 0))
+        return (X, np.asarray(self.columns["y"])) if "y" in self.columns else X
 
 
 
@@ -207,3 +226,50 @@ def _read_npz(path: Path) -> RawTable:
                 cols[key] = a if a.dtype.kind in "biuf" else a.astype(str).astype(object)
     return RawTable(file_stem(path), str(path), cols, names)
 
+
+# ------------------------------------------------------------------ a table in a node's .npz
+
+_COL, _SITE = "col/", "__site__"
+
+
+def table_to_arrays(data: Any) -> dict[str, np.ndarray] | None:
+    """A site table as the arrays of a node's ``.npz`` (``col/<name>``: numbers, or text
+    with ``""`` for a missing cell; the table's names as JSON); None for other data."""
+    if not isinstance(data, RawTable):
+        return None
+    import json
+
+    arrays = {}
+    for c, v in data.columns.items():
+        v = np.asarray(v)
+        arrays[_COL + c] = v if v.dtype.kind in "biuf" else np.array(
+            ["" if x is None else str(x) for x in v.tolist()], dtype=str)
+    meta = {"name": data.name, "path": data.path, "features": list(data.features),
+            "order": list(data.columns)}
+    arrays[_SITE] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    return arrays
+
+
+def table_from_arrays(data: Any) -> RawTable | None:
+    """The table :func:`table_to_arrays` wrote into an opened ``.npz``; None if it holds none."""
+    if _SITE not in data.files:
+        return None
+    import json
+
+    meta = json.loads(bytes(data[_SITE]).decode("utf-8"))
+    cols = {}
+    for c in meta["order"]:
+        v = data[_COL + c]
+        cols[c] = v if v.dtype.kind in "biuf" else np.array(
+            [x if x != "" else None for x in v.tolist()], dtype=object)
+    return RawTable(meta["name"], meta["path"], cols, list(meta["features"]))
+
+
+def _register() -> None:
+    from ..core.registry import TableFiles, register_table_files
+
+    register_table_files(TableFiles(read=read_table, to_arrays=table_to_arrays,
+                                    from_arrays=table_from_arrays))
+
+
+_register()

@@ -1,0 +1,7 @@
+"""``python -m fedclust``: the ``fedclust`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,315 @@
+"""The ServerApp's protocol loop over a Flower grid (:class:`Server`, :func:`run_server`).
+
+What :func:`fedclust.flower.apps.make_server_app` runs; see :mod:`fedclust.flower.apps`
+for the rounds. The graph relay's server side is :mod:`fedclust.flower.relay_server`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+from flwr.common.logger import log as flwr_log
+from flwr.serverapp import Grid
+
+from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.messages import message_nbytes
+from ..core.protocol import Request, RunLog, require_replies, round_targets
+from ..sim.meter import CommunicationMeter
+from ..sim.transport import RunOutput, draw_faults, late_request
+from ..core.secure_sum import SecureSumServer, check_summable
+from ..sim.secure import summed_replies
+from .codec import reply_failure as _reason
+from .codec import (FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
+                    arrays_to_record, record_to_arrays, request_to_content)
+from ..core.registry import protocol_from_config
+from ..unlearning.store import SummaryStore, record_round
+from ..core.threads import one_blas_thread
+from .recovery import ServerRecovery
+
+from .spec import ServerSpec
+
+__all__ = ["Server", "run_server"]
+
+_INFO = 20
+_WARNING = 30
+
+
+def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
+    end = time.monotonic() + timeout
+    while True:
+        nodes = sorted(int(x) for x in grid.get_node_ids())
+        if len(nodes) >= n or time.monotonic() >= end:
+            return nodes
+        time.sleep(0.1)
+
+
+class Server:
+    """One run of a protocol over a Flower grid (state of :func:`run_server`)."""
+
+    def __init__(self, grid: Grid, spec: ServerSpec):
+        self.grid = grid
+        self.spec = spec
+        self.protocol = protocol_from_config(spec.protocol, spec.protocol_config)
+        self.seed = int(spec.seed)
+        self.node_of: dict[int, int] = {}
+        self.meter = CommunicationMeter()
+        self.log = RunLog()
+        self.secure = spec.secure_settings()
+        #: devices that let a round time out: not sent the final message (another timeout)
+        self.unreachable: set[int] = set()
+        if self.secure is not None:
+            self.protocol = self.protocol.secure_form()
+        self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
+
+    def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
+             ) -> dict[int, Message | None]:
+        """One message per target device; returns device -> reply (None: no reply in time)."""
+        action = request.action
+        msgs = []
+        for z in targets:
+            payload = payloads.get(z) if payloads is not None else None
+            content = request_to_content(self.protocol, request, self.seed, payload, **head)
+            msgs.append(Message(content, dst_node_id=self.node_of[z],
+                                message_type=f"query.{action}", group_id=str(request.round)))
+        return self._exchange(msgs, targets)
+
+    def hello(self) -> dict[int, str]:
+        """Map device ids to node ids; returns node failures (node id -> reason)."""
+        nodes = _wait_for_nodes(self.grid, self.spec.min_nodes, self.spec.node_wait_s)
+        if len(nodes) < self.spec.min_nodes:
+            flwr_log(_WARNING, "fedclust: %d of %d SuperNodes connected after %.0f s; going on",
+                     len(nodes), self.spec.min_nodes, self.spec.node_wait_s)
+        if not nodes:
+            raise ValidationError("no SuperNode is connected: nothing to run on")
+        self.node_of = {-(i + 1): n for i, n in enumerate(nodes)}  # provisional keys
+        got = self.send(Request(-1, HELLO_ACTION), list(self.node_of))
+        node_failed: dict[int, str] = {}
+        mapping: dict[int, int] = {}
+        claims: dict[int, list[int]] = {}
+        for key, r in got.items():
+            node = self.node_of[key]
+            if r is None:
+                node_failed[node] = f"node {node}: no reply to hello (timed out)"
+                continue
+            why = _reason(r)
+            if why is None and HELLO not in r.content.config_records:
+                why = "hello reply has no device id"
+            if why is not None:
+                node_failed[node] = f"node {node}: {why}"
+                continue
+            z = int(r.content.config_records[HELLO]["device-id"])
+            claims.setdefault(z, []).append(node)
+        for z, claimants in claims.items():
+            if len(claimants) == 1:
+                mapping[z] = claimants[0]
+                continue
+            for node in claimants:  # cannot tell which one is honest: leave them all out
+                node_failed[node] = (f"node {node}: nodes {claimants} all claim device id {z}; "
+                                     "give each SuperNode its own data file / device-id")
+        self.node_of = mapping
+        for node, why in node_failed.items():
+            flwr_log(_WARNING, "fedclust: %s", why)
+        if not mapping:
+            shown = "; ".join(node_failed[n] for n in sorted(node_failed)[:2])
+            raise ValidationError(f"none of the {len(nodes)} SuperNodes can take part: {shown}")
+        return node_failed
+
+    def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
+        """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
+        srv = SecureSumServer(targets, self.recovery.secure_round_id(request.round),
+                              self.secure, self.seed)
+        for stage in srv.stages:
+            inbound = srv.requests(stage)
+            msgs = []
+            for z, arrays in inbound.items():
+                payload = request.payload_for(z) if stage == "mask" else None
+                sent = Request(request.round, request.action, payload)
+                content = request_to_content(self.protocol, sent, self.seed,
+                                             **{SECAGG_STAGE: stage})
+                content[SECAGG] = arrays_to_record(arrays)
+                self.meter.record_down(z, message_nbytes(payload) +
+                                       sum(np.asarray(a).nbytes for a in arrays.values()))
+                msgs.append(Message(content, dst_node_id=self.node_of[z],
+                                    message_type=f"query.{request.action}",
+                                    group_id=f"{request.round}.{stage}"))
+            got = self._exchange(msgs, list(inbound))
+            replies, reasons = {}, {}
+            for z, r in got.items():
+                if r is None:
+                    self.unreachable.add(z)
+                why = (f"no answer within {self.spec.round_timeout_s} s (timed out)" if r is None
+                       else _reason(r))
+                if why is None and SECAGG not in r.content.array_records:
+                    why = f"reply has no {SECAGG} array record"
+                if why is not None:
+                    reasons[z] = f"device {z}: {why}"
+                    continue
+                try:
+                    arrays = record_to_arrays(r.content.array_records[SECAGG],
+                                              sender=f"device {z}")
+                except IncompatibleMessageError as exc:
+                    reasons[z] = str(exc)
+                    continue
+                self.meter.record_up(z, sum(a.nbytes for a in arrays.values()))
+                replies[z] = arrays
+            flwr_log(_INFO, "fedclust: round %d (%s) secure stage '%s': %d of %d devices "
+                     "answered", request.round, request.action, stage, len(replies), len(inbound))
+            srv.take(stage, replies, reasons)
+        return summed_replies(self.protocol, state, request, srv, self.meter, self.log)
+
+    def _exchange(self, msgs: list[Message], targets: list[int]) -> dict[int, Message | None]:
+        replies = self.grid.send_and_receive(msgs, timeout=self.spec.round_timeout_s)
+        device_of = {n: z for z, n in self.node_of.items()}
+        got: dict[int, Message | None] = {z: None for z in targets}
+        for r in replies:
+            z = device_of.get(int(r.metadata.src_node_id))
+            if z in got:
+                got[z] = r
+        return got
+
+    def round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
+        reply_type = self.protocol.reply_types[request.action]
+        for z in targets:
+            self.meter.record_down(z, message_nbytes(request.payload_for(z)))
+        got = self.send(request, targets, payloads=request.payloads)
+        replies = {}
+        for z in targets:
+            decoded = self._decode(z, got[z], reply_type)
+            if decoded is None:
+                continue
+            try:
+                self.protocol.check_reply(state, request, z, decoded)
+            except IncompatibleMessageError as exc:
+                self.log.rejected[z] = str(exc)
+                continue
+            replies[z] = decoded
+        return replies
+
+    def _decode(self, z: int, reply: Message | None, reply_type):
+        if reply is None:
+            self.unreachable.add(z)
+            self.log.failed[z] = (f"device {z}: no reply within {self.spec.round_timeout_s} s "
+                                  "(timed out)")
+            return None
+        why = _reason(reply)
+        if why is not None:
+            self.log.failed[z] = f"device {z}: {why}"
+            return None
+        sender = f"device {z}"
+        try:
+            if REPLY not in reply.content.array_records:
+                raise IncompatibleMessageError(f"{sender}: reply has no {REPLY} array record")
+            arrays = record_to_arrays(reply.content.array_records[REPLY], sender=sender)
+            self.meter.record_up(z, sum(a.nbytes for a in arrays.values()))
+            return reply_type.from_arrays(arrays, sender=sender)
+        except IncompatibleMessageError as exc:
+            self.log.rejected[z] = str(exc)
+            return None
+
+    def run(self) -> tuple[RunOutput, dict[str, Any]]:
+        if self.spec.graph_edges:
+            from .relay_server import run_relay
+
+            return run_relay(self)
+        t0 = time.perf_counter()
+        protocol, log, spec = self.protocol, self.log, self.spec
+        node_failed = self.hello()
+        t_hello = time.perf_counter() - t0
+        ids = sorted(self.node_of)
+        absent, late = draw_faults(ids, self.seed, dropout=spec.dropout, late=spec.late,
+                                   dropped=spec.dropped, late_devices=spec.late_devices)
+        log.dropped = sorted(absent)
+        log.late = sorted(late)
+        active = [z for z in ids if z not in absent and z not in late]
+        rec = self.recovery = ServerRecovery(protocol, self.seed, spec.result_dir, spec.resume,
+                                             self.secure is not None)
+        state, log, self.meter, active = rec.begin(ids, active, log, self.meter)
+        self.log = log
+        if state is None:
+            state = protocol.start(active, self.seed)
+        summaries = SummaryStore(list(active))   # what the server keeps to forget a device
+        while (request := protocol.next_request(state)) is not None:
+            targets = round_targets(request, active, log)
+            rec.before_round(request, self.meter.rounds)   # written ahead of any release
+            if request.action in self.summed:
+                replies = self.secure_round(state, request, targets)
+            else:
+                replies = self.round(state, request, targets)
+            self.meter.rounds += 1
+            replied = (sum(z not in log.failed and z not in log.rejected for z in targets)
+                       if request.action in self.summed else len(replies))
+            flwr_log(_INFO, "fedclust: round %d (%s): %d of %d devices replied%s", request.round,
+                     request.action, replied, len(targets),
+                     " (server holds their sum only)" if request.action in self.summed else "")
+            require_replies(request, targets, replies, log)
+            record_round(summaries, request, replies)
+            with one_blas_thread():  # the same rounding on every transport and machine
+                protocol.server_step(state, request, replies)
+            rec.after_round(state, log, self.meter, active)
+        rec.finish(log)
+        log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
+        with one_blas_thread():
+            result = protocol.finish(state, log)
+        if late and hasattr(protocol, "assign_late"):
+            self._assign_late(result, sorted(late))
+        t_rounds = time.perf_counter() - t0 - t_hello
+        outputs = self._finish(result, ids)
+        extra = dict(protocol.run_extra(state)) if hasattr(protocol, "run_extra") else {}
+        if extra.get("sites"):  # a site run: a failed device is named by its site
+            log.name_sites(extra["sites"])
+        extra.update({"nodes": {str(z): n for z, n in self.node_of.items()},
+                 "nodes_failed": {str(n): t for n, t in node_failed.items()},
+                 "time_s": {"hello": t_hello, "rounds": t_rounds,
+                            "total": time.perf_counter() - t0}})
+        out = RunOutput(result, outputs, self.meter, log, self.seed)
+        out.summaries = summaries   # type: ignore[attr-defined]
+        return out, extra
+
+    def _assign_late(self, result, late: list[int]) -> None:
+        request = late_request(self.protocol, result)
+        reply_type = self.protocol.reply_types[request.action]
+        for z in late:
+            self.meter.record_down(z, message_nbytes(request.payload))
+        got = self.send(request, late)
+        for z in late:
+            decoded = self._decode(z, got[z], reply_type)
+            if decoded is None:
+                continue
+            try:
+                self.protocol.assign_late(result, z, decoded)
+            except IncompatibleMessageError as exc:
+                self.log.rejected[z] = str(exc)
+
+    def _finish(self, result, ids: list[int]) -> dict[int, dict[str, np.ndarray]]:
+        finals = {}
+        for z in ids:
+            final = None if z in self.unreachable else self.protocol.final_message(result, z)
+            if final is not None:
+                finals[z] = final
+                self.meter.record_down(z, final.nbytes)
+        if not finals:
+            return {}
+        request = Request(round=self.meter.rounds, action=FINISH_ACTION)
+        got = self.send(request, list(finals), payloads=finals, collect=self.spec.collect_outputs)
+        outputs: dict[int, dict[str, np.ndarray]] = {}
+        for z, r in got.items():
+            why = "no reply (timed out)" if r is None else _reason(r)
+            if why is not None:
+                # keep the first cause (a node dropped mid-run times out here again)
+                self.log.failed.setdefault(z, f"device {z} (final message): {why}")
+                continue
+            if self.spec.collect_outputs:
+                try:
+                    outputs[z] = record_to_arrays(r.content.array_records[OUTPUT],
+                                                  sender=f"device {z}")
+                except (KeyError, IncompatibleMessageError) as exc:
+                    self.log.rejected[z] = f"device {z}: bad output ({exc})"
+        return outputs
+
+
+def run_server(grid: Grid, spec: ServerSpec) -> tuple[RunOutput, dict[str, Any]]:
+    """Run ``spec``'s protocol over the nodes of ``grid``; returns ``(RunOutput, extra)``."""
+    return Server(grid, spec).run()
