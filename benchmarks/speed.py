@@ -39,6 +39,12 @@ this machine's timings are noisy):
   also timed);
 * ``sklearn``: ``sklearn.cluster.KMeans(k, n_init=1)`` (k-means++, Lloyd) on the
   pooled data (``np.concatenate`` time reported separately as ``pool``);
+* ``kfed_fit_1thread`` / ``sklearn_1thread``: the same two fits with one thread each
+  (``threadpool_limits(1)`` for OpenMP and BLAS, k-FED's device pool ``n_jobs=1``),
+  the ``1-thread`` column (wall clock) and ``1-thread CPU`` (this process's CPU time,
+  which other jobs on a shared machine inflate less); ``--no-one-thread`` skips
+  them; the other columns let
+  both use every core (scikit-learn's OpenMP Lloyd, k-FED's device threads);
 * ``authors``: :mod:`authors_kfed`, a re-creation of the authors' design (a
   per-device loop around scikit-learn ``KMeans``). On the many-small case its
   device loop runs on a random sample of ``--authors-devices`` devices and is
@@ -131,6 +137,7 @@ class Phase:
 
     def __init__(self):
         self.time = None
+        self.cpu = None
         self.mem = None
 
     def __enter__(self):
@@ -138,17 +145,23 @@ class Phase:
         self._ok = C.reset_peak_rss()
         self._base = C.rss_mb()
         self._t0 = time.perf_counter()
+        self._c0 = time.process_time()
         return self
 
     def __exit__(self, *exc):
         self.time = time.perf_counter() - self._t0
+        self.cpu = time.process_time() - self._c0
         hwm = C.vm_hwm_mb() if self._ok else None
         self.mem = None if hwm is None else max(hwm - self._base, 0.0)
         return False
 
 
-def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None) -> dict:
+def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None,
+             one_thread: bool = True) -> dict:
     from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
+    from fedclust.sim.transport import InProcessTransport
 
     t0 = time.perf_counter()
     fd = case.make(seed, data_dir)
@@ -164,6 +177,8 @@ def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None) 
 
     def rec(key, ph):
         T.setdefault(key, []).append(ph.time)
+        if key.endswith("_1thread"):   # one thread: CPU time is its time, less the load
+            T.setdefault(key + "_cpu", []).append(ph.cpu)
         if ph.mem is not None:
             M[key] = max(M.get(key, 0.0), ph.mem)
 
@@ -188,6 +203,16 @@ def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None) 
         with Phase() as ph:
             km = KMeans(case.k, n_init=1, random_state=seed).fit(X)
         rec("sklearn", ph)
+        if one_thread:   # the same single thread for both: OpenMP and BLAS of scikit-learn,
+            # the device pool and BLAS of k-FED
+            with threadpool_limits(limits=1):
+                with Phase() as ph:
+                    KFed(case.k, case.k_local, server="farthest-lloyd1", random_state=seed).fit(
+                        devices, transport=InProcessTransport(n_jobs=1))
+                rec("kfed_fit_1thread", ph)
+                with Phase() as ph:
+                    KMeans(case.k, n_init=1, random_state=seed).fit(X)
+                rec("sklearn_1thread", ph)
         if authors:
             if case.authors_devices is None or case.authors_devices >= len(devices):
                 with Phase() as ph:
@@ -230,6 +255,10 @@ def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None) 
         "kfed_fit_over_sklearn": best["kfed_fit"] / best["sklearn"],
         "kfed_local_kmeans_loop_over_sklearn": best["kfed_local_kmeans_loop"] / best["sklearn"],
     }
+    if "kfed_fit_1thread" in best:
+        ratios["kfed_fit_over_sklearn_1thread"] = best["kfed_fit_1thread"] / best["sklearn_1thread"]
+        ratios["kfed_fit_over_sklearn_1thread_cpu"] = (best["kfed_fit_1thread_cpu"]
+                                                       / best["sklearn_1thread_cpu"])
     if "authors" in best:
         ratios["authors_over_kfed_fit"] = best["authors"] / best["kfed_fit"]
         ratios["authors_over_sklearn"] = best["authors"] / best["sklearn"]
@@ -258,6 +287,9 @@ def main(argv=None) -> dict:
                    help="comma-separated case indices to run (default: all), e.g. 0,1; "
                         "'none': only the streamed curve")
     p.add_argument("--no-authors", action="store_true", help="skip the authors' design")
+    p.add_argument("--no-one-thread", action="store_true",
+                   help="skip the one-thread comparison (k-FED and scikit-learn both limited "
+                        "to one thread: OpenMP, BLAS and the device pool)")
     p.add_argument("--curve-max", type=float, default=None,
                    help="largest device count of the streamed curve (default 1e7; quick 1e5; "
                         "0 skips the curve)")
@@ -299,7 +331,7 @@ def main(argv=None) -> dict:
                     continue
             reps = args.repeats or case.repeats or (2 if args.quick else 3)
             rows.append(run_case(case, reps, args.seed, authors=not args.no_authors,
-                                 data_dir=args.data_dir))
+                                 data_dir=args.data_dir, one_thread=not args.no_one_thread))
     curve = []
     cmax = int(args.curve_max if args.curve_max is not None else (1e5 if args.quick else 1e7))
     if cmax:
@@ -319,6 +351,10 @@ def main(argv=None) -> dict:
             f"{t['kfed_server_farthest-lloyd1']:.3f}", f"{t['sklearn']:.2f}",
             "-" if a is None else (("~" if r.get("authors_sampled") else "") + f"{a:.2f}"),
             f"{r['ratios']['kfed_fit_over_sklearn']:.2f}",
+            "-" if "kfed_fit_over_sklearn_1thread" not in r["ratios"]
+            else f"{r['ratios']['kfed_fit_over_sklearn_1thread']:.2f}",
+            "-" if "kfed_fit_over_sklearn_1thread_cpu" not in r["ratios"]
+            else f"{r['ratios']['kfed_fit_over_sklearn_1thread_cpu']:.3f}",
             "-" if r["targets"]["kfed_time_goal"] is None
             else f"<= {r['targets']['kfed_time_goal']:g}",
             "-" if a is None else f"{r['ratios']['authors_over_kfed_fit']:.1f}x",
@@ -330,7 +366,7 @@ def main(argv=None) -> dict:
             f"{r['data_mib']:.0f}",
         ])
     C.print_table(["case", "k-FED fit s", "fit−server s", "server s", "sklearn s", "authors s",
-                   "kfed/sk time", "goal", "authors/kfed", "kfed/sk cost", "authors/sk cost",
+                   "kfed/sk time", "1-thread", "1-thread CPU", "goal", "authors/kfed", "kfed/sk cost", "authors/sk cost",
                    "kfed +MiB", "sklearn +MiB", "data MiB"], table,
                   title="Speed — min over repeats; reference for authors-40x800: "
                         "authors' code 20.8 s, sklearn pooled 1.7 s"

@@ -137,6 +137,16 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     if ids is not None and len(ids) != len(devices):
         raise ValidationError(f"device_ids has {len(ids)} entries for {len(devices)} devices")
     finite = _finite_float_devices(devices)
+    # large float devices: their per-feature min and max test finiteness (NaN and inf reach
+    # them) and are the scale check's input, so each such device is read twice, not three times
+    ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for pos, X in enumerate(devices):
+        if (not finite[pos] and type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f"
+                and X.size > _SMALL_DEVICE and X.shape[0] > 0):
+            lo, hi = X.min(axis=0), X.max(axis=0)
+            if np.isfinite(lo).all() and np.isfinite(hi).all():
+                finite[pos] = True
+                ranges[pos] = (lo, hi)
     for pos, X in enumerate(devices):
         z = pos if ids is None else ids[pos]
         arr = X if finite[pos] else check_array(X, f"device {z}")
@@ -156,12 +166,13 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
         out.append(arr)
     if not all(a.dtype == np.float32 for a in out):
         out = [a.astype(np.float64, copy=False) for a in out]
-    check_scale(out, name, ids)
+    check_scale(out, name, ids, ranges=ranges)
     return out
 
 
 def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
-                ids: Sequence[int] | None = None) -> None:
+                ids: Sequence[int] | None = None, *,
+                ranges: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
     """Refuse, in one line, data whose squared distances overflow or underflow its float type.
 
     Every family computes squared distances, scatter matrices or squared
@@ -173,9 +184,13 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     the data by one constant, which every clustering here is equivariant to.
     ``arrays``: finite 2-D float arrays with one number of columns (checked
     already); errors name the device (by ``ids``, default its position).
-    O(total size), in chunks of devices.
+    O(total size), in chunks of devices. ``ranges``: position -> (per-feature min, max) of
+    devices whose ranges the caller has already computed (not read again).
     """
-    arrays = [a for a in arrays if a.size]
+    known = ranges or {}
+    ids = None if ids is None else [z for z, a in zip(ids, arrays) if a.size]
+    pairs = [(pos, a) for pos, a in enumerate(arrays) if a.size]
+    arrays = [a for _, a in pairs]
     if not arrays:
         return
     fi = np.finfo(np.result_type(*[a.dtype for a in arrays]))
@@ -183,8 +198,13 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     tiny = float(np.sqrt(fi.tiny)) * _HEADROOM
     lo = np.full(arrays[0].shape[1], np.inf)
     hi = np.full(arrays[0].shape[1], -np.inf)
-    for s in range(0, len(arrays), _SMALL_DEVICE):
-        part = arrays[s:s + _SMALL_DEVICE]
+    for pos, _ in pairs:
+        if pos in known:
+            np.minimum(lo, known[pos][0], out=lo)
+            np.maximum(hi, known[pos][1], out=hi)
+    unread = [a for pos, a in pairs if pos not in known]
+    for s in range(0, len(unread), _SMALL_DEVICE):
+        part = unread[s:s + _SMALL_DEVICE]
         # small devices stacked (one reduction per chunk); large ones read in place
         small = [a for a in part if a.size <= _SMALL_DEVICE]
         blocks = [a for a in part if a.size > _SMALL_DEVICE]

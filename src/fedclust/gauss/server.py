@@ -3,7 +3,8 @@
 The global statistics are pooled with Chan's formula; the clusters of every
 owner are put in one canonical order (class, then size, then mean), so the
 result does not depend on the order in which owners reply; then the best
-same-class pair is merged while it passes the merge test (:meth:`ClusterSet.merge_all`:
+same-class pair is merged while it passes the merge test (:meth:`ClusterSet.merge_all`,
+run as :func:`~fedclust.gauss.lazy_merge.merge_all_lazy`:
 BIC by default; the paper's volume criterion with its size cap, followed by folding
 fragments below ``min_weight``, with ``merge_test="volume"``), the merged clusters are
 consolidated against the received pieces (:func:`~fedclust.gauss.consolidate.consolidate`:
@@ -19,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .consolidate import consolidate, snapshot
+from .lazy_merge import merge_all_lazy
 from .local import add_clusters
 from .messages import GaussClusters
 from .model import ARRAYS, ClusterSet, Settings
@@ -52,7 +54,7 @@ def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes:
         add_clusters(srv, m)
     _sort_canonical(srv)
     pieces = snapshot(srv)
-    srv.merge_all()
+    merge_all_lazy(srv)   # srv.merge_all(), computing only the log-determinants that decide
     consolidate(srv, pieces)
     srv.absorb_fragments()
     srv.prune()

@@ -1,0 +1,68 @@
+"""The server's bounded BIC merges give merge_all's result bit for bit, and the bound holds."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from fedclust.gauss.lazy_merge import _Bounds, merge_all_lazy
+from fedclust.gauss.model import ARRAYS, ClusterSet, Settings, moments_full
+from fedclust.gauss.stats import merge_clusters, moments
+
+
+def _fragments(seed, D, n_classes=0, correlated=False):
+    """A cluster set of fragments (1 to ~80 rows) of a few Gaussians, as the server gets."""
+    rng = np.random.default_rng(seed)
+    k = 4
+    means = rng.normal(scale=6.0, size=(k, D))
+    if correlated:
+        mix = [rng.normal(size=(D, D)) * rng.uniform(0.2, 2.0, size=D) for _ in range(k)]
+    else:
+        mix = [np.eye(D) * rng.uniform(0.5, 2.0) for _ in range(k)]
+    cs = ClusterSet(D, Settings(), n_classes)
+    rows = []
+    for _ in range(60):
+        j = int(rng.integers(k))
+        m = int(rng.choice([1, 2, 5, 20, 80]))
+        R = means[j] + rng.normal(size=(m, D)) @ mix[j]
+        rows.append((R, j % max(n_classes, 1) if n_classes else -1))
+    cs.set_global(*moments(np.concatenate([R for R, _ in rows])))
+    for R, c in rows:
+        n, mu, S = moments_full(R, True)
+        cs.add(mu[None], S[None], np.array([n]), np.array([c]), np.array([0]))
+    return cs
+
+
+@pytest.mark.parametrize("seed,D,n_classes,correlated", [
+    (0, 6, 0, False), (1, 12, 0, True), (2, 8, 2, True), (3, 20, 0, False)])
+def test_bounded_merges_equal_merge_all_bit_for_bit(seed, D, n_classes, correlated):
+    a = _fragments(seed, D, n_classes, correlated)
+    b = copy.deepcopy(a)
+    merges = a.merge_all()
+    assert merges > 0
+    assert merge_all_lazy(b) == merges
+    assert a.C == b.C and a.joined == b.joined
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name)[:a.C], getattr(b, name)[:b.C],
+                                      err_msg=name)
+
+
+def test_bounded_merges_stop_at_until_like_merge_all():
+    a = _fragments(4, 8)
+    b = copy.deepcopy(a)
+    assert a.merge_all(until=30) == merge_all_lazy(b, until=30)
+    assert a.C == b.C == 30
+    np.testing.assert_array_equal(a.S[:a.C], b.S[:b.C])
+
+
+def test_the_log_det_bound_is_below_the_pooled_log_det():
+    cs = _fragments(5, 10, correlated=True)
+    C = cs.C
+    bound = _Bounds(cs, C)
+    p, q = np.triu_indices(C, 1)
+    n, _, S = merge_clusters(cs.n[p], cs.mu[p], cs.S[p], cs.n[q], cs.mu[q], cs.S[q])
+    exact = np.linalg.slogdet((S + np.diag(cs.s0_rule)) / n[:, None, None])[1]
+    low = bound.log_det_low(p, q, n, cs.n[p] * cs.n[q] / n, cs.mu[q] - cs.mu[p])
+    assert np.all(low <= exact + 1e-9 * np.abs(exact))
+    # and it is informative: close to the exact value for most pairs
+    assert np.median(exact - low) < 0.25 * np.median(np.abs(exact))
