@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from fedclust.gauss.lazy_merge import _Bounds, merge_all_lazy
-from fedclust.gauss.model import ARRAYS, ClusterSet, Settings, moments_full
+from fedclust.gauss.merging import moments_full
+from fedclust.gauss.model import ARRAYS, ClusterSet, Settings
 from fedclust.gauss.stats import merge_clusters, moments
 
 

@@ -13,7 +13,7 @@ from sklearn.cluster import KMeans
 from fedclust import KFed
 from fedclust.baselines import DistributedLloyd
 from fedclust.core.exceptions import ValidationError
-from fedclust.kfed.refine import RefinedKFedProtocol
+from fedclust.lloyd.refine import RefinedKFedProtocol
 from fedclust.privacy import DifferentialPrivacy
 
 

@@ -12,12 +12,10 @@ from ..clustering import clustering_report, plot_clustering
 from .estimator import KFed
 from .export import KFedPredictor, kfed_export
 from .protocol import KFedProtocol, KFedResult
-from .refine import RefinedKFedProtocol
 
-__all__ = ["KFed", "KFedProtocol", "KFedResult", "RefinedKFedProtocol"]
+__all__ = ["KFed", "KFedProtocol", "KFedResult"]
 
 register_protocol(KFedProtocol, KFedResult)
-register_protocol(RefinedKFedProtocol, KFedResult)
 register_predictor("kfed-induced", KFedPredictor.load)
 register_algorithm(Algorithm("kfed", KFed, required=("n_clusters",), report=clustering_report,
                              plot=plot_clustering, export=kfed_export))

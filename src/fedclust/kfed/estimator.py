@@ -24,9 +24,10 @@ from ..core.exceptions import ValidationError
 from .local import auto_range
 from .messages import LocalCenters
 from .server import WEIGHTED_SERVERS, assign_to_centers
-from .protocol import KFedProtocol, KFedResult
-from .refine import RefinedKFedProtocol, check_refine_rounds, refine_bytes_per_round
+from .protocol import (REFINED, KFedProtocol, KFedResult, check_refine_rounds,
+                       refine_bytes_per_round)
 from ..core.protocol import Request, Transport
+from ..core.registry import PROTOCOLS
 from ..sim.transport import InProcessTransport
 from ..unlearning.forget import ForgetMixin, run_recorded
 
@@ -100,7 +101,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         k = 10; the error names it for the given values). See ``docs/privacy.md``.
     refine_rounds : int, default=0
         Distributed Lloyd rounds after the k-FED round, started from its
-        centers (:mod:`fedclust.kfed.refine`): at most r more rounds (fewer
+        centers (:mod:`fedclust.lloyd.refine`): at most r more rounds (fewer
         when the cost improves by at most ``tol``, relative) for the pooled
         k-means cost; the answer is scikit-learn's ``KMeans(init=<k-FED
         centers>, n_init=1, max_iter=r)`` on the pooled rows, and every device
@@ -189,8 +190,9 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             local_max_iter=self.local_max_iter, allow_raw_points=self.allow_raw_points,
             n_features=n_features, trim=self.trim, privacy=self.privacy)
         if check_refine_rounds(self.refine_rounds):
-            return RefinedKFedProtocol(self.n_clusters, k_local,
-                                       refine_rounds=self.refine_rounds, **kw)
+            # registered by fedclust.lloyd (the Lloyd rounds live there)
+            return PROTOCOLS[REFINED](self.n_clusters, k_local,
+                                      refine_rounds=self.refine_rounds, **kw)
         return KFedProtocol(self.n_clusters, k_local, **kw)
 
     def fit(self, X: Any, y: None = None, *, groups: Any = None,
@@ -396,7 +398,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         pos = self.device_ids_.index(device_id)
         labels = mapping[state["local_labels"]]
         if (self._protocol_.server in WEIGHTED_SERVERS
-                or isinstance(self._protocol_, RefinedKFedProtocol)):   # as the fitted devices
+                or self._protocol_.name == REFINED):   # as the fitted devices
             labels = assign_to_centers(X_new.astype(self.cluster_centers_.dtype, copy=False),
                                        self.cluster_centers_)
         self.device_labels_[pos] = labels

@@ -45,6 +45,26 @@ ACTION = "local_centers"
 _STACK_MAX = 4096
 
 
+
+#: the registered name of k-FED refined by Lloyd rounds (:mod:`fedclust.lloyd.refine`)
+REFINED = "kfed-refined"
+
+
+def check_refine_rounds(refine_rounds: Any) -> int:
+    """``refine_rounds`` as a non-negative int (clear error otherwise)."""
+    if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, (int, np.integer)):
+        raise ValidationError(f"refine_rounds={refine_rounds!r} must be a non-negative int "
+                              "(the number of Lloyd rounds after the k-FED round)")
+    return check_int(refine_rounds, "refine_rounds", min_value=0)
+
+
+def refine_bytes_per_round(n_clusters: int, n_features: int, itemsize: int = 8) -> dict[str, int]:
+    """Bytes one device exchanges in one Lloyd round: up ``k d s + k 8 + 8`` (per-center
+    sums in the data's dtype of ``s = itemsize`` bytes, int64 counts, its float64 cost;
+    ``k (d + 1) 8 + 8`` for float64 data), down ``k d 8`` (the float64 centers)."""
+    k, d = int(n_clusters), int(n_features)
+    return {"up": k * d * int(itemsize) + k * 8 + 8, "down": k * d * 8}
+
 @dataclass
 class KFedResult:
     """Outcome of a k-FED run (server side)."""
@@ -56,7 +76,7 @@ class KFedResult:
     seed_device: int | None
     n_iter: int
     log: RunLog = field(default_factory=RunLog)
-    #: with ``refine_rounds`` (:mod:`fedclust.kfed.refine`): the one-shot k-FED centers
+    #: with ``refine_rounds`` (:mod:`fedclust.lloyd.refine`): the one-shot k-FED centers
     #: the Lloyd rounds started from, the global cost of the centers each Lloyd round
     #: broadcast, and the number of Lloyd rounds run
     kfed_centers: np.ndarray | None = None

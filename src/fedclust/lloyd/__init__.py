@@ -13,8 +13,11 @@ from ..core.registry import (Algorithm, Baseline, Federation, register_algorithm
 from ..clustering import clustering_report, plot_clustering
 from .estimator import DistributedLloyd, centralized_kmeans
 from .protocol import DistributedLloydProtocol, DistributedLloydResult
+from ..kfed.protocol import KFedResult
+from .refine import RefinedKFedProtocol
 
 __all__ = ["DistributedLloyd", "DistributedLloydProtocol", "DistributedLloydResult",
+           "RefinedKFedProtocol",
            "centralized_kmeans"]
 
 
@@ -52,6 +55,7 @@ def _distributed_lloyd(fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any
 
 
 register_protocol(DistributedLloydProtocol, DistributedLloydResult)
+register_protocol(RefinedKFedProtocol, KFedResult)  # k-FED's round, then Lloyd rounds
 register_algorithm(Algorithm("distributed-lloyd", DistributedLloyd, required=("n_clusters",),
                              report=clustering_report, plot=plot_clustering,
                              baselines=("centralized",)))

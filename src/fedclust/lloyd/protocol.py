@@ -26,7 +26,7 @@ Initialisation, one of
   ``init="candidates"`` adds its noise once to federation-wide sums;
 * ``init=<array (k, d)>`` (no start round, as scikit-learn's ``KMeans(init=array)``):
   the first Lloyd round broadcasts the given centers (k-FED's refinement,
-  :class:`fedclust.kfed.refine.RefinedKFedProtocol`, starts from its one-shot
+  :class:`fedclust.lloyd.refine.RefinedKFedProtocol`, starts from its one-shot
   answer this way). Refused under privacy: centers chosen outside the fit are
   not in its release plan, and the private rounds' trust radius and release
   weights assume the plan's own start (:func:`private_start`).

@@ -30,32 +30,16 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.kmeans import assign
 from ..core.messages import Message
 from ..core.protocol import Request, RunLog
-from ..core.validation import check_int
-from ..lloyd.messages import CenterBroadcast, ClusterSums
-from ..lloyd.protocol import DistributedLloydProtocol
-from .messages import FinalCenters
-from .protocol import ACTION, KFedProtocol, KFedResult, KFedState
-from .server import assign_to_centers
+from ..kfed.messages import FinalCenters
+from ..kfed.protocol import (ACTION, REFINED, KFedProtocol, KFedResult, KFedState,
+                             check_refine_rounds)
+from ..kfed.server import assign_to_centers
+from .messages import CenterBroadcast, ClusterSums
+from .protocol import DistributedLloydProtocol
 
-__all__ = ["RefinedKFedProtocol", "check_refine_rounds", "refine_bytes_per_round"]
+__all__ = ["RefinedKFedProtocol"]
 
 LLOYD = "lloyd"
-
-
-def check_refine_rounds(refine_rounds: Any) -> int:
-    """``refine_rounds`` as a non-negative int (clear error otherwise)."""
-    if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, (int, np.integer)):
-        raise ValidationError(f"refine_rounds={refine_rounds!r} must be a non-negative int "
-                              "(the number of Lloyd rounds after the k-FED round)")
-    return check_int(refine_rounds, "refine_rounds", min_value=0)
-
-
-def refine_bytes_per_round(n_clusters: int, n_features: int, itemsize: int = 8) -> dict[str, int]:
-    """Bytes one device exchanges in one Lloyd round: up ``k d s + k 8 + 8`` (per-center
-    sums in the data's dtype of ``s = itemsize`` bytes, int64 counts, its float64 cost;
-    ``k (d + 1) 8 + 8`` for float64 data), down ``k d 8`` (the float64 centers)."""
-    k, d = int(n_clusters), int(n_features)
-    return {"up": k * d * int(itemsize) + k * 8 + 8, "down": k * d * 8}
 
 
 @dataclass
@@ -71,7 +55,7 @@ class RefinedKFedProtocol(KFedProtocol):
     """k-FED's round, then at most ``refine_rounds`` distributed Lloyd rounds from its
     centers. Other parameters as in :class:`fedclust.KFed`."""
 
-    name = "kfed-refined"
+    name = REFINED
     reply_types = {ACTION: KFedProtocol.reply_types[ACTION], LLOYD: ClusterSums}
     # a Lloyd round keeps no shared state on the client: chunks may run in threads
     parallel_safe = True
