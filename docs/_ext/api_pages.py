@@ -71,7 +71,7 @@ def write_api_pages(folder: Path) -> Path:
                   f".. currentmodule:: {module_name}", "", ".. autosummary::",
                   "   :toctree: generated", "", *(f"   {n}" for n in names), ""]
     folder.mkdir(parents=True, exist_ok=True)
-    # a page of a name no longer public (moved or removed) would be built outside the toctree
+    # a generated page of a name that is not public would sit outside the toctree
     for old in (folder / "generated").glob("*.rst"):
         if old.name not in pages:
             old.unlink()
