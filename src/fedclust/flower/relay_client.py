@@ -54,10 +54,12 @@ def relay_client(msg: Message, context: Any, protocol: Protocol, seed: int,
     if _RELAY_STATE not in cs.array_records:
         raise ValidationError(f"device {z}: a graph step before the key exchange")
     keys = record_to_arrays(cs.array_records[_RELAY_STATE], sender="relay state")
+    neighbours = [int(v) for v in head["neighbours"]]
     if PEERS in msg.content.array_records and not any(k.startswith("peer.") for k in keys):
         # the first neighbour keys the relay gives are the ones this node signs and uses
         for v, pub in record_to_arrays(msg.content.array_records[PEERS], sender="relay").items():
-            keys[f"peer.{int(v)}"] = np.asarray(pub, dtype=np.uint8)
+            if int(v) in neighbours:
+                keys[f"peer.{int(v)}"] = np.asarray(pub, dtype=np.uint8)
         cs[_RELAY_STATE] = arrays_to_record(keys)
     if stage == "sign":
         return RecordDict({SIGS: ConfigRecord(_sign_peer_keys(keys, identity, context.run_id,
@@ -70,7 +72,6 @@ def relay_client(msg: Message, context: Any, protocol: Protocol, seed: int,
         keys["verified"] = np.ones(1, np.uint8)
         cs[_RELAY_STATE] = arrays_to_record(keys)
     ids = [int(v) for v in head["ids"]]
-    neighbours = [int(v) for v in head["neighbours"]]
     inbox = _read_inbox(cs)
     rejected = {int(k): str(v) for k, v in cs.config_records[_REJECTED].items()}
     rounds_done = int(head["rounds-done"])
