@@ -298,7 +298,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 X = protocol.node_data(X, me)
                 content = relay_client(msg, context, protocol, seed, head, int(device_id), X,
                                        tamper=tamper, load_state=_load_state,
-                                       save_state=_save_state)
+                                       save_state=_save_state, identity=ident, policy=pol)
             elif head.get(SECAGG_STAGE):
                 stage = str(head[SECAGG_STAGE])
                 inbound = record_to_arrays(msg.content.array_records[SECAGG], sender="server")

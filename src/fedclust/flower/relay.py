@@ -13,6 +13,16 @@ and hands it to that neighbour and to no one else. The rounds run as follows:
 
 1. ``keys``: every node draws a fresh X25519 key pair for the run and returns
    its public key; the relay gives each node its neighbours' public keys only.
+   When a node holds a secure-aggregation identity (Ed25519, node config
+   ``secagg-identity-key`` and ``secagg-directory``), a ``sign`` step follows:
+   each node signs, for every neighbour, :func:`relay_key_statement` (the
+   Flower run id, both device ids, its own public key and the neighbour's as
+   the relay gave it) and the relay hands each signature to that neighbour.
+   Before sealing anything, a node with an identity checks every neighbour's
+   signature against its directory (the one that neighbour made of *this*
+   node's fresh key for *this* edge and run) and refuses a missing or bad one
+   by name: a swapped key, a dropped signature or a key replayed from another
+   run or edge all fail, at both ends of the edge.
 2. ``compute`` (one per protocol round): each node rebuilds the protocol's
    server state by replaying the rounds so far on the messages in its inbox
    (identical inboxes, identical seed: identical state on every node), asks
@@ -32,17 +42,21 @@ and hands it to that neighbour and to no one else. The rounds run as follows:
 The relay sees who sends how many bytes to which neighbour and when, the
 shapes and dtypes of each message (authenticated, not encrypted) and the final
 result (one node reports it); it never holds a key, so the contents of the
-relayed messages are hidden from it. Keys are not authenticated: a relay that
-substitutes public keys at the ``keys`` step can read and alter the traffic
-(a man in the middle); a true peer-to-peer network has no such party. Byte
-counts per edge are the messages' payload bytes, as in process (the AES-GCM
-tag and Flower's framing are not counted).
+relayed messages are hidden from it as long as it passes the public keys on
+unchanged. With identities on every node, a relay that substitutes public keys
+(a man in the middle) is caught before any packet is sealed. Without them the
+keys are not authenticated: a relay that substitutes them at the ``keys`` step
+can read and alter the traffic; a true peer-to-peer network has no such party.
+Byte counts per edge are the messages' payload bytes, as in process (the
+AES-GCM tag, the key exchange and Flower's framing are not counted; the run's
+extra information gives the key exchange's bytes).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from collections import defaultdict
 from typing import Any, Mapping
 
@@ -55,13 +69,15 @@ from ..core.secagg import agree
 
 
 __all__ = ["GRAPH_ACTION", "GraphMeter", "graph_edges", "result_to_arrays", "result_from_arrays",
-           "result_digest", "seal_message", "open_message", "array_layout", "adjacency"]
+           "result_digest", "seal_message", "open_message", "array_layout", "adjacency",
+           "relay_key_statement"]
 
 GRAPH_ACTION = "fedclust_graph"
 PACKETS = "fedclust.relay.packets"   # ArrayRecord: "i" -> sealed bytes (uint8)
 HEADS = "fedclust.relay.heads"       # ConfigRecord: "i" -> JSON header of packet i
 PEERS = "fedclust.relay.peers"       # ArrayRecord: neighbour id -> its public key
-KEY = "fedclust.relay.key"           # ConfigRecord: the node's public key (hex)
+KEY = "fedclust.relay.key"           # ConfigRecord: the node's public key (hex), "signs"
+SIGS = "fedclust.relay.sigs"         # ConfigRecord: neighbour id -> signature (hex)
 DONE = "fedclust.relay.done"         # ConfigRecord: digest, rejections, result kinds
 RESULT = "fedclust.relay.result"     # ArrayRecord: the result's arrays
 OUTPUT = "fedclust.relay.output"     # ArrayRecord: the node's own output
@@ -122,6 +138,17 @@ def result_digest(result: Any) -> str:
 
 
 # --------------------------------------------------------------------------- sealing
+def relay_key_statement(run_id: int, signer: int, peer: int, signer_key: bytes,
+                        peer_key: bytes) -> bytes:
+    """What ``signer`` signs for the edge to ``peer``: both fresh X25519 keys, both ids, the run.
+
+    The peer's key is fresh for the run, so a signature does not verify in
+    another run, on another edge or for another key.
+    """
+    return (b"fedclust relay key" + struct.pack(">Qqq", int(run_id) % (1 << 64), int(signer),
+                                                int(peer)) + bytes(signer_key) + bytes(peer_key))
+
+
 def _nonce(header: Mapping[str, Any]) -> bytes:
     # unique per pair key: a node forwards one origin's message of a round to a neighbour once
     text = f"{header['src']}>{header['dst']}|{header['round']}|{header['origin']}"

@@ -1,5 +1,6 @@
-"""A node's side of a graph protocol on Flower (:func:`relay_client`): keys, the replayed
-server state, sealing, opening and forwarding packets (see :mod:`fedclust.flower.relay`).
+"""A node's side of a graph protocol on Flower (:func:`relay_client`): keys (signed with the
+node's identity when it has one), the replayed server state, sealing, opening and forwarding
+packets (see :mod:`fedclust.flower.relay`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.policy import DevicePolicy, PolicyRefusal
 from ..core.protocol import Protocol, Request, RunLog, round_targets
-from ..core.secagg import array_to_bytes, bytes_to_array, x25519_keypair
+from ..core.secagg import array_to_bytes, bytes_to_array, sign, verify, x25519_keypair
 from ..core.threads import one_blas_thread
 from .codec import arrays_to_record, record_to_arrays
 
 
-from .relay import (PACKETS, HEADS, PEERS, KEY, DONE, RESULT, OUTPUT, result_to_arrays,
-                    result_digest, seal_message, open_message, array_layout)
+from .relay import (PACKETS, HEADS, PEERS, KEY, SIGS, DONE, RESULT, OUTPUT, result_to_arrays,
+                    result_digest, seal_message, open_message, array_layout, relay_key_statement)
 
 __all__ = ["relay_client"]
 
@@ -29,26 +31,47 @@ _REJECTED = "fedclust.relay.rejected"   # ConfigRecord: origin -> reason
 
 def relay_client(msg: Message, context: Any, protocol: Protocol, seed: int,
                  head: Mapping[str, Any], device_id: int, X: Any, *, tamper: Any = None,
-                 load_state: Any, save_state: Any) -> RecordDict:
-    """A node's side of a relayed graph run (see the module docstring)."""
+                 load_state: Any, save_state: Any, identity: Any = None,
+                 policy: DevicePolicy | None = None) -> RecordDict:
+    """A node's side of a relayed graph run (see the module docstring).
+
+    ``identity`` (a :class:`~fedclust.core.secure_sum.DeviceIdentity`): the node
+    signs its relay key for each neighbour and refuses, before sealing anything,
+    a neighbour's key without a valid signature. A ``policy`` whose
+    ``secure_aggregation`` is ``"signed"`` refuses unsigned keys as well.
+    """
     stage = str(head["relay-stage"])
     z = int(device_id)
     cs = context.state
     if stage == "keys":
         private, public = x25519_keypair()
-        cs[_RELAY_STATE] = arrays_to_record({"private": bytes_to_array(private)})
+        cs[_RELAY_STATE] = arrays_to_record({"private": bytes_to_array(private),
+                                             "public": bytes_to_array(public)})
         cs[_INBOX] = ArrayRecord()
         cs[_REJECTED] = ConfigRecord({})
-        return RecordDict({KEY: ConfigRecord({"public": public.hex()})})
+        return RecordDict({KEY: ConfigRecord({"public": public.hex(),
+                                              "signs": identity is not None})})
     if _RELAY_STATE not in cs.array_records:
         raise ValidationError(f"device {z}: a graph step before the key exchange")
     keys = record_to_arrays(cs.array_records[_RELAY_STATE], sender="relay state")
+    neighbours = [int(v) for v in head["neighbours"]]
     if PEERS in msg.content.array_records and not any(k.startswith("peer.") for k in keys):
+        # the first neighbour keys the relay gives are the ones this node signs and uses
         for v, pub in record_to_arrays(msg.content.array_records[PEERS], sender="relay").items():
-            keys[f"peer.{int(v)}"] = np.asarray(pub, dtype=np.uint8)
+            if int(v) in neighbours:
+                keys[f"peer.{int(v)}"] = np.asarray(pub, dtype=np.uint8)
+        cs[_RELAY_STATE] = arrays_to_record(keys)
+    if stage == "sign":
+        return RecordDict({SIGS: ConfigRecord(_sign_peer_keys(keys, identity, context.run_id,
+                                                              z))})
+    must_verify = identity is not None or (policy is not None
+                                           and policy.secure_aggregation == "signed")
+    if must_verify and "verified" not in keys:
+        sigs = msg.content.config_records.get(SIGS)
+        _check_peer_keys(keys, sigs, identity, context.run_id, z)
+        keys["verified"] = np.ones(1, np.uint8)
         cs[_RELAY_STATE] = arrays_to_record(keys)
     ids = [int(v) for v in head["ids"]]
-    neighbours = [int(v) for v in head["neighbours"]]
     inbox = _read_inbox(cs)
     rejected = {int(k): str(v) for k, v in cs.config_records[_REJECTED].items()}
     rounds_done = int(head["rounds-done"])
@@ -128,6 +151,52 @@ def relay_client(msg: Message, context: Any, protocol: Protocol, seed: int,
     content = RecordDict({PACKETS: arrays_to_record(out_sealed)})
     content[HEADS] = ConfigRecord(out_heads)
     return content
+
+
+def _sign_peer_keys(keys: Mapping[str, np.ndarray], identity: Any, run_id: int,
+                    z: int) -> dict[str, str]:
+    """``{neighbour: signature (hex)}`` of this node's key for each edge; empty without an
+    identity (the node then signs nothing)."""
+    if identity is None:
+        return {}
+    own = array_to_bytes(keys["public"])
+    out = {}
+    for name in sorted(k for k in keys if k.startswith("peer.")):
+        v = int(name[len("peer."):])
+        statement = relay_key_statement(run_id, z, v, own, array_to_bytes(keys[name]))
+        out[str(v)] = sign(identity.private, statement).hex()
+    return out
+
+
+def _check_peer_keys(keys: Mapping[str, np.ndarray], sigs: Any, identity: Any, run_id: int,
+                     z: int) -> None:
+    """Every neighbour's key must carry that neighbour's signature of this edge, run and
+    both keys (against the identity directory); refuses the first that does not."""
+    if identity is None:
+        raise PolicyRefusal(f"device {z}: its policy requires signed relay keys but the node "
+                            "has no identity key (node config secagg-identity-key, "
+                            "secagg-directory)")
+    own = array_to_bytes(keys["public"])
+    for name in sorted((k for k in keys if k.startswith("peer.")),
+                       key=lambda k: int(k[len("peer."):])):
+        v = int(name[len("peer."):])
+        pub = identity.directory.get(v)
+        if pub is None:
+            raise PolicyRefusal(f"device {z}: neighbour {v} has no identity key in the "
+                                "directory; refusing to seal to its relay key")
+        text = None if sigs is None else sigs.get(str(v))
+        if text is None:
+            raise PolicyRefusal(f"device {z}: the relay key of neighbour {v} comes without its "
+                                "signature; refusing to seal to it")
+        try:
+            sig = bytes.fromhex(str(text))
+        except ValueError:
+            sig = b""
+        statement = relay_key_statement(run_id, v, z, array_to_bytes(keys[name]), own)
+        if not verify(pub, sig, statement):
+            raise PolicyRefusal(f"device {z}: the relay key of neighbour {v} is not signed by "
+                                f"device {v}'s identity key for this edge, run and key; "
+                                "refusing to seal to it")
 
 
 def _accept(protocol: Protocol, pstate: Any, request: Request, origin: int,

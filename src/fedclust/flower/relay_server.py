@@ -18,7 +18,7 @@ from ..core.secagg import agree
 from .codec import arrays_to_record, record_to_arrays, request_to_content
 
 
-from .relay import (GRAPH_ACTION, PACKETS, HEADS, PEERS, KEY, DONE, RESULT, OUTPUT,
+from .relay import (GRAPH_ACTION, PACKETS, HEADS, PEERS, KEY, SIGS, DONE, RESULT, OUTPUT,
                     result_from_arrays, result_digest, GraphMeter, graph_edges, adjacency)
 
 __all__ = ["run_relay"]
@@ -74,24 +74,45 @@ def run_relay(server: Any) -> tuple[RunOutput, dict[str, Any]]:
 
     # 1. keys: each node's public key goes to its neighbours only
     publics: dict[int, np.ndarray] = {}
+    signers: set[int] = set()
     for z, r in exchange("keys", {z: {} for z in ids}).items():
         try:
-            publics[z] = np.frombuffer(bytes.fromhex(str(r.content.config_records[KEY]["public"])),
-                                       dtype=np.uint8).copy()
+            rec = r.content.config_records[KEY]
+            publics[z] = np.frombuffer(bytes.fromhex(str(rec["public"])), dtype=np.uint8).copy()
             if publics[z].size != 32:
                 raise ValueError("not 32 bytes")
         except (KeyError, ValueError) as exc:
             log.rejected[z] = f"device {z}: bad public key ({exc})"
+            continue
+        if bool(rec.get("signs", False)):
+            signers.add(z)
     live = [z for z in ids if z in publics]
     peers = {z: arrays_to_record({str(v): publics[v] for v in adj.get(z, []) if v in publics})
              for z in live}
+    key_bytes = {"public_keys": 32 * sum(v in publics for z in live for v in adj.get(z, [])),
+                 "signatures": 0}
+    first_records: dict[int, dict[str, Any]] = {z: {PEERS: peers[z]} for z in live}
+    if signers:
+        # nodes with an identity sign their key for each edge; each signature goes to the
+        # neighbour it names, which checks it before sealing anything
+        given: dict[int, dict[str, str]] = defaultdict(dict)
+        for z, r in exchange("sign", {z: {"records": {PEERS: peers[z]}} for z in live}).items():
+            try:
+                for v, sig in r.content.config_records.get(SIGS, ConfigRecord({})).items():
+                    if int(v) in adj.get(z, []):
+                        given[int(v)][str(z)] = str(sig)
+                        key_bytes["signatures"] += len(str(sig)) // 2
+            except ValueError as exc:
+                log.rejected.setdefault(z, f"device {z}: malformed key signatures ({exc})")
+        live = [z for z in live if z not in log.failed]
+        first_records = {z: {SIGS: ConfigRecord(given.get(z, {}))} for z in live}
     # 2-3. protocol rounds: compute, then relay steps until flooding is over
     done: dict[int, Message] = {}
     first = True
     while True:
         parts = {z: {"head": {"rounds-done": meter.rounds, "report-result": z == min(live),
                               "collect": bool(spec.collect_outputs)},
-                     "records": {PEERS: peers[z]} if first else {}} for z in live}
+                     "records": first_records[z] if first else {}} for z in live}
         first = False
         replies = exchange("compute", parts)
         done = {z: r for z, r in replies.items() if DONE in r.content.config_records}
@@ -115,7 +136,9 @@ def run_relay(server: Any) -> tuple[RunOutput, dict[str, Any]]:
                  meter.rounds - 1, sum(meter.edge_crossings.values()))
         live = [z for z in live if z not in log.failed]
         if not live:
-            raise ValidationError("every node of the graph failed")
+            who = min(log.failed)
+            raise ValidationError(f"every node of the graph failed (device {who}: "
+                                  f"{log.failed[who]})")
     # 4. the result, and every node's digest of it
     for z, r in done.items():
         info = r.content.config_records[DONE]
@@ -143,7 +166,8 @@ def run_relay(server: Any) -> tuple[RunOutput, dict[str, Any]]:
                                               sender=f"device {z}")
     extra = {"nodes": {str(z): n for z, n in server.node_of.items()},
              "nodes_failed": {str(n): t for n, t in node_failed.items()},
-             "graph": meter.summary(), "result_digest": digest,
+             "graph": meter.summary(), "graph_key_bytes": key_bytes,
+             "signed_relay_keys": sorted(signers), "result_digest": digest,
              "time_s": {"total": time.perf_counter() - t0}}
     return RunOutput(result, outputs, meter, log, server.seed), extra
 
