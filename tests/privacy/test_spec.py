@@ -74,3 +74,28 @@ def test_require_names_the_missing_bound():
         dp.require(clip_norm=True, family="X")
     assert str(exc.value) == ("privacy: X with unit='device' needs clip_norm (the bound on one "
                               "device's contribution); got None")
+
+
+def test_plan_summary_reports_the_request_and_each_release():
+    from fedclust.privacy.accounting import planned
+
+    spec = DifferentialPrivacy(2.0, 1e-6, data_bound=3.5, clip_norm=0.75, noise_seed=4)
+    plan = calibrate(spec, [Release("sums", 2.0, repeats=3),
+                            Release("sampled", 1.0, sampling=0.5)])
+    s = plan.summary()
+    assert (s["epsilon"], s["delta"], s["unit"], s["accountant"]) == (2.0, 1e-6, "point", "pld")
+    assert (s["data_bound"], s["clip_norm"], s["noise_seeded"]) == (3.5, 0.75, True)
+    assert 0 < s["epsilon_spent"] <= 2.0
+    full, sampled = s["releases"]
+    assert "sampling" not in full and sampled["sampling"] == 0.5
+    assert full["noise_std"] == pytest.approx(2.0 * full["noise_multiplier"])
+    assert full["repeats"] == 3 and full["what"] == "sums"
+    assert plan.release("samp") is plan.releases[1]
+    with pytest.raises(KeyError, match="counts"):
+        plan.release("counts")
+    unseeded = calibrate(DifferentialPrivacy(2.0, 1e-6), [Release("sums", 1.0)]).summary()
+    assert unseeded["noise_seeded"] is False
+    assert unseeded["data_bound"] is None and unseeded["clip_norm"] is None
+    with pytest.raises(ValidationError, match=r"^privacy: this fit was given a release "
+                                              r"without noise at epsilon=2$"):
+        planned(spec, [Release("sums", 1.0)], [0.0])
