@@ -60,9 +60,24 @@ MODULES: dict[str, list[str]] = {
     "privacy/kmeans.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy.py",
                           "tests/privacy/test_sensitivity.py",
                           "tests/lloyd"],
-    "privacy/accounting.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_spec.py",
-                              "tests/privacy/test_privacy_fl.py",
-                              "tests/privacy/test_privacy_preprocess.py"],
+    # the accountant's own tests: each private fit calibrates, so whole files would run
+    # dozens of fits per mutant for no stronger check
+    "privacy/accounting.py": [
+        "tests/privacy/test_spec.py",
+        "tests/privacy/test_privacy.py::test_single_release_matches_analytic_gaussian",
+        "tests/privacy/test_privacy.py::test_composed_epsilon_never_exceeds_request",
+        "tests/privacy/test_privacy.py::test_noise_variance_matches_calibration",
+        "tests/privacy/test_privacy.py::test_private_protocols_rebuild_from_their_config",
+        "tests/privacy/test_privacy_fl.py::test_noise_scale_and_budget",
+        "tests/privacy/test_privacy_fl.py::test_subsampled_rounds_are_amplified_as_dp_"
+        "accounting_computes",
+        "tests/privacy/test_privacy_preprocess.py::test_budget_is_shared_with_the_algorithm_"
+        "and_composed_by_the_accountant",
+        "tests/privacy/test_privacy_preprocess.py::test_prior_travels_in_the_protocol_config",
+        "tests/privacy/test_privacy_preprocess.py::test_a_noiseless_prior_cannot_enter_a_finite_"
+        "budget",
+        "tests/privacy/test_private_release.py::test_secure_sampled_dp_fedavg_asks_every_device_"
+        "and_accounts_a_number"],
     "privacy/spec.py": ["tests/privacy/test_spec.py", "tests/privacy/test_privacy.py"],
     "privacy/distributed.py": ["tests/privacy/test_secure_dp.py"],
     "privacy/columns.py": ["tests/privacy/test_mechanisms.py",
@@ -104,7 +119,7 @@ def scratch(module: str, tests: list[str]) -> Path:
     shutil.copytree(ROOT / "src", where / "src", ignore=ignore)
     (where / "tests").mkdir()
     shutil.copy(ROOT / "tests" / "conftest.py", where / "tests" / "conftest.py")
-    for t in tests:
+    for t in {t.split("::")[0] for t in tests}:   # a test file, folder or one test's node id
         src = ROOT / t
         dst = where / t
         if not src.exists():

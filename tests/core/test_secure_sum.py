@@ -227,3 +227,35 @@ def test_seal_detects_changes_and_prg_is_seeded():
         open_sealed(b_sk, a_pk, 2, 1, 0, ct)  # a share re-addressed to someone else
     assert np.array_equal(prg_mask(b"k" * 32, 5), prg_mask(b"k" * 32, 9)[:5])
     assert not np.array_equal(prg_mask(b"k" * 32, 5), prg_mask(b"j" * 32, 5))
+
+
+def test_shamir_combine_refuses_a_secret_one_past_its_size_and_names_bad_shares():
+    # threshold 1: f(x) = s for every x, so the reconstruction is exactly s
+    top = 1 << 32
+    assert shamir_combine({1: top - 1, 2: top - 1}, 1, size=4) == b"\xff" * 4
+    for s in (top, top + 1, 3 * top):
+        with pytest.raises(ValidationError, match=r"^the shares do not belong to one secret "
+                                                  r"\(reconstruction out of range\)$"):
+            shamir_combine({1: s}, 1, size=4)
+    secret = bytes(range(32))
+    xs = list(range(1, 6))
+    pts = dict(zip(xs, shamir_split(secret, xs, 2, _entropy(1))))
+    pts[4] += 7
+    with pytest.raises(ValidationError, match=r"^the shares at points \[4\] are inconsistent "
+                                              r"with the others$"):
+        shamir_combine(pts, 2, strict=True)
+    with pytest.raises(ValidationError, match=r"^1 shares for a threshold of 2: the secret "
+                                              r"cannot be reconstructed$"):
+        shamir_combine({1: 5}, 2)
+
+
+def test_fixed_point_round_trip_keeps_each_fields_dtype_and_checks_the_length():
+    arrays = {"f32": np.array([0.5, -1.25], np.float32), "f64": np.array([[2.0**-20]]),
+              "n": np.array([3, -4], np.int64), "scalar": np.float32(7.0)}
+    vec, layout = encode_fixed(arrays, 20, 3)
+    back = decode_fixed(vec, layout, 20)
+    for name, a in arrays.items():
+        assert back[name].dtype == np.asarray(a).dtype and back[name].shape == np.shape(a)
+        np.testing.assert_array_equal(back[name], a)
+    with pytest.raises(ValidationError, match=r"^secure sum has 7 entries, its layout 6$"):
+        decode_fixed(np.concatenate([vec, vec[:1]]), layout, 20)
