@@ -259,3 +259,64 @@ def test_fixed_point_round_trip_keeps_each_fields_dtype_and_checks_the_length():
         np.testing.assert_array_equal(back[name], a)
     with pytest.raises(ValidationError, match=r"^secure sum has 7 entries, its layout 6$"):
         decode_fixed(np.concatenate([vec, vec[:1]]), layout, 20)
+
+
+def test_fixed_point_limits_are_exact_and_integers_stay_exact():
+    big = 2**62 + 1                        # not a float64: exact only on the integer path
+    vec, layout = encode_fixed({"n": np.array([big, -big], np.int64)}, 20, 1)
+    np.testing.assert_array_equal(decode_fixed(vec, layout, 20)["n"], [big, -big])
+    # one device may use the whole signed range (limit 2**63), nothing at or past it
+    with pytest.raises(ValidationError, match=r"^device: field 'n' has a value too large to sum "
+                                              r"over 1 devices with frac_bits=20 \(limit "
+                                              r"9\.22337e\+18 in magnitude\); lower frac_bits$"):
+        encode_fixed({"n": np.array([2**63 - 1], np.int64)}, 20, 1)
+    limit = 2.0**63 / 4 / 2.0**20          # floats: the limit over 4 devices in value units
+    encode_fixed({"x": np.array([np.nextafter(limit, 0)])}, 20, 4)
+    with pytest.raises(ValidationError, match=r"^device: field 'x' has a value too large to sum "
+                                              r"over 4 devices with frac_bits=20 \(limit "
+                                              r"2\.19902e\+12 in magnitude\); lower frac_bits$"):
+        encode_fixed({"x": np.array([-limit])}, 20, 4)
+    with pytest.raises(ValidationError, match=r"^device: field 'x' has non-finite values; "
+                                              r"secure aggregation sums finite numbers only$"):
+        encode_fixed({"x": np.array([1.0, np.nan])}, 20, 4)
+    with pytest.raises(ValidationError, match=r"^secure aggregation sums numbers: field 'b' has "
+                                              r"dtype bool$"):
+        encode_fixed({"b": np.array([True])}, 20, 4)
+    vec, layout = encode_fixed({}, 20, 4)
+    assert vec.dtype == np.uint64 and vec.shape == (0,) and decode_fixed(vec, layout, 20) == {}
+
+
+def test_key_agreement_separates_purposes_and_rounds():
+    from fedclust.core.secagg import agree, pair_mask_seed
+
+    a_sk, a_pk = x25519_keypair(_entropy(1))
+    b_sk, b_pk = x25519_keypair(_entropy(2))
+    assert agree(a_sk, b_pk, b"mask") == agree(b_sk, a_pk, b"mask")
+    assert agree(a_sk, b_pk, b"mask") != agree(a_sk, b_pk, b"seal")
+    seeds = [pair_mask_seed(a_sk, b_pk, r) for r in range(3)]
+    assert seeds[0] == pair_mask_seed(b_sk, a_pk, 0) and len(set(seeds)) == 3   # fresh masks
+    ct = seal(a_sk, b_pk, 1, 2, 0, b"shares")
+    assert open_sealed(b_sk, a_pk, 1, 2, 0, ct) == b"shares"
+    with pytest.raises(ValidationError, match=r"^the shares from device 1 to device 2 were "
+                                              r"altered on the way \(authentication failed\)$"):
+        open_sealed(b_sk, a_pk, 1, 2, 1, ct)   # another round's key
+
+
+def test_shamir_coefficients_span_the_field_and_secrets_must_be_below_its_prime():
+    # threshold 2: f(1) - f(0) is the random coefficient; uniform over GF(PRIME) (521 bits),
+    # so among 64 draws one has its top bit set unless the draw is too short
+    top = max((shamir_split(b"\x01", [1, 2], 2)[0] - 1) % PRIME for _ in range(64))
+    assert top.bit_length() == 521
+    with pytest.raises(ValidationError, match=r"^secret too large for the Shamir field$"):
+        shamir_split(PRIME.to_bytes(66, "big"), [1, 2], 2)
+    shamir_split((PRIME - 1).to_bytes(66, "big"), [1, 2], 2)
+    with pytest.raises(ValidationError, match=r"^share points must be distinct and non-zero$"):
+        shamir_split(b"\x01", [1, 1], 2)
+    with pytest.raises(ValidationError, match=r"^threshold=3 must be in \[1, 2\] shares$"):
+        shamir_split(b"\x01", [1, 2], 3)
+    ys = shamir_split(b"\x05", [1, 2, 3, 4, 5], 3)
+    pts = {x: y + (x in (1, 2)) for x, y in zip([1, 2, 3, 4, 5], ys)}
+    with pytest.raises(ValidationError, match=r"^5 shares are inconsistent \(not on one "
+                                              r"polynomial of degree 2\) and more than 1 of them "
+                                              r"would have to be wrong: cannot tell which$"):
+        shamir_combine(pts, 3)
