@@ -99,3 +99,31 @@ def test_plan_summary_reports_the_request_and_each_release():
     with pytest.raises(ValidationError, match=r"^privacy: this fit was given a release "
                                               r"without noise at epsilon=2$"):
         planned(spec, [Release("sums", 1.0)], [0.0])
+
+
+def test_planned_from_config_multipliers_composes_them_as_given():
+    from fedclust.privacy.accounting import composed_epsilon, planned
+
+    rels = [Release("a", 1.0, repeats=2), Release("unused", 1.0, repeats=0)]
+    for accountant in ("pld", "rdp"):
+        spec = DifferentialPrivacy(5.0, 1e-6, accountant=accountant)
+        plan = planned(spec, rels, [0.75, 0.0])    # below 1, and a release never made
+        assert [r.noise_multiplier for r in plan.releases] == [0.75, 0.0]
+        assert plan.epsilon_spent == composed_epsilon([(0.75, 2)], 1e-6, accountant)
+    assert composed_epsilon([(0.75, 2)], 1e-6, "rdp") != composed_epsilon([(0.75, 2)], 1e-6)
+    free = planned(DifferentialPrivacy(math.inf, 1e-6), rels, [0.0, 0.0])
+    assert free.epsilon_spent == 0.0 and isinstance(free.epsilon_spent, float)
+    with pytest.raises(ValidationError, match=r"^privacy: epsilon=0\.001 is too small for the 2 "
+                                              r"releases of my fit "):
+        planned(DifferentialPrivacy(1e-3, 1e-6), rels, family="my fit")
+
+
+def test_a_missing_accountant_says_what_to_install(monkeypatch):
+    import sys
+
+    from fedclust.privacy.accounting import composed_epsilon
+
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)
+    with pytest.raises(ImportError, match=r"^differential privacy needs the accountant: pip "
+                                          r"install 'fedclust\[privacy\]' \(dp-accounting\)$"):
+        composed_epsilon([(3.21, 1)], 1e-6)
