@@ -265,3 +265,27 @@ def test_config_asks_for_the_signed_variant(tmp_path):
     for bad in ("yes", 1):
         with pytest.raises(ConfigError, match="must be true, false or \"signed\""):
             check_config({**base, "simulation": {"secure_aggregation": bad}})
+
+
+def test_unmask_counts_only_group_signatures_and_refuses_when_the_server_sends_none():
+    vals = _values(5)
+    idn = make_identities(range(5))
+
+    def strip(stage, z, inbound):
+        if stage == "unmask" and z == 2:
+            inbound.pop("signers", None)
+            inbound.pop("sigs", None)
+        return inbound
+    with pytest.raises(ValidationError, match=r"^device 2: only 0 of its group signed the "
+                                              r"survivor set the server names \(threshold \d+\); "
+                                              r"refusing to reveal shares$"):
+        run(vals, SIGNED, identities=idn, lie=strip)
+
+    def stranger(stage, z, inbound):
+        # a signer outside the group, with junk: ignored, the group's signatures suffice
+        if stage == "unmask":
+            inbound["signers"] = np.append(np.asarray(inbound["signers"], np.int64), 99)
+            inbound["sigs"] = np.vstack([inbound["sigs"], np.zeros((1, 64), np.uint8)])
+        return inbound
+    srv = run(vals, SIGNED, identities=idn, lie=stranger)
+    np.testing.assert_array_equal(srv.result()["counts"], sum(v["counts"] for v in vals.values()))
