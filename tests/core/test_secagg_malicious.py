@@ -289,3 +289,14 @@ def test_unmask_counts_only_group_signatures_and_refuses_when_the_server_sends_n
         return inbound
     srv = run(vals, SIGNED, identities=idn, lie=stranger)
     np.testing.assert_array_equal(srv.result()["counts"], sum(v["counts"] for v in vals.values()))
+
+
+def test_an_unknown_stage_is_named_and_a_signed_one_needs_an_identity():
+    inbound = {"round": np.asarray(5)}
+    with pytest.raises(ValidationError, match=r"^device 3: unknown secure aggregation stage "
+                                              r"'confirm' \(or a signed stage without an "
+                                              r"identity key\)$"):
+        secure_sum_client("confirm", inbound, {}, device_id=3)
+    with pytest.raises(ValidationError, match=r"^device 3: unknown secure aggregation stage "
+                                              r"'bogus'$"):
+        secure_sum_client("bogus", inbound, {}, device_id=3, identity=make_identities([3])[3])
