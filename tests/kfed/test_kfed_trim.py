@@ -140,3 +140,22 @@ def test_trim_counts_a_fractional_liar_share_up():
     assert d.n_trim == 2
     assert not d.keep[4 * 28:].any()
     assert d.keep[:4 * 28].all()
+
+
+def test_weighted_trimmed_server_weighs_each_center_by_its_count():
+    """Ten honest devices, two 1-D groups; device 9's center near 0 holds 1000 points,
+    every other center 1. The count-weighted 10 %-trimmed mean of the group near 0 keeps
+    only device 9's mass (it holds more than 80 % of the weight): 0.09 exactly; without
+    weights it is the middle devices' mean."""
+    from fedclust.kfed.server import aggregate_centers
+
+    centers = [np.array([[0.01 * z], [100.0 + 0.01 * z]]) for z in range(10)]
+    counts = [np.array([1000 if z == 9 else 1, 1]) for z in range(10)]
+    rng = np.random.default_rng(0)
+    got = aggregate_centers(centers, 2, counts=counts, weighted=True, trim=0.1, rng=rng)
+    low = got.centers[np.argmin(got.centers[:, 0]), 0]
+    assert low == pytest.approx(0.09, abs=1e-12)
+    plain = aggregate_centers(centers, 2, counts=counts, trim=0.1, rng=rng)
+    assert 0.03 < plain.centers[:, 0].min() < 0.06
+    with pytest.raises(ValidationError, match=r"^weighted=True needs the devices' counts$"):
+        aggregate_centers(centers, 2, weighted=True, trim=0.1)
