@@ -159,3 +159,17 @@ def test_weighted_trimmed_server_weighs_each_center_by_its_count():
     assert 0.03 < plain.centers[:, 0].min() < 0.06
     with pytest.raises(ValidationError, match=r"^weighted=True needs the devices' counts$"):
         aggregate_centers(centers, 2, weighted=True, trim=0.1)
+
+
+def test_trimmed_server_keeps_a_chosen_first_device_when_it_is_trusted():
+    from fedclust.kfed.server import aggregate_centers
+
+    rng = np.random.default_rng(1)
+    centers = [np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]]) + rng.normal(0, 0.3, (3, 2))
+               for _ in range(8)]
+    centers.append(np.full((3, 2), 500.0) + rng.normal(0, 1.0, (3, 2)))   # a lone liar
+    got = aggregate_centers(centers, 3, trim=0.2, first_device=5)
+    assert got.seed_device == 5
+    widest = aggregate_centers(centers, 3, trim=0.2)
+    assert aggregate_centers(centers, 3, trim=0.2, first_device=8).seed_device \
+        == widest.seed_device != 8        # the liar is not kept: the default choice instead
