@@ -300,3 +300,10 @@ def test_an_unknown_stage_is_named_and_a_signed_one_needs_an_identity():
     with pytest.raises(ValidationError, match=r"^device 3: unknown secure aggregation stage "
                                               r"'bogus'$"):
         secure_sum_client("bogus", inbound, {}, device_id=3, identity=make_identities([3])[3])
+
+
+@pytest.mark.parametrize("r", [0, 1, 3])
+def test_a_stage_before_the_key_stage_is_refused_by_name(r):
+    with pytest.raises(ValidationError, match=rf"^device 1: secure aggregation stage 'share' for "
+                                              rf"round {r} without its key stage$"):
+        secure_sum_client("share", {"round": np.asarray(r)}, {}, device_id=1)
