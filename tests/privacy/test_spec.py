@@ -127,3 +127,18 @@ def test_a_missing_accountant_says_what_to_install(monkeypatch):
     with pytest.raises(ImportError, match=r"^differential privacy needs the accountant: pip "
                                           r"install 'fedclust\[privacy\]' \(dp-accounting\)$"):
         composed_epsilon([(3.21, 1)], 1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(sensitivity=0.0), dict(sensitivity=math.inf),
+                                 dict(repeats=-1), dict(share=0.0), dict(sampling=0.0),
+                                 dict(sampling=1.5)])
+def test_calibrate_refuses_a_bad_release_declaration(bad):
+    rel = Release(**{"what": "sums", "sensitivity": 1.0, **bad})
+    with pytest.raises(ValidationError, match=r"^privacy: bad release declaration Release\("):
+        calibrate(DifferentialPrivacy(1.0, 1e-6), [rel])
+
+
+def test_calibrate_names_this_fit_when_the_budget_is_too_small():
+    with pytest.raises(ValidationError, match=r"^privacy: epsilon=0\.001 is too small for the 3 "
+                                              r"releases of this fit \(the noise would exceed "):
+        calibrate(DifferentialPrivacy(1e-3, 1e-6), [Release("sums", 1.0, repeats=3)])
