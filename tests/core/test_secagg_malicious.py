@@ -307,3 +307,15 @@ def test_a_stage_before_the_key_stage_is_refused_by_name(r):
     with pytest.raises(ValidationError, match=rf"^device 1: secure aggregation stage 'share' for "
                                               rf"round {r} without its key stage$"):
         secure_sum_client("share", {"round": np.asarray(r)}, {}, device_id=1)
+
+
+def test_bad_settings_and_unknown_identities_are_named():
+    with pytest.raises(ValidationError, match=r"^secure_aggregation='yes' must be True, False or "
+                                              r"a SecureAggregation$"):
+        SecureAggregation.coerce("yes")
+    assert SecureAggregation.coerce({"signed": True}) == SIGNED
+    idn = make_identities([0, 1])[0]
+    assert idn.public_of(1, "device 0") == idn.directory[1]
+    with pytest.raises(ValidationError, match=r"^device 0: device 7 has no identity key in the "
+                                              r"directory; refusing to share secrets with it$"):
+        idn.public_of(7, "device 0")
