@@ -323,3 +323,31 @@ def test_shamir_coefficients_span_the_field_and_secrets_must_be_below_its_prime(
                                               r"polynomial of degree 2\) and more than 1 of them "
                                               r"would have to be wrong: cannot tell which$"):
         shamir_combine(pts, 3)
+
+
+def test_a_survivor_silent_at_unmask_stays_in_the_sum():
+    vals = _values(6, seed=8)
+    srv = SecureSumServer(list(range(6)), round_id=3, settings=SecureAggregation(), seed=0)
+    states = {z: {} for z in range(6)}
+    for stage in ("keys", "share", "mask", "unmask"):
+        replies = {z: secure_sum_client(stage, inbound, states[z], device_id=z,
+                                        reply=vals[z] if stage == "mask" else None)
+                   for z, inbound in srv.requests(stage).items()}
+        if stage == "unmask":
+            del replies[0]          # the lowest survivor masked its reply, then went quiet
+        srv.take(stage, replies)
+    got, want = srv.result(), _plain_sum(vals, list(range(6)))
+    np.testing.assert_array_equal(got["counts"], want["counts"])
+    np.testing.assert_allclose(got["sums"], want["sums"], atol=6 * 2.0**-20, rtol=0)
+
+
+@pytest.mark.parametrize("kw,ok", [(dict(frac_bits=0), True), (dict(frac_bits=52), True),
+                                   (dict(frac_bits=-1), False), (dict(frac_bits=53), False),
+                                   (dict(neighbors=2), True), (dict(neighbors=1), False)])
+def test_secure_aggregation_settings_edges(kw, ok):
+    if ok:
+        SecureAggregation(**kw)
+    else:
+        with pytest.raises(ValidationError, match=r"^(frac_bits=-?\d+ must be in \[0, 52\]|"
+                                                  r"neighbors=1 must be >= 2 \(or None\))$"):
+            SecureAggregation(**kw)
