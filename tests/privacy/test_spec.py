@@ -142,3 +142,16 @@ def test_calibrate_names_this_fit_when_the_budget_is_too_small():
     with pytest.raises(ValidationError, match=r"^privacy: epsilon=0\.001 is too small for the 3 "
                                               r"releases of this fit \(the noise would exceed "):
         calibrate(DifferentialPrivacy(1e-3, 1e-6), [Release("sums", 1.0, repeats=3)])
+
+
+def test_a_prior_below_multiplier_one_is_composed_and_unused_releases_are_free():
+    from fedclust.privacy.accounting import composed_epsilon
+
+    spec = DifferentialPrivacy(30.0, 1e-6, prior=[("p", 1.0, 2, 0.9)])
+    prior_eps = composed_epsilon([(0.9, 2)], 1e-6)
+    plan = calibrate(spec, [Release("x", 1.0), Release("unused", 1.0, repeats=0)])
+    (x, unused) = plan.releases
+    assert plan.epsilon_spent == composed_epsilon([(0.9, 2), (x.noise_multiplier, 1)], 1e-6)
+    assert prior_eps < plan.epsilon_spent <= 30.0
+    only_prior = calibrate(spec, [])
+    assert only_prior.epsilon_spent == prior_eps
