@@ -173,3 +173,53 @@ def test_trimmed_server_keeps_a_chosen_first_device_when_it_is_trusted():
     widest = aggregate_centers(centers, 3, trim=0.2)
     assert aggregate_centers(centers, 3, trim=0.2, first_device=8).seed_device \
         == widest.seed_device != 8        # the liar is not kept: the default choice instead
+
+
+def _three_groups(n_devices=8, liar=True, seed=1):
+    rng = np.random.default_rng(seed)
+    base = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    centers = [base[rng.permutation(3)] + rng.normal(0, 0.3, (3, 2)) for _ in range(n_devices)]
+    if liar:
+        centers.append(np.full((3, 2), 500.0) + rng.normal(0, 1.0, (3, 2)))
+    return base, centers
+
+
+def test_trimmed_server_labels_every_devices_centers_by_the_nearest_final_center():
+    from fedclust.kfed.server import aggregate_centers
+
+    base, centers = _three_groups()
+    got = aggregate_centers(centers, 3, trim=0.2)
+    np.testing.assert_allclose(np.sort(got.centers, axis=0), np.sort(base, axis=0), atol=0.5)
+    assert len(got.center_labels) == len(centers) and isinstance(got.n_iter, int)
+    for C, labels in zip(centers, got.center_labels):
+        d = ((C[:, None, :] - got.centers[None]) ** 2).sum(-1)
+        np.testing.assert_array_equal(labels, d.argmin(axis=1))
+
+
+def test_server_on_millions_of_centers_takes_the_blocked_path_to_the_same_clusters(monkeypatch):
+    """Past LARGE_N centers k-means++ seeds from a coreset and runs blocked Lloyd
+    (core.kmeans.weighted_kmeans); with the threshold lowered it must find the groups the
+    small-input path finds, weights included."""
+    from fedclust.kfed import server
+
+    base, centers = _three_groups(n_devices=30, liar=False)
+    counts = [np.array([1, 1, 50]) for _ in centers]
+    small = server.aggregate_centers(centers, 3, counts=counts, weighted=True, method="kmeans++",
+                                     rng=np.random.default_rng(0))
+    monkeypatch.setattr(server, "LARGE_N", 10)
+    large = server.aggregate_centers(centers, 3, counts=counts, weighted=True, method="kmeans++",
+                                     rng=np.random.default_rng(0), max_iter=50)
+    np.testing.assert_allclose(np.sort(large.centers, axis=0), np.sort(small.centers, axis=0),
+                               atol=1e-6)
+    for a, b in zip(large.center_labels, small.center_labels):
+        assert len(set(zip(a.tolist(), b.tolist()))) == len(set(a.tolist()))   # same partition
+
+
+def test_single_linkage_server_reports_no_iterations_and_n_clusters_is_checked():
+    from fedclust.kfed.server import aggregate_centers
+
+    _, centers = _three_groups(liar=False)
+    assert aggregate_centers(centers, 3, method="single-linkage").n_iter == 0
+    for bad in ("3", 2.0, True, 0):
+        with pytest.raises(ValidationError, match=rf"^n_clusters={bad!r} must be an integer >= 1$"):
+            aggregate_centers(centers, bad)
