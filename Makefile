@@ -54,8 +54,8 @@ $(VENV_MUTATION)/.installed: pyproject.toml
 	touch $@
 
 ## make mutation: mutmut over the privacy, secure-aggregation and k-means core, one module at
-## a time with its own tests, at low CPU priority (scripts/mutation.py; about 20 minutes on
-## one core); MODULES="core/kmeans.py lloyd/protocol.py" runs some; survivors in docs/developer.md
+## a time with its own tests, at low CPU priority (scripts/mutation.py; hours of one core for
+## every module); MODULES="core/kmeans.py lloyd/protocol.py" runs some; survivors in docs/developer.md
 mutation: $(VENV_MUTATION)/.installed
 	$(VENV_MUTATION)/bin/python scripts/mutation.py $(MODULES)
 

@@ -11,6 +11,7 @@ Usage::
     python scripts/mutation.py                    # every module below
     python scripts/mutation.py core/kmeans.py     # one module
     python scripts/mutation.py --list             # the modules and their tests
+    python scripts/mutation.py lloyd/protocol.py --only '*_lloyd_step*'   # some functions
 
 Prints a table (killed, survived, timeouts, score, minutes) and writes
 ``.mutation/summary.json``; ``mutmut results`` / ``mutmut show NAME`` inside a
@@ -33,6 +34,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".mutation"
 
+# the accountant's own tests: each private fit calibrates, so whole files would run
+# dozens of fits per mutant for no stronger check
+ACCOUNTANT_TESTS: list[str] = [
+    "tests/privacy/test_spec.py",
+    "tests/privacy/test_privacy.py::test_single_release_matches_analytic_gaussian",
+    "tests/privacy/test_privacy.py::test_composed_epsilon_never_exceeds_request",
+    "tests/privacy/test_privacy.py::test_noise_variance_matches_calibration",
+    "tests/privacy/test_privacy.py::test_private_protocols_rebuild_from_their_config",
+    "tests/privacy/test_privacy_fl.py::test_noise_scale_and_budget",
+    "tests/privacy/test_privacy_fl.py::test_subsampled_rounds_are_amplified_as_dp_"
+    "accounting_computes",
+    "tests/privacy/test_privacy_preprocess.py::test_budget_is_shared_with_the_algorithm_"
+    "and_composed_by_the_accountant",
+    "tests/privacy/test_privacy_preprocess.py::test_prior_travels_in_the_protocol_config",
+    "tests/privacy/test_privacy_preprocess.py::test_a_noiseless_prior_cannot_enter_a_finite_"
+    "budget",
+    "tests/privacy/test_private_release.py::test_secure_sampled_dp_fedavg_asks_every_device_"
+    "and_accounts_a_number"]
+
 #: module (under src/fedclust) -> the test files that guard it
 MODULES: dict[str, list[str]] = {
     "core/kmeans.py": ["tests/core/test_kmeans_kernels.py", "tests/core/test_kmeans_relocation.py",
@@ -44,19 +64,23 @@ MODULES: dict[str, list[str]] = {
                           "tests/privacy/test_secure_dp.py"],
     "kfed/server.py": ["tests/kfed/test_server_kfed.py", "tests/kfed/test_kfed_server_kmeanspp.py",
                        "tests/kfed/test_kfed.py", "tests/kfed/test_kfed_trim.py"],
-    "core/secure_sum.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py"],
-    "core/secagg.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py"],
+    "core/secure_sum.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py",
+                           "tests/security/test_secagg_attacks.py", "tests/security/harness.py",
+                           "tests/sim/test_secure_transport.py"],
+    "core/secure_sum_device.py": ["tests/core/test_secure_sum.py",
+                                  "tests/core/test_secagg_malicious.py",
+                                  "tests/security/test_secagg_attacks.py",
+                                  "tests/security/harness.py",
+                                  "tests/sim/test_secure_transport.py"],
+    "core/secagg.py": ["tests/core/test_secure_sum.py", "tests/core/test_secagg_malicious.py",
+                       "tests/security/test_secagg_attacks.py", "tests/security/harness.py"],
     "privacy/mechanisms.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy.py",
                               "tests/privacy/test_sensitivity.py"],
     "privacy/kmeans.py": ["tests/privacy/test_mechanisms.py", "tests/privacy/test_privacy.py",
                           "tests/privacy/test_sensitivity.py",
                           "tests/lloyd"],
-    "privacy/accounting.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_spec.py",
-                              "tests/privacy/test_privacy_fl.py",
-                              "tests/privacy/test_privacy_preprocess.py"],
-    "core/composition.py": ["tests/privacy/test_privacy.py", "tests/privacy/test_spec.py",
-                            "tests/privacy/test_privacy_fl.py",
-                            "tests/privacy/test_privacy_preprocess.py"],
+    "privacy/accounting.py": ACCOUNTANT_TESTS,
+    "core/composition.py": ACCOUNTANT_TESTS,
     "privacy/spec.py": ["tests/privacy/test_spec.py", "tests/privacy/test_privacy.py"],
     "privacy/distributed.py": ["tests/privacy/test_secure_dp.py"],
     "privacy/columns.py": ["tests/privacy/test_mechanisms.py",
@@ -81,9 +105,10 @@ def mutmut_section(module: str, tests: list[str]) -> str:
              'source_paths = ["src"]',
              f'only_mutate = ["src/fedclust/{module}"]',
              "pytest_add_cli_args_test_selection = [" + ", ".join(f'"{t}"' for t in tests) + "]",
-             # the mutation venv has no Flower: its transport tests are left to make test
-             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q", "-k", '
-             '"not flower and not Flower"]']
+             # the mutation venv has no Flower: its transport tests are left to make test;
+             # the slow end-to-end checks are too, to keep a run within minutes
+             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q", "-m", "not slow", '
+             '"-k", "not flower and not Flower"]']
     return "\n".join(lines) + "\n"
 
 
@@ -97,7 +122,7 @@ def scratch(module: str, tests: list[str]) -> Path:
     shutil.copytree(ROOT / "src", where / "src", ignore=ignore)
     (where / "tests").mkdir()
     shutil.copy(ROOT / "tests" / "conftest.py", where / "tests" / "conftest.py")
-    for t in tests:
+    for t in {t.split("::")[0] for t in tests}:   # a test file, folder or one test's node id
         src = ROOT / t
         dst = where / t
         if not src.exists():
@@ -127,21 +152,22 @@ def results(where: Path, mutmut: list[str]) -> dict[str, list[str]]:
     return by_status
 
 
-def run_module(module: str, mutmut: list[str], children: int) -> dict:
+def run_module(module: str, mutmut: list[str], children: int, only: list[str]) -> dict:
     tests = MODULES[module]
     where = scratch(module, tests)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     t0 = time.perf_counter()
-    proc = subprocess.run(["nice", "-n", "15", *mutmut, "run", "--max-children", str(children)],
-                          cwd=where, env=env, capture_output=True, text=True)
+    proc = subprocess.run(["nice", "-n", "15", *mutmut, "run", "--max-children", str(children),
+                           *only], cwd=where, env=env, capture_output=True, text=True)
     minutes = (time.perf_counter() - t0) / 60.0
     (where / "mutmut-run.log").write_text(proc.stdout + proc.stderr)
     by_status = results(where, mutmut)
+    by_status.pop("not checked", None)   # outside --only
     killed = len(by_status.get("killed", []))
     survived = by_status.get("survived", [])
     timeouts = len(by_status.get("timeout", []))
     total = sum(len(v) for v in by_status.values())
-    return {"module": module, "tests": tests, "total": total, "killed": killed,
+    return {"module": module, "only": only, "tests": tests, "total": total, "killed": killed,
             "survived": survived, "timeout": timeouts, "other": {
                 k: len(v) for k, v in by_status.items()
                 if k not in ("killed", "survived", "timeout")},
@@ -154,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("modules", nargs="*", help="modules under src/fedclust (default: all)")
     ap.add_argument("--list", action="store_true", help="print the modules and their tests")
     ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers")
+    ap.add_argument("--only", nargs="+", default=[], metavar="GLOB",
+                    help="only the mutants whose names match (e.g. '*_lloyd_step*'); "
+                         "one module at a time")
     args = ap.parse_args(argv)
     if args.list:
         for m, t in MODULES.items():
@@ -162,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         ap.error(f"unknown module(s) {unknown}; choose from {sorted(MODULES)}")
+    if args.only and len(args.modules) != 1:
+        ap.error("--only needs exactly one module")
     mutmut = [sys.executable, "-m", "mutmut"]
     if subprocess.run(mutmut + ["--version"], capture_output=True).returncode != 0:
         print("mutmut is not installed: pip install -e '.[mutation]'", file=sys.stderr)
@@ -170,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     summary_path = WORK / "summary.json"
     done = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     for module in args.modules or list(MODULES):
-        row = run_module(module, mutmut, args.max_children)
+        row = run_module(module, mutmut, args.max_children, args.only)
         rows.append(row)
-        done[module] = row
+        done[module + "".join(f" {g}" for g in args.only)] = row
         summary_path.write_text(json.dumps(done, indent=1))
         print(f"{module:24s} mutants {row['total']:4d}  killed {row['killed']:4d}  "
               f"survived {len(row['survived']):3d}  timeout {row['timeout']:2d}  "

@@ -265,3 +265,57 @@ def test_config_asks_for_the_signed_variant(tmp_path):
     for bad in ("yes", 1):
         with pytest.raises(ConfigError, match="must be true, false or \"signed\""):
             check_config({**base, "simulation": {"secure_aggregation": bad}})
+
+
+def test_unmask_counts_only_group_signatures_and_refuses_when_the_server_sends_none():
+    vals = _values(5)
+    idn = make_identities(range(5))
+
+    def strip(stage, z, inbound):
+        if stage == "unmask" and z == 2:
+            inbound.pop("signers", None)
+            inbound.pop("sigs", None)
+        return inbound
+    with pytest.raises(ValidationError, match=r"^device 2: only 0 of its group signed the "
+                                              r"survivor set the server names \(threshold \d+\); "
+                                              r"refusing to reveal shares$"):
+        run(vals, SIGNED, identities=idn, lie=strip)
+
+    def stranger(stage, z, inbound):
+        # a signer outside the group, with junk: ignored, the group's signatures suffice
+        if stage == "unmask":
+            inbound["signers"] = np.append(np.asarray(inbound["signers"], np.int64), 99)
+            inbound["sigs"] = np.vstack([inbound["sigs"], np.zeros((1, 64), np.uint8)])
+        return inbound
+    srv = run(vals, SIGNED, identities=idn, lie=stranger)
+    np.testing.assert_array_equal(srv.result()["counts"], sum(v["counts"] for v in vals.values()))
+
+
+def test_an_unknown_stage_is_named_and_a_signed_one_needs_an_identity():
+    inbound = {"round": np.asarray(5)}
+    with pytest.raises(ValidationError, match=r"^device 3: unknown secure aggregation stage "
+                                              r"'confirm' \(or a signed stage without an "
+                                              r"identity key\)$"):
+        secure_sum_client("confirm", inbound, {}, device_id=3)
+    with pytest.raises(ValidationError, match=r"^device 3: unknown secure aggregation stage "
+                                              r"'bogus'$"):
+        secure_sum_client("bogus", inbound, {}, device_id=3, identity=make_identities([3])[3])
+
+
+@pytest.mark.parametrize("r", [0, 1, 3])
+def test_a_stage_before_the_key_stage_is_refused_by_name(r):
+    with pytest.raises(ValidationError, match=rf"^device 1: secure aggregation stage 'share' for "
+                                              rf"round {r} without its key stage$"):
+        secure_sum_client("share", {"round": np.asarray(r)}, {}, device_id=1)
+
+
+def test_bad_settings_and_unknown_identities_are_named():
+    with pytest.raises(ValidationError, match=r"^secure_aggregation='yes' must be True, False or "
+                                              r"a SecureAggregation$"):
+        SecureAggregation.coerce("yes")
+    assert SecureAggregation.coerce({"signed": True}) == SIGNED
+    idn = make_identities([0, 1])[0]
+    assert idn.public_of(1, "device 0") == idn.directory[1]
+    with pytest.raises(ValidationError, match=r"^device 0: device 7 has no identity key in the "
+                                              r"directory; refusing to share secrets with it$"):
+        idn.public_of(7, "device 0")

@@ -124,6 +124,9 @@ def test_masked_replies_hide_the_values_and_server_sees_only_the_sum():
         top = (seen_a[z] >> np.uint64(63)).astype(int)
         assert 0 < top.sum() < top.size
     assert not np.array_equal(seen_a[0], seen_b[0])  # the wire changes, what the server keeps not
+    # the keys and masks come from the pinned entropy alone: a rerun sends the same words
+    _, seen_again = run_sum(vals, entropy=ent)
+    assert all(np.array_equal(seen_a[z], seen_again[z]) for z in range(5))
 
 
 def test_tampered_shares_reject_the_sender_by_name():
@@ -227,3 +230,124 @@ def test_seal_detects_changes_and_prg_is_seeded():
         open_sealed(b_sk, a_pk, 2, 1, 0, ct)  # a share re-addressed to someone else
     assert np.array_equal(prg_mask(b"k" * 32, 5), prg_mask(b"k" * 32, 9)[:5])
     assert not np.array_equal(prg_mask(b"k" * 32, 5), prg_mask(b"j" * 32, 5))
+
+
+def test_shamir_combine_refuses_a_secret_one_past_its_size_and_names_bad_shares():
+    # threshold 1: f(x) = s for every x, so the reconstruction is exactly s
+    top = 1 << 32
+    assert shamir_combine({1: top - 1, 2: top - 1}, 1, size=4) == b"\xff" * 4
+    for s in (top, top + 1, 3 * top):
+        with pytest.raises(ValidationError, match=r"^the shares do not belong to one secret "
+                                                  r"\(reconstruction out of range\)$"):
+            shamir_combine({1: s}, 1, size=4)
+    secret = bytes(range(32))
+    xs = list(range(1, 6))
+    pts = dict(zip(xs, shamir_split(secret, xs, 2, _entropy(1))))
+    pts[4] += 7
+    with pytest.raises(ValidationError, match=r"^the shares at points \[4\] are inconsistent "
+                                              r"with the others$"):
+        shamir_combine(pts, 2, strict=True)
+    with pytest.raises(ValidationError, match=r"^1 shares for a threshold of 2: the secret "
+                                              r"cannot be reconstructed$"):
+        shamir_combine({1: 5}, 2)
+
+
+def test_fixed_point_round_trip_keeps_each_fields_dtype_and_checks_the_length():
+    arrays = {"f32": np.array([0.5, -1.25], np.float32), "f64": np.array([[2.0**-20]]),
+              "n": np.array([3, -4], np.int64), "scalar": np.float32(7.0)}
+    vec, layout = encode_fixed(arrays, 20, 3)
+    back = decode_fixed(vec, layout, 20)
+    for name, a in arrays.items():
+        assert back[name].dtype == np.asarray(a).dtype and back[name].shape == np.shape(a)
+        np.testing.assert_array_equal(back[name], a)
+    with pytest.raises(ValidationError, match=r"^secure sum has 7 entries, its layout 6$"):
+        decode_fixed(np.concatenate([vec, vec[:1]]), layout, 20)
+
+
+def test_fixed_point_limits_are_exact_and_integers_stay_exact():
+    big = 2**62 + 1                        # not a float64: exact only on the integer path
+    vec, layout = encode_fixed({"n": np.array([big, -big], np.int64)}, 20, 1)
+    np.testing.assert_array_equal(decode_fixed(vec, layout, 20)["n"], [big, -big])
+    # one device may use the whole signed range (limit 2**63), nothing at or past it
+    with pytest.raises(ValidationError, match=r"^device: field 'n' has a value too large to sum "
+                                              r"over 1 devices with frac_bits=20 \(limit "
+                                              r"9\.22337e\+18 in magnitude\); lower frac_bits$"):
+        encode_fixed({"n": np.array([2**63 - 1], np.int64)}, 20, 1)
+    limit = 2.0**63 / 4 / 2.0**20          # floats: the limit over 4 devices in value units
+    encode_fixed({"x": np.array([np.nextafter(limit, 0)])}, 20, 4)
+    with pytest.raises(ValidationError, match=r"^device: field 'x' has a value too large to sum "
+                                              r"over 4 devices with frac_bits=20 \(limit "
+                                              r"2\.19902e\+12 in magnitude\); lower frac_bits$"):
+        encode_fixed({"x": np.array([-limit])}, 20, 4)
+    with pytest.raises(ValidationError, match=r"^device: field 'x' has non-finite values; "
+                                              r"secure aggregation sums finite numbers only$"):
+        encode_fixed({"x": np.array([1.0, np.nan])}, 20, 4)
+    with pytest.raises(ValidationError, match=r"^secure aggregation sums numbers: field 'b' has "
+                                              r"dtype bool$"):
+        encode_fixed({"b": np.array([True])}, 20, 4)
+    vec, layout = encode_fixed({}, 20, 4)
+    assert vec.dtype == np.uint64 and vec.shape == (0,) and decode_fixed(vec, layout, 20) == {}
+
+
+def test_key_agreement_separates_purposes_and_rounds():
+    from fedclust.core.secagg import agree, pair_mask_seed
+
+    a_sk, a_pk = x25519_keypair(_entropy(1))
+    b_sk, b_pk = x25519_keypair(_entropy(2))
+    assert agree(a_sk, b_pk, b"mask") == agree(b_sk, a_pk, b"mask")
+    assert agree(a_sk, b_pk, b"mask") != agree(a_sk, b_pk, b"seal")
+    seeds = [pair_mask_seed(a_sk, b_pk, r) for r in range(3)]
+    assert seeds[0] == pair_mask_seed(b_sk, a_pk, 0) and len(set(seeds)) == 3   # fresh masks
+    ct = seal(a_sk, b_pk, 1, 2, 0, b"shares")
+    assert open_sealed(b_sk, a_pk, 1, 2, 0, ct) == b"shares"
+    with pytest.raises(ValidationError, match=r"^the shares from device 1 to device 2 were "
+                                              r"altered on the way \(authentication failed\)$"):
+        open_sealed(b_sk, a_pk, 1, 2, 1, ct)   # another round's key
+
+
+def test_shamir_coefficients_span_the_field_and_secrets_must_be_below_its_prime():
+    # threshold 2: f(1) - f(0) is the random coefficient; uniform over GF(PRIME) (521 bits),
+    # so among 64 draws one has its top bit set unless the draw is too short
+    top = max((shamir_split(b"\x01", [1, 2], 2)[0] - 1) % PRIME for _ in range(64))
+    assert top.bit_length() == 521
+    with pytest.raises(ValidationError, match=r"^secret too large for the Shamir field$"):
+        shamir_split(PRIME.to_bytes(66, "big"), [1, 2], 2)
+    shamir_split((PRIME - 1).to_bytes(66, "big"), [1, 2], 2)
+    with pytest.raises(ValidationError, match=r"^share points must be distinct and non-zero$"):
+        shamir_split(b"\x01", [1, 1], 2)
+    with pytest.raises(ValidationError, match=r"^threshold=3 must be in \[1, 2\] shares$"):
+        shamir_split(b"\x01", [1, 2], 3)
+    ys = shamir_split(b"\x05", [1, 2, 3, 4, 5], 3)
+    pts = {x: y + (x in (1, 2)) for x, y in zip([1, 2, 3, 4, 5], ys)}
+    with pytest.raises(ValidationError, match=r"^5 shares are inconsistent \(not on one "
+                                              r"polynomial of degree 2\) and more than 1 of them "
+                                              r"would have to be wrong: cannot tell which$"):
+        shamir_combine(pts, 3)
+
+
+def test_a_survivor_silent_at_unmask_stays_in_the_sum():
+    vals = _values(6, seed=8)
+    srv = SecureSumServer(list(range(6)), round_id=3, settings=SecureAggregation(), seed=0)
+    states = {z: {} for z in range(6)}
+    for stage in ("keys", "share", "mask", "unmask"):
+        replies = {z: secure_sum_client(stage, inbound, states[z], device_id=z,
+                                        reply=vals[z] if stage == "mask" else None)
+                   for z, inbound in srv.requests(stage).items()}
+        if stage == "unmask":
+            del replies[0]          # the lowest survivor masked its reply, then went quiet
+        srv.take(stage, replies)
+    got, want = srv.result(), _plain_sum(vals, list(range(6)))
+    np.testing.assert_array_equal(got["counts"], want["counts"])
+    np.testing.assert_allclose(got["sums"], want["sums"], atol=6 * 2.0**-20, rtol=0)
+
+
+@pytest.mark.parametrize("kw,ok", [(dict(frac_bits=0), True), (dict(frac_bits=52), True),
+                                   (dict(frac_bits=-1), False), (dict(frac_bits=53), False),
+                                   (dict(neighbors=2), True), (dict(neighbors=1), False)])
+def test_secure_aggregation_settings_edges(kw, ok):
+    if ok:
+        SecureAggregation(**kw)
+    else:
+        with pytest.raises(ValidationError, match=r"^(frac_bits=-?\d+ must be in \[0, 52\]|"
+                                                  r"neighbors=1 must be >= 2 \(or None\))$"):
+            SecureAggregation(**kw)

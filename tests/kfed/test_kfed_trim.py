@@ -140,3 +140,86 @@ def test_trim_counts_a_fractional_liar_share_up():
     assert d.n_trim == 2
     assert not d.keep[4 * 28:].any()
     assert d.keep[:4 * 28].all()
+
+
+def test_weighted_trimmed_server_weighs_each_center_by_its_count():
+    """Ten honest devices, two 1-D groups; device 9's center near 0 holds 1000 points,
+    every other center 1. The count-weighted 10 %-trimmed mean of the group near 0 keeps
+    only device 9's mass (it holds more than 80 % of the weight): 0.09 exactly; without
+    weights it is the middle devices' mean."""
+    from fedclust.kfed.server import aggregate_centers
+
+    centers = [np.array([[0.01 * z], [100.0 + 0.01 * z]]) for z in range(10)]
+    counts = [np.array([1000 if z == 9 else 1, 1]) for z in range(10)]
+    rng = np.random.default_rng(0)
+    got = aggregate_centers(centers, 2, counts=counts, weighted=True, trim=0.1, rng=rng)
+    low = got.centers[np.argmin(got.centers[:, 0]), 0]
+    assert low == pytest.approx(0.09, abs=1e-12)
+    plain = aggregate_centers(centers, 2, counts=counts, trim=0.1, rng=rng)
+    assert 0.03 < plain.centers[:, 0].min() < 0.06
+    with pytest.raises(ValidationError, match=r"^weighted=True needs the devices' counts$"):
+        aggregate_centers(centers, 2, weighted=True, trim=0.1)
+
+
+def test_trimmed_server_keeps_a_chosen_first_device_when_it_is_trusted():
+    from fedclust.kfed.server import aggregate_centers
+
+    rng = np.random.default_rng(1)
+    centers = [np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]]) + rng.normal(0, 0.3, (3, 2))
+               for _ in range(8)]
+    centers.append(np.full((3, 2), 500.0) + rng.normal(0, 1.0, (3, 2)))   # a lone liar
+    got = aggregate_centers(centers, 3, trim=0.2, first_device=5)
+    assert got.seed_device == 5
+    widest = aggregate_centers(centers, 3, trim=0.2)
+    assert aggregate_centers(centers, 3, trim=0.2, first_device=8).seed_device \
+        == widest.seed_device != 8        # the liar is not kept: the default choice instead
+
+
+def _three_groups(n_devices=8, liar=True, seed=1):
+    rng = np.random.default_rng(seed)
+    base = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    centers = [base[rng.permutation(3)] + rng.normal(0, 0.3, (3, 2)) for _ in range(n_devices)]
+    if liar:
+        centers.append(np.full((3, 2), 500.0) + rng.normal(0, 1.0, (3, 2)))
+    return base, centers
+
+
+def test_trimmed_server_labels_every_devices_centers_by_the_nearest_final_center():
+    from fedclust.kfed.server import aggregate_centers
+
+    base, centers = _three_groups()
+    got = aggregate_centers(centers, 3, trim=0.2)
+    np.testing.assert_allclose(np.sort(got.centers, axis=0), np.sort(base, axis=0), atol=0.5)
+    assert len(got.center_labels) == len(centers) and isinstance(got.n_iter, int)
+    for C, labels in zip(centers, got.center_labels):
+        d = ((C[:, None, :] - got.centers[None]) ** 2).sum(-1)
+        np.testing.assert_array_equal(labels, d.argmin(axis=1))
+
+
+def test_server_on_millions_of_centers_takes_the_blocked_path_to_the_same_clusters(monkeypatch):
+    """Past LARGE_N centers k-means++ seeds from a coreset and runs blocked Lloyd
+    (core.kmeans.weighted_kmeans); with the threshold lowered it must find the groups the
+    small-input path finds, weights included."""
+    from fedclust.kfed import server
+
+    base, centers = _three_groups(n_devices=30, liar=False)
+    counts = [np.array([1, 1, 50]) for _ in centers]
+    small = server.aggregate_centers(centers, 3, counts=counts, weighted=True, method="kmeans++",
+                                     rng=np.random.default_rng(0))
+    monkeypatch.setattr(server, "LARGE_N", 10)
+    large = server.aggregate_centers(centers, 3, counts=counts, weighted=True, method="kmeans++",
+                                     rng=np.random.default_rng(0), max_iter=50)
+    np.testing.assert_allclose(np.sort(large.centers, axis=0), np.sort(small.centers, axis=0),
+                               atol=1e-6)
+    for a, b in zip(large.center_labels, small.center_labels):
+        assert len(set(zip(a.tolist(), b.tolist()))) == len(set(a.tolist()))   # same partition
+
+
+def test_single_linkage_server_reports_no_iterations_and_n_clusters_is_checked():
+    from fedclust.kfed.server import aggregate_centers
+
+    _, centers = _three_groups(liar=False)
+    assert aggregate_centers(centers, 3, method="single-linkage").n_iter == 0
+    for bad in ("3", 2.0, True, 0):
+        with pytest.raises(ValidationError, match=rf"^n_clusters={bad!r} must be an integer >= 1$"):
+            aggregate_centers(centers, bad)

@@ -218,3 +218,64 @@ def test_column_bounds_and_site_rows_are_checked_by_name():
     X = np.array([[0.0, 5.0], [np.nan, 2.0]])
     Xc, n = pc.clip_columns(X, np.array([0.0, 0.0]), np.array([1.0, 5.0]))
     assert n == 0 and Xc is X                       # values on a range's edge are inside
+
+
+def test_site_scaling_matches_the_release_vector_computed_from_the_rows():
+    """Device level: each site is scaled by min(1, bound / ‖v‖), with v = (rows, counts,
+    Σ(x − c)/w, Σ((x − c)/w)² − count/2) computed here from the raw rows (columns with
+    one value and with none included)."""
+    from types import SimpleNamespace
+
+    from fedclust.privacy import columns as pc
+
+    rng = np.random.default_rng(11)
+    low, high = np.array([0.0, -3.0, 5.0, 1.0]), np.array([2.0, 3.0, 9.0, 4.0])
+    c, w = (low + high) / 2, (high - low) / 2
+    site_rows = 1
+    bound = site_rows * np.sqrt(1 + 2.25 * 4)
+    sites, vectors = [], []
+    for n in (1, 3, 6, 40):
+        X = rng.uniform(low, high, (n, 4))
+        X[:, 3] = np.nan                       # a column with no value
+        X[1:, 1] = np.nan                      # a column with one value
+        ok = ~np.isnan(X)
+        count = ok.sum(axis=0)
+        total = np.nansum(X, axis=0)
+        mean = np.divide(total, count, out=np.zeros(4), where=count > 0)
+        m2 = np.nansum((X - mean) ** 2, axis=0)
+        sites.append(SimpleNamespace(count=count, total=total, m2=m2, n_rows=n))
+        Z = (X - c) / w
+        vectors.append(np.concatenate([[n], count, np.nansum(Z, axis=0),
+                                       np.nansum(Z ** 2, axis=0) - 0.5 * count]))
+    scaled = pc.clip_sites(sites, low, high, site_rows)
+    n_scaled = 0
+    for site, out, v in zip(sites, scaled, vectors):
+        f = min(1.0, bound / np.linalg.norm(v))
+        if f == 1.0:
+            assert out is site
+            continue
+        n_scaled += 1
+        assert float(out.n_rows) == pytest.approx(f * site.n_rows, rel=1e-12)
+        np.testing.assert_allclose(out.count, f * site.count, rtol=1e-12)
+        np.testing.assert_allclose(out.total, f * site.total, rtol=1e-12)
+        np.testing.assert_allclose(out.m2, f * site.m2, rtol=1e-12)
+    assert n_scaled >= 3
+
+
+def test_column_release_variance_never_below_its_noise_floor_on_wide_ranges():
+    """The released variance is clipped below at the Q-noise level w²·std/rows (when that
+    is under w²), here where the floor exceeds 1: a constant column gives noise only."""
+    from fedclust.privacy import columns as pc
+
+    low, high = np.array([0.0, -1.0]), np.array([20.0, 1.0])   # w = 10 and 1
+    count, total, m2 = np.array([100, 100]), np.array([1000.0, 0.0]), np.zeros(2)
+    floors_hit = 0
+    for s in range(60):
+        out = pc.noisy_column_moments(100, count, total, m2, low, high, 5.0, noise_rng(s))
+        floor = out["var_floor"]
+        np.testing.assert_allclose(floor, np.array([100.0, 1.0]) * 5.0 / out["n_rows"], rtol=6e-3)
+        lower = np.minimum(floor, (high - low) ** 2 / 4)
+        assert np.all(out["var"] >= lower * (1 - 1e-12))
+        floors_hit += int(out["var"][0] == pytest.approx(lower[0]))
+        assert out["count"].dtype.kind == "i" and isinstance(out["n_rows"], int)
+    assert floors_hit >= 10

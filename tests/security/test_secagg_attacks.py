@@ -142,6 +142,16 @@ def test_a_finished_round_is_not_keyed_again():
     # another protocol phase (another action) may number its rounds from 0 again
     secure_sum_client("keys", dict(keys, round=np.asarray(0)), states[0], device_id=0,
                       action="lloyd")
+    # with two rounds keyed, each is still refused, by its own name
+    with pytest.raises(ValidationError, match=r"^device 0: secure aggregation stage 'keys' "
+                                              r"already answered in round 0 \(lloyd\); refusing "
+                                              r"to answer it again$"):
+        secure_sum_client("keys", dict(keys, round=np.asarray(0)), states[0], device_id=0,
+                          action="lloyd")
+    with pytest.raises(ValidationError, match=r"^device 0: secure aggregation stage 'keys' "
+                                              r"already answered in round 7; refusing to "
+                                              r"answer it again$"):
+        secure_sum_client("keys", dict(keys, round=np.asarray(7)), states[0], device_id=0)
     with pytest.raises(ValidationError, match=r"device 0: secure aggregation stage 'share' of "
                                               r"round 0 for another action"):
         secure_sum_client("share", {"round": np.asarray(0)}, states[0], device_id=0,
