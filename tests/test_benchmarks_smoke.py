@@ -18,6 +18,9 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
+# benchmark smoke runs (a subprocess each): behind the slow marker, run by make test-slow
+pytestmark = pytest.mark.slow
+
 
 def _check_table1(doc):
     assert len(doc["rows"]) == 5
@@ -148,7 +151,7 @@ def test_benchmark_quick(name, tmp_path):
     extra, check = CASES[name]
     cmd = [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--out", str(tmp_path),
            "--data-dir", str(tmp_path / "no-data"), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / f"{name}.json").read_text())
     assert doc["benchmark"] == name and doc["quick"] is True

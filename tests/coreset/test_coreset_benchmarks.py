@@ -12,17 +12,19 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
+# benchmark smoke runs (a subprocess each): behind the slow marker, run by make test-slow
+pytestmark = pytest.mark.slow
+
 
 def _run(name, tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-plot",
                            "--out", str(tmp_path), "--data-dir", str(tmp_path / "no-data")],
-                          capture_output=True, text=True, timeout=300,
+                          capture_output=True, text=True, timeout=900,
                           cwd=BENCH)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout
 
 
-@pytest.mark.slow
 def test_cost_vs_comm_quick(tmp_path):
     doc, out = _run("coreset_cost_vs_comm", tmp_path)
     assert doc["quick"] and "Distributed coreset vs COMBINE" in out

@@ -5,14 +5,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+# benchmark smoke runs (a subprocess each): behind the slow marker, run by make test-slow
+pytestmark = pytest.mark.slow
 
 
 def _run(name, tmp_path):
     cmd = [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-plot", "--out",
            str(tmp_path), "--data-dir", str(tmp_path / "no-data")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "using scikit-learn digits" in proc.stdout
     doc = json.loads((tmp_path / f"{name}.json").read_text())

@@ -9,13 +9,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+# benchmark smoke runs (a subprocess each): behind the slow marker, run by make test-slow
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("name", ["gauss_clustering", "gauss_classification"])
 def test_quick_benchmark_runs_and_writes_json(name, tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / f"{name}.py"), "--quick", "--no-plot",
          "--out", str(tmp_path), "--data-dir", str(tmp_path / "no-data")],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / f"{name}.json").read_text())
     assert doc["quick"] is True

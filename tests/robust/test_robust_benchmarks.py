@@ -7,13 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+# benchmark smoke runs (a subprocess each): behind the slow marker, run by make test-slow
+pytestmark = pytest.mark.slow
 
 
 def _run(name, tmp_path, *extra):
     proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-plot",
                            "--out", str(tmp_path), *extra], capture_output=True, text=True,
-                          timeout=300, cwd=BENCH)
+                          timeout=900, cwd=BENCH)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout
 
