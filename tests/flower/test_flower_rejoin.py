@@ -14,6 +14,7 @@ from fedclust.core.policy import DevicePolicy  # noqa: E402
 from fedclust.coreset.protocol import CoresetProtocol  # noqa: E402
 from fedclust.flower.apps import ServerSpec, make_client_app, make_server_app  # noqa: E402
 from fedclust.flower.grid import HELLO_TYPE, LocalGrid, run_server_app  # noqa: E402
+from fedclust.kfed.protocol import KFedProtocol  # noqa: E402
 from fedclust.lloyd.protocol import DistributedLloydProtocol  # noqa: E402
 from fedclust.sim.transport import InProcessTransport  # noqa: E402
 
@@ -191,3 +192,51 @@ def test_a_protocol_that_needs_earlier_device_state_refuses_the_rejoin_by_name()
     assert "timed out" in why and "cannot rejoin" in why and "'coreset'" in why
     assert extra["rejoined"] == [] and 1 not in out.log.participants
     assert sent_to_new == [HELLO_TYPE]       # asked who it is, never sent a data round
+
+
+def test_k_fed_assigns_a_device_whose_node_came_back_as_a_late_device():
+    # k-FED has one round; a device that lost it and came back before the end is assigned
+    # to the final centers as a late device (its late step needs no earlier state)
+    devices = _devices()
+    seen = {}
+
+    def on_push(grid, messages):
+        if _round_of(messages) == 0 and not seen:
+            seen["new"] = grid.restart(grid.node_ids[1])   # round 0 is lost with the old node
+
+    out, extra, _ = _run(KFedProtocol(3, 3), devices, on_push)
+    assert [(e["device"], e["late"], e["node"]) for e in extra["rejoined"]] == \
+        [(1, True, seen["new"])]
+    assert out.log.failed == {} and out.log.late == [1] and out.log.participants == [0, 2, 3]
+    ref = InProcessTransport(late_devices=[1]).run(KFedProtocol(3, 3), dict(enumerate(devices)), 3)
+    assert ref.log.late == [1]
+    np.testing.assert_array_equal(out.result.centers, ref.result.centers)
+    for z in range(4):
+        np.testing.assert_array_equal(out.device_outputs[z]["labels"],
+                                      ref.device_outputs[z]["labels"])
+
+
+def test_a_rejected_device_does_not_rejoin():
+    devices = _devices()
+
+    def tamper(z, r, arrays):   # device 1 sends sums of the wrong shape in round 2
+        return {**arrays, "sums": arrays["sums"][:1]} if (z, r) == (1, 2) else arrays
+
+    seen = {}
+
+    def on_push(grid, messages):
+        if _round_of(messages) == 3 and not seen:
+            seen["new"] = grid.restart(grid.node_ids[1])
+
+    spec = ServerSpec.for_protocol(_lloyd(), 3, min_nodes=4, node_wait_s=0.0,
+                                   round_timeout_s=None)
+    box = {}
+    grid = LocalGrid(make_client_app(lambda ctx: (int(ctx.node_config["partition-id"]),
+                                                  devices[int(ctx.node_config["partition-id"])]),
+                                     tamper=tamper),
+                     [{"partition-id": i} for i in range(4)], on_push=on_push)
+    run_server_app(make_server_app(spec, on_result=lambda out, extra: box.update(
+        out=out, extra=extra)), grid)
+    out, extra = box["out"], box["extra"]
+    assert 1 in out.log.rejected and extra["rejoined"] == []
+    assert "was rejected in this run" in extra["nodes_failed"][str(seen["new"])]

@@ -150,6 +150,46 @@ class Server:
                                          "device-id")
         return {z: c for z, c in claims.items() if len(c) == 1}, node_failed
 
+    def _discover(self, at: str, log: RunLog) -> None:
+        """Ask nodes that are new, or whose old node id Flower activated anew, who they
+        are; a device they may take back waits in ``self.pending``. A node claiming a
+        device that a live node serves, or that was rejected, is refused and named."""
+        activations = _activations(self.grid)
+        live = {n for z, n in self.node_of.items() if z not in self.unreachable}
+        new = [n for n, when in sorted(activations.items())
+               if n not in live and n not in self.pending
+               and not (n in self.asked and self.asked[n] == when)]
+        if not new:
+            return
+        claims, failed = self._ask_hello(new, activations)
+        for z, (node,) in sorted(claims.items()):
+            serving = self.node_of.get(z)
+            if z in log.rejected:
+                failed[node] = (f"node {node}: device {z} was rejected in this run "
+                                f"({log.rejected[z]}); it does not rejoin")
+            elif serving is not None and serving != node and z not in self.unreachable:
+                failed[node] = (f"node {node}: claims device id {z}, which node {serving} "
+                                "serves in this run; refused")
+            elif any(p == z for p in self.pending.values()):
+                failed[node] = (f"node {node}: claims device id {z}, which another node "
+                                "that came back claims too; refused")
+            else:
+                self.pending[node] = z
+        for node, why in failed.items():
+            flwr_log(_WARNING, "fedclust: %s: %s", at, why)
+        self.node_failed.update(failed)
+
+    def _take_back(self, node: int, z: int, at: int, log: RunLog, *, late: bool = False
+                   ) -> None:
+        del self.pending[node]
+        missed = log.failed.pop(z, None)
+        self.unreachable.discard(z)
+        self.node_of[z] = node
+        self.rejoined.append({"device": z, "node": node, "round": at, "late": late,
+                              "missed": missed or "not connected at the start"})
+        flwr_log(_INFO, "fedclust: device %d rejoined at round %d%s on node %d", z, at,
+                 " (assigned as a late device)" if late else "", node)
+
     def rejoin(self, request: Request, active: list[int], log: RunLog) -> list[int]:
         """Before a round: take back devices whose SuperNode came back (a new node id, or
         its old one activated anew) or connected late; returns the active devices.
@@ -157,57 +197,36 @@ class Server:
         A device rejoins only at a round whose action the protocol lists in
         ``rejoin_actions`` (its client step needs nothing the device kept from earlier
         rounds: a restarted SuperNode lost its state); until then it waits, named once.
-        A node claiming a device that a live node serves, or that was rejected, is refused.
         """
-        activations = _activations(self.grid)
-        live = {n for z, n in self.node_of.items() if z not in self.unreachable}
-        new = [n for n, when in sorted(activations.items())
-               if n not in live and n not in self.pending
-               and not (n in self.asked and self.asked[n] == when)]
-        if new:
-            claims, failed = self._ask_hello(new, activations)
-            for z, (node,) in sorted(claims.items()):
-                serving = self.node_of.get(z)
-                if serving is not None and serving != node and z not in self.unreachable:
-                    failed[node] = (f"node {node}: claims device id {z}, which node {serving} "
-                                    "serves in this run; refused")
-                elif z in log.rejected:
-                    failed[node] = (f"node {node}: device {z} was rejected in this run "
-                                    f"({log.rejected[z]}); it does not rejoin")
-                elif any(p == z for p in self.pending.values()):
-                    failed[node] = (f"node {node}: claims device id {z}, which another node "
-                                    "that came back claims too; refused")
-                else:
-                    self.pending[node] = z
-            for node, why in failed.items():
-                flwr_log(_WARNING, "fedclust: round %d: %s", request.round, why)
-            self.node_failed.update(failed)
-        if not self.pending:
-            return active
+        self._discover(f"round {request.round}", log)
         action_ok = request.action in getattr(self.protocol, "rejoin_actions", frozenset())
         for node, z in sorted(self.pending.items(), key=lambda item: item[1]):
-            if not action_ok:
-                if (node, z) not in self._named:
-                    self._named.add((node, z))
-                    why = (f"device {z} is back on node {node} but cannot rejoin: protocol "
-                           f"{self.protocol.name!r} round {request.round} ({request.action}) "
-                           "needs what the device kept from earlier rounds, lost with its "
-                           "node")
-                    flwr_log(_WARNING, "fedclust: %s", why)
-                    if z in log.failed:
-                        log.failed[z] = f"{log.failed[z]}; {why}"
-                continue
-            del self.pending[node]
-            missed = log.failed.pop(z, None)
-            self.unreachable.discard(z)
-            self.node_of[z] = node
-            if z not in active:
-                active = sorted([*active, z])
-            self.rejoined.append({"device": z, "node": node, "round": request.round,
-                                  "missed": missed or "not connected at the start"})
-            flwr_log(_INFO, "fedclust: device %d rejoined at round %d (%s) on node %d", z,
-                     request.round, request.action, node)
+            if action_ok:
+                self._take_back(node, z, request.round, log)
+                if z not in active:
+                    active = sorted([*active, z])
+            elif (node, z) not in self._named:
+                self._named.add((node, z))
+                why = (f"device {z} is back on node {node} but cannot rejoin: protocol "
+                       f"{self.protocol.name!r} round {request.round} ({request.action}) "
+                       "needs what the device kept from earlier rounds, lost with its node")
+                flwr_log(_WARNING, "fedclust: %s", why)
+                if z in log.failed:
+                    log.failed[z] = f"{log.failed[z]}; {why}"
+                else:
+                    self.node_failed[node] = f"node {node}: {why}"
         return active
+
+    def rejoin_late(self, log: RunLog) -> list[int]:
+        """After the last round, for a protocol that assigns late devices: devices whose
+        SuperNode came back are assigned as late devices (the late request needs nothing
+        from earlier rounds); returns them."""
+        self._discover("late assignment", log)
+        back = []
+        for node, z in sorted(self.pending.items(), key=lambda item: item[1]):
+            self._take_back(node, z, self.meter.rounds, log, late=True)
+            back.append(z)
+        return back
 
     def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
         """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
@@ -346,6 +365,10 @@ class Server:
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
             result = protocol.finish(state, log)
+        if hasattr(protocol, "assign_late"):
+            back = self.rejoin_late(log)
+            log.late = sorted({*log.late, *back})
+            late = {*late, *back}
         if late and hasattr(protocol, "assign_late"):
             self._assign_late(result, sorted(late))
         t_rounds = time.perf_counter() - t0 - t_hello
