@@ -62,7 +62,8 @@ def _run(protocol, devices, on_push, *, n_nodes=None, min_nodes=None):
 
 
 def _round_of(messages):
-    group = messages[0].metadata.group_id if messages else ""
+    # "3", or "3.<stage>" in a secure round; None for a hello
+    group = messages[0].metadata.group_id.split(".")[0] if messages else ""
     return int(group) if group.lstrip("-").isdigit() else None
 
 
@@ -240,3 +241,27 @@ def test_a_rejected_device_does_not_rejoin():
     out, extra = box["out"], box["extra"]
     assert 1 in out.log.rejected and extra["rejoined"] == []
     assert "was rejected in this run" in extra["nodes_failed"][str(seen["new"])]
+
+
+def test_a_restarted_node_rejoins_a_securely_summed_run():
+    from fedclust.flower.grid import secure_spec
+
+    devices = _devices()
+    runs = []
+    for secure in (False, True):
+        on_push, _ = _dies_then_returns(1, dies_at=2, back_at=3, same_id=False)
+        spec = ServerSpec.for_protocol(_lloyd(), 3, min_nodes=4, node_wait_s=0.0,
+                                       round_timeout_s=None, **secure_spec(secure))
+        box = {}
+        grid = LocalGrid(_client(devices), [{"partition-id": i} for i in range(4)],
+                         on_push=on_push)
+        run_server_app(make_server_app(spec, on_result=lambda out, extra: box.update(
+            out=out, extra=extra)), grid)
+        runs.append((box["out"], box["extra"]))
+    (plain, e_plain), (secure, e_secure) = runs
+    assert [(e["device"], e["round"]) for e in e_secure["rejoined"]] == [(1, 4)]
+    assert secure.log.failed == {}
+    # the server held only sums: the same centers up to the fixed-point encoding
+    np.testing.assert_allclose(secure.result.centers, plain.result.centers, atol=1e-6)
+    np.testing.assert_allclose(secure.result.cost_history, plain.result.cost_history,
+                               rtol=1e-7)
