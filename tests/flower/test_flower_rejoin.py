@@ -265,3 +265,34 @@ def test_a_restarted_node_rejoins_a_securely_summed_run():
     np.testing.assert_allclose(secure.result.centers, plain.result.centers, atol=1e-6)
     np.testing.assert_allclose(secure.result.cost_history, plain.result.cost_history,
                                rtol=1e-7)
+
+
+def test_a_device_missing_when_the_run_resumed_rejoins_once_its_node_connects(tmp_path):
+    from fedclust.flower.apps import ServerAppFailed
+
+    devices = _devices()
+    kw = dict(min_nodes=3, node_wait_s=0.0, round_timeout_s=None, result_dir=str(tmp_path),
+              collect_outputs=True)
+
+    def crash(grid, messages):
+        if _round_of(messages) == 2:
+            raise RuntimeError("connection lost")
+
+    def late(grid, messages):
+        if _round_of(messages) == 3 and len(grid.node_ids) == 3:
+            grid.add_node({"partition-id": 3})
+
+    spec = ServerSpec.for_protocol(_lloyd(), 3, **kw)
+    nodes = [{"partition-id": i} for i in range(4)]
+    with pytest.raises(ServerAppFailed, match="connection lost"):
+        run_server_app(make_server_app(spec), LocalGrid(_client(devices), nodes, on_push=crash))
+    box = {}
+    again = ServerSpec.for_protocol(_lloyd(), 3, resume=True, **kw)
+    run_server_app(make_server_app(again, on_result=lambda out, extra: box.update(
+        out=out, extra=extra)), LocalGrid(_client(devices), nodes[:3], on_push=late))
+    out, extra = box["out"], box["extra"]
+    assert [(e["device"], e["round"]) for e in extra["rejoined"]] == [(3, 4)]
+    assert "not connected when the run resumed" in extra["rejoined"][0]["missed"]
+    assert out.log.failed == {} and out.log.participants == [0, 1, 2, 3]
+    ref = MissesRounds({3: (2, 3)}).run(_lloyd(), dict(enumerate(devices)), 3)
+    np.testing.assert_array_equal(out.result.centers, ref.result.centers)
