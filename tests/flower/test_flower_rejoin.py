@@ -16,6 +16,7 @@ from fedclust.flower.apps import ServerSpec, make_client_app, make_server_app  #
 from fedclust.flower.grid import HELLO_TYPE, LocalGrid, run_server_app  # noqa: E402
 from fedclust.kfed.protocol import KFedProtocol  # noqa: E402
 from fedclust.lloyd.protocol import DistributedLloydProtocol  # noqa: E402
+from fedclust.privacy import DifferentialPrivacy  # noqa: E402
 from fedclust.sim.transport import InProcessTransport  # noqa: E402
 
 
@@ -38,14 +39,19 @@ def _devices():
     return [centers[rng.integers(0, 3, 40)] + rng.normal(size=(40, 3)) for _ in range(4)]
 
 
-def _lloyd():
-    return DistributedLloydProtocol(3, max_rounds=6, tol=1e-12, init="sample")
+def _lloyd(private=False):
+    if not private:
+        return DistributedLloydProtocol(3, max_rounds=6, tol=1e-12, init="sample")
+    dp = DifferentialPrivacy(3.0, 1e-6, data_bound=40.0, noise_seed=2)
+    return DistributedLloydProtocol(3, max_rounds=6, init="candidates", privacy=dp,
+                                    n_features=3)
 
 
 def _client(devices):
     return make_client_app(lambda ctx: (int(ctx.node_config["partition-id"]),
                                         devices[int(ctx.node_config["partition-id"])]),
-                           policy=lambda ctx: DevicePolicy(allow_collect=True))
+                           policy=lambda ctx: DevicePolicy(allow_collect=True,
+                                                           allow_noise_seed=True))
 
 
 def _run(protocol, devices, on_push, *, n_nodes=None, min_nodes=None):
@@ -106,6 +112,21 @@ def test_a_restarted_node_rejoins_at_the_next_round(same_id):
     # ... which is not the run in which it never came back
     gone = MissesRounds({1: range(2, 100)}).run(_lloyd(), dict(enumerate(devices)), 3)
     assert out.result.cost_history != gone.result.cost_history
+
+
+def test_a_restarted_node_rejoins_a_private_run():
+    # private Lloyd (candidate init, trust-radius rounds, noise seed): the device keeps only
+    # its clipped-point count between rounds; its restarted node counts its rounds afresh
+    devices = _devices()
+    on_push, seen = _dies_then_returns(2, dies_at=3, back_at=4, same_id=True)
+    out, extra, _ = _run(_lloyd(private=True), devices, on_push)
+    assert [(e["device"], e["round"]) for e in extra["rejoined"]] == [(2, 5)]
+    assert out.log.failed == {}
+    ref = MissesRounds({2: (3, 4)}).run(_lloyd(private=True), dict(enumerate(devices)), 3)
+    np.testing.assert_array_equal(out.result.centers, ref.result.centers)
+    assert out.result.cost_history == ref.result.cost_history
+    np.testing.assert_array_equal(out.device_outputs[2]["labels"],
+                                  ref.device_outputs[2]["labels"])
 
 
 def test_a_dead_node_still_listed_is_not_asked_again_every_round():
