@@ -209,7 +209,7 @@ log, extra = meta["run_log"], meta["extra"]
 print(f"   run completed; participants {log['participants']}; failed {log['failed'] or 'none'}")
 for e in extra.get("rejoined", []):
     print(f"   device {e['device']} rejoined at round {e['round']} on node {e['node']} "
-          f"(missed: {e['missed']})")
+          f"(before: node {e.get('previous_node')}; missed: {e['missed']})")
 print(f"   device 1 on node {extra['nodes'].get('1')} at the end")
 sys.exit(0 if 1 in log["participants"] and "1" not in log["failed"] else 1)
 PY

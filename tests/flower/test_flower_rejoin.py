@@ -99,6 +99,7 @@ def test_a_restarted_node_rejoins_at_the_next_round(same_id):
     assert [(e["device"], e["round"], e["node"]) for e in extra["rejoined"]] == \
         [(1, 4, seen["back"])]
     assert "timed out" in extra["rejoined"][0]["missed"]
+    assert extra["rejoined"][0]["previous_node"] == seen["node"]
     assert out.log.failed == {} and out.log.participants == [0, 1, 2, 3]
     assert extra["nodes"]["1"] == seen["back"]
     # the same maths as an in-process run in which device 1 missed rounds 2 and 3 only
@@ -157,6 +158,7 @@ def test_a_late_node_joins_at_the_next_round():
     out, extra, _ = _run(_lloyd(), devices, on_push, n_nodes=3)
     assert [(e["device"], e["round"]) for e in extra["rejoined"]] == [(3, 3)]
     assert extra["rejoined"][0]["missed"] == "not connected at the start"
+    assert extra["rejoined"][0]["previous_node"] is None
     assert out.log.participants == [0, 1, 2, 3]
     ref = MissesRounds({3: (0, 1, 2)}).run(_lloyd(), dict(enumerate(devices)), 3)
     np.testing.assert_array_equal(out.result.centers, ref.result.centers)

@@ -184,8 +184,10 @@ class Server:
         del self.pending[node]
         missed = log.failed.pop(z, None)
         self.unreachable.discard(z)
+        previous = self.node_of.get(z)
         self.node_of[z] = node
-        self.rejoined.append({"device": z, "node": node, "round": at, "late": late,
+        self.rejoined.append({"device": z, "node": node, "previous_node": previous,
+                              "round": at, "late": late,
                               "missed": missed or "not connected at the start"})
         flwr_log(_INFO, "fedclust: device %d rejoined at round %d%s on node %d", z, at,
                  " (assigned as a late device)" if late else "", node)
