@@ -11,8 +11,9 @@
 #  2. SuperLink killed and restarted on the same --database: whether the SuperNodes reconnect
 #     by themselves is measured and printed; those that do not are restarted (the supervised
 #     restart of docs/flower.md); then `--resume`: result identical;
-#  3. a SuperNode killed and restarted in the middle of a run: the run completes; whether the
-#     device took part again is printed.
+#  3. a SuperNode killed and restarted in the middle of a run: the run completes and the device
+#     takes part again (it rejoins at a later round, or the restarted node answered the round in
+#     flight); its node ids and the round it rejoined at are printed.
 # Env: FEDCLUST_BIN (folder with fedclust, flwr, flower-*; default .venv-flower/bin),
 #      KEEP=1 keeps the work folder, DEPLOY_TIMEOUT (seconds per run, default 900).
 set -euo pipefail
@@ -201,10 +202,16 @@ stop_pids "${NODE_PID[1]}"
 start_node 1
 echo "   SuperNode 1 restarted at round $(rounds_done "$WORK/resC")"
 wait "$RUN_PID" || { tail -30 "$WORK/run-C.log" >&2; fail "run C did not complete"; }
-"$BIN/python" - "$WORK/resC" <<'PY' || fail "run C: no result"
+"$BIN/python" - "$WORK/resC" <<'PY' || fail "run C: device 1 did not take part again"
 import json, sys
-log = json.load(open(sys.argv[1] + "/result.json"))["run_log"]
+meta = json.load(open(sys.argv[1] + "/result.json"))
+log, extra = meta["run_log"], meta["extra"]
 print(f"   run completed; participants {log['participants']}; failed {log['failed'] or 'none'}")
+for e in extra.get("rejoined", []):
+    print(f"   device {e['device']} rejoined at round {e['round']} on node {e['node']} "
+          f"(before: node {e.get('previous_node')}; missed: {e['missed']})")
+print(f"   device 1 on node {extra['nodes'].get('1')} at the end")
+sys.exit(0 if 1 in log["participants"] and "1" not in log["failed"] else 1)
 PY
 echo "recovery checks passed in $(( $(date +%s) - T0 )) s"
 echo "OK"

@@ -152,6 +152,11 @@ class Protocol(ABC):
     #: :meth:`client_steps` may run for several device chunks at once in threads
     #: (it touches only its own devices' ``states``, no shared mutable state)
     parallel_safe: ClassVar[bool] = False
+    #: actions whose client step reads nothing a device kept from an earlier round
+    #: (its ``state``) and whose server step takes replies from any subset of the devices:
+    #: a device that lost its state (a restarted Flower SuperNode) or connected late may
+    #: take part from such a round on. Empty: such a device stays out of the run.
+    rejoin_actions: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def config(self) -> dict[str, ConfigValue]:

@@ -5,7 +5,11 @@
 ``Context``) through Flower's protobuf serialisation**, as a SuperLink and
 SuperNode would. It catches codec bugs in well under a second, without Ray or
 sockets. Nodes listed as ``unresponsive`` never answer; ``silent_after_hello``
-ones register, then time out on every protocol round.
+ones register, then time out on every protocol round. :meth:`LocalGrid.stop`,
+:meth:`LocalGrid.restart` and :meth:`LocalGrid.add_node` play a SuperNode that
+dies, comes back (its state lost, under a new node id or its old one) or
+connects late; ``on_push(grid, messages)`` runs before each delivery, so a
+test can do that at a chosen round.
 
 :class:`FlowerInMemoryTransport` has the ``run(protocol, devices,
 random_state) -> RunOutput`` interface of
@@ -19,7 +23,7 @@ pin ``flwr<1.43``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from uuid import uuid4
 
 import numpy as np
@@ -29,6 +33,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.serde import (context_from_proto, context_to_proto, message_from_proto,
                                message_to_proto)
 from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=E0611
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
@@ -57,19 +62,54 @@ class LocalGrid(Grid):
 
     def __init__(self, client_app: ClientApp, node_configs: Sequence[Mapping[str, Any]], *,
                  run_config: Mapping[str, Any] | None = None, unresponsive: Iterable[int] = (),
-                 silent_after_hello: Iterable[int] = (), run_id: int = 4242):
+                 silent_after_hello: Iterable[int] = (), run_id: int = 4242,
+                 on_push: Callable[["LocalGrid", list[Message]], None] | None = None):
         self.client_app = client_app
         self._run = Run.create_empty(run_id)
-        self.node_ids = [1000 + 17 * i for i in range(len(node_configs))]
-        self.contexts = {
-            n: Context(run_id=run_id, node_id=n, node_config=dict(cfg), state=RecordDict(),
-                       run_config=dict(run_config or {}))
-            for n, cfg in zip(self.node_ids, node_configs)}
+        self._run_config = dict(run_config or {})
+        self.node_ids: list[int] = []
+        self.contexts: dict[int, Context] = {}
+        self.activations: dict[int, int] = {}   # node id -> times Flower activated it
+        for cfg in node_configs:
+            self.add_node(cfg)
         self.unresponsive = set(unresponsive)  # node ids that never answer
         self.silent_after_hello = set(silent_after_hello)  # answer the hello, then time out
+        self.on_push = on_push
         self._replies: dict[str, Message] = {}
         self.bytes_down = 0  # serialised protobuf bytes, server -> nodes
         self.bytes_up = 0
+
+    def add_node(self, node_config: Mapping[str, Any]) -> int:
+        """A SuperNode that connects now (a fresh node id, empty state); returns its id."""
+        node = 1000 + 17 * len(self.contexts)
+        self.contexts[node] = Context(run_id=self._run.run_id, node_id=node,
+                                      node_config=dict(node_config), state=RecordDict(),
+                                      run_config=dict(self._run_config))
+        self.node_ids.append(node)
+        self.activations[node] = 1
+        return node
+
+    def stop(self, node: int) -> None:
+        """The node's process dies: it stays listed (as Flower lists a node until its
+        heartbeat lapses) and never answers."""
+        self.unresponsive.add(node)
+
+    def restart(self, node: int, *, same_id: bool = False) -> int:
+        """The node's SuperNode starts again with the same node config and an empty state:
+        under a new node id (``same_id=False``: Flower without node authentication, which
+        registers a fresh key per start) or its old one, activated anew (with
+        authentication: the id belongs to the registered key). Returns its node id."""
+        config = self.contexts[node].node_config
+        if not same_id:
+            self.node_ids.remove(node)   # the old id is gone; messages to it are lost
+            return self.add_node(config)
+        self.contexts[node] = Context(run_id=self._run.run_id, node_id=node,
+                                      node_config=dict(config), state=RecordDict(),
+                                      run_config=dict(self._run_config))
+        self.unresponsive.discard(node)
+        self.silent_after_hello.discard(node)
+        self.activations[node] += 1
+        return node
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -85,7 +125,15 @@ class LocalGrid(Grid):
     def get_node_ids(self) -> list[int]:
         return list(self.node_ids)
 
+    def get_nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(node_id=n, status="online",
+                         last_activated_at=f"activation {self.activations[n]}")
+                for n in self.node_ids]
+
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        messages = list(messages)
+        if self.on_push is not None:
+            self.on_push(self, messages)
         ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid4().hex
@@ -95,8 +143,9 @@ class LocalGrid(Grid):
             if node not in self.contexts:
                 raise ValueError(f"no node {node} in this grid")
             ids.append(msg.metadata.message_id)
-            if node in self.unresponsive or (node in self.silent_after_hello
-                                             and received.metadata.message_type != HELLO_TYPE):
+            if (node in self.unresponsive or node not in self.node_ids
+                    or (node in self.silent_after_hello
+                        and received.metadata.message_type != HELLO_TYPE)):
                 continue
             # the node's Context crosses a process boundary in a real SuperNode
             context = context_from_proto(context_to_proto(self.contexts[node]))

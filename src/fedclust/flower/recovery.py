@@ -11,8 +11,9 @@ What differs from the in-process transport: the devices are real SuperNodes.
 They say hello again (device ids come from their data, so a node that
 reconnected under a new node id is the same device); a device of the
 checkpointed run that is not connected when the run resumes is named in
-``log.failed`` and left out, as a device that timed out. A SuperNode keeps
-its state per Flower run, so a resumed run starts the devices without the
+``log.failed`` and left out, as a device that timed out, until its SuperNode
+connects (it then rejoins as a late node: :meth:`fedclust.flower.server.Server.rejoin`).
+A SuperNode keeps its state per Flower run, so a resumed run starts the devices without the
 state they kept between rounds: families whose devices carry state from one
 round to the next (PCA-reduced data for coresets, local labels of k-FED +
 FedAvg) resume only at a round that does not need it.

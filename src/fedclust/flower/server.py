@@ -37,6 +37,19 @@ _INFO = 20
 _WARNING = 30
 
 
+def _activations(grid: Grid) -> dict[int, str | None]:
+    """Online node id -> when Flower last activated it (None where the grid does not say).
+
+    A SuperNode restarted with the same authentication key comes back under its old
+    node id (Flower binds the id to the key); its new activation time tells it apart
+    from the node that timed out."""
+    try:
+        nodes = list(grid.get_nodes())
+    except NotImplementedError:
+        return {int(n): None for n in grid.get_node_ids()}
+    return {int(n.node_id): (getattr(n, "last_activated_at", None) or None) for n in nodes}
+
+
 def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
     end = time.monotonic() + timeout
     while True:
@@ -60,6 +73,16 @@ class Server:
         self.secure = spec.secure_settings()
         #: devices that let a round time out: not sent the final message (another timeout)
         self.unreachable: set[int] = set()
+        #: node -> the activation at which it was last sent a hello (not asked again before
+        #: Flower activates it anew: a dead node that is still listed costs one timeout)
+        self.asked: dict[int, str | None] = {}
+        #: node -> the device it claimed, back but not yet taken into the run
+        self.pending: dict[int, int] = {}
+        #: nodes refused or silent at a hello (node id -> reason)
+        self.node_failed: dict[int, str] = {}
+        #: devices that came back on a new (or restarted) node, and the round they rejoined at
+        self.rejoined: list[dict[str, Any]] = []
+        self._named: set[tuple[int, int]] = set()   # (node, device) refusals already logged
         if self.secure is not None:
             self.protocol = self.protocol.secure_form()
         self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
@@ -84,13 +107,30 @@ class Server:
                      len(nodes), self.spec.min_nodes, self.spec.node_wait_s)
         if not nodes:
             raise ValidationError("no SuperNode is connected: nothing to run on")
-        self.node_of = {-(i + 1): n for i, n in enumerate(nodes)}  # provisional keys
-        got = self.send(Request(-1, HELLO_ACTION), list(self.node_of))
+        claims, node_failed = self._ask_hello(nodes, _activations(self.grid))
+        mapping = {z: claimants[0] for z, claimants in claims.items() if len(claimants) == 1}
+        self.node_of = mapping
+        for node, why in node_failed.items():
+            flwr_log(_WARNING, "fedclust: %s", why)
+        if not mapping:
+            shown = "; ".join(node_failed[n] for n in sorted(node_failed)[:2])
+            raise ValidationError(f"none of the {len(nodes)} SuperNodes can take part: {shown}")
+        return node_failed
+
+    def _ask_hello(self, nodes: list[int], activations: dict[int, str | None]
+                   ) -> tuple[dict[int, list[int]], dict[int, str]]:
+        """Ask ``nodes`` who they are: ``(device id -> claiming nodes, node -> why not)``;
+        nodes that claim the same device id are all named (no way to tell the honest one)."""
+        hello = Request(-1, HELLO_ACTION)
+        msgs = [Message(request_to_content(self.protocol, hello, self.seed), dst_node_id=n,
+                        message_type=f"query.{HELLO_ACTION}", group_id="hello") for n in nodes]
+        replies = self.grid.send_and_receive(msgs, timeout=self.spec.round_timeout_s)
+        by_node = {int(r.metadata.src_node_id): r for r in replies}
         node_failed: dict[int, str] = {}
-        mapping: dict[int, int] = {}
         claims: dict[int, list[int]] = {}
-        for key, r in got.items():
-            node = self.node_of[key]
+        for node in nodes:
+            r = by_node.get(node)
+            self.asked[node] = activations.get(node)
             if r is None:
                 node_failed[node] = f"node {node}: no reply to hello (timed out)"
                 continue
@@ -103,19 +143,92 @@ class Server:
             z = int(r.content.config_records[HELLO]["device-id"])
             claims.setdefault(z, []).append(node)
         for z, claimants in claims.items():
-            if len(claimants) == 1:
-                mapping[z] = claimants[0]
-                continue
-            for node in claimants:  # cannot tell which one is honest: leave them all out
-                node_failed[node] = (f"node {node}: nodes {claimants} all claim device id {z}; "
-                                     "give each SuperNode its own data file / device-id")
-        self.node_of = mapping
-        for node, why in node_failed.items():
-            flwr_log(_WARNING, "fedclust: %s", why)
-        if not mapping:
-            shown = "; ".join(node_failed[n] for n in sorted(node_failed)[:2])
-            raise ValidationError(f"none of the {len(nodes)} SuperNodes can take part: {shown}")
-        return node_failed
+            if len(claimants) > 1:   # cannot tell which one is honest: leave them all out
+                for node in claimants:
+                    node_failed[node] = (f"node {node}: nodes {claimants} all claim device id "
+                                         f"{z}; give each SuperNode its own data file / "
+                                         "device-id")
+        return {z: c for z, c in claims.items() if len(c) == 1}, node_failed
+
+    def _discover(self, at: str, log: RunLog) -> None:
+        """Ask nodes that are new, or whose old node id Flower activated anew, who they
+        are; a device they may take back waits in ``self.pending``. A node claiming a
+        device that a live node serves, or that was rejected, is refused and named."""
+        activations = _activations(self.grid)
+        live = {n for z, n in self.node_of.items() if z not in self.unreachable}
+        new = [n for n, when in sorted(activations.items())
+               if n not in live and n not in self.pending
+               and not (n in self.asked and self.asked[n] == when)]
+        if not new:
+            return
+        claims, failed = self._ask_hello(new, activations)
+        for z, (node,) in sorted(claims.items()):
+            serving = self.node_of.get(z)
+            if z in log.rejected:
+                failed[node] = (f"node {node}: device {z} was rejected in this run "
+                                f"({log.rejected[z]}); it does not rejoin")
+            elif serving is not None and serving != node and z not in self.unreachable:
+                failed[node] = (f"node {node}: claims device id {z}, which node {serving} "
+                                "serves in this run; refused")
+            elif any(p == z for p in self.pending.values()):
+                failed[node] = (f"node {node}: claims device id {z}, which another node "
+                                "that came back claims too; refused")
+            else:
+                self.pending[node] = z
+        for node, why in failed.items():
+            flwr_log(_WARNING, "fedclust: %s: %s", at, why)
+        self.node_failed.update(failed)
+
+    def _take_back(self, node: int, z: int, at: int, log: RunLog, *, late: bool = False
+                   ) -> None:
+        del self.pending[node]
+        missed = log.failed.pop(z, None)
+        self.unreachable.discard(z)
+        previous = self.node_of.get(z)
+        self.node_of[z] = node
+        self.rejoined.append({"device": z, "node": node, "previous_node": previous,
+                              "round": at, "late": late,
+                              "missed": missed or "not connected at the start"})
+        flwr_log(_INFO, "fedclust: device %d rejoined at round %d%s on node %d", z, at,
+                 " (assigned as a late device)" if late else "", node)
+
+    def rejoin(self, request: Request, active: list[int], log: RunLog) -> list[int]:
+        """Before a round: take back devices whose SuperNode came back (a new node id, or
+        its old one activated anew) or connected late; returns the active devices.
+
+        A device rejoins only at a round whose action the protocol lists in
+        ``rejoin_actions`` (its client step needs nothing the device kept from earlier
+        rounds: a restarted SuperNode lost its state); until then it waits, named once.
+        """
+        self._discover(f"round {request.round}", log)
+        action_ok = request.action in getattr(self.protocol, "rejoin_actions", frozenset())
+        for node, z in sorted(self.pending.items(), key=lambda item: item[1]):
+            if action_ok:
+                self._take_back(node, z, request.round, log)
+                if z not in active:
+                    active = sorted([*active, z])
+            elif (node, z) not in self._named:
+                self._named.add((node, z))
+                why = (f"device {z} is back on node {node} but cannot rejoin: protocol "
+                       f"{self.protocol.name!r} round {request.round} ({request.action}) "
+                       "needs what the device kept from earlier rounds, lost with its node")
+                flwr_log(_WARNING, "fedclust: %s", why)
+                if z in log.failed:
+                    log.failed[z] = f"{log.failed[z]}; {why}"
+                else:
+                    self.node_failed[node] = f"node {node}: {why}"
+        return active
+
+    def rejoin_late(self, log: RunLog) -> list[int]:
+        """After the last round, for a protocol that assigns late devices: devices whose
+        SuperNode came back are assigned as late devices (the late request needs nothing
+        from earlier rounds); returns them."""
+        self._discover("late assignment", log)
+        back = []
+        for node, z in sorted(self.pending.items(), key=lambda item: item[1]):
+            self._take_back(node, z, self.meter.rounds, log, late=True)
+            back.append(z)
+        return back
 
     def secure_round(self, state: Any, request: Request, targets: list[int]) -> dict[int, Any]:
         """A summed round as a secure sum: four exchanges, the server keeps only the sum."""
@@ -232,6 +345,7 @@ class Server:
             state = protocol.start(active, self.seed)
         summaries = SummaryStore(list(active))   # what the server keeps to forget a device
         while (request := protocol.next_request(state)) is not None:
+            active = self.rejoin(request, active, log)
             targets = round_targets(request, active, log)
             rec.before_round(request, self.meter.rounds)   # written ahead of any release
             if request.action in self.summed:
@@ -253,6 +367,10 @@ class Server:
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
             result = protocol.finish(state, log)
+        if hasattr(protocol, "assign_late"):
+            back = self.rejoin_late(log)
+            log.late = sorted({*log.late, *back})
+            late = {*late, *back}
         if late and hasattr(protocol, "assign_late"):
             self._assign_late(result, sorted(late))
         t_rounds = time.perf_counter() - t0 - t_hello
@@ -261,7 +379,9 @@ class Server:
         if extra.get("sites"):  # a site run: a failed device is named by its site
             log.name_sites(extra["sites"])
         extra.update({"nodes": {str(z): n for z, n in self.node_of.items()},
-                 "nodes_failed": {str(n): t for n, t in node_failed.items()},
+                 "nodes_failed": {str(n): t for n, t in {**node_failed,
+                                                         **self.node_failed}.items()},
+                 "rejoined": self.rejoined,
                  "time_s": {"hello": t_hello, "rounds": t_rounds,
                             "total": time.perf_counter() - t0}})
         out = RunOutput(result, outputs, self.meter, log, self.seed)

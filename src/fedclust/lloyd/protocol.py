@@ -172,6 +172,8 @@ class DistributedLloydProtocol(Protocol):
     #: candidate sums) are only added up: secure aggregation can hide each device's
     #: (the seeding sample of raw points and k-FED's local centers cannot be summed)
     summed_actions = frozenset({"lloyd", "moments", "candidates"})
+    # a device keeps only its clipped-point count between rounds, rewritten every round
+    rejoin_actions = frozenset({"lloyd", "moments", "candidates"})
 
     def __init__(self, n_clusters: int, *, points_per_device: int = 10,
                  max_rounds: int = 100, tol: float = 1e-4, init: str | np.ndarray = "sample",
