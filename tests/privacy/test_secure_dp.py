@@ -241,3 +241,36 @@ def test_a_devices_noise_is_fresh_every_round_and_reproducible_with_a_seed():
     assert not np.allclose(a.sums, b.sums) and not np.allclose(a.counts, b.counts)
     other = reply(2, device_id=1)
     assert not np.allclose(a.sums, other.sums)
+
+
+def test_box_start_candidate_noise_is_at_the_box_radius(fed):
+    """The box start's candidate round releases sums of x − c clipped to the box radius r:
+    its distributed noise is the release's σ scaled by r / B on the sums and by
+    (σ r / B) / (r / √d) on the counts, summed over n_min devices (noise at the data bound
+    B would drown the candidates)."""
+    from fedclust.privacy.kmeans import box_radius
+
+    d, k, n_min = 5, 4, min_noise_devices(len(fed))
+    sum_noise, count_noise = [], []
+    for s in range(120):
+        p = DistributedLloydProtocol(k, init="box", max_rounds=2, n_features=d,
+                                     privacy=DifferentialPrivacy(epsilon=1.0, delta=1e-5,
+                                                                 data_bound=B, noise_seed=s),
+                                     noise_devices=n_min)
+        state = p.start(list(range(len(fed))), 0)
+        req = p.next_request(state)
+        assert (req.round, req.action) == (0, "candidates")
+        if s == 0:   # the exact clipped relative sums the noise is added to
+            ref = [p._plain_step(req, X, device_id=z, seed=0, state={})
+                   for z, X in enumerate(fed[:n_min])]
+            ref_sums, ref_counts = sum(r.sums for r in ref), sum(r.counts for r in ref)
+        reps = [p.client_step(req, X, device_id=z, seed=0, state={})
+                for z, X in enumerate(fed[:n_min])]
+        sum_noise.append(sum(r.sums for r in reps) - ref_sums)
+        count_noise.append(sum(r.counts for r in reps) - ref_counts)
+    r = box_radius(len(req.payload.coords), req.payload.coords.shape[1], B)
+    assert r < 0.75 * B   # noise at B would have twice the variance
+    std = p._release(0, "candidates").noise_std * r / B
+    # 120 draws x (M x p) entries: the variance estimate is within a few percent
+    assert np.var(sum_noise) / std ** 2 == pytest.approx(1.0, rel=0.1)
+    assert np.var(count_noise) / (std / (r / math.sqrt(d))) ** 2 == pytest.approx(1.0, rel=0.2)
