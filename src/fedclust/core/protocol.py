@@ -210,6 +210,13 @@ class Protocol(ABC):
         """What the server sends a device once the run is over (``None``: nothing)."""
         return None
 
+    def final_messages_stacked(self, result: Any, device_ids: Sequence[int]
+                               ) -> tuple[list[StackedReplies], dict[int, Message]]:
+        """:meth:`final_message` of ``device_ids``, some held column-wise: ``(batches,
+        others)`` (devices without a final message in neither), for the in-process
+        transport. Default: every message in ``others``, in device order."""
+        return [], {z: f for z in device_ids if (f := self.final_message(result, z)) is not None}
+
     # -- client side -----------------------------------------------------
     @abstractmethod
     def client_step(self, request: Request, X: DeviceData, *, device_id: int, seed: int,

@@ -364,6 +364,25 @@ class KFedProtocol(Protocol):
             return FinalCenters(centers=result.centers)
         return LabelMap(global_labels=labels.astype(np.int64))
 
+    def final_messages_stacked(self, result: KFedResult, device_ids: Sequence[int]):
+        """The label maps held column-wise, one batch per k_z (the final centers, one
+        message for every device, as :meth:`final_message` gives them)."""
+        if type(self).final_message is not KFedProtocol.final_message:   # a subclass's own
+            return super().final_messages_stacked(result, device_ids)
+        labels = result.center_labels
+        if self.server in WEIGHTED_SERVERS:
+            final = FinalCenters(centers=result.centers)
+            return [], {z: final for z in device_ids if z in labels}
+        by_size: dict[int, list[int]] = defaultdict(list)
+        for z in device_ids:
+            lab = labels.get(z)
+            if lab is not None:
+                by_size[len(lab)].append(z)
+        batches = [StackedReplies(LabelMap, zs, {"global_labels": np.concatenate(
+            [labels[z] for z in zs]).astype(np.int64).reshape(len(zs), size)})
+            for size, zs in by_size.items()]
+        return batches, {}
+
     # -- client ------------------------------------------------------------
     def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
@@ -415,7 +434,7 @@ class KFedProtocol(Protocol):
     def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
                      states: Mapping[int, dict[str, np.ndarray]]):
         """Vectorised device steps: devices of one shape and one k_z run as a batch."""
-        batches, out = self.client_steps_stacked(request, devices, seed=seed, states=states)
+        batches, out = self._steps_stacked(request, devices, seed=seed, states=states)
         for batch in batches:
             out.update(zip(batch.ids, batch.messages()))
         return out
@@ -424,6 +443,12 @@ class KFedProtocol(Protocol):
                              seed: int, states: Mapping[int, dict[str, np.ndarray]]):
         """Devices of one shape and one k_z run as a batch; tiny devices' replies come back
         column-wise (:class:`~fedclust.core.messages.StackedReplies`)."""
+        if type(self).client_steps is not KFedProtocol.client_steps:   # a subclass's own steps
+            return [], self.client_steps(request, devices, seed=seed, states=states)
+        return self._steps_stacked(request, devices, seed=seed, states=states)
+
+    def _steps_stacked(self, request: Request, devices: Mapping[int, np.ndarray], *,
+                       seed: int, states: Mapping[int, dict[str, np.ndarray]]):
         if request.action != ACTION or self.plan is not None:
             return [], super().client_steps(request, devices, seed=seed, states=states)
         groups: dict[tuple, list[int]] = defaultdict(list)

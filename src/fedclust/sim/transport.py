@@ -132,7 +132,8 @@ class InProcessTransport:
         active = [z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         identities = make_identities(ids) if secure is not None and secure.signed else None
-        self._policies = {z: policy_for(self.policies, z) for z in ids}
+        self._policies = ({z: policy_for(self.policies, z) for z in ids}
+                          if self.policies is not None else dict.fromkeys(ids))
         shared = [p for p in self._policies.values() if p is not None and p.ledger]
         if len(shared) > 1 and len({id(p) for p in shared}) == 1 \
                 and "{device}" not in shared[0].ledger:
@@ -189,11 +190,17 @@ class InProcessTransport:
             result = protocol.finish(state, log)
         if late and hasattr(protocol, "assign_late"):
             self._assign_late(protocol, result, sorted(late), devices, states, seed, log, meter)
-        outputs = {}
-        finals = {z: f for z in ids if (f := protocol.final_message(result, z)) is not None}
-        by_type: dict[type, list[int]] = {}
-        for z, final in finals.items():
-            by_type.setdefault(type(final), []).append(z)
+        outputs = self._send_finals(protocol, result, ids, devices, states, log, meter)
+        return RunOutput(result, outputs, meter, log, seed)
+
+    def _send_finals(self, protocol, result, ids, devices, states, log, meter) -> dict:
+        """Every device's final message through the codec, its bytes counted, and the
+        device's outputs (``client_finish``)."""
+        batches, finals = _final_steps(protocol)(result, ids)
+        if batches and any(p is not None for p in self._policies.values()):
+            for batch in batches:   # policies are asked device by device
+                finals.update(zip(batch.ids, batch.messages()))
+            batches, finals = [], {z: finals[z] for z in ids if z in finals}
         for z in list(finals):
             pol = self._policies.get(z)
             if pol is not None:  # the outputs go back to the caller: collect is asked
@@ -203,10 +210,36 @@ class InProcessTransport:
                     _DEVICE_LOG.warning("fedclust: %s", exc)
                     log.failed.setdefault(z, str(exc))
                     del finals[z]
-        for cls, zs in by_type.items():
-            zs = [z for z in zs if z in finals]
-            if not zs:
+        outputs = {}
+        for batch in batches:   # column-wise: one check of the stacked arrays
+            cls = batch.message_type
+            if cls.check_stacked(batch.arrays):
+                decoded = batch.messages()
+            else:
+                decoded = cls.from_arrays_many(batch.wires(),
+                                               [f"server -> device {z}" for z in batch.ids])
+                for final in decoded:
+                    if isinstance(final, IncompatibleMessageError):
+                        raise final  # the server's own message: a bug, not a device fault
+            meter.record_down_many(batch.ids, batch.nbytes_each)
+            for z, final in zip(batch.ids, decoded):
+                outputs[z] = protocol.client_finish(final, devices[z], states[z])
+        by_object: dict[int, list[int]] = {}   # one message object sent to many devices
+        for z, final in finals.items():
+            by_object.setdefault(id(final), []).append(z)
+        by_type: dict[type, list[int]] = {}
+        for zs in by_object.values():
+            if len(zs) == 1:
+                by_type.setdefault(type(finals[zs[0]]), []).append(zs[0])
                 continue
+            # the same bytes to every device: encoded and validated once (a server's
+            # own message failing here is a bug, not a device fault: raised)
+            wire = finals[zs[0]].to_arrays()
+            final = type(finals[zs[0]]).from_arrays(wire, sender=f"server -> device {zs[0]}")
+            meter.record_down_many(zs, sum(a.nbytes for a in wire.values()))
+            for z in zs:
+                outputs[z] = protocol.client_finish(final, devices[z], states[z])
+        for cls, zs in by_type.items():
             wires = [finals[z].to_arrays() for z in zs]
             decoded = cls.from_arrays_many(wires, [f"server -> device {z}" for z in zs])
             for z, wire, final in zip(zs, wires, decoded):
@@ -214,7 +247,7 @@ class InProcessTransport:
                     raise final  # the server's own message: a bug, not a device fault
                 meter.record_down(z, sum(a.nbytes for a in wire.values()))
                 outputs[z] = protocol.client_finish(final, devices[z], states[z])
-        return RunOutput(result, outputs, meter, log, seed)
+        return outputs
 
     def _admit(self, protocol, request: Request, targets, log, states, *, secure: bool
                ) -> list[int]:
@@ -398,6 +431,18 @@ def _column_steps(protocol: Protocol):
     def steps(request, devices, *, seed, states):
         return [], protocol.client_steps(request, devices, seed=seed, states=states)
     return steps
+
+
+def _final_steps(protocol: Protocol):
+    """The protocol's ``final_messages_stacked`` (``final_message`` device by device for an
+    object that predates it)."""
+    stacked = getattr(protocol, "final_messages_stacked", None)
+    if stacked is not None:
+        return stacked
+
+    def finals(result, ids):
+        return [], {z: f for z in ids if (f := protocol.final_message(result, z)) is not None}
+    return finals
 
 
 def late_request(protocol: Protocol, result: Any) -> Request:
