@@ -27,7 +27,7 @@ import numpy as np
 from .exceptions import IncompatibleMessageError
 
 __all__ = ["Message", "FLOAT", "INT", "reject", "message_nbytes", "save_message", "load_message",
-           "MESSAGE_TYPES"]
+           "MESSAGE_TYPES", "StackedReplies"]
 
 #: dtype kinds a schema may ask for
 FLOAT = ("f",)
@@ -129,10 +129,7 @@ class Message:
         """
         if len(items) > 1 and _same_layout(items, cls.schema):
             stacked = {name: _stack([a[name] for a in items]) for name in cls.schema}
-            ok = all(stacked[name].dtype.kind in kinds and stacked[name].ndim == ndim + 1
-                     for name, (kinds, ndim) in cls.schema.items())
-            ok = ok and all(np.isfinite(v).all() for v in stacked.values() if v.dtype.kind == "f")
-            if ok and cls.validate_many(stacked):
+            if cls.check_stacked(stacked):
                 names = _field_names(cls)
                 return [cls(**{name: a[name] for name in names}) for a in items]
         out: list[Message | IncompatibleMessageError] = []
@@ -142,6 +139,21 @@ class Message:
             except IncompatibleMessageError as exc:
                 out.append(exc)
         return out
+
+    @classmethod
+    def check_stacked(cls, stacked: dict[str, Any]) -> bool:
+        """Whether many same-shaped messages, stacked on axis 0, all pass :meth:`from_arrays`:
+        exactly the schema's fields, dtype kinds, dimensions, finiteness, then
+        :meth:`validate_many`. False says only that one of them fails, not which."""
+        if not isinstance(stacked, dict) or stacked.keys() != cls.schema.keys():
+            return False
+        for name, (kinds, ndim) in cls.schema.items():
+            a = stacked[name]
+            if not isinstance(a, np.ndarray) or a.dtype.kind not in kinds or a.ndim != ndim + 1:
+                return False
+        if not all(np.isfinite(v).all() for v in stacked.values() if v.dtype.kind == "f"):
+            return False
+        return bool(cls.validate_many(stacked))
 
     @property
     def nbytes(self) -> int:
@@ -155,6 +167,45 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
     if first.ndim == 0:
         return np.array(arrays)
     return np.concatenate(arrays).reshape((len(arrays),) + first.shape)
+
+
+@dataclass(frozen=True)
+class StackedReplies:
+    """The replies of many devices with one message type and one layout, held column-wise.
+
+    ``arrays[name]`` stacks field ``name`` of every device's reply on axis 0,
+    device ``ids[i]`` owning row ``i``. Device ``ids[i]``'s wire form is
+    ``{name: arrays[name][i]}``, so its payload is :attr:`nbytes_each` bytes, as if
+    it were sent alone. The in-process transport validates such a batch once
+    (:meth:`Message.check_stacked`) and builds the messages as views of its rows.
+    """
+
+    message_type: type[Message]
+    ids: list[int]
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def nbytes_each(self) -> int:
+        """Payload bytes of one device's reply (every row has the same layout)."""
+        return sum(a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+                   for a in self.arrays.values())
+
+    def wires(self) -> list[dict[str, np.ndarray]]:
+        """Each device's wire form: its row of every field (views, no copies)."""
+        names = list(self.arrays)
+        return [dict(zip(names, row)) for row in zip(*(self.arrays[n] for n in names))]
+
+    def messages(self) -> list[Message]:
+        """Each device's message, fields viewing the batch's rows; unchecked: call
+        :meth:`Message.check_stacked` on :attr:`arrays` first for replies from devices."""
+        cls = self.message_type
+        names = _field_names(cls)
+        out = []
+        for row in zip(*(self.arrays[n] for n in names)):
+            msg = object.__new__(cls)   # the frozen dataclass's __init__, without its checks
+            msg.__dict__.update(zip(names, row))
+            out.append(msg)
+        return out
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

@@ -27,8 +27,8 @@ from typing import Any, ClassVar, Mapping, Protocol as TypingProtocol, Sequence,
 
 import numpy as np
 
-from .exceptions import FedClustError, ValidationError
-from .messages import Message
+from .exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from .messages import Message, StackedReplies
 
 __all__ = ["Request", "Protocol", "RunLog", "RunOutput", "Transport", "DeviceData", "ConfigValue",
            "round_targets", "require_replies"]
@@ -215,6 +215,13 @@ class Protocol(ABC):
         """What the server sends a device once the run is over (``None``: nothing)."""
         return None
 
+    def final_messages_stacked(self, result: Any, device_ids: Sequence[int]
+                               ) -> tuple[list[StackedReplies], dict[int, Message]]:
+        """:meth:`final_message` of ``device_ids``, some held column-wise: ``(batches,
+        others)`` (devices without a final message in neither), for the in-process
+        transport. Default: every message in ``others``, in device order."""
+        return [], {z: f for z in device_ids if (f := self.final_message(result, z)) is not None}
+
     # -- client side -----------------------------------------------------
     @abstractmethod
     def client_step(self, request: Request, X: DeviceData, *, device_id: int, seed: int,
@@ -236,6 +243,31 @@ class Protocol(ABC):
             except FedClustError as exc:
                 out[z] = exc
         return out
+
+    def client_steps_stacked(self, request: Request, devices: Mapping[int, DeviceData], *,
+                             seed: int, states: Mapping[int, dict[str, np.ndarray]]
+                             ) -> tuple[list[StackedReplies], dict[int, Message | FedClustError]]:
+        """:meth:`client_steps` with some replies held column-wise: ``(batches, others)``.
+
+        For the in-process transport, which then encodes, counts and validates a
+        batch at once instead of one device at a time. Each device is in exactly one
+        batch or in ``others``; its reply must be the one :meth:`client_steps` gives.
+        Default: every reply in ``others``.
+        """
+        return [], self.client_steps(request, devices, seed=seed, states=states)
+
+    def check_batch(self, state: Any, request: Request, batch: StackedReplies,
+                    messages: Sequence[Message]) -> dict[int, IncompatibleMessageError]:
+        """:meth:`check_reply` for a batch of decoded replies (``messages[i]`` from device
+        ``batch.ids[i]``): the refused devices with their errors. A protocol may
+        override it with checks over ``batch.arrays`` that give the same verdicts."""
+        refused: dict[int, IncompatibleMessageError] = {}
+        for z, msg in zip(batch.ids, messages):
+            try:
+                self.check_reply(state, request, z, msg)
+            except IncompatibleMessageError as exc:
+                refused[z] = exc
+        return refused
 
     def client_finish(self, message: Message | None, X: DeviceData,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

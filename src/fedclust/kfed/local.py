@@ -26,9 +26,9 @@ from ..core.validation import check_array, check_int
 from ..core.exceptions import ValidationError
 from .messages import LocalCenters
 
-__all__ = ["LocalKMeansResult", "local_kmeans", "local_kmeans_many",
+__all__ = ["LocalKMeansResult", "local_kmeans", "local_kmeans_many", "local_kmeans_stacked",
            "top_right_singular_vectors", "local_kmeans_auto", "kmeans_bic", "local_scatter",
-           "auto_range", "MIN_POINTS_PER_LOCAL_CLUSTER", "local_kmeans_auto_many"]
+           "local_scatter_stacked", "auto_range", "MIN_POINTS_PER_LOCAL_CLUSTER", "local_kmeans_auto_many"]
 
 #: ``n_local_clusters="auto"``: a device never makes local clusters of fewer points than this
 #: on average (k_z <= n_z / 5): smaller ones are dominated by noise and their centers come
@@ -170,18 +170,38 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
     SVD, which fall back to the one-at-a-time path). ``uniforms`` is
     (len(Xs), n_uniforms(k)). ``Xs`` may be one stacked (B, n, d) array.
     """
+    stacked = local_kmeans_stacked(Xs, n_clusters, rngs, max_iter=max_iter, tol=tol,
+                                   project=project, devices=devices, uniforms=uniforms,
+                                   max_batch_elements=max_batch_elements)
+    if stacked is None:
+        names = devices or [f"device {i}" for i in range(len(Xs))]
+        rng_of = rngs if callable(rngs) else rngs.__getitem__
+        return [local_kmeans(X, n_clusters, rng_of(i), max_iter=max_iter, tol=tol, device=nm,
+                             uniforms=None if uniforms is None else uniforms[i])
+                for i, (X, nm) in enumerate(zip(Xs, names))]
+    C, N, L, it = stacked
+    return [LocalKMeansResult(LocalCenters(c, m), lab, t, False)   # rows are views
+            for c, m, lab, t in zip(C, N, L, it.tolist())]
+
+
+def local_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
+                         rngs: list[np.random.Generator] | Callable[[int], np.random.Generator],
+                         *, max_iter: int = 300, tol: float = 1e-4, project: bool = True,
+                         devices: list[str] | None = None, uniforms: np.ndarray | None = None,
+                         max_batch_elements: int = 1 << 23):
+    """:func:`local_kmeans_many` with the results stacked: centers (B, k, d), counts (B, k)
+    int64, labels (B, n) int64 and iterations (B,); ``None`` where the devices are large
+    enough for a randomized SVD (one device at a time: :func:`local_kmeans_many`)."""
     n, d = Xs[0].shape
     k = n_clusters
     names = devices or [f"device {i}" for i in range(len(Xs))]
     rng_of = rngs if callable(rngs) else rngs.__getitem__
     if project and d > k and use_randomized_svd(n, d, k):
-        return [local_kmeans(X, k, rng_of(i), max_iter=max_iter, tol=tol, device=nm,
-                             uniforms=None if uniforms is None else uniforms[i])
-                for i, (X, nm) in enumerate(zip(Xs, names))]
+        return None
     U = (np.stack([rng_of(i).random(n_uniforms(k)) for i in range(len(Xs))])
          if uniforms is None else uniforms)
     chunk = max(1, max_batch_elements // (n * max(d, k)))
-    out: list[LocalKMeansResult] = []
+    parts = []
     stack = _Stacker(Xs, chunk)
     for s in range(0, len(Xs), chunk):
         Xb = stack(s)
@@ -190,9 +210,10 @@ def local_kmeans_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
         N, L = N.astype(np.int64), L.astype(np.int64)
         for i in np.flatnonzero((N == 0).any(axis=1)):  # raises, naming the device
             _result(C[i], L[i], N[i], int(it[i]), k, Xb[i], names[s + i])
-        out.extend(LocalKMeansResult(LocalCenters(c, m), lab, t, False)   # rows are views
-                   for c, m, lab, t in zip(C, N, L, it.tolist()))
-    return out
+        parts.append((C, N, L, it))
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 class _Stacker:
@@ -220,6 +241,17 @@ def local_scatter(X: np.ndarray, centers: np.ndarray, labels: np.ndarray) -> np.
     resid = X - centers[labels]
     return np.bincount(labels, weights=np.einsum("ij,ij->i", resid, resid),
                        minlength=len(centers)).astype(np.float64)
+
+
+def local_scatter_stacked(X: np.ndarray, centers: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """:func:`local_scatter` of B devices at once: X (B, n, d), centers (B, k, d), labels
+    (B, n) -> (B, k); each device's sums add the same terms in the same order."""
+    B, n, d = X.shape
+    k = centers.shape[1]
+    resid = (X - centers[np.arange(B)[:, None], labels]).reshape(B * n, d)
+    flat = (labels + k * np.arange(B)[:, None]).ravel()
+    return np.bincount(flat, weights=np.einsum("ij,ij->i", resid, resid),
+                       minlength=B * k).astype(np.float64).reshape(B, k)
 
 
 def kmeans_bic(n: int, d: int, counts: np.ndarray, inertia: float) -> float:

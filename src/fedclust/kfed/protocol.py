@@ -26,9 +26,9 @@ from ..core.validation import check_choice, check_float, check_int
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from .batched import n_uniforms
 from .local import (auto_range, local_kmeans, local_kmeans_auto, local_kmeans_auto_many,
-                    local_kmeans_many, local_scatter)
+                    local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked)
 from ..core.kmeans import assign
-from ..core.messages import Message
+from ..core.messages import Message, StackedReplies
 from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
 from .server import (SERVER_METHODS, WEIGHTED_SERVERS, aggregate_centers, assign_to_centers,
                      explanation_warning)
@@ -364,6 +364,25 @@ class KFedProtocol(Protocol):
             return FinalCenters(centers=result.centers)
         return LabelMap(global_labels=labels.astype(np.int64))
 
+    def final_messages_stacked(self, result: KFedResult, device_ids: Sequence[int]):
+        """The label maps held column-wise, one batch per k_z (the final centers, one
+        message for every device, as :meth:`final_message` gives them)."""
+        if type(self).final_message is not KFedProtocol.final_message:   # a subclass's own
+            return super().final_messages_stacked(result, device_ids)
+        labels = result.center_labels
+        if self.server in WEIGHTED_SERVERS:
+            final = FinalCenters(centers=result.centers)
+            return [], {z: final for z in device_ids if z in labels}
+        by_size: dict[int, list[int]] = defaultdict(list)
+        for z in device_ids:
+            lab = labels.get(z)
+            if lab is not None:
+                by_size[len(lab)].append(z)
+        batches = [StackedReplies(LabelMap, zs, {"global_labels": np.concatenate(
+            [labels[z] for z in zs]).astype(np.int64).reshape(len(zs), size)})
+            for size, zs in by_size.items()]
+        return batches, {}
+
     # -- client ------------------------------------------------------------
     def client_step(self, request: Request, X: np.ndarray, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
@@ -415,8 +434,23 @@ class KFedProtocol(Protocol):
     def client_steps(self, request: Request, devices: Mapping[int, np.ndarray], *, seed: int,
                      states: Mapping[int, dict[str, np.ndarray]]):
         """Vectorised device steps: devices of one shape and one k_z run as a batch."""
+        batches, out = self._steps_stacked(request, devices, seed=seed, states=states)
+        for batch in batches:
+            out.update(zip(batch.ids, batch.messages()))
+        return out
+
+    def client_steps_stacked(self, request: Request, devices: Mapping[int, np.ndarray], *,
+                             seed: int, states: Mapping[int, dict[str, np.ndarray]]):
+        """Devices of one shape and one k_z run as a batch; tiny devices' replies come back
+        column-wise (:class:`~fedclust.core.messages.StackedReplies`)."""
+        if type(self).client_steps is not KFedProtocol.client_steps:   # a subclass's own steps
+            return [], self.client_steps(request, devices, seed=seed, states=states)
+        return self._steps_stacked(request, devices, seed=seed, states=states)
+
+    def _steps_stacked(self, request: Request, devices: Mapping[int, np.ndarray], *,
+                       seed: int, states: Mapping[int, dict[str, np.ndarray]]):
         if request.action != ACTION or self.plan is not None:
-            return super().client_steps(request, devices, seed=seed, states=states)
+            return [], super().client_steps(request, devices, seed=seed, states=states)
         groups: dict[tuple, list[int]] = defaultdict(list)
         single: dict[int, np.ndarray] = {}
         for z, X in devices.items():
@@ -442,6 +476,7 @@ class KFedProtocol(Protocol):
                 continue
             batches.append((k, ids, batch))
         out = super().client_steps(request, single, seed=seed, states=states) if single else {}
+        stacked: list[StackedReplies] = []
         for k, ids, batch in batches:
             try:
                 if self.auto:
@@ -452,19 +487,53 @@ class KFedProtocol(Protocol):
                         allow_raw_points=self.allow_raw_points,
                         devices=[f"device {z}" for z in ids])
                 else:
-                    results = local_kmeans_many(
+                    results = local_kmeans_stacked(
                         batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                         uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
                         max_iter=self.local_max_iter, tol=self.tol,
                         devices=[f"device {z}" for z in ids])
+                    if results is None:   # large devices, one randomized SVD each
+                        results = local_kmeans_many(
+                            batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
+                            uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
+                            max_iter=self.local_max_iter, tol=self.tol,
+                            devices=[f"device {z}" for z in ids])
             except FedClustError:  # e.g. a device with too few distinct points: name it singly
                 out.update(super().client_steps(request, {z: devices[z] for z in ids}, seed=seed,
                                                 states=states))
                 continue
+            if isinstance(results, tuple):   # (B, k, d) centers, (B, k) counts, (B, n) labels
+                C, N, L, _ = results
+                for z, labels in zip(ids, L):
+                    states[z]["local_labels"] = labels
+                arrays = {"centers": C, "counts": N}
+                if self.summarise:
+                    arrays["scatter"] = (local_scatter_stacked(batch, C, L)
+                                         if isinstance(batch, np.ndarray) else
+                                         np.stack([local_scatter(devices[z], c, lab)
+                                                   for z, c, lab in zip(ids, C, L)]))
+                stacked.append(StackedReplies(self.reply_types[ACTION], list(ids), arrays))
+                continue
             for z, res in zip(ids, results):
                 states[z]["local_labels"] = res.labels
                 out[z] = self._summary(res.message, devices[z], res.labels)
-        return out
+        return stacked, out
+
+    def check_batch(self, state: KFedState, request: Request, batch: StackedReplies,
+                    messages) -> dict[int, IncompatibleMessageError]:
+        """:meth:`check_reply` over a batch's stacked arrays (same verdicts, one pass)."""
+        if not issubclass(batch.message_type, LocalCenters):
+            return super().check_batch(state, request, batch, messages)
+        sent, d = batch.arrays["centers"].shape[1:]
+        if self.n_features is not None and d != self.n_features:
+            return super().check_batch(state, request, batch, messages)
+        if isinstance(self.n_local_clusters, Mapping):
+            over = [z for z in batch.ids if sent > self.max_sent(z)]
+        else:
+            over = batch.ids if sent > self.max_sent(batch.ids[0]) else []
+        if not over:
+            return {}
+        return super().check_batch(state, request, batch, messages)
 
     def client_finish(self, message: Message | None, X: np.ndarray,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -33,6 +33,20 @@ class CommunicationMeter:
         self.down[device_id] += int(nbytes)
         self.messages_down += 1
 
+    def record_up_many(self, device_ids, nbytes: int) -> None:
+        """:meth:`record_up` of ``nbytes`` for each of ``device_ids`` (one message each)."""
+        up, n = self.up, int(nbytes)
+        for z in device_ids:
+            up[z] += n
+        self.messages_up += len(device_ids)
+
+    def record_down_many(self, device_ids, nbytes: int) -> None:
+        """:meth:`record_down` of ``nbytes`` for each of ``device_ids`` (one message each)."""
+        down, n = self.down, int(nbytes)
+        for z in device_ids:
+            down[z] += n
+        self.messages_down += len(device_ids)
+
     @property
     def bytes_up(self) -> int:
         return sum(self.up.values())

@@ -22,7 +22,7 @@ import numpy as np
 from ..core.random import root_seed, server_rng
 from ..core.validation import check_float
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
-from ..core.messages import Message, message_nbytes
+from ..core.messages import Message, StackedReplies, message_nbytes
 from ..core.threads import one_blas_thread
 from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, require_replies,
                              round_targets)
@@ -132,7 +132,8 @@ class InProcessTransport:
         active = [z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         identities = make_identities(ids) if secure is not None and secure.signed else None
-        self._policies = {z: policy_for(self.policies, z) for z in ids}
+        self._policies = ({z: policy_for(self.policies, z) for z in ids}
+                          if self.policies is not None else dict.fromkeys(ids))
         shared = [p for p in self._policies.values() if p is not None and p.ledger]
         if len(shared) > 1 and len({id(p) for p in shared}) == 1 \
                 and "{device}" not in shared[0].ledger:
@@ -189,11 +190,17 @@ class InProcessTransport:
             result = protocol.finish(state, log)
         if late and hasattr(protocol, "assign_late"):
             self._assign_late(protocol, result, sorted(late), devices, states, seed, log, meter)
-        outputs = {}
-        finals = {z: f for z in ids if (f := protocol.final_message(result, z)) is not None}
-        by_type: dict[type, list[int]] = {}
-        for z, final in finals.items():
-            by_type.setdefault(type(final), []).append(z)
+        outputs = self._send_finals(protocol, result, ids, devices, states, log, meter)
+        return RunOutput(result, outputs, meter, log, seed)
+
+    def _send_finals(self, protocol, result, ids, devices, states, log, meter) -> dict:
+        """Every device's final message through the codec, its bytes counted, and the
+        device's outputs (``client_finish``)."""
+        batches, finals = _final_steps(protocol)(result, ids)
+        if batches and any(p is not None for p in self._policies.values()):
+            for batch in batches:   # policies are asked device by device
+                finals.update(zip(batch.ids, batch.messages()))
+            batches, finals = [], {z: finals[z] for z in ids if z in finals}
         for z in list(finals):
             pol = self._policies.get(z)
             if pol is not None:  # the outputs go back to the caller: collect is asked
@@ -203,10 +210,36 @@ class InProcessTransport:
                     _DEVICE_LOG.warning("fedclust: %s", exc)
                     log.failed.setdefault(z, str(exc))
                     del finals[z]
-        for cls, zs in by_type.items():
-            zs = [z for z in zs if z in finals]
-            if not zs:
+        outputs = {}
+        for batch in batches:   # column-wise: one check of the stacked arrays
+            cls = batch.message_type
+            if cls.check_stacked(batch.arrays):
+                decoded = batch.messages()
+            else:
+                decoded = cls.from_arrays_many(batch.wires(),
+                                               [f"server -> device {z}" for z in batch.ids])
+                for final in decoded:
+                    if isinstance(final, IncompatibleMessageError):
+                        raise final  # the server's own message: a bug, not a device fault
+            meter.record_down_many(batch.ids, batch.nbytes_each)
+            for z, final in zip(batch.ids, decoded):
+                outputs[z] = protocol.client_finish(final, devices[z], states[z])
+        by_object: dict[int, list[int]] = {}   # one message object sent to many devices
+        for z, final in finals.items():
+            by_object.setdefault(id(final), []).append(z)
+        by_type: dict[type, list[int]] = {}
+        for zs in by_object.values():
+            if len(zs) == 1:
+                by_type.setdefault(type(finals[zs[0]]), []).append(zs[0])
                 continue
+            # the same bytes to every device: encoded and validated once (a server's
+            # own message failing here is a bug, not a device fault: raised)
+            wire = finals[zs[0]].to_arrays()
+            final = type(finals[zs[0]]).from_arrays(wire, sender=f"server -> device {zs[0]}")
+            meter.record_down_many(zs, sum(a.nbytes for a in wire.values()))
+            for z in zs:
+                outputs[z] = protocol.client_finish(final, devices[z], states[z])
+        for cls, zs in by_type.items():
             wires = [finals[z].to_arrays() for z in zs]
             decoded = cls.from_arrays_many(wires, [f"server -> device {z}" for z in zs])
             for z, wire, final in zip(zs, wires, decoded):
@@ -214,7 +247,7 @@ class InProcessTransport:
                     raise final  # the server's own message: a bug, not a device fault
                 meter.record_down(z, sum(a.nbytes for a in wire.values()))
                 outputs[z] = protocol.client_finish(final, devices[z], states[z])
-        return RunOutput(result, outputs, meter, log, seed)
+        return outputs
 
     def _admit(self, protocol, request: Request, targets, log, states, *, secure: bool
                ) -> list[int]:
@@ -264,19 +297,23 @@ class InProcessTransport:
         # at least one chunk per job, so a few large devices also fill every core
         chunks = _chunks(targets, max(1, min(_CHUNK, -(-len(targets) // max(jobs, 1)))))
 
+        # replies column-wise where the protocol offers it; a tamper rewrites them one by one
+        steps = protocol.client_steps if self.tamper is not None else _column_steps(protocol)
+
         def compute(chunk):
             if request.payloads is None:
-                return protocol.client_steps(request, {z: devices[z] for z in chunk}, seed=seed,
-                                             states={z: states[z] for z in chunk})
+                return steps(request, {z: devices[z] for z in chunk}, seed=seed,
+                             states={z: states[z] for z in chunk})
             groups: dict[int, list[int]] = {}  # devices that receive the same message object
             for z in chunk:
                 groups.setdefault(id(request.payload_for(z)), []).append(z)
-            out = {}
+            batches, out = [], {}
             for zs in groups.values():
-                out.update(protocol.client_steps(request.for_device(zs[0]),
-                                                 {z: devices[z] for z in zs}, seed=seed,
-                                                 states={z: states[z] for z in zs}))
-            return out
+                got = steps(request.for_device(zs[0]), {z: devices[z] for z in zs}, seed=seed,
+                            states={z: states[z] for z in zs})
+                batches += got[0]
+                out.update(got[1])
+            return batches, out
 
         with one_blas_thread(), \
                 ThreadPoolExecutor(max(1, min(jobs, len(chunks)))) as pool:
@@ -285,10 +322,21 @@ class InProcessTransport:
             for chunk, computed in zip(_progress(chunks, self.progress,
                                                  f"round {request.round} ({request.action})",
                                                  len(targets)), results):
+                batches, computed = computed if isinstance(computed, tuple) else ([], computed)
+                if down is not None:
+                    meter.record_down_many(chunk, down)
+                else:
+                    for z in chunk:
+                        meter.record_down(z, message_nbytes(request.payload_for(z)))
+                got: dict[int, Message] = {}
+                for batch in batches:
+                    got.update(self._receive_batch(protocol, state, request, batch, reply_type,
+                                                   meter, log))
+                batched = {z for batch in batches for z in batch.ids}
                 sent, wires = [], []
                 for z in chunk:
-                    meter.record_down(z, message_nbytes(request.payload_for(z))
-                                      if down is None else down)
+                    if z in batched:
+                        continue
                     reply = computed[z]
                     if isinstance(reply, FedClustError):
                         if self.on_client_error == "raise":
@@ -307,8 +355,39 @@ class InProcessTransport:
                     except IncompatibleMessageError as exc:
                         log.rejected[z] = str(exc)
                         continue
-                    replies[z] = msg
+                    got[z] = msg
+                for z in chunk:   # in device order, whichever way each reply came
+                    if z in got:
+                        replies[z] = got[z]
         return replies
+
+    def _receive_batch(self, protocol, state, request: Request, batch: StackedReplies,
+                       reply_type, meter, log) -> dict[int, Message]:
+        """A batch of replies held column-wise: count every device's bytes, validate the
+        stacked arrays at once, and check them; when any reply fails, decode them one by
+        one so that each error names its device."""
+        meter.record_up_many(batch.ids, batch.nbytes_each)
+        if batch.message_type is reply_type and reply_type.check_stacked(batch.arrays):
+            ids, decoded = batch.ids, batch.messages()
+        else:
+            ids = batch.ids
+            decoded = reply_type.from_arrays_many(batch.wires(), [f"device {z}" for z in ids])
+        good = [(z, m) for z, m in zip(ids, decoded) if not isinstance(m, Exception)]
+        for z, m in zip(ids, decoded):
+            if isinstance(m, IncompatibleMessageError):
+                log.rejected[z] = str(m)
+        if len(good) == len(ids):
+            refused = protocol.check_batch(state, request, batch, decoded)
+        else:
+            refused = {}
+            for z, m in good:
+                try:
+                    protocol.check_reply(state, request, z, m)
+                except IncompatibleMessageError as exc:
+                    refused[z] = exc
+        for z, exc in refused.items():
+            log.rejected[z] = str(exc)
+        return {z: m for z, m in good if z not in refused}
 
     def _assign_late(self, protocol, result, late, devices, states, seed, log, meter):
         request = late_request(protocol, result)
@@ -341,6 +420,30 @@ class InProcessTransport:
         """Device -> server: encode, (tamper,) count the bytes, decode with validation."""
         return reply_type.from_arrays(self._encode(z, round_index, reply, meter),
                                       sender=f"device {z}")
+
+def _column_steps(protocol: Protocol):
+    """The protocol's ``client_steps_stacked`` (``client_steps`` as ``([], replies)`` for an
+    object that predates it)."""
+    stacked = getattr(protocol, "client_steps_stacked", None)
+    if stacked is not None:
+        return stacked
+
+    def steps(request, devices, *, seed, states):
+        return [], protocol.client_steps(request, devices, seed=seed, states=states)
+    return steps
+
+
+def _final_steps(protocol: Protocol):
+    """The protocol's ``final_messages_stacked`` (``final_message`` device by device for an
+    object that predates it)."""
+    stacked = getattr(protocol, "final_messages_stacked", None)
+    if stacked is not None:
+        return stacked
+
+    def finals(result, ids):
+        return [], {z: f for z in ids if (f := protocol.final_message(result, z)) is not None}
+    return finals
+
 
 def late_request(protocol: Protocol, result: Any) -> Request:
     """What a late device is asked: the protocol's ``late_request(result)`` where it has one
