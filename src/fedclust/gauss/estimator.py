@@ -41,12 +41,13 @@ from ..core.random import RandomState, root_seed
 from ..core.validation import check_array, check_device_ids, check_devices, check_n_features
 from ..sim.transport import InProcessTransport, fit_transport
 from ..unlearning.forget import ForgetMixin, run_recorded
-from .evolving import PARAMS_DOC, EvolvingGaussians, cluster_attrs, estimator_settings
+from .evolving import (PARAMS_DOC, ClusterScoring, EvolvingGaussians, cluster_attrs,
+                       estimator_settings)
 from .local import from_message
 from .model import MERGE_TOL, ClusterSet, one_thread
 from .protocol import (SETTING_NAMES, GaussClassifierProtocol, GaussProtocol, GaussResult,
-                       predict_labels, result_message)
-from .scoring import class_log_scores, log_density, proba
+                       result_message)
+from .scoring import class_log_scores, proba
 
 __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier"]
 
@@ -128,7 +129,7 @@ class _FedBase(ForgetMixin):
         return X if self.features_.all() else X[:, self.features_]
 
 
-class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimator):
+class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimator):
     __doc__ = """Federated self-evolving Gaussian clustering (one round, no preset k).
 
     Each owner learns its rows in one pass (:class:`EvolvingGaussians` rules; BIC
@@ -251,29 +252,7 @@ class FedGaussClustering(_FedBase, DeviceLabelsMixin, ClusterMixin, BaseEstimato
         self.privacy_ = _privacy_record(protocol, out, ids)
         return self
 
-    def predict(self, X: Any) -> np.ndarray:
-        """Index of the most likely global cluster of every row."""
-        cs = self._check_fitted()
-        return predict_labels(cs, self._check_X(X), cs.s.predict_rule)
-
-    def predict_proba(self, X: Any) -> np.ndarray:
-        cs = self._check_fitted()
-        return proba(cs.log_scores(self._check_X(X), cs.s.predict_rule))
-
-    def score_samples(self, X: Any) -> np.ndarray:
-        """(N,) log density of every row under the model as a Gaussian mixture (weights
-        ``counts_ / counts_.sum()``, ``means_``, ``covariances_``; with ``pooled_shrinkage``
-        > 0 the shrunk scoring covariances), as scikit-learn's
-        ``GaussianMixture.score_samples``."""
-        cs = self._check_fitted()
-        return log_density(cs, self._check_X(X))
-
-    def score(self, X: Any, y: None = None) -> float:
-        """Average log-likelihood per row of X (:meth:`score_samples`' mean), as
-        scikit-learn's ``GaussianMixture.score``: larger is better, so ``GridSearchCV``
-        needs no scorer."""
-        return float(np.mean(self.score_samples(X)))
-
+    _scored = _FedBase._check_fitted
 
 
 class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):

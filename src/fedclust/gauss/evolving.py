@@ -87,7 +87,36 @@ def cluster_attrs(cs: ClusterSet) -> dict[str, np.ndarray]:
     return {"means": cs.mu[:C].copy(), "covs": cs.covariance(np.arange(C)),
             "scat": cs.S[:C].copy()}
 
-class EvolvingGaussians(ClusterMixin, BaseEstimator):
+class ClusterScoring:
+    """Prediction and scikit-learn's mixture scoring from a fitted cluster set
+    (``_scored()``: the model's :class:`~fedclust.gauss.model.ClusterSet`; ``_check_X``)."""
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Index of the most likely cluster of every row."""
+        cs = self._scored()
+        return predict_labels(cs, self._check_X(X), cs.s.predict_rule)
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """(N, c) cluster memberships (posterior; rows sum to 1)."""
+        cs = self._scored()
+        return proba(cs.log_scores(self._check_X(X), cs.s.predict_rule))
+
+    def score_samples(self, X: Any) -> np.ndarray:
+        """(N,) log density of every row under the model as a Gaussian mixture (weights
+        ``counts_ / counts_.sum()``, ``means_``, ``covariances_``; with ``pooled_shrinkage``
+        > 0 the shrunk scoring covariances), as scikit-learn's
+        ``GaussianMixture.score_samples``."""
+        cs = self._scored()
+        return log_density(cs, self._check_X(X))
+
+    def score(self, X: Any, y: None = None) -> float:
+        """Average log-likelihood per row of X (:meth:`score_samples`' mean), as
+        scikit-learn's ``GaussianMixture.score``: larger is better, so ``GridSearchCV``
+        needs no scorer."""
+        return float(np.mean(self.score_samples(X)))
+
+
+class EvolvingGaussians(ClusterScoring, ClusterMixin, BaseEstimator):
     __doc__ = """Self-evolving Gaussian clustering of one owner's stream (eGAUSS+ style).
 
     No preset number of clusters: ``learn_one`` / ``partial_fit`` absorb a sample
@@ -230,29 +259,7 @@ class EvolvingGaussians(ClusterMixin, BaseEstimator):
             raise NotFittedError("EvolvingGaussians has no cluster yet; learn some samples first")
         return cs
 
-    def predict(self, X: Any) -> np.ndarray:
-        """Index of the best cluster of every row."""
-        cs = self._fitted()
-        return predict_labels(cs, self._check_X(X), cs.s.predict_rule)
-
-    def predict_proba(self, X: Any) -> np.ndarray:
-        """(N, c) cluster memberships (posterior; rows sum to 1)."""
-        cs = self._fitted()
-        return proba(cs.log_scores(self._check_X(X), cs.s.predict_rule))
-
-    def score_samples(self, X: Any) -> np.ndarray:
-        """(N,) log density of every row under the model as a Gaussian mixture (weights
-        ``counts_ / counts_.sum()``, ``means_``, ``covariances_``; with ``pooled_shrinkage``
-        > 0 the shrunk scoring covariances), as scikit-learn's
-        ``GaussianMixture.score_samples``."""
-        cs = self._fitted()
-        return log_density(cs, self._check_X(X))
-
-    def score(self, X: Any, y: None = None) -> float:
-        """Average log-likelihood per row of X (:meth:`score_samples`' mean), as
-        scikit-learn's ``GaussianMixture.score``: larger is better, so ``GridSearchCV``
-        needs no scorer."""
-        return float(np.mean(self.score_samples(X)))
+    _scored = _fitted
 
     @property
     def n_clusters_(self) -> int:
