@@ -15,17 +15,16 @@ pytest.importorskip("pandas")
 
 from fedclust.config import load_config  # noqa: E402
 from fedclust.core.policy import DevicePolicy, PolicyRefusal  # noqa: E402
-from fedclust.core.protocol import Request  # noqa: E402
 from fedclust.experiment import run_experiment  # noqa: E402
 from fedclust.flower_app import experiment_protocol  # noqa: E402
 from fedclust.privacy import composed_epsilon  # noqa: E402
 from fedclust.sim.transport import InProcessTransport  # noqa: E402
-from fedclust.lloyd.protocol import DistributedLloydProtocol  # noqa: E402
 from fedclust.sites import read_table  # noqa: E402
 from fedclust.sites.deployed import SitePreprocessProtocol  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "io"))
 from sitegen import write_sites  # noqa: E402
+from test_round_count import ExtraLloydRound, RepeatedLloydRound  # noqa: E402
 
 CONFIG = """
 seed = 3
@@ -121,30 +120,6 @@ def test_a_server_chosen_noise_seed_is_refused_at_the_first_request(tmp_path):
     out = InProcessTransport(policies=DevicePolicy(allow_noise_seed=True, allow_collect=True)
                              ).run(protocol, tables, seed)
     assert not out.log.failed
-
-
-class ExtraLloydRound(DistributedLloydProtocol):
-    """The algorithm as a deviating server runs it: one Lloyd round more than its config
-    (what the sites are sent and build their own protocol from) declares."""
-
-    def next_request(self, state):
-        declared = self.max_rounds
-        self.max_rounds = declared + 1
-        try:
-            return super().next_request(state)
-        finally:
-            self.max_rounds = declared
-
-
-class RepeatedLloydRound(DistributedLloydProtocol):
-    """The algorithm as a deviating server runs it: every Lloyd round under the first
-    Lloyd round's id."""
-
-    def next_request(self, state):
-        req = super().next_request(state)
-        if req is not None and req.action == "lloyd":
-            return Request(self._first_lloyd, req.action, req.payload)
-        return req
 
 
 def _deviating(protocol, algorithm):
