@@ -311,8 +311,10 @@ class InProcessTransport:
             for zs in groups.values():
                 got = steps(request.for_device(zs[0]), {z: devices[z] for z in zs}, seed=seed,
                             states={z: states[z] for z in zs})
-                batches += got[0]
-                out.update(got[1])
+                if isinstance(got, tuple):  # column-wise: (batches, other replies)
+                    batches += got[0]
+                    got = got[1]
+                out.update(got)
             return batches, out
 
         with one_blas_thread(), \
