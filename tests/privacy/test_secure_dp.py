@@ -274,3 +274,46 @@ def test_box_start_candidate_noise_is_at_the_box_radius(fed):
     # 120 draws x (M x p) entries: the variance estimate is within a few percent
     assert np.var(sum_noise) / std ** 2 == pytest.approx(1.0, rel=0.1)
     assert np.var(count_noise) / (std / (r / math.sqrt(d))) ** 2 == pytest.approx(1.0, rel=0.2)
+
+
+@pytest.mark.parametrize("noise_devices", [0, 3])
+def test_the_lloyd_server_step_adds_central_noise_only_without_device_noise(noise_devices,
+                                                                            monkeypatch):
+    """A private Lloyd round's server step: with central DP (no device noise) the sums and
+    counts it steps from carry the release's noise (σ r / B on the sums); with distributed
+    noise (the devices added it) the server adds nothing and steps from the sums as sent."""
+    import fedclust.lloyd.protocol as lp
+    from fedclust.lloyd.messages import ClusterSums
+
+    k, d, r = 3, 4, 2.0
+    rng = np.random.default_rng(0)
+    sums = rng.normal(size=(k, d)) * 10
+    counts = np.array([40.0, 25.0, 60.0])
+    seen = []
+    step = lp.pk.relative_step
+
+    def spy(centers, s, c, **kw):
+        seen.append((np.array(s), np.array(c)))
+        return step(centers, s, c, **kw)
+
+    monkeypatch.setattr(lp.pk, "relative_step", spy)
+    diffs = []
+    for s in range(60):
+        p = DistributedLloydProtocol(k, init="candidates", max_rounds=3, n_features=d,
+                                     privacy=DifferentialPrivacy(epsilon=1.0, delta=1e-5,
+                                                                 data_bound=B, noise_seed=s),
+                                     noise_devices=noise_devices)
+        state = p.start([0, 1, 2], 0)
+        state.centers, state.radius = np.zeros((k, d)), r
+        last = p._first_lloyd + 1           # a Lloyd round that releases no spread
+        assert not p._spread_round(last)
+        reply = ClusterSums(sums=sums, counts=counts, cost=np.asarray(0.0))
+        p._lloyd_step(state, Request(last, "lloyd", None), [reply])
+        got_sums, _ = seen[-1]
+        diffs.append(got_sums - sums)
+    diffs = np.array(diffs)
+    if noise_devices:
+        assert np.all(diffs == 0)
+    else:
+        std = p._release(last, "lloyd").noise_std * r / B
+        assert np.var(diffs) / std ** 2 == pytest.approx(1.0, rel=0.2)
