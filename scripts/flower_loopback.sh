@@ -31,10 +31,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 RAY_ACCEL_ENV_VAR_OVERRIDE
 mkdir -p "$FLWR_HOME" "$RAY_TMPDIR"
 PIDS=()
 
-descendants() {  # PIDs below $1, deepest first
-    local child
-    for child in $(pgrep -P "$1" 2>/dev/null || true); do descendants "$child"; echo "$child"; done
-}
+source "$ROOT/scripts/flower_procs.sh"   # descendants, stop_pids
 cleanup() {
     local rc=$? all=() pid i
     for pid in "${PIDS[@]}"; do all+=($(descendants "$pid") "$pid"); done
