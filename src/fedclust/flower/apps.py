@@ -197,7 +197,8 @@ def _check(pol: DevicePolicy, context: Context, protocol: Protocol, action: str,
     stay in ``context.state``."""
     seen = _load_state(context, _POLICY_STATE)
     pol.check_request(protocol, action, seen, me, secure=secure, round_index=round_index,
-                      device_state=_load_state(context), payload=payload)
+                      device_state=(_load_state(context) if hasattr(protocol, "policy_view")
+                                    else None), payload=payload)
     _save_state(context, seen, _POLICY_STATE)
 
 
