@@ -198,8 +198,10 @@ meta = json.load(open(sys.argv[1] + "/result.json"))
 log, extra = meta["run_log"], meta["extra"]
 print(f"   run completed; participants {log['participants']}; failed {log['failed'] or 'none'}")
 for e in extra.get("rejoined", []):
+    same = "kept its node id" if e['node'] == e.get('previous_node') else "a new node id"
     print(f"   device {e['device']} rejoined at round {e['round']} on node {e['node']} "
-          f"(before: node {e.get('previous_node')}; missed: {e['missed']})")
+          f"(before: node {e.get('previous_node')}: {same} under node authentication; "
+          f"missed: {e['missed']})")
 print(f"   device 1 on node {extra['nodes'].get('1')} at the end")
 sys.exit(0 if 1 in log["participants"] and "1" not in log["failed"] else 1)
 PY
