@@ -111,6 +111,7 @@ class _FedBase(ForgetMixin):
         self.local_counts_ = [res.local_counts.get(z) for z in device_ids]
         self.communication_ = out.meter.summary()
         self.run_log_ = res.log
+        self.em_trace_ = list(res.em_trace)
         self.removed_by_owner_ = {z: int(res.removed_by_owner.get(z, 0)) for z in device_ids}
         self.removed_samples_ = sum(self.removed_by_owner_.values()) + int(res.removed_by_server)
         self.global_count_ = int(res.global_count)
@@ -148,6 +149,16 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
     n_rounds : int or None, default=None
         Rounds; round r streams the r-th chunk of every owner's rows (default 1).
         Under privacy: the refinement rounds after the private start (default 3).
+    em_rounds : int, default=0
+        Up to this many federated EM rounds after the clustering rounds
+        (:mod:`fedclust.gauss.federated_em`): each round the server sends the current
+        mixture and candidate merges (the 8 closest pairs) and drops (the 8 lightest
+        components); every owner returns the row-level log-likelihood of each over its
+        rows and the E-step statistics; the server keeps the model with the lowest BIC
+        and takes one M-step; it stops early when nothing changes (log-likelihood gain
+        below 0.001 nats per row). 0 (the default) runs none. Not available with
+        ``privacy`` (the rounds' statistics are not noised or accounted). The rounds'
+        trace is ``em_trace_``.
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
@@ -194,8 +205,8 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
-                 kappa_n: float = 0, n_rounds: int | None = None, privacy: Any = None,
-                 random_state: RandomState = None, progress: bool = False):
+                 kappa_n: float = 0, n_rounds: int | None = None, em_rounds: int = 0,
+                 privacy: Any = None, random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
         self.n_sigma = n_sigma
@@ -214,6 +225,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         self.merge_tol = merge_tol
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
+        self.em_rounds = em_rounds
         self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
@@ -225,7 +237,11 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         kw = dict(kappa_n=self.kappa_n, n_rounds=rounds, n_features=n_features,
                   **{k: getattr(self, k) for k in SETTING_NAMES})
         if self.privacy is None:
-            return GaussProtocol(**kw)
+            return GaussProtocol(em_rounds=self.em_rounds, **kw)
+        if self.em_rounds:
+            raise ValidationError(f"em_rounds={self.em_rounds} is not available with privacy: the "
+                                  "EM rounds' log-likelihoods and statistics are not noised or "
+                                  "accounted; use em_rounds=0")
         from .private_clustering import PrivateGaussProtocol
 
         return PrivateGaussProtocol(privacy=_check_privacy(self.privacy), **kw)
