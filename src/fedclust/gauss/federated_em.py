@@ -4,8 +4,11 @@ The merged model is judged by the server from the pieces' moments only; the row-
 mixture likelihood needs the rows. Each EM round the server broadcasts the current
 mixture (weights, means, covariances) and a short list of candidate edits: merging one
 of the ``m`` closest pairs of components (Bhattacharyya distance; the merged component
-moment-matches the pair) and dropping one of the ``m`` lightest components (weights
-renormalised). Every owner returns, over all its rows,
+moment-matches the pair), dropping one of the ``m`` lightest components (weights
+renormalised) and splitting one of the ``m`` heaviest in two along its principal axis
+(the two halves of a Gaussian cut at its mean: means mu +- sqrt(2 lambda / pi) v,
+variance (1 - 2/pi) lambda along v, half the weight each; merging them back gives the
+component again, as in split-and-merge EM). Every owner returns, over all its rows,
 
 * the log-likelihood sum of the current mixture and of every candidate (c + 1 floats),
 * the E-step statistics of the current mixture: per component the responsibility sum
@@ -16,12 +19,13 @@ The server sums them over owners (a sum: nothing depends on the order), scores e
 model by BIC = -2 log L + p log N (p = K (D + D(D+1)/2) + K - 1 for full covariances,
 K 2D + K - 1 for diagonal ones, N the rows), keeps the best, and takes one M-step on the
 summed statistics (a merge adds the pair's statistics; a drop leaves the component out,
-its rows go to the others at the next E-step). Covariances are ridged like the BIC
+its rows go to the others at the next E-step; a split is kept as proposed and refined
+by the next rounds). Covariances are ridged like the BIC
 merge's: Sigma_k = (S_k + Sigma_rule) / N_k. It stops when the current mixture wins and
 its log-likelihood rose by less than ``EM_TOL`` nats per row, or after ``em_rounds``.
 
 Bytes per owner and round: up 8 [c + 1 + K (1 + D + w)], down 8 [K (1 + D + w) + 2 c],
-w = D(D+1)/2 (full) or D (diag), c = the candidates (at most 2 m).
+w = D(D+1)/2 (full) or D (diag), c = the candidates (at most 3 m).
 """
 
 from __future__ import annotations
@@ -82,27 +86,35 @@ def _bhattacharyya(mix: Mixture) -> np.ndarray:
     return out
 
 
-def candidate_edits(mix: Mixture, m: int = EM_CANDIDATES) -> np.ndarray:
-    """(c, 2) int64 edits: (p, q) merges components p < q, (p, -1) drops component p.
+SPLIT = -2  # edits (p, SPLIT) split component p; (p, -1) drop it
 
-    The m closest pairs (Bhattacharyya distance, ties by index) and the m lightest
-    components (ties by index); none for a single component."""
+
+def candidate_edits(mix: Mixture, m: int = EM_CANDIDATES) -> np.ndarray:
+    """(c, 2) int64 edits: (p, q) merges components p < q, (p, -1) drops component p,
+    (p, -2) splits component p.
+
+    The m closest pairs (Bhattacharyya distance, ties by index), the m lightest
+    components and the m heaviest (ties by index); only splits for a single component."""
     K = mix.K
+    heavy = np.lexsort((np.arange(K), -mix.weights))[:m]
+    splits = np.stack([heavy, np.full(heavy.size, SPLIT)], axis=1).astype(np.int64)
     if K < 2:
-        return np.zeros((0, 2), np.int64)
+        return splits
     B = _bhattacharyya(mix)
     p, q = np.triu_indices(K, 1)
     order = np.lexsort((q, p, B[p, q]))[:m]
     merges = np.stack([p[order], q[order]], axis=1)
     light = np.lexsort((np.arange(K), mix.weights))[:m]
     drops = np.stack([light, np.full(light.size, -1)], axis=1)
-    return np.concatenate([merges, drops]).astype(np.int64)
+    return np.concatenate([merges, drops, splits]).astype(np.int64)
 
 
 def apply_edit(mix: Mixture, edit: Sequence[int]) -> Mixture:
-    """The mixture with one edit applied (the merged component goes last)."""
+    """The mixture with one edit applied (the merged or split components go last)."""
     p, q = int(edit[0]), int(edit[1])
     keep = np.array([k for k in range(mix.K) if k not in (p, q)], dtype=np.int64)
+    if q == SPLIT:
+        return _split(mix, p, keep)
     if q < 0:
         w = mix.weights[keep]
         return Mixture(w / w.sum(), mix.means[keep], mix.covs[keep])
@@ -116,6 +128,25 @@ def apply_edit(mix: Mixture, edit: Sequence[int]) -> Mixture:
         cov = (wp * (mix.covs[p] + dp * dp) + wq * (mix.covs[q] + dq * dq)) / W
     return Mixture(np.append(mix.weights[keep], W), np.vstack([mix.means[keep], mu]),
                    np.concatenate([mix.covs[keep], cov[None]]))
+
+
+def _split(mix: Mixture, p: int, keep: np.ndarray) -> Mixture:
+    C = mix.covs[p]
+    if mix.full:
+        lam, V = np.linalg.eigh(C)
+        lam, v = lam[-1], V[:, -1]
+    else:
+        j = int(np.argmax(C))
+        lam, v = C[j], np.eye(C.size)[j]
+    shift = np.sqrt(2.0 * lam / np.pi) * v
+    if mix.full:
+        half = C - (2.0 / np.pi) * lam * np.outer(v, v)
+    else:
+        half = C - (2.0 / np.pi) * lam * v
+    w = mix.weights[p] / 2
+    return Mixture(np.append(mix.weights[keep], [w, w]),
+                   np.vstack([mix.means[keep], mix.means[p] - shift, mix.means[p] + shift]),
+                   np.concatenate([mix.covs[keep], half[None], half[None]]))
 
 
 def log_densities(X: np.ndarray, mix: Mixture) -> np.ndarray:
@@ -181,11 +212,17 @@ def choose_and_step(mix: Mixture, edits: np.ndarray, ll: np.ndarray, N: np.ndarr
     of the kept model (0 = no edit, i = edits[i - 1]) and the BIC of every model."""
     n_rows = float(N.sum())
     D = mix.means.shape[1]
-    sizes = [mix.K] + [mix.K - 1] * len(edits)
+    sizes = [mix.K] + [mix.K + (1 if e[1] == SPLIT else -1) for e in edits]
     bic = np.array([-2.0 * ll[i] + n_parameters(k, D, mix.full) * np.log(n_rows)
                     for i, k in enumerate(sizes)])
     best = int(np.argmin(bic))
     keep = np.arange(mix.K)
+    if best and int(edits[best - 1][1]) == SPLIT:  # kept as proposed; the next rounds refine it
+        new = apply_edit(mix, edits[best - 1])
+        p = int(edits[best - 1][0])
+        Nk = np.append(N[keep[keep != p]], [N[p] / 2, N[p] / 2])
+        S = Nk[:, None, None] * new.covs if new.full else Nk[:, None] * new.covs
+        return new, S, best, bic
     if best:
         p, q = (int(v) for v in edits[best - 1])
         keep = np.array([k for k in range(mix.K) if k not in (p, q)], dtype=np.int64)

@@ -207,7 +207,7 @@ class GaussMixture(Message):
     weights: np.ndarray   # (K,) > 0, summing to one
     means: np.ndarray     # (K, D)
     covs: np.ndarray      # (K, D(D+1)/2) packed upper triangle, or (K, D) diagonal
-    edits: np.ndarray     # (c, 2) int64: (p, q) merge p < q, (p, -1) drop p
+    edits: np.ndarray     # (c, 2) int64: (p, q) merge p < q, (p, -1) drop p, (p, -2) split p
     schema: ClassVar = {"weights": (FLOAT, 1), "means": (FLOAT, 2), "covs": (FLOAT, 2),
                         "edits": (INT, 2)}
     kind: ClassVar[str] = "gauss_mixture"
@@ -221,8 +221,10 @@ class GaussMixture(Message):
                            f"{self.weights.tolist()[:10]}")
         e = self.edits
         if e.ndim != 2 or e.shape[1] != 2 or ((e[:, 0] < 0) | (e[:, 0] >= K)).any() \
-                or ((e[:, 1] != -1) & ((e[:, 1] <= e[:, 0]) | (e[:, 1] >= K))).any():
-            reject(sender, f"edits must be (p, q) with 0 <= p < q < {K} or (p, -1), got "
+                or ((e[:, 1] >= 0) & ((e[:, 1] <= e[:, 0]) | (e[:, 1] >= K))).any() \
+                or (e[:, 1] < -2).any():
+            reject(sender, f"edits must be (p, q) with 0 <= p < q < {K}, (p, -1) or (p, -2), "
+                           f"got "
                            f"{e.tolist()[:10]}")
         C = self.covs if self.covs.shape[1] == D and D != 1 else unpack_scatter(self.covs, D)
         low = (C.min(axis=1) if C.ndim == 2 else np.linalg.eigvalsh(C)[:, 0])
