@@ -37,17 +37,27 @@ def _rows(seed=1, n=(150, 220), D=3):
     return [rng.normal(scale=3.0, size=(m, D)) + rng.normal(size=D) for m in n]
 
 
-def _scipy_loglik(X, mix):
+def _scipy_lp(X, mix):
     cols = []
     for k in range(mix.K):
         cov = mix.covs[k] if mix.full else np.diag(mix.covs[k])
         cols.append(np.log(mix.weights[k]) + multivariate_normal(mix.means[k], cov).logpdf(X))
-    return float(logsumexp(np.stack(cols, axis=1), axis=1).sum())
+    return np.stack(cols, axis=1)
+
+
+def _scipy_loglik(X, mix):
+    return float(logsumexp(_scipy_lp(X, mix), axis=1).sum())
+
+
+def _scipy_entropy(X, mix):
+    lp = _scipy_lp(X, mix)
+    R = np.exp(lp - logsumexp(lp, axis=1, keepdims=True))
+    return float(-(R * np.log(R)).sum())
 
 
 def _summed(devices, mix, edits):
     parts = [device_statistics(X, mix, edits) for X in devices]
-    return tuple(sum(p[i] for p in parts) for i in range(4))
+    return tuple(sum(p[i] for p in parts) for i in range(5))
 
 
 @pytest.mark.parametrize("full", [True, False])
@@ -57,9 +67,10 @@ def test_owner_logliks_summed_are_the_pooled_rows_loglik_of_every_candidate(full
     X = np.concatenate(devices)
     edits = candidate_edits(mix, m=2)
     assert len(edits) == 6 and (edits[:, 1] == -1).sum() == 2 and (edits[:, 1] == -2).sum() == 2
-    ll = _summed(devices, mix, edits)[0]
+    ll, ent = (_summed(devices, mix, edits)[i] for i in (0, 4))
     assert ll[0] == pytest.approx(_scipy_loglik(X, mix), rel=1e-10)
-    for e, value in zip(edits, ll[1:]):
+    assert ent[0] == pytest.approx(_scipy_entropy(X, mix), rel=1e-8)
+    for e, value, h in zip(edits, ll[1:], ent[1:]):
         # the candidate built by hand: a merge moment-matches the pair, a drop renormalises
         p, q = e
         keep = [k for k in range(mix.K) if k not in (p, q)]
@@ -100,6 +111,7 @@ def test_owner_logliks_summed_are_the_pooled_rows_loglik_of_every_candidate(full
                           np.vstack([mix.means[keep], m]),
                           np.concatenate([mix.covs[keep], c[None]]))
         assert value == pytest.approx(_scipy_loglik(X, ref), rel=1e-10)
+        assert h == pytest.approx(_scipy_entropy(X, ref), rel=1e-8)
 
 
 @pytest.mark.parametrize("full", [True, False])
@@ -107,7 +119,7 @@ def test_one_federated_em_step_is_scikit_learns_em_step_on_the_pooled_rows(full)
     mix = _mixture(full, seed=3)
     devices = _rows(seed=4, n=(90, 130, 60))
     X = np.concatenate(devices)
-    ll, N, first, second = _summed(devices, mix, np.zeros((0, 2), np.int64))
+    ll, N, first, second, _ = _summed(devices, mix, np.zeros((0, 2), np.int64))
     new, S, kept, bic = choose_and_step(mix, np.zeros((0, 2), np.int64), ll, N, first, second,
                                         np.zeros(X.shape[1]))
     assert kept == 0
@@ -128,6 +140,10 @@ def test_one_federated_em_step_is_scikit_learns_em_step_on_the_pooled_rows(full)
     p = n_parameters(mix.K, X.shape[1], full)
     assert p == gm._n_parameters()
     assert bic[0] == pytest.approx(-2 * _scipy_loglik(X, mix) + p * np.log(len(X)), rel=1e-10)
+    # ICL: the same plus twice the entropy of the responsibilities (scikit-learn's)
+    icl = choose_and_step(mix, np.zeros((0, 2), np.int64), ll, N, first, second,
+                          np.zeros(X.shape[1]), entropy=_summed(devices, mix, [])[4])[3]
+    assert icl[0] - bic[0] == pytest.approx(2 * _scipy_entropy(X, mix), rel=1e-8)
 
 
 def test_a_merge_pools_both_components_responsibilities():
@@ -140,7 +156,7 @@ def test_a_merge_pools_both_components_responsibilities():
     mix = Mixture(np.array([1 / 3, 1 / 3, 1 / 3]), np.array([[-0.8, 0.0], [0.8, 0.0], [12, 0.0]]),
                   np.array([np.diag([0.4, 1.0]), np.diag([0.4, 1.0]), np.eye(2)]))
     edits = candidate_edits(mix, m=3)
-    ll, N, first, second = _summed(devices, mix, edits)
+    ll, N, first, second, _ = _summed(devices, mix, edits)
     new, S, kept, bic = choose_and_step(mix, edits, ll, N, first, second, np.zeros(2))
     assert kept > 0 and list(edits[kept - 1]) == [0, 1]
     assert int(np.argmin(bic)) == kept
@@ -181,14 +197,14 @@ def _overlapping_federation(seed=0):
 def test_em_rounds_reach_the_pooled_gaussian_mixtures_answer():
     owners, ys = _overlapping_federation()
     X, y = np.concatenate(owners), np.concatenate(ys)
-    fc = FedGaussClustering(em_rounds=40, random_state=0).fit(owners)
+    fc = FedGaussClustering(em_rounds=40, em_criterion="bic", random_state=0).fit(owners)
     trace = fc.em_trace_
     assert 1 <= len(trace) <= 40
     assert fc.communication_["rounds"] == 1 + len(trace)
     # every row is in the mixture after EM
     assert fc.counts_.sum() == len(X) and fc.removed_samples_ == 0
     # the BIC of the kept model fell (or held) over the rounds
-    assert trace[-1]["bic"][0] <= trace[0]["bic"][0]
+    assert trace[-1]["scores"][0] <= trace[0]["scores"][0] + 1e-9 * abs(trace[0]["scores"][0])
     # the pooled reference: scikit-learn's BIC-best GaussianMixture
     ref = min((GaussianMixture(k, n_init=3, random_state=0).fit(X) for k in range(1, 7)),
               key=lambda g: g.bic(X))
@@ -198,10 +214,29 @@ def test_em_rounds_reach_the_pooled_gaussian_mixtures_answer():
     assert adjusted_rand_score(y, labels) > adjusted_rand_score(y, ref.predict(X)) - 0.03
 
 
+def test_icl_counts_clusters_where_bic_counts_gaussians():
+    # a heavy-tailed cluster (two Gaussians sharing a centre) and a far compact one
+    rng = np.random.default_rng(7)
+    X = np.concatenate([rng.normal(size=(1500, 2)), 3.0 * rng.normal(size=(1500, 2)),
+                        rng.normal(size=(800, 2)) + [40.0, 0.0]])
+    y = np.repeat([0, 0, 1], [1500, 1500, 800])
+    p = rng.permutation(len(X))
+    owners = np.array_split(X[p], 3)
+    # the pooled references: BIC wants three Gaussians here, two of them sharing rows
+    bic_k = min(range(1, 6), key=lambda k: GaussianMixture(k, n_init=3, random_state=0)
+                .fit(X).bic(X))
+    assert bic_k == 3
+    icl = FedGaussClustering(em_rounds=30, em_criterion="icl", random_state=0).fit(owners)
+    bic = FedGaussClustering(em_rounds=30, em_criterion="bic", random_state=0).fit(owners)
+    assert bic.n_clusters_ == 3 and icl.n_clusters_ == 2
+    assert adjusted_rand_score(y[p], icl.labels_) > 0.99
+    assert {t["criterion"] for t in icl.em_trace_} == {"icl"}
+
+
 def test_em_rounds_same_on_flower_and_bytes_follow_the_formula():
     owners, _ = _overlapping_federation(1)
-    a = FedGaussClustering(em_rounds=4, random_state=0).fit(owners)
-    b = FedGaussClustering(em_rounds=4, random_state=0).fit(
+    a = FedGaussClustering(em_rounds=4, em_criterion="bic", random_state=0).fit(owners)
+    b = FedGaussClustering(em_rounds=4, em_criterion="bic", random_state=0).fit(
         owners, transport=FlowerInMemoryTransport())
     np.testing.assert_array_equal(a.means_, b.means_)
     np.testing.assert_array_equal(a.counts_, b.counts_)
@@ -211,8 +246,8 @@ def test_em_rounds_same_on_flower_and_bytes_follow_the_formula():
     base = FedGaussClustering(random_state=0).fit(owners)
     D = 2
     w = D * (D + 1) // 2
-    up = sum(8 * (len(t["bic"]) + t["components"] * (1 + D + w)) for t in a.em_trace_)
-    down = sum(8 * (t["components"] * (1 + D + w) + 2 * (len(t["bic"]) - 1))
+    up = sum(8 * (2 * len(t["scores"]) + t["components"] * (1 + D + w)) for t in a.em_trace_)
+    down = sum(8 * (t["components"] * (1 + D + w) + 2 * (len(t["scores"]) - 1))
                for t in a.em_trace_)
     for z in map(str, range(3)):
         got, ref = a.communication_["per_device"][z], base.communication_["per_device"][z]
@@ -240,7 +275,7 @@ def test_em_rounds_zero_leaves_the_default_untouched_and_refusals():
 
 
 def test_a_tampered_em_reply_is_rejected_by_name():
-    good = dict(loglik=np.array([-10.0, -11.0]), resp=np.array([3.0, 2.0]),
+    good = dict(loglik=np.array([-10.0, -11.0]), entropy=np.array([3.0, 2.5]), resp=np.array([3.0, 2.0]),
                 first=np.zeros((2, 2)), second=np.array([[1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]))
     GaussEMStats.from_arrays(good, sender="device 4")
     with pytest.raises(IncompatibleMessageError, match="device 4: resp"):
@@ -248,5 +283,7 @@ def test_a_tampered_em_reply_is_rejected_by_name():
     with pytest.raises(IncompatibleMessageError, match="device 4: a second-moment matrix"):
         GaussEMStats.from_arrays({**good, "second": np.array([[1.0, 5.0, 1.0], [1.0, 0, 1.0]])},
                                  sender="device 4")
+    with pytest.raises(IncompatibleMessageError, match="device 4: entropy sums"):
+        GaussEMStats.from_arrays({**good, "entropy": np.array([3.0, -1.0])}, sender="device 4")
     with pytest.raises(IncompatibleMessageError, match="device 4: field 'loglik'"):
         GaussEMStats.from_arrays({**good, "loglik": np.array([np.nan, 1.0])}, sender="device 4")

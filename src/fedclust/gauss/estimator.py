@@ -152,13 +152,18 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
     em_rounds : int, default=0
         Up to this many federated EM rounds after the clustering rounds
         (:mod:`fedclust.gauss.federated_em`): each round the server sends the current
-        mixture and candidate merges (the 8 closest pairs) and drops (the 8 lightest
-        components); every owner returns the row-level log-likelihood of each over its
-        rows and the E-step statistics; the server keeps the model with the lowest BIC
-        and takes one M-step; it stops early when nothing changes (log-likelihood gain
+        mixture and candidate edits (merging one of the 8 closest pairs, dropping one of
+        the 8 lightest components, splitting one of the 8 heaviest); every owner returns
+        the row-level log-likelihood and responsibility entropy of each over its rows and
+        the E-step statistics; the server keeps the model with the lowest
+        ``em_criterion`` and takes one M-step; it stops early when nothing changes (log-likelihood gain
         below 0.001 nats per row). 0 (the default) runs none. Not available with
         ``privacy`` (the rounds' statistics are not noised or accounted). The rounds'
         trace is ``em_trace_``.
+    em_criterion : {"icl", "bic"}, default="icl"
+        The EM rounds' model choice: the integrated completed likelihood (BIC plus twice
+        the entropy of the soft assignment: it counts clusters, so overlapping Gaussians
+        that share their rows join) or the BIC of the mixture (it counts Gaussians).
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
@@ -206,7 +211,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
                  kappa_n: float = 0, n_rounds: int | None = None, em_rounds: int = 0,
-                 privacy: Any = None, random_state: RandomState = None, progress: bool = False):
+                 em_criterion: str = "icl", privacy: Any = None, random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
         self.n_sigma = n_sigma
@@ -226,6 +231,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
         self.em_rounds = em_rounds
+        self.em_criterion = em_criterion
         self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
@@ -237,7 +243,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         kw = dict(kappa_n=self.kappa_n, n_rounds=rounds, n_features=n_features,
                   **{k: getattr(self, k) for k in SETTING_NAMES})
         if self.privacy is None:
-            return GaussProtocol(em_rounds=self.em_rounds, **kw)
+            return GaussProtocol(em_rounds=self.em_rounds, em_criterion=self.em_criterion, **kw)
         if self.em_rounds:
             raise ValidationError(f"em_rounds={self.em_rounds} is not available with privacy: the "
                                   "EM rounds' log-likelihoods and statistics are not noised or "

@@ -11,20 +11,26 @@ variance (1 - 2/pi) lambda along v, half the weight each; merging them back give
 component again, as in split-and-merge EM). Every owner returns, over all its rows,
 
 * the log-likelihood sum of the current mixture and of every candidate (c + 1 floats),
+  and the entropy sum of each one's responsibilities, -sum r log r (c + 1 floats),
 * the E-step statistics of the current mixture: per component the responsibility sum
   N_k, the sum of r (x - mu_k) and of r (x - mu_k)(x - mu_k)^T about the broadcast
   mean (packed upper triangle, or the diagonal for ``covariance="diag"``).
 
 The server sums them over owners (a sum: nothing depends on the order), scores every
 model by BIC = -2 log L + p log N (p = K (D + D(D+1)/2) + K - 1 for full covariances,
-K 2D + K - 1 for diagonal ones, N the rows), keeps the best, and takes one M-step on the
+K 2D + K - 1 for diagonal ones, N the rows) or, with ``criterion="icl"`` (the default of
+:class:`~fedclust.FedGaussClustering`), by the integrated completed likelihood
+ICL = BIC + 2 sum -r log r (Biernacki, Celeux & Govaert, IEEE TPAMI 22(7), 2000: BIC
+counts Gaussians, ICL counts clusters: two components that share their rows pay their
+overlap, so a non-Gaussian cluster described by two overlapping Gaussians becomes one),
+keeps the best, and takes one M-step on the
 summed statistics (a merge adds the pair's statistics; a drop leaves the component out,
 its rows go to the others at the next E-step; a split is kept as proposed and refined
 by the next rounds). Covariances are ridged like the BIC
 merge's: Sigma_k = (S_k + Sigma_rule) / N_k. It stops when the current mixture wins and
 its log-likelihood rose by less than ``EM_TOL`` nats per row, or after ``em_rounds``.
 
-Bytes per owner and round: up 8 [c + 1 + K (1 + D + w)], down 8 [K (1 + D + w) + 2 c],
+Bytes per owner and round: up 8 [2 (c + 1) + K (1 + D + w)], down 8 [K (1 + D + w) + 2 c],
 w = D(D+1)/2 (full) or D (diag), c = the candidates (at most 3 m).
 """
 
@@ -36,7 +42,7 @@ from typing import Sequence
 import numpy as np
 from scipy.special import logsumexp
 
-__all__ = ["Mixture", "EM_CANDIDATES", "EM_TOL", "candidate_edits", "apply_edit",
+__all__ = ["Mixture", "EM_CANDIDATES", "EM_TOL", "CRITERIA", "candidate_edits", "apply_edit",
            "log_densities", "device_statistics", "n_parameters", "choose_and_step",
            "integer_counts"]
 
@@ -44,6 +50,8 @@ __all__ = ["Mixture", "EM_CANDIDATES", "EM_TOL", "candidate_edits", "apply_edit"
 EM_CANDIDATES = 8
 #: stop when the kept mixture's log-likelihood rose by less than this, in nats per row
 EM_TOL = 1e-3
+#: model-selection criteria of the EM rounds
+CRITERIA = ("icl", "bic")
 
 
 @dataclass
@@ -165,17 +173,25 @@ def log_densities(X: np.ndarray, mix: Mixture) -> np.ndarray:
     return out
 
 
+def _loglik_entropy(lp: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray]:
+    row_ll = logsumexp(lp, axis=1)
+    log_r = lp - row_ll[:, None]
+    R = np.exp(log_r)
+    return float(row_ll.sum()), float(-(R * log_r).sum()), R, row_ll
+
+
 def device_statistics(X: np.ndarray, mix: Mixture, edits: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One owner's reply: log-likelihood sums (c + 1,) of the current mixture then of
     every edit, responsibility sums (K,), sums of r (x - mu_k) (K, D) and of
-    r (x - mu_k)(x - mu_k)^T (K, D, D), or its diagonal (K, D)."""
-    lp = log_densities(X, mix)
-    row_ll = logsumexp(lp, axis=1)
-    ll = [float(row_ll.sum())]
+    r (x - mu_k)(x - mu_k)^T (K, D, D), or its diagonal (K, D), and the entropy sums
+    -sum r log r (c + 1,) in the order of the log-likelihoods."""
+    ll0, ent0, R, _ = _loglik_entropy(log_densities(X, mix))
+    ll, ent = [ll0], [ent0]
     for e in edits:
-        ll.append(float(logsumexp(log_densities(X, apply_edit(mix, e)), axis=1).sum()))
-    R = np.exp(lp - row_ll[:, None])
+        a, b = _loglik_entropy(log_densities(X, apply_edit(mix, e)))[:2]
+        ll.append(a)
+        ent.append(b)
     K, D = mix.means.shape
     N = R.sum(axis=0)
     first = np.empty((K, D))
@@ -185,7 +201,7 @@ def device_statistics(X: np.ndarray, mix: Mixture, edits: np.ndarray
         RE = R[:, k, None] * E
         first[k] = RE.sum(axis=0)
         second[k] = RE.T @ E if mix.full else (RE * E).sum(axis=0)
-    return np.asarray(ll), N, first, second
+    return np.asarray(ll), N, first, second, np.asarray(ent)
 
 
 def _m_step(mix: Mixture, N: np.ndarray, first: np.ndarray, second: np.ndarray,
@@ -205,16 +221,20 @@ def _m_step(mix: Mixture, N: np.ndarray, first: np.ndarray, second: np.ndarray,
 
 
 def choose_and_step(mix: Mixture, edits: np.ndarray, ll: np.ndarray, N: np.ndarray,
-                    first: np.ndarray, second: np.ndarray, ridge: np.ndarray
+                    first: np.ndarray, second: np.ndarray, ridge: np.ndarray,
+                    entropy: np.ndarray | None = None
                     ) -> tuple[Mixture, np.ndarray, int, np.ndarray]:
-    """Score the current mixture and every edit by BIC on the summed owner statistics,
-    keep the best and take one M-step. Returns the new mixture, its scatters, the index
-    of the kept model (0 = no edit, i = edits[i - 1]) and the BIC of every model."""
+    """Score the current mixture and every edit on the summed owner statistics (BIC, or
+    ICL = BIC + 2 ``entropy`` when the entropy sums are given), keep the best and take
+    one M-step. Returns the new mixture, its scatters, the index of the kept model
+    (0 = no edit, i = edits[i - 1]) and the score of every model."""
     n_rows = float(N.sum())
     D = mix.means.shape[1]
     sizes = [mix.K] + [mix.K + (1 if e[1] == SPLIT else -1) for e in edits]
     bic = np.array([-2.0 * ll[i] + n_parameters(k, D, mix.full) * np.log(n_rows)
                     for i, k in enumerate(sizes)])
+    if entropy is not None:
+        bic = bic + 2.0 * np.asarray(entropy, float)
     best = int(np.argmin(bic))
     keep = np.arange(mix.K)
     if best and int(edits[best - 1][1]) == SPLIT:  # kept as proposed; the next rounds refine it

@@ -235,16 +235,17 @@ class GaussMixture(Message):
 
 @dataclass(frozen=True)
 class GaussEMStats(Message):
-    """Owner -> server (federated EM round): log-likelihood sums of the current mixture
-    and of every edit, and the E-step statistics of the current mixture about the
-    broadcast means: ``8 [c + 1 + K (1 + D + w)]`` bytes."""
+    """Owner -> server (federated EM round): log-likelihood and responsibility-entropy
+    sums of the current mixture and of every edit, and the E-step statistics of the
+    current mixture about the broadcast means: ``8 [2 (c + 1) + K (1 + D + w)]`` bytes."""
 
     loglik: np.ndarray    # (c + 1,)
+    entropy: np.ndarray   # (c + 1,) sums of -r log r, >= 0
     resp: np.ndarray      # (K,) responsibility sums, >= 0
     first: np.ndarray     # (K, D) sums of r (x - mu_k)
     second: np.ndarray    # (K, w) sums of r (x - mu_k)(x - mu_k)^T, packed or diagonal
-    schema: ClassVar = {"loglik": (FLOAT, 1), "resp": (FLOAT, 1), "first": (FLOAT, 2),
-                        "second": (FLOAT, 2)}
+    schema: ClassVar = {"loglik": (FLOAT, 1), "entropy": (FLOAT, 1), "resp": (FLOAT, 1),
+                        "first": (FLOAT, 2), "second": (FLOAT, 2)}
     kind: ClassVar[str] = "gauss_em_stats"
 
     def validate(self, sender: str) -> None:
@@ -252,8 +253,12 @@ class GaussEMStats(Message):
         _check_mixture_shapes(sender, K, D, self.second, "second")
         if self.resp.shape != (K,) or (self.resp < 0).any():
             reject(sender, f"resp must be {K} numbers >= 0, got {self.resp.tolist()[:10]}")
-        if self.loglik.ndim != 1 or self.loglik.shape[0] < 1:
-            reject(sender, f"loglik has shape {self.loglik.shape}")
+        if self.loglik.ndim != 1 or self.loglik.shape[0] < 1 \
+                or self.entropy.shape != self.loglik.shape:
+            reject(sender, f"loglik and entropy have shapes {self.loglik.shape} and "
+                           f"{self.entropy.shape}")
+        if (self.entropy < 0).any():
+            reject(sender, f"entropy sums must be >= 0, got {self.entropy.tolist()[:10]}")
         S = self.second if self.second.shape[1] == D and D != 1 else unpack_scatter(self.second, D)
         bad = psd_violation(S)
         if bad > PSD_TOL:

@@ -33,7 +33,7 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
-from .federated_em import (EM_TOL, Mixture, candidate_edits, choose_and_step, device_statistics,
+from .federated_em import (CRITERIA, EM_TOL, Mixture, candidate_edits, choose_and_step, device_statistics,
                            integer_counts)
 from .local import from_message, learn_local, to_message
 from .messages import (GaussClassStats, GaussClassSums, GaussClusters, GaussEMStats,
@@ -160,7 +160,7 @@ class GaussProtocol(Protocol):
     not_summable_reason = "the server merges each owner's evolving clusters, which a sum cannot carry"
 
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
-                 em_rounds: int = 0, **settings: Any):
+                 em_rounds: int = 0, em_criterion: str = "bic", **settings: Any):
         unknown = set(settings) - set(SETTING_NAMES)
         if unknown:
             raise ValidationError(f"unknown parameters {sorted(unknown)}")
@@ -168,6 +168,7 @@ class GaussProtocol(Protocol):
         self.kappa_n = check_float(kappa_n, "kappa_n", min_value=0.0)
         self.n_rounds = check_int(n_rounds, "n_rounds", min_value=1)
         self.em_rounds = check_int(em_rounds, "em_rounds", min_value=0)
+        self.em_criterion = check_choice(em_criterion, "em_criterion", CRITERIA)
         self.n_features = None if n_features is None else check_int(n_features, "n_features",
                                                                     min_value=1)
 
@@ -181,6 +182,7 @@ class GaussProtocol(Protocol):
         cfg.update(kappa_n=self.kappa_n, n_rounds=self.n_rounds)
         if self.em_rounds:
             cfg["em_rounds"] = self.em_rounds
+            cfg["em_criterion"] = self.em_criterion
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
         return cfg
@@ -235,7 +237,7 @@ class GaussProtocol(Protocol):
             K, D = mix.means.shape  # type: ignore[union-attr]
             w = D * (D + 1) // 2 if mix.full else D  # type: ignore[union-attr]
             if reply.first.shape != (K, D) or reply.second.shape != (K, w) \
-                    or reply.loglik.shape != (c + 1,):
+                    or reply.loglik.shape != (c + 1,) or reply.entropy.shape != (c + 1,):
                 raise IncompatibleMessageError(
                     f"device {device_id}: EM statistics have shapes {reply.first.shape}, "
                     f"{reply.second.shape}, {reply.loglik.shape}; the mixture needs ({K}, {D}), "
@@ -285,24 +287,26 @@ class GaussProtocol(Protocol):
             return
         D = mix.means.shape[1]
         ll = sum(m.loglik for m in msgs)
+        ent = sum(m.entropy for m in msgs) if self.em_criterion == "icl" else None
         N = sum(m.resp for m in msgs)
         first = sum(m.first for m in msgs)
         second = sum((unpack_scatter(m.second, D) if mix.full else m.second) for m in msgs)
-        if (N <= 0).any():  # a component no row supports: drop it before the M-step
+        if (N <= 0).any():  # a component no row supports: only drop it this round
             keep = N > 0
             mix = Mixture(mix.weights[keep] / mix.weights[keep].sum(), mix.means[keep],
                           mix.covs[keep])
-            N, first, second, kept, bic = N[keep], first[keep], second[keep], 0, np.zeros(0)
-            new, S = choose_and_step(mix, np.zeros((0, 2), np.int64), ll[:1], N, first,
-                                     second, state.ridge)[:2]
+            new, S = choose_and_step(mix, np.zeros((0, 2), np.int64), ll[:1], N[keep],
+                                     first[keep], second[keep], state.ridge)[:2]
+            kept, bic = 0, np.zeros(0)
         else:
             new, S, kept, bic = choose_and_step(mix, state.edits, ll, N, first, second,
-                                                state.ridge)
+                                                state.ridge, ent)
         rows = float(N.sum())
         state.em_trace.append({"round": state.em_round, "components": mix.K,
                                "kept": "none" if not kept else
                                [int(v) for v in state.edits[kept - 1]],
-                               "loglik": float(ll[0]), "bic": [float(b) for b in bic]})
+                               "loglik": float(ll[0]), "criterion": self.em_criterion,
+                               "scores": [float(b) for b in bic]})
         if kept == 0 and float(ll[0]) - state.em_ll < EM_TOL * rows:
             state.em_done = True
         state.em_ll = float(ll[0]) if kept == 0 else -np.inf
@@ -467,8 +471,8 @@ class GaussProtocol(Protocol):
         covs = unpack_scatter(msg.covs, D) if full else msg.covs
         mix = Mixture(msg.weights, msg.means, covs)
         with one_thread():
-            ll, N, first, second = device_statistics(Xd, mix, msg.edits)
-        return GaussEMStats(loglik=ll, resp=N, first=first,
+            ll, N, first, second, ent = device_statistics(Xd, mix, msg.edits)
+        return GaussEMStats(loglik=ll, entropy=ent, resp=N, first=first,
                             second=pack_scatter(second) if full else second)
 
     def client_finish(self, message: Message | None, X: Any,
