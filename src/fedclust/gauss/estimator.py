@@ -160,10 +160,11 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         below 0.001 nats per row). 0 (the default) runs none. Not available with
         ``privacy`` (the rounds' statistics are not noised or accounted). The rounds'
         trace is ``em_trace_``.
-    em_criterion : {"icl", "bic"}, default="icl"
-        The EM rounds' model choice: the integrated completed likelihood (BIC plus twice
-        the entropy of the soft assignment: it counts clusters, so overlapping Gaussians
-        that share their rows join) or the BIC of the mixture (it counts Gaussians).
+    em_criterion : {"bic", "icl"}, default="bic"
+        The EM rounds' model choice: the BIC of the mixture (it counts Gaussians) or the
+        integrated completed likelihood (BIC plus twice the entropy of the soft
+        assignment: it counts clusters, so overlapping Gaussians that share their rows
+        join; on heavily overlapping clusters such as S4 it joins them too).
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
@@ -211,7 +212,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
                  kappa_n: float = 0, n_rounds: int | None = None, em_rounds: int = 0,
-                 em_criterion: str = "icl", privacy: Any = None, random_state: RandomState = None, progress: bool = False):
+                 em_criterion: str = "bic", privacy: Any = None, random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
         self.n_sigma = n_sigma

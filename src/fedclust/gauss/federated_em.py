@@ -18,8 +18,8 @@ component again, as in split-and-merge EM). Every owner returns, over all its ro
 
 The server sums them over owners (a sum: nothing depends on the order), scores every
 model by BIC = -2 log L + p log N (p = K (D + D(D+1)/2) + K - 1 for full covariances,
-K 2D + K - 1 for diagonal ones, N the rows) or, with ``criterion="icl"`` (the default of
-:class:`~fedclust.FedGaussClustering`), by the integrated completed likelihood
+K 2D + K - 1 for diagonal ones, N the rows) or, with ``em_criterion="icl"``, by the
+integrated completed likelihood
 ICL = BIC + 2 sum -r log r (Biernacki, Celeux & Govaert, IEEE TPAMI 22(7), 2000: BIC
 counts Gaussians, ICL counts clusters: two components that share their rows pay their
 overlap, so a non-Gaussian cluster described by two overlapping Gaussians becomes one),
