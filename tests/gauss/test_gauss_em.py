@@ -287,3 +287,44 @@ def test_a_tampered_em_reply_is_rejected_by_name():
         GaussEMStats.from_arrays({**good, "entropy": np.array([3.0, -1.0])}, sender="device 4")
     with pytest.raises(IncompatibleMessageError, match="device 4: field 'loglik'"):
         GaussEMStats.from_arrays({**good, "loglik": np.array([np.nan, 1.0])}, sender="device 4")
+
+
+def test_a_tampered_em_round_reply_is_rejected_and_the_rounds_go_on():
+    from fedclust.sim.transport import InProcessTransport
+
+    def tamper(z, rnd, arrays):
+        if z != 1 or "loglik" not in arrays:
+            return arrays
+        a = dict(arrays)
+        if rnd == 1:  # a huge log-likelihood for every candidate, wrong length
+            a["loglik"] = np.full(a["loglik"].size + 1, 1e12)
+            a["entropy"] = np.zeros(a["loglik"].size)
+        else:
+            a["resp"] = -a["resp"]
+        return a
+
+    owners, _ = _overlapping_federation(3)
+    fc = FedGaussClustering(em_rounds=3, em_criterion="bic", random_state=0).fit(
+        owners, transport=InProcessTransport(tamper=tamper))
+    assert "device 1" in fc.run_log_.rejected[1]
+    assert len(fc.em_trace_) >= 1 and np.isfinite(fc.means_).all()
+    # the rounds went on with the other owners; the counts stay those of every row learnt
+    assert fc.counts_.sum() == sum(len(o) for o in owners) and fc.removed_samples_ == 0
+    honest = FedGaussClustering(em_rounds=3, em_criterion="bic", random_state=0).fit(owners)
+    assert not honest.run_log_.rejected and not np.array_equal(honest.means_, fc.means_)
+
+
+def test_a_malformed_mixture_from_the_server_is_refused_by_the_owner():
+    from fedclust.gauss.messages import GaussMixture
+
+    good = dict(weights=np.array([0.5, 0.5]), means=np.zeros((2, 2)),
+                covs=np.array([[1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
+                edits=np.array([[0, 1], [1, -1], [0, -2]]))
+    GaussMixture.from_arrays(good, sender="server")
+    with pytest.raises(IncompatibleMessageError, match="server: a covariance is not positive"):
+        GaussMixture.from_arrays({**good, "covs": np.array([[1.0, 2.0, 1.0], [1, 0, 1.0]])},
+                                 sender="server")
+    with pytest.raises(IncompatibleMessageError, match="server: edits must be"):
+        GaussMixture.from_arrays({**good, "edits": np.array([[1, 0]])}, sender="server")
+    with pytest.raises(IncompatibleMessageError, match="server: weights must be"):
+        GaussMixture.from_arrays({**good, "weights": np.array([0.9, 0.3])}, sender="server")
