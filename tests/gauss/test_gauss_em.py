@@ -275,7 +275,8 @@ def test_em_rounds_zero_leaves_the_default_untouched_and_refusals():
 
 
 def test_a_tampered_em_reply_is_rejected_by_name():
-    good = dict(loglik=np.array([-10.0, -11.0]), entropy=np.array([3.0, 2.5]), resp=np.array([3.0, 2.0]),
+    good = dict(loglik=np.array([-10.0, -11.0]), entropy=np.array([3.0, 2.5]),
+                resp=np.array([3.0, 2.0]),
                 first=np.zeros((2, 2)), second=np.array([[1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]))
     GaussEMStats.from_arrays(good, sender="device 4")
     with pytest.raises(IncompatibleMessageError, match="device 4: resp"):

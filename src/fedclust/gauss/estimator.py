@@ -156,10 +156,10 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         the 8 lightest components, splitting one of the 8 heaviest); every owner returns
         the row-level log-likelihood and responsibility entropy of each over its rows and
         the E-step statistics; the server keeps the model with the lowest
-        ``em_criterion`` and takes one M-step; it stops early when nothing changes (log-likelihood gain
-        below 0.001 nats per row). 0 (the default) runs none. Not available with
-        ``privacy`` (the rounds' statistics are not noised or accounted). The rounds'
-        trace is ``em_trace_``.
+        ``em_criterion`` and takes one M-step; it stops early when nothing changes
+        (log-likelihood gain below 0.001 nats per row). 0 (the default) runs none.
+        Not available with ``privacy`` (the rounds' statistics are not noised or
+        accounted). The rounds' trace is ``em_trace_``.
     em_criterion : {"bic", "icl"}, default="bic"
         The EM rounds' model choice: the BIC of the mixture (it counts Gaussians) or the
         integrated completed likelihood (BIC plus twice the entropy of the soft
@@ -195,13 +195,19 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         ``counts_.sum() + removed_samples_`` = all rows. Per owner: ``removed_by_owner_``;
         the same counts are in ``run_log_.removed`` (owners that removed any) and
         ``run_log_.removed_by_server``.
+    em_trace_ : list of dict
+        One entry per EM round (``em_rounds > 0``): the round, the components, the kept
+        edit (``"none"``, ``[p, q]`` merge, ``[p, -1]`` drop, ``[p, -2]`` split), the
+        log-likelihood and the criterion's score of every model offered.
     run_log_, seed_
 
     Notes
     -----
     Bytes up per owner (float64): 8 [c (D + D(D+1)/2 + 2) + 2D + 1] with c
     clusters sent (8 [c (2D + 2) + 2D + 1] for ``covariance="diag"``); the
-    same layout comes back with the K global clusters.
+    same layout comes back with the K global clusters. Each EM round adds
+    8 [2 (e + 1) + K (1 + D + w)] up and 8 [K (1 + D + w) + 2 e] down, e <= 24 edits,
+    w = D(D+1)/2 (D for ``"diag"``).
     """
 
     def __init__(self, *, covariance: str = "full", gate_quantile: float = 0.99,
@@ -212,7 +218,8 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
                  kappa_n: float = 0, n_rounds: int | None = None, em_rounds: int = 0,
-                 em_criterion: str = "bic", privacy: Any = None, random_state: RandomState = None, progress: bool = False):
+                 em_criterion: str = "bic", privacy: Any = None,
+                 random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
         self.n_sigma = n_sigma

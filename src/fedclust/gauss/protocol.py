@@ -12,9 +12,9 @@ One round is the paper's setting and the default.
 
 With ``em_rounds > 0`` (clustering only), up to that many federated EM rounds follow
 (``action="gauss_em"``, :mod:`fedclust.gauss.federated_em`): the server sends the
-current mixture and candidate merges/drops, every owner returns the row-level
-log-likelihood of each and the E-step statistics, and the server keeps the model with
-the lowest BIC and takes one M-step.
+current mixture and candidate merges, drops and splits, every owner returns the
+row-level log-likelihood (and responsibility entropy) of each and the E-step statistics,
+and the server keeps the model with the lowest BIC (or ICL) and takes one M-step.
 
 :class:`GaussClassifierProtocol` is the supervised variant (device data
 ``(X, y)``; ``classes`` travel in the config, so a label seen only at predict
@@ -33,8 +33,8 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
-from .federated_em import (CRITERIA, EM_TOL, Mixture, candidate_edits, choose_and_step, device_statistics,
-                           integer_counts)
+from .federated_em import (CRITERIA, EM_TOL, Mixture, candidate_edits, choose_and_step,
+                           device_statistics, integer_counts)
 from .local import from_message, learn_local, to_message
 from .messages import (GaussClassStats, GaussClassSums, GaussClusters, GaussEMStats,
                        GaussFeatures, GaussMixture, GaussModel)
@@ -106,7 +106,7 @@ class GaussResult:
     removed_by_server: int = 0
     n_rounds: int = 1
     log: RunLog = field(default_factory=RunLog)
-    #: federated EM rounds: per round the components, the kept edit and every model's BIC
+    #: federated EM rounds: per round the components, the kept edit and every model's score
     em_trace: list = field(default_factory=list)
 
 
