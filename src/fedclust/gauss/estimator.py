@@ -111,6 +111,7 @@ class _FedBase(ForgetMixin):
         self.local_counts_ = [res.local_counts.get(z) for z in device_ids]
         self.communication_ = out.meter.summary()
         self.run_log_ = res.log
+        self.em_trace_ = list(res.em_trace)
         self.removed_by_owner_ = {z: int(res.removed_by_owner.get(z, 0)) for z in device_ids}
         self.removed_samples_ = sum(self.removed_by_owner_.values()) + int(res.removed_by_server)
         self.global_count_ = int(res.global_count)
@@ -148,6 +149,22 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
     n_rounds : int or None, default=None
         Rounds; round r streams the r-th chunk of every owner's rows (default 1).
         Under privacy: the refinement rounds after the private start (default 3).
+    em_rounds : int, default=0
+        Up to this many federated EM rounds after the clustering rounds
+        (:mod:`fedclust.gauss.federated_em`): each round the server sends the current
+        mixture and candidate edits (merging one of the 8 closest pairs, dropping one of
+        the 8 lightest components, splitting one of the 8 heaviest); every owner returns
+        the row-level log-likelihood and responsibility entropy of each over its rows and
+        the E-step statistics; the server keeps the model with the lowest
+        ``em_criterion`` and takes one M-step; it stops early when nothing changes
+        (log-likelihood gain below 0.001 nats per row). 0 (the default) runs none.
+        Not available with ``privacy`` (the rounds' statistics are not noised or
+        accounted). The rounds' trace is ``em_trace_``.
+    em_criterion : {"bic", "icl"}, default="bic"
+        The EM rounds' model choice: the BIC of the mixture (it counts Gaussians) or the
+        integrated completed likelihood (BIC plus twice the entropy of the soft
+        assignment: it counts clusters, so overlapping Gaussians that share their rows
+        join; on heavily overlapping clusters such as S4 it joins them too).
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
@@ -178,13 +195,19 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         ``counts_.sum() + removed_samples_`` = all rows. Per owner: ``removed_by_owner_``;
         the same counts are in ``run_log_.removed`` (owners that removed any) and
         ``run_log_.removed_by_server``.
+    em_trace_ : list of dict
+        One entry per EM round (``em_rounds > 0``): the round, the components, the kept
+        edit (``"none"``, ``[p, q]`` merge, ``[p, -1]`` drop, ``[p, -2]`` split), the
+        log-likelihood and the criterion's score of every model offered.
     run_log_, seed_
 
     Notes
     -----
     Bytes up per owner (float64): 8 [c (D + D(D+1)/2 + 2) + 2D + 1] with c
     clusters sent (8 [c (2D + 2) + 2D + 1] for ``covariance="diag"``); the
-    same layout comes back with the K global clusters.
+    same layout comes back with the K global clusters. Each EM round adds
+    8 [2 (e + 1) + K (1 + D + w)] up and 8 [K (1 + D + w) + 2 e] down, e <= 24 edits,
+    w = D(D+1)/2 (D for ``"diag"``).
     """
 
     def __init__(self, *, covariance: str = "full", gate_quantile: float = 0.99,
@@ -194,7 +217,8 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                  max_clusters: int = 200, min_weight: float = 0.005, var_floor: float = 1e-6,
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
-                 kappa_n: float = 0, n_rounds: int | None = None, privacy: Any = None,
+                 kappa_n: float = 0, n_rounds: int | None = None, em_rounds: int = 0,
+                 em_criterion: str = "bic", privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -214,6 +238,8 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         self.merge_tol = merge_tol
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
+        self.em_rounds = em_rounds
+        self.em_criterion = em_criterion
         self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
@@ -225,7 +251,11 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         kw = dict(kappa_n=self.kappa_n, n_rounds=rounds, n_features=n_features,
                   **{k: getattr(self, k) for k in SETTING_NAMES})
         if self.privacy is None:
-            return GaussProtocol(**kw)
+            return GaussProtocol(em_rounds=self.em_rounds, em_criterion=self.em_criterion, **kw)
+        if self.em_rounds:
+            raise ValidationError(f"em_rounds={self.em_rounds} is not available with privacy: the "
+                                  "EM rounds' log-likelihoods and statistics are not noised or "
+                                  "accounted; use em_rounds=0")
         from .private_clustering import PrivateGaussProtocol
 
         return PrivateGaussProtocol(privacy=_check_privacy(self.privacy), **kw)

@@ -23,7 +23,7 @@ from ..core.messages import FLOAT, INT, Message, reject
 from .stats import psd_violation, unpack_scatter
 
 __all__ = ["GaussClusters", "GaussModel", "GaussClassStats", "GaussClassSums", "GaussFeatures",
-           "message_numbers"]
+           "GaussMixture", "GaussEMStats", "message_numbers"]
 
 #: tolerance of the PSD check, relative to max(1, trace) of each scatter
 PSD_TOL = 1e-9
@@ -191,3 +191,76 @@ class GaussClassSums(Message):
                            f"{self.class_sum.shape}, {self.class_sq.shape}")
         if (self.class_count < 0).any() or (self.class_sq < 0).any():
             reject(sender, "class counts and sums of squares must be >= 0")
+
+
+def _check_mixture_shapes(sender: str, K: int, D: int, covs: np.ndarray, what: str) -> None:
+    if D == 0 or covs.shape[0] != K or covs.shape[1] not in (D, D * (D + 1) // 2):
+        reject(sender, f"{what} has shape {covs.shape}; expected ({K}, {D}) or "
+                       f"({K}, {D * (D + 1) // 2}) for {K} components over {D} features")
+
+
+@dataclass(frozen=True)
+class GaussMixture(Message):
+    """Server -> owner (federated EM round): the current mixture and the candidate edits
+    to score, ``8 [K (1 + D + w) + 2 c]`` bytes (w = D(D+1)/2 full, D diagonal)."""
+
+    weights: np.ndarray   # (K,) > 0, summing to one
+    means: np.ndarray     # (K, D)
+    covs: np.ndarray      # (K, D(D+1)/2) packed upper triangle, or (K, D) diagonal
+    edits: np.ndarray     # (c, 2) int64: (p, q) merge p < q, (p, -1) drop p, (p, -2) split p
+    schema: ClassVar = {"weights": (FLOAT, 1), "means": (FLOAT, 2), "covs": (FLOAT, 2),
+                        "edits": (INT, 2)}
+    kind: ClassVar[str] = "gauss_mixture"
+
+    def validate(self, sender: str) -> None:
+        K, D = self.means.shape
+        _check_mixture_shapes(sender, K, D, self.covs, "covs")
+        if K == 0 or self.weights.shape != (K,) or (self.weights <= 0).any() \
+                or abs(float(self.weights.sum()) - 1.0) > 1e-6:
+            reject(sender, f"weights must be {K} positive numbers summing to one, got "
+                           f"{self.weights.tolist()[:10]}")
+        e = self.edits
+        if e.ndim != 2 or e.shape[1] != 2 or ((e[:, 0] < 0) | (e[:, 0] >= K)).any() \
+                or ((e[:, 1] >= 0) & ((e[:, 1] <= e[:, 0]) | (e[:, 1] >= K))).any() \
+                or (e[:, 1] < -2).any():
+            reject(sender, f"edits must be (p, q) with 0 <= p < q < {K}, (p, -1) or (p, -2), "
+                           f"got "
+                           f"{e.tolist()[:10]}")
+        C = self.covs if self.covs.shape[1] == D and D != 1 else unpack_scatter(self.covs, D)
+        low = (C.min(axis=1) if C.ndim == 2 else np.linalg.eigvalsh(C)[:, 0])
+        if (low <= 0).any():
+            reject(sender, f"a covariance is not positive definite (smallest eigenvalue "
+                           f"{float(low.min()):.3g})")
+
+
+@dataclass(frozen=True)
+class GaussEMStats(Message):
+    """Owner -> server (federated EM round): log-likelihood and responsibility-entropy
+    sums of the current mixture and of every edit, and the E-step statistics of the
+    current mixture about the broadcast means: ``8 [2 (c + 1) + K (1 + D + w)]`` bytes."""
+
+    loglik: np.ndarray    # (c + 1,)
+    entropy: np.ndarray   # (c + 1,) sums of -r log r, >= 0
+    resp: np.ndarray      # (K,) responsibility sums, >= 0
+    first: np.ndarray     # (K, D) sums of r (x - mu_k)
+    second: np.ndarray    # (K, w) sums of r (x - mu_k)(x - mu_k)^T, packed or diagonal
+    schema: ClassVar = {"loglik": (FLOAT, 1), "entropy": (FLOAT, 1), "resp": (FLOAT, 1),
+                        "first": (FLOAT, 2), "second": (FLOAT, 2)}
+    kind: ClassVar[str] = "gauss_em_stats"
+
+    def validate(self, sender: str) -> None:
+        K, D = self.first.shape
+        _check_mixture_shapes(sender, K, D, self.second, "second")
+        if self.resp.shape != (K,) or (self.resp < 0).any():
+            reject(sender, f"resp must be {K} numbers >= 0, got {self.resp.tolist()[:10]}")
+        if self.loglik.ndim != 1 or self.loglik.shape[0] < 1 \
+                or self.entropy.shape != self.loglik.shape:
+            reject(sender, f"loglik and entropy have shapes {self.loglik.shape} and "
+                           f"{self.entropy.shape}")
+        if (self.entropy < 0).any():
+            reject(sender, f"entropy sums must be >= 0, got {self.entropy.tolist()[:10]}")
+        S = self.second if self.second.shape[1] == D and D != 1 else unpack_scatter(self.second, D)
+        bad = psd_violation(S)
+        if bad > PSD_TOL:
+            reject(sender, f"a second-moment matrix is not positive semi-definite "
+                           f"(eigenvalue {-bad:.3g} x trace)")

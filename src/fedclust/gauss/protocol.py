@@ -10,6 +10,12 @@ oldest past ``max_clusters`` and broadcasts the global model. Every sample is
 counted once whatever the number of rounds, so the pooled statistics stay exact.
 One round is the paper's setting and the default.
 
+With ``em_rounds > 0`` (clustering only), up to that many federated EM rounds follow
+(``action="gauss_em"``, :mod:`fedclust.gauss.federated_em`): the server sends the
+current mixture and candidate merges, drops and splits, every owner returns the
+row-level log-likelihood (and responsibility entropy) of each and the E-step statistics,
+and the server keeps the model with the lowest BIC (or ICL) and takes one M-step.
+
 :class:`GaussClassifierProtocol` is the supervised variant (device data
 ``(X, y)``; ``classes`` travel in the config, so a label seen only at predict
 time is impossible and a label missing on some owners is fine).
@@ -27,18 +33,22 @@ from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
+from .federated_em import (CRITERIA, EM_TOL, Mixture, candidate_edits, choose_and_step,
+                           device_statistics, integer_counts)
 from .local import from_message, learn_local, to_message
-from .messages import GaussClassStats, GaussClassSums, GaussClusters, GaussFeatures, GaussModel
+from .messages import (GaussClassStats, GaussClassSums, GaussClusters, GaussEMStats,
+                       GaussFeatures, GaussMixture, GaussModel)
 from .model import MERGE_TESTS, PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
 from .server import merge_messages
 from .stats import (class_moments, fisher_mask, fisher_scores, merge_class_moments, moments,
-                    pack_scatter)
+                    pack_scatter, unpack_scatter)
 
 __all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_settings",
            "model_message"]
 
 ACTION = "gauss_clusters"
 STATS = "gauss_class_stats"  # the classifier's feature-selection round
+EM = "gauss_em"  # federated EM rounds (em_rounds > 0)
 
 
 def check_settings(**kw: Any) -> Settings:
@@ -96,6 +106,8 @@ class GaussResult:
     removed_by_server: int = 0
     n_rounds: int = 1
     log: RunLog = field(default_factory=RunLog)
+    #: federated EM rounds: per round the components, the kept edit and every model's score
+    em_trace: list = field(default_factory=list)
 
 
 @dataclass
@@ -109,6 +121,13 @@ class _State:
     removed_by_server: int = 0
     features: np.ndarray | None = None   # (D_all,) 0/1 once the selection round is done
     fisher: np.ndarray | None = None
+    em_round: int = 0
+    em_done: bool = False
+    mix: Mixture | None = None
+    edits: np.ndarray | None = None
+    ridge: np.ndarray | None = None
+    em_ll: float = -np.inf
+    em_trace: list = field(default_factory=list)
 
 
 def model_message(cs: ClusterSet, features: np.ndarray | None = None) -> GaussModel:
@@ -137,17 +156,19 @@ class GaussProtocol(Protocol):
     """Federated self-evolving Gaussian clustering. Parameters as in :class:`fedclust.FedGaussClustering`."""
 
     name = "gauss"
-    reply_types = {ACTION: GaussClusters, STATS: GaussClassStats}
+    reply_types = {ACTION: GaussClusters, STATS: GaussClassStats, EM: GaussEMStats}
     not_summable_reason = "the server merges each owner's evolving clusters, which a sum cannot carry"
 
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
-                 **settings: Any):
+                 em_rounds: int = 0, em_criterion: str = "bic", **settings: Any):
         unknown = set(settings) - set(SETTING_NAMES)
         if unknown:
             raise ValidationError(f"unknown parameters {sorted(unknown)}")
         self.settings = check_settings(**settings)
         self.kappa_n = check_float(kappa_n, "kappa_n", min_value=0.0)
         self.n_rounds = check_int(n_rounds, "n_rounds", min_value=1)
+        self.em_rounds = check_int(em_rounds, "em_rounds", min_value=0)
+        self.em_criterion = check_choice(em_criterion, "em_criterion", CRITERIA)
         self.n_features = None if n_features is None else check_int(n_features, "n_features",
                                                                     min_value=1)
 
@@ -159,6 +180,9 @@ class GaussProtocol(Protocol):
         cfg: dict[str, Any] = {k: v for k, v in dataclasses.asdict(self.settings).items()
                                if v is not None}
         cfg.update(kappa_n=self.kappa_n, n_rounds=self.n_rounds)
+        if self.em_rounds:
+            cfg["em_rounds"] = self.em_rounds
+            cfg["em_criterion"] = self.em_criterion
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
         return cfg
@@ -178,13 +202,47 @@ class GaussProtocol(Protocol):
         if self.selects and state.features is None:
             return Request(round=0, action=STATS)
         if state.round >= self.n_rounds:
-            return None
+            return self._em_request(state)
         payload: Message | None = state.model
         if payload is None and state.features is not None:
             payload = GaussFeatures(features=state.features.copy())
         return Request(round=state.round + int(self.selects), action=ACTION, payload=payload)
 
+    def _em_request(self, state: _State) -> Request | None:
+        if (not self.em_rounds or state.em_done or state.em_round >= self.em_rounds
+                or state.model is None or self.n_classes):
+            return None
+        if state.mix is None:
+            cs = from_message(state.model, self.settings, 0)
+            C = cs.C
+            ridge = cs.s0_rule
+            S, n = cs.S[:C], cs.n[:C]
+            covs = ((S + np.diag(ridge)) / n[:, None, None] if cs.full
+                    else (S + ridge) / n[:, None])
+            state.mix, state.ridge = Mixture(n / n.sum(), cs.mu[:C].copy(), covs), ridge
+        state.edits = candidate_edits(state.mix)
+        mix = state.mix
+        return Request(round=self.n_rounds + int(self.selects) + state.em_round, action=EM,
+                       payload=GaussMixture(weights=mix.weights, means=mix.means,
+                                            covs=pack_scatter(mix.covs) if mix.full
+                                            else mix.covs.copy(),
+                                            edits=state.edits.copy()))
+
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
+        if request.action == EM:
+            if not isinstance(reply, GaussEMStats):
+                raise IncompatibleMessageError(
+                    f"device {device_id}: expected {EM}, got {type(reply).__name__}")
+            mix, c = state.mix, len(state.edits)  # type: ignore[union-attr, arg-type]
+            K, D = mix.means.shape  # type: ignore[union-attr]
+            w = D * (D + 1) // 2 if mix.full else D  # type: ignore[union-attr]
+            if reply.first.shape != (K, D) or reply.second.shape != (K, w) \
+                    or reply.loglik.shape != (c + 1,) or reply.entropy.shape != (c + 1,):
+                raise IncompatibleMessageError(
+                    f"device {device_id}: EM statistics have shapes {reply.first.shape}, "
+                    f"{reply.second.shape}, {reply.loglik.shape}; the mixture needs ({K}, {D}), "
+                    f"({K}, {w}), ({c + 1},)")
+            return
         if request.action == STATS:
             if not isinstance(reply, self.reply_types[STATS]):
                 raise IncompatibleMessageError(
@@ -218,7 +276,58 @@ class GaussProtocol(Protocol):
                 f"device {device_id}: classes have {reply.classes.shape[1]} columns but the "
                 f"federation has {self.n_classes} classes")
 
+    def _em_step(self, state: _State, replies: Mapping[int, Message]) -> None:
+        """Sum the owners' EM statistics, keep the lowest-BIC model, one M-step."""
+        mix = state.mix
+        assert mix is not None and state.edits is not None and state.ridge is not None
+        msgs = [replies[z] for z in sorted(replies)]
+        state.em_round += 1
+        if not msgs:
+            state.em_done = True
+            return
+        D = mix.means.shape[1]
+        ll = sum(m.loglik for m in msgs)
+        ent = sum(m.entropy for m in msgs) if self.em_criterion == "icl" else None
+        N = sum(m.resp for m in msgs)
+        first = sum(m.first for m in msgs)
+        second = sum((unpack_scatter(m.second, D) if mix.full else m.second) for m in msgs)
+        if (N <= 0).any():  # a component no row supports: only drop it this round
+            keep = N > 0
+            mix = Mixture(mix.weights[keep] / mix.weights[keep].sum(), mix.means[keep],
+                          mix.covs[keep])
+            new, S = choose_and_step(mix, np.zeros((0, 2), np.int64), ll[:1], N[keep],
+                                     first[keep], second[keep], state.ridge)[:2]
+            kept, bic = 0, np.zeros(0)
+        else:
+            new, S, kept, bic = choose_and_step(mix, state.edits, ll, N, first, second,
+                                                state.ridge, ent)
+        rows = float(N.sum())
+        state.em_trace.append({"round": state.em_round, "components": mix.K,
+                               "kept": "none" if not kept else
+                               [int(v) for v in state.edits[kept - 1]],
+                               "loglik": float(ll[0]), "criterion": self.em_criterion,
+                               "scores": [float(b) for b in bic]})
+        if kept == 0 and float(ll[0]) - state.em_ll < EM_TOL * rows:
+            state.em_done = True
+        state.em_ll = float(ll[0]) if kept == 0 else -np.inf
+        state.mix = new
+        m = state.model
+        assert m is not None
+        counts = integer_counts(new.weights, int(m.global_count))
+        live = counts >= 1  # a component rounding to no row goes (its share is < half a row)
+        with one_thread():
+            cs = ClusterSet(D, self.settings, 0)
+            cs.set_global(float(m.global_count), m.global_mean, m.global_m2)
+            cs.add(new.means[live], S[live], counts[live].astype(float),
+                   np.full(int(live.sum()), -1, np.int64), np.zeros(int(live.sum()), np.int64))
+            state.model = model_message(cs, state.features)
+        state.removed_by_owner = {z: 0 for z in state.removed_by_owner}  # EM covers all rows
+        state.removed_by_server = 0
+
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
+        if request.action == EM:
+            self._em_step(state, replies)
+            return
         if request.action == STATS:
             msgs = list(replies.values())
             state.fisher, state.features = (self._select_sums(msgs) if self.summed_stats
@@ -284,7 +393,7 @@ class GaussProtocol(Protocol):
             local_counts=dict(state.local_counts),
             removed_by_owner=dict(state.removed_by_owner),
             removed_by_server=state.removed_by_server,
-            n_rounds=state.round, log=log)
+            n_rounds=state.round, log=log, em_trace=list(state.em_trace))
 
     def final_message(self, result: GaussResult, device_id: int) -> Message | None:
         return result_message(result, self.settings)
@@ -298,6 +407,8 @@ class GaussProtocol(Protocol):
 
     def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
+        if request.action == EM:
+            return self._em_client(request, X, device_id)
         if request.action not in (ACTION, STATS):
             raise ValidationError(f"gauss has no client action {request.action!r}")
         Xd, y = self._device_data(X, device_id)
@@ -344,6 +455,25 @@ class GaussProtocol(Protocol):
         with one_thread():
             cs = learn_local(Xr, yr, self.settings, self.n_classes, prior)
         return to_message(cs, self.kappa_n, own, own_class_moments=own_cls)
+
+    def _em_client(self, request: Request, X: Any, device_id: int) -> GaussEMStats:
+        """One federated EM round on all the owner's rows (:mod:`fedclust.gauss.federated_em`)."""
+        msg = request.payload
+        if not isinstance(msg, GaussMixture):
+            raise ValidationError(f"device {device_id}: an EM round needs a GaussMixture, got "
+                                  f"{type(msg).__name__}")
+        Xd, _ = self._device_data(X, device_id)
+        K, D = msg.means.shape
+        if Xd.shape[1] != D:
+            raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
+                                  f"mixture has {D}")
+        full = self.settings.covariance == "full"
+        covs = unpack_scatter(msg.covs, D) if full else msg.covs
+        mix = Mixture(msg.weights, msg.means, covs)
+        with one_thread():
+            ll, N, first, second, ent = device_statistics(Xd, mix, msg.edits)
+        return GaussEMStats(loglik=ll, entropy=ent, resp=N, first=first,
+                            second=pack_scatter(second) if full else second)
 
     def client_finish(self, message: Message | None, X: Any,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -409,6 +539,9 @@ class GaussClassifierProtocol(GaussProtocol):
         if self.summed_stats:
             self.summed_actions = frozenset({STATS})
             self.reply_types = {**type(self).reply_types, STATS: GaussClassSums}
+        if self.em_rounds:
+            raise ValidationError(f"em_rounds={self.em_rounds}: the federated EM rounds are for "
+                                  "clustering; the classifier has none")
         classes = list(classes)
         if not classes:
             raise ValidationError("classes is empty: a classifier needs at least one class")
