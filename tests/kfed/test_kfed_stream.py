@@ -8,6 +8,7 @@ from conftest import make_structured_federation
 from fedclust import KFed
 from fedclust.core.exceptions import ValidationError
 from fedclust.kfed import stream
+from fedclust.kfed.protocol import KFedProtocol
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +99,22 @@ def test_large_kmeanspp_server_uses_the_stacked_kernel(monkeypatch):
     cost = ((X[:, None] - m.cluster_centers_[None]) ** 2).sum(-1).min(1).sum()
     ref = ((X[:, None] - means[None]) ** 2).sum(-1).min(1).sum()
     assert cost <= 1.05 * ref
+
+
+@pytest.mark.parametrize("server", ["farthest-lloyd1", "kmeans++"])
+def test_threads_over_chunks_give_the_one_thread_result(fed, monkeypatch, server):
+    # many small chunks in flight at once: results taken in stream order, bit for bit
+    monkeypatch.setattr(stream, "CHUNK_ROWS", 25)
+    devs = [X[: 8 + (i % 4)] for i, X in enumerate(fed)]
+    proto = KFedProtocol(6, 2, server=server)
+    one = stream.fit_stream(proto, iter(devs), 123, n_jobs=1)
+    many = stream.fit_stream(proto, iter(devs), 123, n_jobs=4)
+    for name in ("centers", "local_centers", "local_counts", "center_labels", "offsets"):
+        assert np.array_equal(getattr(one, name), getattr(many, name)), name
+    assert one.n_points == many.n_points == sum(len(X) for X in devs)
+    # a bad device in a later chunk: the same named error whatever the threads
+    bad = [X.copy() for X in devs]
+    bad[9][2, 1] = np.inf
+    for jobs in (1, 4):
+        with pytest.raises(ValidationError, match="device 9"):
+            stream.fit_stream(proto, iter(bad), 123, n_jobs=jobs)

@@ -18,7 +18,10 @@ device z's centers to its cluster, and ``predict`` labels any rows.
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Sequence as SequenceABC
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -28,6 +31,7 @@ from ..core.exceptions import ValidationError
 from ..core.kmeans import weighted_kmeans
 from ..core.protocol import Request
 from ..core.random import device_uniforms, server_rng
+from ..core.threads import one_blas_thread
 from ..core.validation import check_devices
 from .batched import n_uniforms, spectral_kmeans_batch
 from .protocol import ACTION, KFedProtocol
@@ -122,9 +126,58 @@ def _chunks(devices: Iterator[Any]) -> Iterator[list[Any]]:
         yield chunk
 
 
+def _local_steps(protocol: KFedProtocol, chunk: list[Any], ids: list[int], d: int | None,
+                 seed: int, request: Request) -> tuple[list[Any], list[Any]]:
+    """Centers and counts of a chunk's devices: same-shaped devices as one batch, the rest
+    (and any device the batch cannot take) one by one, for the exact error."""
+    groups: dict[tuple, list[int]] = {}
+    for i, X in enumerate(chunk):
+        ok = (isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f"
+              and (d is None or X.shape[1] == d))
+        k_i = protocol.k_local(ids[i]) if ok else 0
+        if ok and X.shape[0] > k_i and not (X.shape[1] > k_i and use_randomized_svd(
+                X.shape[0], X.shape[1], k_i)):
+            groups.setdefault((X.shape, X.dtype.str), []).append(i)
+        else:
+            groups.setdefault(("single", i), []).append(i)
+    C_out: list[Any] = [None] * len(chunk)
+    N_out: list[Any] = [None] * len(chunk)
+    for key, members in groups.items():
+        batch = None
+        if key[0] != "single":
+            k = protocol.k_local(ids[members[0]])
+            if len({protocol.k_local(ids[i]) for i in members}) == 1:
+                batch = np.stack([chunk[i] for i in members])
+                if not np.isfinite(batch).all():
+                    batch = None
+        if batch is not None:
+            mids = [ids[i] for i in members]
+            U = device_uniforms(seed, mids, 0, n_uniforms(k))
+            C, _, N, _ = spectral_kmeans_batch(batch, k, U, max_iter=protocol.local_max_iter,
+                                               tol=protocol.tol)
+            bad = (N == 0).any(axis=1)
+            for j, i in enumerate(members):
+                if not bad[j]:
+                    C_out[i], N_out[i] = C[j], N[j].astype(np.int64)
+            members = [i for j, i in enumerate(members) if bad[j]]
+        for i in members:  # one by one: the exact error, or the raw-points case
+            X = check_devices([chunk[i]], ids=[ids[i]])[0]
+            if d is not None and X.shape[1] != d:
+                raise ValidationError(f"device {ids[i]} has {X.shape[1]} features but the "
+                                      f"first device has {d}")
+            msg = protocol.client_step(request, X, device_id=ids[i], seed=seed, state={})
+            C_out[i], N_out[i] = msg.centers, msg.counts
+    return C_out, N_out
+
+
 def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
-               device_ids: Iterable[int] | None = None) -> StreamFit:
-    """Local steps over a stream of devices, then the server step (see module docstring)."""
+               device_ids: Iterable[int] | None = None, n_jobs: int | None = None) -> StreamFit:
+    """Local steps over a stream of devices, then the server step (see module docstring).
+
+    ``n_jobs`` threads run the chunks' local steps (None: every core) while this
+    thread reads the stream; at most ``n_jobs + 1`` chunks are held at once, and
+    the results are taken in stream order, so they do not depend on ``n_jobs``.
+    """
     ids_iter = None if device_ids is None else iter(device_ids)
     kept_c = _Blocks(np.float64)
     kept_n = _Blocks(np.int64)
@@ -134,58 +187,41 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
     n_points = 0
     d = protocol.n_features
     request = Request(round=0, action=ACTION)
-    for chunk in _chunks(iter(devices)):
-        ids = (list(range(n_dev, n_dev + len(chunk))) if ids_iter is None
-               else [int(next(ids_iter)) for _ in chunk])
-        if ids_iter is not None:
-            ids_seen.extend(ids)
-        if d is None and isinstance(chunk[0], np.ndarray) and chunk[0].ndim == 2:
-            d = int(chunk[0].shape[1])
-        groups: dict[tuple, list[int]] = {}
-        for i, X in enumerate(chunk):
-            ok = (isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f"
-                  and (d is None or X.shape[1] == d))
-            k_i = protocol.k_local(ids[i]) if ok else 0
-            if ok and X.shape[0] > k_i and not (X.shape[1] > k_i and use_randomized_svd(
-                    X.shape[0], X.shape[1], k_i)):
-                groups.setdefault((X.shape, X.dtype.str), []).append(i)
-            else:
-                groups.setdefault(("single", i), []).append(i)
-        C_out: list[Any] = [None] * len(chunk)
-        N_out: list[Any] = [None] * len(chunk)
-        for key, members in groups.items():
-            batch = None
-            if key[0] != "single":
-                k = protocol.k_local(ids[members[0]])
-                if len({protocol.k_local(ids[i]) for i in members}) == 1:
-                    batch = np.stack([chunk[i] for i in members])
-                    if not np.isfinite(batch).all():
-                        batch = None
-            if batch is not None:
-                mids = [ids[i] for i in members]
-                U = device_uniforms(seed, mids, 0, n_uniforms(k))
-                C, _, N, _ = spectral_kmeans_batch(batch, k, U, max_iter=protocol.local_max_iter,
-                                                   tol=protocol.tol)
-                bad = (N == 0).any(axis=1)
-                for j, i in enumerate(members):
-                    if not bad[j]:
-                        C_out[i], N_out[i] = C[j], N[j].astype(np.int64)
-                members = [i for j, i in enumerate(members) if bad[j]]
-            for i in members:  # one by one: the exact error, or the raw-points case
-                X = check_devices([chunk[i]], ids=[ids[i]])[0]
-                if d is not None and X.shape[1] != d:
-                    raise ValidationError(f"device {ids[i]} has {X.shape[1]} features but the "
-                                          f"first device has {d}")
-                msg = protocol.client_step(request, X, device_id=ids[i], seed=seed, state={})
-                C_out[i], N_out[i] = msg.centers, msg.counts
-        if d is None:
-            d = C_out[0].shape[1]
-        n_points += sum(int(X.shape[0]) for X in chunk)
+    jobs = max(1, n_jobs if n_jobs is not None else (os.cpu_count() or 1))
+    pending: deque = deque()
+
+    def keep(C_out: list[Any], N_out: list[Any]) -> None:
+        nonlocal n_points
+        n_points += int(sum(int(n.sum()) for n in N_out))  # a device's counts sum to its rows
         kept_c.append(np.concatenate(C_out))
         kept_n.append(np.concatenate(N_out))
         sizes.append(np.fromiter((len(c) for c in C_out), dtype=np.int64, count=len(C_out)))
-        n_dev += len(chunk)
-        del chunk, C_out, N_out
+
+    # numpy releases the GIL in the batched maths, so threads overlap the chunks
+    with one_blas_thread(), ThreadPoolExecutor(jobs) as pool:
+        try:
+            for chunk in _chunks(iter(devices)):
+                ids = (list(range(n_dev, n_dev + len(chunk))) if ids_iter is None
+                       else [int(next(ids_iter)) for _ in chunk])
+                if ids_iter is not None:
+                    ids_seen.extend(ids)
+                if d is None and isinstance(chunk[0], np.ndarray) and chunk[0].ndim == 2:
+                    d = int(chunk[0].shape[1])
+                n_dev += len(chunk)
+                if d is None:  # the first chunk fixes the feature count for the others
+                    C_out, N_out = _local_steps(protocol, chunk, ids, d, seed, request)
+                    d = C_out[0].shape[1]
+                    keep(C_out, N_out)
+                    continue
+                pending.append(pool.submit(_local_steps, protocol, chunk, ids, d, seed, request))
+                del chunk
+                while len(pending) > jobs:
+                    keep(*pending.popleft().result())
+            while pending:
+                keep(*pending.popleft().result())
+        finally:
+            for fut in pending:
+                fut.cancel()
     if n_dev == 0:
         raise ValidationError("the stream of devices was empty: nothing to fit")
     # one array for all device centers, freeing each block as it is copied
