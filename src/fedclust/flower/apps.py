@@ -54,6 +54,7 @@ from .codec import (ERROR, FINISH_ACTION, FORGET_ACTION, HELLO, HELLO_ACTION, OU
 from ..core.registry import all_actions, protocol_from_config
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
+from .node_state import RESUMED, STEP, NodeStateStore, data_digest, request_digest
 from .relay import GRAPH_ACTION
 from .relay_client import relay_client
 from .results import save_error, save_run_output
@@ -67,6 +68,7 @@ __all__ = ["ServerSpec", "ServerAppFailed", "one_line_cause", "make_server_app",
 
 _STATE = "fedclust.state"
 _POLICY_STATE = "fedclust.policy"  # the fits this run's node already charged to its ledger
+_MARK = "fedclust.node-state"  # the state-dir file this Flower run's context was set from
 _INFO = 20
 _WARNING = 30
 _ERROR = 40
@@ -202,6 +204,72 @@ def _check(pol: DevicePolicy, context: Context, protocol: Protocol, action: str,
     _save_state(context, seen, _POLICY_STATE)
 
 
+def _node_store(context: Context, protocol: Protocol, seed: int, device_id: int, data: Any,
+                head: Mapping[str, Any], me: str) -> NodeStateStore | None:
+    """This fit's state file in the node's ``state-dir`` (None without one).
+
+    The first message of a Flower run sets ``context.state`` from the file's last
+    snapshot when the run is a resumed one (the request says ``resumed-rounds``) or
+    the same Flower run (the node restarted); a fresh run starts a new record."""
+    folder = context.node_config.get("state-dir")
+    if folder is None or STEP not in head:
+        return None
+    store = NodeStateStore(str(folder), protocol, seed, device_id,
+                           data_digest(data, context.node_config, me), me)
+    record = store.load()
+    mark = context.state.config_records.get(_MARK)
+    if mark is None or mark.get("key") != store.key:
+        if record is not None and (RESUMED in head or record["flower_run"] == context.run_id):
+            store.record = record
+            latest = store.latest()
+            if latest is not None:
+                _save_state(context, latest["state"])
+                _save_state(context, latest["policy"], _POLICY_STATE)
+            record["flower_run"] = int(context.run_id)
+        else:
+            record = store.new_record(context.run_id)
+        context.state[_MARK] = ConfigRecord({"key": store.key})
+    elif record is None:
+        record = store.new_record(context.run_id)
+    store.record = record
+    return store
+
+
+def _replayed(context: Context, store: NodeStateStore | None, request: Any, seed: int,
+              protocol: Protocol, head: Mapping[str, Any]
+              ) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """``(stored reply or None, request digest)``: a step the node answered already is
+    answered with the reply it stored, its state set back to that round's."""
+    if store is None:
+        return None, None
+    digest = request_digest(request, seed, protocol)
+    snap = store.replay(int(head[STEP]), digest, request.round, request.action)
+    if snap is None:
+        return None, digest
+    _save_state(context, snap["state"])
+    _save_state(context, snap["policy"], _POLICY_STATE)
+    return dict(snap["reply"]), digest
+
+
+def _client_step(protocol: Protocol, request: Any, X: Any, device_id: int, seed: int,
+                 state: dict[str, np.ndarray], head: Mapping[str, Any],
+                 store: NodeStateStore | None, me: str) -> Any:
+    """``client_step``; in a resumed run, state the device lacks is refused by name."""
+    try:
+        with one_blas_thread():  # one BLAS thread, as a simulated device: same rounding
+            return protocol.client_step(request, X, device_id=device_id, seed=seed,
+                                        state=state)
+    except KeyError as exc:
+        if head.get(RESUMED) is None:
+            raise
+        where = ("the node keeps no state across Flower runs (set node config state-dir)"
+                 if store is None else f"{store.path} holds none for this fit")
+        raise ValidationError(
+            f"{me}: cannot answer {request.action!r} round {request.round} of the resumed run: "
+            f"it needs {exc.args[0]!r}, which the device kept from earlier rounds, and "
+            f"{where}") from None
+
+
 def node_identity(context: Context, data_dir: str | Path | None = None
                   ) -> DeviceIdentity | None:
     """This SuperNode's secure-aggregation identity, or None when it has none.
@@ -306,13 +374,19 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 state = _load_state(context)
                 plain = None
                 if stage == "mask":
-                    _check(pol, context, protocol, request.action, me, secure=True,
-                           round_index=request.round, payload=request.payload)
-                    X = protocol.node_data(X, me)
-                    with one_blas_thread():
-                        reply = protocol.client_step(request, X, device_id=int(device_id),
-                                                     seed=seed, state=state)
-                    plain = reply.to_arrays()
+                    store = _node_store(context, protocol, seed, int(device_id), X, head, me)
+                    plain, digest = _replayed(context, store, request, seed, protocol, head)
+                    state = _load_state(context)
+                    if plain is None:
+                        _check(pol, context, protocol, request.action, me, secure=True,
+                               round_index=request.round, payload=request.payload)
+                        X = protocol.node_data(X, me)
+                        reply = _client_step(protocol, request, X, int(device_id), seed, state,
+                                             head, store, me)
+                        plain = reply.to_arrays()
+                        if store is not None:
+                            store.answer(int(head[STEP]), digest, state,
+                                         _load_state(context, _POLICY_STATE), plain)
                     if tamper is not None:
                         plain = tamper(int(device_id), request.round, plain)
                 out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
@@ -328,23 +402,28 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
             elif request.action == FINISH_ACTION:
                 collect = bool(head.get("collect"))
                 pol.check_finish(protocol, collect, me)
+                _node_store(context, protocol, seed, int(device_id), X, head, me)
                 X = protocol.node_data(X, me)
                 out = protocol.client_finish(request.payload, X, _load_state(context))
                 content = RecordDict({OUTPUT: arrays_to_record(out if collect else {})})
             else:
-                _check(pol, context, protocol, request.action, me, secure=False,
-                       round_index=request.round, payload=request.payload)
-                state = _load_state(context)
-                X = protocol.node_data(X, me)
-                # one BLAS thread, as a simulated device in process: same rounding on both
-                with one_blas_thread():
-                    reply = protocol.client_step(request, X, device_id=int(device_id), seed=seed,
-                                                 state=state)
-                arrays = reply.to_arrays()
+                store = _node_store(context, protocol, seed, int(device_id), X, head, me)
+                arrays, digest = _replayed(context, store, request, seed, protocol, head)
+                if arrays is None:
+                    _check(pol, context, protocol, request.action, me, secure=False,
+                           round_index=request.round, payload=request.payload)
+                    state = _load_state(context)
+                    X = protocol.node_data(X, me)
+                    reply = _client_step(protocol, request, X, int(device_id), seed, state,
+                                         head, store, me)
+                    arrays = reply.to_arrays()
+                    if store is not None:
+                        store.answer(int(head[STEP]), digest, state,
+                                     _load_state(context, _POLICY_STATE), arrays)
+                    _save_state(context, state)
                 if tamper is not None:
                     arrays = tamper(int(device_id), request.round, arrays)
                 content = RecordDict({REPLY: arrays_to_record(arrays)})
-                _save_state(context, state)
         except (FedClustError, OSError) as exc:
             if isinstance(exc, PolicyRefusal):  # one line on the device too
                 flwr_log(_WARNING, "fedclust: %s", one_line_cause(exc))

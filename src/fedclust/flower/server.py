@@ -27,6 +27,7 @@ from .codec import (FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, S
 from ..core.registry import protocol_from_config
 from ..unlearning.store import SummaryStore, record_round
 from ..core.threads import one_blas_thread
+from .node_state import RESUMED, STEP
 from .recovery import ServerRecovery
 
 from .spec import ServerSpec
@@ -87,10 +88,21 @@ class Server:
             self.protocol = self.protocol.secure_form()
         self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
 
+    def position(self) -> dict[str, int]:
+        """Request head entries that let a node keep its state (:mod:`fedclust.flower.node_state`):
+        ``step``, the rounds done before this one, and in a resumed run ``resumed-rounds``,
+        the rounds its checkpoint holds."""
+        head = {STEP: int(self.meter.rounds)}
+        resumed = getattr(getattr(self, "recovery", None), "resumed_rounds", None)
+        if resumed is not None:
+            head[RESUMED] = int(resumed)
+        return head
+
     def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
              ) -> dict[int, Message | None]:
         """One message per target device; returns device -> reply (None: no reply in time)."""
         action = request.action
+        head = {**self.position(), **head}
         msgs = []
         for z in targets:
             payload = payloads.get(z) if payloads is not None else None
@@ -241,7 +253,7 @@ class Server:
                 payload = request.payload_for(z) if stage == "mask" else None
                 sent = Request(request.round, request.action, payload)
                 content = request_to_content(self.protocol, sent, self.seed,
-                                             **{SECAGG_STAGE: stage})
+                                             **{SECAGG_STAGE: stage, **self.position()})
                 content[SECAGG] = arrays_to_record(arrays)
                 self.meter.record_down(z, message_nbytes(payload) +
                                        sum(np.asarray(a).nbytes for a in arrays.values()))
@@ -341,6 +353,7 @@ class Server:
                                              self.secure is not None)
         state, log, self.meter, active = rec.begin(ids, active, log, self.meter)
         self.log = log
+        self.rejoined = [*rec.rejoined, *self.rejoined]   # rejoins before a crash, too
         if state is None:
             state = protocol.start(active, self.seed)
         summaries = SummaryStore(list(active))   # what the server keeps to forget a device
@@ -362,7 +375,7 @@ class Server:
             record_round(summaries, request, replies)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
-            rec.after_round(state, log, self.meter, active)
+            rec.after_round(state, log, self.meter, active, self.rejoined)
         rec.finish(log)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():
