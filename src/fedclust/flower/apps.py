@@ -251,6 +251,25 @@ def _replayed(context: Context, store: NodeStateStore | None, request: Any, seed
     return dict(snap["reply"]), digest
 
 
+def _require_kept_state(context: Context, store: NodeStateStore | None, protocol: Protocol,
+                        request: Any, head: Mapping[str, Any], me: str) -> None:
+    """In a resumed run, a round that reads what the device kept from earlier rounds
+    (its action is not in ``protocol.rejoin_actions``) is refused by name when the node
+    has no state for this fit: none kept across Flower runs, or no state file."""
+    if not head.get(RESUMED) or request.action in protocol.rejoin_actions:
+        return
+    if store is None and _STATE in context.state.array_records:
+        return   # it answered a round of this Flower run
+    if store is not None and store.record["answered"]:
+        return
+    where = ("the node keeps no state across Flower runs (set node config state-dir)"
+             if store is None else f"it has no state file for this fit ({store.path})")
+    raise ValidationError(
+        f"{me}: cannot answer {request.action!r} round {request.round} of the resumed run of "
+        f"protocol {protocol.name!r}: it needs what the device kept from the rounds before "
+        f"the crash, and {where}")
+
+
 def _client_step(protocol: Protocol, request: Any, X: Any, device_id: int, seed: int,
                  state: dict[str, np.ndarray], head: Mapping[str, Any],
                  store: NodeStateStore | None, me: str) -> Any:
@@ -378,6 +397,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                     plain, digest = _replayed(context, store, request, seed, protocol, head)
                     state = _load_state(context)
                     if plain is None:
+                        _require_kept_state(context, store, protocol, request, head, me)
                         _check(pol, context, protocol, request.action, me, secure=True,
                                round_index=request.round, payload=request.payload)
                         X = protocol.node_data(X, me)
@@ -410,6 +430,7 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 store = _node_store(context, protocol, seed, int(device_id), X, head, me)
                 arrays, digest = _replayed(context, store, request, seed, protocol, head)
                 if arrays is None:
+                    _require_kept_state(context, store, protocol, request, head, me)
                     _check(pol, context, protocol, request.action, me, secure=False,
                            round_index=request.round, payload=request.payload)
                     state = _load_state(context)

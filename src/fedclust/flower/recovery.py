@@ -69,6 +69,8 @@ class ServerRecovery:
         if self.ckpt is not None:
             self.ledger = self.ckpt.ledger
         if saved is None:
+            if self.ckpt is not None and self.ckpt.resume:
+                self.resumed_rounds = 0   # killed inside its first round: nodes may have answered
             return None, log, meter, active
         state, log, meter, _, active = saved
         self.resumed_rounds = int(meter.rounds)
