@@ -74,24 +74,31 @@ def steps(monkeypatch):
     return box
 
 
-def _crash_and_resume(make, data, folder, at, after, *, state=True, run_id=77, **resume_kw):
+def _crash_and_resume(make, data, folder, at, after, *, state=True, run_id=77, **kw):
     with pytest.raises(SuperLinkLost):
         _fit(make, data, Crashing(at=at, after=after, result_dir=str(folder),
-                                  state_dir=str(folder / "nodes") if state else None))
+                                  state_dir=str(folder / "nodes") if state else None, **kw))
     again = Crashing(result_dir=str(folder), resume=True, run_id=run_id,
-                     state_dir=str(folder / "nodes") if state else None, **resume_kw)
+                     state_dir=str(folder / "nodes") if state else None, **kw)
     return _fit(make, data, again), again
 
 
-@pytest.mark.parametrize("name", ["coreset-pca", "fedavg", "robust", "gauss", "kfed+fedavg"])
-def test_a_killed_run_resumes_on_flower_as_the_uninterrupted_run(name, tmp_path, steps):
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name,every", [
+    ("coreset-pca", True), ("fedavg", True), ("gauss", True),
+    ("robust", False), ("kfed+fedavg", False),
+    pytest.param("robust", True, marks=_SLOW), pytest.param("kfed+fedavg", True, marks=_SLOW)])
+def test_a_killed_run_resumes_on_flower_as_the_uninterrupted_run(name, every, tmp_path, steps):
     make, data, _ = _cases()[name]
     ref = _fit(make, data, FlowerInMemoryTransport())
     n_rounds = ref.communication_["rounds"]
     per_run = steps["n"]
     # exchange 1..n_rounds are the rounds: killed before one goes out, or after the nodes
-    # answered it but before the server saw the replies (its checkpoint a round behind)
-    for at in range(1, n_rounds + 1):
+    # answered it but before the server saw the replies (its checkpoint a round behind);
+    # every round, or (fast) the last one, which reads what the devices kept
+    for at in range(1, n_rounds + 1) if every else [n_rounds]:
         for after in (False, True):
             steps["n"] = 0
             folder = tmp_path / f"{at}-{after}"
@@ -381,3 +388,17 @@ def test_a_checkpoint_without_rejoins_resumes_with_none(tmp_path):
     again = ServerRecovery(proto, 1, str(tmp_path), True, False)
     again.begin([0, 1], [0, 1], RunLog(), CommunicationMeter())
     assert again.rejoined == [] and again.resumed_rounds == 0
+
+
+@pytest.mark.parametrize("at,after", [(2, True), (5, False), (5, True), (7, True)])
+def test_a_private_secure_run_resumes_exactly_inside_its_secure_rounds(tmp_path, at, after):
+    """Distributed noise under secure aggregation: four exchanges a round (killed at one of
+    them); the node's stored reply is masked afresh under the redone round's new keys."""
+    from test_checkpoint_resume import _devices as devices
+    from test_checkpoint_resume import _private
+
+    make, kw = _private(noise_devices=True, rounds=2), dict(secure_aggregation=True)
+    ref = _fit(make, devices, FlowerInMemoryTransport(**kw))
+    got, _ = _crash_and_resume(make, devices, tmp_path, at, after, **kw)
+    _same(got.cluster_centers_, ref.cluster_centers_)
+    assert got.communication_["rounds"] == ref.communication_["rounds"]

@@ -193,6 +193,15 @@ def _save_state(context: Context, state: Mapping[str, np.ndarray], key: str = _S
     context.state[key] = arrays_to_record(state)
 
 
+def _set_back(context: Context, snapshot: Mapping[str, Any]) -> None:
+    """The device state and policy records of a saved round; the secrets of the secure
+    round under way (``secagg.*``, never saved) stay."""
+    current = _load_state(context)
+    _save_state(context, {**snapshot["state"],
+                          **{k: v for k, v in current.items() if k.startswith("secagg.")}})
+    _save_state(context, snapshot["policy"], _POLICY_STATE)
+
+
 def _check(pol: DevicePolicy, context: Context, protocol: Protocol, action: str, me: str, *,
            secure: bool, round_index: int | None = None, payload: Any = None) -> None:
     """The node's policy on a data request; what it charged and the rounds it answered
@@ -223,8 +232,7 @@ def _node_store(context: Context, protocol: Protocol, seed: int, device_id: int,
             store.record = record
             latest = store.latest()
             if latest is not None:
-                _save_state(context, latest["state"])
-                _save_state(context, latest["policy"], _POLICY_STATE)
+                _set_back(context, latest)
             record["flower_run"] = int(context.run_id)
         else:
             record = store.new_record(context.run_id)
@@ -246,8 +254,7 @@ def _replayed(context: Context, store: NodeStateStore | None, request: Any, seed
     snap = store.replay(int(head[STEP]), digest, request.round, request.action)
     if snap is None:
         return None, digest
-    _save_state(context, snap["state"])
-    _save_state(context, snap["policy"], _POLICY_STATE)
+    _set_back(context, snap)
     return dict(snap["reply"]), digest
 
 
