@@ -27,8 +27,8 @@ request, and then with the reply it stored (the same bytes: the same release,
 not charged again); a different request for it, or a step before the last one
 it answered, is refused (:class:`~fedclust.core.policy.PolicyRefusal`): a
 server cannot obtain a second, differently-noised release by claiming a
-crash. A file that was changed (its SHA-256 over content and arrays no longer
-matches), written for another data file, or for another device, is refused by
+crash. A file that was changed (its SHA-256 over content and arrays does not
+match), written for another data file, or for another device, is refused by
 name. Files are written atomically (:mod:`fedclust.core.atomic`) with mode
 0600, as ``npz`` without pickle plus JSON (:func:`fedclust.core.checkpoint.to_plain`).
 """
@@ -214,7 +214,7 @@ class NodeStateStore:
                 if snap["step"] == step:
                     return snap
             raise PolicyRefusal(f"{self.device}: refuses {action!r} round {round_index} again: "
-                                f"it answered it, and {self.path} no longer keeps that reply")
+                                f"it answered it, and {self.path} keeps only the last {SNAPSHOTS_KEPT} replies")
         if answered and step < max(answered):
             raise PolicyRefusal(f"{self.device}: refuses {action!r} round {round_index} (step "
                                 f"{step}): it already answered step {max(answered)} of this "
