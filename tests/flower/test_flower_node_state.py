@@ -402,3 +402,21 @@ def test_a_private_secure_run_resumes_exactly_inside_its_secure_rounds(tmp_path,
     got, _ = _crash_and_resume(make, devices, tmp_path, at, after, **kw)
     _same(got.cluster_centers_, ref.cluster_centers_)
     assert got.communication_["rounds"] == ref.communication_["rounds"]
+
+
+def test_the_data_digest_is_the_data_files_and_changes_with_it(tmp_path):
+    import hashlib
+
+    from fedclust.flower.node_state import data_digest
+
+    path = tmp_path / "dev0.npz"
+    np.savez(path, X=np.arange(6.0).reshape(3, 2))
+    first = data_digest(None, {"data-path": str(path)}, "device 0")
+    assert first == hashlib.sha256(path.read_bytes()).hexdigest()
+    np.savez(path, X=np.arange(6.0).reshape(3, 2) + 1)
+    assert data_digest(None, {"data-path": str(path)}, "device 0") != first
+    X = np.arange(6.0).reshape(3, 2)
+    assert data_digest(X, {}, "device 0") == data_digest(X.copy(), {}, "device 0")
+    assert data_digest(X, {}, "device 0") != data_digest(X.T.copy(), {}, "device 0")
+    with pytest.raises(ValidationError, match="device 0: node config state-dir needs data"):
+        data_digest(np.array([object()]), {}, "device 0")

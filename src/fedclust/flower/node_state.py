@@ -91,11 +91,13 @@ _DATA_DIGESTS: dict[Any, tuple[Any, str]] = {}
 
 
 def data_digest(data: Any, node_config: Mapping[str, Any], where: str) -> str:
-    """SHA-256 of the node's data: its ``data-path`` file, else its arrays."""
-    if "data-path" in node_config:
-        path = Path(str(node_config["data-path"]))
+    """SHA-256 of the node's data: its ``data-path`` file (or the file a site table was
+    read from), else its arrays."""
+    path = node_config.get("data-path") or getattr(data, "path", None)
+    if path is not None and Path(str(path)).is_file():
+        path = Path(str(path))
         st = path.stat()
-        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+        key = (str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         if key not in _DATA_DIGESTS:
             h = hashlib.sha256()
             with open(path, "rb") as fh:
@@ -112,11 +114,11 @@ def data_digest(data: Any, node_config: Mapping[str, Any], where: str) -> str:
         value = value.as_arrays(where)
     parts = value if isinstance(value, tuple) else (value,)
     h = hashlib.sha256()
-    try:
-        _arrays_digest(h, {str(i): np.asarray(p) for i, p in enumerate(parts)})
-    except (TypeError, ValueError) as exc:
+    arrays = {str(i): np.asarray(p) for i, p in enumerate(parts)}
+    if any(a.dtype.hasobject for a in arrays.values()):
         raise ValidationError(f"{where}: node config state-dir needs data it can digest "
-                              f"(set data-path): {exc}") from None
+                              "(numbers, or a data-path file)")
+    _arrays_digest(h, arrays)
     if len(_DATA_DIGESTS) > 64:
         _DATA_DIGESTS.clear()
     _DATA_DIGESTS[key] = (data, h.hexdigest())   # the object is held: its id is not reused
