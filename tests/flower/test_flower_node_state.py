@@ -111,6 +111,21 @@ def test_a_killed_run_resumes_on_flower_as_the_uninterrupted_run(name, every, tm
             assert steps["n"] == per_run, where
 
 
+def test_devices_first_sampled_after_the_resume_take_part(tmp_path):
+    """FedAvg asking 2 of 6 devices a round: a device the rounds before the crash never
+    asked has nothing to resume and answers (the server says it was not asked)."""
+    from fedclust import FedAvg
+
+    _, data, _ = _cases()["fedavg"]
+    make = lambda: FedAvg("softmax", rounds=4, lr=0.1, random_state=3,  # noqa: E731
+                          clients_per_round=2)
+    ref = _fit(make, data, FlowerInMemoryTransport())
+    for after in (False, True):
+        got, _ = _crash_and_resume(make, data, tmp_path / str(after), 2, after)
+        _same(_fitted(got), _fitted(ref))
+        assert got.communication_ == ref.communication_
+
+
 @pytest.mark.parametrize("name", ["coreset-pca", "kfed+fedavg"])
 def test_without_state_dir_a_round_that_needs_kept_state_is_refused_by_name(name, tmp_path):
     make, data, _ = _cases()[name]

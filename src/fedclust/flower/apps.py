@@ -54,7 +54,7 @@ from .codec import (ERROR, FINISH_ACTION, FORGET_ACTION, HELLO, HELLO_ACTION, OU
 from ..core.registry import all_actions, protocol_from_config
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
-from .node_state import RESUMED, STEP, NodeStateStore, data_digest, request_digest
+from .node_state import ASKED, RESUMED, STEP, NodeStateStore, data_digest, request_digest
 from .relay import GRAPH_ACTION
 from .relay_client import relay_client
 from .results import save_error, save_run_output
@@ -261,10 +261,13 @@ def _replayed(context: Context, store: NodeStateStore | None, request: Any, seed
 def _require_kept_state(context: Context, store: NodeStateStore | None, protocol: Protocol,
                         request: Any, head: Mapping[str, Any], me: str) -> None:
     """In a resumed run, a round that reads what the device kept from earlier rounds
-    (its action is not in ``protocol.rejoin_actions``) is refused by name when the node
-    has no state for this fit: none kept across Flower runs, or no state file."""
-    if not head.get(RESUMED) or request.action in protocol.rejoin_actions:
-        return
+    (its action is not in ``protocol.rejoin_actions``; the device was asked before the
+    crash) is refused by name when the node has no state for this fit: none kept across
+    Flower runs, or no state file. A server that says the device was not asked before
+    gets an answer from an empty state: a new fit for the node, charged again."""
+    if (not head.get(RESUMED) or not head.get(ASKED, 1)
+            or request.action in protocol.rejoin_actions):
+        return   # nothing kept before: a fresh start, or a device not asked before the crash
     if store is None and _STATE in context.state.array_records:
         return   # it answered a round of this Flower run
     if store is not None and store.record["answered"]:

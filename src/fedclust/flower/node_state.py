@@ -19,7 +19,9 @@ round it answers, one file per (fit, device) into that folder:
 * the digests of **every** request it answered in the fit.
 
 Every request carries ``step``, the server's count of rounds done before it,
-and a resumed run also ``resumed-rounds`` (the rounds its checkpoint holds).
+and a resumed run also ``resumed-rounds`` (the rounds its checkpoint holds)
+and ``asked-before`` (whether those rounds asked this device anything: one
+that was not, a late device or one not yet sampled, has no state to resume).
 The server's checkpoint may be one round behind the node (a crash after the
 node replied, before the checkpoint); the resumed server then asks that round
 again. The node answers a step it already answered only with the same
@@ -48,11 +50,12 @@ from ..core.exceptions import ValidationError
 from ..core.policy import PolicyRefusal
 
 __all__ = ["NodeStateStore", "NodeStateError", "run_key", "request_digest", "data_digest",
-           "SNAPSHOTS_KEPT", "STEP", "RESUMED"]
+           "SNAPSHOTS_KEPT", "STEP", "RESUMED", "ASKED"]
 
 #: request head entries the server sends (``fedclust.flower.server``)
 STEP = "step"
 RESUMED = "resumed-rounds"
+ASKED = "asked-before"
 SNAPSHOTS_KEPT = 2
 _FORMAT = 1
 _META = "__meta_json__"

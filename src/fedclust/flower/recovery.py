@@ -58,6 +58,8 @@ class ServerRecovery:
         self.ledger = PrivacyLedger()
         #: the rounds the resumed checkpoint holds; None: a fresh run
         self.resumed_rounds: int | None = None
+        #: devices the checkpointed rounds sent a request to
+        self.asked_before: set[int] = set()
         #: rejoins recorded before the crash (``Server.rejoined``)
         self.rejoined: list[dict[str, Any]] = []
 
@@ -74,6 +76,7 @@ class ServerRecovery:
             return None, log, meter, active
         state, log, meter, _, active = saved
         self.resumed_rounds = int(meter.rounds)
+        self.asked_before = {int(z) for z in meter.down}
         kept = (self.ckpt.values or {}).get("transport") or {}
         self.rejoined = [dict(r) for r in kept.get("rejoined", [])]
         here = set(connected)
