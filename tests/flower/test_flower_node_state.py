@@ -86,12 +86,19 @@ def _crash_and_resume(make, data, folder, at, after, *, state=True, run_id=77, *
 _SLOW = pytest.mark.slow
 
 
+def _gauss_rounds():
+    from fedclust import FedGaussClustering
+    from test_checkpoint_resume import _devices as devices
+
+    return lambda: FedGaussClustering(n_rounds=3, random_state=0), devices, {}
+
+
 @pytest.mark.parametrize("name,every", [
-    ("coreset-pca", True), ("fedavg", True), ("gauss", True),
+    ("coreset-pca", True), ("fedavg", True), ("gauss", True), ("gauss-rounds", True),
     ("robust", False), ("kfed+fedavg", False),
     pytest.param("robust", True, marks=_SLOW), pytest.param("kfed+fedavg", True, marks=_SLOW)])
 def test_a_killed_run_resumes_on_flower_as_the_uninterrupted_run(name, every, tmp_path, steps):
-    make, data, _ = _cases()[name]
+    make, data, _ = _gauss_rounds() if name == "gauss-rounds" else _cases()[name]
     ref = _fit(make, data, FlowerInMemoryTransport())
     n_rounds = ref.communication_["rounds"]
     per_run = steps["n"]
@@ -435,3 +442,31 @@ def test_the_data_digest_is_the_data_files_and_changes_with_it(tmp_path):
     assert data_digest(X, {}, "device 0") != data_digest(X.T.copy(), {}, "device 0")
     with pytest.raises(ValidationError, match="device 0: node config state-dir needs data"):
         data_digest(np.array([object()]), {}, "device 0")
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_private_gaussians_resume_exactly_and_each_node_charges_its_fit_once(tmp_path, after):
+    from fedclust import FedGaussClustering
+    from fedclust.privacy import DifferentialPrivacy
+    from test_checkpoint_resume import _devices as devices
+
+    def make():
+        dp = DifferentialPrivacy(3.0, 1e-6, data_bound=20.0, noise_seed=4)
+        return FedGaussClustering(privacy=dp, random_state=0)
+
+    def policy(folder):
+        return DevicePolicy(allow_noise_seed=True, allow_collect=True, epsilon=50.0,
+                            delta=1e-5, ledger=str(folder / "ledger-{device}.json"))
+    ref = _fit(make, devices, FlowerInMemoryTransport(policies=policy(tmp_path / "ref")))
+    n_rounds = ref.communication_["rounds"]
+    assert n_rounds >= 3
+    got, _ = _crash_and_resume(make, devices, tmp_path, n_rounds - 1, after,
+                               policies=policy(tmp_path))
+    public = lambda m: {k: v for k, v in _fitted(m).items()  # noqa: E731
+                        if k not in ("run_log_", "privacy_")}
+    _same(public(got), public(ref))
+    for z in range(6):
+        entries = json.loads((tmp_path / f"ledger-{z}.json").read_text())["entries"]
+        assert len(entries) == 1
+    # the server's write-ahead ledger: the round it sent out before dying, as a lost release
+    assert len(got.run_log_.privacy_ledger["lost_releases"]) == 1
