@@ -23,7 +23,9 @@ of function calls:
 
 The ClientApp rebuilds the protocol from the message (registry name + config),
 loads its own device data once per process, keeps per-device ``state`` in
-``context.state`` (an ArrayRecord) and calls the protocol's ``client_step``
+``context.state`` (an ArrayRecord; with node config ``state-dir`` also on the
+node's disk, so that a resumed run finds it: :mod:`fedclust.flower.node_state`)
+and calls the protocol's ``client_step``
 with the run's seed — so a device draws from the same random stream as
 in-process. Byte counts are payload ``nbytes`` as in-process (protobuf framing
 and the hello/finish bookkeeping are not counted).

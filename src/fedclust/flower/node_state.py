@@ -219,7 +219,8 @@ class NodeStateStore:
                 if snap["step"] == step:
                     return snap
             raise PolicyRefusal(f"{self.device}: refuses {action!r} round {round_index} again: "
-                                f"it answered it, and {self.path} keeps only the last {SNAPSHOTS_KEPT} replies")
+                                f"it answered it, and {self.path} keeps only the last "
+                                f"{SNAPSHOTS_KEPT} replies")
         if answered and step < max(answered):
             raise PolicyRefusal(f"{self.device}: refuses {action!r} round {round_index} (step "
                                 f"{step}): it already answered step {max(answered)} of this "
