@@ -272,6 +272,15 @@ def test_a_node_never_answers_a_step_before_the_last_it_answered(tmp_path):
     assert [s["step"] for s in loaded["snapshots"]] == [0, 3]
     with pytest.raises(ValidationError, match="written for another data file"):
         NodeStateStore(tmp_path, CoresetProtocol(3, 30), 5, 0, "e" * 64, "device 0").load()
+    # a third round: the oldest snapshot goes, its request digest stays
+    store.answer(4, "c" * 64, {"x": np.ones(4)}, {}, {"r": np.full(1, 2.0)})
+    assert [s["step"] for s in store.record["snapshots"]] == [3, 4]
+    assert sorted(store.record["answered"]) == [0, 3, 4]
+    with pytest.raises(PolicyRefusal, match="device 0: refuses 'means' round 0 again: it "
+                       "answered it, and .* keeps only the last 2 replies"):
+        store.replay(0, "a" * 64, 0, "means")
+    with pytest.raises(PolicyRefusal, match="another request than the one it answered"):
+        store.replay(0, "f" * 64, 0, "means")
 
 
 
