@@ -23,7 +23,9 @@ of function calls:
 
 The ClientApp rebuilds the protocol from the message (registry name + config),
 loads its own device data once per process, keeps per-device ``state`` in
-``context.state`` (an ArrayRecord) and calls the protocol's ``client_step``
+``context.state`` (an ArrayRecord; with node config ``state-dir`` also on the
+node's disk, so that a resumed run finds it: :mod:`fedclust.flower.node_state`)
+and calls the protocol's ``client_step``
 with the run's seed — so a device draws from the same random stream as
 in-process. Byte counts are payload ``nbytes`` as in-process (protobuf framing
 and the hello/finish bookkeeping are not counted).
@@ -54,6 +56,7 @@ from .codec import (ERROR, FINISH_ACTION, FORGET_ACTION, HELLO, HELLO_ACTION, OU
 from ..core.registry import all_actions, protocol_from_config
 from ..core.threads import one_blas_thread
 from .dataio import load_device_file, save_device_file
+from .node_state import ASKED, RESUMED, STEP, NodeStateStore, data_digest, request_digest
 from .relay import GRAPH_ACTION
 from .relay_client import relay_client
 from .results import save_error, save_run_output
@@ -67,6 +70,7 @@ __all__ = ["ServerSpec", "ServerAppFailed", "one_line_cause", "make_server_app",
 
 _STATE = "fedclust.state"
 _POLICY_STATE = "fedclust.policy"  # the fits this run's node already charged to its ledger
+_MARK = "fedclust.node-state"  # the state-dir file this Flower run's context was set from
 _INFO = 20
 _WARNING = 30
 _ERROR = 40
@@ -191,6 +195,15 @@ def _save_state(context: Context, state: Mapping[str, np.ndarray], key: str = _S
     context.state[key] = arrays_to_record(state)
 
 
+def _set_back(context: Context, snapshot: Mapping[str, Any]) -> None:
+    """The device state and policy records of a saved round; the secrets of the secure
+    round under way (``secagg.*``, never saved) stay."""
+    current = _load_state(context)
+    _save_state(context, {**snapshot["state"],
+                          **{k: v for k, v in current.items() if k.startswith("secagg.")}})
+    _save_state(context, snapshot["policy"], _POLICY_STATE)
+
+
 def _check(pol: DevicePolicy, context: Context, protocol: Protocol, action: str, me: str, *,
            secure: bool, round_index: int | None = None, payload: Any = None) -> None:
     """The node's policy on a data request; what it charged and the rounds it answered
@@ -200,6 +213,92 @@ def _check(pol: DevicePolicy, context: Context, protocol: Protocol, action: str,
                       device_state=(_load_state(context) if hasattr(protocol, "policy_view")
                                     else None), payload=payload)
     _save_state(context, seen, _POLICY_STATE)
+
+
+def _node_store(context: Context, protocol: Protocol, seed: int, device_id: int, data: Any,
+                head: Mapping[str, Any], me: str) -> NodeStateStore | None:
+    """This fit's state file in the node's ``state-dir`` (None without one).
+
+    The first message of a Flower run sets ``context.state`` from the file's last
+    snapshot when the run is a resumed one (the request says ``resumed-rounds``) or
+    the same Flower run (the node restarted); a fresh run starts a new record."""
+    folder = context.node_config.get("state-dir")
+    if folder is None or STEP not in head:
+        return None
+    store = NodeStateStore(str(folder), protocol, seed, device_id,
+                           data_digest(data, context.node_config, me), me)
+    record = store.load()
+    mark = context.state.config_records.get(_MARK)
+    if mark is None or mark.get("key") != store.key:
+        if record is not None and (RESUMED in head or record["flower_run"] == context.run_id):
+            store.record = record
+            latest = store.latest()
+            if latest is not None:
+                _set_back(context, latest)
+            record["flower_run"] = int(context.run_id)
+        else:
+            record = store.new_record(context.run_id)
+        context.state[_MARK] = ConfigRecord({"key": store.key})
+    elif record is None:
+        record = store.new_record(context.run_id)
+    store.record = record
+    return store
+
+
+def _replayed(context: Context, store: NodeStateStore | None, request: Any, seed: int,
+              protocol: Protocol, head: Mapping[str, Any]
+              ) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """``(stored reply or None, request digest)``: a step the node answered already is
+    answered with the reply it stored, its state set back to that round's."""
+    if store is None:
+        return None, None
+    digest = request_digest(request, seed, protocol)
+    snap = store.replay(int(head[STEP]), digest, request.round, request.action)
+    if snap is None:
+        return None, digest
+    _set_back(context, snap)
+    return dict(snap["reply"]), digest
+
+
+def _require_kept_state(context: Context, store: NodeStateStore | None, protocol: Protocol,
+                        request: Any, head: Mapping[str, Any], me: str) -> None:
+    """In a resumed run, a round that reads what the device kept from earlier rounds
+    (its action is not in ``protocol.rejoin_actions``; the device was asked before the
+    crash) is refused by name when the node has no state for this fit: none kept across
+    Flower runs, or no state file. A server that says the device was not asked before
+    gets an answer from an empty state: a new fit for the node, charged again."""
+    if (not head.get(RESUMED) or not head.get(ASKED, 1)
+            or request.action in protocol.rejoin_actions):
+        return   # nothing kept before: a fresh start, or a device not asked before the crash
+    if store is None and _STATE in context.state.array_records:
+        return   # it answered a round of this Flower run
+    if store is not None and store.record["answered"]:
+        return
+    where = ("the node keeps no state across Flower runs (set node config state-dir)"
+             if store is None else f"it has no state file for this fit ({store.path})")
+    raise ValidationError(
+        f"{me}: cannot answer {request.action!r} round {request.round} of the resumed run of "
+        f"protocol {protocol.name!r}: it needs what the device kept from the rounds before "
+        f"the crash, and {where}")
+
+
+def _client_step(protocol: Protocol, request: Any, X: Any, device_id: int, seed: int,
+                 state: dict[str, np.ndarray], head: Mapping[str, Any],
+                 store: NodeStateStore | None, me: str) -> Any:
+    """``client_step``; in a resumed run, state the device lacks is refused by name."""
+    try:
+        with one_blas_thread():  # one BLAS thread, as a simulated device: same rounding
+            return protocol.client_step(request, X, device_id=device_id, seed=seed,
+                                        state=state)
+    except KeyError as exc:
+        if head.get(RESUMED) is None:
+            raise
+        where = ("the node keeps no state across Flower runs (set node config state-dir)"
+                 if store is None else f"{store.path} holds none for this fit")
+        raise ValidationError(
+            f"{me}: cannot answer {request.action!r} round {request.round} of the resumed run: "
+            f"it needs {exc.args[0]!r}, which the device kept from earlier rounds, and "
+            f"{where}") from None
 
 
 def node_identity(context: Context, data_dir: str | Path | None = None
@@ -306,13 +405,20 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 state = _load_state(context)
                 plain = None
                 if stage == "mask":
-                    _check(pol, context, protocol, request.action, me, secure=True,
-                           round_index=request.round, payload=request.payload)
-                    X = protocol.node_data(X, me)
-                    with one_blas_thread():
-                        reply = protocol.client_step(request, X, device_id=int(device_id),
-                                                     seed=seed, state=state)
-                    plain = reply.to_arrays()
+                    store = _node_store(context, protocol, seed, int(device_id), X, head, me)
+                    plain, digest = _replayed(context, store, request, seed, protocol, head)
+                    state = _load_state(context)
+                    if plain is None:
+                        _require_kept_state(context, store, protocol, request, head, me)
+                        _check(pol, context, protocol, request.action, me, secure=True,
+                               round_index=request.round, payload=request.payload)
+                        X = protocol.node_data(X, me)
+                        reply = _client_step(protocol, request, X, int(device_id), seed, state,
+                                             head, store, me)
+                        plain = reply.to_arrays()
+                        if store is not None:
+                            store.answer(int(head[STEP]), digest, state,
+                                         _load_state(context, _POLICY_STATE), plain)
                     if tamper is not None:
                         plain = tamper(int(device_id), request.round, plain)
                 out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
@@ -328,23 +434,29 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
             elif request.action == FINISH_ACTION:
                 collect = bool(head.get("collect"))
                 pol.check_finish(protocol, collect, me)
+                _node_store(context, protocol, seed, int(device_id), X, head, me)
                 X = protocol.node_data(X, me)
                 out = protocol.client_finish(request.payload, X, _load_state(context))
                 content = RecordDict({OUTPUT: arrays_to_record(out if collect else {})})
             else:
-                _check(pol, context, protocol, request.action, me, secure=False,
-                       round_index=request.round, payload=request.payload)
-                state = _load_state(context)
-                X = protocol.node_data(X, me)
-                # one BLAS thread, as a simulated device in process: same rounding on both
-                with one_blas_thread():
-                    reply = protocol.client_step(request, X, device_id=int(device_id), seed=seed,
-                                                 state=state)
-                arrays = reply.to_arrays()
+                store = _node_store(context, protocol, seed, int(device_id), X, head, me)
+                arrays, digest = _replayed(context, store, request, seed, protocol, head)
+                if arrays is None:
+                    _require_kept_state(context, store, protocol, request, head, me)
+                    _check(pol, context, protocol, request.action, me, secure=False,
+                           round_index=request.round, payload=request.payload)
+                    state = _load_state(context)
+                    X = protocol.node_data(X, me)
+                    reply = _client_step(protocol, request, X, int(device_id), seed, state,
+                                         head, store, me)
+                    arrays = reply.to_arrays()
+                    if store is not None:
+                        store.answer(int(head[STEP]), digest, state,
+                                     _load_state(context, _POLICY_STATE), arrays)
+                    _save_state(context, state)
                 if tamper is not None:
                     arrays = tamper(int(device_id), request.round, arrays)
                 content = RecordDict({REPLY: arrays_to_record(arrays)})
-                _save_state(context, state)
         except (FedClustError, OSError) as exc:
             if isinstance(exc, PolicyRefusal):  # one line on the device too
                 flwr_log(_WARNING, "fedclust: %s", one_line_cause(exc))

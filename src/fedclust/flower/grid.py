@@ -23,6 +23,7 @@ pin ``flwr<1.43``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from uuid import uuid4
 
@@ -206,8 +207,21 @@ class FlowerInMemoryTransport:
     collect_outputs: bool = True
     secure_aggregation: Any = False
     policies: Any = None
+    #: the ServerApp's result folder: its checkpoint after every round (``None``: none)
+    result_dir: str | None = None
+    #: continue the run checkpointed in ``result_dir``
+    resume: bool = False
+    #: each node keeps its device state in ``state_dir/node-<partition>``
+    #: (node config ``state-dir``; ``None``: in its Flower context only)
+    state_dir: str | None = None
+    #: the Flower run id of the grid (a resumed run is another Flower run)
+    run_id: int = 4242
     #: ``run(..., graph=)`` relays a general communication graph
     runs_graphs = True
+
+    def _grid(self, client_app: ClientApp, configs: list[dict[str, Any]]) -> "LocalGrid":
+        """The grid the run uses (a test's subclass may return one that fails)."""
+        return LocalGrid(client_app, configs, run_id=self.run_id)
 
     def run(self, protocol: Protocol, devices: Mapping[int, np.ndarray],
             random_state: Any = None, *, graph: Any = None) -> RunOutput:
@@ -226,6 +240,8 @@ class FlowerInMemoryTransport:
             late_devices=list(self.late_devices), min_nodes=len(ids), node_wait_s=0.0,
             round_timeout_s=None, collect_outputs=self.collect_outputs,
             graph_edges=[] if graph is None else graph_edges(graph),
+            result_dir=None if self.result_dir is None else str(self.result_dir),
+            resume=bool(self.resume),
             **secure_spec(self.secure_aggregation))
         box: dict[str, Any] = {}
         server_app = make_server_app(spec, on_result=lambda out, extra: box.update(
@@ -243,8 +259,11 @@ class FlowerInMemoryTransport:
             policy=lambda ctx: policy_for(self.policies, data[int(
                 ctx.node_config["partition-id"])][0], default))
         configs = [{"partition-id": i, "num-partitions": len(ids)} for i in range(len(ids))]
+        if self.state_dir is not None:
+            for cfg in configs:
+                cfg["state-dir"] = str(Path(self.state_dir) / f"node-{cfg['partition-id']}")
         pos = {z: i for i, z in enumerate(ids)}
-        grid = LocalGrid(client_app, configs)
+        grid = self._grid(client_app, configs)
         grid.silent_after_hello = {grid.node_ids[pos[z]] for z in self.unresponsive}
         try:
             run_server_app(server_app, grid)

@@ -13,16 +13,22 @@ reconnected under a new node id is the same device); a device of the
 checkpointed run that is not connected when the run resumes is named in
 ``log.failed`` and left out, as a device that timed out, until its SuperNode
 connects (it then rejoins as a late node: :meth:`fedclust.flower.server.Server.rejoin`).
-A SuperNode keeps its state per Flower run, so a resumed run starts the devices without the
-state they kept between rounds: families whose devices carry state from one
-round to the next (PCA-reduced data for coresets, local labels of k-FED +
-FedAvg) resume only at a round that does not need it.
+A SuperNode keeps its ``context.state`` per Flower run. Every request the
+resumed run sends carries ``resumed-rounds`` (the rounds its checkpoint holds)
+and ``step`` (the rounds done before it); a node with node config
+``state-dir`` sets its device state back from its own state file
+(:mod:`fedclust.flower.node_state`), so families whose devices carry state
+from one round to the next (PCA-reduced data for coresets, local labels of
+k-FED + FedAvg) resume at any round. A node without one answers only rounds
+that need nothing it kept; a round that does is refused by name.
+
+The checkpoint also keeps the rejoins before the crash (``extra["rejoined"]``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..core.checkpoint import PrivacyLedger, round_releases
 from ..core.protocol import Protocol, Request, RunLog
@@ -50,6 +56,12 @@ class ServerRecovery:
         self.identity = {"protocol": protocol.name, "config": protocol.config(),
                          "seed": int(seed), "secure_aggregation": bool(secure)}
         self.ledger = PrivacyLedger()
+        #: the rounds the resumed checkpoint holds; None: a fresh run
+        self.resumed_rounds: int | None = None
+        #: devices the checkpointed rounds sent a request to
+        self.asked_before: set[int] = set()
+        #: rejoins recorded before the crash (``Server.rejoined``)
+        self.rejoined: list[dict[str, Any]] = []
 
     def begin(self, connected: Sequence[int], active: list[int], log: RunLog,
               meter: CommunicationMeter) -> tuple[Any, RunLog, CommunicationMeter, list[int]]:
@@ -59,8 +71,14 @@ class ServerRecovery:
         if self.ckpt is not None:
             self.ledger = self.ckpt.ledger
         if saved is None:
+            if self.ckpt is not None and self.ckpt.resume:
+                self.resumed_rounds = 0   # killed inside its first round: nodes may have answered
             return None, log, meter, active
         state, log, meter, _, active = saved
+        self.resumed_rounds = int(meter.rounds)
+        self.asked_before = {int(z) for z in meter.down}
+        kept = (self.ckpt.values or {}).get("transport") or {}
+        self.rejoined = [dict(r) for r in kept.get("rejoined", [])]
         here = set(connected)
         for z in active:
             if z not in here and z not in log.failed and z not in log.rejected:
@@ -76,9 +94,11 @@ class ServerRecovery:
         return round_index if self.ckpt is None else self.ckpt.secure_round_id(round_index)
 
     def after_round(self, state: Any, log: RunLog, meter: CommunicationMeter,
-                    active: Sequence[int]) -> None:
+                    active: Sequence[int], rejoined: Sequence[Mapping[str, Any]] = ()
+                    ) -> None:
         if self.ckpt is not None:
-            self.ckpt.save(self.identity, state, log, meter, {}, active)
+            self.ckpt.save(self.identity, state, log, meter, {}, active,
+                           transport={"rejoined": [dict(r) for r in rejoined]})
 
     def finish(self, log: RunLog) -> None:
         if any(e["releases"] for e in self.ledger.entries + self.ledger.lost):

@@ -27,6 +27,7 @@ from .codec import (FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, S
 from ..core.registry import protocol_from_config
 from ..unlearning.store import SummaryStore, record_round
 from ..core.threads import one_blas_thread
+from .node_state import ASKED, RESUMED, STEP
 from .recovery import ServerRecovery
 
 from .spec import ServerSpec
@@ -87,6 +88,18 @@ class Server:
             self.protocol = self.protocol.secure_form()
         self.summed = check_summable(self.protocol) if self.secure is not None else frozenset()
 
+    def position(self, device: int) -> dict[str, int]:
+        """Request head entries that let a node keep its state (:mod:`fedclust.flower.node_state`):
+        ``step``, the rounds done before this one, and in a resumed run ``resumed-rounds``,
+        the rounds its checkpoint holds, and ``asked-before``, whether those rounds asked
+        ``device`` anything (one that was not has nothing to resume)."""
+        head = {STEP: int(self.meter.rounds)}
+        rec = getattr(self, "recovery", None)
+        if rec is not None and rec.resumed_rounds is not None:
+            head[RESUMED] = int(rec.resumed_rounds)
+            head[ASKED] = int(device in rec.asked_before)
+        return head
+
     def send(self, request: Request, targets: list[int], *, payloads=None, **head: Any
              ) -> dict[int, Message | None]:
         """One message per target device; returns device -> reply (None: no reply in time)."""
@@ -94,7 +107,8 @@ class Server:
         msgs = []
         for z in targets:
             payload = payloads.get(z) if payloads is not None else None
-            content = request_to_content(self.protocol, request, self.seed, payload, **head)
+            content = request_to_content(self.protocol, request, self.seed, payload,
+                                         **{**self.position(z), **head})
             msgs.append(Message(content, dst_node_id=self.node_of[z],
                                 message_type=f"query.{action}", group_id=str(request.round)))
         return self._exchange(msgs, targets)
@@ -241,7 +255,7 @@ class Server:
                 payload = request.payload_for(z) if stage == "mask" else None
                 sent = Request(request.round, request.action, payload)
                 content = request_to_content(self.protocol, sent, self.seed,
-                                             **{SECAGG_STAGE: stage})
+                                             **{SECAGG_STAGE: stage, **self.position(z)})
                 content[SECAGG] = arrays_to_record(arrays)
                 self.meter.record_down(z, message_nbytes(payload) +
                                        sum(np.asarray(a).nbytes for a in arrays.values()))
@@ -341,6 +355,7 @@ class Server:
                                              self.secure is not None)
         state, log, self.meter, active = rec.begin(ids, active, log, self.meter)
         self.log = log
+        self.rejoined = [*rec.rejoined, *self.rejoined]   # rejoins before a crash, too
         if state is None:
             state = protocol.start(active, self.seed)
         summaries = SummaryStore(list(active))   # what the server keeps to forget a device
@@ -362,7 +377,7 @@ class Server:
             record_round(summaries, request, replies)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
-            rec.after_round(state, log, self.meter, active)
+            rec.after_round(state, log, self.meter, active, self.rejoined)
         rec.finish(log)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():

@@ -99,7 +99,10 @@ class RunCheckpoint:
 
     def save(self, identity: Mapping[str, Any], state: Any, log: RunLog,
              meter: CommunicationMeter, device_states: Mapping[int, Mapping[str, np.ndarray]],
-             active: Sequence[int]) -> Path | None:
+             active: Sequence[int], transport: Mapping[str, Any] | None = None
+             ) -> Path | None:
+        """Write the checkpoint; ``transport``: what the transport itself keeps (plain
+        values, read back as ``values["transport"]``)."""
         if self.broken:
             return None
         devices = {int(z): {k: v for k, v in s.items() if not k.startswith(_SECAGG_STATE)}
@@ -109,7 +112,7 @@ class RunCheckpoint:
                 self.folder, {"identity": dict(identity), "rounds": int(meter.rounds),
                               "attempt": self.attempt},
                 {"state": state, "log": log, "meter": meter, "devices": devices,
-                 "active": [int(z) for z in active]})
+                 "active": [int(z) for z in active], "transport": dict(transport or {})})
         except CheckpointError as exc:
             # the run itself is fine: it goes on, without further checkpoints
             self.broken = True
