@@ -144,6 +144,19 @@ def test_without_state_dir_a_round_that_needs_kept_state_is_refused_by_name(name
         _crash_and_resume(make, data, tmp_path, at, False, state=False)
 
 
+@pytest.mark.parametrize("name", ["fedavg", "robust"])
+def test_without_state_dir_a_family_whose_rounds_keep_nothing_resumes_exactly(name, tmp_path):
+    # FedAvg's and the robust pipeline's rounds read only the broadcast model and the rows
+    # (their actions are rejoin actions): a resume needs no state file on the nodes
+    make, data, _ = _cases()[name]
+    ref = _fit(make, data, FlowerInMemoryTransport())
+    at = ref.communication_["rounds"]
+    for after in (False, True):
+        got, _ = _crash_and_resume(make, data, tmp_path / str(after), at, after, state=False)
+        _same(_fitted(got), _fitted(ref), f"{name}, killed {'after' if after else 'before'}")
+        assert got.communication_ == ref.communication_
+
+
 def _coreset():
     make, data, _ = _cases()["coreset-pca"]
     return make, data

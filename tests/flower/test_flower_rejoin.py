@@ -319,3 +319,56 @@ def test_a_device_missing_when_the_run_resumed_rejoins_once_its_node_connects(tm
     assert out.log.failed == {} and out.log.participants == [0, 1, 2, 3]
     ref = MissesRounds({3: (2, 3)}).run(_lloyd(), dict(enumerate(devices)), 3)
     np.testing.assert_array_equal(out.result.centers, ref.result.centers)
+
+
+def test_a_restarted_fedavg_node_resumes_nothing_it_lost_and_matches_in_process():
+    # a FedAvg round needs only the device's rows and the broadcast model, so its node may
+    # come back; FedAvg itself leaves a device that missed a round out of the later rounds,
+    # on both transports
+    from fedclust.fl.fedavg import FedAvgProtocol
+
+    rng = np.random.default_rng(5)
+    W = rng.normal(size=(3, 3))
+    devices = []
+    for _ in range(4):
+        X = rng.normal(size=(30, 3))
+        devices.append((X, np.argmax(X @ W + 0.3 * rng.normal(size=(30, 3)), axis=1)))
+
+    def proto():
+        return FedAvgProtocol(model="softmax", n_features=3, n_classes=3, rounds=6,
+                              local_mode="gd", lr=0.5)
+
+    on_push, seen = _dies_then_returns(2, dies_at=2, back_at=3, same_id=False)
+    out, extra, _ = _run(proto(), devices, on_push)
+    assert [(e["device"], e["round"]) for e in extra["rejoined"]] == [(2, 4)]
+    assert out.log.failed == {}
+    ref = MissesRounds({2: (2, 3)}).run(proto(), dict(enumerate(devices)), 3)
+    np.testing.assert_array_equal(out.result.models, ref.result.models)
+    assert list(out.result.round_devices) == list(ref.result.round_devices) == [4, 4, 3, 3, 3, 3]
+    full = MissesRounds({}).run(proto(), dict(enumerate(devices)), 3)
+    assert not np.array_equal(out.result.models, full.result.models)
+
+
+def test_a_restarted_robust_node_rejoins_at_the_next_step():
+    # the robust pipeline asks every clustered machine each step: the node that came back
+    # answers again, as the in-process machine that missed exactly those rounds
+    from fedclust.robust.protocol import RobustRegressionProtocol
+
+    rng = np.random.default_rng(8)
+    betas = rng.normal(scale=3.0, size=(2, 3))
+    devices = []
+    for z in range(6):
+        X = rng.normal(size=(40, 3))
+        devices.append((X, X @ betas[z % 2] + 0.1 * rng.normal(size=40)))
+
+    def proto():
+        return RobustRegressionProtocol(n_clusters=2, n_features=3, rounds=5)
+
+    on_push, seen = _dies_then_returns(3, dies_at=2, back_at=3, same_id=True)
+    out, extra, _ = _run(proto(), devices, on_push)
+    assert [(e["device"], e["round"]) for e in extra["rejoined"]] == [(3, 4)]
+    assert out.log.failed == {} and 3 in out.log.participants
+    ref = MissesRounds({3: (2, 3)}).run(proto(), dict(enumerate(devices)), 3)
+    np.testing.assert_array_equal(out.result.coef, ref.result.coef)
+    gone = MissesRounds({3: (2, 3, 4, 5, 6)}).run(proto(), dict(enumerate(devices)), 3)
+    assert not np.array_equal(out.result.coef, gone.result.coef)

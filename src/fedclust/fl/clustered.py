@@ -54,6 +54,8 @@ class ClusteredFedAvgProtocol(FLProtocol):
     """
 
     name = "clustered-fedavg"
+    # training reads the device's k-FED local clusters, kept from the k-FED round
+    rejoin_actions = frozenset({LOSS, KFED})
     reply_types = {KFED: LocalCenters, TRAIN: ModelUpdate, LOSS: LossReport}
     _EXTRA_KEYS = ("n_clusters", "n_local_clusters", "feature_map", "feature_dim", "kfed_server",
                    "routing")

@@ -176,6 +176,9 @@ class FLProtocol(Protocol):
 
     supervised = True
     n_models = 1
+    # a training or loss round needs only the broadcast models: a device whose node lost
+    # its state (restarted, or a resumed Flower run) takes part again at the next one
+    rejoin_actions = frozenset({TRAIN, LOSS, KFED})
     not_summable_reason = ("each device's update goes to the model it chose, or a robust "
                            "aggregator needs each update")
 

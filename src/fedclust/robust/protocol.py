@@ -94,6 +94,8 @@ class RobustRegressionProtocol(Protocol):
     regression. Parameters as in :class:`fedclust.robust.RobustClusteredRegression`."""
 
     name = "robust-regression"
+    # each round needs only the device's rows and the broadcast model
+    rejoin_actions = frozenset({ERM, STEP})
     reply_types = {ERM: LocalERM, STEP: ModelUpdate}
     supervised = True
 
