@@ -458,19 +458,18 @@ class KFedProtocol(Protocol):
             else self.n_local_clusters
         sent: dict[tuple[int, int], int] = {}
         for z, X in devices.items():
-            if not hasattr(X, "__len__"):
-                k = 0 if self.auto else self.k_local(z)
-            else:
+            if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f":
+                shape = X.shape
                 key = (same_k if same_k is not None else 0 if self.auto else self.k_local(z),
-                       len(X))
+                       shape[0])
                 k = sent.get(key)
                 if k is None:   # the auto k_z range depends only on n: one batch per shape
                     k = sent[key] = (auto_range(key[1], self.n_clusters)[1] if self.auto
                                      else self.k_sent(*key))
-            if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f" and X.shape[0] > k:
-                groups[(X.shape, X.dtype.str, k)].append(z)
-            else:  # the single path gives the precise error or the raw-points case
-                single[z] = X
+                if shape[0] > k:
+                    groups[(shape, X.dtype, k)].append(z)
+                    continue
+            single[z] = X   # the single path gives the precise error or the raw-points case
         batches = []
         for (shape, _, k), ids in groups.items():
             if shape[0] * shape[1] <= _STACK_MAX:   # many tiny devices: one copy, one check
