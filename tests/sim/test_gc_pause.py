@@ -76,3 +76,15 @@ def test_nested_and_threaded_pauses_resume_once_the_last_ends(gc_enabled):
     t.join(5)
     assert states == {"after_nested": False, "after_outer": False, "after_thread": True}
     assert gc.isenabled()
+
+
+def test_a_streamed_fit_leaves_the_collector_on(gc_enabled):
+    seen = []
+
+    def devices():
+        for X in _devices():
+            seen.append(gc.isenabled())
+            yield X
+
+    KFed(2, 2, random_state=0).fit(devices())
+    assert seen and all(seen)

@@ -55,8 +55,8 @@ def cyclic_gc_paused():
 
     A cross-device run builds one reply, one state dict and one output per device
     (10^5 small objects a round): each few hundred new objects start a collection
-    that walks the young ones, and every tenth one the older ones, which cost
-    about a sixth of a 50,000-device k-FED fit. The run's objects hold no reference
+    that walks the young ones, and every tenth one the older ones: 0.15-0.25 s of a
+    1.6 s k-FED fit on 50,000 devices. The run's objects hold no reference
     cycles of their own, and reference counting frees them as before; the
     collector resumes at the end, where any cycle left is collected as usual.
     """
