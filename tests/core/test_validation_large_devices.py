@@ -35,3 +35,39 @@ def test_the_scale_check_still_sees_large_devices():
     tiny = [_large(0) * 1e-160, _large(1) * 1e-160]
     with pytest.raises(ValidationError, match="widest feature spans only"):
         check_devices(tiny)
+
+
+def _many_small(n_devices=5000, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(6, 4)) for _ in range(n_devices)]   # more than one stacked chunk
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_among_many_small_devices_is_named(bad):
+    devs = _many_small()
+    devs[4321][2, 1] = bad
+    with pytest.raises(ValidationError, match=r"device 4321 contains a non-finite value .* index \(2, 1\)"):
+        check_devices(devs)
+
+
+def test_the_scale_check_sees_every_chunk_of_small_devices():
+    # a chunk's shared range must still reach the check: one device beyond the overflow
+    # limit in the last chunk, or every feature too narrow in all of them
+    devs = _many_small()
+    devs[4999] = devs[4999] * 1e160
+    with pytest.raises(ValidationError, match=r"values reach .*\(device 4999\)"):
+        check_devices(devs)
+    tiny = [d * 1e-160 for d in _many_small()]
+    with pytest.raises(ValidationError, match="widest feature spans only"):
+        check_devices(tiny)
+    # the same values spread over float32 and float64 devices give the same range
+    ok = _many_small()
+    mixed = [d.astype(np.float32) if i % 2 else d for i, d in enumerate(ok)]
+    out = check_devices(mixed)
+    assert all(a.dtype == np.float64 for a in out)
+
+
+def test_empty_small_devices_reach_the_points_check():
+    devs = _many_small(10) + [np.empty((0, 4))]
+    with pytest.raises(ValidationError, match="device 10 has 0 points"):
+        check_devices(devs)

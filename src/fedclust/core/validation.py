@@ -136,10 +136,9 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     d0 = None
     if ids is not None and len(ids) != len(devices):
         raise ValidationError(f"device_ids has {len(ids)} entries for {len(devices)} devices")
-    finite = _finite_float_devices(devices)
+    finite, ranges = _finite_float_devices(devices)
     # large float devices: their per-feature min and max test finiteness (NaN and inf reach
     # them) and are the scale check's input, so each such device is read twice, not three times
-    ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for pos, X in enumerate(devices):
         if (not finite[pos] and type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f"
                 and X.size > _SMALL_DEVICE and X.shape[0] > 0):
@@ -198,10 +197,10 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     tiny = float(np.sqrt(fi.tiny)) * _HEADROOM
     lo = np.full(arrays[0].shape[1], np.inf)
     hi = np.full(arrays[0].shape[1], -np.inf)
-    for pos, _ in pairs:
-        if pos in known:
-            np.minimum(lo, known[pos][0], out=lo)
-            np.maximum(hi, known[pos][1], out=hi)
+    # one range may stand for many devices (a stacked chunk's): each read once
+    for lo_known, hi_known in {id(r): r for r in known.values()}.values():
+        np.minimum(lo, lo_known, out=lo)
+        np.maximum(hi, hi_known, out=hi)
     unread = [a for pos, a in pairs if pos not in known]
     for s in range(0, len(unread), _SMALL_DEVICE):
         part = unread[s:s + _SMALL_DEVICE]
@@ -242,24 +241,37 @@ def check_device_ids(device_ids: Any, n: int) -> list[int]:
     return ids
 
 
-def _finite_float_devices(devices: list[Any], chunk: int = 4096) -> np.ndarray:
-    """Which devices are already finite 2-D float arrays, tested in stacked chunks.
+def _finite_float_devices(devices: list[Any], chunk: int = 4096
+                          ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """Which devices are already finite 2-D float arrays, tested in stacked chunks, and the
+    per-feature (min, max) of each finite chunk (position -> the chunk's shared pair).
 
-    Cross-device federations have 10^5 small devices: one ``isfinite`` per chunk
-    of same-shaped devices instead of one per device. Anything else (lists,
-    integers, NaN, other shapes) is left to :func:`check_array` for its error.
+    Cross-device federations have 10^5 small devices: one reduction per chunk
+    of same-shaped devices instead of one per device. A device's per-feature min
+    and max are finite exactly when all its values are (NaN and inf reach them),
+    and they are the scale check's input, so each device is read once. Anything
+    else (lists, integers, NaN, other shapes) is left to :func:`check_array` for its error.
     """
     ok = np.zeros(len(devices), dtype=bool)
+    ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     groups: dict[tuple, list[int]] = {}
     for pos, X in enumerate(devices):
         if type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f" and X.size <= _SMALL_DEVICE:
             groups.setdefault((X.shape, X.dtype.str), []).append(pos)
     for (shape, _), members in groups.items():
+        if shape[0] * shape[1] == 0:   # nothing to test, nothing to range
+            ok[members] = True
+            continue
         for s in range(0, len(members), chunk):
             part = members[s:s + chunk]
             stacked = np.concatenate([devices[p] for p in part]).reshape((len(part),) + shape)
-            ok[part] = np.isfinite(stacked).all(axis=(1, 2))
-    return ok
+            lo, hi = stacked.min(axis=1), stacked.max(axis=1)          # (B, d)
+            good = np.isfinite(lo).all(axis=1) & np.isfinite(hi).all(axis=1)
+            ok[part] = good
+            if good.any():
+                pair = (lo[good].min(axis=0), hi[good].max(axis=0))
+                ranges.update(dict.fromkeys(np.asarray(part)[good].tolist(), pair))
+    return ok, ranges
 
 
 def check_n_local_clusters(n_local_clusters: Any, n_devices: int) -> list[int]:

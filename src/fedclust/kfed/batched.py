@@ -104,8 +104,13 @@ def _subspace_batch(G: np.ndarray, k: int, squarings: int = 3, sweeps: int = 3):
     scale = np.trace(G, axis1=1, axis2=2)
     scale = np.where(scale > 0, scale, 1.0)
     P = G / scale[:, None, None]                               # eigenvalues in [0, 1]
+    # two buffers in turn: a fresh (B, m, m) result per squaring costs as much in page
+    # faults as the product itself
+    spare = np.empty_like(P)
     for _ in range(squarings):
-        P = P @ P
+        np.matmul(P, P, out=spare)
+        P, spare = spare, P
+    del spare
     # A fixed start for every device (no randomness consumed): a ±1 pattern.
     start = np.where((np.arange(m)[:, None] * 7 + np.arange(k)[None, :] * 3) % 5 < 2, -1.0, 1.0)
     Q = _orthonormalize(G @ start)

@@ -8,6 +8,7 @@ unchanged on Flower (:mod:`fedclust.flower`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Sequence
 
 import numpy as np
@@ -28,7 +29,7 @@ from .protocol import (REFINED, KFedProtocol, KFedResult, check_refine_rounds,
                        refine_bytes_per_round)
 from ..core.protocol import Request, Transport
 from ..core.registry import PROTOCOLS
-from ..sim.transport import InProcessTransport
+from ..sim.transport import InProcessTransport, cyclic_gc_paused
 from ..unlearning.forget import ForgetMixin, run_recorded
 
 __all__ = ["KFed"]
@@ -220,6 +221,16 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         transport : Transport or None
             Default: the in-process simulator.
         """
+        from .stream import is_stream
+
+        # a federation held in memory is 10^5 small objects (devices, replies, records),
+        # none in a reference cycle: the cyclic collector would only walk them (a stream
+        # keeps no per-device objects and may run for many minutes: the collector stays on)
+        with nullcontext() if is_stream(X) else cyclic_gc_paused():
+            return self._fit(X, groups=groups, device_ids=device_ids, transport=transport)
+
+    def _fit(self, X: Any, *, groups: Any, device_ids: Sequence[int] | None,
+             transport: Transport | None) -> "KFed":
         from .stream import is_stream
 
         refine = check_refine_rounds(self.refine_rounds)

@@ -453,16 +453,23 @@ class KFedProtocol(Protocol):
             return [], super().client_steps(request, devices, seed=seed, states=states)
         groups: dict[tuple, list[int]] = defaultdict(list)
         single: dict[int, np.ndarray] = {}
+        # k_z sent depends on (k_z, n_z) only: worked out once per pair, not per device
+        same_k = None if self.auto or isinstance(self.n_local_clusters, Mapping) \
+            else self.n_local_clusters
+        sent: dict[tuple[int, int], int] = {}
         for z, X in devices.items():
-            if self.auto:   # the k_z range depends only on n: one batch per shape
-                k = auto_range(len(X), self.n_clusters)[1] if hasattr(X, "__len__") else 0
-            else:
-                k = (self.k_sent(self.k_local(z), len(X)) if hasattr(X, "__len__")
-                     else self.k_local(z))
-            if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f" and X.shape[0] > k:
-                groups[(X.shape, X.dtype.str, k)].append(z)
-            else:  # the single path gives the precise error or the raw-points case
-                single[z] = X
+            if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f":
+                shape = X.shape
+                key = (same_k if same_k is not None else 0 if self.auto else self.k_local(z),
+                       shape[0])
+                k = sent.get(key)
+                if k is None:   # the auto k_z range depends only on n: one batch per shape
+                    k = sent[key] = (auto_range(key[1], self.n_clusters)[1] if self.auto
+                                     else self.k_sent(*key))
+                if shape[0] > k:
+                    groups[(shape, X.dtype, k)].append(z)
+                    continue
+            single[z] = X   # the single path gives the precise error or the raw-points case
         batches = []
         for (shape, _, k), ids in groups.items():
             if shape[0] * shape[1] <= _STACK_MAX:   # many tiny devices: one copy, one check

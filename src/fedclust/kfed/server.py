@@ -151,7 +151,7 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         # k matrix-vector products and a few (N, k) distance blocks: BLAS threads only
         # add wake-ups here (measured 3-4x slower with 2 threads on a busy 2-core machine)
         with one_blas_thread():
-            seed_device = _pick_first_device(centers, first_device, rng)
+            seed_device = _pick_first_device(centers, first_device, rng, stacked=C)
             init_idx = farthest_first(C, n_clusters, start=np.arange(offsets[seed_device],
                                                                      offsets[seed_device + 1]))
             res = lloyd(C, C[init_idx], weights=w,
@@ -298,7 +298,9 @@ def assign_to_centers(local_centers: np.ndarray, final_centers: np.ndarray) -> n
     return assign(local_centers, final_centers)[0]
 
 
-def _pick_first_device(centers, first_device, rng) -> int:
+def _pick_first_device(centers, first_device, rng, stacked: np.ndarray | None = None) -> int:
+    """Position of the device whose centers seed farthest-first; ``stacked``: the centers
+    already concatenated (read in place when every device sent as many)."""
     n_dev = len(centers)
     if isinstance(first_device, (int, np.integer)) and not isinstance(first_device, bool):
         if not 0 <= first_device < n_dev:
@@ -316,7 +318,10 @@ def _pick_first_device(centers, first_device, rng) -> int:
     if sizes.max() < 2:
         return int(top[0])
     # smallest distance between two centers of the same device, for all devices at once
-    S = np.stack([centers[z] for z in top])                       # (m, k_z, d)
+    if stacked is not None and len(top) == n_dev:   # every device ties: no second copy
+        S = stacked.reshape(n_dev, int(sizes[0]), -1)
+    else:
+        S = np.stack([centers[z] for z in top])                   # (m, k_z, d)
     sq = np.einsum("mkd,mkd->mk", S, S)
     D = sq[:, :, None] - 2.0 * (S @ S.transpose(0, 2, 1)) + sq[:, None, :]
     D[:, np.arange(S.shape[1]), np.arange(S.shape[1])] = np.inf

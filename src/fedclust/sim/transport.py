@@ -11,9 +11,12 @@ failing clients are dropped and named.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -40,6 +43,36 @@ Tamper = Callable[[int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 _FAULT_BRANCH = 7  # server-stream round index reserved for drawing faults
 _DEVICE_LOG = logging.getLogger("fedclust.device")
+
+_GC_LOCK = threading.Lock()
+_GC_HOLDERS = 0
+_GC_WAS_ENABLED = False
+
+
+@contextmanager
+def cyclic_gc_paused():
+    """Pause Python's cyclic garbage collector inside (nested and threaded uses count).
+
+    A cross-device run builds one reply, one state dict and one output per device
+    (10^5 small objects a round): each few hundred new objects start a collection
+    that walks the young ones, and every tenth one the older ones: 0.15-0.25 s of a
+    1.6 s k-FED fit on 50,000 devices. The run's objects hold no reference
+    cycles of their own, and reference counting frees them as before; the
+    collector resumes at the end, where any cycle left is collected as usual.
+    """
+    global _GC_HOLDERS, _GC_WAS_ENABLED
+    with _GC_LOCK:
+        if _GC_HOLDERS == 0:
+            _GC_WAS_ENABLED = gc.isenabled()
+            gc.disable()
+        _GC_HOLDERS += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC_HOLDERS -= 1
+            if _GC_HOLDERS == 0 and _GC_WAS_ENABLED:
+                gc.enable()
 
 
 @dataclass
@@ -110,6 +143,11 @@ class InProcessTransport:
     def run(self, protocol: Protocol, devices: Mapping[int, DeviceData],
             random_state: Any = None) -> RunOutput:
         """Run ``protocol`` over ``devices`` (device id -> (n_z, d) array)."""
+        with cyclic_gc_paused():
+            return self._run(protocol, devices, random_state)
+
+    def _run(self, protocol: Protocol, devices: Mapping[int, DeviceData],
+             random_state: Any = None) -> RunOutput:
         check_float(self.dropout, "dropout", min_value=0.0, max_value=1.0)
         check_float(self.late, "late", min_value=0.0, max_value=1.0)
         if self.on_client_error not in ("raise", "drop"):
