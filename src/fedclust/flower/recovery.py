@@ -17,6 +17,10 @@ A SuperNode keeps its state per Flower run, so a resumed run starts the devices 
 state they kept between rounds: families whose devices carry state from one
 round to the next (PCA-reduced data for coresets, local labels of k-FED +
 FedAvg) resume only at a round that does not need it.
+
+The server's kept summaries (what ``forget`` needs: every completed round's
+validated replies) are part of the checkpoint, so a forget after a resumed run
+sees every round, not only those after the resume.
 """
 
 from __future__ import annotations
@@ -75,10 +79,18 @@ class ServerRecovery:
     def secure_round_id(self, round_index: int) -> int:
         return round_index if self.ckpt is None else self.ckpt.secure_round_id(round_index)
 
+    def summaries(self, active: Sequence[int]) -> Any:
+        """The server's kept summaries to record into: the checkpoint's (rounds before the
+        resume), or an empty store of the ``active`` devices."""
+        from ..unlearning.store import SummaryStore
+
+        kept = self.ckpt.kept_summaries() if self.ckpt is not None else None
+        return kept if kept is not None else SummaryStore(list(active))
+
     def after_round(self, state: Any, log: RunLog, meter: CommunicationMeter,
-                    active: Sequence[int]) -> None:
+                    active: Sequence[int], summaries: Any = None) -> None:
         if self.ckpt is not None:
-            self.ckpt.save(self.identity, state, log, meter, {}, active)
+            self.ckpt.save(self.identity, state, log, meter, {}, active, summaries)
 
     def finish(self, log: RunLog) -> None:
         if any(e["releases"] for e in self.ledger.entries + self.ledger.lost):
