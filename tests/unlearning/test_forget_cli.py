@@ -110,15 +110,25 @@ def test_site_streams_do_not_depend_on_the_other_sites(tmp_path):
     or with another site added keeps every site's id, and the in-process model of one order
     equals the model of the other."""
     paths, _ = write_sites(tmp_path, n_sites=4, seed=5, missing=0.0)
-    cfg = load_config_text(tmp_path, CONFIG.replace('paths = ["site*.csv"]',
-                                                   'paths = ["site3.csv", "site0.csv", '
-                                                   '"site2.csv", "site1.csv"]') + NO_POOLING)
+    held_out = CONFIG.replace('site_ids = "name"', 'site_ids = "name"\ntest_fraction = 0.25')
+    cfg = load_config_text(tmp_path, held_out.replace('paths = ["site*.csv"]',
+                                                     'paths = ["site3.csv", "site0.csv", '
+                                                     '"site2.csv", "site1.csv"]') + NO_POOLING)
     shuffled = run_experiment(load_config(cfg), source=str(cfg))
-    cfg2 = load_config_text(tmp_path, CONFIG + NO_POOLING, "sorted.toml")
+    cfg2 = load_config_text(tmp_path, held_out + NO_POOLING, "sorted.toml")
     ordered = run_experiment(load_config(cfg2), source=str(cfg2))
     by_name = dict(zip(shuffled.federation.extra["sites"].names, shuffled.federation.device_ids))
     assert by_name == {f"site{i}": named_device_id(f"site{i}") for i in range(4)}
     np.testing.assert_array_equal(shuffled.model.cluster_centers_, ordered.model.cluster_centers_)
+    # each site's held-out rows follow its name too, not its place in the list
+    test_rows = {}
+    for exp in (shuffled, ordered):
+        sites = exp.federation.extra["sites"]
+        for name, rows in zip(sites.names, sites.test):
+            assert len(rows) > 0
+            if name in test_rows:
+                np.testing.assert_array_equal(test_rows[name], rows)
+            test_rows[name] = rows
 
 
 def load_config_text(folder: Path, text: str, name: str = "fed.toml") -> Path:
@@ -171,3 +181,13 @@ def test_site_ids_other_than_position_or_name_is_refused(tmp_path, capsys):
     assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--no-plot"]) == 2
     err = capsys.readouterr().err
     assert "site_ids" in err and "'names'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_deployed_app_refuses_site_ids_by_name_in_one_line(tmp_path, capsys):
+    pytest.importorskip("flwr")
+    write_sites(tmp_path, n_sites=3, seed=1, missing=0.0)
+    cfg = load_config_text(tmp_path, CONFIG + NO_POOLING)
+    assert main(["flower", "app", str(tmp_path / "app"), "--config", str(cfg),
+                 "--result-dir", str(tmp_path / "res"), "--no-wheel"]) == 2
+    err = capsys.readouterr().err
+    assert "site_ids" in err and "device-id" in err and len(err.strip().splitlines()) == 1
