@@ -131,6 +131,10 @@ def _check_unlearning(doc):
         assert row["forget_s"] > 0 and row["retrain_s"] > 0 and row["local_step_s"] > 0
         assert row["kept_summary_bytes"] > 0
         assert {z for _, z in row["recomputed_rows"]} == {row["devices"] // 3}
+        # the paper's server forgets an unpicked device by a downdate, the others in full
+        assert set(row["forget_paths"]) == ({"downdate"} if row["case"] == "kfed-paper"
+                                            else {"replay"})
+        assert row["max_center_diff"] <= 1e-12 * 1e3
 
 
 CASES = {

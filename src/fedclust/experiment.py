@@ -99,15 +99,15 @@ def _check_public_sets(cfg: Mapping[str, Any]) -> None:
 
 
 def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
-                   n_devices: int | None = None, checkpoint_dir: Any = None,
+                   n_devices: int | None = None, device_ids: Any = None, checkpoint_dir: Any = None,
                    resume: bool = False):
     """The transport named ``transport`` with the faults of ``cfg['simulation']``.
 
     ``checkpoint_dir`` / ``resume``: the in-process transport writes a checkpoint
     there after every round and resumes from it (:mod:`fedclust.sim.resume`).
 
-    ``byzantine = α`` makes a fraction α of the devices (ids 0..n_devices-1,
-    drawn from the seed) lie on the wire with ``attack`` / ``attack_scale``
+    ``byzantine = α`` makes a fraction α of the devices (``device_ids``, default
+    0..n_devices-1, drawn from the seed) lie on the wire with ``attack`` / ``attack_scale``
     (:class:`fedclust.sim.byzantine.ByzantineTamper`), on either transport.
     """
     sim = cfg.get("simulation", {})
@@ -123,7 +123,8 @@ def make_transport(cfg: Mapping[str, Any], transport: str = "inprocess", *,
     if alpha:
         from .sim.byzantine import ByzantineTamper
 
-        tamper = ByzantineTamper(range(n_devices or 0), alpha, cfg["seed"],
+        tamper = ByzantineTamper(range(n_devices or 0) if device_ids is None else device_ids,
+                                 alpha, cfg["seed"],
                                  attack=sim.get("attack", "large-norm"),
                                  scale=sim.get("attack_scale", 100.0))
     elif {"attack", "attack_scale"} & set(sim):
@@ -163,6 +164,10 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
         if cfg["data"].get("source") == "table":
             raise ConfigError("a deployed app takes one file per site: [data] source = \"files\" "
                               "(write each site's rows to its own file)")
+        if cfg["data"].get("site_ids", "position") != "position":
+            raise ConfigError("[data] site_ids = \"name\" runs in process or on the Flower "
+                              "simulation; a deployed app numbers the sites by their nodes' "
+                              "device-id (give each site the same device-id in every run)")
         request = site_request(cfg["data"])
         if request is not None:
             from .sites.deployed import deployed_protocol
@@ -183,7 +188,7 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
 
     protocol = SiteTransformProtocol.wrap(cap.protocol, pre,
                                           None if sites is None else sites.schema)
-    raw = fed.extra["raw_devices"]
+    raw = dict(zip(fed.device_ids or range(len(fed.devices)), fed.extra["raw_devices"]))
     devices = {z: (raw[z], d[1]) if isinstance(d, tuple) else raw[z]
                for z, d in cap.devices.items()}
     return protocol, devices, int(cap.seed)
@@ -337,14 +342,17 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
     seed = cfg["seed"]
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     t0 = time.perf_counter()
-    wire = make_transport(cfg, transport, n_devices=len(fed.devices), resume=resume,
+    wire = make_transport(cfg, transport, n_devices=len(fed.devices), device_ids=fed.device_ids,
+                          resume=resume,
                           checkpoint_dir=None if checkpoint_dir is None else
                           Path(checkpoint_dir) / "fit")
     if pre is not None and transport != "inprocess":
         # the nodes hold raw data and preprocess it themselves (same numbers as in process)
         from .sites.transform import SiteTransformTransport
 
-        wire = SiteTransformTransport(wire, dict(enumerate(fed.extra["raw_devices"])), pre)
+        wire = SiteTransformTransport(
+            wire, dict(zip(fed.device_ids or range(len(fed.devices)), fed.extra["raw_devices"])),
+            pre)
     with config_errors(cfg, "algorithm", source):
         sites = fed.extra.get("sites") if isinstance(fed.extra, Mapping) else None
         model = build_estimator(cfg, pre, getattr(getattr(sites, "schema", None), "classes",
@@ -352,7 +360,9 @@ def run_experiment(cfg: Mapping[str, Any], *, transport: str = "inprocess",
         algorithm.fit(model, fed, wire)
     fit_time = time.perf_counter() - t0
     if sites is not None and hasattr(model.run_log_, "name_sites"):
-        model.run_log_.name_sites(sites.names)  # a failed device is named by its site
+        # a failed device is named by its site
+        model.run_log_.name_sites(dict(zip(fed.device_ids or range(len(fed.devices)),
+                                           sites.names)))
     n_points = sum(len(X) for X in fed.devices)
     out: dict[str, Any] = {
         "title": cfg.get("title", ""),

@@ -96,13 +96,17 @@ class RunLog:
     #: and redone, and the true ε (:class:`fedclust.core.checkpoint.PrivacyLedger`)
     privacy_ledger: dict = field(default_factory=dict)
 
-    def name_sites(self, names: Sequence[str]) -> None:
+    def name_sites(self, names: Sequence[str] | Mapping[int, str]) -> None:
         """A site run: each failed, rejected or distrusted device's reason names its site,
         ``site 'hospital_b' (device 2): ...`` in place of ``device 2: ...`` (``names[z]``
-        is device z's site; a placeholder ``device z`` or a missing entry is left as is)."""
+        is device z's site, a list by position or a mapping by device id; a placeholder
+        ``device z`` or a missing entry is left as is)."""
         for reasons in (self.failed, self.rejected, self.distrusted):
             for z, why in reasons.items():
-                name = names[z] if 0 <= z < len(names) else None
+                if isinstance(names, Mapping):
+                    name = names.get(z)
+                else:
+                    name = names[z] if 0 <= z < len(names) else None
                 if not name or name == f"device {z}":
                     continue
                 site, plain = f"site {name!r} (device {z})", f"device {z}"

@@ -9,8 +9,9 @@ rebuild its stream from the seed and its partition id alone.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
-from typing import Union
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -22,7 +23,7 @@ _DEVICE_BRANCH = 0
 _SERVER_BRANCH = 1
 
 __all__ = ["RandomState", "root_seed", "device_rng", "server_rng", "sklearn_seed",
-           "device_uniforms"]
+           "device_uniforms", "named_device_id", "named_device_ids"]
 
 
 def root_seed(random_state: RandomState) -> int:
@@ -91,3 +92,28 @@ def server_rng(seed: int, round_index: int = 0) -> np.random.Generator:
 def sklearn_seed(rng: np.random.Generator) -> int:
     """An int seed for scikit-learn functions that take ``random_state``."""
     return int(rng.integers(0, 2**31 - 1))
+
+
+def named_device_id(name: str) -> int:
+    """The device id of a device known by name (a site): the first 31 bits of the SHA-256 of
+    its UTF-8 name, a non-negative int.
+
+    The id keys the device's random streams, so a site draws the same numbers in every run
+    that includes it, whichever other sites take part and in whatever order they are
+    listed: a run without one site equals the same run with that site forgotten.
+    """
+    digest = hashlib.sha256(str(name).encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
+def named_device_ids(names: Sequence[str]) -> list[int]:
+    """:func:`named_device_id` of every name, in order; two names with the same id (a
+    one-in-two-billion coincidence per pair) are refused by name."""
+    ids = [named_device_id(n) for n in names]
+    seen: dict[int, str] = {}
+    for n, z in zip(names, ids):
+        if z in seen and seen[z] != n:
+            raise ValidationError(f"sites {seen[z]!r} and {n!r} have the same device id {z} "
+                                  "(the hash of their names); rename one of them")
+        seen[z] = n
+    return ids

@@ -51,7 +51,10 @@ class Federation:
     targets ``y`` for supervised families). ``test_devices`` / ``test_labels``
     hold per-device held-out data where a family evaluates on it; ``extra``
     carries source-specific truth (true regression weights, Byzantine ids, a
-    communication graph, ...), JSON-ready or arrays.
+    communication graph, ...), JSON-ready or arrays. ``device_ids``: the devices' ids
+    (None: 0..Z-1 by position); a site federation names its sites by
+    :func:`fedclust.core.random.named_device_id`, so their random streams do not
+    depend on which other sites are listed.
     """
 
     devices: list[np.ndarray]
@@ -60,10 +63,11 @@ class Federation:
     test_devices: list[np.ndarray] | None = None
     test_labels: list[np.ndarray] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    device_ids: list[int] | None = None
 
 
 def _default_fit(model: Any, fed: Federation, transport: Any) -> None:
-    model.fit(fed.devices, transport=transport)
+    model.fit(fed.devices, transport=transport, device_ids=fed.device_ids)
 
 
 def _centers_fields(model: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def _fit(model: DistributedKMeans, fed: Federation, transport: Any) -> None:
     """Star: the configured transport. A general graph floods in process, or on
     Flower the server relays each message to one neighbour."""
     if model.graph is None or model.graph == "star":
-        model.fit(fed.devices, transport=transport)
+        model.fit(fed.devices, transport=transport, device_ids=fed.device_ids)
         return
     from ..core.exceptions import ValidationError
     from ..sim.transport import InProcessTransport

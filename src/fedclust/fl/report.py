@@ -16,7 +16,7 @@ __all__ = ["fit_supervised", "fl_report", "fl_result_fields", "plot_history", "f
 def fit_supervised(model: Any, fed: Federation, transport: Any) -> None:
     """``fed.labels`` are the targets; per-device test sets fill the accuracy history."""
     model.fit(fed.devices, fed.labels, test_X=fed.test_devices, test_y=fed.test_labels,
-              transport=transport)
+              transport=transport, device_ids=fed.device_ids)
 
 
 def fl_report(model: Any, fed: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:

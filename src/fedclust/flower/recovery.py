@@ -23,6 +23,10 @@ k-FED + FedAvg) resume at any round. A node without one answers only rounds
 that need nothing it kept; a round that does is refused by name.
 
 The checkpoint also keeps the rejoins before the crash (``extra["rejoined"]``).
+
+The server's kept summaries (what ``forget`` needs: every completed round's
+validated replies) are part of the checkpoint, so a forget after a resumed run
+sees every round, not only those after the resume.
 """
 
 from __future__ import annotations
@@ -93,11 +97,19 @@ class ServerRecovery:
     def secure_round_id(self, round_index: int) -> int:
         return round_index if self.ckpt is None else self.ckpt.secure_round_id(round_index)
 
+    def summaries(self, active: Sequence[int]) -> Any:
+        """The server's kept summaries to record into: the checkpoint's (rounds before the
+        resume), or an empty store of the ``active`` devices."""
+        from ..unlearning.store import SummaryStore
+
+        kept = self.ckpt.kept_summaries() if self.ckpt is not None else None
+        return kept if kept is not None else SummaryStore(list(active))
+
     def after_round(self, state: Any, log: RunLog, meter: CommunicationMeter,
-                    active: Sequence[int], rejoined: Sequence[Mapping[str, Any]] = ()
-                    ) -> None:
+                    active: Sequence[int], rejoined: Sequence[Mapping[str, Any]] = (),
+                    summaries: Any = None) -> None:
         if self.ckpt is not None:
-            self.ckpt.save(self.identity, state, log, meter, {}, active,
+            self.ckpt.save(self.identity, state, log, meter, {}, active, summaries,
                            transport={"rejoined": [dict(r) for r in rejoined]})
 
     def finish(self, log: RunLog) -> None:

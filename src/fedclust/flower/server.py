@@ -25,7 +25,7 @@ from .codec import reply_failure as _reason
 from .codec import (FINISH_ACTION, HELLO, HELLO_ACTION, OUTPUT, REPLY, SECAGG, SECAGG_STAGE,
                     arrays_to_record, record_to_arrays, request_to_content)
 from ..core.registry import protocol_from_config
-from ..unlearning.store import SummaryStore, record_round
+from ..unlearning.store import record_round
 from ..core.threads import one_blas_thread
 from .node_state import ASKED, RESUMED, STEP
 from .recovery import ServerRecovery
@@ -358,7 +358,7 @@ class Server:
         self.rejoined = [*rec.rejoined, *self.rejoined]   # rejoins before a crash, too
         if state is None:
             state = protocol.start(active, self.seed)
-        summaries = SummaryStore(list(active))   # what the server keeps to forget a device
+        summaries = rec.summaries(active)   # what the server keeps to forget a device
         while (request := protocol.next_request(state)) is not None:
             active = self.rejoin(request, active, log)
             targets = round_targets(request, active, log)
@@ -377,7 +377,7 @@ class Server:
             record_round(summaries, request, replies)
             with one_blas_thread():  # the same rounding on every transport and machine
                 protocol.server_step(state, request, replies)
-            rec.after_round(state, log, self.meter, active, self.rejoined)
+            rec.after_round(state, log, self.meter, active, self.rejoined, summaries)
         rec.finish(log)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
         with one_blas_thread():

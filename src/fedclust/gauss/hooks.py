@@ -100,7 +100,7 @@ _RESULT_ARRAYS = ("means", "scatters", "counts", "ages", "classes", "global_mean
 
 def fit_classifier(model: Any, fed: Federation, transport: Any) -> None:
     """``fed.labels`` are the owners' class labels."""
-    model.fit(fed.devices, fed.labels, transport=transport)
+    model.fit(fed.devices, fed.labels, transport=transport, device_ids=fed.device_ids)
 
 
 def gauss_classifier_report(model: Any, fed: Federation, cfg: Any) -> dict[str, Any]:

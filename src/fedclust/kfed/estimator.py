@@ -284,6 +284,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         out = run_recorded(self, transport, protocol, dict(zip(device_ids, devices)), self.seed_)
         self._store(out.result, out.device_outputs, out.meter, device_ids)
         self._protocol_ = protocol
+        self._unlearning_.trace = _downdate_trace(self._unlearning_)
         self._rows = fed.rows
         self.privacy_ = None
         if protocol.plan is not None:
@@ -359,6 +360,22 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     def _apply_forget(self, out, device_ids) -> None:
         """The model after :meth:`forget` (``fedclust.unlearning``): as ``fit`` stores it."""
         self._store(out.result, out.device_outputs, out.meter, device_ids)
+        u = self._unlearning_
+        nxt = self.__dict__.pop("_next_trace", None)
+        u.trace = nxt if nxt is not None else _downdate_trace(u)
+
+    def _downdate(self, u: Any, drop: list[int], kept: Any) -> Any:
+        """The paper's server: the result without ``drop`` from the previous one
+        (:mod:`fedclust.kfed.downdate`), or None where its step must run in full."""
+        from .downdate import downdate
+
+        if u.trace is None or len(u.store.rounds) != 1:
+            return None
+        got = downdate(u.protocol, u.trace, u.store.rounds[0].replies, drop)
+        if got is None:
+            return None
+        result, self._next_trace = got
+        return result
 
     def assign_device(self, X_new: Any, n_local_clusters: int | None = None, *,
                       device_id: int | None = None) -> np.ndarray:
@@ -417,3 +434,22 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.local_counts_[pos] = reply.counts
         self.center_labels_[pos] = mapping
         return labels
+
+
+def _downdate_trace(u: Any) -> Any:
+    """What the paper's server leaves for a downdate (:mod:`fedclust.kfed.downdate`), checked
+    against the result it gave; None for another server or where they disagree."""
+    from ..unlearning.forget import DOWNDATE_RTOL
+    from .downdate import applies, lloyd1_trace
+
+    if not applies(u.protocol) or len(u.store.rounds) != 1 or not u.store.complete:
+        return None
+    trace = lloyd1_trace(u.protocol, u.store.rounds[0].replies)
+    if trace is None:
+        return None
+    centers = np.asarray(u.result.centers)
+    again = trace.sums / trace.weights[:, None]
+    scale = max(float(np.abs(centers).max(initial=0.0)), 1e-300)
+    if again.shape != centers.shape or np.abs(again - centers).max() > DOWNDATE_RTOL * scale:
+        return None
+    return trace

@@ -283,7 +283,8 @@ class RobustClusteredRegression(BaseEstimator):
 
 # -- registry hooks ---------------------------------------------------------------
 def fit_robust(model: Any, fed: Any, transport: Any) -> None:
-    model.fit(fed.devices, fed.labels, transport=transport)
+    model.fit(fed.devices, fed.labels, transport=transport,
+              device_ids=getattr(fed, "device_ids", None))
 
 
 def robust_report(model: Any, fed: Any, cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,11 @@ a real deployment the device keeps it). A run started again with
 with the same ``random_state`` (and ``noise_seed`` under privacy) it ends
 exactly where the uninterrupted run ends.
 
+What the server keeps to forget a device (:class:`fedclust.unlearning.SummaryStore`,
+every completed round's validated replies) is written with the round, so a
+resumed run keeps the summaries of the rounds before the interruption too and a
+``forget`` after it is exact.
+
 A round interrupted half-way is redone from its beginning. A securely summed
 round redone after a resume runs under a new round id (``attempt << 32`` plus
 the round) with fresh keys, so nothing of the interrupted attempt is reused.
@@ -97,22 +102,39 @@ class RunCheckpoint:
     def secure_round_id(self, round_index: int) -> int:
         return (self.attempt << ATTEMPT_SHIFT) + int(round_index)
 
+    def kept_summaries(self) -> Any:
+        """The server's kept summaries (:class:`~fedclust.unlearning.SummaryStore`) of the
+        checkpointed rounds, or None (no checkpoint, or a run that kept none)."""
+        saved = (self.values or {}).get("summaries")
+        if saved is None:
+            return None
+        from ..unlearning.store import SummaryStore
+
+        return SummaryStore.from_arrays(saved["arrays"], saved["meta"])
+
     def save(self, identity: Mapping[str, Any], state: Any, log: RunLog,
              meter: CommunicationMeter, device_states: Mapping[int, Mapping[str, np.ndarray]],
-             active: Sequence[int], transport: Mapping[str, Any] | None = None
-             ) -> Path | None:
-        """Write the checkpoint; ``transport``: what the transport itself keeps (plain
-        values, read back as ``values["transport"]``)."""
+             active: Sequence[int], summaries: Any = None,
+             transport: Mapping[str, Any] | None = None) -> Path | None:
+        """Write the round just completed; ``summaries``: the server's kept summaries
+        (a :class:`~fedclust.unlearning.SummaryStore`; as plain arrays + JSON);
+        ``transport``: what the transport itself keeps (plain values, read back as
+        ``values["transport"]``)."""
         if self.broken:
             return None
         devices = {int(z): {k: v for k, v in s.items() if not k.startswith(_SECAGG_STATE)}
                    for z, s in device_states.items()}
+        kept = None
+        if summaries is not None:
+            arrays, meta = summaries.to_arrays()
+            kept = {"arrays": arrays, "meta": meta}
         try:
             return save_checkpoint(
                 self.folder, {"identity": dict(identity), "rounds": int(meter.rounds),
                               "attempt": self.attempt},
                 {"state": state, "log": log, "meter": meter, "devices": devices,
-                 "active": [int(z) for z in active], "transport": dict(transport or {})})
+                 "active": [int(z) for z in active], "summaries": kept,
+                 "transport": dict(transport or {})})
         except CheckpointError as exc:
             # the run itself is fine: it goes on, without further checkpoints
             self.broken = True

@@ -184,8 +184,15 @@ class InProcessTransport:
         meter = CommunicationMeter()
         identity = run_identity(protocol, seed, ids, secure is not None)
         saved = ckpt.restore(identity) if ckpt is not None else None
+        # what the server keeps to forget a device: recorded by the estimator
+        # (fedclust.unlearning.recording), checkpointed with every round
+        kept = self._kept_summaries = getattr(protocol, "kept_summaries", None)
         if saved is not None:
             state, log, meter, states, active = saved
+            restored = ckpt.kept_summaries()
+            if kept is not None and restored is not None:  # the rounds before the resume
+                kept.device_ids, kept.rounds = restored.device_ids, restored.rounds
+                kept.complete = restored.complete
         else:
             state = protocol.start(active, seed)
         ledger = ckpt.ledger if ckpt is not None else PrivacyLedger()
@@ -316,7 +323,8 @@ class InProcessTransport:
     def _checkpoint(self, ckpt: RunCheckpoint, identity, state, log, meter, states, active
                     ) -> None:
         """Write the round just completed (a test transport overrides it to crash here)."""
-        ckpt.save(identity, state, log, meter, states, active)
+        ckpt.save(identity, state, log, meter, states, active,
+                  getattr(self, "_kept_summaries", None))
 
     def _draw_faults(self, ids, seed):
         return draw_faults(ids, seed, dropout=self.dropout, late=self.late, dropped=self.dropped,

@@ -185,9 +185,10 @@ def present_sites(cfg: Mapping[str, Any], fed: Federation) -> list[int]:
     cap = capture_run(get_algorithm(cfg["algorithm"]["name"]),
                       build_estimator({"algorithm": cfg["algorithm"], "seed": cfg["seed"]}), probe,
                       bool(sim.get("secure_aggregation", False)))
-    absent, late = draw_faults(list(range(len(fed.devices))), int(cap.seed),
+    ids = list(fed.device_ids or range(len(fed.devices)))  # the faults are drawn by id
+    absent, late = draw_faults(ids, int(cap.seed),
                                dropout=sim.get("dropout", 0.0), late=sim.get("late", 0.0))
-    keep = [z for z in range(len(fed.devices)) if z not in absent and z not in late]
+    keep = [i for i, z in enumerate(ids) if z not in absent and z not in late]
     if not keep:
         raise ConfigError("[simulation] drops or delays every site: nothing to preprocess")
     return keep

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.exceptions import ValidationError
+from ..core.random import named_device_ids
 from .schema_round import public_categories, public_classes
 from .schema import (SiteSchema, category_text, encode_table, label_indices, label_values,
                      site_categories, union_categories, union_classes)
@@ -246,15 +247,24 @@ class SiteInfo:
 
 
 def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = None,
-                  description: str | None = None) -> Any:
+                  description: str | None = None, site_ids: str = "position") -> Any:
     """A :class:`~fedclust.core.registry.Federation` of the sites' training rows.
 
     Labels become class indices (0..C-1 over the union of the sites' classes;
     regression targets stay values). ``test_fraction`` holds out that share of
     every site's rows (at least one row stays for training), drawn from ``seed``.
+
+    ``site_ids``: ``"position"`` numbers the sites 0..Z-1 in the order listed;
+    ``"name"`` gives each site the id :func:`fedclust.core.random.named_device_id` of
+    its name, so its random streams (and its test rows) are the same in every run that
+    lists it, whichever other sites are listed: a run without a site then equals the
+    run with that site forgotten (``fedclust forget``).
     """
     from ..core.registry import Federation
-    from ..core.validation import check_float
+    from ..core.validation import check_choice, check_float
+
+    site_ids = check_choice(site_ids, "site_ids", ("position", "name"))
+    ids = named_device_ids(sf.names) if site_ids == "name" else None
 
     targets = None
     if sf.labels is not None:
@@ -268,7 +278,8 @@ def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = N
             raise ValidationError(f"test_fraction={test_fraction} must be < 1")
         test = []
         for z, X in enumerate(sf.devices):
-            rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x7E57, z]))
+            key = z if ids is None else ids[z]
+            rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x7E57, key]))
             n = len(X)
             n_test = min(int(round(test_fraction * n)), n - 1)
             perm = rng.permutation(n)
@@ -288,7 +299,7 @@ def to_federation(sf: SiteFederation, seed: int, test_fraction: float | None = N
         test_devices=None if test is None else [X[i] for X, i in zip(sf.devices, test)],
         test_labels=None if (test is None or targets is None) else
         [y[i] for y, i in zip(targets, test)],
-        extra={"sites": info})
+        extra={"sites": info}, device_ids=ids)
 
 
 def _is_number(v: Any) -> bool:
@@ -329,22 +340,26 @@ def as_values(fed: Any) -> Any:
 def files_source(seed: int, *, paths: Any, label: str | None = None,
                  features: Sequence[str] | None = None, categorical: Sequence[str] | None = None,
                  id_columns: Sequence[str] | None = None, test_fraction: float | None = None,
-                 base_dir: str | None = None, categories: Any = None, classes: Any = None) -> Any:
+                 base_dir: str | None = None, categories: Any = None, classes: Any = None,
+                 site_ids: str = "position") -> Any:
     """``[data] source = "files"``: one file per site (see :func:`load_sites`); public
-    ``categories`` / ``classes`` replace the sites' unions."""
+    ``categories`` / ``classes`` replace the sites' unions; ``site_ids`` as in
+    :func:`to_federation`."""
     sf = load_sites(paths, label, features, categorical, id_columns, base_dir=base_dir,
                     categories=categories, classes=classes)
-    return to_federation(sf, seed, test_fraction)
+    return to_federation(sf, seed, test_fraction, site_ids=site_ids)
 
 
 def table_source(seed: int, *, path: str, site_column: str, label: str | None = None,
                  features: Sequence[str] | None = None, categorical: Sequence[str] | None = None,
                  id_columns: Sequence[str] | None = None, test_fraction: float | None = None,
-                 base_dir: str | None = None, categories: Any = None, classes: Any = None) -> Any:
-    """``[data] source = "table"``: one table split into sites by ``site_column``."""
+                 base_dir: str | None = None, categories: Any = None, classes: Any = None,
+                 site_ids: str = "position") -> Any:
+    """``[data] source = "table"``: one table split into sites by ``site_column``;
+    ``site_ids`` as in :func:`to_federation`."""
     sf = load_table_sites(path, site_column, label, features, categorical, id_columns,
                           base_dir=base_dir, categories=categories, classes=classes)
-    return to_federation(sf, seed, test_fraction)
+    return to_federation(sf, seed, test_fraction, site_ids=site_ids)
 
 
 

@@ -59,6 +59,38 @@ def digest_result(result: Any) -> str:
     return h.hexdigest()
 
 
+#: a downdated result's floating-point arrays equal a fresh computation's within this
+#: relative tolerance (of each array's largest magnitude); everything else bit for bit
+DOWNDATE_RTOL = 1e-12
+
+
+def results_close(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` (protocol results) are equal, float arrays within
+    :data:`DOWNDATE_RTOL` (run logs left out)."""
+    if isinstance(a, RunLog) or a is None:
+        return isinstance(b, RunLog) or b is None
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.dtype.kind != "f":
+            return bool(np.array_equal(a, b))
+        scale = max(float(np.max(np.abs(a), initial=0.0)), np.finfo(a.dtype).tiny)
+        return bool(np.max(np.abs(a - b), initial=0.0) <= DOWNDATE_RTOL * scale)
+    if is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(results_close(getattr(a, f.name), getattr(b, f.name))
+                                          for f in fields(a))
+    if isinstance(a, Mapping):
+        return (isinstance(b, Mapping) and set(a) == set(b)
+                and all(results_close(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)):
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(results_close(x, y) for x, y in zip(a, b)))
+    if hasattr(a, "to_arrays"):
+        return digest_message(a) == digest_message(b)
+    return a == b
+
+
 @dataclass
 class ForgetRecord:
     """One forget: what was forgotten, what was computed again, and the digest of the
@@ -74,6 +106,10 @@ class ForgetRecord:
     retrained: bool
     seconds: float
     _digest: str | None = field(default=None, repr=False)
+    #: how the server's result was recomputed: ``"replay"`` (its step in full, bit for
+    #: bit) or ``"downdate"`` (the leaving devices' share subtracted; equal to a fresh
+    #: fit within :data:`DOWNDATE_RTOL`), ``"none"`` (no summary changed)
+    path: str = "replay"
     _store: SummaryStore | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -88,7 +124,7 @@ class ForgetRecord:
         return {"devices": self.devices, "rows": {str(z): r for z, r in self.rows.items()},
                 "recomputed": [list(p) for p in self.recomputed], "unchanged": self.unchanged,
                 "retrained": self.retrained, "summaries_digest": self.summaries_digest,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "path": self.path}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "ForgetRecord":
@@ -96,7 +132,8 @@ class ForgetRecord:
                    {int(z): [int(i) for i in r] for z, r in doc["rows"].items()},
                    [(int(a), int(b)) for a, b in doc["recomputed"]],
                    [int(z) for z in doc["unchanged"]], bool(doc["retrained"]),
-                   float(doc["seconds"]), str(doc["summaries_digest"]))
+                   float(doc["seconds"]), str(doc["summaries_digest"]),
+                   path=str(doc.get("path", "replay")))
 
 
 @dataclass
@@ -127,6 +164,11 @@ class Unlearning:
     data: dict[int, Any] = field(default_factory=dict)
     memory: dict[int, dict] = field(default_factory=dict)
     names: dict[str, int] = field(default_factory=dict)
+    #: False once a forget took the downdate path: the model then equals the server's
+    #: step within DOWNDATE_RTOL, not bit for bit (until a full step runs again)
+    exact: bool = True
+    #: what an estimator keeps to downdate its server's result (its own form)
+    trace: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # the devices' side stays with the devices: a pickled model holds no device data
@@ -295,8 +337,14 @@ class ForgetMixin:
         unchanged = sorted(z for z, (_, msg, _) in answers.items()
                            if z in rec.replies and digest_message(msg) == rec.digest_of(z))
         changing = sorted({*deleted, *replied})
+        path = "replay"
+        fast = None
+        if drop and not changing and protocol is u.protocol:
+            fast = self._downdate(u, drop, kept)
         if not drop and unchanged and len(unchanged) == len(changing):
-            out = None
+            out, path = None, "none"
+        elif fast is not None:
+            out, path = ReplayOutput(fast, kept, fast.log), "downdate"
         else:
             try:
                 out = replay(protocol, kept, u.seed, data=avail,
@@ -339,10 +387,17 @@ class ForgetMixin:
             drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
             sorted(unchanged),
             any(z not in changing for _, z in recomputed), time.perf_counter() - t0,
-            _store=u.store))
+            _store=u.store, path=path))
+        if path != "none":   # a full step gives the server's result bit for bit again
+            u.exact = path == "replay"
         return self
 
     # -- pieces ------------------------------------------------------------------
+    def _downdate(self, u: Unlearning, drop: list[int], kept: SummaryStore) -> Any:
+        """The server's result without the devices ``drop`` computed from the previous one
+        (not its step in full), or None; an estimator whose server allows it overrides."""
+        return None
+
     def _forget_protocol(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
                          ) -> Any:
         """The protocol a fresh fit on the remaining data would build (``u.protocol`` when
@@ -438,7 +493,9 @@ class ForgetMixin:
         u = self._unlearner()
         again = replay(u.protocol, u.store, u.seed)
         digest = digest_result(u.result)
-        summaries = digest_result(again.result) == digest
+        # after a downdate the model equals the server's step within DOWNDATE_RTOL
+        summaries = (digest_result(again.result) == digest if u.exact
+                     else results_close(again.result, u.result))
         devices = {**u.data, **{self._resolve(u, z): v for z, v in (data or {}).items()}}
         present = set(u.store.device_ids)
         ids = [z for z in getattr(self, "device_ids_", u.store.device_ids) if z in present]
@@ -454,7 +511,8 @@ class ForgetMixin:
             else:
                 fresh.fit(parts, device_ids=list(ids))
             fu = fresh._unlearning_
-            retrain = (digest_result(fu.result) == digest
+            retrain = ((digest_result(fu.result) == digest if u.exact
+                        else results_close(fu.result, u.result))
                        and fu.store.digest() == u.store.digest())
             if not retrain:
                 detail = "a fresh fit on the devices' current data gives a different model"

@@ -168,6 +168,11 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
               devices: Mapping[int, Any] | None = None) -> Iterator[SummaryStore]:
     """Record every ``server_step`` of ``protocol`` into ``store`` while inside.
 
+    ``protocol.kept_summaries`` is ``store`` while inside: a transport that
+    checkpoints its rounds writes it with each round and, resuming, puts the
+    checkpointed rounds back into it (the rounds before an interruption are
+    not run again, so they would not be recorded).
+
     With ``memory`` and ``devices`` (in-process runs), each simulated device's own
     state at the end of the run (what ``client_finish`` is given) is kept in
     ``memory[device id]``: the device's side, never saved with the model.
@@ -204,9 +209,11 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
     protocol.start = recorded_start
     protocol.server_step = recorded_step
     protocol.client_finish = recorded_finish
+    protocol.kept_summaries = store   # a checkpointing transport saves and restores it
     try:
         yield store
     finally:
         del protocol.start
         del protocol.server_step
         del protocol.client_finish
+        del protocol.kept_summaries
