@@ -56,8 +56,10 @@ class _CheckpointedGridTransport:
         client = make_client_app(lambda ctx: data[int(ctx.node_config["partition-id"])],
                                  policy=lambda ctx: DevicePolicy(allow_collect=True,
                                                                  allow_noise_seed=True))
-        grid = _CrashingGrid(client, [{"partition-id": i} for i in range(len(ids))],
-                             at=self.crash_at)
+        # each node keeps its state on its own disk, so the resumed run finds it
+        nodes = [{"partition-id": i, "state-dir": f"{self.result_dir}-node-{i}"}
+                 for i in range(len(ids))]
+        grid = _CrashingGrid(client, nodes, at=self.crash_at)
         try:
             run_server_app(app, grid)
         finally:
