@@ -217,3 +217,14 @@ def test_simulation_job_points_ray_at_an_existing_cluster(tmp_path, monkeypatch,
     assert job["backend_config"]["init_args"]["address"] == "ray://head:10001"
     assert "num_cpus" not in job["backend_config"]["init_args"]
     assert job["backend_config"]["client_resources"]["num_cpus"] == 1
+
+
+def test_a_resumed_graph_run_runs_again_and_says_so(devices, tmp_path):
+    # the nodes hold the whole graph computation: the relay has no rounds to resume from
+    g = make_graph("gnp", len(devices), p=0.3, random_state=2)
+    a = DistributedKMeans(graph=g, **KW).fit(devices)
+    t = FlowerInMemoryTransport(result_dir=str(tmp_path), resume=True)
+    b = DistributedKMeans(graph=g, **KW).fit(devices, transport=t)
+    assert np.array_equal(a.cluster_centers_, b.cluster_centers_)
+    assert any("graph run keeps no rounds on the server" in w for w in b.run_log_.warnings)
+    assert not any("graph run" in w for w in a.run_log_.warnings)

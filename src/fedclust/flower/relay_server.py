@@ -41,6 +41,12 @@ def run_relay(server: Any) -> tuple[RunOutput, dict[str, Any]]:
     if server.secure is not None:
         raise ValidationError("secure aggregation needs a server that sums; a graph run only "
                               "relays (its packets are encrypted between neighbours instead)")
+    if spec.resume:
+        # the nodes compute the whole graph protocol between them; the relay keeps no
+        # rounds to resume from, and the same seed gives the same result again
+        log.warnings.append("resume: a graph run keeps no rounds on the server; it runs "
+                            "again from the start (the same result for the same seed)")
+        flwr_log(INFO, "fedclust: %s", log.warnings[-1])
     node_failed = server.hello()
     ids = sorted(server.node_of)
     adj = adjacency(spec.graph_edges)
