@@ -6,8 +6,9 @@
 #
 # Checks (exit 1 at the first that fails, naming it; what Flower does is printed):
 #  1. ServerApp killed after its checkpoint of round 3: `fedclust flower run --resume` continues
-#     after round 3; result identical to the in-process `fedclust run`, ledger without a lost
-#     release (the kill came at a round boundary or inside a round: printed);
+#     after round 3 (the SuperNodes keep their state in a state-dir); result identical to the
+#     in-process `fedclust run`, ledger without a lost release (the kill came at a round boundary
+#     or inside a round: printed);
 #  2. SuperLink killed and restarted on the same --database: whether the SuperNodes reconnect
 #     by themselves is measured and printed; those that do not are restarted (the supervised
 #     restart of docs/flower.md); then `--resume`: result identical;
@@ -84,7 +85,7 @@ start_node() {
     # owners allow a server-chosen seed (a real private deployment must not)
     flower-supernode --superlink "$LINK_IP:$LINK_PORT" --root-certificates "$WORK/certs/ca.crt" \
         --auth-supernode-private-key "$WORK/keys/node-$1" --port "$(free_port)" \
-        --node-config "data-path='${DEVICES[$1]}' policy-allow-noise-seed=true" \
+        --node-config "data-path='${DEVICES[$1]}' policy-allow-noise-seed=true state-dir='$WORK/state-$1'" \
         >> "$WORK/supernode-$1.log" 2>&1 &
     NODE_PID[$1]=$!
     PIDS+=($!)
@@ -163,6 +164,9 @@ run_bg A --resume
 wait "$RUN_PID" || { tail -30 "$WORK/run-A.log" >&2; fail "run A: the resumed run did not complete"; }
 compare A
 ledger A
+STATE_FILES=$(ls "$WORK"/state-*/fedclust-state-*.npz 2>/dev/null | wc -l)
+echo "   node state files (state-dir): $STATE_FILES"
+[ "$STATE_FILES" -ge "$N" ] || fail "run A: the SuperNodes wrote no state file in their state-dir"
 
 echo "== 2. the SuperLink killed after round 3 and restarted on its database"
 run_bg B
