@@ -60,9 +60,16 @@ def _step(C, S, N, sigma, r):
 
 def test_private_rounds_equal_the_step_by_hand():
     devices = _devices()
-    noisy_counts = np.concatenate([_private_rounds(devices, s) for s in range(6)])
-    # the two-point cluster's noisy count fell at or below 1 (kept) and just above (moved)
-    assert np.any(noisy_counts <= 1.0) and np.any((noisy_counts > 1.0) & (noisy_counts <= 2.0))
+    kept = moved_just_above_one = False
+    for noise_seed in range(40):
+        for N_hat, moved in _private_rounds(devices, noise_seed):
+            kept |= bool(np.any(N_hat <= 1.0))
+            moved_just_above_one |= bool(np.any((N_hat > 1.0) & (N_hat <= 2.0) & moved))
+        if kept and moved_just_above_one and noise_seed >= 2:
+            break
+    # the two-point cluster's noisy count fell at or below 1 (its center kept) and just
+    # above 1 with a step the shrinkage did not cancel (its center moved)
+    assert kept and moved_just_above_one
 
 
 def _private_rounds(devices, noise_seed):
@@ -96,8 +103,8 @@ def _private_rounds(devices, noise_seed):
         rng = noise_rng(noise_seed, SERVER, round_index)
         S_hat = gaussian(S, sigma * r / B, rng)
         N_hat = gaussian(N, sigma * r / B / (r / math.sqrt(D)), rng)
-        seen.append(N_hat)
         want = _step(C, S_hat, N_hat, sigma * r / B, r)
+        seen.append((N_hat, np.any(want != C, axis=1)))
         proto.server_step(state, req, replies)
         np.testing.assert_allclose(state.centers, want, rtol=1e-12, atol=1e-12)
         if first:
@@ -108,4 +115,4 @@ def _private_rounds(devices, noise_seed):
         assert state.radius == pytest.approx(r, rel=1e-12)
         C = want
     assert proto.next_request(state) is None and state.lloyd_rounds == T
-    return np.concatenate(seen)
+    return seen
