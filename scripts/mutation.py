@@ -72,6 +72,7 @@ MODULES: dict[str, list[str]] = {
                            "tests/sim/test_secure_transport.py"],
     "core/secure_sum_device.py": ["tests/core/test_secure_sum.py",
                                   "tests/core/test_secure_sum_server_checks.py",
+                                  "tests/core/test_secure_sum_device_checks.py",
                                   "tests/core/test_secagg_malicious.py",
                                   "tests/security/test_secagg_attacks.py",
                                   "tests/security/harness.py",
