@@ -73,3 +73,30 @@ def test_the_candidate_start_by_its_documented_steps(eps):
     np.testing.assert_allclose(state.centers, pk.lift(centers, mean, basis), rtol=0, atol=1e-12)
     if not p.noisy:   # without noise the two clusters are found
         assert np.allclose(np.sort(state.centers[:, 0]), [-1.0, 1.0], atol=0.1)
+
+
+def test_the_box_start_by_its_documented_steps():
+    dp = DifferentialPrivacy(2.0, 1e-6, data_bound=B, noise_seed=6)
+    p = DistributedLloydProtocol(K, init="box", privacy=dp, n_features=D)
+    devices = _devices()
+    state = p.start([0, 1, 2], seed=9)
+    req = p.next_request(state)
+    assert (req.round, req.action) == (0, "candidates")
+    coords = req.payload.coords
+    replies = {z: p.client_step(req, X, device_id=z, seed=9, state={})
+               for z, X in enumerate(devices)}
+    sums = sum(r.sums.astype(float) for r in replies.values())
+    counts = sum(r.counts.astype(float) for r in replies.values())
+    rel = p.plan.release(pk.CANDIDATES)
+    r = pk.box_radius(len(coords), D, B)
+    assert r < B
+    # the server's noise at the box radius (no device noise here), then the step
+    sums, counts = pk.noisy_relative_sums(sums, counts, rel, r, B, noise_rng(6, SERVER, 0))
+    centroids = pk.relative_step(coords, sums, counts, min_count=1.0, radius=r, bound=B,
+                                 sum_std=rel.noise_std * r / B)
+    min_count = max(1.0, 3.0 * rel.noise_std / pk.count_weight(B, D))
+    centers, _ = pk.centers_from_candidates(sums, counts, K, bound=B, min_count=min_count,
+                                            seed=sklearn_seed(server_rng(9, 2)),
+                                            centroids=centroids)
+    p.server_step(state, req, replies)
+    np.testing.assert_allclose(state.centers, centers, rtol=0, atol=1e-12)
