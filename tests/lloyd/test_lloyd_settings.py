@@ -74,3 +74,13 @@ def test_the_kfed_start_merges_the_local_centers_by_weighted_kmeans_plusplus():
                                  counts=[replies[z].counts for z in range(3)],
                                  method="weighted-kmeans++", rng=server_rng(seed)).centers
         np.testing.assert_array_equal(state.centers, want)
+
+
+def test_integer_start_centers_are_taken_as_floats():
+    p = DistributedLloydProtocol(2, init=[[0, 0], [10, 0]], max_rounds=1)
+    assert p.init_centers.dtype == np.float64
+    state = p.start([0], seed=0)
+    req = p.next_request(state)
+    X = np.array([[0.0, 1.0], [1.0, 0.0], [9.0, 0.0], [10.0, 1.0]])
+    p.server_step(state, req, {0: p.client_step(req, X, device_id=0, seed=0, state={})})
+    np.testing.assert_array_equal(state.centers, [[0.5, 0.5], [9.5, 0.5]])
