@@ -30,3 +30,16 @@ def test_n_releases_compose_as_one_with_multiplier_over_sqrt_n(z, n):
     # the same as n separate releases, and as n releases sampled with probability 1
     assert composed_epsilon([(z, 1)] * n, delta) == pytest.approx(got, rel=1e-4)
     assert composed_epsilon([(z, n, 1.0)], delta) == pytest.approx(got, rel=1e-4)
+
+
+def test_a_fit_without_new_releases_spends_what_its_prior_did_by_its_own_accountant():
+    from fedclust.privacy import DifferentialPrivacy, Release, calibrate
+
+    plain = calibrate(DifferentialPrivacy(math.inf, 1e-6, data_bound=1.0), [Release("x", 1.0)])
+    assert plain.epsilon_spent == 0.0 and plain.releases[0].noise_multiplier == 0.0
+    prior = (("moments", 2.0, 3, 1.7),)
+    for acc in ("pld", "rdp"):
+        spec = DifferentialPrivacy(50.0, 1e-6, data_bound=1.0, prior=prior, accountant=acc)
+        got = calibrate(spec, []).epsilon_spent
+        assert got == composed_epsilon([(1.7, 3)], 1e-6, acc)
+    assert composed_epsilon([(1.7, 3)], 1e-6, "rdp") != composed_epsilon([(1.7, 3)], 1e-6, "pld")
