@@ -43,3 +43,19 @@ def test_a_fit_without_new_releases_spends_what_its_prior_did_by_its_own_account
         got = calibrate(spec, []).epsilon_spent
         assert got == composed_epsilon([(1.7, 3)], 1e-6, acc)
     assert composed_epsilon([(1.7, 3)], 1e-6, "rdp") != composed_epsilon([(1.7, 3)], 1e-6, "pld")
+
+
+@pytest.mark.parametrize("eps", [3.0, 8.0, 20.0])
+def test_a_large_budget_is_calibrated_as_tightly_as_a_small_one(eps):
+    # below multiplier 1 the bracket is found by halving: the bisection still ends
+    # within 1e-3 of the multiplier that spends exactly ε, never above ε
+    from fedclust.privacy import DifferentialPrivacy, Release, calibrate
+
+    plan = calibrate(DifferentialPrivacy(eps, 1e-6, data_bound=1.0),
+                     [Release("a", 1.0), Release("b", 1.0, repeats=3)])
+    z = plan.releases[0].noise_multiplier
+    assert plan.spec is not None and plan.releases[1].noise_multiplier == z
+    spent = composed_epsilon([(z, 1), (z, 3)], 1e-6)
+    assert spent == pytest.approx(plan.epsilon_spent, rel=1e-9)
+    assert 0.99 * eps < spent <= eps
+    assert composed_epsilon([(z / (1 + 2e-3), 1), (z / (1 + 2e-3), 3)], 1e-6) > eps
