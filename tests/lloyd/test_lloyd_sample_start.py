@@ -42,3 +42,24 @@ def test_the_draw_is_the_devices_own_and_reproducible():
     assert not np.array_equal(a.points, _reply(p, X, 2).points)            # another device
     assert not np.array_equal(a.points, _reply(p, X, 1, seed=8).points)    # another seed
     assert not np.array_equal(a.points, _reply(p, X, 1, round_index=1).points)  # another round
+
+
+def test_the_server_seeds_by_kmeans_plusplus_over_the_samples_weighted_by_device_size():
+    from fedclust.core.kmeans import kmeans_plusplus
+    from fedclust.core.random import server_rng
+    from fedclust.lloyd.messages import PointSample
+
+    rng = np.random.default_rng(5)
+    samples = {0: rng.normal(size=(4, 2)), 1: rng.normal(size=(1, 2)) + 3.0,   # one point
+               2: rng.normal(size=(3, 2)) - 3.0}
+    sizes = {0: 1000, 1: 40, 2: 30}
+    pts = np.concatenate([samples[z] for z in (0, 1, 2)])
+    w = np.concatenate([np.full(len(samples[z]), sizes[z] / len(samples[z])) for z in (0, 1, 2)])
+    for seed in range(4):
+        p = DistributedLloydProtocol(3)
+        state = p.start([0, 1, 2], seed=seed)
+        req = p.next_request(state)
+        p.server_step(state, req, {z: PointSample(points=samples[z], n_points=np.asarray(sizes[z]))
+                                   for z in (0, 1, 2)})
+        want = pts[kmeans_plusplus(pts, 3, server_rng(seed), weights=w)]
+        np.testing.assert_array_equal(state.centers, want)

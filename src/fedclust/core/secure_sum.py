@@ -335,12 +335,13 @@ class SecureSumServer:
         c, s = np.asarray(rep["c_pk"]), np.asarray(rep["s_pk"])
         if c.shape != (32,) or s.shape != (32,) or c.dtype != np.uint8 or s.dtype != np.uint8:
             raise IncompatibleMessageError(f"device {z}: public keys must be 32 uint8 each")
-        self.keys[z] = (array_to_bytes(c), array_to_bytes(s))
         if self.settings.signed:
             sig = np.asarray(rep.get("sig", np.zeros(0)))
             if sig.shape != (64,) or sig.dtype != np.uint8:
                 raise IncompatibleMessageError(f"device {z}: no signature of its keys (64 uint8)")
             self.sigs[z] = sig
+        # kept only once the reply is whole: the others' shares are expected for these keys
+        self.keys[z] = (array_to_bytes(c), array_to_bytes(s))
 
     def _take_share(self, z: int, rep: Mapping[str, np.ndarray]) -> None:
         dst = np.asarray(rep["dst"], dtype=np.int64)
