@@ -28,6 +28,7 @@ DP = DifferentialPrivacy(1.0, 1e-6, data_bound=3.0)
     (dict(noise_devices=-1), "noise_devices=-1 must be >= 0"),
 ])
 def test_bad_settings_are_refused_by_name(kw, msg):
+    kw = dict(kw)   # the parameters are shared by every run of this test in a process
     k = kw.pop("n_clusters", 2)
     with pytest.raises(ValidationError, match="^" + msg.replace("(", r"\(").replace(".", r"\.")):
         DistributedLloydProtocol(k, **kw)
