@@ -85,3 +85,26 @@ def test_integer_start_centers_are_taken_as_floats():
     X = np.array([[0.0, 1.0], [1.0, 0.0], [9.0, 0.0], [10.0, 1.0]])
     p.server_step(state, req, {0: p.client_step(req, X, device_id=0, seed=0, state={})})
     np.testing.assert_array_equal(state.centers, [[0.5, 0.5], [9.5, 0.5]])
+
+
+def test_box_start_without_n_features_is_refused_when_built():
+    # its candidates are drawn before any data are read: the feature count must be given
+    with pytest.raises(ValidationError, match=r"^init='box' needs n_features \(the candidates "
+                                              r"are placed before any data are read\)$"):
+        DistributedLloydProtocol(3, init="box")
+    assert DistributedLloydProtocol(3, init="box", n_features=4).n_features == 4
+
+
+def test_the_private_start_takes_two_rounds_after_a_box_start_in_both_of_its_cases():
+    from fedclust.lloyd.protocol import private_start
+
+    # k >= d: the moments would only fit one Gaussian
+    assert private_start(1000, 5, 3, DP) == ("box", 2)
+    # ε too small even for the moments start's releases: the probe is refused, the box
+    # start follows with its 2 rounds (its candidate round is already one Lloyd step)
+    tiny = DifferentialPrivacy(1e-3, 1e-6, data_bound=3.0)
+    with pytest.raises(ValidationError, match="too small"):
+        DistributedLloydProtocol(3, init="candidates", max_rounds=3, privacy=tiny, n_features=10)
+    assert private_start(1000, 3, 10, tiny) == ("box", 2)
+    # enough rows for the moments: the moments start and 3 rounds
+    assert private_start(100_000, 3, 10, DP) == ("candidates", 3)
