@@ -282,6 +282,23 @@ def _require_kept_state(context: Context, store: NodeStateStore | None, protocol
         f"the crash, and {where}")
 
 
+def _answer(context: Context, store: NodeStateStore | None, protocol: Protocol, request: Any,
+            head: Mapping[str, Any], me: str, pol: DevicePolicy, X: Any, device_id: int,
+            seed: int, state: dict[str, np.ndarray], digest: str | None, *,
+            secure: bool) -> dict[str, np.ndarray]:
+    """A round the node has not answered yet: the kept state and the policy checked, the
+    client step run on ``state`` (updated in place), its reply stored with the state."""
+    _require_kept_state(context, store, protocol, request, head, me)
+    _check(pol, context, protocol, request.action, me, secure=secure,
+           round_index=request.round, payload=request.payload)
+    X = protocol.node_data(X, me)
+    reply = _client_step(protocol, request, X, device_id, seed, state, head, store, me)
+    arrays = reply.to_arrays()
+    if store is not None:
+        store.answer(int(head[STEP]), digest, state, _load_state(context, _POLICY_STATE), arrays)
+    return arrays
+
+
 def _client_step(protocol: Protocol, request: Any, X: Any, device_id: int, seed: int,
                  state: dict[str, np.ndarray], head: Mapping[str, Any],
                  store: NodeStateStore | None, me: str) -> Any:
@@ -409,16 +426,8 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                     plain, digest = _replayed(context, store, request, seed, protocol, head)
                     state = _load_state(context)
                     if plain is None:
-                        _require_kept_state(context, store, protocol, request, head, me)
-                        _check(pol, context, protocol, request.action, me, secure=True,
-                               round_index=request.round, payload=request.payload)
-                        X = protocol.node_data(X, me)
-                        reply = _client_step(protocol, request, X, int(device_id), seed, state,
-                                             head, store, me)
-                        plain = reply.to_arrays()
-                        if store is not None:
-                            store.answer(int(head[STEP]), digest, state,
-                                         _load_state(context, _POLICY_STATE), plain)
+                        plain = _answer(context, store, protocol, request, head, me, pol, X,
+                                        int(device_id), seed, state, digest, secure=True)
                     if tamper is not None:
                         plain = tamper(int(device_id), request.round, plain)
                 out = secure_sum_client(stage, inbound, state, device_id=int(device_id),
@@ -442,17 +451,9 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
                 store = _node_store(context, protocol, seed, int(device_id), X, head, me)
                 arrays, digest = _replayed(context, store, request, seed, protocol, head)
                 if arrays is None:
-                    _require_kept_state(context, store, protocol, request, head, me)
-                    _check(pol, context, protocol, request.action, me, secure=False,
-                           round_index=request.round, payload=request.payload)
                     state = _load_state(context)
-                    X = protocol.node_data(X, me)
-                    reply = _client_step(protocol, request, X, int(device_id), seed, state,
-                                         head, store, me)
-                    arrays = reply.to_arrays()
-                    if store is not None:
-                        store.answer(int(head[STEP]), digest, state,
-                                     _load_state(context, _POLICY_STATE), arrays)
+                    arrays = _answer(context, store, protocol, request, head, me, pol, X,
+                                     int(device_id), seed, state, digest, secure=False)
                     _save_state(context, state)
                 if tamper is not None:
                     arrays = tamper(int(device_id), request.round, arrays)
