@@ -102,7 +102,7 @@ class ServerRecovery:
         resume), or an empty store of the ``active`` devices."""
         from ..unlearning.store import SummaryStore
 
-        kept = self.ckpt.kept_summaries() if self.ckpt is not None else None
+        kept = self.ckpt.kept_summaries(SummaryStore) if self.ckpt is not None else None
         return kept if kept is not None else SummaryStore(list(active))
 
     def after_round(self, state: Any, log: RunLog, meter: CommunicationMeter,

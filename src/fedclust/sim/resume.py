@@ -102,15 +102,14 @@ class RunCheckpoint:
     def secure_round_id(self, round_index: int) -> int:
         return (self.attempt << ATTEMPT_SHIFT) + int(round_index)
 
-    def kept_summaries(self) -> Any:
-        """The server's kept summaries (:class:`~fedclust.unlearning.SummaryStore`) of the
-        checkpointed rounds, or None (no checkpoint, or a run that kept none)."""
+    def kept_summaries(self, kind: Any) -> Any:
+        """The server's kept summaries of the checkpointed rounds, rebuilt as ``kind``
+        (:class:`~fedclust.unlearning.SummaryStore`, whose ``from_arrays`` reads them
+        back), or None (no checkpoint, or a run that kept none)."""
         saved = (self.values or {}).get("summaries")
         if saved is None:
             return None
-        from ..unlearning.store import SummaryStore
-
-        return SummaryStore.from_arrays(saved["arrays"], saved["meta"])
+        return kind.from_arrays(saved["arrays"], saved["meta"])
 
     def save(self, identity: Mapping[str, Any], state: Any, log: RunLog,
              meter: CommunicationMeter, device_states: Mapping[int, Mapping[str, np.ndarray]],

@@ -189,8 +189,8 @@ class InProcessTransport:
         kept = self._kept_summaries = getattr(protocol, "kept_summaries", None)
         if saved is not None:
             state, log, meter, states, active = saved
-            restored = ckpt.kept_summaries()
-            if kept is not None and restored is not None:  # the rounds before the resume
+            restored = None if kept is None else ckpt.kept_summaries(type(kept))
+            if restored is not None:  # the rounds before the resume
                 kept.device_ids, kept.rounds = restored.device_ids, restored.rounds
                 kept.complete = restored.complete
         else:
