@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.kmeans import assign
 from ..core.threads import one_blas_thread
-from .server import PAPER_SERVER, _pick_first_device, explanation_warning, farthest_first
+from .server import PAPER_SERVER, pick_first_device, explanation_warning, farthest_first
 
 __all__ = ["Lloyd1Trace", "lloyd1_trace", "downdate"]
 
@@ -82,7 +82,7 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     w = np.concatenate(counts).astype(C.dtype) if protocol.weighted else np.ones(len(C))
     offsets = np.cumsum([0] + [len(c) for c in centers])
     with one_blas_thread():
-        seed_pos = _pick_first_device(centers, "widest", None)
+        seed_pos = pick_first_device(centers, "widest", None)
         init = farthest_first(C, k, start=np.arange(offsets[seed_pos], offsets[seed_pos + 1]))
         labels0 = assign(C, C[init])[0]
     weights = np.bincount(labels0, weights=w, minlength=k)

@@ -46,7 +46,7 @@ induced clustering, ``predict`` and the assignment of late devices agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.cluster.hierarchy import DisjointSet
@@ -57,7 +57,7 @@ from ..core.threads import one_blas_thread
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
 __all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained",
-           "farthest_first", "assign_to_centers",
+           "farthest_first", "assign_to_centers", "pick_first_device",
            "single_linkage", "SERVER_METHODS"]
 
 SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++",
@@ -151,7 +151,7 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         # k matrix-vector products and a few (N, k) distance blocks: BLAS threads only
         # add wake-ups here (measured 3-4x slower with 2 threads on a busy 2-core machine)
         with one_blas_thread():
-            seed_device = _pick_first_device(centers, first_device, rng, stacked=C)
+            seed_device = pick_first_device(centers, first_device, rng, stacked=C)
             init_idx = farthest_first(C, n_clusters, start=np.arange(offsets[seed_device],
                                                                      offsets[seed_device + 1]))
             res = lloyd(C, C[init_idx], weights=w,
@@ -186,7 +186,7 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
 
 def _best_weighted_kmeans(C, k, w, rng, centers, first_device, *, max_iter, tol):
     """Lowest weighted cost of weighted Lloyd from k-means++ starts and the farthest-first one."""
-    seed_device = _pick_first_device(centers, first_device if first_device != "random"
+    seed_device = pick_first_device(centers, first_device if first_device != "random"
                                      else "widest", None)
     offsets = np.cumsum([0] + [len(c) for c in centers])
     starts = [farthest_first(C, k, start=np.arange(offsets[seed_device],
@@ -298,7 +298,9 @@ def assign_to_centers(local_centers: np.ndarray, final_centers: np.ndarray) -> n
     return assign(local_centers, final_centers)[0]
 
 
-def _pick_first_device(centers, first_device, rng, stacked: np.ndarray | None = None) -> int:
+def pick_first_device(centers: Sequence[np.ndarray], first_device: Any,
+                      rng: np.random.Generator | None,
+                      stacked: np.ndarray | None = None) -> int:
     """Position of the device whose centers seed farthest-first; ``stacked``: the centers
     already concatenated (read in place when every device sent as many)."""
     n_dev = len(centers)
