@@ -284,7 +284,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         out = run_recorded(self, transport, protocol, dict(zip(device_ids, devices)), self.seed_)
         self._store(out.result, out.device_outputs, out.meter, device_ids)
         self._protocol_ = protocol
-        self._unlearning_.trace = _downdate_trace(self._unlearning_)
+        self._unlearning_.trace_of = _downdate_trace   # worked out at the first forget
         self._rows = fed.rows
         self.privacy_ = None
         if protocol.plan is not None:
@@ -362,7 +362,9 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self._store(out.result, out.device_outputs, out.meter, device_ids)
         u = self._unlearning_
         nxt = self.__dict__.pop("_next_trace", None)
-        u.trace = nxt if nxt is not None else _downdate_trace(u)
+        u.trace = nxt
+        if nxt is None:
+            u.trace_of = _downdate_trace
 
     def _downdate(self, u: Any, drop: list[int], kept: Any) -> Any:
         """The paper's server: the result without ``drop`` from the previous one

@@ -167,8 +167,21 @@ class Unlearning:
     #: False once a forget took the downdate path: the model then equals the server's
     #: step within DOWNDATE_RTOL, not bit for bit (until a full step runs again)
     exact: bool = True
-    #: what an estimator keeps to downdate its server's result (its own form)
-    trace: Any = None
+    #: how the estimator works out ``trace`` from this object when it is first read
+    trace_of: Any = None
+    _trace: Any = None
+
+    @property
+    def trace(self) -> Any:
+        """What an estimator keeps to downdate its server's result (its own form),
+        worked out on first use: a model that never forgets never pays for it."""
+        if self._trace is None and self.trace_of is not None:
+            self._trace, self.trace_of = self.trace_of(self), None
+        return self._trace
+
+    @trace.setter
+    def trace(self, value: Any) -> None:
+        self._trace, self.trace_of = value, None
 
     def __getstate__(self) -> dict[str, Any]:
         # the devices' side stays with the devices: a pickled model holds no device data
