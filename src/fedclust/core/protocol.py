@@ -21,6 +21,7 @@ by name and the round goes on without it.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -102,14 +103,28 @@ class RunLog:
         """A site run: each failed, rejected or distrusted device's reason names its site,
         ``site 'hospital_b' (device 2): ...`` in place of ``device 2: ...`` (``names[z]``
         is device z's site, a list by position or a mapping by device id; a placeholder
-        ``device z`` or a missing entry is left as is)."""
+        ``device z`` or a missing entry is left as is). A warning's list of devices,
+        ``devices 12, 40``, becomes ``sites 'hospital_a', 'hospital_b'`` when every
+        device listed has a site name."""
+        def name_of(z: int) -> str | None:
+            if isinstance(names, Mapping):
+                name = names.get(z)
+            else:
+                name = names[z] if 0 <= z < len(names) else None
+            return None if not name or name == f"device {z}" else str(name)
+
+        def listed(match: "re.Match[str]") -> str:
+            ids = [int(t) for t in match.group(1).split(", ")]
+            found = [name_of(z) for z in ids]
+            if any(n is None for n in found):
+                return match.group(0)
+            return "sites " + ", ".join(repr(n) for n in found)
+
+        self.warnings = [re.sub(r"\bdevices ((?:\d+, )*\d+)\b", listed, w) for w in self.warnings]
         for reasons in (self.failed, self.rejected, self.distrusted):
             for z, why in reasons.items():
-                if isinstance(names, Mapping):
-                    name = names.get(z)
-                else:
-                    name = names[z] if 0 <= z < len(names) else None
-                if not name or name == f"device {z}":
+                name = name_of(z)
+                if name is None:
                     continue
                 site, plain = f"site {name!r} (device {z})", f"device {z}"
                 if site in why:
@@ -191,6 +206,14 @@ class Protocol(ABC):
             raise ValidationError(f"{where}: protocol {self.name!r} needs labels; the data file "
                                   "has no 'y'")
         return data
+
+    def node_device_id(self, data: Any, given: int | None) -> int | None:
+        """The device id a node answers under, from its stored ``data`` and the id its
+        configuration gives (``given``: node config ``device-id``, the data file's, or
+        its ``partition-id``; ``None``: none). Default: ``given``. A protocol whose
+        devices are known by name (sites under ``site_ids = "name"``) derives it from
+        the data instead."""
+        return given
 
     # -- server side -----------------------------------------------------
     @abstractmethod

@@ -397,7 +397,8 @@ class Server:
         outputs = self._finish(result, ids)
         extra = dict(protocol.run_extra(state)) if hasattr(protocol, "run_extra") else {}
         if extra.get("sites"):  # a site run: a failed device is named by its site
-            log.name_sites(extra["sites"])
+            log.name_sites(dict(zip(extra["device_ids"], extra["sites"]))
+                           if "device_ids" in extra else extra["sites"])
         extra.update({"nodes": {str(z): n for z, n in self.node_of.items()},
                  "nodes_failed": {str(n): t for n, t in {**node_failed,
                                                          **self.node_failed}.items()},
