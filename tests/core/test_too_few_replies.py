@@ -146,3 +146,13 @@ def test_robust_cluster_without_replies_keeps_its_model_and_says_so(transport):
     assert sorted(r.run_log_.rejected) == sorted(members)
     assert any("cluster 0 got no valid update in 3 of 3 stage-3 rounds" in w
                for w in r.run_log_.warnings)
+
+
+def test_robust_fewer_erms_than_clusters(transport):
+    mix = make_mixture_regression(5, 30, 3, 3, noise=0.2, random_state=2)
+    with pytest.raises(TooFewReplies, match="only 2 machines sent an ERM but n_clusters=3") \
+            as info:
+        RobustClusteredRegression(3, rounds=2, random_state=0).fit(
+            mix.Xs, mix.ys, transport=transport(dropped=[0, 2, 4]))
+    assert info.value.round == 0 and sorted(info.value.reasons) == [0, 2, 4]
+    assert "devices 0, 2, 4: dropped out (never replied)" in str(info.value)

@@ -23,7 +23,8 @@ import numpy as np
 
 from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.validation import check_choice, check_float, check_int
-from ..core.exceptions import FedClustError, IncompatibleMessageError, TooFewReplies, ValidationError
+from ..core.exceptions import (FedClustError, IncompatibleMessageError, TooFewReplies,
+                               ValidationError)
 from .batched import n_uniforms
 from .local import (auto_range, local_kmeans, local_kmeans_auto, local_kmeans_auto_many,
                     local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked)
