@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..configured import build_estimator, capture_run, label_kind
+from ..configured import build_estimator, capture_run, forget_section, label_kind
 from ..core.exceptions import ConfigError, ValidationError
 from ..core.protocol import Protocol
 from ..core.registry import Federation, get_algorithm
@@ -149,8 +149,9 @@ def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, 
 
 def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
     """``directory/model.npz`` of a deployed run on site files (``extra``: the run's
-    :meth:`~fedclust.sites.deployed.SitePreprocessProtocol.run_extra`); None when the
-    algorithm registers no export."""
+    :meth:`~fedclust.sites.deployed.SitePreprocessProtocol.run_extra`; ``out.summaries``:
+    what the server kept of the algorithm's rounds, saved for ``fedclust forget``); None
+    when the algorithm registers no export."""
     from pathlib import Path
 
     from .files_out import save_model
@@ -168,7 +169,7 @@ def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
          "scale": np.asarray(p["scale_"]), "count": np.asarray(p["count"], np.int64),
          "n_rows": np.asarray(p["n_rows"], np.int64)},
         {"impute": p["impute"], "scale": p["scale"], "columns": p["columns"]})
-    model, fed = model_from_run(exp, _algorithm_rounds(out), extra["inner_config"],
+    model, fed = model_from_run(exp, out, extra["inner_config"],
                                 len(schema.columns),
                                 [int(n) or max(extra["site_rows"]) for n in extra["site_rows"]],
                                 schema.classes,
@@ -176,25 +177,10 @@ def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
     exported = algorithm.export(model, fed)
     if exported is None:
         return None
-    from ..unlearning.saved import saved_section
-
     return save_model(Path(directory) / "model.npz", exported, algorithm=algorithm.name,
                       preprocessor=pre, schema=schema, sites=extra["sites"],
-                      unlearning=saved_section(model, extra["sites"]))
+                      unlearning=forget_section(model, extra["sites"]))
 
-
-def _algorithm_rounds(out: Any) -> Any:
-    """``out`` with the server's kept summaries of the algorithm's rounds only (the
-    schema and preprocessing rounds before them are the site protocol's): what the
-    algorithm's estimator keeps to forget a site."""
-    import copy
-    from dataclasses import replace
-
-    from .deployed import SitePreprocessProtocol
-
-    kept = getattr(out, "summaries", None)
-    if kept is None:
-        return out
     own = set(SitePreprocessProtocol.reply_types)
     out = copy.copy(out)
     out.summaries = replace(kept, rounds=[r for r in kept.rounds if r.action not in own])

@@ -318,8 +318,16 @@ class SitePreprocessProtocol(Protocol):
 
     def write_outputs(self, out: RunOutput, extra: Mapping[str, Any], directory: Any) -> Any:
         """``directory/model.npz`` of the run (as ``fedclust run`` writes it), or None."""
+        import copy
+        from dataclasses import replace
+
         from .algorithm import save_run_model
 
+        kept = getattr(out, "summaries", None)
+        if kept is not None:   # the algorithm's rounds only: the site rounds are this wrapper's
+            own = set(type(self).reply_types)
+            out = copy.copy(out)
+            out.summaries = replace(kept, rounds=[r for r in kept.rounds if r.action not in own])
         return save_run_model(out, extra, directory)
 
     # -- site -----------------------------------------------------------------------------
