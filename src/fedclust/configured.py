@@ -14,7 +14,8 @@ from typing import Any, Mapping
 from .core.protocol import Protocol
 from .core.registry import Algorithm, Federation, get_algorithm
 
-__all__ = ["build_estimator", "label_kind", "Captured", "CaptureTransport", "capture_run"]
+__all__ = ["build_estimator", "label_kind", "Captured", "CaptureTransport", "capture_run",
+           "forget_section"]
 
 
 def build_estimator(cfg: Mapping[str, Any], preprocessor: Any = None,
@@ -84,3 +85,12 @@ def capture_run(algorithm: Algorithm, estimator: Any, federation: Federation,
     except Captured:
         return cap
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
+
+
+def forget_section(model: Any, site_names: Any = ()) -> Any:
+    """What a saved ``model.npz`` keeps so that ``fedclust forget`` can drop a site from
+    a fitted configured estimator: :func:`fedclust.unlearning.saved.saved_section`
+    (``None``: nothing kept, e.g. secure aggregation)."""
+    from .unlearning.saved import saved_section
+
+    return saved_section(model, site_names)

@@ -164,10 +164,6 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
         if cfg["data"].get("source") == "table":
             raise ConfigError("a deployed app takes one file per site: [data] source = \"files\" "
                               "(write each site's rows to its own file)")
-        if cfg["data"].get("site_ids", "position") != "position":
-            raise ConfigError("[data] site_ids = \"name\" runs in process or on the Flower "
-                              "simulation; a deployed app numbers the sites by their nodes' "
-                              "device-id (give each site the same device-id in every run)")
         request = site_request(cfg["data"])
         if request is not None:
             from .sites.deployed import deployed_protocol

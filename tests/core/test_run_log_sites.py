@@ -22,3 +22,16 @@ def test_a_reason_without_the_device_prefix_gets_the_site_in_front():
     log.name_sites(["h0", "h1"])
     assert log.failed == {0: "site 'h0' (device 0): policy refused action 'x'",
                           1: "site 'h1' (device 1): device 10 is not this one"}
+
+
+def test_a_warnings_list_of_devices_names_the_sites():
+    big, other = 1_837_465_112, 99
+    log = RunLog(warnings=[f"k-FED: 80% of the points ...; devices 3, {big}, ...): poorly",
+                           f"devices 3, {other}: one of them has no name",
+                           "robust: cluster 0 got no valid update"])
+    log.name_sites({3: "hospital_a", big: "hospital_b"})
+    log.name_sites({3: "hospital_a", big: "hospital_b"})  # a second call changes nothing
+    assert log.warnings == ["k-FED: 80% of the points ...; sites 'hospital_a', "
+                            "'hospital_b', ...): poorly",
+                            f"devices 3, {other}: one of them has no name",
+                            "robust: cluster 0 got no valid update"]

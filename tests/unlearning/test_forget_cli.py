@@ -181,13 +181,3 @@ def test_site_ids_other_than_position_or_name_is_refused(tmp_path, capsys):
     assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--no-plot"]) == 2
     err = capsys.readouterr().err
     assert "site_ids" in err and "'names'" in err and len(err.strip().splitlines()) == 1
-
-
-def test_a_deployed_app_refuses_site_ids_by_name_in_one_line(tmp_path, capsys):
-    pytest.importorskip("flwr")
-    write_sites(tmp_path, n_sites=3, seed=1, missing=0.0)
-    cfg = load_config_text(tmp_path, CONFIG + NO_POOLING)
-    assert main(["flower", "app", str(tmp_path / "app"), "--config", str(cfg),
-                 "--result-dir", str(tmp_path / "res"), "--no-wheel"]) == 2
-    err = capsys.readouterr().err
-    assert "site_ids" in err and "device-id" in err and len(err.strip().splitlines()) == 1

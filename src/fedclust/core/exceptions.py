@@ -15,6 +15,7 @@ __all__ = [
     "IncompatibleMessageError",
     "ConfigError",
     "NotFittedError",
+    "TooFewReplies",
 ]
 
 
@@ -29,6 +30,22 @@ class ValidationError(FedClustError, ValueError):
 class IncompatibleMessageError(ValidationError):
     """A message (from a client or from disk) has the wrong fields, shapes,
     dtypes or non-finite values. The server rejects it and names the sender."""
+
+
+class TooFewReplies(ValidationError):
+    """A run is left with fewer valid replies than its protocol needs (none at all, or
+    e.g. fewer local centers than clusters): it stops rather than keep a model that no
+    device's reply moved. ``round`` is the round (``None``: before any), ``reasons``
+    maps each device that gave no valid reply to why (dropped, late, failed, rejected).
+
+    A protocol raises it with what it needed; the transport adds the round and the
+    reasons (:func:`fedclust.core.protocol.explain_too_few`)."""
+
+    def __init__(self, message: str, *, round: int | None = None,
+                 reasons: dict[int, str] | None = None):
+        super().__init__(message)
+        self.round = round
+        self.reasons = dict(reasons or {})
 
 
 class ConfigError(ValidationError):

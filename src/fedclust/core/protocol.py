@@ -21,17 +21,20 @@ by name and the round goes on without it.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Protocol as TypingProtocol, Sequence, Union
 
 import numpy as np
 
-from .exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from .exceptions import FedClustError, IncompatibleMessageError, TooFewReplies, ValidationError
 from .messages import Message, StackedReplies
 
 __all__ = ["Request", "Protocol", "RunLog", "RunOutput", "Transport", "DeviceData", "ConfigValue",
-           "round_targets", "require_replies"]
+           "round_targets", "require_replies", "require_participants", "left_out",
+           "explain_too_few", "naming_left_out"]
 
 ConfigValue = Any  # int | float | str | bool | list of those
 
@@ -100,14 +103,28 @@ class RunLog:
         """A site run: each failed, rejected or distrusted device's reason names its site,
         ``site 'hospital_b' (device 2): ...`` in place of ``device 2: ...`` (``names[z]``
         is device z's site, a list by position or a mapping by device id; a placeholder
-        ``device z`` or a missing entry is left as is)."""
+        ``device z`` or a missing entry is left as is). A warning's list of devices,
+        ``devices 12, 40``, becomes ``sites 'hospital_a', 'hospital_b'`` when every
+        device listed has a site name."""
+        def name_of(z: int) -> str | None:
+            if isinstance(names, Mapping):
+                name = names.get(z)
+            else:
+                name = names[z] if 0 <= z < len(names) else None
+            return None if not name or name == f"device {z}" else str(name)
+
+        def listed(match: "re.Match[str]") -> str:
+            ids = [int(t) for t in match.group(1).split(", ")]
+            found = [name_of(z) for z in ids]
+            if any(n is None for n in found):
+                return match.group(0)
+            return "sites " + ", ".join(repr(n) for n in found)
+
+        self.warnings = [re.sub(r"\bdevices ((?:\d+, )*\d+)\b", listed, w) for w in self.warnings]
         for reasons in (self.failed, self.rejected, self.distrusted):
             for z, why in reasons.items():
-                if isinstance(names, Mapping):
-                    name = names.get(z)
-                else:
-                    name = names[z] if 0 <= z < len(names) else None
-                if not name or name == f"device {z}":
+                name = name_of(z)
+                if name is None:
                     continue
                 site, plain = f"site {name!r} (device {z})", f"device {z}"
                 if site in why:
@@ -189,6 +206,14 @@ class Protocol(ABC):
             raise ValidationError(f"{where}: protocol {self.name!r} needs labels; the data file "
                                   "has no 'y'")
         return data
+
+    def node_device_id(self, data: Any, given: int | None) -> int | None:
+        """The device id a node answers under, from its stored ``data`` and the id its
+        configuration gives (``given``: node config ``device-id``, the data file's, or
+        its ``partition-id``; ``None``: none). Default: ``given``. A protocol whose
+        devices are known by name (sites under ``site_ids = "name"``) derives it from
+        the data instead."""
+        return given
 
     # -- server side -----------------------------------------------------
     @abstractmethod
@@ -286,13 +311,82 @@ def round_targets(request: Request, active: Sequence[int], log: RunLog) -> list[
             if z in active_set and z not in log.failed and z not in log.rejected]
 
 
+def left_out(log: RunLog, ids: Sequence[int] | None = None) -> dict[int, str]:
+    """Why each device (of ``ids``; default: every device the log names) gave no valid
+    reply: dropped out, late, failed (its reason) or rejected (its reason)."""
+    reasons: dict[int, str] = {}
+    for z in log.dropped:
+        reasons[z] = f"device {z}: dropped out (never replied)"
+    for z in log.late:
+        reasons[z] = f"device {z}: late (replies only after the server has finished)"
+    reasons.update(log.failed)
+    reasons.update(log.rejected)
+    if ids is not None:
+        wanted = set(ids)
+        reasons = {z: why for z, why in reasons.items() if z in wanted}
+    return dict(sorted(reasons.items()))
+
+
+def _describe(reasons: Mapping[int, str], shown_ids: int = 12, shown_reasons: int = 8) -> str:
+    """``reasons`` in a line: devices with the same reason grouped, ``devices 0, 3: dropped
+    out (never replied)``; at most ``shown_reasons`` groups and ``shown_ids`` ids a group."""
+    groups: dict[str, list[int]] = {}
+    for z, why in reasons.items():
+        head = f"device {z}: "
+        groups.setdefault(why[len(head):] if why.startswith(head) else why, []).append(z)
+    parts = []
+    for why, zs in list(groups.items())[:shown_reasons]:
+        ids = ", ".join(str(z) for z in zs[:shown_ids])
+        more = f", ... ({len(zs)} in all)" if len(zs) > shown_ids else ""
+        parts.append(f"device{'s' if len(zs) > 1 else ''} {ids}{more}: {why}")
+    if len(groups) > shown_reasons:
+        parts.append(f"{len(groups) - shown_reasons} other reasons (the error's .reasons "
+                     "names every device)")
+    return "; ".join(parts)
+
+
+def explain_too_few(exc: TooFewReplies, round: int | None, log: RunLog) -> TooFewReplies:
+    """``exc`` with the round and why each device of the run gave no valid reply."""
+    if exc.reasons:   # already explained
+        return exc
+    reasons = left_out(log)
+    where = "before any round" if round is None else f"round {round}"
+    text = f"{where}: {exc}"
+    if reasons:
+        text += f"; {len(reasons)} device(s) gave no valid reply: {_describe(reasons)}"
+    return TooFewReplies(text, round=round, reasons=reasons)
+
+
+@contextmanager
+def naming_left_out(round: int | None, log: RunLog):
+    """Inside: a :class:`TooFewReplies` from the protocol's server maths is raised again
+    with the round and the devices' reasons (:func:`explain_too_few`)."""
+    try:
+        yield
+    except TooFewReplies as exc:
+        raise explain_too_few(exc, round, log) from None
+
+
+def require_participants(log: RunLog, round: int | None) -> None:
+    """Stop a run that ends with no participant (every device dropped, late, failed or
+    rejected): its model would be the protocol's start, moved by no device."""
+    if not log.participants:
+        raise explain_too_few(TooFewReplies(
+            "no device took part in the run: there is no model to return"), round, log)
+
+
 def require_replies(request: Request, targets: Sequence[int], replies: Mapping[int, Any],
                     log: RunLog) -> None:
-    """Stop the run, naming a few reasons, when nobody gave a valid reply
+    """Stop the run (:class:`TooFewReplies`, naming the round and why each device gave no
+    valid reply) when nobody gave one, including a round left with no device to ask
     (unless the round allows it: :attr:`Request.allow_empty`)."""
-    if targets and not replies and not request.allow_empty:
-        reasons = {**log.failed, **log.rejected}
-        shown = "; ".join(f"{reasons[z]}" for z in sorted(reasons)[:3])
-        raise ValidationError(
-            f"round {request.round}: none of the {len(targets)} devices gave a valid "
-            f"reply ({shown})")
+    if replies or request.allow_empty:
+        return
+    asked = request.devices if request.devices else None
+    reasons = left_out(log, asked)
+    if targets:
+        what = f"none of the {len(targets)} devices asked gave a valid reply"
+    else:
+        what = "no device was left to ask (every one dropped, late, failed or rejected)"
+    raise TooFewReplies(f"round {request.round}: {what}: {_describe(reasons)}",
+                        round=request.round, reasons=reasons)

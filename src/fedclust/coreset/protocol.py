@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.exceptions import IncompatibleMessageError, TooFewReplies, ValidationError
 from ..core.kmeans import assign
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
@@ -221,12 +221,12 @@ class CoresetProtocol(Protocol):
             state.n_features = state.n_features or spectra[0].components.shape[1]
             state.components, state.singular_values = combine_spectra(spectra, self.n_components)
             if state.components.shape[0] == 0:
-                raise ValidationError("every node that replied is empty: nothing to project")
+                raise TooFewReplies("every node that replied is empty: nothing to project")
         elif request.action == "costs":
             state.costs = {z: (float(replies[z].cost), int(replies[z].n_points)) for z in ids}
             state.n_points = sum(n for _, n in state.costs.values())
             if state.n_points == 0:
-                raise ValidationError("every node that replied is empty: nothing to cluster")
+                raise TooFewReplies("every node that replied is empty: nothing to cluster")
         else:
             state.portions = {z: replies[z] for z in ids}
         state.step += 1
@@ -247,7 +247,12 @@ class CoresetProtocol(Protocol):
         owner = np.concatenate([np.full(len(state.portions[z].weights), z, dtype=np.int64)
                                 for z in ids])
         if not (weights > 0).any():
-            raise ValidationError("the coreset is empty: no node sent a usable portion")
+            raise TooFewReplies("the coreset is empty: no node sent a usable portion")
+        n_held = int((weights > 0).sum())
+        if n_held < self.n_clusters:
+            raise TooFewReplies(
+                f"the coreset of the {len(ids)} replying devices holds {n_held} points but "
+                f"n_clusters={self.n_clusters}")
         reduced, cost = solve_weighted_kmeans(points, weights, self.n_clusters, state.seed,
                                               n_init=self.n_init, max_iter=self.max_iter)
         centers = self.lift(reduced, mean, comps)

@@ -146,13 +146,16 @@ def make_server_app(spec: ServerSpec | None = None, *,
 _DATA_CACHE: dict[tuple[str, float], tuple[np.ndarray, int | None]] = {}
 
 
-def load_node_data(context: Context, data_dir: str | Path | None = None) -> tuple[int, np.ndarray]:
+def load_node_data(context: Context, data_dir: str | Path | None = None, *,
+                   require_id: bool = True) -> tuple[int | None, np.ndarray]:
     """Default loader: ``(device_id, X)`` of this SuperNode.
 
     The file is node config ``data-path`` (deployment: ``flower-supernode
     --node-config "data-path='/data/dev0.npz'"``), else ``DATA_DIR/part-<partition-id>.npz``
     with ``DATA_DIR`` from the argument or the run config's ``data-dir``. The device
-    id is node config ``device-id``, else the file's ``device_id``, else ``partition-id``.
+    id is node config ``device-id``, else the file's ``device_id``, else ``partition-id``;
+    without any, an error, or ``None`` when not ``require_id`` (the protocol may know
+    the device by its data: :meth:`~fedclust.core.protocol.Protocol.node_device_id`).
     """
     nc = context.node_config
     if "data-path" in nc:
@@ -172,6 +175,8 @@ def load_node_data(context: Context, data_dir: str | Path | None = None) -> tupl
         z = int(nc["device-id"])
     elif z is None:
         if "partition-id" not in nc:
+            if not require_id:
+                return None, X
             raise ValidationError(f"{path}: no device_id in the file and no partition-id/device-id "
                                   "in the node config")
         z = int(nc["partition-id"])
@@ -395,7 +400,12 @@ def make_client_app(load_data: Callable[[Context], tuple[int, np.ndarray]] | Non
             if load_data is not None:
                 device_id, X = load_data(context)
             else:
-                device_id, X = load_node_data(context, data_dir)
+                device_id, X = load_node_data(context, data_dir, require_id=False)
+            device_id = protocol.node_device_id(X, device_id)
+            if device_id is None:
+                raise ValidationError(f"SuperNode {context.node_id}: no device id: set node "
+                                      "config device-id (or partition-id), or save device_id "
+                                      "in its data file")
             me = f"device {device_id}"
             if request.action == HELLO_ACTION:
                 n, d = _data_shape(X)

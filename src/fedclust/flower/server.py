@@ -16,7 +16,8 @@ from flwr.serverapp import Grid
 
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import message_nbytes
-from ..core.protocol import Request, RunLog, require_replies, round_targets
+from ..core.protocol import (Request, RunLog, naming_left_out, require_participants,
+                             require_replies, round_targets)
 from ..sim.meter import CommunicationMeter
 from ..sim.transport import RunOutput, draw_faults, late_request
 from ..core.secure_sum import SecureSumServer, check_summable
@@ -359,7 +360,9 @@ class Server:
         if state is None:
             state = protocol.start(active, self.seed)
         summaries = rec.summaries(active)   # what the server keeps to forget a device
+        last_round = None
         while (request := protocol.next_request(state)) is not None:
+            last_round = request.round
             active = self.rejoin(request, active, log)
             targets = round_targets(request, active, log)
             rec.before_round(request, self.meter.rounds)   # written ahead of any release
@@ -375,12 +378,14 @@ class Server:
                      " (server holds their sum only)" if request.action in self.summed else "")
             require_replies(request, targets, replies, log)
             record_round(summaries, request, replies)
-            with one_blas_thread():  # the same rounding on every transport and machine
+            # the same rounding on every transport and machine
+            with one_blas_thread(), naming_left_out(request.round, log):
                 protocol.server_step(state, request, replies)
             rec.after_round(state, log, self.meter, active, self.rejoined, summaries)
         rec.finish(log)
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
-        with one_blas_thread():
+        require_participants(log, last_round)
+        with one_blas_thread(), naming_left_out(last_round, log):
             result = protocol.finish(state, log)
         if hasattr(protocol, "assign_late"):
             back = self.rejoin_late(log)
@@ -392,7 +397,8 @@ class Server:
         outputs = self._finish(result, ids)
         extra = dict(protocol.run_extra(state)) if hasattr(protocol, "run_extra") else {}
         if extra.get("sites"):  # a site run: a failed device is named by its site
-            log.name_sites(extra["sites"])
+            log.name_sites(dict(zip(extra["device_ids"], extra["sites"]))
+                           if "device_ids" in extra else extra["sites"])
         extra.update({"nodes": {str(z): n for z, n in self.node_of.items()},
                  "nodes_failed": {str(n): t for n, t in {**node_failed,
                                                          **self.node_failed}.items()},

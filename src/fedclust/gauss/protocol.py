@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.exceptions import IncompatibleMessageError, TooFewReplies, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
@@ -374,7 +374,7 @@ class GaussProtocol(Protocol):
     def finish(self, state: _State, log: RunLog) -> GaussResult:
         m = state.model
         if m is None:
-            raise ValidationError("no device replied (all dropped, failed or rejected); no model")
+            raise TooFewReplies("no device replied (all dropped, failed or rejected); no model")
         with one_thread():
             cs = from_message(m, self.settings, self.n_classes)
         C = cs.C

@@ -23,7 +23,8 @@ import numpy as np
 
 from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.validation import check_choice, check_float, check_int
-from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
+from ..core.exceptions import (FedClustError, IncompatibleMessageError, TooFewReplies,
+                               ValidationError)
 from .batched import n_uniforms
 from .local import (auto_range, local_kmeans, local_kmeans_auto, local_kmeans_auto_many,
                     local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked)
@@ -285,8 +286,13 @@ class KFedProtocol(Protocol):
         self._drop_minority_dimension(state, log)
         ids = sorted(state.replies)
         if not ids:
-            raise ValidationError(
+            raise TooFewReplies(
                 "no device replied (all dropped, late, failed or rejected); nothing to aggregate")
+        total = sum(len(state.replies[z].centers) for z in ids)
+        if total < self.n_clusters:
+            raise TooFewReplies(
+                f"the {len(ids)} replying devices sent {total} local centers in all but "
+                f"n_clusters={self.n_clusters}; need sum k_z >= k")
         centers = [state.replies[z].centers for z in ids]
         counts = [state.replies[z].counts for z in ids]
         if centers[0].dtype != np.float32 or any(c.dtype != centers[0].dtype for c in centers):

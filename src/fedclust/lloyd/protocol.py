@@ -67,7 +67,7 @@ import numpy as np
 from ..core.kmeans import assign, kmeans_plusplus
 from ..core.random import device_rng, server_rng, sklearn_seed
 from ..core.validation import check_choice, check_float, check_int
-from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.exceptions import IncompatibleMessageError, TooFewReplies, ValidationError
 from ..core.messages import Message
 from ..privacy import (DifferentialPrivacy, PrivacyPlan, Release, clip_points, noise_rng, planned,
                        pop_privacy, privacy_config)
@@ -408,7 +408,7 @@ class DistributedLloydProtocol(Protocol):
 
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if not replies:
-            raise ValidationError(f"no device replied in round {request.round}")
+            raise TooFewReplies("no device replied")
         if self.noise_devices and request.action in self.summed_actions:
             check_noise_devices(replies, sum(int(r.n_devices) for r in replies.values()),
                                 self.noise_devices, request.round)
@@ -430,7 +430,7 @@ class DistributedLloydProtocol(Protocol):
         w = np.concatenate([np.full(len(r.points), int(r.n_points) / max(len(r.points), 1))
                             for r in replies])
         if len(pts) < self.n_clusters:
-            raise ValidationError(
+            raise TooFewReplies(
                 f"the pooled sample has {len(pts)} points for n_clusters={self.n_clusters}")
         state.centers = pts[kmeans_plusplus(pts, self.n_clusters, server_rng(state.seed),
                                             weights=w)]

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core.exceptions import IncompatibleMessageError, ValidationError
+from ..core.exceptions import IncompatibleMessageError, TooFewReplies, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.random import device_rng
@@ -87,6 +87,8 @@ class _State:
     flags: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)
     betas: list = field(default_factory=list)
+    #: cluster -> stage-3 rounds in which none of its members gave a valid reply
+    idle: dict = field(default_factory=dict)
 
 
 class RobustRegressionProtocol(Protocol):
@@ -153,9 +155,12 @@ class RobustRegressionProtocol(Protocol):
         own = {j: ClusterParams(params=state.models[j].copy(), cluster=np.int64(j))
                for j in range(state.models.shape[0])}
         members = tuple(z for z, c in sorted(state.clusters.items()) if c >= 0)
+        if not members:   # every machine judged Byzantine: no stage 3 to run
+            return None
         payloads = {z: own[state.clusters[z]] for z in members}
-        # a round nobody answered keeps the models
-        return self._req(state, STEP, None, members, allow_empty=True, payloads=payloads)
+        # a round nobody answered stops the run (the transport names why); a cluster
+        # none of whose members answered keeps its model, as the run log says
+        return self._req(state, STEP, None, members, payloads=payloads)
 
     def _req(self, state, action, payload, devices, allow_empty: bool = False,
              payloads=None) -> Request:
@@ -188,6 +193,8 @@ class RobustRegressionProtocol(Protocol):
         for j in todo:
             ids = sorted(z for z in replies if state.clusters[z] == j)
             if not ids:
+                if any(c == j for c in state.clusters.values()):
+                    state.idle.setdefault(j, []).append(r)
                 continue
             U = np.array([replies[z].params for z in ids], dtype=np.float64)
             # trim at least the share of a group beyond k that this cluster absorbed
@@ -207,7 +214,7 @@ class RobustRegressionProtocol(Protocol):
         W = np.array([replies[z].coef for z in ids], dtype=np.float64)
         state.erms = dict(zip(ids, W))
         if len(ids) < self.n_clusters:
-            raise ValidationError(
+            raise TooFewReplies(
                 f"only {len(ids)} machines sent an ERM but n_clusters={self.n_clusters}")
         out = cluster_erms(W, self.n_clusters, self.clustering, seed=state.seed,
                            radius=self.radius, beta=self.beta, init=self.init,
@@ -233,6 +240,16 @@ class RobustRegressionProtocol(Protocol):
         state.phase = "steps"
 
     def finish(self, state: _State, log: RunLog) -> RobustRegressionResult:
+        for j, rounds in sorted(state.idle.items()):
+            members = [z for z, c in sorted(state.clusters.items()) if c == j]
+            log.warnings.append(
+                f"robust: cluster {j} got no valid update in {len(rounds)} of {self.rounds} "
+                f"stage-3 rounds (first: round {rounds[0] + 1}; its machines {members} dropped, "
+                "failed or were rejected, see the run log): its model is the one from before "
+                "those rounds")
+        if not any(c >= 0 for c in state.clusters.values()) and state.clusters:
+            log.warnings.append("robust: every machine's ERM was judged Byzantine in stage 2: "
+                                "stage 3 did not run; the models are the stage-2 centres")
         for z in sorted(state.clusters):
             if state.clusters[z] < 0:
                 log.distrusted[z] = (f"machine {z}: its ERM lies outside every cluster's "

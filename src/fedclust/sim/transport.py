@@ -27,8 +27,8 @@ from ..core.validation import check_float
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from ..core.messages import Message, StackedReplies, message_nbytes
 from ..core.threads import one_blas_thread
-from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, require_replies,
-                             round_targets)
+from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, naming_left_out,
+                             require_participants, require_replies, round_targets)
 from ..core.policy import PolicyRefusal, policy_for
 from ..core.secure_sum import SecureAggregation, check_summable, make_identities
 from .meter import CommunicationMeter
@@ -197,7 +197,9 @@ class InProcessTransport:
             state = protocol.start(active, seed)
         ledger = ckpt.ledger if ckpt is not None else PrivacyLedger()
         rounds_bar = _rounds_bar(self.progress, protocol.name)
+        last_round = None
         while (request := protocol.next_request(state)) is not None:
+            last_round = request.round
             targets = round_targets(request, active, log)
             # written ahead: the round counts as spent before anything is released
             ledger.spend(request.round, request.action, round_releases(protocol, request),
@@ -223,7 +225,8 @@ class InProcessTransport:
                                            "devices")
                 rounds_bar.update(1)
             require_replies(request, targets, replies, log)
-            self._server_step(protocol, state, request, replies)
+            with naming_left_out(request.round, log):
+                self._server_step(protocol, state, request, replies)
             if ckpt is not None:
                 self._checkpoint(ckpt, identity, state, log, meter, states, active)
         if rounds_bar is not None:
@@ -231,7 +234,8 @@ class InProcessTransport:
         if any(e["releases"] for e in ledger.entries + ledger.lost):
             log.privacy_ledger = ledger.summary(getattr(protocol, "plan", None))
         log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
-        with one_blas_thread():
+        require_participants(log, last_round)
+        with one_blas_thread(), naming_left_out(last_round, log):
             result = protocol.finish(state, log)
         if late and hasattr(protocol, "assign_late"):
             self._assign_late(protocol, result, sorted(late), devices, states, seed, log, meter)

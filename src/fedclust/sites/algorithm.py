@@ -7,11 +7,11 @@ the registry (:mod:`fedclust.configured`).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..configured import build_estimator, capture_run, label_kind
+from ..configured import build_estimator, capture_run, forget_section, label_kind
 from ..core.exceptions import ConfigError, ValidationError
 from ..core.protocol import Protocol
 from ..core.registry import Federation, get_algorithm
@@ -74,9 +74,11 @@ def _algorithm_cfg(exp: Mapping[str, Any], n_features: int, probe: bool = False
     return cfg, SimpleNamespace(privacy_plan_=plan)
 
 
-def _placeholder(n_features: int, sizes: list[int], classes: Any, labels: str) -> Federation:
+def _placeholder(n_features: int, sizes: list[int], classes: Any, labels: str,
+                 device_ids: Sequence[int] | None = None) -> Federation:
     """Rows of the schema's shape (no site's value): what an estimator validates and shapes
-    its protocol from. Every class appears; targets are numbers for ``labels="value"``."""
+    its protocol from. Every class appears; targets are numbers for ``labels="value"``.
+    ``device_ids``: the sites' ids (default: their positions)."""
     rng = np.random.default_rng(0)
     devices = [rng.standard_normal((max(int(n), 1), int(n_features))) for n in sizes]
     ys = None
@@ -87,12 +89,13 @@ def _placeholder(n_features: int, sizes: list[int], classes: Any, labels: str) -
             start += len(X)
     elif labels == "value":
         ys = [rng.standard_normal(len(X)) for X in devices]
-    return Federation(devices, ys, "placeholder rows of the sites' schema")
+    return Federation(devices, ys, "placeholder rows of the sites' schema",
+                      device_ids=None if device_ids is None else [int(z) for z in device_ids])
 
 
 def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int],
-                        classes: Any = None, labels: str = "class", probe: bool = False
-                        ) -> Protocol:
+                        classes: Any = None, labels: str = "class", probe: bool = False,
+                        device_ids: Sequence[int] | None = None) -> Protocol:
     """The protocol the configured estimator builds for sites of this shape.
 
     ``exp``: ``{"algorithm": {...}, "seed": s, "secure_aggregation": b}``. The
@@ -102,9 +105,11 @@ def protocol_for_schema(exp: Mapping[str, Any], n_features: int, sizes: list[int
     not on its values (tested for every registered algorithm). With
     ``exp["privacy"]`` the estimator's budget is what the preprocessing's release
     leaves (as ``fedclust run``); a ``probe`` (columns not known yet) skips that.
+    ``device_ids``: the sites' ids, ``sizes[i]`` the rows of site ``device_ids[i]``
+    (default: ids by position).
     """
     cfg, pre = _algorithm_cfg(exp, n_features, probe)
-    fed = _placeholder(n_features, sizes, classes, labels)
+    fed = _placeholder(n_features, sizes, classes, labels, device_ids)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
     model = build_estimator(cfg, pre, classes if labels == "class" else None)
     return capture_run(algorithm, model, fed, bool(exp.get("secure_aggregation", False))).protocol
@@ -127,13 +132,15 @@ class _ReplayTransport:
 
 
 def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, Any],
-                   n_features: int, sizes: list[int], classes: Any, labels: str) -> Any:
+                   n_features: int, sizes: list[int], classes: Any, labels: str,
+                   device_ids: Sequence[int] | None = None) -> Any:
     """``(estimator, placeholder federation)``: the configured estimator fitted from a
     finished run's output (a deployed run), as if it had run it."""
     cfg, pre = _algorithm_cfg(exp, n_features)
-    fed = _placeholder(n_features, sizes, classes, labels)
+    fed = _placeholder(n_features, sizes, classes, labels, device_ids)
     algorithm = get_algorithm(cfg["algorithm"]["name"])
-    probe = protocol_for_schema(exp, n_features, sizes, classes, labels)
+    probe = protocol_for_schema(exp, n_features, sizes, classes, labels,
+                                device_ids=device_ids)
     model = build_estimator(cfg, pre, classes if labels == "class" else None)
     algorithm.fit(model, fed, _ReplayTransport(out, probe.name, inner_config,
                                                bool(exp.get("secure_aggregation", False))))
@@ -142,8 +149,9 @@ def model_from_run(exp: Mapping[str, Any], out: Any, inner_config: Mapping[str, 
 
 def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
     """``directory/model.npz`` of a deployed run on site files (``extra``: the run's
-    :meth:`~fedclust.sites.deployed.SitePreprocessProtocol.run_extra`); None when the
-    algorithm registers no export."""
+    :meth:`~fedclust.sites.deployed.SitePreprocessProtocol.run_extra`; ``out.summaries``:
+    what the server kept of the algorithm's rounds, saved for ``fedclust forget``); None
+    when the algorithm registers no export."""
     from pathlib import Path
 
     from .files_out import save_model
@@ -161,15 +169,22 @@ def save_run_model(out: Any, extra: Mapping[str, Any], directory: Any) -> Any:
          "scale": np.asarray(p["scale_"]), "count": np.asarray(p["count"], np.int64),
          "n_rows": np.asarray(p["n_rows"], np.int64)},
         {"impute": p["impute"], "scale": p["scale"], "columns": p["columns"]})
-    model, fed = model_from_run(exp, out, extra["inner_config"], len(schema.columns),
+    model, fed = model_from_run(exp, out, extra["inner_config"],
+                                len(schema.columns),
                                 [int(n) or max(extra["site_rows"]) for n in extra["site_rows"]],
                                 schema.classes,
-                                extra["labels"])
+                                extra["labels"], device_ids=extra.get("device_ids"))
     exported = algorithm.export(model, fed)
     if exported is None:
         return None
     return save_model(Path(directory) / "model.npz", exported, algorithm=algorithm.name,
-                      preprocessor=pre, schema=schema, sites=extra["sites"])
+                      preprocessor=pre, schema=schema, sites=extra["sites"],
+                      unlearning=forget_section(model, extra["sites"]))
+
+    own = set(SitePreprocessProtocol.reply_types)
+    out = copy.copy(out)
+    out.summaries = replace(kept, rounds=[r for r in kept.rounds if r.action not in own])
+    return out
 
 
 def present_sites(cfg: Mapping[str, Any], fed: Federation) -> list[int]:

@@ -120,6 +120,12 @@ class SitePreprocessProtocol(Protocol):
         Whether the algorithm's protocol takes labels.
     summed : list of str
         Actions whose replies the server only sums (secure aggregation).
+    site_ids : {"position", "name"}
+        How the sites are numbered (``[data] site_ids``): by each node's ``device-id``,
+        or each by its name, the stem of its file
+        (:func:`fedclust.core.random.named_device_id`, derived on the node whatever
+        its ``device-id``): a site's random streams and the protocol's slots then
+        follow it whichever other sites take part.
     """
 
     name = "site-preprocess"
@@ -127,7 +133,7 @@ class SitePreprocessProtocol(Protocol):
 
     def __init__(self, inner: str, experiment: str, request: str, impute: str = "mean",
                  scaling: str = "standard", supervised: bool = False,
-                 summed: Sequence[str] = ()):
+                 summed: Sequence[str] = (), site_ids: str = "position"):
         from ..core.registry import PROTOCOLS
         from ..core.validation import check_choice
         from .preprocess import IMPUTE, SCALE
@@ -144,6 +150,7 @@ class SitePreprocessProtocol(Protocol):
         self.supervised = bool(supervised)
         self.summed = [str(a) for a in summed]
         self.summed_actions = frozenset(self.summed)
+        self.site_ids = check_choice(str(site_ids), "site_ids", ("position", "name"))
         # the algorithm's actions first: a transport asks a late device the first one
         self.reply_types = {**PROTOCOLS[self.inner_name].reply_types, **type(self).reply_types}
         self.inner: Protocol | None = None  # the server's, built in the schema round
@@ -153,7 +160,7 @@ class SitePreprocessProtocol(Protocol):
     def config(self) -> dict[str, Any]:
         return {"inner": self.inner_name, "experiment": self.experiment, "request": self.request,
                 "impute": self.impute, "scaling": self.scaling, "supervised": self.supervised,
-                "summed": list(self.summed)}
+                "summed": list(self.summed), "site_ids": self.site_ids}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "SitePreprocessProtocol":
@@ -167,6 +174,16 @@ class SitePreprocessProtocol(Protocol):
     # -- server ---------------------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> _CompositeState:
         return _CompositeState(tuple(int(z) for z in device_ids), int(seed))
+
+    def node_device_id(self, data: Any, given: int | None) -> int | None:
+        """Under ``site_ids = "name"``: the id of the site's name (its file's stem), the
+        id ``fedclust run`` gives it; otherwise the node's configured id."""
+        if self.site_ids != "name":
+            return given
+        from ..core.random import named_device_id
+        from .schema_round import as_table
+
+        return named_device_id(as_table(data, "site").name)
 
     def next_request(self, state: _CompositeState) -> Request | None:
         from .preprocess import PooledTransform
@@ -193,11 +210,16 @@ class SitePreprocessProtocol(Protocol):
         from .algorithm import protocol_for_schema
 
         exp = json.loads(self.experiment)
-        n_dev = max([*sizes, *[-1]]) + 1
-        fill = max(sizes.values(), default=1)  # a site that did not answer: shape only
-        inner = protocol_for_schema(exp, len(schema.columns),
-                                    [sizes.get(z, fill) for z in range(n_dev)],
-                                    schema.classes, self._request.labels)
+        if self.site_ids == "name":   # the protocol's slots are the sites' own ids
+            ids = sorted(sizes)
+            inner = protocol_for_schema(exp, len(schema.columns), [sizes[z] for z in ids],
+                                        schema.classes, self._request.labels, device_ids=ids)
+        else:
+            n_dev = max([*sizes, *[-1]]) + 1
+            fill = max(sizes.values(), default=1)  # a site that did not answer: shape only
+            inner = protocol_for_schema(exp, len(schema.columns),
+                                        [sizes.get(z, fill) for z in range(n_dev)],
+                                        schema.classes, self._request.labels)
         if inner.name != self.inner_name:
             raise ValidationError(f"the algorithm built protocol {inner.name!r} for the sites' "
                                   f"schema, the app was written for {self.inner_name!r}")
@@ -223,7 +245,8 @@ class SitePreprocessProtocol(Protocol):
                 {"schema": schema.to_json(), "inner": inner.config()}))
             state.moments_protocol = preprocess_protocol(
                 json.loads(self.experiment), self.impute, self.scaling, schema.columns,
-                names=[names.get(z, f"device {z}") for z in range(max(names) + 1)])
+                names=() if self.site_ids == "name" else
+                [names.get(z, f"device {z}") for z in range(max(names) + 1)])
             state.moments = state.moments_protocol.start(state.device_ids, state.seed)
             state.inner = inner.start(state.device_ids, state.seed)
             state.phase = 1
@@ -257,14 +280,19 @@ class SitePreprocessProtocol(Protocol):
         p = state.pooled
         if p is None:
             return {}
-        n_dev = max(state.names) + 1 if state.names else 0
+        if self.site_ids == "name":   # by id: the sites that sent their schema
+            ids = sorted(state.names)
+            by_id = {"sites": [state.names[z] for z in ids],
+                     "site_rows": [state.sizes.get(z, 0) for z in ids], "device_ids": ids}
+        else:
+            n_dev = max(state.names) + 1 if state.names else 0
+            by_id = {"sites": [state.names.get(z, f"device {z}") for z in range(n_dev)],
+                     "site_rows": [state.sizes.get(z, 0) for z in range(n_dev)]}
         return {"preprocess": {"impute": self.impute, "scale": self.scaling,
                                "columns": list(state.schema.columns), "mean": p.mean.tolist(),
                                "var": p.var.tolist(), "scale_": p.scale.tolist(),
                                "count": p.count.tolist(), "n_rows": int(p.n_rows)},
-                "schema": state.schema.to_json(),
-                "sites": [state.names.get(z, f"device {z}") for z in range(n_dev)],
-                "site_rows": [state.sizes.get(z, 0) for z in range(n_dev)],
+                "schema": state.schema.to_json(), **by_id,
                 "inner_config": state.inner_protocol.config(),
                 "experiment": json.loads(self.experiment), "labels": self._request.labels,
                 **self._privacy_extra(state)}
@@ -290,8 +318,16 @@ class SitePreprocessProtocol(Protocol):
 
     def write_outputs(self, out: RunOutput, extra: Mapping[str, Any], directory: Any) -> Any:
         """``directory/model.npz`` of the run (as ``fedclust run`` writes it), or None."""
+        import copy
+        from dataclasses import replace
+
         from .algorithm import save_run_model
 
+        kept = getattr(out, "summaries", None)
+        if kept is not None:   # the algorithm's rounds only: the site rounds are this wrapper's
+            own = set(type(self).reply_types)
+            out = copy.copy(out)
+            out.summaries = replace(kept, rounds=[r for r in kept.rounds if r.action not in own])
         return save_run_model(out, extra, directory)
 
     # -- site -----------------------------------------------------------------------------
@@ -495,20 +531,35 @@ def deployed_protocol(cfg: Mapping[str, Any], request: Any, count_sites: bool
             request = request.public()
         except ValidationError as exc:
             raise ConfigError(str(exc)) from None
+    site_ids = str(cfg["data"].get("site_ids", "position"))
     protocol = SitePreprocessProtocol(
         probe.name, json.dumps(exp), json.dumps(request.to_json()),
         opts.get("impute", "mean"), opts.get("scale", "standard"), bool(probe.supervised),
-        summed)
+        summed, site_ids)
     devices: dict[int, Any] = {}
     if count_sites:
+        from ..core.random import named_device_ids
         from . import site_paths
 
         try:
-            devices = dict(enumerate(site_paths(cfg["data"])))
+            paths = site_paths(cfg["data"])
         except ValidationError as exc:
             raise ValidationError(f"{exc} (the app reads no site file: pass --min-nodes N "
                                   "when the files are not on this machine)") from None
+        # a site file's name is its stem (read_table), the name its id is drawn from
+        ids = (named_device_ids([_stem(p) for p in paths]) if site_ids == "name"
+               else range(len(paths)))
+        devices = dict(zip(ids, paths))
     return protocol, devices, int(cfg["seed"])
+
+
+def _stem(path: str) -> str:
+    """A site file's name as :func:`fedclust.sites.read_table` gives it (nothing is read)."""
+    from pathlib import Path
+
+    from .files_in import file_stem
+
+    return file_stem(Path(path))
 
 
 def _check_private_preprocess(exp: Mapping[str, Any]) -> None:
