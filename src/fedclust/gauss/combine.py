@@ -1,0 +1,149 @@
+"""Combine mixture components into clusters by the entropy of the posteriors.
+
+Baudry, Raftery, Celeux, Lo & Gottardo (2010), "Combining mixture components for
+clustering" (J. Comput. Graph. Stat. 19(2)). Starting from the merged model (the BIC
+solution), two components k, l whose posteriors ``t_k, t_l`` overlap are combined when
+the entropy of the posterior assignments,
+
+    Ent(K) = - sum_i sum_k t_ik log t_ik,
+
+drops the most by replacing them with their sum ``t_k + t_l``; the pair that gives the
+largest drop is combined first, then the next, down to one cluster. The number of
+clusters is the change point of the curve Ent(K) against K (a continuous two-segment
+linear fit, least squares over the break): before it each combination removes much
+entropy (components that describe one cluster), after it little (clusters the data
+separates).
+
+The server holds no rows, so the sum over rows is an expectation under the model:
+``N sum_k w_k E_{x ~ N(mu_k, Sigma_k)}[-sum_l t_l(x) log t_l(x)]``, estimated with the
+same ``n_points`` quasi-random points per component (an unscrambled Sobol sequence mapped
+through the normal quantile: deterministic, no random state, so the result depends only
+on the model). The posteriors are the model's own (:meth:`ClusterSet.log_scores`, what
+``predict_proba`` uses). A combined cluster is stored as one Gaussian with the exact
+pooled statistics (n, mean, scatter) of its components, like every merge of the server.
+Work: O(K n_points K D^2) for the posteriors and O(K^3 n_points) for the combinations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import softmax, xlogy
+from scipy.stats import norm, qmc
+
+from .model import ClusterSet
+from .stats import merge_clusters
+
+__all__ = ["combine_by_entropy", "model_posteriors", "entropy_path", "change_point"]
+
+#: quasi-random points per component (a power of two keeps Sobol's balance)
+N_POINTS = 256
+
+
+def model_posteriors(cs: ClusterSet, n_points: int = N_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Posteriors of quasi-random points drawn from every component of ``cs``.
+
+    Returns
+    -------
+    T : ndarray of shape (C * n_points, C)
+        The model's posteriors (``predict_proba``) at the points; rows ``k * n_points``
+        to ``(k + 1) * n_points - 1`` come from component ``k``.
+    weight : ndarray of shape (C * n_points,)
+        ``n_k / n_points``: summing ``weight * f(point)`` estimates the sum of ``f`` over
+        the rows the model describes.
+    """
+    C, D = cs.C, cs.D
+    sobol = qmc.Sobol(D, scramble=False)
+    sobol.fast_forward(1)   # the first point is 0 (an infinite quantile)
+    z = norm.ppf(sobol.random(n_points))
+    cov = cs.covariance(np.arange(C))
+    pts = np.empty((C * n_points, D))
+    for k in range(C):
+        root = np.linalg.cholesky(cov[k]) if cs.full else np.diag(np.sqrt(cov[k]))
+        pts[k * n_points:(k + 1) * n_points] = cs.mu[k] + z @ root.T
+    T = softmax(cs.log_scores(pts, "likelihood"), axis=1)
+    weight = np.repeat(cs.n[:C] / n_points, n_points)
+    return T, weight
+
+
+def entropy_path(T: np.ndarray, weight: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """Baudry et al.'s greedy combinations of the columns of posteriors ``T`` (m, K).
+
+    Returns
+    -------
+    merges : list of (a, b), length K - 1
+        Column ``b`` is added to column ``a`` (a < b) and removed; the indices refer to
+        the columns left after the previous combinations.
+    entropy : ndarray of shape (K,)
+        ``entropy[j]`` is the weighted posterior entropy with ``K - j`` clusters.
+    """
+    T = np.array(T, float)
+    w = np.asarray(weight, float)[:, None]
+    own = -(w * xlogy(T, T)).sum(axis=0)
+    ent = [float(own.sum())]
+    merges: list[tuple[int, int]] = []
+    while T.shape[1] > 1:
+        K = T.shape[1]
+        a, b = np.triu_indices(K, 1)
+        joint = -(w * xlogy(T[:, a] + T[:, b], T[:, a] + T[:, b])).sum(axis=0)
+        drop = own[a] + own[b] - joint
+        j = int(np.argmax(drop))
+        p, q = int(a[j]), int(b[j])
+        T[:, p] += T[:, q]
+        T = np.delete(T, q, axis=1)
+        own[p] = joint[j]
+        own = np.delete(own, q)
+        merges.append((p, q))
+        ent.append(float(own.sum()))
+    return merges, np.array(ent)
+
+
+def change_point(entropy: np.ndarray) -> int:
+    """Number of clusters at the change point of ``entropy`` (Ent(K0), ..., Ent(1)).
+
+    A continuous two-segment linear fit of Ent against K, break at an integer K in
+    2..K0 - 1, least squares; with fewer than 3 points nothing is combined (K0)."""
+    ent = np.asarray(entropy, float)
+    K0 = ent.size
+    if K0 < 3:
+        return K0
+    k = np.arange(K0, 0, -1, dtype=float)
+    best, best_k = np.inf, K0
+    for brk in range(K0 - 1, 1, -1):
+        X = np.column_stack([np.ones(K0), k, np.maximum(k - brk, 0.0)])
+        coef, *_ = np.linalg.lstsq(X, ent, rcond=None)
+        sse = float(((X @ coef - ent) ** 2).sum())
+        if sse < best:   # ties: the larger K (fewer combinations)
+            best, best_k = sse, brk
+    return best_k
+
+
+def combine_by_entropy(cs: ClusterSet, n_points: int = N_POINTS) -> int:
+    """Combine the components of ``cs`` down to the entropy change point, in place.
+
+    Every combined cluster gets the exact pooled (n, mean, scatter) of its components and
+    the identity (uid) of the first of them; the others' uids map to it in ``cs.joined``.
+    Clustering only (``n_classes = 0``); returns the number of components removed.
+    """
+    C = cs.C
+    if cs.n_classes or C < 3:
+        return 0
+    T, weight = model_posteriors(cs, n_points)
+    merges, ent = entropy_path(T, weight)
+    K = change_point(ent)
+    groups = [[k] for k in range(C)]
+    for p, q in merges[:C - K]:
+        groups[p] += groups.pop(q)
+    for g in groups:
+        g.sort()
+        p = g[0]
+        for q in g[1:]:
+            P, Q = slice(p, p + 1), slice(q, q + 1)
+            n, mu, S = merge_clusters(cs.n[P], cs.mu[P], cs.S[P], cs.n[Q], cs.mu[Q], cs.S[Q])
+            cs.n[p], cs.mu[p], cs.S[p] = n[0], mu[0], S[0]
+            cs.last[p] = max(cs.last[p], cs.last[q])
+            cs.joined[int(cs.uid[q])] = int(cs.uid[p])
+        if len(g) > 1:
+            cs.refresh(np.array([p]))
+    keep = np.array(sorted(g[0] for g in groups), dtype=np.int64)
+    cs.keep_clusters(keep)
+    return C - int(keep.size)
