@@ -33,20 +33,20 @@ from scipy.stats import norm, qmc
 from .model import ClusterSet
 from .stats import merge_clusters
 
-__all__ = ["combine_by_entropy", "model_posteriors", "entropy_path", "change_point"]
+__all__ = ["combine_by_entropy", "model_points", "model_posteriors", "entropy_path", "change_point"]
 
 #: quasi-random points per component (a power of two keeps Sobol's balance)
 N_POINTS = 256
 
 
-def model_posteriors(cs: ClusterSet, n_points: int = N_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """Posteriors of quasi-random points drawn from every component of ``cs``.
+def model_points(cs: ClusterSet, n_points: int = N_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Quasi-random points drawn from every component of ``cs`` and their weights.
 
     Returns
     -------
-    T : ndarray of shape (C * n_points, C)
-        The model's posteriors (``predict_proba``) at the points; rows ``k * n_points``
-        to ``(k + 1) * n_points - 1`` come from component ``k``.
+    points : ndarray of shape (C * n_points, D)
+        Rows ``k * n_points`` to ``(k + 1) * n_points - 1`` come from component ``k``
+        (the same Sobol points mapped through its mean and covariance).
     weight : ndarray of shape (C * n_points,)
         ``n_k / n_points``: summing ``weight * f(point)`` estimates the sum of ``f`` over
         the rows the model describes.
@@ -60,9 +60,14 @@ def model_posteriors(cs: ClusterSet, n_points: int = N_POINTS) -> tuple[np.ndarr
     for k in range(C):
         root = np.linalg.cholesky(cov[k]) if cs.full else np.diag(np.sqrt(cov[k]))
         pts[k * n_points:(k + 1) * n_points] = cs.mu[k] + z @ root.T
-    T = softmax(cs.log_scores(pts, "likelihood"), axis=1)
-    weight = np.repeat(cs.n[:C] / n_points, n_points)
-    return T, weight
+    return pts, np.repeat(cs.n[:C] / n_points, n_points)
+
+
+def model_posteriors(cs: ClusterSet, n_points: int = N_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """The model's posteriors (``predict_proba``, shape (C * n_points, C)) at
+    :func:`model_points`, and the points' weights."""
+    pts, weight = model_points(cs, n_points)
+    return softmax(cs.log_scores(pts, "likelihood"), axis=1), weight
 
 
 def entropy_path(T: np.ndarray, weight: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
