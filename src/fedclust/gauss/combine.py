@@ -21,7 +21,8 @@ through the normal quantile: deterministic, no random state, so the result depen
 on the model). The posteriors are the model's own (:meth:`ClusterSet.log_scores`, what
 ``predict_proba`` uses). A combined cluster is stored as one Gaussian with the exact
 pooled statistics (n, mean, scatter) of its components, like every merge of the server.
-Work: O(K n_points K D^2) for the posteriors and O(K^3 n_points) for the combinations.
+Work: O(K^2 n_points D^2) for the posteriors and O(K^3 n_points) for the combinations
+(the pair scores are kept; a combination rescores one column against the others).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = ["combine_by_entropy", "model_points", "model_posteriors", "entropy_pa
 
 #: quasi-random points per component (a power of two keeps Sobol's balance)
 N_POINTS = 256
+#: posteriors below this add nothing measurable to a pair's entropy drop
+_TINY = 1e-12
 
 
 def model_points(cs: ClusterSet, n_points: int = N_POINTS) -> tuple[np.ndarray, np.ndarray]:
@@ -82,24 +85,45 @@ def entropy_path(T: np.ndarray, weight: np.ndarray) -> tuple[list[tuple[int, int
         ``entropy[j]`` is the weighted posterior entropy with ``K - j`` clusters.
     """
     T = np.array(T, float)
-    w = np.asarray(weight, float)[:, None]
-    own = -(w * xlogy(T, T)).sum(axis=0)
+    w = np.asarray(weight, float)
+    K = T.shape[1]
+    own = -(w[:, None] * xlogy(T, T)).sum(axis=0)
+    # drop[a, b] (a < b): entropy removed by summing columns a and b; it depends on those
+    # two columns only, so a combination changes one row and one column of it
+    drop = np.full((K, K), -np.inf)
+    for p in range(K - 1):
+        drop[p, p + 1:] = _drops(T, w, own, p, np.arange(p + 1, K))
+    alive = list(range(K))
     ent = [float(own.sum())]
     merges: list[tuple[int, int]] = []
-    while T.shape[1] > 1:
-        K = T.shape[1]
-        a, b = np.triu_indices(K, 1)
-        joint = -(w * xlogy(T[:, a] + T[:, b], T[:, a] + T[:, b])).sum(axis=0)
-        drop = own[a] + own[b] - joint
-        j = int(np.argmax(drop))
-        p, q = int(a[j]), int(b[j])
+    while len(alive) > 1:
+        p, q = np.unravel_index(int(np.argmax(drop)), drop.shape)
+        p, q = int(p), int(q)
+        ent.append(ent[-1] - float(drop[p, q]))
+        merges.append((alive.index(p), alive.index(q)))
         T[:, p] += T[:, q]
-        T = np.delete(T, q, axis=1)
-        own[p] = joint[j]
-        own = np.delete(own, q)
-        merges.append((p, q))
-        ent.append(float(own.sum()))
+        own[p] = -(w * xlogy(T[:, p], T[:, p])).sum()
+        alive.remove(q)
+        drop[q, :] = -np.inf
+        drop[:, q] = -np.inf
+        others = np.array([k for k in alive if k != p], dtype=np.int64)
+        if others.size:
+            d = _drops(T, w, own, p, others)
+            lo, hi = np.minimum(p, others), np.maximum(p, others)
+            drop[lo, hi] = d
     return merges, np.array(ent)
+
+
+def _drops(T: np.ndarray, w: np.ndarray, own: np.ndarray, p: int, others: np.ndarray
+           ) -> np.ndarray:
+    """Entropy removed by summing column ``p`` with each of the columns ``others``:
+    sum_i w_i [(t_p + t_b) log(t_p + t_b) - t_p log t_p - t_b log t_b], over the rows
+    where t_p > 1e-12 (elsewhere a row adds less than ~1e-10 of its weight)."""
+    rows = T[:, p] > _TINY
+    tp = T[rows, p][:, None]
+    tb = T[rows][:, others]
+    f = xlogy(tp + tb, tp + tb) - xlogy(tp, tp) - xlogy(tb, tb)
+    return w[rows] @ f
 
 
 def change_point(entropy: np.ndarray) -> int:
