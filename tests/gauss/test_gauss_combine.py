@@ -6,7 +6,8 @@ from scipy.special import xlogy
 from sklearn.mixture import GaussianMixture
 
 from fedclust import FedGaussClustering, ValidationError
-from fedclust.gauss.combine import (change_point, combine_by_entropy, entropy_path,
+from fedclust.gauss.combine import (_ridgeline_unimodal, change_point, combine_by_entropy,
+                                    combine_unimodal, entropy_path,
                                     model_points, model_posteriors)
 from fedclust.gauss.model import ClusterSet, Settings
 from fedclust.gauss.protocol import GaussProtocol
@@ -170,5 +171,80 @@ def test_forget_with_combine_equals_a_retrain():
     kept = [i for i, z in enumerate(ids) if z != 4]
     fresh = FedGaussClustering(random_state=1, combine="entropy").fit(
         [owners[i] for i in kept], device_ids=[ids[i] for i in kept])
+    for name in ("means_", "covariances_", "counts_"):
+        np.testing.assert_array_equal(getattr(model, name), getattr(fresh, name))
+
+
+# -- ridgeline unimodality (combine="unimodal") ---------------------------------------
+def _grid_modes(w1, m1, C1, w2, m2, C2):
+    """Local maxima of the 2-D mixture density on a fine grid (independent reference)."""
+    from scipy.ndimage import maximum_filter
+    from scipy.stats import multivariate_normal
+
+    lo = np.minimum(m1, m2) - 4.0
+    hi = np.maximum(m1, m2) + 4.0
+    gx, gy = np.meshgrid(np.linspace(lo[0], hi[0], 500), np.linspace(lo[1], hi[1], 500))
+    pts = np.column_stack([gx.ravel(), gy.ravel()])
+    f = (w1 * multivariate_normal(m1, C1).pdf(pts)
+         + w2 * multivariate_normal(m2, C2).pdf(pts)).reshape(gx.shape)
+    peak = (f == maximum_filter(f, size=5)) & (f > 1e-6 * f.max())
+    return int(peak[2:-2, 2:-2].sum())
+
+
+def test_equal_gaussians_are_unimodal_up_to_two_standard_deviations():
+    eye = np.eye(2)
+    for dist, uni in ((1.9, True), (2.1, False), (0.0, True), (5.0, False)):
+        assert _ridgeline_unimodal(1.0, np.zeros(2), eye, 1.0, np.array([dist, 0.0]),
+                                   eye) is uni
+
+
+def test_ridgeline_mode_count_matches_a_grid_search():
+    rng = np.random.default_rng(11)
+    checked = {True: 0, False: 0}
+    for _ in range(40):
+        m2 = rng.uniform(-3.5, 3.5, 2)
+        A1, A2 = rng.normal(size=(2, 2, 2)) * 0.8
+        C1 = A1 @ A1.T + 0.3 * np.eye(2)
+        C2 = A2 @ A2.T + 0.3 * np.eye(2)
+        w1, w2 = rng.uniform(0.1, 1.0, 2)
+        modes = _grid_modes(w1, np.zeros(2), C1, w2, m2, C2)
+        if modes not in (1, 2):
+            continue
+        uni = _ridgeline_unimodal(w1, np.zeros(2), C1, w2, m2, C2)
+        assert uni is (modes == 1)
+        checked[uni] += 1
+    assert min(checked.values()) >= 5   # both outcomes are exercised
+
+
+def test_a_fragment_on_a_cluster_joins_it_and_separated_clusters_do_not():
+    rng = np.random.default_rng(12)
+    big = rng.normal(size=(2000, 2))
+    frag = rng.normal(size=(60, 2)) * 0.5 + [1.2, 0.0]   # no mode of its own
+    far1 = rng.normal(size=(800, 2)) + [12.0, 0.0]
+    far2 = rng.normal(size=(900, 2)) * 1.3 + [0.0, 13.0]
+    cs = _cluster_set([big, frag, far1, far2])
+    assert combine_unimodal(cs) == 1
+    assert cs.C == 3
+    joined = np.vstack([big, frag])
+    k = int(np.argmin(np.linalg.norm(cs.mu[:3] - joined.mean(0), axis=1)))
+    assert cs.n[k] == len(joined)
+    np.testing.assert_allclose(cs.mu[k], joined.mean(0), atol=1e-10)
+    d = joined - joined.mean(0)
+    np.testing.assert_allclose(cs.S[k], d.T @ d, rtol=1e-10, atol=1e-8)
+    # nothing unimodal left: a second call changes nothing
+    assert combine_unimodal(cs) == 0
+
+
+@pytest.mark.parametrize("combine", ["unimodal"])
+def test_forget_with_unimodal_combine_equals_a_retrain(combine):
+    rng = np.random.default_rng(8)
+    centres = rng.uniform(-8, 8, size=(6, 2))
+    owners = [np.vstack([rng.normal(size=(int(rng.integers(50, 110)), 2)) * 0.9 + c
+                         for c in centres]) for _ in range(4)]
+    ids = [5, 1, 9, 2]
+    model = FedGaussClustering(random_state=2, combine=combine).fit(owners, device_ids=ids)
+    model.forget(devices=[9])
+    fresh = FedGaussClustering(random_state=2, combine=combine).fit(
+        [owners[0], owners[1], owners[3]], device_ids=[5, 1, 2])
     for name in ("means_", "covariances_", "counts_"):
         np.testing.assert_array_equal(getattr(model, name), getattr(fresh, name))

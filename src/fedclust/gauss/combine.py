@@ -34,10 +34,12 @@ from scipy.stats import norm, qmc
 from .model import ClusterSet
 from .stats import merge_clusters
 
-__all__ = ["combine_by_entropy", "model_points", "model_posteriors", "entropy_path", "change_point"]
+__all__ = ["combine_by_entropy", "combine_unimodal", "model_points", "model_posteriors", "entropy_path", "change_point"]
 
 #: quasi-random points per component (a power of two keeps Sobol's balance)
 N_POINTS = 256
+#: points on the ridgeline where the unimodality of a pair is checked
+N_ALPHA = 201
 #: posteriors below this add nothing measurable to a pair's entropy drop
 _TINY = 1e-12
 
@@ -176,3 +178,90 @@ def combine_by_entropy(cs: ClusterSet, n_points: int = N_POINTS) -> int:
     keep = np.array(sorted(g[0] for g in groups), dtype=np.int64)
     cs.keep_clusters(keep)
     return C - int(keep.size)
+
+
+def _ridgeline_unimodal(w1: float, m1: np.ndarray, C1: np.ndarray, w2: float, m2: np.ndarray,
+                        C2: np.ndarray, n_alpha: int = N_ALPHA) -> bool:
+    """True when the two-component mixture ``w1 N(m1, C1) + w2 N(m2, C2)`` has one mode.
+
+    Ray & Lindsay (2005): every critical point of a two-Gaussian mixture lies on the
+    ridgeline x*(a) = [(1 - a) C1^-1 + a C2^-1]^-1 [(1 - a) C1^-1 m1 + a C2^-1 m2],
+    a in [0, 1], so the mixture is unimodal exactly when its density along the ridgeline
+    has one local maximum (checked on ``n_alpha`` points of a)."""
+    P1, P2 = np.linalg.inv(C1), np.linalg.inv(C2)
+    a = np.linspace(0.0, 1.0, n_alpha)[:, None, None]
+    A = (1.0 - a) * P1 + a * P2
+    b = (1.0 - a[:, :, 0]) * (P1 @ m1) + a[:, :, 0] * (P2 @ m2)
+    x = np.linalg.solve(A, b[:, :, None])[:, :, 0]
+    logs = []
+    for w, m, P in ((w1, m1, P1), (w2, m2, P2)):
+        d = x - m
+        logs.append(np.log(w) + 0.5 * np.linalg.slogdet(P)[1]
+                    - 0.5 * np.einsum("id,de,ie->i", d, P, d))
+    h = np.logaddexp(*logs)
+    step = np.diff(h)
+    step = step[np.abs(step) > 1e-12 * (1.0 + np.abs(h).max())]
+    if step.size == 0:
+        return True
+    up = step > 0
+    peaks = int((up[:-1] & ~up[1:]).sum()) + int(not up[0]) + int(up[-1])
+    return peaks <= 1
+
+
+def _bhattacharyya(m1, C1, m2, C2) -> float:
+    C = 0.5 * (C1 + C2)
+    d = m2 - m1
+    return float(0.125 * d @ np.linalg.solve(C, d) + 0.5 * (
+        np.linalg.slogdet(C)[1] - 0.5 * (np.linalg.slogdet(C1)[1] + np.linalg.slogdet(C2)[1])))
+
+
+def combine_unimodal(cs: ClusterSet, n_alpha: int = N_ALPHA) -> int:
+    """Combine pairs of components whose two-component mixture is unimodal, in place.
+
+    Hennig (2010), "Methods for merging Gaussian mixture components" (ridgeline
+    unimodality, Ray & Lindsay 2005): while some pair of clusters, weighted by their
+    counts, has a single mode (:func:`_ridgeline_unimodal`, with the model's covariances),
+    the closest such pair (Bhattacharyya distance) becomes one cluster with the pooled
+    statistics. Clusters whose mixture has two modes stay apart, so a model without
+    such pairs is left as it is. Clustering only; returns the number of merges.
+    Work: O(K^2 n_alpha D^3) for the first scores, O(K n_alpha D^3) per merge.
+    """
+    if cs.n_classes or cs.C < 2:
+        return 0
+    C0 = cs.C
+    merges = 0
+    score = np.full((C0, C0), np.inf)   # Bhattacharyya distance of the unimodal pairs
+
+    def rescore(p: int, others) -> None:
+        cov = cs.covariance(np.arange(cs.C))
+        for q in others:
+            uni = _ridgeline_unimodal(cs.n[p], cs.mu[p], _full(cs, cov[p]), cs.n[q],
+                                      cs.mu[q], _full(cs, cov[q]), n_alpha)
+            s = _bhattacharyya(cs.mu[p], _full(cs, cov[p]), cs.mu[q], _full(cs, cov[q])) \
+                if uni else np.inf
+            score[min(p, q), max(p, q)] = s
+
+    for p in range(C0 - 1):
+        rescore(p, range(p + 1, C0))
+    alive = np.ones(C0, bool)
+    while np.isfinite(score).any():
+        p, q = np.unravel_index(int(np.argmin(score)), score.shape)
+        p, q = int(p), int(q)
+        P, Q = slice(p, p + 1), slice(q, q + 1)
+        n, mu, S = merge_clusters(cs.n[P], cs.mu[P], cs.S[P], cs.n[Q], cs.mu[Q], cs.S[Q])
+        cs.n[p], cs.mu[p], cs.S[p] = n[0], mu[0], S[0]
+        cs.last[p] = max(cs.last[p], cs.last[q])
+        cs.joined[int(cs.uid[q])] = int(cs.uid[p])
+        cs.refresh(np.array([p]))
+        alive[q] = False
+        cs.n[q] = 0.0
+        score[q, :] = np.inf
+        score[:, q] = np.inf
+        merges += 1
+        rescore(p, [k for k in np.flatnonzero(alive) if k != p])
+    cs.keep_clusters(np.flatnonzero(alive))
+    return merges
+
+
+def _full(cs: ClusterSet, cov: np.ndarray) -> np.ndarray:
+    return cov if cs.full else np.diag(cov)

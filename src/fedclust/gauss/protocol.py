@@ -50,7 +50,7 @@ ACTION = "gauss_clusters"
 STATS = "gauss_class_stats"  # the classifier's feature-selection round
 EM = "gauss_em"  # federated EM rounds (em_rounds > 0)
 #: the server's optional last step (:mod:`fedclust.gauss.combine`)
-COMBINE = ("none", "entropy")
+COMBINE = ("none", "entropy", "unimodal")
 
 
 def check_settings(**kw: Any) -> Settings:
