@@ -1,9 +1,10 @@
-"""The evolving Gaussians with and without the entropy combining step (``combine="entropy"``).
+"""The evolving Gaussians with and without a combining step (``combine=``).
 
-``FedGaussClustering()`` (the default) beside ``FedGaussClustering(combine="entropy")``
-(the same round; the server then combines its components by the entropy of the
-posteriors, Baudry et al. 2010, down to the change point of the entropy against the
-number of clusters), on:
+``FedGaussClustering()`` (the default) beside ``combine="entropy"`` (the same round; the
+server then combines its components by the entropy of the posteriors, Baudry et al. 2010,
+down to the change point of the entropy against the number of clusters) and
+``combine="unimodal"`` (it combines pairs whose two-component mixture has one mode on the
+ridgeline, Hennig 2010), on:
 
 * S2 and S4 (SIPU, 3 random owners, 5 owner splits) and held-out sets (3 owner splits):
   ARI and clusters (mean, min-max), and the best any combination of the default's
@@ -52,7 +53,8 @@ def owner_splits(args, names, seeds):
             continue
         X, y = data
         r = {"set": name, "reference_k": int(len(np.unique(y[y > 0]))), "ari": [], "k": [],
-             "ari_comb": [], "k_comb": [], "ari_oracle": [], "k_oracle": []}
+             "ari_comb": [], "k_comb": [], "ari_uni": [], "k_uni": [], "ari_oracle": [],
+             "k_oracle": []}
         for s in seeds:
             parts = np.array_split(np.random.default_rng(s).permutation(len(X)), 3)
             owners = [X[p] for p in parts]
@@ -63,6 +65,9 @@ def owner_splits(args, names, seeds):
             r["k"].append(a.n_clusters_)
             r["ari_comb"].append(adjusted_rand_score(y, b.predict(X)))
             r["k_comb"].append(b.n_clusters_)
+            c = FedGaussClustering(random_state=s, combine="unimodal").fit(owners)
+            r["ari_uni"].append(adjusted_rand_score(y, c.predict(X)))
+            r["k_uni"].append(c.n_clusters_)
             o_ari, o_k = _oracle(y, la)
             r["ari_oracle"].append(o_ari)
             r["k_oracle"].append(o_k)
@@ -83,7 +88,7 @@ def natural(args, seeds):
             continue
         X, y = np.concatenate(devices), np.concatenate(ys)
         r = {"federation": name, "sites": len(devices), "ari": [], "k": [], "ari_comb": [],
-             "k_comb": [], "gmm_bic_ari": []}
+             "k_comb": [], "ari_uni": [], "k_uni": [], "gmm_bic_ari": []}
         for s in seeds:
             a = FedGaussClustering(random_state=s).fit(devices)
             b = FedGaussClustering(random_state=s, combine="entropy").fit(devices)
@@ -91,6 +96,9 @@ def natural(args, seeds):
             r["k"].append(a.n_clusters_)
             r["ari_comb"].append(adjusted_rand_score(y, b.labels_))
             r["k_comb"].append(b.n_clusters_)
+            c = FedGaussClustering(random_state=s, combine="unimodal").fit(devices)
+            r["ari_uni"].append(adjusted_rand_score(y, c.labels_))
+            r["k_uni"].append(c.n_clusters_)
             r["gmm_bic_ari"].append(R._gmm_bic_ari(X, y, s))
         rows.append(r)
         print(f"{name}: done", flush=True)
@@ -108,6 +116,8 @@ def plain():
         rows.append({"data": name,
                      "k": FedGaussClustering(random_state=0).fit(owners).n_clusters_,
                      "k_comb": FedGaussClustering(random_state=0, combine="entropy")
+                     .fit(owners).n_clusters_,
+                     "k_uni": FedGaussClustering(random_state=0, combine="unimodal")
                      .fit(owners).n_clusters_})
     return rows
 
@@ -134,22 +144,25 @@ def main():
                        ("held_out", "Held-out sets, 3 owners, 3 owner splits")):
         if key in out:
             C.print_table(
-                ["set", "reference k", "ARI", "clusters", "ARI, combine", "clusters, combine",
-                 "best combination (oracle) ARI", "its clusters"],
+                ["set", "reference k", "ARI", "clusters", "ARI, entropy", "clusters, entropy",
+                 "ARI, unimodal", "clusters, unimodal", "best combination (oracle) ARI",
+                 "its clusters"],
                 [[r["set"], r["reference_k"], C.fmt(np.mean(r["ari"]), 3), _mm(r["k"]),
                   C.fmt(np.mean(r["ari_comb"]), 3), _mm(r["k_comb"]),
+                  C.fmt(np.mean(r["ari_uni"]), 3), _mm(r["k_uni"]),
                   C.fmt(np.mean(r["ari_oracle"]), 3), _mm(r["k_oracle"])] for r in out[key]],
-                title=f"{title}: default vs combine='entropy'")
+                title=f"{title}: default vs combine='entropy' / 'unimodal'")
     C.print_table(
-        ["federation", "sites", "ARI", "clusters", "ARI, combine", "clusters, combine",
-         "GMM-BIC ARI"],
+        ["federation", "sites", "ARI", "clusters", "ARI, entropy", "clusters, entropy",
+         "ARI, unimodal", "clusters, unimodal", "GMM-BIC ARI"],
         [[r["federation"], r["sites"], C.fmt(np.mean(r["ari"]), 3), f"{np.mean(r['k']):.1f}",
           C.fmt(np.mean(r["ari_comb"]), 3), f"{np.mean(r['k_comb']):.1f}",
+          C.fmt(np.mean(r["ari_uni"]), 3), f"{np.mean(r['k_uni']):.1f}",
           C.fmt(np.mean(r["gmm_bic_ari"]), 3)] for r in out["natural"]],
-        title=f"Natural federations ({len(seeds)} seeds): default vs combine='entropy'")
+        title=f"Natural federations ({len(seeds)} seeds): default vs combine=")
     if "plain" in out:
-        C.print_table(["data", "clusters", "clusters, combine"],
-                      [[r["data"], r["k"], r["k_comb"]] for r in out["plain"]],
+        C.print_table(["data", "clusters", "clusters, entropy", "clusters, unimodal"],
+                      [[r["data"], r["k"], r["k_comb"], r["k_uni"]] for r in out["plain"]],
                       title="Plain data, 3 owners")
     C.write_json(args, "gauss_combine", out)
 

@@ -1,28 +1,39 @@
-"""Combine mixture components into clusters by the entropy of the posteriors.
+"""Combine the server's mixture components into clusters (``combine=`` of
+:class:`~fedclust.FedGaussClustering`): a last step on the merged model, no extra round.
 
-Baudry, Raftery, Celeux, Lo & Gottardo (2010), "Combining mixture components for
-clustering" (J. Comput. Graph. Stat. 19(2)). Starting from the merged model (the BIC
-solution), two components k, l whose posteriors ``t_k, t_l`` overlap are combined when
-the entropy of the posterior assignments,
+**By unimodality** (:func:`combine_unimodal`; Hennig (2010), "Methods for merging Gaussian
+mixture components", Adv. Data Anal. Classif. 4; Ray & Lindsay (2005), Ann. Stat. 33).
+Every critical point of a mixture of two Gaussians lies on its ridgeline
+x*(a) = [(1 - a) C1^-1 + a C2^-1]^-1 [(1 - a) C1^-1 m1 + a C2^-1 m2], a in [0, 1], so two
+clusters, weighted by their counts, have one mode exactly when the density along that
+curve has one maximum. While such a pair exists, the closest one (Bhattacharyya distance)
+becomes one cluster. A pair the density separates into two modes stays apart, so a model
+without unimodal pairs is left as it is.
+
+**By entropy** (:func:`combine_by_entropy`; Baudry, Raftery, Celeux, Lo & Gottardo (2010),
+"Combining mixture components for clustering", J. Comput. Graph. Stat. 19(2)). Two
+components k, l are combined when the entropy of the posterior assignments,
 
     Ent(K) = - sum_i sum_k t_ik log t_ik,
 
-drops the most by replacing them with their sum ``t_k + t_l``; the pair that gives the
-largest drop is combined first, then the next, down to one cluster. The number of
-clusters is the change point of the curve Ent(K) against K (a continuous two-segment
-linear fit, least squares over the break): before it each combination removes much
-entropy (components that describe one cluster), after it little (clusters the data
-separates).
+drops the most by replacing their posteriors with the sum ``t_k + t_l``; then the next
+pair, down to one cluster. The number of clusters is the change point of Ent(K) against K
+(a continuous two-segment linear fit, least squares over the break): before it each
+combination removes much entropy (components that describe one cluster), after it little.
+The fit always finds a break, so this rule always combines something once there are
+three components or more.
 
-The server holds no rows, so the sum over rows is an expectation under the model:
+The server holds no rows, so the sum over rows is an expectation under the model,
 ``N sum_k w_k E_{x ~ N(mu_k, Sigma_k)}[-sum_l t_l(x) log t_l(x)]``, estimated with the
 same ``n_points`` quasi-random points per component (an unscrambled Sobol sequence mapped
 through the normal quantile: deterministic, no random state, so the result depends only
 on the model). The posteriors are the model's own (:meth:`ClusterSet.log_scores`, what
-``predict_proba`` uses). A combined cluster is stored as one Gaussian with the exact
-pooled statistics (n, mean, scatter) of its components, like every merge of the server.
-Work: O(K^2 n_points D^2) for the posteriors and O(K^3 n_points) for the combinations
-(the pair scores are kept; a combination rescores one column against the others).
+``predict_proba`` uses). Either way a combined cluster is stored as one Gaussian with the
+exact pooled statistics (n, mean, scatter) of its components, like every merge of the
+server, and the step depends only on the merged model, so ``forget`` stays exact.
+Work (entropy): O(K^2 n_points D^2) for the posteriors and O(K^3 n_points) for the
+combinations (the pair scores are kept; a combination rescores one column against the
+others).
 """
 
 from __future__ import annotations
@@ -34,7 +45,8 @@ from scipy.stats import norm, qmc
 from .model import ClusterSet
 from .stats import merge_clusters
 
-__all__ = ["combine_by_entropy", "combine_unimodal", "model_points", "model_posteriors", "entropy_path", "change_point"]
+__all__ = ["combine_by_entropy", "combine_unimodal", "model_points", "model_posteriors",
+           "entropy_path", "change_point"]
 
 #: quasi-random points per component (a power of two keeps Sobol's balance)
 N_POINTS = 256

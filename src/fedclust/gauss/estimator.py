@@ -165,13 +165,16 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         integrated completed likelihood (BIC plus twice the entropy of the soft
         assignment: it counts clusters, so overlapping Gaussians that share their rows
         join; on heavily overlapping clusters such as S4 it joins them too).
-    combine : {"none", "entropy"}, default="none"
-        ``"entropy"``: after its merges the server combines components into clusters
-        by the entropy of the posterior assignments (Baudry et al. 2010,
-        :mod:`fedclust.gauss.combine`): greedily the pair whose combination lowers the
-        entropy most, down to the change point of the entropy against the number of
-        clusters; the entropy is an expectation under the model (no extra round).
-        Needs ``merge_test="bic"``; the classifier has none.
+    combine : {"none", "entropy", "unimodal"}, default="none"
+        A last step of the server on its merged model (:mod:`fedclust.gauss.combine`; no
+        extra round, no extra bytes). ``"unimodal"``: pairs of clusters whose
+        two-component mixture has a single mode (on the ridgeline, Hennig 2010) become one
+        cluster, closest pair first; clusters the density separates stay apart.
+        ``"entropy"``: components are combined greedily by the largest drop of the
+        entropy of the posterior assignments, down to the change point of the entropy
+        against the number of clusters (Baudry et al. 2010); it always combines down to
+        its change point, so it also joins separated Gaussian clusters. Needs
+        ``merge_test="bic"``; not available with ``privacy``.
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
