@@ -248,3 +248,35 @@ def test_forget_with_unimodal_combine_equals_a_retrain(combine):
         [owners[0], owners[1], owners[3]], device_ids=[5, 1, 2])
     for name in ("means_", "covariances_", "counts_"):
         np.testing.assert_array_equal(getattr(model, name), getattr(fresh, name))
+
+
+def _combinable_federation(combine):
+    """Three owners of data where the default model keeps components that ``combine``
+    joins: a skewed cluster beside a blob (entropy), six overlapping blobs of varied
+    widths (unimodal)."""
+    if combine == "entropy":
+        rng = np.random.default_rng(9)
+        skew = np.column_stack([rng.exponential(1.0, 1500), rng.normal(size=1500)])
+        X = np.vstack([skew, rng.normal(size=(600, 2)) * 0.5 + [9.0, 0.0]])
+        return np.array_split(rng.permutation(X), 3), len(X)
+    from sklearn.datasets import make_blobs
+
+    X, _ = make_blobs(1500, centers=6, cluster_std=[0.6, 1.0, 1.5, 0.8, 1.2, 2.0],
+                      random_state=1)
+    return np.array_split(np.random.default_rng(1).permutation(X), 3), len(X)
+
+
+@pytest.mark.parametrize("combine", ["entropy", "unimodal"])
+def test_combine_same_on_flower_and_bytes_unchanged(combine):
+    from fedclust.flower import FlowerInMemoryTransport
+
+    owners, n_rows = _combinable_federation(combine)
+    base = FedGaussClustering(random_state=0).fit(owners)
+    a = FedGaussClustering(random_state=0, combine=combine).fit(owners)
+    b = FedGaussClustering(random_state=0, combine=combine).fit(
+        owners, transport=FlowerInMemoryTransport())
+    assert a.n_clusters_ < base.n_clusters_   # the step did combine something
+    np.testing.assert_array_equal(a.means_, b.means_)
+    np.testing.assert_array_equal(a.counts_, b.counts_)
+    assert a.counts_.sum() == n_rows
+    assert a.communication_["bytes_up"] == base.communication_["bytes_up"]
