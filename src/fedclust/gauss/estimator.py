@@ -165,6 +165,16 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         integrated completed likelihood (BIC plus twice the entropy of the soft
         assignment: it counts clusters, so overlapping Gaussians that share their rows
         join; on heavily overlapping clusters such as S4 it joins them too).
+    combine : {"none", "entropy", "unimodal"}, default="none"
+        A last step of the server on its merged model (:mod:`fedclust.gauss.combine`; no
+        extra round, no extra bytes). ``"unimodal"``: pairs of clusters whose
+        two-component mixture has a single mode (on the ridgeline, Hennig 2010) become one
+        cluster, closest pair first; clusters the density separates stay apart.
+        ``"entropy"``: components are combined greedily by the largest drop of the
+        entropy of the posterior assignments, down to the change point of the entropy
+        against the number of clusters (Baudry et al. 2010); it always combines down to
+        its change point, so it also joins separated Gaussian clusters. Needs
+        ``merge_test="bic"``; not available with ``privacy``.
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
@@ -218,7 +228,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
                  kappa_n: float = 0, n_rounds: int | None = None, em_rounds: int = 0,
-                 em_criterion: str = "bic", privacy: Any = None,
+                 em_criterion: str = "bic", combine: str = "none", privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -240,6 +250,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         self.n_rounds = n_rounds
         self.em_rounds = em_rounds
         self.em_criterion = em_criterion
+        self.combine = combine
         self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
@@ -251,11 +262,15 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         kw = dict(kappa_n=self.kappa_n, n_rounds=rounds, n_features=n_features,
                   **{k: getattr(self, k) for k in SETTING_NAMES})
         if self.privacy is None:
-            return GaussProtocol(em_rounds=self.em_rounds, em_criterion=self.em_criterion, **kw)
+            return GaussProtocol(em_rounds=self.em_rounds, em_criterion=self.em_criterion,
+                                 combine=self.combine, **kw)
         if self.em_rounds:
             raise ValidationError(f"em_rounds={self.em_rounds} is not available with privacy: the "
                                   "EM rounds' log-likelihoods and statistics are not noised or "
                                   "accounted; use em_rounds=0")
+        if self.combine != "none":
+            raise ValidationError(f"combine={self.combine!r} is not available with privacy: the "
+                                  "private fit has its own merges; use combine='none'")
         from .private_clustering import PrivateGaussProtocol
 
         return PrivateGaussProtocol(privacy=_check_privacy(self.privacy), **kw)

@@ -49,6 +49,8 @@ __all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_set
 ACTION = "gauss_clusters"
 STATS = "gauss_class_stats"  # the classifier's feature-selection round
 EM = "gauss_em"  # federated EM rounds (em_rounds > 0)
+#: the server's optional last step (:mod:`fedclust.gauss.combine`)
+COMBINE = ("none", "entropy", "unimodal")
 
 
 def check_settings(**kw: Any) -> Settings:
@@ -160,7 +162,8 @@ class GaussProtocol(Protocol):
     not_summable_reason = "the server merges each owner's evolving clusters, which a sum cannot carry"
 
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
-                 em_rounds: int = 0, em_criterion: str = "bic", **settings: Any):
+                 em_rounds: int = 0, em_criterion: str = "bic", combine: str = "none",
+                 **settings: Any):
         unknown = set(settings) - set(SETTING_NAMES)
         if unknown:
             raise ValidationError(f"unknown parameters {sorted(unknown)}")
@@ -169,6 +172,10 @@ class GaussProtocol(Protocol):
         self.n_rounds = check_int(n_rounds, "n_rounds", min_value=1)
         self.em_rounds = check_int(em_rounds, "em_rounds", min_value=0)
         self.em_criterion = check_choice(em_criterion, "em_criterion", CRITERIA)
+        self.combine = check_choice(combine, "combine", COMBINE)
+        if self.combine != "none" and settings.get("merge_test", "bic") != "bic":
+            raise ValidationError(f"combine={self.combine!r} needs merge_test='bic', got "
+                                  f"{settings.get('merge_test')!r}")
         self.n_features = None if n_features is None else check_int(n_features, "n_features",
                                                                     min_value=1)
 
@@ -183,6 +190,8 @@ class GaussProtocol(Protocol):
         if self.em_rounds:
             cfg["em_rounds"] = self.em_rounds
             cfg["em_criterion"] = self.em_criterion
+        if self.combine != "none":
+            cfg["combine"] = self.combine
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
         return cfg
@@ -342,7 +351,8 @@ class GaussProtocol(Protocol):
                                          + int(replies[z].global_count) - int(cnt.sum()))
         if msgs:
             with one_thread():
-                cs = merge_messages(msgs, self.settings, self.n_classes, state.model)  # type: ignore[arg-type]
+                cs = merge_messages(msgs, self.settings, self.n_classes, state.model,  # type: ignore[arg-type]
+                                    combine=self.combine)
                 state.removed_by_server += int(round(cs.removed))
                 state.model = model_message(cs, state.features)
         state.round += 1

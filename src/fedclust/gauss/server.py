@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .combine import combine_by_entropy, combine_unimodal
 from .consolidate import consolidate, snapshot
 from .lazy_merge import merge_all_lazy
 from .local import add_clusters
@@ -37,8 +38,11 @@ def canonical_order(msgs: Sequence[GaussClusters]) -> list[GaussClusters]:
 
 
 def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes: int,
-                   previous: GaussClusters | None = None) -> ClusterSet:
-    """The global model from the owners' messages (and the previous global model)."""
+                   previous: GaussClusters | None = None, combine: str = "none") -> ClusterSet:
+    """The global model from the owners' messages (and the previous global model);
+    ``combine="entropy"`` then combines its components by the entropy of the posteriors
+    (:func:`~fedclust.gauss.combine.combine_by_entropy`), ``combine="unimodal"`` the pairs
+    whose mixture has one mode (:func:`~fedclust.gauss.combine.combine_unimodal`)."""
     parts = ([previous] if previous is not None else []) + canonical_order(list(msgs))
     D = parts[0].means.shape[1]
     g: tuple = (0, np.zeros(D), np.zeros(D))
@@ -58,6 +62,10 @@ def merge_messages(msgs: Sequence[GaussClusters], settings: Settings, n_classes:
     consolidate(srv, pieces)
     srv.absorb_fragments()
     srv.prune()
+    if combine == "entropy":
+        combine_by_entropy(srv)
+    elif combine == "unimodal":
+        combine_unimodal(srv)
     _sort_canonical(srv)
     return srv
 
