@@ -80,6 +80,9 @@ def _same(a, b) -> bool:
     server step, within DOWNDATE_RTOL (of their largest magnitude) after a downdate."""
     if a._unlearning_.store.digest() != b._unlearning_.store.digest():
         return False
+    if hasattr(a, "center_labels_") and (a.device_ids_ != b.device_ids_ or not all(
+            np.array_equal(x, y) for x, y in zip(a.center_labels_, b.center_labels_))):
+        return False   # every remaining device center's label, certified or reassigned
     if a.forget_log_ and a.forget_log_[-1].path == "downdate":
         scale = float(np.abs(b.cluster_centers_).max())
         return bool(np.abs(a.cluster_centers_ - b.cluster_centers_).max()
@@ -114,6 +117,8 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
     downdate_share = 0.0 if trace is None else 1 - len(held) / len(ids)
     _, forget_s = _timed(lambda: model.forget(devices=[forget_id], relabel=False))
     exact_device = _same(model, retrained)
+    # device centers assigned again after a downdate (the others kept a certified label)
+    rechecked = [model.forget_log_[-1].rechecked]
     path = model.forget_log_[-1].path
     max_diff = float(np.abs(model.cluster_centers_ - retrained.cluster_centers_).max())
     fallback_s = None
@@ -148,6 +153,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
     for z in others:
         forget_times.append(_timed(lambda: model.forget(devices=[z], relabel=False))[1])
         paths.append(model.forget_log_[-1].path)
+        rechecked.append(model.forget_log_[-1].rechecked)
     rows_times, local_times = [rows_s], [local_s]
     for z in [z for z in ids if z not in (forget_id, rows_id) and z not in others][:repeats - 1]:
         X = devices[ids.index(z)]
@@ -166,7 +172,8 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
         "local_step_s": local_s, "rows_over_local_step": rows_s / local_s,
         "rows_speedup": retrain_rows_s / rows_s,
         "exact_device": exact_device, "exact_labels": exact_labels, "exact_rows": exact_rows,
-        "forget_paths": paths, "max_center_diff": max_diff,
+        "forget_paths": paths, "max_center_diff": max_diff, "rechecked_centers": rechecked,
+        "device_centers": int(sum(len(c) for c in getattr(retrained, "local_centers_", []))),
         "downdate_share_of_devices": downdate_share, "fallback_forget_s": fallback_s,
         "fallback_speedup": None if fallback_s is None else retrain_s / fallback_s,
         "kept_summary_bytes": store.nbytes,
@@ -197,10 +204,13 @@ def main(argv=None) -> int:
     rows.append(run_case("gauss", lambda: FedGaussClustering(random_state=args.seed),
                          devices[:g], ids[:g], 10, args.seed))
     print_table(
-        ["case", "devices", "retrain CPU s", "forget s", "speedup", "path", "full-step forget",
+        ["case", "devices", "retrain CPU s", "forget s", "speedup", "path", "rechecked",
+         "full-step forget",
          "+relabel", "rows s", "local step s", "rows/local", "exact", "MUFC", "DC-k-means"],
         [(r["case"], r["devices"], f"{r['retrain_s']:.3f}", f"{r['forget_s']:.4f}",
           f"{r['speedup']:.0f}x", "/".join(sorted(set(r["forget_paths"]))),
+          "-" if r["rechecked_centers"][0] is None
+          else f"{r['rechecked_centers'][0]}/{r['device_centers']}",
           "-" if r["fallback_speedup"] is None else f"{r['fallback_speedup']:.0f}x",
           f"{r['speedup_with_relabel']:.0f}x",
           f"{r['forget_rows_s']:.4f}", f"{r['local_step_s']:.4f}",
