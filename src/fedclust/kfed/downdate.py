@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import assign
+from ..core.kmeans import assign, sum_by_label
 from ..core.threads import one_blas_thread
 from .server import PAPER_SERVER, pick_first_device, explanation_warning, farthest_first
 
@@ -133,8 +133,7 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     weights = np.bincount(labels0, weights=w, minlength=k)
     if (weights <= 0).any():   # the server relocated an empty cluster: no downdate
         return None
-    sums = np.zeros((k, C.shape[1]))
-    np.add.at(sums, labels0, C * w[:, None])
+    sums = sum_by_label(C * w[:, None], labels0, k, np.zeros((k, C.shape[1])))
     final = sums / weights[:, None]
     with one_blas_thread():
         labels, margin = _margins(C, final)

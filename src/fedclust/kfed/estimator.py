@@ -456,6 +456,6 @@ def _downdate_trace(u: Any) -> Any:
     if again.shape != centers.shape or np.abs(again - centers).max() > DOWNDATE_RTOL * scale:
         return None
     labels = u.result.center_labels
-    if any(not np.array_equal(labels[z], trace.center_labels[z]) for z in trace.ids):
+    if not np.array_equal(np.concatenate([labels[z] for z in trace.ids]), trace.labels):
         return None   # a tie broken otherwise: the trace would not follow the result
     return trace
