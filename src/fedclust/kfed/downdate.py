@@ -141,8 +141,8 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     owner = np.repeat(np.asarray(ids), np.diff(offsets))
     scale = float(np.sqrt((C * C).sum(axis=1).max()))
     return Lloyd1Trace(
-        list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w, np.ones(len(C), bool),
-        int(ids[seed_pos]), owner[init], C[init].copy(), labels0, sums, weights, final,
+        list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
+        np.ones(len(C), bool), int(ids[seed_pos]), owner[init], C[init].copy(), labels0, sums, weights, final,
         labels, order, margin[order], labels.copy(),
         CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0) * scale,
         dict(zip(ids, centers)), dict(zip(ids, counts)),
@@ -219,8 +219,8 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
             log.warnings.append(warning)
     result = KFedResult(centers=final, local_centers=local_centers, local_counts=local_counts,
                         center_labels=center_labels, seed_device=trace.seed, n_iter=1, log=log)
-    new = Lloyd1Trace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive, trace.seed,
-                      trace.picked, trace.start, trace.labels0, sums, weights, ref, ref_labels,
-                      order, margin_sorted, labels, trace.slack, local_centers, local_counts,
-                      center_labels, rechecked)
+    new = Lloyd1Trace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
+                      trace.seed, trace.picked, trace.start, trace.labels0, sums, weights, ref,
+                      ref_labels, order, margin_sorted, labels, trace.slack, local_centers,
+                      local_counts, center_labels, rechecked)
     return result, new
