@@ -142,8 +142,8 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     scale = float(np.sqrt((C * C).sum(axis=1).max()))
     return Lloyd1Trace(
         list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
-        np.ones(len(C), bool), int(ids[seed_pos]), owner[init], C[init].copy(), labels0, sums, weights, final,
-        labels, order, margin[order], labels.copy(),
+        np.ones(len(C), bool), int(ids[seed_pos]), owner[init], C[init].copy(), labels0, sums,
+        weights, final, labels, order, margin[order], labels.copy(),
         CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0) * scale,
         dict(zip(ids, centers)), dict(zip(ids, counts)),
         {z: labels[offsets[i]:offsets[i + 1]] for i, z in enumerate(ids)})
