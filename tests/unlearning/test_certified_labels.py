@@ -33,7 +33,7 @@ def _make(weighted):
                         random_state=9)
 
 
-def _assert_equals_fresh(model, data, make):
+def _assert_equals_fresh(model, data, make, device_labels=True):
     ids = [z for z in model.device_ids_]
     fresh = make().fit([data[z] for z in ids], device_ids=ids)
     path = model.forget_log_[-1].path
@@ -47,7 +47,7 @@ def _assert_equals_fresh(model, data, make):
     for a, b in zip(model.center_labels_, fresh.center_labels_):
         assert np.array_equal(a, b)
     for a, b in zip(model.device_labels_, fresh.device_labels_):
-        assert np.array_equal(a, b)
+        assert np.array_equal(a, b) or not device_labels
     assert model._unlearning_.store.digest() == fresh._unlearning_.store.digest()
     assert results_close(model._unlearning_.result, fresh._unlearning_.result)
 
@@ -183,3 +183,36 @@ def test_forced_refresh_and_forced_doubt_still_equal_a_retrain(monkeypatch):
         del data[held]
         assert model.forget_log_[-1].path == "replay"
         _assert_equals_fresh(model, data, make)
+
+
+def test_the_trace_keeps_nothing_of_a_forgotten_device_and_is_not_pickled():
+    import pickle
+
+    rng = np.random.default_rng(8)
+    Xs = _overlapping(rng, 16)
+    ids = list(range(16))
+    data = dict(zip(ids, Xs))
+    make = _make(True)
+    model = make().fit(Xs, device_ids=ids)
+    t = model._unlearning_.trace
+    z = next(z for z in ids if z not in {t.seed, *t.picked.tolist()})
+    gone_centers = model.local_centers_[ids.index(z)].copy()
+    gone_margins = t.margin_sorted[t.rank[t.owner == z]].copy()
+    model.forget(devices=[z])
+    del data[z]
+    t = model._unlearning_.trace
+    assert model.forget_log_[-1].path == "downdate"
+    rows = t.owner == z
+    assert not (t.C[rows] != 0).any() and not (t.w[rows] != 0).any()
+    assert not any((t.C == c).all(axis=1).any() for c in gone_centers)
+    assert not np.isin(gone_margins, t.margin_sorted[~t.alive[t.order]]).any()
+    assert (np.diff(t.margin_sorted) >= 0).all()
+    # a pickled model holds no trace; it works it out again at its next forget
+    copy = pickle.loads(pickle.dumps(model))
+    assert copy._unlearning_._trace is None
+    y = next(y for y in copy.device_ids_ if y not in {t.seed, *t.picked.tolist()})
+    copy.forget(devices=[y])
+    del data[y]
+    assert copy.forget_log_[-1].path == "downdate"
+    # (a pickled model holds no device data: its devices' row labels are None)
+    _assert_equals_fresh(copy, data, make, device_labels=False)

@@ -31,7 +31,7 @@ step runs in full (``path="replay"``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -76,6 +76,7 @@ class Lloyd1Trace:
     ref_labels: np.ndarray     # (N0,) nearest reference center of every row
     order: np.ndarray          # (N0,) rows by increasing margin
     margin_sorted: np.ndarray  # (N0,) the margins in that order
+    rank: np.ndarray           # (N0,) each row's position in ``order``
     labels: np.ndarray         # (N0,) every row's label under the current centers
     slack: float               # CERTIFY_SLACK * sqrt(d + 4) * max |row|
     local_centers: dict[int, np.ndarray]
@@ -83,6 +84,16 @@ class Lloyd1Trace:
     center_labels: dict[int, np.ndarray]
     #: rows assigned again by the last downdate (certificate failures, or all on a refresh)
     rechecked: int = 0
+    #: row ranges of the devices the last downdate removed, wiped by :meth:`scrub`
+    pending: list[tuple[int, int]] = field(default_factory=list)
+
+    def scrub(self) -> None:
+        """Wipe the removed devices' centers and weights (once this trace is the model's:
+        the stacked rows are shared with the trace it was made from)."""
+        for a, b in self.pending:
+            self.C[a:b] = 0.0
+            self.w[a:b] = 0.0
+        self.pending = []
 
 
 def applies(protocol: Any) -> bool:
@@ -143,7 +154,7 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     return Lloyd1Trace(
         list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
         np.ones(len(C), bool), int(ids[seed_pos]), owner[init], C[init].copy(), labels0, sums,
-        weights, final, labels, order, margin[order], labels.copy(),
+        weights, final, labels, order, margin[order], np.argsort(order), labels.copy(),
         CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0) * scale,
         dict(zip(ids, centers)), dict(zip(ids, counts)),
         {z: labels[offsets[i]:offsets[i + 1]] for i, z in enumerate(ids)})
@@ -205,6 +216,16 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
         for z in gone:
             del table[z]
     local_centers, local_counts, center_labels = tables
+    rank = np.empty_like(order)
+    if ref is trace.ref:
+        rank = trace.rank
+        # the leaving rows' margins: the neighbour's (the order stays sorted; those rows
+        # are never read again), so that nothing of the leaving devices stays here
+        margin_sorted = margin_sorted.copy()
+        for p in np.sort(rank[~alive & trace.alive]):
+            margin_sorted[p] = margin_sorted[p - 1] if p else -np.inf
+    else:
+        rank[order] = np.arange(len(order))
     # only the devices whose centers changed label get new arrays
     for z in np.unique(trace.owner[(labels != trace.labels) & alive]).tolist():
         i = trace.row_of[z]
@@ -221,6 +242,8 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
                         center_labels=center_labels, seed_device=trace.seed, n_iter=1, log=log)
     new = Lloyd1Trace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
                       trace.seed, trace.picked, trace.start, trace.labels0, sums, weights, ref,
-                      ref_labels, order, margin_sorted, labels, trace.slack, local_centers,
-                      local_counts, center_labels, rechecked)
+                      ref_labels, order, margin_sorted, rank, labels, trace.slack,
+                      local_centers, local_counts, center_labels, rechecked,
+                      [(int(trace.offsets[trace.row_of[z]]),
+                        int(trace.offsets[trace.row_of[z] + 1])) for z in gone])
     return result, new

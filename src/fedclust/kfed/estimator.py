@@ -364,6 +364,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         u = self._unlearning_
         nxt = self.__dict__.pop("_next_trace", None)
         u.trace = nxt
+        if nxt is not None:
+            nxt.scrub()
         if nxt is None:
             u.trace_of = _downdate_trace
 

@@ -174,22 +174,26 @@ class Unlearning:
     #: how the estimator works out ``trace`` from this object when it is first read
     trace_of: Any = None
     _trace: Any = None
+    _traced: bool = False
 
     @property
     def trace(self) -> Any:
         """What an estimator keeps to downdate its server's result (its own form),
         worked out on first use: a model that never forgets never pays for it."""
-        if self._trace is None and self.trace_of is not None:
-            self._trace, self.trace_of = self.trace_of(self), None
+        if not self._traced and self.trace_of is not None:
+            self._trace, self._traced = self.trace_of(self), True
         return self._trace
 
     @trace.setter
     def trace(self, value: Any) -> None:
-        self._trace, self.trace_of = value, None
+        # None: worked out again (by ``trace_of``) when next read
+        self._trace, self._traced = value, value is not None
 
     def __getstate__(self) -> dict[str, Any]:
-        # the devices' side stays with the devices: a pickled model holds no device data
-        return {**self.__dict__, "data": {}, "memory": {}}
+        # the devices' side stays with the devices: a pickled model holds no device data;
+        # nor the downdate trace (its label margins refer to an earlier model's centers):
+        # it is worked out again from the kept summaries at the next forget
+        return {**self.__dict__, "data": {}, "memory": {}, "_trace": None, "_traced": False}
 
 
 class _KeptMeter:
