@@ -195,21 +195,21 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     doubt = doubt[alive[doubt]]
     ref, ref_labels, order, margin_sorted = (trace.ref, trace.ref_labels, trace.order,
                                              trace.margin_sorted)
-    with one_blas_thread():
-        if len(doubt) > REFRESH_SHARE * alive.sum():   # the reference is stale: renew it
-            rows = np.flatnonzero(alive)
+    if len(doubt) > REFRESH_SHARE * alive.sum():   # the reference is stale: renew it
+        rows = np.flatnonzero(alive)
+        with one_blas_thread():
             lab, margin = _margins(trace.C[rows], final)
-            ref, ref_labels = final, trace.ref_labels.copy()
-            ref_labels[rows] = lab
-            full_margin = np.full(len(alive), np.inf)   # gone rows are never in doubt
-            full_margin[rows] = margin
-            order = np.argsort(full_margin, kind="stable")
-            margin_sorted = full_margin[order]
-            labels, rechecked = ref_labels.copy(), len(rows)
-        else:
-            labels = ref_labels.copy()
-            labels[doubt] = assign(trace.C[doubt], final)[0] if len(doubt) else labels[doubt]
-            rechecked = len(doubt)
+        ref, ref_labels = final, trace.ref_labels.copy()
+        ref_labels[rows] = lab
+        full_margin = np.full(len(alive), np.inf)   # gone rows are never in doubt
+        full_margin[rows] = margin
+        order = np.argsort(full_margin, kind="stable")
+        margin_sorted = full_margin[order]
+        labels, rechecked = ref_labels.copy(), len(rows)
+    else:   # a few rows: one small product, no thread-pool switch
+        labels = ref_labels.copy()
+        labels[doubt] = assign(trace.C[doubt], final)[0] if len(doubt) else labels[doubt]
+        rechecked = len(doubt)
     ids = [z for z in trace.ids if z not in gone]
     tables = [dict(trace.local_centers), dict(trace.local_counts), dict(trace.center_labels)]
     for table in tables:   # a copy less the leaving devices: no pass over every device
