@@ -10,42 +10,90 @@ round. When devices leave:
   removed row was;
 * the Lloyd round's assignment to the start is per row, so the remaining rows
   keep theirs, and each cluster's weighted sum and weight lose exactly the leaving
-  rows' share: the new centers are ``(sum - removed) / (weight - removed)``.
+  rows' share: the new centers are ``(sum - removed) / (weight - removed)``;
+* every remaining center's label is its nearest new center. A center whose
+  *margin* (distance to its second-nearest minus its nearest reference center)
+  exceeds twice the largest shift of a center since the reference, plus a slack
+  that covers rounding (:data:`CERTIFY_SLACK`), keeps its reference label by the
+  triangle inequality; only the others (a prefix of the centers sorted by margin)
+  are assigned again. When that prefix grows past :data:`REFRESH_SHARE` of the
+  rows, every label and margin is computed again against the current centers,
+  which become the reference.
 
-Only the last assignment (every remaining center to the new final centers, which
-gives the devices' labels) runs over all rows. The centers equal a fresh run's up
-to rounding (a subtraction instead of a sum over the remaining rows; within 1e-12
-relative here, checked by ``verify``), not bit for bit; the record of the forget says
-``path="downdate"``. Where a leaving device held the seed or a picked center, or a
-cluster would be left empty, the server's step runs in full (``path="replay"``).
+The centers equal a fresh run's up to rounding (a subtraction instead of a sum over
+the remaining rows; within 1e-12 relative here, checked by ``verify``), not bit for
+bit; the labels are those a fresh run's assignment gives (the slack exceeds that
+assignment's rounding). The record of the forget says ``path="downdate"`` and how
+many centers were assigned again (``rechecked``). Where a leaving device held the
+seed or a picked center, or a cluster would be left (almost) empty, the server's
+step runs in full (``path="replay"``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import assign
+from ..core.kmeans import assign, sum_by_label
 from ..core.threads import one_blas_thread
 from .server import PAPER_SERVER, pick_first_device, explanation_warning, farthest_first
 
-__all__ = ["Lloyd1Trace", "lloyd1_trace", "downdate"]
+__all__ = ["Lloyd1Trace", "lloyd1_trace", "downdate", "CERTIFY_SLACK", "REFRESH_SHARE"]
+
+#: rounding allowance of a label certificate, times ``sqrt(d + 4)`` times the largest
+#: norm of a device center: an assignment's squared distances ``|x|^2 - 2 x.c + |c|^2``
+#: carry an error of at most about ``(d + 4) eps max|x|^2``, so a margin below
+#: ``sqrt`` of that could flip; this allowance is about 30 times larger
+CERTIFY_SLACK = 1e-6
+#: assign every row again (and take the current centers as the reference) when more
+#: than this share of the remaining rows would need it
+REFRESH_SHARE = 0.125
 
 
 @dataclass
 class Lloyd1Trace:
-    """What the paper's server step leaves for a downdate, over devices ``ids`` (sorted)."""
+    """What the paper's server step leaves for a downdate, over devices ``ids`` (sorted).
+
+    Rows are those of the stacked centers when the trace was made (``N0`` of them);
+    ``alive`` marks the ones whose device remains."""
 
     ids: list[int]
-    offsets: np.ndarray        # (Z + 1,) row ranges of each device in the stacked centers
+    offsets: np.ndarray        # (Z0 + 1,) row ranges of each traced device
+    row_of: dict[int, int]     # device id -> its position in ``offsets``
+    owner: np.ndarray          # (N0,) device id of every row
+    C: np.ndarray              # (N0, d) the stacked device centers
+    w: np.ndarray              # (N0,) their Lloyd weights
+    alive: np.ndarray          # (N0,) bool
     seed: int                  # the seed device's id
     picked: np.ndarray         # (k,) device id of every farthest-first pick
     start: np.ndarray          # (k, d) the farthest-first centers
-    labels0: np.ndarray        # (N,) every row's cluster in the Lloyd round (nearest start)
-    sums: np.ndarray           # (k, d) weighted sum of each cluster's rows
+    labels0: np.ndarray        # (N0,) every row's cluster in the Lloyd round (nearest start)
+    sums: np.ndarray           # (k, d) weighted sum of each cluster's remaining rows
     weights: np.ndarray        # (k,) weight of each cluster
+    ref: np.ndarray            # (k, d) the centers the margins were measured against
+    ref_labels: np.ndarray     # (N0,) nearest reference center of every row
+    order: np.ndarray          # (N0,) rows by increasing margin
+    margin_sorted: np.ndarray  # (N0,) the margins in that order
+    rank: np.ndarray           # (N0,) each row's position in ``order``
+    labels: np.ndarray         # (N0,) every row's label under the current centers
+    slack: float               # CERTIFY_SLACK * sqrt(d + 4) * max |row|
+    local_centers: dict[int, np.ndarray]
+    local_counts: dict[int, np.ndarray]
+    center_labels: dict[int, np.ndarray]
+    #: rows assigned again by the last downdate (certificate failures, or all on a refresh)
+    rechecked: int = 0
+    #: row ranges of the devices the last downdate removed, wiped by :meth:`scrub`
+    pending: list[tuple[int, int]] = field(default_factory=list)
+
+    def scrub(self) -> None:
+        """Wipe the removed devices' centers and weights (once this trace is the model's:
+        the stacked rows are shared with the trace it was made from)."""
+        for a, b in self.pending:
+            self.C[a:b] = 0.0
+            self.w[a:b] = 0.0
+        self.pending = []
 
 
 def applies(protocol: Any) -> bool:
@@ -58,11 +106,19 @@ def applies(protocol: Any) -> bool:
             and not getattr(protocol, "refine_rounds", 0))
 
 
-def _stack(replies: dict[int, Any], ids: Sequence[int]):
-    centers = [replies[z].centers for z in ids]
-    if any(c.dtype != np.float64 for c in centers):
-        return None
-    return centers, [replies[z].counts for z in ids]
+def _margins(C: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(labels, margin)``: nearest center of each row (as :func:`assign` picks it) and
+    the distance to the second-nearest minus the nearest (non-squared)."""
+    k = len(centers)
+    labels = assign(C, centers)[0]
+    if k == 1:
+        return labels, np.full(len(C), np.inf)
+    D = ((C * C).sum(axis=1)[:, None] - 2.0 * (C @ centers.T)
+         + (centers * centers).sum(axis=1)[None, :])
+    np.maximum(D, 0.0, out=D)
+    near = np.sqrt(D[np.arange(len(C)), labels])
+    D[np.arange(len(C)), labels] = np.inf
+    return labels, np.sqrt(D.min(axis=1)) - near
 
 
 def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
@@ -71,10 +127,10 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     if not applies(protocol):
         return None
     ids = sorted(replies)
-    stacked = _stack(replies, ids)
-    if stacked is None:
+    centers = [replies[z].centers for z in ids]
+    if any(c.dtype != np.float64 for c in centers):
         return None
-    centers, counts = stacked
+    counts = [replies[z].counts for z in ids]
     k = protocol.n_clusters
     C = np.concatenate(centers, axis=0)
     if len(C) < k:
@@ -82,17 +138,26 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     w = np.concatenate(counts).astype(C.dtype) if protocol.weighted else np.ones(len(C))
     offsets = np.cumsum([0] + [len(c) for c in centers])
     with one_blas_thread():
-        seed_pos = pick_first_device(centers, "widest", None)
+        seed_pos = pick_first_device(centers, "widest", None, stacked=C)
         init = farthest_first(C, k, start=np.arange(offsets[seed_pos], offsets[seed_pos + 1]))
         labels0 = assign(C, C[init])[0]
     weights = np.bincount(labels0, weights=w, minlength=k)
     if (weights <= 0).any():   # the server relocated an empty cluster: no downdate
         return None
-    sums = np.zeros((k, C.shape[1]))
-    np.add.at(sums, labels0, C * w[:, None])
+    sums = sum_by_label(C * w[:, None], labels0, k, np.zeros((k, C.shape[1])))
+    final = sums / weights[:, None]
+    with one_blas_thread():
+        labels, margin = _margins(C, final)
+    order = np.argsort(margin, kind="stable")
     owner = np.repeat(np.asarray(ids), np.diff(offsets))
-    return Lloyd1Trace(list(ids), offsets, int(ids[seed_pos]), owner[init], C[init].copy(),
-                       labels0, sums, weights)
+    scale = float(np.sqrt((C * C).sum(axis=1).max()))
+    return Lloyd1Trace(
+        list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
+        np.ones(len(C), bool), int(ids[seed_pos]), owner[init], C[init].copy(), labels0, sums,
+        weights, final, labels, order, margin[order], np.argsort(order), labels.copy(),
+        CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0) * scale,
+        dict(zip(ids, centers)), dict(zip(ids, counts)),
+        {z: labels[offsets[i]:offsets[i + 1]] for i, z in enumerate(ids)})
 
 
 def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
@@ -107,46 +172,78 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     gone = {int(z) for z in drop}
     if not gone or trace.seed in gone or gone & set(trace.picked.tolist()):
         return None
-    if not gone <= set(trace.ids) or sorted(replies) != trace.ids:
-        return None
-    stacked = _stack(replies, trace.ids)
-    if stacked is None:
+    if replies.keys() != trace.local_centers.keys():
         return None
     k = len(trace.weights)
-    keep = np.ones(int(trace.offsets[-1]), bool)
-    sums, weights = trace.sums.copy(), trace.weights.copy()
-    pos = {z: i for i, z in enumerate(trace.ids)}
+    sums, weights, alive = trace.sums.copy(), trace.weights.copy(), trace.alive.copy()
     for z in sorted(gone):
-        a, b = int(trace.offsets[pos[z]]), int(trace.offsets[pos[z] + 1])
-        keep[a:b] = False
-        rows = replies[z].centers.astype(np.float64)
-        w = (replies[z].counts.astype(np.float64) if protocol.weighted
-             else np.ones(len(rows)))
-        lab = trace.labels0[a:b]
-        np.subtract.at(sums, lab, rows * w[:, None])
+        i = trace.row_of[z]
+        a, b = int(trace.offsets[i]), int(trace.offsets[i + 1])
+        alive[a:b] = False
+        lab, w = trace.labels0[a:b], trace.w[a:b]
+        np.subtract.at(sums, lab, trace.C[a:b] * w[:, None])
         weights -= np.bincount(lab, weights=w, minlength=k)
     # a cluster that loses 99% of its weight or more: the full step (it relocates an
     # emptied cluster, and a subtraction of almost everything would cost digits)
     if (weights < 1e-2 * trace.weights).any():
         return None
-    ids = [z for z in trace.ids if z not in gone]
-    centers = [replies[z].centers for z in ids]
-    counts = [replies[z].counts for z in ids]
-    C = np.concatenate(centers, axis=0)
     final = sums / weights[:, None]
-    with one_blas_thread():
-        labels = assign(C, final)[0]
-    offsets = np.cumsum([0] + [len(c) for c in centers])
-    center_labels = {z: labels[offsets[i]:offsets[i + 1]].copy() for i, z in enumerate(ids)}
+    # labels: certified by margin > 2 x the largest shift since the reference (+ slack)
+    shift = float(np.sqrt(((final - trace.ref) ** 2).sum(axis=1).max()))
+    cut = int(np.searchsorted(trace.margin_sorted, 2.0 * shift + trace.slack, side="right"))
+    doubt = trace.order[:cut]
+    doubt = doubt[alive[doubt]]
+    ref, ref_labels, order, margin_sorted = (trace.ref, trace.ref_labels, trace.order,
+                                             trace.margin_sorted)
+    if len(doubt) > REFRESH_SHARE * alive.sum():   # the reference is stale: renew it
+        rows = np.flatnonzero(alive)
+        with one_blas_thread():
+            lab, margin = _margins(trace.C[rows], final)
+        ref, ref_labels = final, trace.ref_labels.copy()
+        ref_labels[rows] = lab
+        full_margin = np.full(len(alive), np.inf)   # gone rows are never in doubt
+        full_margin[rows] = margin
+        order = np.argsort(full_margin, kind="stable")
+        margin_sorted = full_margin[order]
+        labels, rechecked = ref_labels.copy(), len(rows)
+    else:   # a few rows: one small product, no thread-pool switch
+        labels = ref_labels.copy()
+        labels[doubt] = assign(trace.C[doubt], final)[0] if len(doubt) else labels[doubt]
+        rechecked = len(doubt)
+    ids = [z for z in trace.ids if z not in gone]
+    tables = [dict(trace.local_centers), dict(trace.local_counts), dict(trace.center_labels)]
+    for table in tables:   # a copy less the leaving devices: no pass over every device
+        for z in gone:
+            del table[z]
+    local_centers, local_counts, center_labels = tables
+    rank = np.empty_like(order)
+    if ref is trace.ref:
+        rank = trace.rank
+        # the leaving rows' margins: the neighbour's (the order stays sorted; those rows
+        # are never read again), so that nothing of the leaving devices stays here
+        margin_sorted = margin_sorted.copy()
+        for p in np.sort(rank[~alive & trace.alive]):
+            margin_sorted[p] = margin_sorted[p - 1] if p else -np.inf
+    else:
+        rank[order] = np.arange(len(order))
+    # only the devices whose centers changed label get new arrays
+    for z in np.unique(trace.owner[(labels != trace.labels) & alive]).tolist():
+        i = trace.row_of[z]
+        center_labels[z] = labels[trace.offsets[i]:trace.offsets[i + 1]]
     log = RunLog(participants=list(ids))
     if protocol.summarise:
-        warning = explanation_warning(centers, counts, [replies[z].scatter for z in ids], final,
+        warning = explanation_warning([local_centers[z] for z in ids],
+                                      [local_counts[z] for z in ids],
+                                      [replies[z].scatter for z in ids], final,
                                       [center_labels[z] for z in ids], ids)
         if warning is not None:
             log.warnings.append(warning)
-    result = KFedResult(centers=final, local_centers=dict(zip(ids, centers)),
-                        local_counts=dict(zip(ids, counts)), center_labels=center_labels,
-                        seed_device=trace.seed, n_iter=1, log=log)
-    new = Lloyd1Trace(ids, offsets, trace.seed, trace.picked, trace.start,
-                      trace.labels0[keep], sums, weights)
+    result = KFedResult(centers=final, local_centers=local_centers, local_counts=local_counts,
+                        center_labels=center_labels, seed_device=trace.seed, n_iter=1, log=log)
+    new = Lloyd1Trace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
+                      trace.seed, trace.picked, trace.start, trace.labels0, sums, weights, ref,
+                      ref_labels, order, margin_sorted, rank, labels, trace.slack,
+                      local_centers, local_counts, center_labels, rechecked,
+                      [(int(trace.offsets[trace.row_of[z]]),
+                        int(trace.offsets[trace.row_of[z] + 1])) for z in gone])
     return result, new

@@ -336,10 +336,11 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.cluster_centers_ = result.centers
         self.n_features_in_ = result.centers.shape[1]
         self.device_ids_ = list(device_ids)
-        self.device_labels_ = [outputs.get(z, {}).get("labels") for z in device_ids]
-        self.local_centers_ = [result.local_centers.get(z) for z in device_ids]
-        self.local_counts_ = [result.local_counts.get(z) for z in device_ids]
-        self.center_labels_ = [result.center_labels.get(z) for z in device_ids]
+        self.device_labels_ = [outputs[z].get("labels") if z in outputs else None
+                               for z in device_ids]
+        self.local_centers_ = list(map(result.local_centers.get, device_ids))
+        self.local_counts_ = list(map(result.local_counts.get, device_ids))
+        self.center_labels_ = list(map(result.center_labels.get, device_ids))
         self.communication_ = meter.summary()
         self.kfed_centers_ = (result.centers if result.kfed_centers is None
                               else result.kfed_centers)
@@ -363,6 +364,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         u = self._unlearning_
         nxt = self.__dict__.pop("_next_trace", None)
         u.trace = nxt
+        if nxt is not None:
+            nxt.scrub()
         if nxt is None:
             u.trace_of = _downdate_trace
 
@@ -377,7 +380,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if got is None:
             return None
         result, self._next_trace = got
-        return result
+        return result, self._next_trace.rechecked
 
     def assign_device(self, X_new: Any, n_local_clusters: int | None = None, *,
                       device_id: int | None = None) -> np.ndarray:
@@ -454,4 +457,7 @@ def _downdate_trace(u: Any) -> Any:
     scale = max(float(np.abs(centers).max(initial=0.0)), 1e-300)
     if again.shape != centers.shape or np.abs(again - centers).max() > DOWNDATE_RTOL * scale:
         return None
+    labels = u.result.center_labels
+    if not np.array_equal(np.concatenate([labels[z] for z in trace.ids]), trace.labels):
+        return None   # a tie broken otherwise: the trace would not follow the result
     return trace

@@ -111,6 +111,9 @@ class ForgetRecord:
     #: fit within :data:`DOWNDATE_RTOL`), ``"none"`` (no summary changed)
     path: str = "replay"
     _store: SummaryStore | None = field(default=None, repr=False, compare=False)
+    #: after a downdate: how many remaining device centers were assigned to the new
+    #: centers again (the others kept their label by a certificate); None otherwise
+    rechecked: int | None = None
 
     @property
     def summaries_digest(self) -> str:
@@ -124,7 +127,7 @@ class ForgetRecord:
         return {"devices": self.devices, "rows": {str(z): r for z, r in self.rows.items()},
                 "recomputed": [list(p) for p in self.recomputed], "unchanged": self.unchanged,
                 "retrained": self.retrained, "summaries_digest": self.summaries_digest,
-                "seconds": self.seconds, "path": self.path}
+                "seconds": self.seconds, "path": self.path, "rechecked": self.rechecked}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "ForgetRecord":
@@ -133,7 +136,8 @@ class ForgetRecord:
                    [(int(a), int(b)) for a, b in doc["recomputed"]],
                    [int(z) for z in doc["unchanged"]], bool(doc["retrained"]),
                    float(doc["seconds"]), str(doc["summaries_digest"]),
-                   path=str(doc.get("path", "replay")))
+                   path=str(doc.get("path", "replay")),
+                   rechecked=None if doc.get("rechecked") is None else int(doc["rechecked"]))
 
 
 @dataclass
@@ -170,22 +174,26 @@ class Unlearning:
     #: how the estimator works out ``trace`` from this object when it is first read
     trace_of: Any = None
     _trace: Any = None
+    _traced: bool = False
 
     @property
     def trace(self) -> Any:
         """What an estimator keeps to downdate its server's result (its own form),
         worked out on first use: a model that never forgets never pays for it."""
-        if self._trace is None and self.trace_of is not None:
-            self._trace, self.trace_of = self.trace_of(self), None
+        if not self._traced and self.trace_of is not None:
+            self._trace, self._traced = self.trace_of(self), True
         return self._trace
 
     @trace.setter
     def trace(self, value: Any) -> None:
-        self._trace, self.trace_of = value, None
+        # None: worked out again (by ``trace_of``) when next read
+        self._trace, self._traced = value, value is not None
 
     def __getstate__(self) -> dict[str, Any]:
-        # the devices' side stays with the devices: a pickled model holds no device data
-        return {**self.__dict__, "data": {}, "memory": {}}
+        # the devices' side stays with the devices: a pickled model holds no device data;
+        # nor the downdate trace (its label margins refer to an earlier model's centers):
+        # it is worked out again from the kept summaries at the next forget
+        return {**self.__dict__, "data": {}, "memory": {}, "_trace": None, "_traced": False}
 
 
 class _KeptMeter:
@@ -335,10 +343,6 @@ class ForgetMixin:
         kept = u.store.without(set(drop))
         if not kept.device_ids:
             raise ValidationError("forget: no device would remain")
-        avail = {z: devices_data[z] for z in kept.device_ids if z in devices_data}
-        avail.update(new_data)
-        if getattr(self, "privacy", None) is not None:
-            avail = {}  # under privacy only the kept noisy releases may be reused
         protocol = self._forget_protocol(u, kept, new_data)
         if protocol is not u.protocol:   # the federation's settings change: every device again
             kept = SummaryStore(kept.device_ids, [], kept.complete)
@@ -351,14 +355,19 @@ class ForgetMixin:
                            if z in rec.replies and digest_message(msg) == rec.digest_of(z))
         changing = sorted({*deleted, *replied})
         path = "replay"
-        fast = None
+        fast, rechecked = None, None
         if drop and not changing and protocol is u.protocol:
             fast = self._downdate(u, drop, kept)
         if not drop and unchanged and len(unchanged) == len(changing):
             out, path = None, "none"
         elif fast is not None:
+            fast, rechecked = fast
             out, path = ReplayOutput(fast, kept, fast.log), "downdate"
         else:
+            avail = {z: devices_data[z] for z in kept.device_ids if z in devices_data}
+            avail.update(new_data)
+            if getattr(self, "privacy", None) is not None:
+                avail = {}  # under privacy only the kept noisy releases may be reused
             try:
                 out = replay(protocol, kept, u.seed, data=avail,
                              fresh=frozenset(changing), first_answers=answers)
@@ -385,7 +394,8 @@ class ForgetMixin:
             recomputed = [(0, z) for z in changing]
         else:
             u.store, u.result = out.store, out.result
-            u.memory = {z: s for z, s in u.memory.items() if z in remaining}
+            for z in set(u.memory) - remaining:
+                del u.memory[z]
             u.memory.update(out.states)
             outputs = self._relabel(u, out.result, ids, relabel)
             self._apply_forget(RunOutput(out.result, outputs, _KeptMeter(self.communication_),
@@ -400,15 +410,16 @@ class ForgetMixin:
             drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
             sorted(unchanged),
             any(z not in changing for _, z in recomputed), time.perf_counter() - t0,
-            _store=u.store, path=path))
+            _store=u.store, path=path, rechecked=rechecked))
         if path != "none":   # a full step gives the server's result bit for bit again
             u.exact = path == "replay"
         return self
 
     # -- pieces ------------------------------------------------------------------
     def _downdate(self, u: Unlearning, drop: list[int], kept: SummaryStore) -> Any:
-        """The server's result without the devices ``drop`` computed from the previous one
-        (not its step in full), or None; an estimator whose server allows it overrides."""
+        """``(result, rechecked)``: the server's result without the devices ``drop``
+        computed from the previous one (not its step in full) and how many kept summaries
+        it looked at again, or None; an estimator whose server allows it overrides."""
         return None
 
     def _forget_protocol(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
@@ -426,6 +437,8 @@ class ForgetMixin:
                     ) -> dict[int, tuple[str, Any, dict]]:
         """One-round protocols: each device's step without its rows, as
         ``(payload digest, reply, state)``: the check of whether its summary changed."""
+        if not new_data:
+            return {}
         proto = u.protocol
         state = proto.start(kept.device_ids, u.seed)
         request = proto.next_request(state)

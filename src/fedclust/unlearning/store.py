@@ -65,10 +65,11 @@ class RoundRecord:
         if not any(z in self.replies for z in device_ids):
             return RoundRecord(self.round, self.action, dict(self.payloads), dict(self.replies),
                                dict(self.digests))
-        return RoundRecord(self.round, self.action,
-                           {z: p for z, p in self.payloads.items() if z not in device_ids},
-                           {z: r for z, r in self.replies.items() if z not in device_ids},
-                           {z: r for z, r in self.digests.items() if z not in device_ids})
+        kept = [dict(self.payloads), dict(self.replies), dict(self.digests)]
+        for table in kept:   # a copy less a few keys: no pass over every device in Python
+            for z in device_ids:
+                table.pop(z, None)
+        return RoundRecord(self.round, self.action, *kept)
 
 
 @dataclass
