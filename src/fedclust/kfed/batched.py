@@ -143,8 +143,18 @@ def _orthonormalize(Q: np.ndarray) -> np.ndarray:
 def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Row-wise sampling: p (B, n) non-negative weights, u (B, t) in [0, 1) -> indices (B, t)."""
     cum = np.cumsum(p, axis=1)
-    idx = (cum[:, None, :] <= (u * cum[:, -1:])[:, :, None]).sum(axis=2)
+    thr = u * cum[:, -1:]
+    if p.shape[1] < _SEARCH_MIN_N:   # short rows: one comparison pass over all of them
+        idx = (cum[:, None, :] <= thr[:, :, None]).sum(axis=2)
+    else:   # long rows: a binary search each (same count: the rows are non-decreasing)
+        idx = np.empty(thr.shape, dtype=np.int64)
+        for b in range(len(cum)):
+            idx[b] = np.searchsorted(cum[b], thr[b], side="right")
     return np.minimum(idx, p.shape[1] - 1)
+
+
+#: rows at least this long are sampled by binary search, shorter ones by one comparison pass
+_SEARCH_MIN_N = 128
 
 
 def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
@@ -225,6 +235,9 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         abs_tol = np.zeros(B)
     labels = np.full((B, n), -1, dtype=np.int64)
     active = np.ones(B, dtype=bool)
+    # labels already nearest to the final centers: a device whose labels did not change
+    # stopped without moving its centers, so its last assignment is the final one
+    fresh = np.zeros(B, dtype=bool)
     n_iter = np.zeros(B, dtype=np.int64)
     for it in range(1, max_iter + 1):
         a = np.flatnonzero(active)
@@ -236,6 +249,7 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         new = D.argmin(axis=2)
         same = (new == labels[a]).all(axis=1)
         active[a[same]] = False           # labels unchanged: converged at the previous round
+        fresh[a[same]] = True
         if same.any():
             keep = ~same
             a, Xa, Ca, new, D = a[keep], Xa[keep], Ca[keep], new[keep], D[keep]
@@ -254,7 +268,11 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         centers[a] = upd
         labels[a] = new
         active[a[shift <= abs_tol[a]]] = False
-    labels = _cross(X, centers).argmin(axis=2)
+    stale = np.flatnonzero(~fresh)   # centers moved after their last assignment
+    if len(stale) == B:
+        labels = _cross(X, centers).argmin(axis=2)
+    elif len(stale):
+        labels[stale] = _cross(X[stale], centers[stale]).argmin(axis=2)
     counts = (labels[:, :, None] == np.arange(k)[None, None, :]).sum(axis=1)
     return centers, labels, counts, np.maximum(n_iter, 1)
 
