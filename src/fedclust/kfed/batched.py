@@ -81,6 +81,9 @@ def nested_projections(X: np.ndarray, k_max: int) -> np.ndarray:
 
 #: Batches smaller than this, or k above this fraction of the Gram size, use eigh directly.
 _SUBSPACE_MIN_BATCH = 64
+#: Grams at least this wide (an eigh of ~1 ms each) take subspace iteration from this batch size
+_SUBSPACE_WIDE = 64
+_SUBSPACE_MIN_BATCH_WIDE = 4
 _SUBSPACE_MAX_K_FRACTION = 0.25
 #: A basis Q is accepted when ‖G Q − Q (QᵀGQ)‖_F <= this × ‖G‖_F.
 _SUBSPACE_RTOL = 1e-9
@@ -89,7 +92,8 @@ _SUBSPACE_RTOL = 1e-9
 def _top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
     """Basis of the top-k eigenspace of symmetric PSD matrices G (B, m, m) -> (B, m, k)."""
     B, m, _ = G.shape
-    if B < _SUBSPACE_MIN_BATCH or k > _SUBSPACE_MAX_K_FRACTION * m:
+    min_batch = _SUBSPACE_MIN_BATCH if m < _SUBSPACE_WIDE else _SUBSPACE_MIN_BATCH_WIDE
+    if B < min_batch or k > _SUBSPACE_MAX_K_FRACTION * m:
         return np.linalg.eigh(G)[1][:, :, ::-1][:, :, :k]
     Q, ok = _subspace_batch(G, k)
     if not ok.all():
