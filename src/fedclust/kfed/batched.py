@@ -169,8 +169,9 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
     idx = np.empty((B, k), dtype=np.int64)
     idx[:, 0] = _inverse_cdf(np.ones((B, n)), uniforms[:, :1])[:, 0]
     # candidates' distances laid out (B, T, n): the potential is a sum along the last axis
-    # −2 Pᵀ once: scaling by a power of two is exact, so Pc @ (−2 Pᵀ) has the bits of
-    # −2 (Pc @ Pᵀ), one pass fewer per step
+    # −2 Pᵀ once: scaling by a power of two is exact (the scale check keeps products far
+    # from overflow and underflow), so Pc @ (−2 Pᵀ) has the bits of −2 (Pc @ Pᵀ) and
+    # each step makes one pass fewer over its (B, T, n) distances
     Pt = np.empty((B, P.shape[2], n), dtype=P.dtype)           # (B, kp, n), a new array
     np.multiply(P.transpose(0, 2, 1), -2.0, out=Pt)
     PP = np.einsum("bnd,bnd->bn", P, P)
