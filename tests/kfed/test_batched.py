@@ -5,7 +5,7 @@ import pytest
 
 from fedclust import KFed
 from fedclust.core.random import device_rng, device_uniforms
-from fedclust.kfed.batched import kmeanspp_batch, n_uniforms, projection_batch
+from fedclust.kfed.batched import _cross, kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch
 from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
 
@@ -101,3 +101,23 @@ def test_overlapping_clusters_do_not_collapse_to_singletons():
     counts = np.concatenate(m.local_counts_)
     assert counts.min() >= 4          # an average local cluster has 40 points
     assert matched_accuracy(fd.y, m.labels_) > 0.75
+
+
+@pytest.mark.parametrize("max_iter, tol", [(300, 1e-4), (300, 0.0), (1, 0.0), (2, 1e9)])
+def test_lloyd_batch_labels_are_nearest_to_the_returned_centers(max_iter, tol):
+    # labels kept from the last assignment (centers unmoved) or assigned again (centers moved)
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(6, 40, 3)) + rng.integers(0, 3, size=(6, 40, 1)) * 4.0
+    init = X[:, :4].copy()
+    C, L, N, it = lloyd_batch(X, init, max_iter=max_iter, tol=tol)
+    for b in range(6):
+        np.testing.assert_array_equal(L[b], _cross(X[b:b + 1], C[b:b + 1])[0].argmin(axis=1))
+        np.testing.assert_array_equal(N[b], np.bincount(L[b], minlength=4))
+
+
+def test_kmeanspp_batch_leaves_its_input_alone_in_one_dimension():
+    rng = np.random.default_rng(8)
+    P = rng.normal(size=(3, 30, 1))
+    before = P.copy()
+    kmeanspp_batch(P, 4, rng.random((3, n_uniforms(4))))
+    np.testing.assert_array_equal(P, before)

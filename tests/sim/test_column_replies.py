@@ -185,3 +185,31 @@ def test_local_scatter_stacked_is_each_devices_local_scatter():
     S = local_scatter_stacked(X, C, L)
     for b in range(7):
         np.testing.assert_array_equal(S[b], local_scatter(X[b], C[b], L[b]))
+
+
+def test_stacked_client_finish_equals_client_finish_and_is_recorded():
+    from fedclust.unlearning.store import SummaryStore, recording
+
+    rng = np.random.default_rng(6)
+    protocol = KFedProtocol(K, 3)
+    G = rng.integers(0, K, size=(5, 3))
+    batch = StackedReplies(LabelMap, [10, 11, 12, 13, 14], {"global_labels": G})
+    datas = [rng.normal(size=(8, D)) for _ in range(5)]
+    states = [{"local_labels": rng.integers(0, 3, size=8)} for _ in range(5)]
+    states[2]["n_clipped"] = np.asarray(4)
+    one = [protocol.client_finish(m, X, s) for m, X, s in zip(batch.messages(), datas, states)]
+    memory = {}
+    with recording(protocol, SummaryStore([]), memory, dict(zip(batch.ids, datas))):
+        many = protocol.client_finish_stacked(batch, datas, states)
+    assert memory == dict(zip(batch.ids, states))   # each device's own state, kept for forget
+    for a, b in zip(one, many):
+        assert a.keys() == b.keys()
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        assert a["labels"].dtype == b["labels"].dtype == np.int64
+    np.testing.assert_array_equal(many[2]["n_clipped"], 4)
+    # devices of different sizes in one batch: one at a time, the same answers
+    states[1] = {"local_labels": rng.integers(0, 3, size=5)}
+    datas[1] = datas[1][:5]
+    mixed = protocol.client_finish_stacked(batch, datas, states)
+    for m, X, s, got in zip(batch.messages(), datas, states, mixed):
+        np.testing.assert_array_equal(got["labels"], protocol.client_finish(m, X, s)["labels"])

@@ -140,15 +140,21 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     # large float devices: their per-feature min and max test finiteness (NaN and inf reach
     # them) and are the scale check's input, so each such device is read twice, not three times
     for pos, X in enumerate(devices):
-        if (not finite[pos] and type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f"
-                and X.size > _SMALL_DEVICE and X.shape[0] > 0):
-            lo, hi = X.min(axis=0), X.max(axis=0)
+        if (type(X) is np.ndarray and X.ndim == 2 and X.size > _SMALL_DEVICE
+                and X.dtype.kind == "f" and X.shape[0] > 0 and not finite[pos]):
+            lo, hi = _feature_range(X)
             if np.isfinite(lo).all() and np.isfinite(hi).all():
                 finite[pos] = True
                 ranges[pos] = (lo, hi)
+    finite_list = finite.tolist()   # python bools: one lookup per device
     for pos, X in enumerate(devices):
+        if finite_list[pos] and d0 is not None:   # a checked float array: only its shape
+            shape = X.shape
+            if shape[0] >= min_points and shape[1] == d0:
+                out.append(X)
+                continue
         z = pos if ids is None else ids[pos]
-        arr = X if finite[pos] else check_array(X, f"device {z}")
+        arr = X if finite_list[pos] else check_array(X, f"device {z}")
         if arr.shape[0] < min_points:
             raise ValidationError(
                 f"device {z} has {arr.shape[0]} points; every device needs at "
@@ -163,10 +169,29 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
                 f"device {z} has {arr.shape[1]} features but device {first} has {d0}; "
                 "all devices must share the same feature dimension")
         out.append(arr)
-    if not all(a.dtype == np.float32 for a in out):
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    dtypes = {a.dtype for a in out}
+    if dtypes != {f32} and dtypes != {f64}:
         out = [a.astype(np.float64, copy=False) for a in out]
     check_scale(out, name, ids, ranges=ranges)
     return out
+
+
+def _feature_range(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (min, max) of a 2-D array: blocks of m rows read as one long row (a
+    reduction down short rows is slow), then the m partial results; exact, as min and max."""
+    n, d = X.shape
+    m = max(1, 1024 // max(d, 1))
+    q = n - n % m
+    if m == 1 or q == 0 or not X.flags.c_contiguous:
+        return X.min(axis=0), X.max(axis=0)
+    W = X[:q].reshape(-1, m * d)
+    lo = W.min(axis=0).reshape(m, d).min(axis=0)
+    hi = W.max(axis=0).reshape(m, d).max(axis=0)
+    if q < n:
+        np.minimum(lo, X[q:].min(axis=0), out=lo)
+        np.maximum(hi, X[q:].max(axis=0), out=hi)
+    return lo, hi
 
 
 def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
@@ -255,22 +280,33 @@ def _finite_float_devices(devices: list[Any], chunk: int = 4096
     ok = np.zeros(len(devices), dtype=bool)
     ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     groups: dict[tuple, list[int]] = {}
+    ndarray = np.ndarray
     for pos, X in enumerate(devices):
-        if type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f" and X.size <= _SMALL_DEVICE:
-            groups.setdefault((X.shape, X.dtype.str), []).append(pos)
+        if type(X) is ndarray and X.ndim == 2 and X.size <= _SMALL_DEVICE:
+            dt = X.dtype
+            if dt.kind == "f":
+                groups.setdefault((X.shape, dt), []).append(pos)
     for (shape, _), members in groups.items():
         if shape[0] * shape[1] == 0:   # nothing to test, nothing to range
             ok[members] = True
             continue
         for s in range(0, len(members), chunk):
             part = members[s:s + chunk]
-            stacked = np.concatenate([devices[p] for p in part]).reshape((len(part),) + shape)
-            lo, hi = stacked.min(axis=1), stacked.max(axis=1)          # (B, d)
-            good = np.isfinite(lo).all(axis=1) & np.isfinite(hi).all(axis=1)
+            flat = np.concatenate([devices[p] for p in part]).reshape(len(part), -1)
+            good = np.isfinite(flat).all(axis=1)
             ok[part] = good
-            if good.any():
-                pair = (lo[good].min(axis=0), hi[good].max(axis=0))
-                ranges.update(dict.fromkeys(np.asarray(part)[good].tolist(), pair))
+            if good.all():
+                part_good = part
+            elif good.any():
+                flat = flat[good]
+                part_good = np.asarray(part)[good].tolist()
+            else:
+                continue
+            # per-feature range: min over the devices' rows, then over each device's points
+            # (long rows reduce faster than (n, d) blocks; min and max are exact either way)
+            pair = (flat.min(axis=0).reshape(shape).min(axis=0),
+                    flat.max(axis=0).reshape(shape).max(axis=0))
+            ranges.update(dict.fromkeys(part_good, pair))
     return ok, ranges
 
 

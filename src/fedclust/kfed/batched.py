@@ -81,6 +81,9 @@ def nested_projections(X: np.ndarray, k_max: int) -> np.ndarray:
 
 #: Batches smaller than this, or k above this fraction of the Gram size, use eigh directly.
 _SUBSPACE_MIN_BATCH = 64
+#: Grams at least this wide (an eigh of ~1 ms each) take subspace iteration from this batch size
+_SUBSPACE_WIDE = 64
+_SUBSPACE_MIN_BATCH_WIDE = 4
 _SUBSPACE_MAX_K_FRACTION = 0.25
 #: A basis Q is accepted when ‖G Q − Q (QᵀGQ)‖_F <= this × ‖G‖_F.
 _SUBSPACE_RTOL = 1e-9
@@ -89,7 +92,8 @@ _SUBSPACE_RTOL = 1e-9
 def _top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
     """Basis of the top-k eigenspace of symmetric PSD matrices G (B, m, m) -> (B, m, k)."""
     B, m, _ = G.shape
-    if B < _SUBSPACE_MIN_BATCH or k > _SUBSPACE_MAX_K_FRACTION * m:
+    min_batch = _SUBSPACE_MIN_BATCH if m < _SUBSPACE_WIDE else _SUBSPACE_MIN_BATCH_WIDE
+    if B < min_batch or k > _SUBSPACE_MAX_K_FRACTION * m:
         return np.linalg.eigh(G)[1][:, :, ::-1][:, :, :k]
     Q, ok = _subspace_batch(G, k)
     if not ok.all():
@@ -143,8 +147,18 @@ def _orthonormalize(Q: np.ndarray) -> np.ndarray:
 def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Row-wise sampling: p (B, n) non-negative weights, u (B, t) in [0, 1) -> indices (B, t)."""
     cum = np.cumsum(p, axis=1)
-    idx = (cum[:, None, :] <= (u * cum[:, -1:])[:, :, None]).sum(axis=2)
+    thr = u * cum[:, -1:]
+    if p.shape[1] < _SEARCH_MIN_N:   # short rows: one comparison pass over all of them
+        idx = (cum[:, None, :] <= thr[:, :, None]).sum(axis=2)
+    else:   # long rows: a binary search each (same count: the rows are non-decreasing)
+        idx = np.empty(thr.shape, dtype=np.int64)
+        for b in range(len(cum)):
+            idx[b] = np.searchsorted(cum[b], thr[b], side="right")
     return np.minimum(idx, p.shape[1] - 1)
+
+
+#: rows at least this long are sampled by binary search, shorter ones by one comparison pass
+_SEARCH_MIN_N = 128
 
 
 def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
@@ -155,13 +169,16 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
     idx = np.empty((B, k), dtype=np.int64)
     idx[:, 0] = _inverse_cdf(np.ones((B, n)), uniforms[:, :1])[:, 0]
     # candidates' distances laid out (B, T, n): the potential is a sum along the last axis
-    Pt = np.ascontiguousarray(P.transpose(0, 2, 1))            # (B, kp, n)
+    # −2 Pᵀ once: scaling by a power of two is exact (the scale check keeps products far
+    # from overflow and underflow), so Pc @ (−2 Pᵀ) has the bits of −2 (Pc @ Pᵀ) and
+    # each step makes one pass fewer over its (B, T, n) distances
+    Pt = np.empty((B, P.shape[2], n), dtype=P.dtype)           # (B, kp, n), a new array
+    np.multiply(P.transpose(0, 2, 1), -2.0, out=Pt)
     PP = np.einsum("bnd,bnd->bn", P, P)
 
     def sqdist_to(cand: np.ndarray) -> np.ndarray:             # (B, t) rows -> (B, t, n)
         Pc = P[rows[:, None], cand]
         D = Pc @ Pt
-        D *= -2.0
         D += PP[:, None, :]
         D += np.einsum("btd,btd->bt", Pc, Pc)[:, :, None]
         np.maximum(D, 0.0, out=D)
@@ -225,6 +242,9 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         abs_tol = np.zeros(B)
     labels = np.full((B, n), -1, dtype=np.int64)
     active = np.ones(B, dtype=bool)
+    # labels already nearest to the final centers: a device whose labels did not change
+    # stopped without moving its centers, so its last assignment is the final one
+    fresh = np.zeros(B, dtype=bool)
     n_iter = np.zeros(B, dtype=np.int64)
     for it in range(1, max_iter + 1):
         a = np.flatnonzero(active)
@@ -236,6 +256,7 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         new = D.argmin(axis=2)
         same = (new == labels[a]).all(axis=1)
         active[a[same]] = False           # labels unchanged: converged at the previous round
+        fresh[a[same]] = True
         if same.any():
             keep = ~same
             a, Xa, Ca, new, D = a[keep], Xa[keep], Ca[keep], new[keep], D[keep]
@@ -254,7 +275,11 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         centers[a] = upd
         labels[a] = new
         active[a[shift <= abs_tol[a]]] = False
-    labels = _cross(X, centers).argmin(axis=2)
+    stale = np.flatnonzero(~fresh)   # centers moved after their last assignment
+    if len(stale) == B:
+        labels = _cross(X, centers).argmin(axis=2)
+    elif len(stale):
+        labels[stale] = _cross(X[stale], centers[stale]).argmin(axis=2)
     counts = (labels[:, :, None] == np.arange(k)[None, None, :]).sum(axis=1)
     return centers, labels, counts, np.maximum(n_iter, 1)
 

@@ -548,6 +548,24 @@ class KFedProtocol(Protocol):
             return {}
         return super().check_batch(state, request, batch, messages)
 
+    def client_finish_stacked(self, batch: StackedReplies, devices: Sequence[np.ndarray],
+                              states: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """:meth:`client_finish` of every device of a checked batch of final messages (row i
+        to ``devices[i]``, ``states[i]``): label maps gathered for all devices at once."""
+        local = [s.get("local_labels") for s in states]
+        if (batch.message_type is not LabelMap
+                or type(self).client_finish is not KFedProtocol.client_finish
+                or any(lab is None for lab in local) or len({len(lab) for lab in local}) != 1):
+            return [self.client_finish(m, X, s)
+                    for m, X, s in zip(batch.messages(), devices, states)]
+        labels = np.take_along_axis(np.asarray(batch.arrays["global_labels"]), np.stack(local),
+                                    axis=1)
+        out = [{"labels": row} for row in labels]
+        for o, s in zip(out, states):
+            if "n_clipped" in s:
+                o["n_clipped"] = s["n_clipped"]
+        return out
+
     def client_finish(self, message: Message | None, X: np.ndarray,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if message is None or "local_labels" not in state:

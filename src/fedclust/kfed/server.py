@@ -180,7 +180,10 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         final, labels, n_iter = res.centers, res.labels, res.n_iter
     else:
         raise ValidationError(f"method={method!r} is not supported; choose one of {list(SERVER_METHODS)}")
-    center_labels = [labels[offsets[z]:offsets[z + 1]].copy() for z in range(len(sizes))]
+    if len(set(sizes)) == 1:   # every device sent as many: one copy, its rows
+        center_labels = list(labels.reshape(len(sizes), sizes[0]).copy())
+    else:
+        center_labels = [labels[offsets[z]:offsets[z + 1]].copy() for z in range(len(sizes))]
     return AggregationResult(final, center_labels, seed_device, n_iter)
 
 

@@ -260,8 +260,14 @@ class InProcessTransport:
                     log.failed.setdefault(z, str(exc))
                     del finals[z]
         outputs = {}
+        finish_stacked = getattr(protocol, "client_finish_stacked", None)
         for batch in batches:   # column-wise: one check of the stacked arrays
             cls = batch.message_type
+            if cls.check_stacked(batch.arrays) and finish_stacked is not None:
+                meter.record_down_many(batch.ids, batch.nbytes_each)
+                outputs.update(zip(batch.ids, finish_stacked(
+                    batch, [devices[z] for z in batch.ids], [states[z] for z in batch.ids])))
+                continue
             if cls.check_stacked(batch.arrays):
                 decoded = batch.messages()
             else:

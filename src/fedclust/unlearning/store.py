@@ -158,10 +158,15 @@ def record_round(store: SummaryStore, request: Any, replies: Mapping[int, Any],
     if SUMMED in replies:
         store.complete = False  # a secure sum: the server holds no per-device reply
         return
-    store.rounds.append(RoundRecord(
-        request.round, request.action,
-        {int(z): payload_digest(request.payload_for(z)) for z in replies},
-        {int(z): m for z, m in replies.items()}))   # reply digests: on first use
+    if not replies:
+        payloads = {}
+    elif getattr(request, "payloads", None) is None:   # one payload for all: digested once
+        payloads = dict.fromkeys(map(int, replies), payload_digest(request.payload))
+    else:
+        payloads = {int(z): payload_digest(request.payload_for(z)) for z in replies}
+    # reply digests: on first use
+    store.rounds.append(RoundRecord(request.round, request.action, payloads,
+                                    dict(zip(map(int, replies), replies.values()))))
 
 
 @contextlib.contextmanager
@@ -207,9 +212,21 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
             memory[z] = state
         return finish(message, X, state)
 
+    finish_stacked = getattr(protocol, "client_finish_stacked", None)
+
+    def recorded_finish_stacked(batch: Any, datas: list, states: list) -> list:
+        if memory is not None:
+            for X, state in zip(datas, states):
+                z = by_data.get(id(X))
+                if z is not None:
+                    memory[z] = state
+        return finish_stacked(batch, datas, states)
+
     protocol.start = recorded_start
     protocol.server_step = recorded_step
     protocol.client_finish = recorded_finish
+    if finish_stacked is not None:
+        protocol.client_finish_stacked = recorded_finish_stacked
     protocol.kept_summaries = store   # a checkpointing transport saves and restores it
     try:
         yield store
@@ -217,4 +234,6 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
         del protocol.start
         del protocol.server_step
         del protocol.client_finish
+        if finish_stacked is not None:
+            del protocol.client_finish_stacked
         del protocol.kept_summaries
