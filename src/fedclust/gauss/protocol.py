@@ -23,6 +23,7 @@ time is impossible and a label missing on some owners is fine).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -42,6 +43,7 @@ from .model import MERGE_TESTS, PREDICT_RULES, VOLUMES, ClusterSet, Settings, on
 from .server import merge_messages
 from .stats import (class_moments, fisher_mask, fisher_scores, merge_class_moments, moments,
                     pack_scatter, unpack_scatter)
+from .tree_merge import TreeMerge
 
 __all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_settings",
            "model_message"]
@@ -78,6 +80,10 @@ def check_settings(**kw: Any) -> Settings:
     check_float(s.merge_tol, "merge_tol", min_value=0.0)
     return s
 
+
+#: the server's merge: ``"flat"`` (every owner's clusters at once) or ``"tree"``
+#: (along a fixed trie over the owners' ids, :mod:`fedclust.gauss.tree_merge`)
+SERVERS = ("flat", "tree")
 
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
 
@@ -160,7 +166,8 @@ class GaussProtocol(Protocol):
     not_summable_reason = "the server merges each owner's evolving clusters, which a sum cannot carry"
 
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
-                 em_rounds: int = 0, em_criterion: str = "bic", **settings: Any):
+                 em_rounds: int = 0, em_criterion: str = "bic", server: str = "flat",
+                 **settings: Any):
         unknown = set(settings) - set(SETTING_NAMES)
         if unknown:
             raise ValidationError(f"unknown parameters {sorted(unknown)}")
@@ -169,6 +176,8 @@ class GaussProtocol(Protocol):
         self.n_rounds = check_int(n_rounds, "n_rounds", min_value=1)
         self.em_rounds = check_int(em_rounds, "em_rounds", min_value=0)
         self.em_criterion = check_choice(em_criterion, "em_criterion", CRITERIA)
+        self.server = check_choice(server, "server", SERVERS)
+        self._tree = TreeMerge() if self.server == "tree" else None
         self.n_features = None if n_features is None else check_int(n_features, "n_features",
                                                                     min_value=1)
 
@@ -185,7 +194,21 @@ class GaussProtocol(Protocol):
             cfg["em_criterion"] = self.em_criterion
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
+        if self.server != "flat":
+            cfg["server"] = self.server
         return cfg
+
+    @property
+    def server_work(self) -> list[str] | None:
+        """``server="tree"``: the trie nodes the last merge computed (the others were
+        reused); None for the flat server (its step always runs in full)."""
+        return None if self._tree is None else list(self._tree.last_work)
+
+    def uncached(self) -> "GaussProtocol":
+        """This protocol without the tree server's kept node results (a check from scratch)."""
+        out = copy.copy(self)
+        out._tree = TreeMerge() if self.server == "tree" else None
+        return out
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "GaussProtocol":
@@ -342,7 +365,11 @@ class GaussProtocol(Protocol):
                                          + int(replies[z].global_count) - int(cnt.sum()))
         if msgs:
             with one_thread():
-                cs = merge_messages(msgs, self.settings, self.n_classes, state.model)  # type: ignore[arg-type]
+                if self._tree is not None:
+                    cs = self._tree.merge(msgs, sorted(replies), self.settings, self.n_classes,
+                                          state.model)  # type: ignore[arg-type]
+                else:
+                    cs = merge_messages(msgs, self.settings, self.n_classes, state.model)  # type: ignore[arg-type]
                 state.removed_by_server += int(round(cs.removed))
                 state.model = model_message(cs, state.features)
         state.round += 1
