@@ -58,14 +58,14 @@ def test_removing_an_owner_recomputes_its_path_and_equals_a_fresh_merge(seed):
     n = 24
     proto, msgs = _messages(rng, n)
     ids = [int(z) for z in rng.choice(10_000, size=n, replace=False)]
-    tree = TreeMerge()
+    tree = TreeMerge(leaf_size=2)
     tree.merge(msgs, ids, proto.settings, 0)
     every_node = len(tree.last_work)
     assert every_node >= n // 2   # the first call computes every node
     for gone in rng.choice(n, size=3, replace=False):
         keep = [i for i in range(n) if i != gone]
         got = tree.merge([msgs[i] for i in keep], [ids[i] for i in keep], proto.settings, 0)
-        fresh_tree = TreeMerge()
+        fresh_tree = TreeMerge(leaf_size=2)
         fresh = fresh_tree.merge([msgs[i] for i in keep], [ids[i] for i in keep],
                                  proto.settings, 0)
         assert _same_set(got, fresh)
@@ -82,14 +82,15 @@ def test_the_result_does_not_depend_on_the_order_of_the_owners():
     rng = np.random.default_rng(4)
     proto, msgs = _messages(rng, 11)
     ids = list(range(100, 111))
-    a = TreeMerge().merge(msgs, ids, proto.settings, 0)
+    a = TreeMerge(leaf_size=2).merge(msgs, ids, proto.settings, 0)
     perm = rng.permutation(11)
-    b = TreeMerge().merge([msgs[i] for i in perm], [ids[i] for i in perm], proto.settings, 0)
+    b = TreeMerge(leaf_size=2).merge([msgs[i] for i in perm], [ids[i] for i in perm],
+                                     proto.settings, 0)
     assert _same_set(a, b)
-    # the trie follows the ids: other ids give another shape (and here another result)
-    c_tree = TreeMerge()
+    # the trie follows the ids: other ids give another shape
+    c_tree = TreeMerge(leaf_size=2)
     c_tree.merge(msgs, [z + 1 for z in ids], proto.settings, 0)
-    a_tree = TreeMerge()
+    a_tree = TreeMerge(leaf_size=2)
     a_tree.merge(msgs, ids, proto.settings, 0)
     assert c_tree.last_work != a_tree.last_work
 
@@ -110,7 +111,7 @@ def test_kept_node_results_are_reused_only_for_the_same_inputs():
     rng = np.random.default_rng(6)
     proto, msgs = _messages(rng, 9)
     ids = list(range(9))
-    tree = TreeMerge()
+    tree = TreeMerge(leaf_size=2)
     first = tree.merge(msgs, ids, proto.settings, 0)
     again = tree.merge(msgs, ids, proto.settings, 0)
     assert tree.last_work == [] and _same_set(first, again)

@@ -81,7 +81,7 @@ class TreeMerge:
         Owners merged together at a leaf (a node with more splits in two).
     """
 
-    def __init__(self, leaf_size: int = 2):
+    def __init__(self, leaf_size: int = 8):
         self.leaf_size = int(leaf_size)
         self._kept: dict[tuple[int, int], tuple[tuple, _Part]] = {}
         self._final: tuple[tuple, ClusterSet] | None = None
