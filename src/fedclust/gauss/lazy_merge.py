@@ -36,6 +36,8 @@ __all__ = ["merge_all_lazy"]
 
 #: relative safety margin of the lower bounds (rounding is ~1e-13 relative)
 _MARGIN = 1e-7
+#: pairs scored per call in the first fill
+_BATCH = 4096
 
 
 def merge_all_lazy(cs: ClusterSet, until: int = 1) -> int:
@@ -48,14 +50,24 @@ def merge_all_lazy(cs: ClusterSet, until: int = 1) -> int:
     bound = _Bounds(cs, C)
     cs._ld_cache = cs._bic_logdets(cs.n[:C].copy(), cs.S[:C])
     R = np.full((C, C), np.inf)
-    # the first fill, as merge_all: (p, q) for q > p of the same class, in one batch
-    p, q = np.triu_indices(C, 1)
-    same = cs.cls[p] == cs.cls[q]
-    p, q = p[same], q[same]
-    if p.size:
-        score = _scores(cs, bound, p, q)
-        R[p, q] = score
-        R[q, p] = score
+    # the first fill, as merge_all: (p, q) for q > p of the same class, in batches of
+    # about _BATCH pairs (few calls for small sets, bounded memory for large ones)
+    ps: list[np.ndarray] = []
+    qs: list[np.ndarray] = []
+    pending = 0
+    for p in range(C):
+        q = np.flatnonzero(cs.cls[:C] == cs.cls[p])
+        q = q[q > p]
+        if q.size:
+            ps.append(np.full(q.size, p))
+            qs.append(q)
+            pending += q.size
+        if ps and (pending >= _BATCH or p == C - 1):
+            bp, bq = np.concatenate(ps), np.concatenate(qs)
+            score = _scores(cs, bound, bp, bq)
+            R[bp, bq] = score
+            R[bq, bp] = score
+            ps, qs, pending = [], [], 0
     alive = np.ones(C, bool)
     merges = 0
     while C - merges > until:
