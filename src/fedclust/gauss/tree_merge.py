@@ -41,7 +41,7 @@ from .lazy_merge import merge_all_lazy
 from .local import add_clusters
 from .messages import GaussClusters
 from .model import ClusterSet, Settings
-from .server import _sort_canonical
+from .server import sort_canonical
 from .stats import merge_class_moments, merge_moments
 
 __all__ = ["TreeMerge", "owner_key"]
@@ -115,7 +115,7 @@ class TreeMerge:
                                settings, n_classes)
         srv.absorb_fragments()
         srv.prune()
-        _sort_canonical(srv)
+        sort_canonical(srv)
         self.last_work.append("root")
         self._final = (inputs, srv)
         return _copy(srv)
@@ -185,11 +185,11 @@ def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int) -> Clus
             srv.add(p.mu, p.S, p.n, p.cls, p.last)
     if len(parts) == 1:   # a lone input (a leaf of one owner): nothing to merge with
         return srv
-    _sort_canonical(srv)
+    sort_canonical(srv)
     pieces = snapshot(srv)
     merge_all_lazy(srv)
     consolidate(srv, pieces)
-    _sort_canonical(srv)
+    sort_canonical(srv)
     return srv
 
 
