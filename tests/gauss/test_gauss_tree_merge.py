@@ -212,3 +212,24 @@ def test_server_parameter_is_checked_and_travels_in_the_config():
     with pytest.raises(ValidationError, match="server='tree' is not available with privacy"):
         FedGaussClustering(server="tree", privacy=DifferentialPrivacy(
             epsilon=1.0, delta=1e-5, data_bound=10.0)).fit([np.ones((20, 2))] * 3)
+
+
+def test_the_tree_server_on_flower_equals_in_process_and_forgets_offline_owners():
+    pytest.importorskip("flwr")
+    from fedclust.flower import FlowerInMemoryTransport
+
+    rng = np.random.default_rng(12)
+    Xs, _ = _federation(rng, 10)
+    ids = list(range(10))
+    model = FedGaussClustering(server="tree", random_state=0).fit(
+        Xs, device_ids=ids, transport=FlowerInMemoryTransport())
+    local = FedGaussClustering(server="tree", random_state=0).fit(Xs, device_ids=ids)
+    assert np.array_equal(model.means_, local.means_)
+    model.forget(devices=[4])          # the owner is offline: its kept clusters suffice
+    rec = model.forget_log_[-1]
+    assert rec.recomputed == [] and rec.server_work[-1] == "root"
+    keep = [z for z in ids if z != 4]
+    fresh = FedGaussClustering(server="tree", random_state=0).fit([Xs[z] for z in keep],
+                                                                  device_ids=keep)
+    assert np.array_equal(model.means_, fresh.means_)
+    assert np.array_equal(model.covariances_, fresh.covariances_)
