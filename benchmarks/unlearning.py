@@ -10,10 +10,15 @@ Cases (full mode; ``--quick`` shrinks them to seconds):
     the same federation with the paper's server (farthest-first + one Lloyd
     round, ``server="farthest-lloyd1"``).
 ``gauss``
-    FedGaussClustering (evolving Gaussians, one round) on the same kind of
-    federation with fewer devices (``--gauss-devices``, default 50): its server
-    step, a BIC merge over every cluster the owners send, grows with the square
+    FedGaussClustering (evolving Gaussians, one round, the default flat server) on the
+    same kind of federation with fewer devices (``--gauss-devices``, default 50): its
+    server step, a BIC merge over every cluster the owners send, grows with the square
     of the number of clusters, and an exact forget runs it again.
+``gauss-tree``
+    FedGaussClustering(server="tree") on the full federation (``--devices``): the
+    server merges along a fixed trie over the owners' ids and keeps every node's
+    result, so a forget recomputes the departed owner's path (``server nodes``: how
+    many trie nodes it computed again, of how many).
 
 Measured in one process, per case:
 
@@ -116,7 +121,9 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
         lambda: make().fit([devices[i] for i in keep], device_ids=[ids[i] for i in keep]))
     # the downdate trace is worked out at a model's first forget: read it off another fit,
     # so the timed first forget below pays for it as a user's would
-    trace = getattr(make().fit(devices, device_ids=ids)._unlearning_, "trace", None)
+    # (only where the model downdates at all: k-FED's trace_of)
+    trace = (make().fit(devices, device_ids=ids)._unlearning_.trace
+             if model._unlearning_.trace_of is not None else None)
     # devices whose forget can downdate the paper's server: none of their centers picked
     held = set() if trace is None else {trace.seed, *trace.picked.tolist()}
     downdate_share = 0.0 if trace is None else 1 - len(held) / len(ids)
@@ -188,8 +195,16 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
         "fallback_speedup": None if fallback_s is None else retrain_s / fallback_s,
         "kept_summary_bytes": store.nbytes,
         "recomputed_rows": recomputed, "forget_times_s": forget_times,
+        "server_work": [r.server_work for r in model.forget_log_],
+        "server_nodes": _nodes(proto),
         "rows_times_s": rows_times, "local_step_times_s": local_times,
     }
+
+
+def _nodes(protocol) -> int | None:
+    """Nodes of the Gaussians' trie server (None for the other servers)."""
+    tree = getattr(protocol, "_tree", None)
+    return None if tree is None else len(tree._kept) + 1
 
 
 def main(argv=None) -> int:
@@ -197,7 +212,10 @@ def main(argv=None) -> int:
     p.add_argument("--devices", type=int, default=1000)
     p.add_argument("--points", type=int, default=1000)
     p.add_argument("--gauss-devices", type=int, default=50)
+    p.add_argument("--cases", default="kfed,kfed-paper,gauss,gauss-tree",
+                   help="comma-separated cases to run")
     args = finish_args(p.parse_args(argv))
+    cases = args.cases.split(",")
     if args.quick:
         args.devices, args.points, args.gauss_devices = 60, 200, 8
     d, k, k_local = (50, 20, 5) if not args.quick else (10, 8, 3)
@@ -205,23 +223,32 @@ def main(argv=None) -> int:
     ids = list(range(args.devices))
     if os.environ.get("OMP_NUM_THREADS") != "1":
         print("note: set OMP_NUM_THREADS=1 so that CPU time is the time of one thread")
-    rows = [run_case("kfed", lambda: KFed(k, k_local, random_state=args.seed), devices, ids,
-                     10, args.seed),
-            run_case("kfed-paper", lambda: KFed(k, k_local, server="farthest-lloyd1",
-                                                random_state=args.seed), devices, ids,
-                     10, args.seed)]
+    rows = []
+    if "kfed" in cases:
+        rows.append(run_case("kfed", lambda: KFed(k, k_local, random_state=args.seed),
+                             devices, ids, 10, args.seed))
+    if "kfed-paper" in cases:
+        rows.append(run_case("kfed-paper", lambda: KFed(k, k_local, server="farthest-lloyd1",
+                                                        random_state=args.seed),
+                             devices, ids, 10, args.seed))
     g = args.gauss_devices
-    rows.append(run_case("gauss", lambda: FedGaussClustering(random_state=args.seed),
-                         devices[:g], ids[:g], 10, args.seed))
+    if "gauss" in cases:
+        rows.append(run_case("gauss", lambda: FedGaussClustering(random_state=args.seed),
+                             devices[:g], ids[:g], 10, args.seed))
+    if "gauss-tree" in cases:
+        rows.append(run_case("gauss-tree", lambda: FedGaussClustering(
+            server="tree", random_state=args.seed), devices, ids, 10, args.seed))
     print_table(
         ["case", "devices", "retrain CPU s", "forget s", "speedup", "first forget", "path",
-         "rechecked", "full-step forget",
+         "rechecked", "server nodes", "full-step forget",
          "+relabel", "rows s", "local step s", "rows/local", "exact", "MUFC", "DC-k-means"],
         [(r["case"], r["devices"], f"{r['retrain_s']:.3f}", f"{r['forget_s']:.4f}",
           f"{r['speedup']:.0f}x", f"{r['first_forget_speedup']:.0f}x",
           "/".join(sorted(set(r["forget_paths"]))),
           "-" if r["rechecked_centers"][0] is None
           else f"{r['rechecked_centers'][0]}/{r['device_centers']}",
+          "-" if r["server_nodes"] is None or r["server_work"][0] is None else
+          f"{len(r['server_work'][0])}/{r['server_nodes']}",
           "-" if r["fallback_speedup"] is None else f"{r['fallback_speedup']:.0f}x",
           f"{r['speedup_with_relabel']:.0f}x",
           f"{r['forget_rows_s']:.4f}", f"{r['local_step_s']:.4f}",

@@ -125,7 +125,7 @@ def _check_real_federations(doc):
 
 
 def _check_unlearning(doc):
-    assert {r["case"] for r in doc["rows"]} == {"kfed", "kfed-paper", "gauss"}
+    assert {r["case"] for r in doc["rows"]} == {"kfed", "kfed-paper", "gauss", "gauss-tree"}
     for row in doc["rows"]:
         assert row["exact_device"] and row["exact_rows"] and row["exact_labels"]
         assert row["forget_s"] > 0 and row["retrain_s"] > 0 and row["local_step_s"] > 0
@@ -135,6 +135,9 @@ def _check_unlearning(doc):
         assert set(row["forget_paths"]) == ({"downdate"} if row["case"] == "kfed-paper"
                                             else {"replay"})
         assert row["max_center_diff"] <= 1e-12 * 1e3
+        if row["case"] == "gauss-tree":   # one owner's path of the trie, not every node
+            assert all(w[-1] == "root" and len(w) < row["server_nodes"]
+                       for w in row["server_work"])
 
 
 CASES = {

@@ -67,3 +67,35 @@ def test_the_log_det_bound_is_below_the_pooled_log_det():
     assert np.all(low <= exact + 1e-9 * np.abs(exact))
     # and it is informative: close to the exact value for most pairs
     assert np.median(exact - low) < 0.25 * np.median(np.abs(exact))
+
+
+def test_pairs_the_bound_sets_apart_cannot_merge_and_are_skipped():
+    """Far-apart pairs get +inf without their determinant; their exact score is >= 0, so
+    the greedy merge could never take them (and the merges stay merge_all's)."""
+    from fedclust.gauss.lazy_merge import _scores
+
+    rng = np.random.default_rng(4)
+    D, k = 8, 5   # well-populated correlated pieces: the full family wins, far pairs abound
+    means = rng.normal(scale=8.0, size=(k, D))
+    mix = [rng.normal(size=(D, D)) for _ in range(k)]
+    parts = [means[j] + rng.normal(size=(int(rng.integers(150, 400)), D)) @ mix[j]
+             for j in rng.integers(k, size=30)]
+    cs = ClusterSet(D, Settings(), 0)
+    cs.set_global(*moments(np.concatenate(parts)))
+    for R in parts:
+        n, mu, S = moments_full(R, True)
+        cs.add(mu[None], S[None], np.array([n]), np.array([-1]), np.array([0]))
+    b = copy.deepcopy(cs)
+    a = copy.deepcopy(cs)
+    assert merge_all_lazy(b) == a.merge_all() > 0
+    np.testing.assert_array_equal(a.S[:a.C], b.S[:b.C])
+    C = cs.C
+    p, q = np.triu_indices(C, 1)
+    cs._ld_cache = cs._bic_logdets(cs.n[:C].copy(), cs.S[:C])
+    fast = _scores(cs, _Bounds(cs, C), p, q)
+    exact = cs._merge_scores(p, q)[0]
+    cs._ld_cache = None
+    apart = np.isinf(fast)
+    assert apart.sum() > len(p) // 4            # the far pairs are skipped
+    assert np.all(exact[apart] >= 0.0)          # and none of them could merge
+    np.testing.assert_array_equal(fast[~apart], exact[~apart])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .lazy_merge import merge_all_lazy
 from .model import ARRAYS, ClusterSet
 
 __all__ = ["consolidate"]
@@ -135,7 +136,7 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10) -> int:
         live = np.flatnonzero(nk > 0)
         _write_back(cs, live, nk, mk + center, Sk, z)
         uz = cs.uid[np.searchsorted(live, z)]
-        merged = cs.merge_all()
+        merged = merge_all_lazy(cs)   # cs.merge_all(), bit for bit, faster
         z = cs.row_clusters(uz)
         changed = changed or merged > 0
         if not changed:

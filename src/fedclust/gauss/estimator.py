@@ -174,7 +174,15 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         entropy of the posterior assignments, down to the change point of the entropy
         against the number of clusters (Baudry et al. 2010); it always combines down to
         its change point, so it also joins separated Gaussian clusters. Needs
-        ``merge_test="bic"``; not available with ``privacy``.
+        ``merge_test="bic"`` and ``server="flat"``; not available with ``privacy``.
+    server : {"flat", "tree"}, default="flat"
+        The server's merge. ``"flat"``: every owner's clusters at once (one greedy BIC
+        merge over all of them, O(K^2 D^2) for K clusters received).
+        ``"tree"``: along a fixed binary trie over the owners' ids
+        (:mod:`fedclust.gauss.tree_merge`): each node merges its two halves' results,
+        so the work grows linearly with the owners, and a forget recomputes only the
+        departed owner's path in the trie (about log2 of the owners' count nodes),
+        exactly.
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
@@ -228,7 +236,8 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                  predict_rule: str = "likelihood", merge_test: str = "bic",
                  pooled_shrinkage: float = 0.0, merge_tol: float = MERGE_TOL,
                  kappa_n: float = 0, n_rounds: int | None = None, em_rounds: int = 0,
-                 em_criterion: str = "bic", combine: str = "none", privacy: Any = None,
+                 em_criterion: str = "bic", combine: str = "none", server: str = "flat",
+                 privacy: Any = None,
                  random_state: RandomState = None, progress: bool = False):
         self.covariance = covariance
         self.gate_quantile = gate_quantile
@@ -251,6 +260,7 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         self.em_rounds = em_rounds
         self.em_criterion = em_criterion
         self.combine = combine
+        self.server = server
         self.privacy = privacy
         self.random_state = random_state
         self.progress = progress
@@ -263,7 +273,10 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
                   **{k: getattr(self, k) for k in SETTING_NAMES})
         if self.privacy is None:
             return GaussProtocol(em_rounds=self.em_rounds, em_criterion=self.em_criterion,
-                                 combine=self.combine, **kw)
+                                 combine=self.combine, server=self.server, **kw)
+        if self.server != "flat":
+            raise ValidationError(f"server={self.server!r} is not available with privacy: the "
+                                  "private fit merges the noisy components at the server once")
         if self.em_rounds:
             raise ValidationError(f"em_rounds={self.em_rounds} is not available with privacy: the "
                                   "EM rounds' log-likelihoods and statistics are not noised or "
@@ -325,6 +338,10 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
     kappa_n, random_state, progress : as in :class:`FedGaussClustering`
     n_rounds : int, default=1
         Rounds; round r streams the r-th chunk of every owner's rows.
+    server : {"flat", "tree"}, default="flat"
+        The server's merge: every owner's clusters at once, or along a fixed binary
+        trie over the owners' ids (:mod:`fedclust.gauss.tree_merge`; linear in the
+        owners, and a forget recomputes only the departed owner's path, exactly).
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``): one round of per-class count,
         sum and second moments of the clipped rows, noised on the server, one
@@ -376,7 +393,8 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                  predict_rule: str = "likelihood", merge_test: str = "volume",
                  pooled_shrinkage: float = 0.5, merge_tol: float = MERGE_TOL,
                  kappa_f: float = 0.01, kappa_n: float = 1,
-                 n_rounds: int = 1, privacy: Any = None, classes: Any = None,
+                 n_rounds: int = 1, server: str = "flat", privacy: Any = None,
+                 classes: Any = None,
                  random_state: RandomState = None, progress: bool = False,
                  secure_aggregation: Any = False):
         self.covariance = covariance
@@ -398,6 +416,7 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         self.kappa_f = kappa_f
         self.kappa_n = kappa_n
         self.n_rounds = n_rounds
+        self.server = server
         self.privacy = privacy
         self.classes = classes
         self.random_state = random_state
@@ -451,7 +470,10 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
                   n_rounds=self.n_rounds, n_features=devices[0].shape[1],
                   **{k: getattr(self, k) for k in SETTING_NAMES})
         if self.privacy is None:
-            protocol = GaussClassifierProtocol(**kw)
+            protocol = GaussClassifierProtocol(server=self.server, **kw)
+        elif self.server != "flat":
+            raise ValidationError(f"server={self.server!r} is not available with privacy: the "
+                                  "private classifier's server sums the owners' releases")
         else:
             from .private import PrivateGaussClassifierProtocol
 

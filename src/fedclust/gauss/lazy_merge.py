@@ -16,10 +16,14 @@ the BIC's ridge ``diag(Sigma_rule)``) the pooled scatter is ``M + c d d^T``, and
 Where that bound (lowered by a relative margin far above rounding) already exceeds the
 diagonal family's term, the diagonal family decides the score, and :func:`_scores`
 computes it with the same floating-point operations, in the same order, as
-:meth:`ClusterSet._bic_pair`; every other pair goes through ``ClusterSet._merge_scores``
-itself. So the scores, the merges, their order and the merged statistics are bit for bit
-those of ``merge_all`` (tested); only the time changes. Pairs where the full family
-wins (correlated or well-populated clusters) still cost their log-determinant.
+:meth:`ClusterSet._bic_pair`. Where the bound shows that the pair cannot pass the test
+whichever family wins (one Gaussian is worse than two by more than ``merge_tol`` even
+at the bound: far-apart clusters), its score stays +inf: the greedy merge only ever
+takes a score below 0, so an exact value there would decide nothing. Every other pair
+goes through ``ClusterSet._merge_scores`` itself. So every score that can decide, the
+merges, their order and the merged statistics are bit for bit those of ``merge_all``
+(tested); only the time changes. Close pairs where the full family wins (correlated or
+well-populated clusters) still cost their log-determinant.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ __all__ = ["merge_all_lazy"]
 
 #: relative safety margin of the lower bounds (rounding is ~1e-13 relative)
 _MARGIN = 1e-7
+#: pairs scored per call in the first fill
+_BATCH = 4096
 
 
 def merge_all_lazy(cs: ClusterSet, until: int = 1) -> int:
@@ -44,13 +50,24 @@ def merge_all_lazy(cs: ClusterSet, until: int = 1) -> int:
     bound = _Bounds(cs, C)
     cs._ld_cache = cs._bic_logdets(cs.n[:C].copy(), cs.S[:C])
     R = np.full((C, C), np.inf)
-    for p in range(C):   # the first fill, as merge_all: (p, q) for q > p
+    # the first fill, as merge_all: (p, q) for q > p of the same class, in batches of
+    # about _BATCH pairs (few calls for small sets, bounded memory for large ones)
+    ps: list[np.ndarray] = []
+    qs: list[np.ndarray] = []
+    pending = 0
+    for p in range(C):
         q = np.flatnonzero(cs.cls[:C] == cs.cls[p])
         q = q[q > p]
         if q.size:
-            score = _scores(cs, bound, np.full(q.size, p), q)
-            R[p, q] = score
-            R[q, p] = score
+            ps.append(np.full(q.size, p))
+            qs.append(q)
+            pending += q.size
+        if ps and (pending >= _BATCH or p == C - 1):
+            bp, bq = np.concatenate(ps), np.concatenate(qs)
+            score = _scores(cs, bound, bp, bq)
+            R[bp, bq] = score
+            R[bq, bp] = score
+            ps, qs, pending = [], [], 0
     alive = np.ones(C, bool)
     merges = 0
     while C - merges > until:
@@ -115,7 +132,16 @@ def _scores(cs: ClusterSet, bound: "_Bounds", p: np.ndarray, q: np.ndarray) -> n
                      + (2 * npar_f + 1) * logn)
     out = (one - two) / (2.0 * n) - cs.s.merge_tol
     full_low = n * bound.log_det_low(p, q, n, c[:, 0], delta) + npar_f * logn
-    undecided = ~(full_low - _MARGIN * (np.abs(full_low) + 1.0) > one)
+    full_low = full_low - _MARGIN * (np.abs(full_low) + 1.0)
+    undecided = ~(full_low > one)
+    # pairs that cannot merge: even with the full family's lower bound, one Gaussian is
+    # worse than two by more than merge_tol; their exact score never decides (argmin
+    # only takes a score < 0), so it stays +inf
+    one_low = np.minimum(one, full_low)
+    apart = ((one_low - two) / (2.0 * n) - cs.s.merge_tol
+             > _MARGIN * (np.abs(one_low) + np.abs(two) + 1.0) / (2.0 * n))
+    out[undecided & apart] = np.inf
+    undecided &= ~apart
     if undecided.any():
         out[undecided] = cs._merge_scores(p[undecided], q[undecided])[0]
     return out

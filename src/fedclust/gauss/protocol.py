@@ -23,6 +23,7 @@ time is impossible and a label missing on some owners is fine).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -42,6 +43,7 @@ from .model import MERGE_TESTS, PREDICT_RULES, VOLUMES, ClusterSet, Settings, on
 from .server import merge_messages
 from .stats import (class_moments, fisher_mask, fisher_scores, merge_class_moments, moments,
                     pack_scatter, unpack_scatter)
+from .tree_merge import TreeMerge
 
 __all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_settings",
            "model_message"]
@@ -80,6 +82,10 @@ def check_settings(**kw: Any) -> Settings:
     check_float(s.merge_tol, "merge_tol", min_value=0.0)
     return s
 
+
+#: the server's merge: ``"flat"`` (every owner's clusters at once) or ``"tree"``
+#: (along a fixed trie over the owners' ids, :mod:`fedclust.gauss.tree_merge`)
+SERVERS = ("flat", "tree")
 
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
 
@@ -163,6 +169,7 @@ class GaussProtocol(Protocol):
 
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
                  em_rounds: int = 0, em_criterion: str = "bic", combine: str = "none",
+                 server: str = "flat", **settings: Any):
                  **settings: Any):
         unknown = set(settings) - set(SETTING_NAMES)
         if unknown:
@@ -176,6 +183,12 @@ class GaussProtocol(Protocol):
         if self.combine != "none" and settings.get("merge_test", "bic") != "bic":
             raise ValidationError(f"combine={self.combine!r} needs merge_test='bic', got "
                                   f"{settings.get('merge_test')!r}")
+        self.server = check_choice(server, "server", SERVERS)
+        self._tree = TreeMerge() if self.server == "tree" else None
+        if self.combine != "none" and self.server != "flat":
+            raise ValidationError(f"combine={self.combine!r} needs server='flat': the tree "
+                                  "server's forget reuses node results that a last "
+                                  "combining step over the whole model would not keep")
         self.n_features = None if n_features is None else check_int(n_features, "n_features",
                                                                     min_value=1)
 
@@ -194,7 +207,21 @@ class GaussProtocol(Protocol):
             cfg["combine"] = self.combine
         if self.n_features is not None:
             cfg["n_features"] = self.n_features
+        if self.server != "flat":
+            cfg["server"] = self.server
         return cfg
+
+    @property
+    def server_work(self) -> list[str] | None:
+        """``server="tree"``: the trie nodes the last merge computed (the others were
+        reused); None for the flat server (its step always runs in full)."""
+        return None if self._tree is None else list(self._tree.last_work)
+
+    def uncached(self) -> "GaussProtocol":
+        """This protocol without the tree server's kept node results (a check from scratch)."""
+        out = copy.copy(self)
+        out._tree = TreeMerge() if self.server == "tree" else None
+        return out
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "GaussProtocol":
@@ -351,8 +378,12 @@ class GaussProtocol(Protocol):
                                          + int(replies[z].global_count) - int(cnt.sum()))
         if msgs:
             with one_thread():
-                cs = merge_messages(msgs, self.settings, self.n_classes, state.model,  # type: ignore[arg-type]
-                                    combine=self.combine)
+                if self._tree is not None:
+                    cs = self._tree.merge(msgs, sorted(replies), self.settings, self.n_classes,
+                                          state.model)  # type: ignore[arg-type]
+                else:
+                    cs = merge_messages(msgs, self.settings, self.n_classes, state.model,  # type: ignore[arg-type]
+                                        combine=self.combine)
                 state.removed_by_server += int(round(cs.removed))
                 state.model = model_message(cs, state.features)
         state.round += 1

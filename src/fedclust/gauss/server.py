@@ -27,7 +27,7 @@ from .messages import GaussClusters
 from .model import ARRAYS, ClusterSet, Settings
 from .stats import merge_class_moments, merge_moments
 
-__all__ = ["merge_messages", "canonical_order"]
+__all__ = ["merge_messages", "canonical_order", "sort_canonical"]
 
 
 def canonical_order(msgs: Sequence[GaussClusters]) -> list[GaussClusters]:
@@ -79,3 +79,7 @@ def _sort_canonical(cs: ClusterSet) -> None:
     for name in ARRAYS:
         arr = getattr(cs, name)
         arr[:C] = arr[order]
+
+
+#: clusters in the canonical order (class, then size, then mean), in place
+sort_canonical = _sort_canonical

@@ -114,6 +114,10 @@ class ForgetRecord:
     #: after a downdate: how many remaining device centers were assigned to the new
     #: centers again (the others kept their label by a certificate); None otherwise
     rechecked: int | None = None
+    #: the parts of the server's step computed again, where the server keeps partial
+    #: results (the Gaussians' ``server="tree"``: the trie nodes on the changed owners'
+    #: paths, ``"root"`` its final steps); None where its step runs in full
+    server_work: list[str] | None = None
 
     @property
     def summaries_digest(self) -> str:
@@ -127,7 +131,8 @@ class ForgetRecord:
         return {"devices": self.devices, "rows": {str(z): r for z, r in self.rows.items()},
                 "recomputed": [list(p) for p in self.recomputed], "unchanged": self.unchanged,
                 "retrained": self.retrained, "summaries_digest": self.summaries_digest,
-                "seconds": self.seconds, "path": self.path, "rechecked": self.rechecked}
+                "seconds": self.seconds, "path": self.path, "rechecked": self.rechecked,
+                "server_work": self.server_work}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "ForgetRecord":
@@ -137,7 +142,9 @@ class ForgetRecord:
                    [int(z) for z in doc["unchanged"]], bool(doc["retrained"]),
                    float(doc["seconds"]), str(doc["summaries_digest"]),
                    path=str(doc.get("path", "replay")),
-                   rechecked=None if doc.get("rechecked") is None else int(doc["rechecked"]))
+                   rechecked=None if doc.get("rechecked") is None else int(doc["rechecked"]),
+                   server_work=(None if doc.get("server_work") is None
+                                else [str(w) for w in doc["server_work"]]))
 
 
 @dataclass
@@ -410,7 +417,8 @@ class ForgetMixin:
             drop, {z: idx.tolist() for z, idx in deleted.items()}, sorted(recomputed),
             sorted(unchanged),
             any(z not in changing for _, z in recomputed), time.perf_counter() - t0,
-            _store=u.store, path=path, rechecked=rechecked))
+            _store=u.store, path=path, rechecked=rechecked,
+            server_work=getattr(protocol, "server_work", None) if path == "replay" else None))
         if path != "none":   # a full step gives the server's result bit for bit again
             u.exact = path == "replay"
         return self
@@ -517,7 +525,9 @@ class ForgetMixin:
         model and the same kept summaries.
         """
         u = self._unlearner()
-        again = replay(u.protocol, u.store, u.seed)
+        # a protocol that keeps partial server results checks without them
+        uncached = getattr(u.protocol, "uncached", None)
+        again = replay(uncached() if uncached else u.protocol, u.store, u.seed)
         digest = digest_result(u.result)
         # after a downdate the model equals the server's step within DOWNDATE_RTOL
         summaries = (digest_result(again.result) == digest if u.exact
