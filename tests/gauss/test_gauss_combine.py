@@ -156,6 +156,8 @@ def test_federated_fit_with_combine_and_settings_checks():
         FedGaussClustering(combine="baudry").fit(owners)
     with pytest.raises(ValidationError, match="merge_test"):
         GaussProtocol(combine="entropy", merge_test="volume")
+    with pytest.raises(ValidationError, match="server='flat'"):
+        FedGaussClustering(combine="unimodal", server="tree").fit(owners)
     p = GaussProtocol(combine="entropy")
     assert GaussProtocol.from_config(p.config()).combine == "entropy"
 

@@ -170,7 +170,6 @@ class GaussProtocol(Protocol):
     def __init__(self, *, kappa_n: float = 1, n_rounds: int = 1, n_features: int | None = None,
                  em_rounds: int = 0, em_criterion: str = "bic", combine: str = "none",
                  server: str = "flat", **settings: Any):
-                 **settings: Any):
         unknown = set(settings) - set(SETTING_NAMES)
         if unknown:
             raise ValidationError(f"unknown parameters {sorted(unknown)}")
