@@ -9,13 +9,13 @@ round. Every family is reached through :mod:`fedclust.core.registry`.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .core.protocol import Protocol
 from .core.registry import Algorithm, Federation, get_algorithm
 
 __all__ = ["build_estimator", "label_kind", "Captured", "CaptureTransport", "capture_run",
-           "forget_section"]
+           "forget_section", "register_forget_section"]
 
 
 def build_estimator(cfg: Mapping[str, Any], preprocessor: Any = None,
@@ -87,10 +87,22 @@ def capture_run(algorithm: Algorithm, estimator: Any, federation: Federation,
     raise RuntimeError(f"algorithm {algorithm.name!r} finished without running a protocol")
 
 
+#: what builds a saved model's section for ``fedclust forget``; the unlearning wing, which
+#: sits above this module, registers :func:`fedclust.unlearning.saved.saved_section` here
+#: when it is imported (every family's estimator imports it)
+_FORGET_SECTION: list[Callable[[Any, Any], Any]] = []
+
+
+def register_forget_section(builder: Callable[[Any, Any], Any]) -> None:
+    """Set the builder :func:`forget_section` calls (the unlearning wing's)."""
+    _FORGET_SECTION[:] = [builder]
+
+
 def forget_section(model: Any, site_names: Any = ()) -> Any:
     """What a saved ``model.npz`` keeps so that ``fedclust forget`` can drop a site from
     a fitted configured estimator: :func:`fedclust.unlearning.saved.saved_section`
     (``None``: nothing kept, e.g. secure aggregation)."""
-    from .unlearning.saved import saved_section
-
-    return saved_section(model, site_names)
+    if not _FORGET_SECTION:
+        raise RuntimeError("fedclust.unlearning is not imported: nothing registered the "
+                           "builder of a saved model's forget section")
+    return _FORGET_SECTION[0](model, site_names)

@@ -9,6 +9,7 @@ over it, :mod:`~fedclust.unlearning.forget` is the estimators' ``forget`` /
 from .forget import ForgetMixin, ForgetRecord, VerifyReport, digest_result
 from .replay import DevicesNeeded, replay
 from .store import SummaryStore, digest_message
+from . import saved  # noqa: F401  (registers the saved model's forget section)
 
 __all__ = ["DevicesNeeded", "ForgetMixin", "ForgetRecord", "SummaryStore", "VerifyReport",
            "digest_message", "digest_result", "replay"]

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..configured import register_forget_section
 from ..core.exceptions import ValidationError
 from .forget import ForgetRecord, Unlearning
 from .replay import DevicesNeeded
@@ -152,3 +153,6 @@ def load_forgettable(path: str | Path) -> ForgettableModel:
     model = _restore(get_algorithm(header["algorithm"]), arrays, meta)
     return ForgettableModel(path, saved, model, {str(n): int(z)
                                                  for n, z in meta["names"].items()})
+
+
+register_forget_section(saved_section)
