@@ -84,7 +84,7 @@ def _own_loglik(nk, Sk, P, ld, N, full):
     return nk * (np.log(nk / N) - 0.5 * ld) - 0.5 * tr
 
 
-def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10) -> int:
+def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool = True) -> int:
     """Refine ``cs`` (after :meth:`ClusterSet.merge_all`) against the ``pieces`` it was
     merged from (:func:`snapshot` taken before the merges); returns the number of
     components removed. Only for clustering with ``merge_test="bic"``."""
@@ -132,6 +132,10 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10) -> int:
                 continue
             if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol):
                 changed = True
+        if split and _split(cs, z, n, mu, S, T, ridge, center) > 0:
+            changed = True
+            Z = np.zeros((n.size, cs.C))
+            Z[np.arange(n.size), z] = 1.0
         nk, mk, Sk = _pool(Z, n, mu, T, full)
         live = np.flatnonzero(nk > 0)
         _write_back(cs, live, nk, mk + center, Sk, z)
@@ -142,6 +146,61 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10) -> int:
         if not changed:
             break
     return K0 - cs.C
+
+
+def _split(cs: ClusterSet, z, n, mu, S, T, ridge, center, max_iter: int = 25) -> int:
+    """Split every component in two where a two-Gaussian classification EM over its
+    pieces finds halves that the pairwise merge test keeps apart; the second half becomes
+    a new cluster of ``cs`` (its statistics are written back by the caller) and z is
+    updated in place. Returns the number of splits."""
+    full = cs.full
+    SS = S if full else _diag(S)
+    splits = 0
+    for k in range(cs.C):
+        mine = np.flatnonzero(z == k)
+        if mine.size < 2:
+            continue
+        h = _cem_pieces(n[mine], mu[mine], SS[mine], T[mine], ridge, full, max_iter)
+        if h is None:
+            continue
+        H = np.stack([h, ~h], axis=1).astype(float)
+        nh, mh, Sh = _pool(H, n[mine], mu[mine], T[mine], full)
+        pooled = _pool(np.ones((mine.size, 1)), n[mine], mu[mine], T[mine], full)
+        own = [(ld[0], ld[1]) for ld, _ in cs._bic_logdets(nh, Sh)]
+        score = cs._bic_pair(nh[:1], nh[1:], own, pooled[0], pooled[2])[0]
+        if not score >= 0.0:
+            continue
+        cs.add(mh[1:] + center, Sh[1:], nh[1:], cs.cls[[k]], cs.last[[k]])
+        z[mine[~h]] = cs.C - 1
+        splits += 1
+    return splits
+
+
+def _cem_pieces(n, mu, S, T, ridge, full, max_iter):
+    """Two-Gaussian classification EM with the pieces (n, mu, S; T their second moments)
+    as atoms, started by cutting the piece means at the pooled mean across the pooled
+    first principal axis. Returns the membership of the first half, or None."""
+    nk, mk, Sk = _pool(np.ones((n.size, 1)), n, mu, T, full)
+    if full:
+        vec = np.linalg.eigh(Sk[0])[1][:, -1]
+    else:
+        vec = np.eye(mu.shape[1])[int(np.argmax(Sk[0]))]
+    h = (mu - mk[0]) @ vec > 0
+    N = float(n.sum())
+    for _ in range(max_iter):
+        if h.all() or not h.any():
+            return None
+        H = np.stack([h, ~h], axis=1).astype(float)
+        nh, mh, Sh = _pool(H, n, mu, T, full)
+        P, ld = _params(nh, Sh, ridge, full)
+        ll = _piece_loglik(n, mu, S, nh, mh, P, ld, N, full)
+        new = ll[:, 0] >= ll[:, 1]
+        if np.array_equal(new, h):
+            break
+        h = new
+    if h.all() or not h.any():
+        return None
+    return h
 
 
 def _diag(S):
