@@ -21,8 +21,13 @@ count, mean and scatter). :func:`consolidate` alternates
   penalised likelihood (mixture BIC, ``D + D(D+1)/2 + 1`` parameters per component,
   log N each),
 
-then the pairwise merges again, until nothing changes. The component count never grows
-and every sample stays in a component. Maximum-likelihood covariances are ridged by the
+* a split step: a two-Gaussian classification EM over a component's pieces proposes
+  two groups of pieces, and the component is replaced by the two when the pairwise merge
+  test keeps them apart (undoing a greedy merge that joined two clusters through the
+  pieces between them),
+
+then the pairwise merges again, until nothing changes. A component is always a pool of
+whole pieces and every sample stays in a component. Maximum-likelihood covariances are ridged by the
 volume-rule Sigma_0 as one pseudo-sample, as in the pairwise BIC; full or diagonal,
 whichever gives the current mixture the lower BIC. Work per round O(m K D^2 + K D^3) for
 m pieces and K components.
@@ -87,8 +92,9 @@ def _own_loglik(nk, Sk, P, ld, N, full):
 def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool = True) -> int:
     """Refine ``cs`` (after :meth:`ClusterSet.merge_all`) against the ``pieces`` it was
     merged from (:func:`snapshot` taken before the merges); returns the number of
-    components removed. Only for clustering with ``merge_test="bic"``."""
-    if cs.s.merge_test != "bic" or cs.n_classes or cs.C < 2:
+    components removed (negative when the splits added more). ``split=False`` leaves out
+    the split step. Only for clustering with ``merge_test="bic"``."""
+    if cs.s.merge_test != "bic" or cs.n_classes or cs.C < (1 if split else 2):
         return 0
     slot = cs.row_clusters(pieces["uid"])
     ok = slot >= 0
