@@ -148,6 +148,11 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
         uz = cs.uid[np.searchsorted(live, z)]
         merged = merge_all_lazy(cs)   # cs.merge_all(), bit for bit, faster
         z = cs.row_clusters(uz)
+        if split:
+            grouped = _merge_groups(cs, z, n, mu, S, T, ridge, center, fam)
+            if grouped:
+                z = cs.row_clusters(uz)
+                merged += grouped
         changed = changed or merged > 0
         if not changed:
             break
@@ -159,27 +164,154 @@ def _split(cs: ClusterSet, z, n, mu, S, T, ridge, center, max_iter: int = 25) ->
     pieces finds halves that the pairwise merge test keeps apart; the second half becomes
     a new cluster of ``cs`` (its statistics are written back by the caller) and z is
     updated in place. Returns the number of splits."""
-    full = cs.full
-    SS = S if full else _diag(S)
     splits = 0
     for k in range(cs.C):
         mine = np.flatnonzero(z == k)
-        if mine.size < 2:
+        h, score, halves = _best_split(cs, n[mine], mu[mine], S[mine], T[mine], ridge,
+                                        max_iter)
+        if h is None or not score >= 0.0:
             continue
-        h = _cem_pieces(n[mine], mu[mine], SS[mine], T[mine], ridge, full, max_iter)
-        if h is None:
-            continue
-        H = np.stack([h, ~h], axis=1).astype(float)
-        nh, mh, Sh = _pool(H, n[mine], mu[mine], T[mine], full)
-        pooled = _pool(np.ones((mine.size, 1)), n[mine], mu[mine], T[mine], full)
-        own = [(ld[0], ld[1]) for ld, _ in cs._bic_logdets(nh, Sh)]
-        score = cs._bic_pair(nh[:1], nh[1:], own, pooled[0], pooled[2])[0]
-        if not score >= 0.0:
-            continue
+        nh, mh, Sh = halves
         cs.add(mh[1:] + center, Sh[1:], nh[1:], cs.cls[[k]], cs.last[[k]])
         z[mine[~h]] = cs.C - 1
         splits += 1
     return splits
+
+
+def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
+    """The two groups that :func:`_cem_pieces` proposes for the pieces (n, mu, S, T), the
+    pairwise merge score of the two (>= 0: the merge test keeps them apart) and their
+    (n, mu, S); (None, -inf, None) where no split is proposed."""
+    full = cs.full
+    if n.size < 2:
+        return None, -np.inf, None
+    h = _cem_pieces(n, mu, S if full else _diag(S), T, ridge, full, max_iter)
+    if h is None:
+        return None, -np.inf, None
+    H = np.stack([h, ~h], axis=1).astype(float)
+    nh, mh, Sh = _pool(H, n, mu, T, full)
+    pooled = _pool(np.ones((n.size, 1)), n, mu, T, full)
+    own = [(ld[0], ld[1]) for ld, _ in cs._bic_logdets(nh, Sh)]
+    score = cs._bic_pair(nh[:1], nh[1:], own, pooled[0], pooled[2])[0]
+    return h, score, (nh, mh, Sh)
+
+
+def _group_score(cs: ClusterSet, G: list[int]) -> float:
+    """(BIC of one Gaussian - BIC of the |G| components G) / (2 n_G) - ``merge_tol``, as
+    the pairwise merge score (:meth:`ClusterSet._bic_scores`) for a group: the labels cost
+    sum n_i log(n_i / n_G), |G| - 1 mixing weights; full or diagonal, whichever is lower."""
+    G = np.asarray(G)
+    n, mu, S = cs.n[G], cs.mu[G], cs.S[G]
+    N = float(n.sum())
+    m = (n[:, None] * mu).sum(axis=0) / N
+    d = mu - m
+    if cs.full:
+        P = S.sum(axis=0) + np.einsum("k,kd,ke->de", n, d, d)
+    else:
+        P = S.sum(axis=0) + (n[:, None] * d ** 2).sum(axis=0)
+    labels = float((n * np.log(n / N)).sum())
+    one, many = np.inf, np.inf
+    logN = np.log(N)
+    for (ld1, npar), (ldk, _) in zip(cs._bic_logdets(np.array([N]), P[None]),
+                                     cs._bic_logdets(n, S)):
+        one = min(one, N * ld1[0] + npar * logN)
+        many = min(many, float((n * ldk).sum()) - 2.0 * labels
+                   + (G.size * npar + G.size - 1) * logN)
+    return (one - many) / (2.0 * N) - cs.s.merge_tol
+
+
+MIN_GROUP = 3
+
+
+def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
+    """Change of the mixture BIC, per sample of the group G, when the components G become
+    one Gaussian (their pooled statistics), less ``merge_tol``: merge while < 0. The
+    mixture log-likelihood of a piece's rows is bounded below by
+    n_i log sum_k exp(l_ik / n_i) (l_ik: the log-likelihood of its rows under component k
+    with its weight; the bound is exact for responsibilities shared by the piece's rows),
+    so, unlike the classification likelihood, overlapping components keep the rows they
+    share. Evaluated on the pieces of G's components; the other components stay."""
+    full = fam
+    SS = S if full else _diag(S)
+    C = cs.C
+    G = np.asarray(G)
+    rest = np.setdiff1d(np.arange(C), G)
+    rows = np.isin(z, G)
+    N = float(cs.n[:C].sum())
+    nG = float(cs.n[G].sum())
+
+    def stats(idx):
+        Sk = cs.S[idx] if (full or not cs.full) else np.diagonal(cs.S[idx], axis1=1, axis2=2)
+        return cs.n[idx], cs.mu[idx], Sk
+
+    def bound(nk, mk, Sk):
+        P, ld = _params(nk, Sk, cs.s0_rule, full)
+        ll = _piece_loglik(n[rows], mu[rows], SS[rows], nk, mk, P, ld, N, full)
+        a = ll / n[rows][:, None]
+        top = a.max(axis=1)
+        return float((n[rows] * (top + np.log(np.exp(a - top[:, None]).sum(axis=1)))).sum())
+
+    nk, mk, Sk = stats(np.r_[G, rest])
+    before = bound(nk, mk, Sk)
+    m = (nk[:G.size, None] * mk[:G.size]).sum(axis=0) / nG
+    d = mk[:G.size] - m
+    if full:
+        P = Sk[:G.size].sum(axis=0) + np.einsum("k,kd,ke->de", nk[:G.size], d, d)
+    else:
+        P = Sk[:G.size].sum(axis=0) + (nk[:G.size, None] * d ** 2).sum(axis=0)
+    after = bound(np.r_[nG, nk[G.size:]], np.vstack([m, mk[G.size:]]),
+                  np.concatenate([P[None], Sk[G.size:]]))
+    D = cs.D
+    npar = D + (D * (D + 1) // 2 if full else D) + 1
+    return (-2.0 * (after - before) - (G.size - 1) * npar * np.log(N)) / (2.0 * nG) \
+        - cs.s.merge_tol
+
+
+def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam, max_group: int = 5) -> int:
+    """Merge groups of 3 to ``max_group`` components that one Gaussian describes better
+    than the group's components (:func:`_group_score` < 0), although no pair of them
+    passes: the chunks of one cluster that a classification likelihood leaves (a core and
+    sectors of its rim). A group grows from a component, smallest first, by its nearest
+    neighbour in pairwise merge score; it is merged only when its pieces are not split in
+    two by the split step's test. Returns the number of merges."""
+    C = cs.C
+    if C < 3:
+        return 0
+    p, q = np.triu_indices(C, 1)
+    R = np.full((C, C), np.inf)
+    same = cs.cls[p] == cs.cls[q]
+    sc, _ = cs._merge_scores(p[same], q[same])
+    R[p[same], q[same]] = sc
+    R[q[same], p[same]] = sc
+    done = np.zeros(C, bool)
+    groups = []
+    for k in np.argsort(cs.n[:C], kind="stable"):
+        if done[k]:
+            continue
+        G = [int(k)]
+        while len(G) < max_group:
+            near = R[G].min(axis=0)
+            near[G] = np.inf
+            near[done] = np.inf
+            j = int(np.argmin(near))
+            if not np.isfinite(near[j]):
+                break
+            G.append(j)
+            if len(G) < MIN_GROUP or not _soft_group_score(cs, G, z, n, mu + center, S, fam) < 0.0:
+                continue
+            rows = np.isin(z, G)
+            _, split_score, _ = _best_split(cs, n[rows], mu[rows], S[rows], T[rows], ridge)
+            if split_score < 0.0:
+                groups.append([int(cs.uid[g]) for g in G])
+                done[G] = True
+            break
+    for uids in groups:
+        for u in uids[1:]:
+            a = int(np.flatnonzero(cs.uid[:cs.C] == uids[0])[0])
+            b = int(np.flatnonzero(cs.uid[:cs.C] == u)[0])
+            _, stats = cs._merge_scores(np.array([a]), np.array([b]))
+            cs._merge_pair(a, b, stats, 0)
+    return sum(len(g) - 1 for g in groups)
 
 
 def _cem_pieces(n, mu, S, T, ridge, full, max_iter):
