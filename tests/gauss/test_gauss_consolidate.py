@@ -141,3 +141,84 @@ def test_a_component_of_one_gaussian_does_not_split(seed, D, full):
     cs, pieces, _ = _lumped(X, 30, seed, full)
     consolidate(cs, pieces)
     assert cs.C == 1 and cs.n[0] == pytest.approx(len(X))
+
+
+def _grouped(X, tiles, group_of_tile, full=True):
+    """A cluster set whose pieces are the tiles of X, pooled exactly into the components
+    ``group_of_tile`` (one entry per tile)."""
+    D = X.shape[1]
+    cs = ClusterSet(D, Settings(covariance="full" if full else "diag"))
+    cs.set_global(*moments(X))
+    cs.set_birth_scale(X)
+    order = np.argsort(group_of_tile, kind="stable")
+    for t in order:
+        R = X[tiles == t]
+        E = R - R.mean(0)
+        cs.add(R.mean(0)[None], (E.T @ E if full else (E * E).sum(0))[None],
+               np.array([float(len(R))]), np.array([-1]), np.array([0]))
+    pieces = snapshot(cs)
+    groups = np.asarray(group_of_tile)[order]
+    for g in np.unique(groups)[::-1]:
+        members = np.flatnonzero(groups == g)
+        for b in members[:0:-1]:
+            _, stats = cs._merge_scores(np.array([members[0]]), np.array([b]))
+            cs._merge_pair(int(members[0]), int(b), stats, 0)
+    return cs, pieces
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_the_piece_tied_likelihood_bounds_the_mixture_likelihood(full):
+    """Against scikit-learn's GaussianMixture.score_samples on the rows: a lower bound for
+    every piece, equal for one-row pieces."""
+    from sklearn.mixture import GaussianMixture
+
+    from fedclust.gauss.consolidate import tied_loglik
+
+    rng = np.random.default_rng(5)
+    D = 3
+    X = np.vstack([rng.normal(size=(300, D)), rng.normal(size=(200, D)) * 0.6 + 1.5])
+    nk = np.array([260.0, 240.0])
+    mk = np.array([X[:260].mean(0), X[260:].mean(0)])
+    Sk = np.stack([(X[:260] - mk[0]).T @ (X[:260] - mk[0]), (X[260:] - mk[1]).T @ (X[260:] - mk[1])])
+    ridge = np.full(D, 0.05)
+    covs = (Sk + np.diag(ridge)) / nk[:, None, None]
+    gm = GaussianMixture(2, covariance_type="full" if full else "diag")
+    gm.weights_, gm.means_ = nk / nk.sum(), mk
+    gm.covariances_ = covs if full else np.diagonal(covs, axis1=1, axis2=2)
+    gm.precisions_cholesky_ = (np.linalg.cholesky(np.linalg.inv(covs)) if full
+                               else 1 / np.sqrt(gm.covariances_))
+    rows = gm.score_samples(X)
+    const = 0.5 * D * np.log(2 * np.pi)
+    Skf = Sk if full else np.diagonal(Sk, axis1=1, axis2=2)
+    one = tied_loglik(np.ones(len(X)), X, np.zeros((len(X), D, D) if full else (len(X), D)),
+                      nk, mk, Skf, ridge, nk.sum(), full) - const
+    np.testing.assert_allclose(one, rows, rtol=1e-9, atol=1e-9)
+    tiles = np.arange(len(X)) % 25
+    for t in range(25):
+        R = X[tiles == t]
+        E = R - R.mean(0)
+        b = tied_loglik(np.array([len(R) * 1.0]), R.mean(0)[None],
+                        (E.T @ E if full else (E * E).sum(0))[None], nk, mk, Skf, ridge,
+                        nk.sum(), full)[0] - len(R) * const
+        assert b <= rows[tiles == t].sum() + 1e-9
+
+
+@pytest.mark.parametrize("seed, gap, n2", [(71, 3.5, 800), (72, 4.0, 500), (73, 3.7, 1200)])
+def test_two_overlapping_gaussians_stay_two(seed, gap, n2):
+    """Two overlapping Gaussians, each held as a few chunks: scikit-learn's BIC prefers two
+    components, and so does the consolidation (it may join the chunks, not the two)."""
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(seed)
+    X = np.vstack([rng.normal(size=(800, 2)), rng.normal(size=(n2, 2)) + [gap, 0]])
+    truth = np.repeat([0, 1], [800, n2])
+    assert _bic_prefers_two(X, seed)
+    tiles = KMeans(60, n_init=1, random_state=seed).fit_predict(X)
+    major = np.array([np.bincount(truth[tiles == t], minlength=2).argmax() for t in range(60)])
+    cent = np.array([X[tiles == t].mean(0) for t in range(60)])
+    group = 2 * major + (cent[:, 1] > 0)  # each Gaussian in an upper and a lower chunk
+    cs, pieces = _grouped(X, tiles, group)
+    consolidate(cs, pieces)
+    assert cs.C == 2
+    labels = np.argmin(np.linalg.norm(X[:, None] - cs.mu[None, :2], axis=2), axis=1)
+    assert adjusted_rand_score(truth, labels) >= 0.7

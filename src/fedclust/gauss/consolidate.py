@@ -223,6 +223,19 @@ def _group_score(cs: ClusterSet, G: list[int]) -> float:
 MIN_GROUP = 3
 
 
+def tied_loglik(n, mu, S, nk, mk, Sk, ridge, N, full) -> np.ndarray:
+    """(m,) lower bound on the log-likelihood of every piece's rows under the mixture of
+    the components (nk, mk, Sk) with weights nk / N and covariances (Sk + ridge) / nk,
+    from the pieces' (n, mu, S) alone: n_i log sum_k exp(l_ik / n_i), with l_ik the
+    log-likelihood of the piece's rows under component k and its weight; the
+    responsibilities are shared by a piece's rows (equal to the mixture log-likelihood
+    for one-row pieces). Additive constant -n_i D log(2 pi) / 2 dropped."""
+    P, ld = _params(nk, Sk, ridge, full)
+    a = _piece_loglik(n, mu, S, nk, mk, P, ld, N, full) / n[:, None]
+    top = a.max(axis=1)
+    return n * (top + np.log(np.exp(a - top[:, None]).sum(axis=1)))
+
+
 def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
     """Change of the mixture BIC, per sample of the group G, when the components G become
     one Gaussian (their pooled statistics), less ``merge_tol``: merge while < 0. The
@@ -245,11 +258,8 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
         return cs.n[idx], cs.mu[idx], Sk
 
     def bound(nk, mk, Sk):
-        P, ld = _params(nk, Sk, cs.s0_rule, full)
-        ll = _piece_loglik(n[rows], mu[rows], SS[rows], nk, mk, P, ld, N, full)
-        a = ll / n[rows][:, None]
-        top = a.max(axis=1)
-        return float((n[rows] * (top + np.log(np.exp(a - top[:, None]).sum(axis=1)))).sum())
+        return float(tied_loglik(n[rows], mu[rows], SS[rows], nk, mk, Sk, cs.s0_rule, N,
+                                 full).sum())
 
     nk, mk, Sk = stats(np.r_[G, rest])
     before = bound(nk, mk, Sk)
