@@ -179,7 +179,8 @@ def test_the_piece_tied_likelihood_bounds_the_mixture_likelihood(full):
     X = np.vstack([rng.normal(size=(300, D)), rng.normal(size=(200, D)) * 0.6 + 1.5])
     nk = np.array([260.0, 240.0])
     mk = np.array([X[:260].mean(0), X[260:].mean(0)])
-    Sk = np.stack([(X[:260] - mk[0]).T @ (X[:260] - mk[0]), (X[260:] - mk[1]).T @ (X[260:] - mk[1])])
+    Sk = np.stack([(X[:260] - mk[0]).T @ (X[:260] - mk[0]),
+                   (X[260:] - mk[1]).T @ (X[260:] - mk[1])])
     ridge = np.full(D, 0.05)
     covs = (Sk + np.diag(ridge)) / nk[:, None, None]
     gm = GaussianMixture(2, covariance_type="full" if full else "diag")

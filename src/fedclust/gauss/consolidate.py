@@ -26,7 +26,10 @@ count, mean and scatter). :func:`consolidate` alternates
   test keeps them apart (undoing a greedy merge that joined two clusters through the
   pieces between them),
 
-then the pairwise merges again, until nothing changes. A component is always a pool of
+then the pairwise merges again and a group merge (:func:`_merge_groups`: a group of
+components, no pair of which passes, becomes one Gaussian when that lowers the mixture BIC
+with memberships that are soft but shared by a piece's rows, :func:`tied_loglik`), until
+nothing changes. A component is always a pool of
 whole pieces and every sample stays in a component. Maximum-likelihood covariances are ridged by the
 volume-rule Sigma_0 as one pseudo-sample, as in the pairwise BIC; full or diagonal,
 whichever gives the current mixture the lower BIC. Work per round O(m K D^2 + K D^3) for
@@ -40,7 +43,7 @@ import numpy as np
 from .lazy_merge import merge_all_lazy
 from .model import ARRAYS, ClusterSet
 
-__all__ = ["consolidate"]
+__all__ = ["consolidate", "snapshot", "tied_loglik"]
 
 
 def _pool(Z: np.ndarray, n: np.ndarray, mu: np.ndarray, T: np.ndarray, full: bool):
@@ -196,31 +199,8 @@ def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
     return h, score, (nh, mh, Sh)
 
 
-def _group_score(cs: ClusterSet, G: list[int]) -> float:
-    """(BIC of one Gaussian - BIC of the |G| components G) / (2 n_G) - ``merge_tol``, as
-    the pairwise merge score (:meth:`ClusterSet._bic_scores`) for a group: the labels cost
-    sum n_i log(n_i / n_G), |G| - 1 mixing weights; full or diagonal, whichever is lower."""
-    G = np.asarray(G)
-    n, mu, S = cs.n[G], cs.mu[G], cs.S[G]
-    N = float(n.sum())
-    m = (n[:, None] * mu).sum(axis=0) / N
-    d = mu - m
-    if cs.full:
-        P = S.sum(axis=0) + np.einsum("k,kd,ke->de", n, d, d)
-    else:
-        P = S.sum(axis=0) + (n[:, None] * d ** 2).sum(axis=0)
-    labels = float((n * np.log(n / N)).sum())
-    one, many = np.inf, np.inf
-    logN = np.log(N)
-    for (ld1, npar), (ldk, _) in zip(cs._bic_logdets(np.array([N]), P[None]),
-                                     cs._bic_logdets(n, S)):
-        one = min(one, N * ld1[0] + npar * logN)
-        many = min(many, float((n * ldk).sum()) - 2.0 * labels
-                   + (G.size * npar + G.size - 1) * logN)
-    return (one - many) / (2.0 * N) - cs.s.merge_tol
-
-
-MIN_GROUP = 3
+#: pairs are the pairwise merge test's; a group starts at three components
+_MIN_GROUP = 3
 
 
 def tied_loglik(n, mu, S, nk, mk, Sk, ridge, N, full) -> np.ndarray:
@@ -277,9 +257,10 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
         - cs.s.merge_tol
 
 
-def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam, max_group: int = 5) -> int:
+def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam,
+                  max_group: int = 5) -> int:
     """Merge groups of 3 to ``max_group`` components that one Gaussian describes better
-    than the group's components (:func:`_group_score` < 0), although no pair of them
+    than the group's components (:func:`_soft_group_score` < 0), although no pair of them
     passes: the chunks of one cluster that a classification likelihood leaves (a core and
     sectors of its rim). A group grows from a component, smallest first, by its nearest
     neighbour in pairwise merge score; it is merged only when its pieces are not split in
@@ -307,7 +288,8 @@ def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam, max_group:
             if not np.isfinite(near[j]):
                 break
             G.append(j)
-            if len(G) < MIN_GROUP or not _soft_group_score(cs, G, z, n, mu + center, S, fam) < 0.0:
+            if (len(G) < _MIN_GROUP
+                    or not _soft_group_score(cs, G, z, n, mu + center, S, fam) < 0.0):
                 continue
             rows = np.isin(z, G)
             _, split_score, _ = _best_split(cs, n[rows], mu[rows], S[rows], T[rows], ridge)
