@@ -44,7 +44,7 @@ def test_bridging_fragments_join_the_blobs(seed, k, D):
 
 
 @pytest.mark.parametrize("full", [True, False])
-def test_consolidate_keeps_the_pooled_moments_and_never_adds_clusters(full):
+def test_consolidate_keeps_the_pooled_moments_and_whole_pieces(full):
     rng = np.random.default_rng(3)
     D = 3
     X = np.vstack([rng.normal(size=(400, D)) + c for c in ([0, 0, 0], [6, 0, 0], [3, 5, 0])])
@@ -57,7 +57,7 @@ def test_consolidate_keeps_the_pooled_moments_and_never_adds_clusters(full):
     cs.merge_all()
     before = cs.C
     consolidate(cs, pieces)
-    assert 1 <= cs.C <= before
+    assert 1 <= cs.C <= pieces["n"].size and before >= 1
     C = cs.C
     n, mu, S = cs.n[:C], cs.mu[:C], cs.S[:C]
     # the components partition the rows: total count, mean and scatter are the rows'
@@ -81,3 +81,145 @@ def test_consolidate_is_idle_on_the_volume_rule_and_on_one_cluster():
     pieces = snapshot(cs)
     C = cs.C
     assert consolidate(cs, pieces) == 0 and cs.C == C
+
+
+def _lumped(X, n_pieces, seed, full=True):
+    """A cluster set holding ``n_pieces`` spatial tiles of X (k-means cells) as its pieces,
+    all merged into one component by exact pooling, as a greedy merge could leave them."""
+    from sklearn.cluster import KMeans
+
+    tiles = KMeans(n_pieces, n_init=1, random_state=seed).fit_predict(X)
+    D = X.shape[1]
+    cs = ClusterSet(D, Settings(covariance="full" if full else "diag"))
+    cs.set_global(*moments(X))
+    cs.set_birth_scale(X)
+    for t in range(n_pieces):
+        R = X[tiles == t]
+        E = R - R.mean(0)
+        cs.add(R.mean(0)[None], (E.T @ E if full else (E * E).sum(0))[None],
+               np.array([float(len(R))]), np.array([-1]), np.array([0]))
+    pieces = snapshot(cs)
+    while cs.C > 1:
+        _, stats = cs._merge_scores(np.array([0]), np.array([cs.C - 1]))
+        cs._merge_pair(0, cs.C - 1, stats, 0)
+    return cs, pieces, tiles
+
+
+def _bic_prefers_two(X, seed):
+    from sklearn.mixture import GaussianMixture
+
+    bic = [GaussianMixture(m, random_state=seed, n_init=3).fit(X).bic(X) for m in (1, 2)]
+    return bic[1] < bic[0]
+
+
+@pytest.mark.parametrize("seed, D, gap, full", [(41, 2, 5.0, True), (42, 3, 4.5, True),
+                                                (43, 5, 5.0, False), (44, 2, 4.0, False)])
+def test_a_component_of_two_gaussians_splits_on_its_pieces(seed, D, gap, full):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(500, D))
+    B = rng.normal(size=(350, D)) * 0.7 + gap * np.eye(D)[0]
+    X = np.vstack([A, B])
+    assert _bic_prefers_two(X, seed)  # scikit-learn's BIC on the same rows: two Gaussians
+    cs, pieces, tiles = _lumped(X, 24, seed, full)
+    assert consolidate(cs, {k: v.copy() for k, v in pieces.items()}, split=False) == 0
+    assert cs.C == 1  # without the split nothing can undo the lump
+    cs, pieces, tiles = _lumped(X, 24, seed, full)
+    consolidate(cs, pieces)
+    assert cs.C == 2
+    # the two components are the two Gaussians up to the tiles that straddle the gap
+    order = np.argsort(cs.mu[:2, 0])
+    np.testing.assert_allclose(cs.n[:2][order], [500, 350], atol=25)
+    np.testing.assert_allclose(cs.mu[:2][order], [A.mean(0), B.mean(0)], atol=0.25)
+    assert cs.n[:2].sum() == pytest.approx(len(X))
+
+
+@pytest.mark.parametrize("seed, D, full", [(51, 2, True), (52, 10, True), (53, 10, False),
+                                           (54, 1, True)])
+def test_a_component_of_one_gaussian_does_not_split(seed, D, full):
+    X = np.random.default_rng(seed).normal(size=(3000, D)) * np.linspace(1, 3, D)
+    assert not _bic_prefers_two(X, seed)  # scikit-learn's BIC on the same rows: one
+    cs, pieces, _ = _lumped(X, 30, seed, full)
+    consolidate(cs, pieces)
+    assert cs.C == 1 and cs.n[0] == pytest.approx(len(X))
+
+
+def _grouped(X, tiles, group_of_tile, full=True):
+    """A cluster set whose pieces are the tiles of X, pooled exactly into the components
+    ``group_of_tile`` (one entry per tile)."""
+    D = X.shape[1]
+    cs = ClusterSet(D, Settings(covariance="full" if full else "diag"))
+    cs.set_global(*moments(X))
+    cs.set_birth_scale(X)
+    order = np.argsort(group_of_tile, kind="stable")
+    for t in order:
+        R = X[tiles == t]
+        E = R - R.mean(0)
+        cs.add(R.mean(0)[None], (E.T @ E if full else (E * E).sum(0))[None],
+               np.array([float(len(R))]), np.array([-1]), np.array([0]))
+    pieces = snapshot(cs)
+    groups = np.asarray(group_of_tile)[order]
+    for g in np.unique(groups)[::-1]:
+        members = np.flatnonzero(groups == g)
+        for b in members[:0:-1]:
+            _, stats = cs._merge_scores(np.array([members[0]]), np.array([b]))
+            cs._merge_pair(int(members[0]), int(b), stats, 0)
+    return cs, pieces
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_the_piece_tied_likelihood_bounds_the_mixture_likelihood(full):
+    """Against scikit-learn's GaussianMixture.score_samples on the rows: a lower bound for
+    every piece, equal for one-row pieces."""
+    from sklearn.mixture import GaussianMixture
+
+    from fedclust.gauss.consolidate import tied_loglik
+
+    rng = np.random.default_rng(5)
+    D = 3
+    X = np.vstack([rng.normal(size=(300, D)), rng.normal(size=(200, D)) * 0.6 + 1.5])
+    nk = np.array([260.0, 240.0])
+    mk = np.array([X[:260].mean(0), X[260:].mean(0)])
+    Sk = np.stack([(X[:260] - mk[0]).T @ (X[:260] - mk[0]),
+                   (X[260:] - mk[1]).T @ (X[260:] - mk[1])])
+    ridge = np.full(D, 0.05)
+    covs = (Sk + np.diag(ridge)) / nk[:, None, None]
+    gm = GaussianMixture(2, covariance_type="full" if full else "diag")
+    gm.weights_, gm.means_ = nk / nk.sum(), mk
+    gm.covariances_ = covs if full else np.diagonal(covs, axis1=1, axis2=2)
+    gm.precisions_cholesky_ = (np.linalg.cholesky(np.linalg.inv(covs)) if full
+                               else 1 / np.sqrt(gm.covariances_))
+    rows = gm.score_samples(X)
+    const = 0.5 * D * np.log(2 * np.pi)
+    Skf = Sk if full else np.diagonal(Sk, axis1=1, axis2=2)
+    one = tied_loglik(np.ones(len(X)), X, np.zeros((len(X), D, D) if full else (len(X), D)),
+                      nk, mk, Skf, ridge, nk.sum(), full) - const
+    np.testing.assert_allclose(one, rows, rtol=1e-9, atol=1e-9)
+    tiles = np.arange(len(X)) % 25
+    for t in range(25):
+        R = X[tiles == t]
+        E = R - R.mean(0)
+        b = tied_loglik(np.array([len(R) * 1.0]), R.mean(0)[None],
+                        (E.T @ E if full else (E * E).sum(0))[None], nk, mk, Skf, ridge,
+                        nk.sum(), full)[0] - len(R) * const
+        assert b <= rows[tiles == t].sum() + 1e-9
+
+
+@pytest.mark.parametrize("seed, gap, n2", [(71, 3.5, 800), (72, 4.0, 500), (73, 3.7, 1200)])
+def test_two_overlapping_gaussians_stay_two(seed, gap, n2):
+    """Two overlapping Gaussians, each held as a few chunks: scikit-learn's BIC prefers two
+    components, and so does the consolidation (it may join the chunks, not the two)."""
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(seed)
+    X = np.vstack([rng.normal(size=(800, 2)), rng.normal(size=(n2, 2)) + [gap, 0]])
+    truth = np.repeat([0, 1], [800, n2])
+    assert _bic_prefers_two(X, seed)
+    tiles = KMeans(60, n_init=1, random_state=seed).fit_predict(X)
+    major = np.array([np.bincount(truth[tiles == t], minlength=2).argmax() for t in range(60)])
+    cent = np.array([X[tiles == t].mean(0) for t in range(60)])
+    group = 2 * major + (cent[:, 1] > 0)  # each Gaussian in an upper and a lower chunk
+    cs, pieces = _grouped(X, tiles, group)
+    consolidate(cs, pieces)
+    assert cs.C == 2
+    labels = np.argmin(np.linalg.norm(X[:, None] - cs.mu[None, :2], axis=2), axis=1)
+    assert adjusted_rand_score(truth, labels) >= 0.7

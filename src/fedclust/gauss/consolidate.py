@@ -21,8 +21,16 @@ count, mean and scatter). :func:`consolidate` alternates
   penalised likelihood (mixture BIC, ``D + D(D+1)/2 + 1`` parameters per component,
   log N each),
 
-then the pairwise merges again, until nothing changes. The component count never grows
-and every sample stays in a component. Maximum-likelihood covariances are ridged by the
+* a split step: a two-Gaussian classification EM over a component's pieces proposes
+  two groups of pieces, and the component is replaced by the two when the pairwise merge
+  test keeps them apart (undoing a greedy merge that joined two clusters through the
+  pieces between them),
+
+then the pairwise merges again and a group merge (:func:`_merge_groups`: a group of
+components, no pair of which passes, becomes one Gaussian when that lowers the mixture BIC
+with memberships that are soft but shared by a piece's rows, :func:`tied_loglik`), until
+nothing changes. A component is always a pool of
+whole pieces and every sample stays in a component. Maximum-likelihood covariances are ridged by the
 volume-rule Sigma_0 as one pseudo-sample, as in the pairwise BIC; full or diagonal,
 whichever gives the current mixture the lower BIC. Work per round O(m K D^2 + K D^3) for
 m pieces and K components.
@@ -35,7 +43,7 @@ import numpy as np
 from .lazy_merge import merge_all_lazy
 from .model import ARRAYS, ClusterSet
 
-__all__ = ["consolidate"]
+__all__ = ["consolidate", "snapshot", "tied_loglik"]
 
 
 def _pool(Z: np.ndarray, n: np.ndarray, mu: np.ndarray, T: np.ndarray, full: bool):
@@ -84,11 +92,12 @@ def _own_loglik(nk, Sk, P, ld, N, full):
     return nk * (np.log(nk / N) - 0.5 * ld) - 0.5 * tr
 
 
-def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10) -> int:
+def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool = True) -> int:
     """Refine ``cs`` (after :meth:`ClusterSet.merge_all`) against the ``pieces`` it was
     merged from (:func:`snapshot` taken before the merges); returns the number of
-    components removed. Only for clustering with ``merge_test="bic"``."""
-    if cs.s.merge_test != "bic" or cs.n_classes or cs.C < 2:
+    components removed (negative when the splits added more). ``split=False`` leaves out
+    the split step. Only for clustering with ``merge_test="bic"``."""
+    if cs.s.merge_test != "bic" or cs.n_classes or cs.C < (1 if split else 2):
         return 0
     slot = cs.row_clusters(pieces["uid"])
     ok = slot >= 0
@@ -132,16 +141,196 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10) -> int:
                 continue
             if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol):
                 changed = True
+        if split and _split(cs, z, n, mu, S, T, ridge, center) > 0:
+            changed = True
+            Z = np.zeros((n.size, cs.C))
+            Z[np.arange(n.size), z] = 1.0
         nk, mk, Sk = _pool(Z, n, mu, T, full)
         live = np.flatnonzero(nk > 0)
         _write_back(cs, live, nk, mk + center, Sk, z)
         uz = cs.uid[np.searchsorted(live, z)]
         merged = merge_all_lazy(cs)   # cs.merge_all(), bit for bit, faster
         z = cs.row_clusters(uz)
+        if split:
+            grouped = _merge_groups(cs, z, n, mu, S, T, ridge, center, fam)
+            if grouped:
+                z = cs.row_clusters(uz)
+                merged += grouped
         changed = changed or merged > 0
         if not changed:
             break
     return K0 - cs.C
+
+
+def _split(cs: ClusterSet, z, n, mu, S, T, ridge, center, max_iter: int = 25) -> int:
+    """Split every component in two where a two-Gaussian classification EM over its
+    pieces finds halves that the pairwise merge test keeps apart; the second half becomes
+    a new cluster of ``cs`` (its statistics are written back by the caller) and z is
+    updated in place. Returns the number of splits."""
+    splits = 0
+    for k in range(cs.C):
+        mine = np.flatnonzero(z == k)
+        h, score, halves = _best_split(cs, n[mine], mu[mine], S[mine], T[mine], ridge,
+                                        max_iter)
+        if h is None or not score >= 0.0:
+            continue
+        nh, mh, Sh = halves
+        cs.add(mh[1:] + center, Sh[1:], nh[1:], cs.cls[[k]], cs.last[[k]])
+        z[mine[~h]] = cs.C - 1
+        splits += 1
+    return splits
+
+
+def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
+    """The two groups that :func:`_cem_pieces` proposes for the pieces (n, mu, S, T), the
+    pairwise merge score of the two (>= 0: the merge test keeps them apart) and their
+    (n, mu, S); (None, -inf, None) where no split is proposed."""
+    full = cs.full
+    if n.size < 2:
+        return None, -np.inf, None
+    h = _cem_pieces(n, mu, S if full else _diag(S), T, ridge, full, max_iter)
+    if h is None:
+        return None, -np.inf, None
+    H = np.stack([h, ~h], axis=1).astype(float)
+    nh, mh, Sh = _pool(H, n, mu, T, full)
+    pooled = _pool(np.ones((n.size, 1)), n, mu, T, full)
+    own = [(ld[0], ld[1]) for ld, _ in cs._bic_logdets(nh, Sh)]
+    score = cs._bic_pair(nh[:1], nh[1:], own, pooled[0], pooled[2])[0]
+    return h, score, (nh, mh, Sh)
+
+
+#: pairs are the pairwise merge test's; a group starts at three components
+_MIN_GROUP = 3
+
+
+def tied_loglik(n, mu, S, nk, mk, Sk, ridge, N, full) -> np.ndarray:
+    """(m,) lower bound on the log-likelihood of every piece's rows under the mixture of
+    the components (nk, mk, Sk) with weights nk / N and covariances (Sk + ridge) / nk,
+    from the pieces' (n, mu, S) alone: n_i log sum_k exp(l_ik / n_i), with l_ik the
+    log-likelihood of the piece's rows under component k and its weight; the
+    responsibilities are shared by a piece's rows (equal to the mixture log-likelihood
+    for one-row pieces). Additive constant -n_i D log(2 pi) / 2 dropped."""
+    P, ld = _params(nk, Sk, ridge, full)
+    a = _piece_loglik(n, mu, S, nk, mk, P, ld, N, full) / n[:, None]
+    top = a.max(axis=1)
+    return n * (top + np.log(np.exp(a - top[:, None]).sum(axis=1)))
+
+
+def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
+    """Change of the mixture BIC, per sample of the group G, when the components G become
+    one Gaussian (their pooled statistics), less ``merge_tol``: merge while < 0. The
+    mixture log-likelihood of a piece's rows is bounded below by
+    n_i log sum_k exp(l_ik / n_i) (l_ik: the log-likelihood of its rows under component k
+    with its weight; the bound is exact for responsibilities shared by the piece's rows),
+    so, unlike the classification likelihood, overlapping components keep the rows they
+    share. Evaluated on the pieces of G's components; the other components stay."""
+    full = fam
+    SS = S if full else _diag(S)
+    C = cs.C
+    G = np.asarray(G)
+    rest = np.setdiff1d(np.arange(C), G)
+    rows = np.isin(z, G)
+    N = float(cs.n[:C].sum())
+    nG = float(cs.n[G].sum())
+
+    def stats(idx):
+        Sk = cs.S[idx] if (full or not cs.full) else np.diagonal(cs.S[idx], axis1=1, axis2=2)
+        return cs.n[idx], cs.mu[idx], Sk
+
+    def bound(nk, mk, Sk):
+        return float(tied_loglik(n[rows], mu[rows], SS[rows], nk, mk, Sk, cs.s0_rule, N,
+                                 full).sum())
+
+    nk, mk, Sk = stats(np.r_[G, rest])
+    before = bound(nk, mk, Sk)
+    m = (nk[:G.size, None] * mk[:G.size]).sum(axis=0) / nG
+    d = mk[:G.size] - m
+    if full:
+        P = Sk[:G.size].sum(axis=0) + np.einsum("k,kd,ke->de", nk[:G.size], d, d)
+    else:
+        P = Sk[:G.size].sum(axis=0) + (nk[:G.size, None] * d ** 2).sum(axis=0)
+    after = bound(np.r_[nG, nk[G.size:]], np.vstack([m, mk[G.size:]]),
+                  np.concatenate([P[None], Sk[G.size:]]))
+    D = cs.D
+    npar = D + (D * (D + 1) // 2 if full else D) + 1
+    return (-2.0 * (after - before) - (G.size - 1) * npar * np.log(N)) / (2.0 * nG) \
+        - cs.s.merge_tol
+
+
+def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam,
+                  max_group: int = 5) -> int:
+    """Merge groups of 3 to ``max_group`` components that one Gaussian describes better
+    than the group's components (:func:`_soft_group_score` < 0), although no pair of them
+    passes: the chunks of one cluster that a classification likelihood leaves (a core and
+    sectors of its rim). A group grows from a component, smallest first, by its nearest
+    neighbour in pairwise merge score; it is merged only when its pieces are not split in
+    two by the split step's test. Returns the number of merges."""
+    C = cs.C
+    if C < 3:
+        return 0
+    p, q = np.triu_indices(C, 1)
+    R = np.full((C, C), np.inf)
+    same = cs.cls[p] == cs.cls[q]
+    sc, _ = cs._merge_scores(p[same], q[same])
+    R[p[same], q[same]] = sc
+    R[q[same], p[same]] = sc
+    done = np.zeros(C, bool)
+    groups = []
+    for k in np.argsort(cs.n[:C], kind="stable"):
+        if done[k]:
+            continue
+        G = [int(k)]
+        while len(G) < max_group:
+            near = R[G].min(axis=0)
+            near[G] = np.inf
+            near[done] = np.inf
+            j = int(np.argmin(near))
+            if not np.isfinite(near[j]):
+                break
+            G.append(j)
+            if (len(G) < _MIN_GROUP
+                    or not _soft_group_score(cs, G, z, n, mu + center, S, fam) < 0.0):
+                continue
+            rows = np.isin(z, G)
+            _, split_score, _ = _best_split(cs, n[rows], mu[rows], S[rows], T[rows], ridge)
+            if split_score < 0.0:
+                groups.append([int(cs.uid[g]) for g in G])
+                done[G] = True
+            break
+    for uids in groups:
+        for u in uids[1:]:
+            a = int(np.flatnonzero(cs.uid[:cs.C] == uids[0])[0])
+            b = int(np.flatnonzero(cs.uid[:cs.C] == u)[0])
+            _, stats = cs._merge_scores(np.array([a]), np.array([b]))
+            cs._merge_pair(a, b, stats, 0)
+    return sum(len(g) - 1 for g in groups)
+
+
+def _cem_pieces(n, mu, S, T, ridge, full, max_iter):
+    """Two-Gaussian classification EM with the pieces (n, mu, S; T their second moments)
+    as atoms, started by cutting the piece means at the pooled mean across the pooled
+    first principal axis. Returns the membership of the first half, or None."""
+    nk, mk, Sk = _pool(np.ones((n.size, 1)), n, mu, T, full)
+    if full:
+        vec = np.linalg.eigh(Sk[0])[1][:, -1]
+    else:
+        vec = np.eye(mu.shape[1])[int(np.argmax(Sk[0]))]
+    h = (mu - mk[0]) @ vec > 0
+    N = float(n.sum())
+    for _ in range(max_iter):
+        if h.all() or not h.any():
+            return None
+        H = np.stack([h, ~h], axis=1).astype(float)
+        nh, mh, Sh = _pool(H, n, mu, T, full)
+        P, ld = _params(nh, Sh, ridge, full)
+        ll = _piece_loglik(n, mu, S, nh, mh, P, ld, N, full)
+        new = ll[:, 0] >= ll[:, 1]
+        if np.array_equal(new, h):
+            break
+        h = new
+    if h.all() or not h.any():
+        return None
+    return h
 
 
 def _diag(S):
