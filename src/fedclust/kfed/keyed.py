@@ -47,10 +47,19 @@ __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "KeyedTrace", "keye
 KEYED_SERVER = "weighted-kmeans++-keyed"
 _KEY_BRANCH = np.uint64(0x6B657965645F7070)   # the seeding's own stream
 #: a row is assigned again at most this share of the rows per iteration; beyond, full step
-_DOUBT_SHARE = 0.25
+_DOUBT_SHARE = 1.0
 #: candidates kept per k-means++ step beyond the L drawn: a leaving device's candidate is
 #: replaced by the next key
 SPARE = 4
+
+
+#: candidates per k-means++ step (None: scikit-learn's greedy ``2 + log k``; 1: plain
+#: k-means++, whose seeds change on a forget only where a leaving row was one)
+TRIALS: int | None = None
+
+
+def n_trials(k: int) -> int:
+    return 2 + int(np.log(k)) if TRIALS is None else int(TRIALS)
 
 
 def row_keys(seed: int, owner: np.ndarray, local_index: np.ndarray) -> np.ndarray:
@@ -87,7 +96,7 @@ def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0):
     order (-1 padded; row 0 holds the first seed), the potential after adding each, and
     the position of the pick (among the first L), or None where every row coincides with
     a seed before k are chosen."""
-    L = 2 + int(np.log(k))
+    L = n_trials(k)
     M = L + spare
     seeds = np.empty(k, dtype=np.int64)
     cand = np.full((k, M), -1, dtype=np.int64)
@@ -352,7 +361,7 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray) -> np.ndarra
     """The keyed starts' potentials less the rows ``R``'s exact share (raises _Full where a
     start's seeds could change). ``alive``: the rows that remain."""
     S, k, M = tr.cand.shape
-    L = 2 + int(np.log(k))
+    L = n_trials(k)
     if not alive[tr.seeds].all():
         raise _Full("line 343")
     CR, wR = tr.C[R], tr.w[R]
@@ -377,7 +386,10 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray) -> np.ndarra
     slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
         + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
     if (cmp.min(axis=2) <= b + slack).any():
-        raise _Full("line 366")
+        bad = np.argwhere(cmp.min(axis=2) <= b + slack)[0]
+        s_, t_ = bad
+        raise _Full("line 366", (cmp[s_, t_] - b[s_, t_]).tolist(), slack,
+                    (share[s_, t_ + 1]).tolist(), tr.pots[s_, t_ + 1].tolist())
     return pots
 
 
@@ -509,7 +521,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         if b is None:
             raise _Full("line 496")   # a near tie between starts
     except _Full as exc:
-        trace.fallback = exc.args[0] if exc.args else "uncertified"
+        trace.fallback = str(exc.args) if exc.args else "uncertified"
         return None
     finally:
         trace.alive = old_alive
