@@ -244,6 +244,11 @@ def _margin_of(C, centers, labels):
 TIE_RTOL = 1e-10
 
 
+#: a center shift this close (relative) to ``tol`` times the variance decides Lloyd's stop
+#: otherwise in a fresh run only by rounding
+SHIFT_RTOL = 1e-12
+
+
 def _near_tie(X, centers, labels) -> bool:
     """Some row's nearest and second-nearest squared distances are within rounding."""
     D = squared_distances(X, centers)
@@ -363,7 +368,7 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray) -> np.ndarra
     S, k, M = tr.cand.shape
     L = n_trials(k)
     if not alive[tr.seeds].all():
-        raise _Full("line 343")
+        raise _Full("a leaving device holds a k-means++ seed")
     CR, wR = tr.C[R], tr.w[R]
     Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()]).reshape(len(R), S, k)
     before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
@@ -379,17 +384,14 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray) -> np.ndarra
     inset = left & (rank <= L)
     short = (left.sum(axis=2) < L) & (valid.sum(axis=2) == M)
     if short[:, 1:].any():
-        raise _Full("line 359")   # more than the spare candidates left: the next keys are unknown
+        raise _Full("a leaving candidate and no spare key left")
     cmp = np.where(inset, pots, np.inf)[:, 1:]
     b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
     np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
     slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
         + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
     if (cmp.min(axis=2) <= b + slack).any():
-        bad = np.argwhere(cmp.min(axis=2) <= b + slack)[0]
-        s_, t_ = bad
-        raise _Full("line 366", (cmp[s_, t_] - b[s_, t_]).tolist(), slack,
-                    (share[s_, t_ + 1]).tolist(), tr.pots[s_, t_ + 1].tolist())
+        raise _Full("a leaving device's share changes or nearly changes a k-means++ pick")
     return pots
 
 
@@ -413,14 +415,14 @@ def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float
         doubt = run.order[:cut]
         doubt = doubt[alive[doubt]]
         if len(doubt) > _DOUBT_SHARE * n_alive:
-            raise _Full("line 390")
+            raise _Full("too many rows to assign again")
         rechecked += len(doubt)
         over: dict[int, int] = {}
         if len(doubt):
             Cd = tr.C[doubt]
             lab = assign(Cd, c_t)[0]
             if k > 1 and _near_tie(Cd, c_t, lab):
-                raise _Full("line 397")   # a near tie: the fresh run's rounding decides
+                raise _Full("a reassigned row's nearest centers tie within rounding")
             old = run.A[t, doubt].astype(np.int64)
             chg = lab != old
             over = dict(zip(doubt[chg].tolist(), lab[chg].tolist()))
@@ -458,25 +460,25 @@ def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float
             if not moved_new:
                 return c_t, over, t, (newS, newW, newQ), rechecked
             if t == T:
-                raise _Full("line 435")   # the fit stopped here, this run goes on
+                raise _Full("the fit's run stopped with its labels, this one goes on")
         if t == T:
             raise _Full       # (not reached: the fit's stops set stop_now below)
         if (Wx <= 1e-2 * run.W0[t]).any():
-            raise _Full("line 439")
+            raise _Full("the fit's run ended here")
         c_next = Sx / Wx[:, None]
         shift = float(((c_next - c_t) ** 2).sum())
         err = 2.0 * np.sqrt(shift) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
-            + tr.tol * var_err + 1e-12 * max(shift, abs_tol)
+            + tr.tol * var_err + SHIFT_RTOL * max(shift, abs_tol)
         if abs(shift - abs_tol) <= err:
-            raise _Full("line 445")
+            raise _Full("a center shift within rounding of tol x variance")
         new_stop = shift <= abs_tol
         old_stop = t + 1 == T and run.reason == "shift"
         if old_stop and not new_stop:
-            raise _Full("line 449")
+            raise _Full("the fit's run stopped by its shift, this one goes on")
         stop_now = new_stop or t + 1 == tr.max_iter
         prev_over = over
         c_t = c_next
-    raise _Full("line 453")
+    raise _Full("the fit's run ended")
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
@@ -519,7 +521,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             finals.append(lab)
         b = pick_start([canonical(f[alive]) for f in finals], inert, err)
         if b is None:
-            raise _Full("line 496")   # a near tie between starts
+            raise _Full("two starts' costs within rounding")
     except _Full as exc:
         trace.fallback = str(exc.args) if exc.args else "uncertified"
         return None
