@@ -72,7 +72,10 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         server (farthest-point initialisation + one Lloyd round; every paper
         reproduction names it), ``"farthest-lloyd"`` Lloyd to convergence (the
         authors' code), ``"single-linkage"`` the poster's union-find merge,
-        ``"kmeans++"`` unweighted k-means++ restarts (``weighted=`` applies).
+        ``"kmeans++"`` unweighted k-means++ restarts (``weighted=`` applies),
+        ``"weighted-kmeans++-keyed"`` the default's algorithm with k-means++ draws
+        keyed by device id, so that ``forget`` can follow the fit's trace instead of
+        running the step again (:mod:`fedclust.kfed.keyed`, ``docs/unlearning.md``).
         See ``docs/kfed.md`` for when to use which.
     weighted : bool, default=False
         Weight device centers by their point counts in the server's Lloyd.
