@@ -52,8 +52,7 @@ def _seed_holders(trace):
 
 
 @pytest.mark.parametrize("trial", range(2))
-def test_random_forget_sequences_equal_a_retrain(trial, monkeypatch):
-    monkeypatch.setattr(keyed, "TRIALS", 1)
+def test_random_forget_sequences_equal_a_retrain(trial):
     rng = np.random.default_rng(70 + trial)
     n_dev = 150
     Xs = _federation(rng, n_dev)
@@ -69,18 +68,17 @@ def test_random_forget_sequences_equal_a_retrain(trial, monkeypatch):
             z = free[-1]
             model.forget(rows={z: [0, 1]}, relabel=True)
             Xs[ids.index(z)] = Xs[ids.index(z)][2:]
-        else:
-            z = free[step]
-            model.forget(devices=[z])
-            gone.append(z)
+        else:   # one device, or two at once (step 5)
+            zs = free[step:step + 1] if step < 5 else free[5:7]
+            model.forget(devices=zs)
+            gone.extend(zs)
         paths.append(model.forget_log_[-1].path)
         _check(model, Xs, ids, gone)
         assert model.verify().ok
     assert "downdate" in paths   # the trace was followed at least once
 
 
-def test_a_seed_holder_takes_the_full_step(monkeypatch):
-    monkeypatch.setattr(keyed, "TRIALS", 1)
+def test_a_seed_holder_takes_the_full_step():
     rng = np.random.default_rng(3)
     Xs = _federation(rng, 60)
     ids = list(range(60))
@@ -94,7 +92,6 @@ def test_a_seed_holder_takes_the_full_step(monkeypatch):
 
 @pytest.mark.parametrize("force", ["tie", "doubt", "start-tie", "stop"])
 def test_each_uncertified_case_takes_the_full_step(force, monkeypatch):
-    monkeypatch.setattr(keyed, "TRIALS", 1)
     rng = np.random.default_rng(11)
     Xs = _federation(rng, 150)
     ids = list(range(150))
@@ -131,3 +128,22 @@ def test_keyed_seeding_draws_in_proportion_to_weight():
         keys = keyed.row_keys(seed, np.arange(4), np.zeros(4, np.int64))
         wins[keyed.keyed_kmeans_plusplus(C, 2, w, (C * C).ravel(), keys, 0)[0][0]] += 1
     assert np.allclose(wins / wins.sum(), w / w.sum(), atol=0.03)
+
+
+def test_keyed_seeds_do_not_move_when_an_unchosen_row_leaves():
+    # every draw is keyed by (device, center): dropping a row that was never a seed or a
+    # candidate leaves each step's smallest key, hence the seeds, where they were
+    rng = np.random.default_rng(5)
+    C = rng.normal(size=(200, 3))
+    w = rng.uniform(1, 5, size=200)
+    owner, j = np.repeat(np.arange(50), 4), np.tile(np.arange(4), 50)
+    keys = keyed.row_keys(9, owner, j)
+    seeds, cand, _, _ = keyed.keyed_kmeans_plusplus(C, 6, w, (C * C).sum(axis=1), keys, 2)
+    out = next(z for z in range(50) if not np.isin(np.flatnonzero(owner == z), cand).any())
+    keep = owner != out
+    again = keyed.keyed_kmeans_plusplus(C[keep], 6, w[keep], (C[keep] ** 2).sum(axis=1),
+                                        keys[keep], 2)[0]
+    assert np.array_equal(np.flatnonzero(keep)[again], seeds)
+    # and a different start draws other seeds
+    other = keyed.keyed_kmeans_plusplus(C, 6, w, (C * C).sum(axis=1), keys, 3)[0]
+    assert not np.array_equal(other, seeds)
