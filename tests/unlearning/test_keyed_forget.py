@@ -147,3 +147,10 @@ def test_keyed_seeds_do_not_move_when_an_unchosen_row_leaves():
     # and a different start draws other seeds
     other = keyed.keyed_kmeans_plusplus(C, 6, w, (C * C).sum(axis=1), keys, 3)[0]
     assert not np.array_equal(other, seeds)
+
+
+def test_canonical_numbers_clusters_by_first_appearance():
+    assert keyed.canonical(np.array([3, 3, 1, 0, 1, 3])).tolist() == [0, 0, 1, 2, 1, 0]
+    a = np.random.default_rng(0).integers(0, 7, size=50)
+    perm = np.random.default_rng(1).permutation(7)
+    assert np.array_equal(keyed.canonical(a), keyed.canonical(perm[a]))

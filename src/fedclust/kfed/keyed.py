@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import assign, lloyd, squared_distances, sum_by_label, update_centers
+from ..core.kmeans import BLOCK, lloyd, squared_distances, sum_by_label, update_centers
 from ..core.random import _GOLDEN, _M1, _M2, _splitmix64
 from .downdate import CERTIFY_SLACK
 from .server import KMEANS_PP_INIT, farthest_first, pick_first_device
@@ -160,10 +160,13 @@ def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
 
 def canonical(labels: np.ndarray) -> np.ndarray:
     """The partition of ``labels`` with clusters numbered by first appearance."""
-    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(len(first))
-    return rank[inv.ravel()]
+    k = int(labels.max()) + 1 if len(labels) else 0
+    hit = labels[:, None] == np.arange(k)
+    present = hit.any(axis=0)
+    first = np.where(present, hit.argmax(axis=0), len(labels))   # first row of each label
+    rank = np.empty(k, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(k)
+    return rank[labels]
 
 
 def pick_start(parts, inertia, err=0.0) -> int | None:
@@ -235,13 +238,6 @@ class KeyedTrace:
             r.A[:, dead] = 0
 
 
-def _margin_of(C, centers, labels):
-    D = squared_distances(C, centers)
-    near = np.sqrt(D[np.arange(len(C)), labels])
-    D[np.arange(len(C)), labels] = np.inf
-    return np.sqrt(D.min(axis=1)) - near
-
-
 #: two squared distances closer than this share of ``|x|^2 + max |c|^2`` may compare
 #: otherwise in a fresh run (its rounding, and the downdated centers' 1e-13 or so)
 TIE_RTOL = 1e-10
@@ -264,6 +260,25 @@ def _labels_or_tie(X, centers) -> tuple[np.ndarray, bool]:
     return D.argmin(axis=1), bool((two[:, 1] - two[:, 0] <= TIE_RTOL * scale).any())
 
 
+def _assign_margin(X, centers, x_sq):
+    """:func:`assign`'s labels (the same blocks and expression, so the same bits) and each
+    row's margin (second-nearest minus nearest distance) from the same distances."""
+    n = len(X)
+    labels = np.empty(n, dtype=np.int64)
+    margin = np.full(n, np.inf)
+    c_sq = (centers * centers).sum(axis=1)
+    for start in range(0, n, BLOCK):
+        D = x_sq[start:start + BLOCK][:, None] - 2.0 * (X[start:start + BLOCK] @ centers.T) \
+            + c_sq[None, :]
+        lab = D.argmin(axis=1)
+        labels[start:start + BLOCK] = lab
+        if D.shape[1] > 1:
+            np.maximum(D, 0.0, out=D)
+            two = np.sqrt(np.partition(D, 1, axis=1)[:, :2])
+            margin[start:start + BLOCK] = two[:, 1] - two[:, 0]
+    return labels, margin
+
+
 def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     """:func:`lloyd`'s loop (same kernels, same bits) keeping what a forget needs; None
     where it relocated an emptied cluster."""
@@ -272,9 +287,9 @@ def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     abs_tol = tol * c_var
     cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
     for _ in range(max_iter):
-        new_labels, _ = assign(C, centers, c_sq)
+        new_labels, margin = _assign_margin(C, centers, c_sq)
         A.append(new_labels)
-        mm.append(_margin_of(C, centers, new_labels))
+        mm.append(margin)
         if labels is not None and np.array_equal(new_labels, labels):
             reason = "labels"
             break
@@ -289,8 +304,9 @@ def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
             reason = "shift"
             break
     if reason != "labels":
-        A.append(assign(C, centers, c_sq)[0])
-        mm.append(_margin_of(C, centers, A[-1]))
+        lab, margin = _assign_margin(C, centers, c_sq)
+        A.append(lab)
+        mm.append(margin)
     A = np.stack(A)
     T1, d = len(cs), C.shape[1]
     S, W, Q = np.zeros((T1, k, d)), np.zeros((T1, k)), np.zeros((T1, k))
