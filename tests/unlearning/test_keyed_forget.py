@@ -154,3 +154,17 @@ def test_canonical_numbers_clusters_by_first_appearance():
     a = np.random.default_rng(0).integers(0, 7, size=50)
     perm = np.random.default_rng(1).permutation(7)
     assert np.array_equal(keyed.canonical(a), keyed.canonical(perm[a]))
+
+
+def test_a_stream_of_devices_runs_the_keyed_server_on_its_summaries():
+    from fedclust.kfed.server import aggregate_centers
+
+    Xs = _federation(np.random.default_rng(8), 30)
+    b = _make().fit(iter(Xs))
+    again = aggregate_centers(list(b.local_centers_), K, counts=list(b.local_counts_),
+                              method=keyed.KEYED_SERVER, device_ids=list(range(30)),
+                              seed=b.seed_)
+    np.testing.assert_array_equal(b.cluster_centers_, again.centers)
+    with pytest.raises(Exception, match="device ids"):
+        aggregate_centers(list(b.local_centers_), K, counts=list(b.local_counts_),
+                          method=keyed.KEYED_SERVER)
