@@ -73,6 +73,16 @@ def test_random_forget_sequences_equal_a_retrain(trial):
             model.forget(devices=zs)
             gone.extend(zs)
         paths.append(model.forget_log_[-1].path)
+        if paths[-1] == "downdate":   # nothing of the forgotten rows stays in the trace
+            tr = model._unlearning_.trace
+            dead = ~tr.alive
+            assert dead.sum() >= 2 and not tr.C[dead].any() and not tr.w[dead].any()
+            for run in tr.runs:
+                assert not run.A[:, dead].any()
+                for order, m in zip(run.order, run.margin_sorted):
+                    pos = np.flatnonzero(dead[order])
+                    prev = np.where(pos > 0, m[np.maximum(pos - 1, 0)], -np.inf)
+                    assert np.array_equal(m[pos], prev) and np.all(np.diff(m) >= 0)
         _check(model, Xs, ids, gone)
         assert model.verify().ok
     assert "downdate" in paths   # the trace was followed at least once

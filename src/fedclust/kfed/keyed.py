@@ -196,8 +196,8 @@ class _Run:
     Q: np.ndarray
     W0: np.ndarray
     moved: list
-    order: np.ndarray
-    margin_sorted: np.ndarray
+    order: list
+    margin_sorted: list
     reason: str
 
 
@@ -231,11 +231,19 @@ class KeyedTrace:
     fallback: str | None = None
 
     def scrub(self) -> None:
+        """Wipe what the trace held of the forgotten rows: their centers, weights, labels
+        and margins (a margin becomes its sorted neighbour's, so the order stays sorted;
+        those rows are never read again)."""
         dead = ~self.alive
         self.C[dead] = 0.0
         self.w[dead] = 0.0
         for r in self.runs:
             r.A[:, dead] = 0
+            for order, m in zip(r.order, r.margin_sorted):
+                gone = dead[order]
+                if gone.any():
+                    m[gone] = -np.inf
+                    np.maximum.accumulate(m, out=m)
 
 
 #: two squared distances closer than this share of ``|x|^2 + max |c|^2`` may compare
