@@ -72,7 +72,10 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         server (farthest-point initialisation + one Lloyd round; every paper
         reproduction names it), ``"farthest-lloyd"`` Lloyd to convergence (the
         authors' code), ``"single-linkage"`` the poster's union-find merge,
-        ``"kmeans++"`` unweighted k-means++ restarts (``weighted=`` applies).
+        ``"kmeans++"`` unweighted k-means++ restarts (``weighted=`` applies),
+        ``"weighted-kmeans++-keyed"`` the default's algorithm with k-means++ draws
+        keyed by device id, so that ``forget`` can follow the fit's trace instead of
+        running the step again (:mod:`fedclust.kfed.keyed`, ``docs/unlearning.md``).
         See ``docs/kfed.md`` for when to use which.
     weighted : bool, default=False
         Weight device centers by their point counts in the server's Lloyd.
@@ -374,9 +377,12 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         (:mod:`fedclust.kfed.downdate`), or None where its step must run in full."""
         from .downdate import downdate
 
+        from .keyed import KeyedTrace, keyed_forget
+
         if u.trace is None or len(u.store.rounds) != 1:
             return None
-        got = downdate(u.protocol, u.trace, u.store.rounds[0].replies, drop)
+        forget = keyed_forget if isinstance(u.trace, KeyedTrace) else downdate
+        got = forget(u.protocol, u.trace, u.store.rounds[0].replies, drop)
         if got is None:
             return None
         result, self._next_trace = got
@@ -446,8 +452,24 @@ def _downdate_trace(u: Any) -> Any:
     against the result it gave; None for another server or where they disagree."""
     from ..unlearning.forget import DOWNDATE_RTOL
     from .downdate import applies, lloyd1_trace
+    from .keyed import applies as keyed_applies, best_of, keyed_trace
 
-    if not applies(u.protocol) or len(u.store.rounds) != 1 or not u.store.complete:
+    if len(u.store.rounds) != 1 or not u.store.complete:
+        return None
+    if keyed_applies(u.protocol):
+        trace = keyed_trace(u.protocol, u.store.rounds[0].replies, u.seed)
+        if trace is None:
+            return None
+        b = best_of(trace.runs)
+        if b is None:
+            return None
+        run = trace.runs[b]
+        labels = u.result.center_labels
+        if not (np.array_equal(run.cs[-1], np.asarray(u.result.centers)) and np.array_equal(
+                np.concatenate([labels[z] for z in trace.ids]), run.A[-1])):
+            return None   # the trace does not follow the result
+        return trace
+    if not applies(u.protocol):
         return None
     trace = lloyd1_trace(u.protocol, u.store.rounds[0].replies)
     if trace is None:

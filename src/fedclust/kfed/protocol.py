@@ -305,7 +305,7 @@ class KFedProtocol(Protocol):
         agg = aggregate_centers(
             centers, self.n_clusters, counts=counts, method=self.server, weighted=self.weighted,
             first_device=first, rng=server_rng(state.seed), max_iter=self.max_iter, tol=self.tol,
-            trim=self.trim)
+            trim=self.trim, device_ids=ids, seed=state.seed)
         if agg.distrust is not None:
             dropped = ~agg.distrust.keep
             offsets = np.cumsum([0] + [len(c) for c in centers])

@@ -26,6 +26,10 @@ Methods (``method=``):
     minimises (locally) the pooled cost that one round can see. Unlike the
     paper's server it does not give an outlying center or a small device a
     final cluster of its own, and it does not stop after one Lloyd step.
+``"weighted-kmeans++-keyed"`` (ours)
+    The same, with k-means++ candidates keyed by (seed, device id, center, start,
+    step) so that a device's removal moves no other draw: a forget follows the fit's
+    trace instead of running the step again (:mod:`fedclust.kfed.keyed`).
 ``"kmeans++"`` (ours, not in the paper)
     ``KMEANS_PP_INIT`` k-means++ starts drawn from the server's stream, Lloyd to
     convergence from each, the lowest inertia kept. Farthest-first gives an
@@ -61,11 +65,11 @@ __all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poo
            "single_linkage", "SERVER_METHODS"]
 
 SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans++",
-                  "weighted-kmeans++")
+                  "weighted-kmeans++", "weighted-kmeans++-keyed")
 #: the paper's server (Dennis, Li & Smith 2021); every paper reproduction names it
 PAPER_SERVER = "farthest-lloyd1"
 #: servers that always weight device centers by their counts
-WEIGHTED_SERVERS = ("weighted-kmeans++",)
+WEIGHTED_SERVERS = ("weighted-kmeans++", "weighted-kmeans++-keyed")
 #: k-means++ starts of the ``"kmeans++"`` server (scikit-learn's KMeans default before 1.4)
 KMEANS_PP_INIT = 10
 #: above this many device centers the k-means++ server seeds on a lightweight coreset and
@@ -91,7 +95,8 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
                       first_device: str | int = "widest",
                       rng: np.random.Generator | None = None,
                       max_iter: int = 300, tol: float = 1e-4,
-                      trim: float = 0.0) -> AggregationResult:
+                      trim: float = 0.0, device_ids: Sequence[int] | None = None,
+                      seed: int | None = None) -> AggregationResult:
     """Cluster the devices' local centers into ``n_clusters`` global clusters.
 
     Parameters
@@ -108,6 +113,9 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         ``"weighted-kmeans++"`` always does.
     rng : Generator, optional
         The server's stream (only ``first_device="random"`` draws from it).
+    device_ids, seed : the devices' ids (one per array of ``centers``) and the run's seed;
+        ``"weighted-kmeans++-keyed"`` keys its k-means++ draws by them
+        (:mod:`fedclust.kfed.keyed`).
     trim : float in [0, 0.5), default=0
         Fraction of devices that may be Byzantine: uncorroborated centers are
         left out and final centers are trimmed means
@@ -134,7 +142,8 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
     if trim > 0:
         return _aggregate_robust(centers, n_clusters, counts=counts, method=method,
                                  weighted=weighted, first_device=first_device, rng=rng,
-                                 max_iter=max_iter, tol=tol, trim=trim)
+                                 max_iter=max_iter, tol=tol, trim=trim, device_ids=device_ids,
+                                 seed=seed)
     C = np.concatenate(centers, axis=0)
     w = None
     if weighted or method in WEIGHTED_SERVERS:
@@ -178,6 +187,14 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         res = _best_weighted_kmeans(C, n_clusters, w, rng, centers, first_device,
                                     max_iter=max_iter, tol=tol)
         final, labels, n_iter = res.centers, res.labels, res.n_iter
+    elif method == "weighted-kmeans++-keyed":
+        from .keyed import keyed_weighted_kmeans
+
+        if device_ids is None or seed is None:
+            raise ValidationError(f"method={method!r} needs the device ids and the run's seed")
+        res = keyed_weighted_kmeans(C, n_clusters, w, centers, device_ids, seed,
+                                    max_iter=max_iter, tol=tol)
+        final, labels, n_iter = res.centers, res.labels, res.n_iter
     else:
         raise ValidationError(f"method={method!r} is not supported; choose one of {list(SERVER_METHODS)}")
     if len(set(sizes)) == 1:   # every device sent as many: one copy, its rows
@@ -207,7 +224,7 @@ def _best_weighted_kmeans(C, k, w, rng, centers, first_device, *, max_iter, tol)
 
 
 def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_device, rng,
-                      max_iter, tol, trim) -> AggregationResult:
+                      max_iter, tol, trim, device_ids=None, seed=None) -> AggregationResult:
     """``trim > 0``: the plain server on the corroborated centers, then trimmed means."""
     distrust = distrusted_centers(centers, trim, n_clusters)
     sizes = [len(c) for c in centers]
@@ -233,7 +250,9 @@ def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_de
             else "widest"
     plain = aggregate_centers(kept, n_clusters, counts=kept_counts, method=method,
                               weighted=True, first_device=first_device, rng=rng,
-                              max_iter=max_iter, tol=tol)
+                              max_iter=max_iter, tol=tol, seed=seed,
+                              device_ids=None if device_ids is None
+                              else [device_ids[z] for z in kept_devices])
     Ck = np.concatenate(kept, axis=0)
     wk = np.concatenate(kept_counts).astype(float)
     final = robust_means(Ck, np.concatenate(plain.center_labels), plain.centers,

@@ -250,7 +250,8 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
         agg = aggregate_centers(list(views), k, counts=list(Ragged(N_all, offsets)),
                                 method=protocol.server, weighted=protocol.weighted,
                                 first_device=first, rng=rng, max_iter=protocol.max_iter,
-                                tol=protocol.tol)
+                                tol=protocol.tol, seed=seed,
+                                device_ids=list(range(n_dev)) if ids_iter is None else ids_seen)
         final, n_iter, seed_dev = agg.centers, agg.n_iter, agg.seed_device
         labels = np.concatenate(agg.center_labels) if agg.center_labels else np.zeros(0, int)
     ids_out: Sequence = range(n_dev) if ids_iter is None else ids_seen

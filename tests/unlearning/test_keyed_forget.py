@@ -1,0 +1,180 @@
+"""The keyed weighted k-means++ server (``server="weighted-kmeans++-keyed"``) forgets a
+device by following its fit's trace (seeds kept, each start's Lloyd replayed with
+certified labels) where it can, and by its step in full otherwise. Each state is compared
+with a fresh fit on what remains (same seed, same device ids): centers within
+DOWNDATE_RTOL, every label equal, ``verify`` agreeing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedclust import KFed
+from fedclust.kfed import keyed
+from fedclust.unlearning.forget import DOWNDATE_RTOL, results_close
+
+K = 4
+
+
+def _federation(rng, n_devices, d=3):
+    means = rng.normal(size=(K, d)) * 6
+    Xs = []
+    for _ in range(n_devices):
+        n = int(rng.integers(25, 45))
+        own = rng.choice(K, size=2, replace=False)
+        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, d)))
+    return Xs
+
+
+def _make():
+    return KFed(K, 2, server="weighted-kmeans++-keyed", random_state=7)
+
+
+def _check(model, Xs, ids, gone):
+    keep = [i for i, z in enumerate(ids) if z not in gone]
+    fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
+    scale = np.abs(fresh.cluster_centers_).max()
+    if model.forget_log_[-1].path == "replay":   # the step in full: bit for bit
+        assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
+    assert np.abs(model.cluster_centers_ - fresh.cluster_centers_).max() <= DOWNDATE_RTOL * scale
+    assert model.device_ids_ == fresh.device_ids_
+    for a, b in zip(model.center_labels_, fresh.center_labels_):
+        assert np.array_equal(a, b)
+    for a, b in zip(model.device_labels_, fresh.device_labels_):
+        assert np.array_equal(a, b)
+    assert model._unlearning_.store.digest() == fresh._unlearning_.store.digest()
+    assert results_close(model._unlearning_.result, fresh._unlearning_.result)
+
+
+def _seed_holders(trace):
+    return {trace.seed_device, *trace.ff_owners.tolist(),
+            *trace.owner[trace.seeds.ravel()].tolist()}
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_random_forget_sequences_equal_a_retrain(trial):
+    rng = np.random.default_rng(70 + trial)
+    n_dev = 150
+    Xs = _federation(rng, n_dev)
+    ids = [int(z) for z in rng.choice(10_000, size=n_dev, replace=False)]
+    model = _make().fit(Xs, device_ids=ids)
+    trace = model._unlearning_.trace
+    assert isinstance(trace, keyed.KeyedTrace)
+    free = [z for z in ids if z not in _seed_holders(trace)]
+    gone: list[int] = []
+    paths = []
+    for step in range(6):
+        if step == 3:   # a row deletion between the device forgets: that device's step again
+            z = free[-1]
+            model.forget(rows={z: [0, 1]}, relabel=True)
+            Xs[ids.index(z)] = Xs[ids.index(z)][2:]
+        else:   # one device, or two at once (step 5)
+            zs = free[step:step + 1] if step < 5 else free[5:7]
+            model.forget(devices=zs)
+            gone.extend(zs)
+        paths.append(model.forget_log_[-1].path)
+        if paths[-1] == "downdate":   # nothing of the forgotten rows stays in the trace
+            tr = model._unlearning_.trace
+            dead = ~tr.alive
+            assert dead.sum() >= 2 and not tr.C[dead].any() and not tr.w[dead].any()
+            for run in tr.runs:
+                assert not run.A[:, dead].any()
+                for order, m in zip(run.order, run.margin_sorted):
+                    pos = np.flatnonzero(dead[order])
+                    prev = np.where(pos > 0, m[np.maximum(pos - 1, 0)], -np.inf)
+                    assert np.array_equal(m[pos], prev) and np.all(np.diff(m) >= 0)
+        _check(model, Xs, ids, gone)
+        assert model.verify().ok
+    assert "downdate" in paths   # the trace was followed at least once
+
+
+def test_a_seed_holder_takes_the_full_step():
+    rng = np.random.default_rng(3)
+    Xs = _federation(rng, 60)
+    ids = list(range(60))
+    model = _make().fit(Xs, device_ids=ids)
+    trace = model._unlearning_.trace
+    z = int(trace.owner[trace.seeds[0, 1]])
+    model.forget(devices=[z])
+    assert model.forget_log_[-1].path == "replay"
+    _check(model, Xs, ids, [z])
+
+
+@pytest.mark.parametrize("force", ["tie", "doubt", "start-tie", "stop"])
+def test_each_uncertified_case_takes_the_full_step(force, monkeypatch):
+    rng = np.random.default_rng(11)
+    Xs = _federation(rng, 150)
+    ids = list(range(150))
+    model = _make().fit(Xs, device_ids=ids)
+    trace = model._unlearning_.trace
+    free = [z for z in ids if z not in _seed_holders(trace)]
+    # the same forget on a twin model follows the trace: the forced case is what stops it
+    twin = _make().fit(Xs, device_ids=ids)
+    z = next(z for z in free if keyed.keyed_forget(
+        twin._unlearning_.protocol, twin._unlearning_.trace,
+        twin._unlearning_.store.rounds[0].replies, [z]) is not None)
+    if force == "tie":       # every reassigned row counts as a near tie
+        monkeypatch.setattr(keyed, "TIE_RTOL", np.inf)
+        monkeypatch.setattr(trace, "slack", np.inf)
+    elif force == "doubt":   # no row may be assigned again
+        monkeypatch.setattr(keyed, "_DOUBT_SHARE", -1.0)
+        monkeypatch.setattr(trace, "slack", np.inf)
+    elif force == "start-tie":
+        monkeypatch.setattr(keyed, "pick_start", lambda *a, **kw: None)
+    else:                    # every shift within "rounding" of tol x var
+        monkeypatch.setattr(keyed, "SHIFT_RTOL", np.inf)
+    model.forget(devices=[z])
+    assert model.forget_log_[-1].path == "replay"
+    assert trace.fallback is not None
+    _check(model, Xs, ids, [z])
+
+
+def test_keyed_seeding_draws_in_proportion_to_weight():
+    # the first seed is the smallest key -log(u)/w: P(row i) = w_i / sum w
+    C = np.arange(4, dtype=float)[:, None]
+    w = np.array([1.0, 2.0, 3.0, 4.0])
+    wins = np.zeros(4)
+    for seed in range(4000):
+        keys = keyed.row_keys(seed, np.arange(4), np.zeros(4, np.int64))
+        wins[keyed.keyed_kmeans_plusplus(C, 2, w, (C * C).ravel(), keys, 0)[0][0]] += 1
+    assert np.allclose(wins / wins.sum(), w / w.sum(), atol=0.03)
+
+
+def test_keyed_seeds_do_not_move_when_an_unchosen_row_leaves():
+    # every draw is keyed by (device, center): dropping a row that was never a seed or a
+    # candidate leaves each step's smallest key, hence the seeds, where they were
+    rng = np.random.default_rng(5)
+    C = rng.normal(size=(200, 3))
+    w = rng.uniform(1, 5, size=200)
+    owner, j = np.repeat(np.arange(50), 4), np.tile(np.arange(4), 50)
+    keys = keyed.row_keys(9, owner, j)
+    seeds, cand, _, _ = keyed.keyed_kmeans_plusplus(C, 6, w, (C * C).sum(axis=1), keys, 2)
+    out = next(z for z in range(50) if not np.isin(np.flatnonzero(owner == z), cand).any())
+    keep = owner != out
+    again = keyed.keyed_kmeans_plusplus(C[keep], 6, w[keep], (C[keep] ** 2).sum(axis=1),
+                                        keys[keep], 2)[0]
+    assert np.array_equal(np.flatnonzero(keep)[again], seeds)
+    # and a different start draws other seeds
+    other = keyed.keyed_kmeans_plusplus(C, 6, w, (C * C).sum(axis=1), keys, 3)[0]
+    assert not np.array_equal(other, seeds)
+
+
+def test_canonical_numbers_clusters_by_first_appearance():
+    assert keyed.canonical(np.array([3, 3, 1, 0, 1, 3])).tolist() == [0, 0, 1, 2, 1, 0]
+    a = np.random.default_rng(0).integers(0, 7, size=50)
+    perm = np.random.default_rng(1).permutation(7)
+    assert np.array_equal(keyed.canonical(a), keyed.canonical(perm[a]))
+
+
+def test_a_stream_of_devices_runs_the_keyed_server_on_its_summaries():
+    from fedclust.kfed.server import aggregate_centers
+
+    Xs = _federation(np.random.default_rng(8), 30)
+    b = _make().fit(iter(Xs))
+    again = aggregate_centers(list(b.local_centers_), K, counts=list(b.local_counts_),
+                              method=keyed.KEYED_SERVER, device_ids=list(range(30)),
+                              seed=b.seed_)
+    np.testing.assert_array_equal(b.cluster_centers_, again.centers)
+    with pytest.raises(Exception, match="device ids"):
+        aggregate_centers(list(b.local_centers_), K, counts=list(b.local_counts_),
+                          method=keyed.KEYED_SERVER)
