@@ -23,7 +23,7 @@ _DEVICE_BRANCH = 0
 _SERVER_BRANCH = 1
 
 __all__ = ["RandomState", "root_seed", "device_rng", "server_rng", "sklearn_seed",
-           "device_uniforms", "named_device_id", "named_device_ids"]
+           "device_uniforms", "row_keys", "key_uniforms", "named_device_id", "named_device_ids"]
 
 
 def root_seed(random_state: RandomState) -> int:
@@ -80,6 +80,26 @@ def device_uniforms(seed: int, device_ids, round_index: int, n: int) -> np.ndarr
         key = _splitmix64(key + np.uint64(int(round_index) % (1 << 64)))
         j = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN
         bits = _splitmix64(key[:, None] + j[None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def row_keys(seed: int, owner: np.ndarray, local_index: np.ndarray,
+             branch: np.uint64) -> np.ndarray:
+    """A uint64 key per row from (seed, the row's device id, its index on the device) on
+    the stream ``branch``: a row keeps its key whatever other rows are present."""
+    with np.errstate(over="ignore"):
+        base = _splitmix64(np.full(len(owner), np.uint64(seed % (1 << 64))) ^ np.uint64(branch))
+        key = _splitmix64(base + np.asarray(owner).astype(np.uint64) * _M1)
+        return _splitmix64(key + (np.asarray(local_index).astype(np.uint64) + np.uint64(1))
+                           * _GOLDEN)
+
+
+def key_uniforms(keys: np.ndarray, start: int, step: int) -> np.ndarray:
+    """One uniform in [0, 1) per key for draw ``step`` of run ``start`` (counter-based:
+    the same key gives the same number in any batch)."""
+    with np.errstate(over="ignore"):
+        code = _splitmix64(np.array([(start << 20) + step + 1], dtype=np.uint64) * _M2)
+        bits = _splitmix64(keys ^ code[0])
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 

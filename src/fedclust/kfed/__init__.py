@@ -10,6 +10,7 @@ from ..core.registry import (Algorithm, register_algorithm, register_demo, regis
                              register_protocol)
 from ..clustering import clustering_report, plot_clustering
 from .estimator import KFed
+from . import keyed  # noqa: F401  (registers the keyed server's step)
 from .export import KFedPredictor, kfed_export
 from .protocol import KFedProtocol, KFedResult
 

@@ -37,9 +37,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.kmeans import BLOCK, lloyd, squared_distances, sum_by_label, update_centers
-from ..core.random import _GOLDEN, _M1, _M2, _splitmix64
+from ..core.random import key_uniforms, row_keys as _row_keys
 from .downdate import CERTIFY_SLACK
-from .server import KMEANS_PP_INIT, farthest_first, pick_first_device
+from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "KeyedTrace", "keyed_trace",
            "keyed_forget", "KEYED_SERVER"]
@@ -66,18 +66,9 @@ def n_trials(k: int) -> int:
 
 
 def row_keys(seed: int, owner: np.ndarray, local_index: np.ndarray) -> np.ndarray:
-    """A uint64 key per device center from (run seed, device id, its index on the device)."""
-    with np.errstate(over="ignore"):
-        base = _splitmix64(np.full(len(owner), np.uint64(seed % (1 << 64))) ^ _KEY_BRANCH)
-        key = _splitmix64(base + owner.astype(np.uint64) * _M1)
-        return _splitmix64(key + (local_index.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
-
-
-def _uniforms(keys: np.ndarray, start: int, step: int) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        code = _splitmix64(np.array([(start << 20) + step + 1], dtype=np.uint64) * _M2)
-        bits = _splitmix64(keys ^ code[0])
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    """A uint64 key per device center from (run seed, device id, its index on the device),
+    on the seeding's own stream."""
+    return _row_keys(seed, owner, local_index, _KEY_BRANCH)
 
 
 def _smallest(keys: np.ndarray, L: int) -> np.ndarray:
@@ -106,7 +97,7 @@ def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0):
     pots = np.full((k, M), np.inf)
     pick = np.zeros(k, dtype=np.int64)
     with np.errstate(divide="ignore"):
-        first = _smallest(-np.log(_uniforms(keys, start, 0)) / w, 1)
+        first = _smallest(-np.log(key_uniforms(keys, start, 0)) / w, 1)
     seeds[0] = cand[0, 0] = first[0]
     closest = squared_distances(C, C[first[:1]], c_sq)[:, 0]
     for t in range(1, k):
@@ -114,7 +105,7 @@ def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0):
         if not (p > 0).any():
             return None
         with np.errstate(divide="ignore"):
-            key = np.where(p > 0, -np.log(_uniforms(keys, start, t)) / np.where(p > 0, p, 1.0),
+            key = np.where(p > 0, -np.log(key_uniforms(keys, start, t)) / np.where(p > 0, p, 1.0),
                            np.inf)
         c = _smallest(key, M)
         d_cand = np.minimum(closest[:, None], squared_distances(C, C[c], c_sq))
@@ -593,3 +584,6 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      trace.tol, local_centers, local_counts, center_labels,
                      sum(o[4] for o in outs))
     return result, new
+
+
+KEYED_SERVERS[KEYED_SERVER] = keyed_weighted_kmeans

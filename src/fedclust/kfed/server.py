@@ -70,6 +70,9 @@ SERVER_METHODS = ("farthest-lloyd1", "farthest-lloyd", "single-linkage", "kmeans
 PAPER_SERVER = "farthest-lloyd1"
 #: servers that always weight device centers by their counts
 WEIGHTED_SERVERS = ("weighted-kmeans++", "weighted-kmeans++-keyed")
+#: servers whose draws are keyed by device id, by name: :mod:`fedclust.kfed.keyed`
+#: (which builds on this module) registers its step here when the wing is imported
+KEYED_SERVERS: dict[str, Any] = {}
 #: k-means++ starts of the ``"kmeans++"`` server (scikit-learn's KMeans default before 1.4)
 KMEANS_PP_INIT = 10
 #: above this many device centers the k-means++ server seeds on a lightweight coreset and
@@ -187,12 +190,10 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         res = _best_weighted_kmeans(C, n_clusters, w, rng, centers, first_device,
                                     max_iter=max_iter, tol=tol)
         final, labels, n_iter = res.centers, res.labels, res.n_iter
-    elif method == "weighted-kmeans++-keyed":
-        from .keyed import keyed_weighted_kmeans
-
+    elif method in KEYED_SERVERS:
         if device_ids is None or seed is None:
             raise ValidationError(f"method={method!r} needs the device ids and the run's seed")
-        res = keyed_weighted_kmeans(C, n_clusters, w, centers, device_ids, seed,
+        res = KEYED_SERVERS[method](C, n_clusters, w, centers, device_ids, seed,
                                     max_iter=max_iter, tol=tol)
         final, labels, n_iter = res.centers, res.labels, res.n_iter
     else:
