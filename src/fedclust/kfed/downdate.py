@@ -96,14 +96,41 @@ class Lloyd1Trace:
         self.pending = []
 
 
-def applies(protocol: Any) -> bool:
-    """The protocol's server is the one :func:`downdate` can follow."""
+def plain_step(protocol: Any, server: str) -> bool:
+    """The protocol is k-FED's with server ``server`` and nothing else changes its step
+    (no trimming, no privacy, no refinement rounds): what a forget can follow."""
     from .protocol import KFedProtocol
 
-    return (type(protocol) is KFedProtocol and protocol.server == PAPER_SERVER
-            and getattr(protocol, "first_device", None) == "widest"
+    return (type(protocol) is KFedProtocol and protocol.server == server
             and not getattr(protocol, "trim", 0) and getattr(protocol, "plan", None) is None
             and not getattr(protocol, "refine_rounds", 0))
+
+
+def applies(protocol: Any) -> bool:
+    """The protocol's server is the one :func:`downdate` can follow."""
+    return (plain_step(protocol, PAPER_SERVER)
+            and getattr(protocol, "first_device", None) == "widest")
+
+
+def forget_result(protocol: Any, replies: dict[int, Any], ids: list[int], centers: np.ndarray,
+                  local_centers: dict, local_counts: dict, center_labels: dict,
+                  seed_device: int | None, n_iter: int) -> Any:
+    """The :class:`~fedclust.kfed.protocol.KFedResult` a forget leaves, with the explanation
+    warning a fit over the remaining devices ``ids`` would give."""
+    from ..core.protocol import RunLog
+    from .protocol import KFedResult
+
+    log = RunLog(participants=list(ids))
+    if protocol.summarise:
+        warning = explanation_warning([local_centers[z] for z in ids],
+                                      [local_counts[z] for z in ids],
+                                      [replies[z].scatter for z in ids], centers,
+                                      [center_labels[z] for z in ids], ids)
+        if warning is not None:
+            log.warnings.append(warning)
+    return KFedResult(centers=centers, local_centers=local_centers, local_counts=local_counts,
+                      center_labels=center_labels, seed_device=seed_device, n_iter=n_iter,
+                      log=log)
 
 
 def _margins(C: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,9 +193,6 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     None where the full step must run (the seed device or a picked center leaves, a
     cluster empties). ``replies``: the kept replies of every device of the trace,
     the leaving ones included (their rows are subtracted)."""
-    from ..core.protocol import RunLog
-    from .protocol import KFedResult
-
     gone = {int(z) for z in drop}
     if not gone or trace.seed in gone or gone & set(trace.picked.tolist()):
         return None
@@ -230,16 +254,8 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     for z in np.unique(trace.owner[(labels != trace.labels) & alive]).tolist():
         i = trace.row_of[z]
         center_labels[z] = labels[trace.offsets[i]:trace.offsets[i + 1]]
-    log = RunLog(participants=list(ids))
-    if protocol.summarise:
-        warning = explanation_warning([local_centers[z] for z in ids],
-                                      [local_counts[z] for z in ids],
-                                      [replies[z].scatter for z in ids], final,
-                                      [center_labels[z] for z in ids], ids)
-        if warning is not None:
-            log.warnings.append(warning)
-    result = KFedResult(centers=final, local_centers=local_centers, local_counts=local_counts,
-                        center_labels=center_labels, seed_device=trace.seed, n_iter=1, log=log)
+    result = forget_result(protocol, replies, ids, final, local_centers, local_counts,
+                           center_labels, trace.seed, 1)
     new = Lloyd1Trace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
                       trace.seed, trace.picked, trace.start, trace.labels0, sums, weights, ref,
                       ref_labels, order, margin_sorted, rank, labels, trace.slack,

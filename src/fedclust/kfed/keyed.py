@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core.kmeans import BLOCK, lloyd, squared_distances, sum_by_label, update_centers
 from ..core.random import key_uniforms, row_keys as _row_keys
-from .downdate import CERTIFY_SLACK
+from .downdate import CERTIFY_SLACK, forget_result, plain_step
 from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "KeyedTrace", "keyed_trace",
@@ -323,11 +323,7 @@ def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
 
 def applies(protocol: Any) -> bool:
     """The protocol's server is the keyed one and nothing else changes its step."""
-    from .protocol import KFedProtocol
-
-    return (type(protocol) is KFedProtocol and protocol.server == KEYED_SERVER
-            and not getattr(protocol, "trim", 0) and getattr(protocol, "plan", None) is None
-            and not getattr(protocol, "refine_rounds", 0))
+    return plain_step(protocol, KEYED_SERVER)
 
 
 def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace | None:
@@ -506,10 +502,6 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                  drop: Sequence[int]):
     """``(KFedResult, new trace)`` of the keyed server without the devices ``drop``, or
     None where the step must run in full."""
-    from ..core.protocol import RunLog
-    from .protocol import KFedResult
-    from .server import explanation_warning
-
     gone = {int(z) for z in drop}
     if not gone or trace.seed_device in gone or gone & set(trace.ff_owners.tolist()):
         return None
@@ -555,17 +547,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     local_counts = {z: trace.local_counts[z] for z in ids}
     center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
                      for z in ids}
-    log = RunLog(participants=list(ids))
-    if protocol.summarise:
-        warning = explanation_warning([local_centers[z] for z in ids],
-                                      [local_counts[z] for z in ids],
-                                      [replies[z].scatter for z in ids], centers,
-                                      [center_labels[z] for z in ids], ids)
-        if warning is not None:
-            log.warnings.append(warning)
-    result = KFedResult(centers=centers.copy(), local_centers=local_centers,
-                        local_counts=local_counts, center_labels=center_labels,
-                        seed_device=None, n_iter=max(t_f, 1), log=log)
+    result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
+                           center_labels, None, max(t_f, 1))
     # the new trace: the fit's trajectory less every forgotten row (cumulative)
     runs = []
     for run in trace.runs:
