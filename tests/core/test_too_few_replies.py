@@ -156,3 +156,17 @@ def test_robust_fewer_erms_than_clusters(transport):
             mix.Xs, mix.ys, transport=transport(dropped=[0, 2, 4]))
     assert info.value.round == 0 and sorted(info.value.reasons) == [0, 2, 4]
     assert "devices 0, 2, 4: dropped out (never replied)" in str(info.value)
+
+
+def test_a_secure_round_nobody_answers_stops_with_the_reasons(transport):
+    """Under secure aggregation a round whose every masked reply fails stops the same way:
+    TooFewReplies with the round and each device's reason (not a bare ValidationError)."""
+    Xs, ys = _blobs()
+    with pytest.raises(TooFewReplies) as info:
+        DistributedLloyd(3, random_state=0).fit(
+            Xs, transport=transport(secure_aggregation=True, tamper=_nan_from(1)))
+    exc = info.value
+    assert exc.round == 1
+    assert "no device answered stage 'mask'" in str(exc)
+    assert sorted(exc.reasons) == list(range(len(Xs)))
+    assert all(why.startswith(f"device {z}") for z, why in exc.reasons.items())

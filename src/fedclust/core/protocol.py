@@ -347,7 +347,9 @@ def _describe(reasons: Mapping[int, str], shown_ids: int = 12, shown_reasons: in
 
 def explain_too_few(exc: TooFewReplies, round: int | None, log: RunLog) -> TooFewReplies:
     """``exc`` with the round and why each device of the run gave no valid reply."""
-    if exc.reasons:   # already explained
+    if exc.reasons:   # already explained: only the round may be missing
+        if exc.round is None:
+            exc.round = round
         return exc
     reasons = left_out(log)
     where = "before any round" if round is None else f"round {round}"

@@ -78,7 +78,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .exceptions import IncompatibleMessageError, ValidationError
+from .exceptions import IncompatibleMessageError, TooFewReplies, ValidationError
 from .policy import group_threshold
 from .random import server_rng
 from .secagg import (InconsistentSharesError, array_to_bytes, bytes_to_array, decode_fixed,
@@ -314,8 +314,8 @@ class SecureSumServer:
         if before and not self.alive:
             why = {**self.failed, **self.rejected}
             shown = "; ".join(why[z] for z in sorted(why)[:2])
-            raise ValidationError(f"secure aggregation round {self.round_id}: no device answered "
-                                  f"stage {stage!r} ({shown})")
+            raise TooFewReplies(f"secure aggregation round {self.round_id}: no device answered "
+                                f"stage {stage!r} ({shown})", reasons=why)
         if stage == "mask":
             self.survivors = list(self.alive)
             self.dropped = [z for z in before if z not in self.alive]
@@ -326,10 +326,11 @@ class SecureSumServer:
         for z in (self.alive if stage in ("keys", "share") else sorted(self.shared)):
             left = len(alive.intersection(self.group[z]))
             if left < self.threshold[z]:
-                raise ValidationError(
+                raise TooFewReplies(
                     f"secure aggregation round {self.round_id}: after stage {stage!r} only "
                     f"{left} of the {len(self.group[z])} devices holding device {z}'s shares "
-                    f"remain (threshold {self.threshold[z]}); too many dropped out")
+                    f"remain (threshold {self.threshold[z]}); too many dropped out",
+                    reasons={**self.failed, **self.rejected})
 
     def _take_keys(self, z: int, rep: Mapping[str, np.ndarray]) -> None:
         c, s = np.asarray(rep["c_pk"]), np.asarray(rep["s_pk"])

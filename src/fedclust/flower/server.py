@@ -367,7 +367,8 @@ class Server:
             targets = round_targets(request, active, log)
             rec.before_round(request, self.meter.rounds)   # written ahead of any release
             if request.action in self.summed:
-                replies = self.secure_round(state, request, targets)
+                with naming_left_out(request.round, log):
+                    replies = self.secure_round(state, request, targets)
             else:
                 replies = self.round(state, request, targets)
             self.meter.rounds += 1

@@ -205,16 +205,16 @@ class InProcessTransport:
             ledger.spend(request.round, request.action, round_releases(protocol, request),
                          meter.rounds)
             if request.action in summed:
-                replies = secure_round(protocol, state, request, targets, devices, states, seed,
-                                       secure, meter, log, tamper=self.tamper,
-                                       drop_after_masking=self.drop_after_masking,
-                                       raise_client_errors=self.on_client_error == "raise",
-                                       identities=identities,
-                                       admit=lambda zs: self._admit(protocol, request, zs, log,
-                                                                    states, secure=True),
-                                       policies=self._policies,
-                                       round_id=None if ckpt is None else
-                                       ckpt.secure_round_id(request.round))
+                with naming_left_out(request.round, log):
+                    replies = secure_round(
+                        protocol, state, request, targets, devices, states, seed, secure, meter,
+                        log, tamper=self.tamper, drop_after_masking=self.drop_after_masking,
+                        raise_client_errors=self.on_client_error == "raise",
+                        identities=identities,
+                        admit=lambda zs: self._admit(protocol, request, zs, log, states,
+                                                     secure=True),
+                        policies=self._policies,
+                        round_id=None if ckpt is None else ckpt.secure_round_id(request.round))
             else:
                 allowed = self._admit(protocol, request, targets, log, states, secure=False)
                 replies = self._round(protocol, state, request, allowed, devices, states, seed,
