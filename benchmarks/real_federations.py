@@ -64,13 +64,16 @@ def heart(data_dir):
     return _standardise(devs), ys
 
 
-def autism(data_dir, column, min_rows):
+def autism(data_dir, column, min_rows, bands=None):
     import pandas as pd
 
     df = pd.read_csv(data_dir / "uci-extra" / "autism-adult" / "autism_adult.csv",
                      na_values=["?"])
     y = (df["Class/ASD"] == "YES").astype(int).to_numpy()
-    site = df[column].fillna("unknown").astype(str)
+    if bands is None:
+        site = df[column].fillna("unknown").astype(str)
+    else:   # a row of unknown age goes to the median's band
+        site = pd.cut(df[column].fillna(df[column].median()), bands).astype(str)
     sizes = site.map(site.value_counts())
     site = site.where(sizes >= min_rows, "other")
     feats = df.drop(columns=["result", "Class/ASD", "age_desc", column])
@@ -82,6 +85,21 @@ def autism(data_dir, column, min_rows):
         devs.append(X[m])
         ys.append(y[m])
     return _standardise(devs), ys
+
+
+def heart_by_sex(data_dir):
+    Xs, ys = [], []
+    for h in ("cleveland", "hungarian", "switzerland", "va"):
+        z = np.load(data_dir / "uci-extra" / "heart-disease" / f"heart_{h}.npz",
+                    allow_pickle=False)
+        Xs.append(z["X"].astype(float))
+        ys.append(z["y_binary"])
+        sex = list(z["feature_names"]).index("sex")
+    X, y = np.concatenate(Xs), np.concatenate(ys)
+    site = X[:, sex]
+    X = np.delete(X, sex, axis=1)
+    devs = [X[site == s] for s in np.unique(site)]
+    return _standardise(devs), [y[site == s] for s in np.unique(site)]
 
 
 def diabetes(_):
@@ -98,6 +116,14 @@ FEDERATIONS = {
     "autism-relation": lambda d: autism(d, "relation", 10),
     "autism-ethnicity": lambda d: autism(d, "ethnicity", 20),
     "diabetes-sex": diabetes,
+}
+
+#: splits no default was chosen on (``--held-out`` adds them)
+HELD_OUT = {
+    "autism-gender": lambda d: autism(d, "gender", 10),
+    "autism-age": lambda d: autism(d, "age", 10, bands=[0, 20, 25, 30, 35, 45, np.inf]),
+    "autism-jaundice": lambda d: autism(d, "jundice", 10),
+    "heart-sex": heart_by_sex,
 }
 
 
