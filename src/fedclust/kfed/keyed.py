@@ -1,7 +1,7 @@
 """The weighted k-means++ server with removal-stable seeding, and its certified forget.
 
 ``server="weighted-kmeans++-keyed"`` is the default server's algorithm (farthest-first
-start plus :data:`~fedclust.kfed.server.WEIGHTED_PP_INIT` weighted k-means++ starts,
+start plus :data:`~fedclust.kfed.server.KMEANS_PP_INIT` weighted k-means++ starts,
 weighted Lloyd to convergence from each, the lowest weighted cost kept by strict ``<``)
 with one change: the k-means++ candidates are drawn so that removing a device moves
 no other device's draw. At step t of start s, device center i (device z, center j)
@@ -39,7 +39,7 @@ import numpy as np
 from ..core.kmeans import BLOCK, lloyd, squared_distances, sum_by_label, update_centers
 from ..core.random import key_uniforms, row_keys as _row_keys
 from .downdate import CERTIFY_SLACK, forget_result, plain_step
-from .server import KEYED_SERVERS, WEIGHTED_PP_INIT, farthest_first, pick_first_device
+from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "KeyedTrace", "keyed_trace",
            "keyed_forget", "KEYED_SERVER"]
@@ -122,7 +122,7 @@ def _starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
     offsets = np.cumsum([0] + [len(c) for c in centers])
     ff = farthest_first(C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
     keys = row_keys(seed, owner, local_index)
-    pp = [keyed_kmeans_plusplus(C, k, w, c_sq, keys, s, spare) for s in range(WEIGHTED_PP_INIT)]
+    pp = [keyed_kmeans_plusplus(C, k, w, c_sq, keys, s, spare) for s in range(KMEANS_PP_INIT)]
     return pos, ff, pp
 
 

@@ -18,8 +18,8 @@ Methods (``method=``):
     memory is O(N) for N = Σ k_z centers; no N x N matrix is ever built.
 ``"weighted-kmeans++"`` (ours, the default of :class:`fedclust.KFed`)
     Weighted k-means on the device centers, each weighted by its count (the
-    points behind it): ``WEIGHTED_PP_INIT`` weighted k-means++ starts from the
-    server's stream plus the farthest-first start, weighted Lloyd to
+    points behind it): :func:`weighted_starts` (10 to 100) weighted k-means++ starts
+    from the server's stream plus the farthest-first start, weighted Lloyd to
     convergence from each, the lowest weighted cost kept. The weighted cost of
     the device centers plus their within-cluster scatter is the pooled data's
     k-means cost when every local cluster goes to one final center, so this
@@ -27,9 +27,11 @@ Methods (``method=``):
     paper's server it does not give an outlying center or a small device a
     final cluster of its own, and it does not stop after one Lloyd step.
 ``"weighted-kmeans++-keyed"`` (ours)
-    The same, with k-means++ candidates keyed by (seed, device id, center, start,
-    step) so that a device's removal moves no other draw: a forget follows the fit's
-    trace instead of running the step again (:mod:`fedclust.kfed.keyed`).
+    The same, with ``KMEANS_PP_INIT`` (10) k-means++ starts whose candidates are keyed
+    by (seed, device id, center, start, step) so that a device's removal moves no other
+    draw: a forget follows the fit's trace instead of running the step again
+    (:mod:`fedclust.kfed.keyed`); every further start is one more chance that a leaving
+    device's center was a seed or candidate, which makes a forget run the step in full.
 ``"kmeans++"`` (ours, not in the paper)
     ``KMEANS_PP_INIT`` k-means++ starts drawn from the server's stream, Lloyd to
     convergence from each, the lowest inertia kept. Farthest-first gives an
@@ -61,6 +63,7 @@ from ..core.threads import one_blas_thread
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
 __all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained",
+           "weighted_starts",
            "farthest_first", "assign_to_centers", "pick_first_device",
            "single_linkage", "SERVER_METHODS"]
 
@@ -75,12 +78,22 @@ WEIGHTED_SERVERS = ("weighted-kmeans++", "weighted-kmeans++-keyed")
 KEYED_SERVERS: dict[str, Any] = {}
 #: k-means++ starts of the ``"kmeans++"`` server (scikit-learn's KMeans default before 1.4)
 KMEANS_PP_INIT = 10
-#: weighted k-means++ starts of the default (count-weighted) servers: on overlapping real
-#: data the weighted cost of the device centers has many local minima within 1 % of each
-#: other and 10 starts often miss the lowest; one start costs O(N k d) per Lloyd round on
-#: N device centers, small beside the devices' work. A constant (not a function of N), so
-#: that a forget's fresh step runs the same starts as the fit (keyed server).
+#: the most weighted k-means++ starts of the default (count-weighted) servers: on
+#: overlapping real data the weighted cost of the device centers has many local minima
+#: within 1 % of each other and 10 starts often miss the lowest
 WEIGHTED_PP_INIT = 100
+#: ... while N k (device centers times clusters, the distances of one Lloyd round) summed
+#: over the starts stays within this; never fewer than KMEANS_PP_INIT starts
+WEIGHTED_START_BUDGET = 1_000_000
+
+
+def weighted_starts(n_centers: int, k: int) -> int:
+    """Weighted k-means++ starts of the default servers on ``n_centers`` device centers:
+    ``WEIGHTED_START_BUDGET // (N k)`` between ``KMEANS_PP_INIT`` and ``WEIGHTED_PP_INIT``
+    (100 starts up to N k = 10⁴, 10 from N k = 10⁵ on), so that small federations get
+    many starts for the cost of a few rounds of a large one."""
+    return int(min(WEIGHTED_PP_INIT, max(KMEANS_PP_INIT,
+                                         WEIGHTED_START_BUDGET // max(1, n_centers * k))))
 #: above this many device centers the k-means++ server seeds on a lightweight coreset and
 #: runs blocked Lloyd (:func:`fedclust.core.kmeans.weighted_kmeans`)
 LARGE_N = 100_000
@@ -221,7 +234,8 @@ def _best_weighted_kmeans(C, k, w, rng, centers, first_device, *, max_iter, tol)
     # the same center matrix every start: its squared norms and variance once (same bits)
     c_sq = (C * C).sum(axis=1)
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
-    starts += [kmeans_plusplus(C, k, rng, weights=w, x_sq=c_sq) for _ in range(WEIGHTED_PP_INIT)]
+    starts += [kmeans_plusplus(C, k, rng, weights=w, x_sq=c_sq)
+               for _ in range(weighted_starts(len(C), k))]
     best = None
     for idx in starts:
         res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
