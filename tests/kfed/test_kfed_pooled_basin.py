@@ -61,3 +61,29 @@ def test_more_server_starts_never_raise_the_weighted_cost():
             server.WEIGHTED_PP_INIT = old
         best[n_init] = res.inertia
     assert best[WEIGHTED_PP_INIT] <= best[10] * (1 + 1e-12)
+
+
+def test_weighted_starts_follow_the_budget_by_hand():
+    from fedclust.kfed.server import weighted_starts
+
+    assert weighted_starts(100, 3) == 100          # 10⁶ // 300 = 3333, capped at 100
+    assert weighted_starts(2_000, 10) == 50        # 10⁶ // 20,000
+    assert weighted_starts(40_000, 20) == 10       # 10⁶ // 800,000 = 1, never below 10
+    assert weighted_starts(0, 3) == 100
+
+
+def test_auto_sends_the_summary_to_the_default_server_and_bic_to_the_others():
+    from fedclust.kfed.local import auto_range, summary_size
+
+    rng = np.random.default_rng(1)
+    # two well-separated groups per device: BIC keeps 2 local clusters, the summary 2k = 6
+    devices = [np.concatenate([rng.normal(size=(40, 3)), 8.0 + rng.normal(size=(40, 3))])
+               for _ in range(4)] + [rng.normal(size=(12, 3))]
+    default = KFed(3, "auto", random_state=0).fit(devices)
+    assert [len(c) for c in default.local_centers_] == [summary_size(len(X), 3)
+                                                        for X in devices] == [6] * 4 + [2]
+    other = KFed(3, "auto", server="kmeans++", random_state=0).fit(devices)
+    sent = [len(c) for c in other.local_centers_]
+    assert all(auto_range(len(X), 3)[0] <= s <= auto_range(len(X), 3)[1]
+               for X, s in zip(devices, sent))
+    assert sent[:4] != [6] * 4
