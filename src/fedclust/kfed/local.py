@@ -304,7 +304,7 @@ def auto_range(n: int, n_clusters: int) -> tuple[int, int]:
 #: the default server's summary: a device sends at most this many local centers per final
 #: cluster. Finer summaries (5, 10, 20) lowered the mean pooled cost on the natural
 #: federations of docs/kfed.md by 0.3-0.7 % but moved the ARI both ways (basins of nearly
-#: equal cost) for 2.5-10x the bytes.
+#: equal cost) for 1.7-10x the bytes.
 SUMMARY_CENTERS_PER_CLUSTER = 2
 
 
