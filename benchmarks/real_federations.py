@@ -13,6 +13,12 @@ the pooled mean), k = 3:
 * ``autism-ethnicity``: the same rows by ethnicity (< 20 rows pooled).
 * ``diabetes-sex``: scikit-learn's bundled diabetes rows by sex (no labels: cost only).
 
+Held-out splits (no default was chosen on them; k-FED rows only): the autism rows by
+gender, by age band (<= 20, 20-25, 25-30, 30-35, 35-45, > 45; a missing age counts as
+the median), by jaundice at birth and by a family member with autism (the splitting
+column dropped each time), and the four heart hospitals' rows pooled and split by sex
+(``heart-sex``, the sex column dropped).
+
 Methods: k-FED with the default server (``weighted-kmeans++``) and with the paper's
 (``farthest-lloyd1``) at k' in {2, 3, 5}, k-FED with ``n_local_clusters="auto"``, the
 same refined by 3 distributed Lloyd rounds (``refine_rounds=3``), distributed Lloyd, the distributed coreset (``DistributedKMeans``) and the evolving
@@ -64,13 +70,16 @@ def heart(data_dir):
     return _standardise(devs), ys
 
 
-def autism(data_dir, column, min_rows):
+def autism(data_dir, column, min_rows, bands=None):
     import pandas as pd
 
     df = pd.read_csv(data_dir / "uci-extra" / "autism-adult" / "autism_adult.csv",
                      na_values=["?"])
     y = (df["Class/ASD"] == "YES").astype(int).to_numpy()
-    site = df[column].fillna("unknown").astype(str)
+    if bands is None:
+        site = df[column].fillna("unknown").astype(str)
+    else:   # a row of unknown age goes to the median's band
+        site = pd.cut(df[column].fillna(df[column].median()), bands).astype(str)
     sizes = site.map(site.value_counts())
     site = site.where(sizes >= min_rows, "other")
     feats = df.drop(columns=["result", "Class/ASD", "age_desc", column])
@@ -82,6 +91,21 @@ def autism(data_dir, column, min_rows):
         devs.append(X[m])
         ys.append(y[m])
     return _standardise(devs), ys
+
+
+def heart_by_sex(data_dir):
+    Xs, ys = [], []
+    for h in ("cleveland", "hungarian", "switzerland", "va"):
+        z = np.load(data_dir / "uci-extra" / "heart-disease" / f"heart_{h}.npz",
+                    allow_pickle=False)
+        Xs.append(z["X"].astype(float))
+        ys.append(z["y_binary"])
+        sex = list(z["feature_names"]).index("sex")
+    X, y = np.concatenate(Xs), np.concatenate(ys)
+    site = X[:, sex]
+    X = np.delete(X, sex, axis=1)
+    devs = [X[site == s] for s in np.unique(site)]
+    return _standardise(devs), [y[site == s] for s in np.unique(site)]
 
 
 def diabetes(_):
@@ -98,6 +122,15 @@ FEDERATIONS = {
     "autism-relation": lambda d: autism(d, "relation", 10),
     "autism-ethnicity": lambda d: autism(d, "ethnicity", 20),
     "diabetes-sex": diabetes,
+}
+
+#: splits no default was chosen on (``--held-out`` adds them)
+HELD_OUT = {
+    "autism-gender": lambda d: autism(d, "gender", 10),
+    "autism-age": lambda d: autism(d, "age", 10, bands=[0, 20, 25, 30, 35, 45, np.inf]),
+    "autism-jaundice": lambda d: autism(d, "jundice", 10),
+    "autism-family": lambda d: autism(d, "austim", 10),
+    "heart-sex": heart_by_sex,
 }
 
 
@@ -120,7 +153,7 @@ def _gmm_bic_ari(X, y, seed):
     return _ari(y, best.predict(X))
 
 
-def run_federation(name, devices, ys, seeds, k_locals):
+def run_federation(name, devices, ys, seeds, k_locals, kfed_only=False):
     X = np.concatenate(devices)
     y = None if ys is None else np.concatenate(ys)
     Z = len(devices)
@@ -146,6 +179,8 @@ def run_federation(name, devices, ys, seeds, k_locals):
             add("kfed paper", kp, seed, KFed(K, kp, server="farthest-lloyd1",
                                              random_state=seed).fit(devices), ref)
         add("kfed auto", "auto", seed, KFed(K, random_state=seed).fit(devices), ref)
+        if kfed_only:
+            continue
         add("kfed auto + 3 Lloyd rounds", "auto", seed,
             KFed(K, refine_rounds=3, random_state=seed).fit(devices), ref)
         add("distributed lloyd", "-", seed, DistributedLloyd(K, random_state=seed).fit(devices),
@@ -196,14 +231,16 @@ def main():
     rows, spread = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, load in FEDERATIONS.items():
+        held_out = set(HELD_OUT)
+        for name, load in {**FEDERATIONS, **HELD_OUT}.items():
             try:
                 devices, ys = load(args.data_dir)
             except FileNotFoundError as exc:
                 print(f"{name}: skipped ({exc})")
                 continue
-            rows += run_federation(name, devices, ys, seeds, k_locals)
-            if ys is not None:
+            rows += run_federation(name, devices, ys, seeds, k_locals,
+                                   kfed_only=name in held_out)
+            if ys is not None and name not in held_out:
                 spread.append(reference_spread(name, devices, ys,
                                                range(5 if args.quick else 20)))
             print(f"{name}: done", flush=True)

@@ -70,7 +70,9 @@ def test_few_distinct_points_stop_the_search_as_the_reference():
 
 def test_kfed_auto_fit_equals_per_device_reference():
     devs = _uneven_devices(70, 90, 8, seed=5) + _uneven_devices(3, 60, 8, seed=6)  # two shapes
-    m = KFed(6, "auto", random_state=4).fit(devs)
+    # "auto" picks k_z by BIC for the servers that use k_z as sent (the default server's
+    # devices send its summary, min(n_z // 5, 2k) centers)
+    m = KFed(6, "auto", server="kmeans++", random_state=4).fit(devs)
     for z, X in enumerate(devs):
         ref = local_kmeans_auto(X, 6, device_rng(4, z, 0))
         np.testing.assert_allclose(m.local_centers_[z], ref.message.centers, rtol=1e-10,

@@ -54,18 +54,20 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         the default server a device sends at least ``min(2k, n_z // 5)``
         centers whatever k_z says (its labels come from the final centers, and
         a coarser summary can merge groups the server cannot split again).
-        ``"auto"``: every device picks its own k_z from its data, between
-        ``min(k, n_z // 5)`` and ``min(2k, n_z // 5)`` by the X-means BIC of
+        ``"auto"``: with the default server every device sends
+        ``min(2k, n_z // 5)`` centers (:func:`fedclust.kfed.local.summary_size`);
+        with the other servers a device picks its own k_z from its data, between
+        ``min(k, n_z // 5)`` and ``min(2k, n_z // 5)``, by the X-means BIC of
         its local k-means (:func:`fedclust.kfed.local.local_kmeans_auto`):
         under-clustering cannot be undone by the server, over-clustering can.
         Under privacy ``"auto"`` is k on every device (a data-chosen k_z would
-        be a release). Made for the default server; the paper's server wants
-        k_z = the number of groups a device holds.
+        be a release). The paper's server wants k_z = the number of groups a
+        device holds.
     server : str, default="weighted-kmeans++"
         Aggregation, one of ``"weighted-kmeans++"``, ``"farthest-lloyd1"``,
         ``"farthest-lloyd"``, ``"single-linkage"``, ``"kmeans++"``.
         Default ``"weighted-kmeans++"``: device centers weighted
-        by their counts, 10 weighted k-means++ starts and the farthest-first
+        by their counts, 100 weighted k-means++ starts and the farthest-first
         start, weighted Lloyd to convergence, the lowest weighted cost kept;
         devices also send each local cluster's scatter (``run_log_.warnings``)
         and get the final centers back. ``"farthest-lloyd1"`` is the paper's

@@ -27,7 +27,8 @@ from ..core.exceptions import (FedClustError, IncompatibleMessageError, TooFewRe
                                ValidationError)
 from .batched import n_uniforms
 from .local import (auto_range, local_kmeans, local_kmeans_auto, local_kmeans_auto_many,
-                    local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked)
+                    local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked,
+                    summary_size)
 from ..core.kmeans import assign
 from ..core.messages import Message, StackedReplies
 from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
@@ -203,18 +204,23 @@ class KFedProtocol(Protocol):
 
     def k_sent(self, k_z: int, n_z: int) -> int:
         """Centers a device of n_z points sends: k_z, and with the default server at least
-        ``min(2k, n_z // 5)`` (the top of :func:`fedclust.kfed.local.auto_range`): a coarser
-        summary can merge groups the server cannot split again, a finer one costs
-        ``(d + 2) 8`` bytes per extra center, and the device's labels come from the final
-        centers, not from its local clusters."""
-        if not self.summarise or self.auto:
+        :func:`fedclust.kfed.local.summary_size` ``min(n_z // 5, 2k)`` (``"auto"``: that
+        many, the top of its BIC range): a coarser summary can merge groups the server
+        cannot split again, a finer one costs ``(d + 2) 8`` bytes per extra center, and the
+        device's labels come from the final centers, not from its local clusters."""
+        if not self.summarise:
             return k_z
-        return max(k_z, auto_range(n_z, self.n_clusters)[1])
+        return max(0 if self.auto else k_z, summary_size(n_z, self.n_clusters))
+
+    @property
+    def local_auto(self) -> bool:
+        """Devices pick k_z by BIC (``"auto"`` with a server that uses k_z as sent)."""
+        return self.auto and not self.summarise
 
     def max_sent(self, device_id: int) -> int:
         """The most centers the server accepts from a device."""
         k_z = self.k_local(device_id)
-        return max(k_z, 2 * self.n_clusters) if self.summarise else k_z
+        return max(k_z, summary_size(2**62, self.n_clusters)) if self.summarise else k_z
 
     # -- config round trip (for clients on another machine) -----------------
     def config(self) -> dict[str, Any]:
@@ -398,7 +404,7 @@ class KFedProtocol(Protocol):
         if self.plan is not None:
             return self._private_step(request, X, k, device_id, seed, state)
         k = self.k_sent(k, len(X))
-        if self.auto:
+        if self.local_auto:
             res = local_kmeans_auto(X, self.n_clusters, device_rng(seed, device_id, request.round),
                                     max_iter=self.local_max_iter, tol=self.tol,
                                     allow_raw_points=self.allow_raw_points,
@@ -470,7 +476,7 @@ class KFedProtocol(Protocol):
                        shape[0])
                 k = sent.get(key)
                 if k is None:   # the auto k_z range depends only on n: one batch per shape
-                    k = sent[key] = (auto_range(key[1], self.n_clusters)[1] if self.auto
+                    k = sent[key] = (auto_range(key[1], self.n_clusters)[1] if self.local_auto
                                      else self.k_sent(*key))
                 if shape[0] > k:
                     groups[(shape, X.dtype, k)].append(z)
@@ -492,7 +498,7 @@ class KFedProtocol(Protocol):
         stacked: list[StackedReplies] = []
         for k, ids, batch in batches:
             try:
-                if self.auto:
+                if self.local_auto:
                     results = local_kmeans_auto_many(
                         batch, self.n_clusters,
                         lambda i, ids=ids: device_rng(seed, ids[i], request.round),

@@ -18,8 +18,8 @@ Methods (``method=``):
     memory is O(N) for N = Σ k_z centers; no N x N matrix is ever built.
 ``"weighted-kmeans++"`` (ours, the default of :class:`fedclust.KFed`)
     Weighted k-means on the device centers, each weighted by its count (the
-    points behind it): ``KMEANS_PP_INIT`` weighted k-means++ starts from the
-    server's stream plus the farthest-first start, weighted Lloyd to
+    points behind it): :func:`weighted_starts` (10 to 100) weighted k-means++ starts
+    from the server's stream plus the farthest-first start, weighted Lloyd to
     convergence from each, the lowest weighted cost kept. The weighted cost of
     the device centers plus their within-cluster scatter is the pooled data's
     k-means cost when every local cluster goes to one final center, so this
@@ -27,9 +27,11 @@ Methods (``method=``):
     paper's server it does not give an outlying center or a small device a
     final cluster of its own, and it does not stop after one Lloyd step.
 ``"weighted-kmeans++-keyed"`` (ours)
-    The same, with k-means++ candidates keyed by (seed, device id, center, start,
-    step) so that a device's removal moves no other draw: a forget follows the fit's
-    trace instead of running the step again (:mod:`fedclust.kfed.keyed`).
+    The same, with ``KMEANS_PP_INIT`` (10) k-means++ starts whose candidates are keyed
+    by (seed, device id, center, start, step) so that a device's removal moves no other
+    draw: a forget follows the fit's trace instead of running the step again
+    (:mod:`fedclust.kfed.keyed`); every further start is one more chance that a leaving
+    device's center was a seed or candidate, which makes a forget run the step in full.
 ``"kmeans++"`` (ours, not in the paper)
     ``KMEANS_PP_INIT`` k-means++ starts drawn from the server's stream, Lloyd to
     convergence from each, the lowest inertia kept. Farthest-first gives an
@@ -61,6 +63,7 @@ from ..core.threads import one_blas_thread
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
 __all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained",
+           "weighted_starts",
            "farthest_first", "assign_to_centers", "pick_first_device",
            "single_linkage", "SERVER_METHODS"]
 
@@ -75,6 +78,22 @@ WEIGHTED_SERVERS = ("weighted-kmeans++", "weighted-kmeans++-keyed")
 KEYED_SERVERS: dict[str, Any] = {}
 #: k-means++ starts of the ``"kmeans++"`` server (scikit-learn's KMeans default before 1.4)
 KMEANS_PP_INIT = 10
+#: the most weighted k-means++ starts of the default (count-weighted) servers: on
+#: overlapping real data the weighted cost of the device centers has many local minima
+#: within 1 % of each other and 10 starts often miss the lowest
+WEIGHTED_PP_INIT = 100
+#: ... while N k (device centers times clusters, the distances of one Lloyd round) summed
+#: over the starts stays within this; never fewer than KMEANS_PP_INIT starts
+WEIGHTED_START_BUDGET = 1_000_000
+
+
+def weighted_starts(n_centers: int, k: int) -> int:
+    """Weighted k-means++ starts of the default servers on ``n_centers`` device centers:
+    ``WEIGHTED_START_BUDGET // (N k)`` between ``KMEANS_PP_INIT`` and ``WEIGHTED_PP_INIT``
+    (100 starts up to N k = 10⁴, 10 from N k = 10⁵ on), so that small federations get
+    many starts for the cost of a few rounds of a large one."""
+    return int(min(WEIGHTED_PP_INIT, max(KMEANS_PP_INIT,
+                                         WEIGHTED_START_BUDGET // max(1, n_centers * k))))
 #: above this many device centers the k-means++ server seeds on a lightweight coreset and
 #: runs blocked Lloyd (:func:`fedclust.core.kmeans.weighted_kmeans`)
 LARGE_N = 100_000
@@ -215,7 +234,8 @@ def _best_weighted_kmeans(C, k, w, rng, centers, first_device, *, max_iter, tol)
     # the same center matrix every start: its squared norms and variance once (same bits)
     c_sq = (C * C).sum(axis=1)
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
-    starts += [kmeans_plusplus(C, k, rng, weights=w, x_sq=c_sq) for _ in range(KMEANS_PP_INIT)]
+    starts += [kmeans_plusplus(C, k, rng, weights=w, x_sq=c_sq)
+               for _ in range(weighted_starts(len(C), k))]
     best = None
     for idx in starts:
         res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
@@ -268,6 +288,11 @@ def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_de
 #: the warning fires when local clusters holding more than this share of the points are
 #: poorly explained by their final center (see :func:`poorly_explained`)
 POORLY_EXPLAINED_SHARE = 0.25
+#: ... poorly explained: their final center lies farther than this many RMS radii from them.
+#: A device sends up to 2k local clusters, so a local cluster is often a piece of one group
+#: and its mean sits about one piece radius from the group's center: 1 would flag correct
+#: fits; a center merging two groups lies many radii away.
+POORLY_EXPLAINED_RADII = 2.0
 
 
 def poorly_explained(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray],
@@ -277,10 +302,12 @@ def poorly_explained(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray]
 
     A local cluster of n_j points, mean c_j and scatter S_j costs ``S_j`` around its
     own mean and ``S_j + n_j ‖c_j − μ‖²`` around its final center μ. It is poorly
-    explained when the final center at least doubles that cost: ``‖c_j − μ‖² > S_j / n_j``,
-    i.e. μ lies farther from the local mean than the local points' RMS radius (outside
-    the local cluster). Local clusters of one point (no scatter) use the median
-    ``S_j / n_j`` of the others. O(Σ k_z d), from what the server already holds.
+    explained when μ lies farther from the local mean than
+    :data:`POORLY_EXPLAINED_RADII` (2) times the local points' RMS radius,
+    ``‖c_j − μ‖² > 4 S_j / n_j`` (the final center at least quintuples its cost): well
+    outside the local cluster, not at the edge of a piece of one group. Local clusters of
+    one point (no scatter) use the median ``S_j / n_j`` of the others. O(Σ k_z d), from
+    what the server already holds.
     """
     n = np.concatenate([np.asarray(c, dtype=np.float64) for c in counts])
     S = np.maximum(np.concatenate([np.asarray(s, dtype=np.float64) for s in scatter]), 0.0)
@@ -291,7 +318,7 @@ def poorly_explained(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray]
     if spread.size:
         r2 = np.where(n > 1, r2, np.median(spread))
     delta2 = ((C - np.asarray(final, dtype=np.float64)[lab]) ** 2).sum(axis=1)
-    bad = delta2 > r2
+    bad = delta2 > POORLY_EXPLAINED_RADII ** 2 * r2
     offsets = np.cumsum([0] + [len(c) for c in centers])
     return [bad[offsets[z]:offsets[z + 1]] for z in range(len(centers))]
 
@@ -311,8 +338,8 @@ def explanation_warning(centers: Sequence[np.ndarray], counts: Sequence[np.ndarr
     devs = [int(z) for z, b in zip(device_ids, bad) if b.any()]
     listed = ", ".join(map(str, devs[:10])) + (", ..." if len(devs) > 10 else "")
     return (f"k-FED: {n_bad / n_all:.0%} of the points are in local clusters whose final "
-            f"center lies outside them (farther than their RMS radius; devices {listed}): the "
-            f"{len(final)} final centers explain these devices poorly. Try more clusters, "
+            f"center lies outside them (farther than twice their RMS radius; devices "
+            f"{listed}): the {len(final)} final centers explain these devices poorly. Try more clusters, "
             "n_local_clusters='auto', or refine with DistributedLloyd(init='kfed')")
 
 
