@@ -60,7 +60,7 @@ def test_random_forget_sequences_equal_a_retrain(trial):
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
     assert isinstance(trace, keyed.KeyedTrace)
-    free = [z for z in ids if z not in _seed_holders(trace)]
+    free = [int(z) for z in rng.permutation(ids)]   # seed holders included
     gone: list[int] = []
     paths = []
     for step in range(6):
@@ -82,51 +82,116 @@ def test_random_forget_sequences_equal_a_retrain(trial):
                 for order, m in zip(run.order, run.margin_sorted):
                     pos = np.flatnonzero(dead[order])
                     prev = np.where(pos > 0, m[np.maximum(pos - 1, 0)], -np.inf)
-                    assert np.array_equal(m[pos], prev) and np.all(np.diff(m) >= 0)
+                    assert np.array_equal(m[pos], prev) and np.all(m[1:] >= m[:-1])
         _check(model, Xs, ids, gone)
         assert model.verify().ok
     assert "downdate" in paths   # the trace was followed at least once
 
 
-def test_a_seed_holder_takes_the_full_step():
-    rng = np.random.default_rng(3)
-    Xs = _federation(rng, 60)
+def _twin_free(trace, Xs, ids):
+    """A device whose forget follows the trace with no start run again (on a twin model)."""
+    twin = _make().fit(Xs, device_ids=ids)
+    u = twin._unlearning_
+    for z in ids:
+        if z in _seed_holders(trace):
+            continue
+        got = keyed.keyed_forget(u.protocol, u.trace, u.store.rounds[0].replies, [z])
+        if got is not None and not got[1].reruns:
+            return z
+    raise AssertionError("no device whose forget follows the trace")
+
+
+@pytest.mark.parametrize("holder", ["keyed", "widest"])
+def test_a_seed_holder_runs_its_start_again(holder):
+    # keyed: a device holding a k-means++ seed; widest: the device whose centers seed the
+    # farthest-first start (every device sends at least k centers: it holds every pick)
+    Xs = _federation(np.random.default_rng(3), 60)
     ids = list(range(60))
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
-    z = int(trace.owner[trace.seeds[0, 1]])
+    if holder == "keyed":
+        z, start = int(trace.owner[trace.seeds[0, 1]]), 1
+    else:
+        z, start = trace.seed_device, 0
     model.forget(devices=[z])
-    assert model.forget_log_[-1].path == "replay"
+    assert model.forget_log_[-1].path == "downdate"
+    assert start in model._unlearning_.trace.reruns
     _check(model, Xs, ids, [z])
+    # the start run again is traced: the next forgets follow it
+    gone = [z]
+    for z2 in [i for i in ids if i not in gone][:3]:
+        model.forget(devices=[z2])
+        gone.append(z2)
+        _check(model, Xs, ids, gone)
+        assert model.verify().ok
 
 
-@pytest.mark.parametrize("force", ["tie", "doubt", "start-tie", "stop"])
-def test_each_uncertified_case_takes_the_full_step(force, monkeypatch):
+@pytest.mark.parametrize("force", ["tie", "doubt", "stop"])
+def test_each_uncertified_run_is_run_again(force, monkeypatch):
     rng = np.random.default_rng(11)
     Xs = _federation(rng, 150)
     ids = list(range(150))
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
-    free = [z for z in ids if z not in _seed_holders(trace)]
     # the same forget on a twin model follows the trace: the forced case is what stops it
-    twin = _make().fit(Xs, device_ids=ids)
-    z = next(z for z in free if keyed.keyed_forget(
-        twin._unlearning_.protocol, twin._unlearning_.trace,
-        twin._unlearning_.store.rounds[0].replies, [z]) is not None)
+    z = _twin_free(trace, Xs, ids)
     if force == "tie":       # every reassigned row counts as a near tie
         monkeypatch.setattr(keyed, "TIE_RTOL", np.inf)
         monkeypatch.setattr(trace, "slack", np.inf)
+        why = "tie"
     elif force == "doubt":   # no row may be assigned again
         monkeypatch.setattr(keyed, "_DOUBT_SHARE", -1.0)
         monkeypatch.setattr(trace, "slack", np.inf)
-    elif force == "start-tie":
-        monkeypatch.setattr(keyed, "pick_start", lambda *a, **kw: None)
+        why = "too many rows"
     else:                    # every shift within "rounding" of tol x var
         monkeypatch.setattr(keyed, "SHIFT_RTOL", np.inf)
+        why = "shift within rounding"
+    model.forget(devices=[z])
+    assert model.forget_log_[-1].path == "downdate"
+    reruns = model._unlearning_.trace.reruns
+    assert reruns and all(why in r for r in reruns.values())
+    _check(model, Xs, ids, [z])
+
+
+@pytest.mark.parametrize("force", ["start-tie", "too-many"])
+def test_a_doubt_between_starts_takes_the_full_step(force, monkeypatch):
+    rng = np.random.default_rng(11)
+    Xs = _federation(rng, 150)
+    ids = list(range(150))
+    model = _make().fit(Xs, device_ids=ids)
+    trace = model._unlearning_.trace
+    z = _twin_free(trace, Xs, ids)
+    if force == "start-tie":
+        monkeypatch.setattr(keyed, "pick_start", lambda *a, **kw: None)
+    else:   # a forget with a start to run again, and none allowed
+        z = int(trace.owner[trace.seeds[0, 1]])
+        monkeypatch.setattr(keyed, "MAX_RERUNS", 0)
     model.forget(devices=[z])
     assert model.forget_log_[-1].path == "replay"
     assert trace.fallback is not None
     _check(model, Xs, ids, [z])
+
+
+def test_every_start_run_again_gives_the_fresh_step_bit_for_bit(monkeypatch):
+    rng = np.random.default_rng(12)
+    Xs = _federation(rng, 80)
+    ids = [int(z) for z in rng.choice(5000, size=80, replace=False)]
+    model = _make().fit(Xs, device_ids=ids)
+
+    def uncertified(*a, **kw):
+        raise keyed._Full("forced")
+
+    monkeypatch.setattr(keyed, "_replay", uncertified)
+    gone = []
+    for z in ids[5:8]:
+        model.forget(devices=[z])
+        gone.append(z)
+        assert model.forget_log_[-1].path == "downdate"
+        assert len(model._unlearning_.trace.reruns) == keyed.KMEANS_PP_INIT + 1
+        keep = [i for i, y in enumerate(ids) if y not in gone]
+        fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
+        np.testing.assert_array_equal(model.cluster_centers_, fresh.cluster_centers_)
+        _check(model, Xs, ids, gone)
 
 
 def test_keyed_seeding_draws_in_proportion_to_weight():

@@ -220,6 +220,11 @@ class KeyedTrace:
     rechecked: int = 0
     #: why the last forget ran the step in full (None after a certified one)
     fallback: str | None = None
+    seed: int = 0
+    keys: np.ndarray | None = None   # (N0,) uint64 row keys of the keyed draws
+    #: starts the last forget ran again in full over the remaining rows, with the reason
+    #: their trace could not be followed (0: the farthest-first start, s + 1: keyed start s)
+    reruns: dict = None
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -228,6 +233,8 @@ class KeyedTrace:
         dead = ~self.alive
         self.C[dead] = 0.0
         self.w[dead] = 0.0
+        if self.keys is not None:
+            self.keys[dead] = 0
         for r in self.runs:
             r.A[:, dead] = 0
             for order, m in zip(r.order, r.margin_sorted):
@@ -362,7 +369,8 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
         np.stack([p[2] for p in pp]), np.stack([p[3] for p in pp]), runs,
         C.sum(axis=0), (C * C).sum(axis=0), CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0)
         * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
-        dict(zip(ids, centers)), dict(zip(ids, counts)), {})
+        dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
+        keys=row_keys(seed, owner, local_index), reruns={})
 
 
 def best_of(runs) -> int | None:
@@ -379,13 +387,11 @@ class _Full(Exception):
     """The forget cannot be certified: the server's step runs in full."""
 
 
-def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray) -> np.ndarray:
-    """The keyed starts' potentials less the rows ``R``'s exact share (raises _Full where a
-    start's seeds could change). ``alive``: the rows that remain."""
+def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
+    """The keyed starts' potentials less the rows ``R``'s exact share, and per start why
+    its seeds could change (None where they cannot). ``alive``: the rows that remain."""
     S, k, M = tr.cand.shape
     L = n_trials(k)
-    if not alive[tr.seeds].all():
-        raise _Full("a leaving device holds a k-means++ seed")
     CR, wR = tr.C[R], tr.w[R]
     Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()]).reshape(len(R), S, k)
     before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
@@ -399,17 +405,19 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray) -> np.ndarra
     left = valid & alive[cand]
     rank = np.cumsum(left, axis=2)
     inset = left & (rank <= L)
-    short = (left.sum(axis=2) < L) & (valid.sum(axis=2) == M)
-    if short[:, 1:].any():
-        raise _Full("a leaving candidate and no spare key left")
+    short = ((left.sum(axis=2) < L) & (valid.sum(axis=2) == M))[:, 1:].any(axis=1)
     cmp = np.where(inset, pots, np.inf)[:, 1:]
     b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
     np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
     slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
         + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
-    if (cmp.min(axis=2) <= b + slack).any():
-        raise _Full("a leaving device's share changes or nearly changes a k-means++ pick")
-    return pots
+    near = (cmp.min(axis=2) <= b + slack).any(axis=1)
+    held = ~alive[tr.seeds].all(axis=1)
+    why = [("a leaving device holds a k-means++ seed" if held[s] else
+            "a leaving candidate and no spare key left" if short[s] else
+            "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
+            else None) for s in range(S)]
+    return pots, why
 
 
 def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float):
@@ -498,14 +506,107 @@ def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float
     raise _Full("the fit's run ended")
 
 
+@dataclass
+class _Remaining:
+    """The remaining rows stacked as a fresh step stacks them (same values, same order):
+    a start run again over them gives the fresh step's bits."""
+
+    rows: np.ndarray
+    C: np.ndarray
+    w: np.ndarray
+    c_sq: np.ndarray
+    c_var: float
+    Cw: np.ndarray
+
+
+def _remaining(tr: KeyedTrace, alive: np.ndarray) -> _Remaining:
+    rows = np.flatnonzero(alive)
+    C = tr.C[rows]
+    w = tr.w[rows]
+    return _Remaining(rows, C, w, (C * C).sum(axis=1),
+                      C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, C * w[:, None])
+
+
+def _expand(run: _Run, rows: np.ndarray, n0: int) -> _Run:
+    """A run traced over the remaining rows, indexed by the trace's rows (the others:
+    label 0, margin -inf, never read)."""
+    T1 = len(run.cs)
+    A = np.zeros((T1, n0), dtype=run.A.dtype)
+    A[:, rows] = run.A
+    order, margin_sorted = [], []
+    for o, m in zip(run.order, run.margin_sorted):
+        full = np.full(n0, -np.inf)
+        full[rows[o]] = m
+        oo = np.argsort(full, kind="stable").astype(np.int32)
+        order.append(oo)
+        margin_sorted.append(full[oo])
+    return _Run(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
+                margin_sorted, run.reason)
+
+
+def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int]):
+    """Start ``start`` (0: farthest-first, s + 1: keyed k-means++ start s) run again in full
+    over the remaining rows, as a fresh step runs it: ``(run, seeding)`` with seeding None
+    for the farthest-first start, else (seeds, cand, pots, pick) in the trace's rows; or
+    raises _Full where no trace can follow it (an emptied cluster, too few rows); the
+    farthest-first start also gives (its seed device, the owners of its picks)."""
+    k = tr.runs[0].cs.shape[1]
+    if start == 0:
+        centers = [tr.local_centers[z] for z in ids]
+        pos = pick_first_device(centers, "widest", None, stacked=rem.C)
+        offsets = np.cumsum([0] + [len(c) for c in centers])
+        idx = farthest_first(rem.C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
+        seeding = None
+    else:
+        pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], start - 1,
+                                   SPARE)
+        if pp is None:
+            raise _Full("fewer distinct rows than k")
+        idx = pp[0]
+        seeding = (rem.rows[pp[0]], np.where(pp[1] >= 0, rem.rows[np.maximum(pp[1], 0)], -1),
+                   pp[2], pp[3])
+    run = _traced_lloyd(rem.C, rem.C[idx], rem.w, rem.Cw, rem.c_sq, rem.c_var, tr.max_iter,
+                        tr.tol)
+    if run is None:
+        raise _Full("a start run again emptied a cluster")
+    ff = (int(ids[pos]), tr.owner[rem.rows[idx]]) if start == 0 else None
+    return _expand(run, rem.rows, len(tr.C)), seeding, ff
+
+
+#: run the whole step again (every start) rather than follow the trace when more than this
+#: many starts cannot be followed
+MAX_RERUNS = KMEANS_PP_INIT + 1
+
+
+def _downdated(run: _Run, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
+               k: int) -> _Run:
+    """The run's statistics at every iteration less the rows R (their labels unchanged)."""
+    T1, d = len(run.cs), run.S.shape[2]
+    idx = (np.arange(T1)[:, None] * k + run.A[:, R].astype(np.int64)).ravel()
+    S = run.S.reshape(T1 * k, d).copy()
+    np.subtract.at(S, idx, np.tile(CwR, (T1, 1)))
+    W = run.W.ravel() - np.bincount(idx, weights=np.tile(wR, T1), minlength=T1 * k)
+    Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
+    return _Run(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
+                run.W0, run.moved, run.order, run.margin_sorted, run.reason)
+
+
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                  drop: Sequence[int]):
     """``(KFedResult, new trace)`` of the keyed server without the devices ``drop``, or
-    None where the step must run in full."""
+    None where the step must run in full.
+
+    Each start follows its trace where it can be certified; a start that cannot (a leaving
+    seed or farthest-first pick, a run that goes on where the fit's stopped, a near tie) is
+    run again in full over the remaining rows, exactly as a fresh step runs it, and traced
+    for the next forget (``new.reruns``)."""
     gone = {int(z) for z in drop}
-    if not gone or trace.seed_device in gone or gone & set(trace.ff_owners.tolist()):
+    trace.fallback = None
+    if not gone:
         return None
     if replies.keys() != trace.local_centers.keys() or not gone <= set(trace.ids):
+        return None
+    if trace.keys is None:
         return None
     R = np.concatenate([np.arange(trace.offsets[trace.row_of[z]],
                                   trace.offsets[trace.row_of[z] + 1]) for z in sorted(gone)])
@@ -515,57 +616,84 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     k = trace.runs[0].cs.shape[1]
     if n < k:
         return None
+    ids = [z for z in trace.ids if z not in gone]
     old_alive = trace.alive
     trace.alive = alive
+    reruns: dict[int, str] = {}
     try:
-        pots = _seeds_stable(trace, R, alive)
+        if trace.seed_device in gone or gone & set(trace.ff_owners.tolist()):
+            reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
+        pots, why = _seeds_stable(trace, R, alive)
+        reruns.update({s + 1: y for s, y in enumerate(why) if y is not None})
         xsum = trace.xsum - trace.C[R].sum(axis=0)
         xsq = trace.xsq - (trace.C[R] ** 2).sum(axis=0)
         var = float(np.mean(np.maximum(xsq / n - (xsum / n) ** 2, 0.0))) if n > 1 else 0.0
         var_err = 1e-10 * float(np.mean(np.abs(xsq))) / n
-        outs = [_replay(trace, run, R, var, var_err) for run in trace.runs]
-        inert = [_inertia(c, st[0][t], st[1][t], st[2][t]) for c, _, t, st, _ in outs]
-        err = 1e-10 * max(float(sum(st[2][t].sum() for _, _, t, st, _ in outs)), 1e-300)
+        outs: dict[int, tuple] = {}
+        for s, run in enumerate(trace.runs):
+            if s in reruns:
+                continue
+            try:
+                outs[s] = _replay(trace, run, R, var, var_err)
+            except _Full as exc:
+                reruns[s] = exc.args[0] if exc.args else "uncertified"
+        if len(reruns) > MAX_RERUNS:
+            raise _Full(f"{len(reruns)} starts cannot be followed")
+        rem = _remaining(trace, alive) if reruns else None
+        new_runs: dict[int, tuple] = {}
+        for s in sorted(reruns):
+            new_runs[s] = _rerun(protocol, trace, rem, s, ids)
+            run = new_runs[s][0]
+            T = len(run.cs) - 1
+            outs[s] = (run.cs[-1], {}, T, (run.S, run.W, run.Q), n * (T + 1))
+        order = range(len(trace.runs))
+        inert = [_inertia(outs[s][0], outs[s][3][0][outs[s][2]], outs[s][3][1][outs[s][2]],
+                          outs[s][3][2][outs[s][2]]) for s in order]
+        err = 1e-10 * max(float(sum(outs[s][3][2][outs[s][2]].sum() for s in order)), 1e-300)
         finals = []
-        for run, (_, over, t, _, _) in zip(trace.runs, outs):
+        for s in order:
+            _, over, t, _, _ = outs[s]
+            run = new_runs[s][0] if s in new_runs else trace.runs[s]
             lab = run.A[t].astype(np.int64)
-            for i, l in over.items():
-                lab[i] = l
+            if over:
+                lab[np.fromiter(over.keys(), np.int64)] = np.fromiter(over.values(), np.int64)
             finals.append(lab)
         b = pick_start([canonical(f[alive]) for f in finals], inert, err)
         if b is None:
             raise _Full("two starts' costs within rounding")
     except _Full as exc:
-        trace.fallback = str(exc.args) if exc.args else "uncertified"
+        trace.fallback = exc.args[0] if exc.args else "uncertified"
         return None
     finally:
         trace.alive = old_alive
     centers, _, t_f, _, _ = outs[b]
     labels = finals[b]
-    ids = [z for z in trace.ids if z not in gone]
     local_centers = {z: trace.local_centers[z] for z in ids}
     local_counts = {z: trace.local_counts[z] for z in ids}
     center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
                      for z in ids}
+    seed_device, ff_owners = trace.seed_device, trace.ff_owners
+    if 0 in new_runs:
+        seed_device, ff_owners = new_runs[0][2]
     result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
                            center_labels, None, max(t_f, 1))
-    # the new trace: the fit's trajectory less every forgotten row (cumulative)
-    runs = []
-    for run in trace.runs:
-        S, W, Q = run.S.copy(), run.W.copy(), run.Q.copy()
-        for t in range(len(run.cs)):
-            Rl = run.A[t, R].astype(np.int64)
-            np.subtract.at(S[t], Rl, trace.C[R] * trace.w[R][:, None])
-            W[t] -= np.bincount(Rl, weights=trace.w[R], minlength=k)
-            Q[t] -= np.bincount(Rl, weights=trace.w[R] * (trace.C[R] ** 2).sum(axis=1),
-                                minlength=k)
-        runs.append(_Run(run.cs, run.A, S, W, Q, run.W0, run.moved, run.order,
-                         run.margin_sorted, run.reason))
+    # the new trace: the fit's trajectory less every forgotten row (cumulative), and the
+    # starts run again as they ran now
+    CwR = trace.C[R] * trace.w[R][:, None]
+    qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
+    runs = [new_runs[s][0] if s in new_runs else _downdated(run, R, CwR, trace.w[R], qR, k)
+            for s, run in enumerate(trace.runs)]
+    seeds, cand, pick = trace.seeds, trace.cand, trace.pick
+    if any(s > 0 for s in new_runs):
+        seeds, cand, pots, pick = seeds.copy(), cand.copy(), pots.copy(), pick.copy()
+        for s, (_, seeding, _) in new_runs.items():
+            if s > 0:
+                seeds[s - 1], cand[s - 1], pots[s - 1], pick[s - 1] = seeding
     new = KeyedTrace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
-                     trace.seed_device, trace.ff_owners, trace.seeds, trace.cand, pots,
-                     trace.pick, runs, xsum, xsq, trace.slack, trace.scale2, trace.max_iter,
-                     trace.tol, local_centers, local_counts, center_labels,
-                     sum(o[4] for o in outs))
+                     seed_device, ff_owners, seeds, cand, pots, pick, runs, xsum, xsq,
+                     trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
+                     local_counts, center_labels, sum(o[4] for o in outs.values()),
+                     seed=trace.seed, keys=trace.keys, reruns=reruns)
     return result, new
 
 
