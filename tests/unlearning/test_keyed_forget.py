@@ -44,6 +44,7 @@ def _check(model, Xs, ids, gone):
         assert np.array_equal(a, b)
     assert model._unlearning_.store.digest() == fresh._unlearning_.store.digest()
     assert results_close(model._unlearning_.result, fresh._unlearning_.result)
+    assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
 
 
 def _seed_holders(trace):
@@ -192,6 +193,32 @@ def test_every_start_run_again_gives_the_fresh_step_bit_for_bit(monkeypatch):
         fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
         np.testing.assert_array_equal(model.cluster_centers_, fresh.cluster_centers_)
         _check(model, Xs, ids, gone)
+
+
+def test_the_explanation_warning_after_a_forget_is_the_retrains():
+    # eight groups and k = 2: most local clusters lie far from their final center
+    rng = np.random.default_rng(21)
+    means = rng.normal(size=(8, 3)) * 8
+    Xs = [means[rng.choice(8, size=2, replace=False)][rng.integers(2, size=40)]
+          + rng.normal(size=(40, 3)) for _ in range(60)]
+    ids = list(range(60))
+
+    def make():
+        return KFed(2, 2, server="weighted-kmeans++-keyed", random_state=7)
+
+    model = make().fit(Xs, device_ids=ids)
+    assert model.run_log_.warnings
+    gone = []
+    for z in ids[10:14]:
+        model.forget(devices=[z])
+        gone.append(z)
+        keep = [i for i in ids if i not in gone]
+        fresh = make().fit([Xs[i] for i in keep], device_ids=keep)
+        assert model.forget_log_[-1].path == "downdate"
+        assert fresh.run_log_.warnings
+        assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
+        assert np.array_equal(np.concatenate(model.center_labels_),
+                              np.concatenate(fresh.center_labels_))
 
 
 def test_keyed_seeding_draws_in_proportion_to_weight():

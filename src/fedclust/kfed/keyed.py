@@ -39,7 +39,8 @@ import numpy as np
 from ..core.kmeans import BLOCK, lloyd, squared_distances, sum_by_label, update_centers
 from ..core.random import key_uniforms, row_keys as _row_keys
 from .downdate import CERTIFY_SLACK, forget_result, plain_step
-from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
+from .server import (KEYED_SERVERS, KMEANS_PP_INIT, POORLY_EXPLAINED_SHARE, explanation_message,
+                     farthest_first, pick_first_device)
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "KeyedTrace", "keyed_trace",
            "keyed_forget", "KEYED_SERVER"]
@@ -151,10 +152,20 @@ def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
 
 def canonical(labels: np.ndarray) -> np.ndarray:
     """The partition of ``labels`` with clusters numbered by first appearance."""
-    k = int(labels.max()) + 1 if len(labels) else 0
-    hit = labels[:, None] == np.arange(k)
-    present = hit.any(axis=0)
-    first = np.where(present, hit.argmax(axis=0), len(labels))   # first row of each label
+    n = len(labels)
+    k = int(labels.max()) + 1 if n else 0
+    present = np.bincount(labels, minlength=k) > 0
+    first = np.full(k, n)
+    head = 0
+    while head < n:   # the first appearances usually lie in a short head of the rows
+        size = max(4 * k, 2 * head, 256)
+        block = labels[head:head + size]
+        hit = block[:, None] == np.arange(k)
+        found = hit.any(axis=0) & (first == n)
+        first[found] = head + hit.argmax(axis=0)[found]
+        if (first < n)[present].all():
+            break
+        head += size
     rank = np.empty(k, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(k)
     return rank[labels]
@@ -225,6 +236,7 @@ class KeyedTrace:
     #: starts the last forget ran again in full over the remaining rows, with the reason
     #: their trace could not be followed (0: the farthest-first start, s + 1: keyed start s)
     reruns: dict = None
+    scatter: np.ndarray | None = None   # (N0,) each device center's scatter (its summary)
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -235,6 +247,8 @@ class KeyedTrace:
         self.w[dead] = 0.0
         if self.keys is not None:
             self.keys[dead] = 0
+        if self.scatter is not None:
+            self.scatter[dead] = 0.0
         for r in self.runs:
             r.A[:, dead] = 0
             for order, m in zip(r.order, r.margin_sorted):
@@ -370,7 +384,39 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
         C.sum(axis=0), (C * C).sum(axis=0), CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0)
         * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
         dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
-        keys=row_keys(seed, owner, local_index), reruns={})
+        keys=row_keys(seed, owner, local_index), reruns={},
+        scatter=_stacked_scatter(replies, ids, len(C)))
+
+
+def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndarray | None:
+    sc = [getattr(replies[z], "scatter", None) for z in ids]
+    if any(x is None for x in sc):
+        return None
+    out = np.concatenate([np.asarray(x, dtype=np.float64) for x in sc])
+    return out if len(out) == n else None
+
+
+def _warning(tr: KeyedTrace, alive: np.ndarray, ids: list[int], final: np.ndarray,
+             labels: np.ndarray) -> Any:
+    """:func:`~fedclust.kfed.server.explanation_warning` over the remaining rows, from the
+    stacked summaries (the same per-row arithmetic; its sums are of integer counts, exact in
+    any order); False where the trace lacks the scatter."""
+    if tr.scatter is None:
+        return False
+    rows = np.flatnonzero(alive)
+    n = tr.w[rows]
+    r2 = np.maximum(tr.scatter[rows], 0.0) / n
+    spread = r2[n > 1]
+    if spread.size:
+        r2 = np.where(n > 1, r2, np.median(spread))
+    C = tr.C[rows]
+    delta2 = ((C - final[labels[rows]]) ** 2).sum(axis=1)
+    bad = delta2 > r2
+    n_bad, n_all = float(n[bad].sum()), float(n.sum())
+    if n_all <= 0 or n_bad <= POORLY_EXPLAINED_SHARE * n_all:
+        return None
+    devs = np.unique(tr.owner[rows[bad]])   # ids are sorted: the fit's device order
+    return explanation_message(n_bad, n_all, devs.tolist(), len(final))
 
 
 def best_of(runs) -> int | None:
@@ -675,8 +721,9 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
     if 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
+    warning = _warning(trace, alive, ids, centers, labels) if protocol.summarise else False
     result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
-                           center_labels, None, max(t_f, 1))
+                           center_labels, None, max(t_f, 1), warning)
     # the new trace: the fit's trajectory less every forgotten row (cumulative), and the
     # starts run again as they ran now
     CwR = trace.C[R] * trace.w[R][:, None]
@@ -693,7 +740,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      seed_device, ff_owners, seeds, cand, pots, pick, runs, xsum, xsq,
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
-                     seed=trace.seed, keys=trace.keys, reruns=reruns)
+                     seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter)
     return result, new
 
 
