@@ -201,6 +201,8 @@ class _Run:
     order: list
     margin_sorted: list
     reason: str
+    runner_up: list = None   # per t (N,) int16: each row's second-nearest center under c_t
+    margin3: list = None     # per t (N,): third-nearest minus nearest distance (inf: k < 3)
 
 
 @dataclass
@@ -237,6 +239,7 @@ class KeyedTrace:
     #: their trace could not be followed (0: the farthest-first start, s + 1: keyed start s)
     reruns: dict = None
     scatter: np.ndarray | None = None   # (N0,) each device center's scatter (its summary)
+    expl: Any = None   # _Explained: the explanation warning's reference
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -249,8 +252,18 @@ class KeyedTrace:
             self.keys[dead] = 0
         if self.scatter is not None:
             self.scatter[dead] = 0.0
+        if self.expl is not None:
+            self.expl.labels[dead] = 0
+            self.expl.bad[dead] = False
+            gone = dead[self.expl.order]
+            if gone.any():
+                self.expl.gap_sorted[gone] = -np.inf
+                np.maximum.accumulate(self.expl.gap_sorted, out=self.expl.gap_sorted)
         for r in self.runs:
             r.A[:, dead] = 0
+            for r2, m3 in zip(r.runner_up, r.margin3):
+                r2[dead] = 0
+                m3[dead] = 0.0
             for order, m in zip(r.order, r.margin_sorted):
                 gone = dead[order]
                 if gone.any():
@@ -281,22 +294,36 @@ def _labels_or_tie(X, centers) -> tuple[np.ndarray, bool]:
 
 
 def _assign_margin(X, centers, x_sq):
-    """:func:`assign`'s labels (the same blocks and expression, so the same bits) and each
-    row's margin (second-nearest minus nearest distance) from the same distances."""
-    n = len(X)
+    """:func:`assign`'s labels (the same blocks and expression, so the same bits), each
+    row's margin (second-nearest minus nearest distance), its second-nearest center and
+    the third-nearest minus nearest distance, from the same distances."""
+    n, k = len(X), len(centers)
     labels = np.empty(n, dtype=np.int64)
     margin = np.full(n, np.inf)
+    margin3 = np.full(n, np.inf)
+    runner = np.zeros(n, dtype=np.int64)
     c_sq = (centers * centers).sum(axis=1)
     for start in range(0, n, BLOCK):
         D = x_sq[start:start + BLOCK][:, None] - 2.0 * (X[start:start + BLOCK] @ centers.T) \
             + c_sq[None, :]
         lab = D.argmin(axis=1)
         labels[start:start + BLOCK] = lab
-        if D.shape[1] > 1:
+        if k > 1:
             np.maximum(D, 0.0, out=D)
-            two = np.sqrt(np.partition(D, 1, axis=1)[:, :2])
-            margin[start:start + BLOCK] = two[:, 1] - two[:, 0]
-    return labels, margin
+            m = min(k, 3)
+            idx = np.argpartition(D, m - 1, axis=1)[:, :m]
+            val = np.take_along_axis(D, idx, axis=1)
+            o = np.argsort(val, axis=1, kind="stable")
+            idx = np.take_along_axis(idx, o, axis=1)
+            val = np.sqrt(np.take_along_axis(val, o, axis=1))
+            block = slice(start, start + len(D))
+            margin[block] = val[:, 1] - val[:, 0]
+            # the runner-up: the nearer of the two first that is not the label (with a
+            # tie for nearest the margin is 0 and the row is always assigned again)
+            runner[block] = np.where(idx[:, 0] == lab, idx[:, 1], idx[:, 0])
+            if m == 3:
+                margin3[block] = val[:, 2] - val[:, 0]
+    return labels, margin, runner, margin3
 
 
 def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
@@ -306,10 +333,13 @@ def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     centers = np.array(init, dtype=C.dtype, copy=True)
     abs_tol = tol * c_var
     cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
+    r2s, m3s = [], []
     for _ in range(max_iter):
-        new_labels, margin = _assign_margin(C, centers, c_sq)
+        new_labels, margin, r2, m3 = _assign_margin(C, centers, c_sq)
         A.append(new_labels)
         mm.append(margin)
+        r2s.append(r2.astype(np.int16))
+        m3s.append(m3)
         if labels is not None and np.array_equal(new_labels, labels):
             reason = "labels"
             break
@@ -324,9 +354,11 @@ def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
             reason = "shift"
             break
     if reason != "labels":
-        lab, margin = _assign_margin(C, centers, c_sq)
+        lab, margin, r2, m3 = _assign_margin(C, centers, c_sq)
         A.append(lab)
         mm.append(margin)
+        r2s.append(r2.astype(np.int16))
+        m3s.append(m3)
     A = np.stack(A)
     T1, d = len(cs), C.shape[1]
     S, W, Q = np.zeros((T1, k, d)), np.zeros((T1, k)), np.zeros((T1, k))
@@ -338,7 +370,7 @@ def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     moved = [np.empty(0, np.int64)] + [np.flatnonzero(A[t] != A[t - 1]) for t in range(1, T1)]
     order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
     run = _Run(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
-               [m[o] for m, o in zip(mm, order)], reason)
+               [m[o] for m, o in zip(mm, order)], reason, r2s, m3s)
     return run
 
 
@@ -396,27 +428,71 @@ def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndar
     return out if len(out) == n else None
 
 
-def _warning(tr: KeyedTrace, alive: np.ndarray, ids: list[int], final: np.ndarray,
-             labels: np.ndarray) -> Any:
-    """:func:`~fedclust.kfed.server.explanation_warning` over the remaining rows, from the
-    stacked summaries (the same per-row arithmetic; its sums are of integer counts, exact in
-    any order); False where the trace lacks the scatter."""
+@dataclass
+class _Explained:
+    """Which device centers their final center explained poorly at a reference (centers
+    ``ref``, labels ``labels``), with each row's gap ``sqrt(delta2) - sqrt(r2)`` sorted by
+    size: a row whose label stays keeps its flag while ``|gap|`` exceeds its center's shift
+    since the reference plus the rounding slack."""
+
+    ref: np.ndarray
+    labels: np.ndarray
+    bad: np.ndarray
+    order: np.ndarray
+    gap_sorted: np.ndarray
+
+
+def _poorly(tr: KeyedTrace, rows: np.ndarray, r2: np.ndarray, final: np.ndarray,
+            labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~fedclust.kfed.server.poorly_explained`'s flag (the same per-row arithmetic)
+    and the gap of the rows ``rows``."""
+    delta2 = ((tr.C[rows] - final[labels[rows]]) ** 2).sum(axis=1)
+    return delta2 > r2, np.sqrt(delta2) - np.sqrt(r2)
+
+
+def _warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray):
+    """``(warning, reference)``: :func:`~fedclust.kfed.server.explanation_warning` over the
+    remaining rows, from the stacked summaries (its sums are of integer counts, exact in any
+    order), the flags of rows far from the threshold kept from the reference; warning False
+    where the trace lacks the scatter."""
     if tr.scatter is None:
-        return False
-    rows = np.flatnonzero(alive)
-    n = tr.w[rows]
-    r2 = np.maximum(tr.scatter[rows], 0.0) / n
-    spread = r2[n > 1]
-    if spread.size:
-        r2 = np.where(n > 1, r2, np.median(spread))
-    C = tr.C[rows]
-    delta2 = ((C - final[labels[rows]]) ** 2).sum(axis=1)
-    bad = delta2 > r2
-    n_bad, n_all = float(n[bad].sum()), float(n.sum())
+        return False, None
+    n_all_rows = tr.w
+    single = alive & (n_all_rows <= 1)
+    r2_all = np.maximum(tr.scatter, 0.0) / np.where(alive, n_all_rows, 1.0)
+    ex = tr.expl
+    if single.any():   # the median of the others' r2 stands in for theirs: no reference
+        rows = np.flatnonzero(alive)
+        n = n_all_rows[rows]
+        r2 = r2_all[rows]
+        if (n > 1).any():
+            r2 = np.where(n > 1, r2, np.median(r2[n > 1]))
+        bad_rows, _ = _poorly(tr, rows, r2, final, labels)
+        bad = np.zeros(len(alive), bool)
+        bad[rows] = bad_rows
+        ex = None
+    elif ex is None:   # the reference: every row once
+        rows = np.flatnonzero(alive)
+        bad_rows, gap = _poorly(tr, rows, r2_all[rows], final, labels)
+        bad = np.zeros(len(alive), bool)
+        bad[rows] = bad_rows
+        full = np.full(len(alive), -np.inf)
+        full[rows] = np.abs(gap)
+        order = np.argsort(full, kind="stable")
+        ex = _Explained(final.copy(), labels.copy(), bad, order, full[order])
+    else:
+        shift = np.sqrt(((final - ex.ref) ** 2).sum(axis=1))
+        cut = int(np.searchsorted(ex.gap_sorted, float(shift.max()) + tr.slack, side="right"))
+        rows = np.union1d(ex.order[:cut], np.flatnonzero(labels != ex.labels))
+        rows = rows[alive[rows]]
+        bad = ex.bad.copy()
+        bad[rows] = _poorly(tr, rows, r2_all[rows], final, labels)[0]
+    keep = bad & alive
+    n_bad, n_all = float(n_all_rows[keep].sum()), float(n_all_rows[alive].sum())
     if n_all <= 0 or n_bad <= POORLY_EXPLAINED_SHARE * n_all:
-        return None
-    devs = np.unique(tr.owner[rows[bad]])   # ids are sorted: the fit's device order
-    return explanation_message(n_bad, n_all, devs.tolist(), len(final))
+        return None, ex
+    devs = np.unique(tr.owner[keep])   # ids are sorted: the fit's device order
+    return explanation_message(n_bad, n_all, devs.tolist(), len(final)), ex
 
 
 def best_of(runs) -> int | None:
@@ -481,10 +557,19 @@ def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float
     newS, newW, newQ = [], [], []
     rechecked = 0
     for t in range(T + 1):
-        s = float(np.sqrt(((c_t - run.cs[t]) ** 2).sum(axis=1).max()))
+        # per-center shifts s_j: a row labelled a keeps its label when its margin to the
+        # runner-up r exceeds s_a + s_r and its margin to the third exceeds s_a + max s
+        # (triangle inequality), plus the rounding slack; the sorted margins give the rows
+        # that could fail the coarser 2 max s first
+        sj = np.sqrt(((c_t - run.cs[t]) ** 2).sum(axis=1))
+        s = float(sj.max())
         cut = int(np.searchsorted(run.margin_sorted[t], 2.0 * s + tr.slack, side="right"))
         doubt = run.order[t][:cut].astype(np.int64)
-        doubt = doubt[alive[doubt]]
+        m2 = run.margin_sorted[t][:cut]
+        a = run.A[t, doubt].astype(np.int64)
+        sure = (m2 > sj[a] + sj[run.runner_up[t][doubt].astype(np.int64)] + tr.slack) \
+            & (run.margin3[t][doubt] > sj[a] + s + tr.slack)
+        doubt = doubt[~sure & alive[doubt]]
         if len(doubt) > _DOUBT_SHARE * n_alive:
             raise _Full("too many rows to assign again")
         rechecked += len(doubt)
@@ -586,8 +671,14 @@ def _expand(run: _Run, rows: np.ndarray, n0: int) -> _Run:
         oo = np.argsort(full, kind="stable").astype(np.int32)
         order.append(oo)
         margin_sorted.append(full[oo])
+    r2s, m3s = [], []
+    for r2, m3 in zip(run.runner_up, run.margin3):
+        a, b = np.zeros(n0, dtype=r2.dtype), np.zeros(n0)
+        a[rows], b[rows] = r2, m3
+        r2s.append(a)
+        m3s.append(b)
     return _Run(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
-                margin_sorted, run.reason)
+                margin_sorted, run.reason, r2s, m3s)
 
 
 def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int]):
@@ -634,7 +725,8 @@ def _downdated(run: _Run, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np
     W = run.W.ravel() - np.bincount(idx, weights=np.tile(wR, T1), minlength=T1 * k)
     Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
     return _Run(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
-                run.W0, run.moved, run.order, run.margin_sorted, run.reason)
+                run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
+                run.margin3)
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
@@ -721,7 +813,10 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
     if 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
-    warning = _warning(trace, alive, ids, centers, labels) if protocol.summarise else False
+    warning, expl = _warning(trace, alive, centers, labels) if protocol.summarise \
+        else (False, None)
+    if trace.expl is None:   # the reference serves any later forget of this trace too
+        trace.expl = expl
     result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
                            center_labels, None, max(t_f, 1), warning)
     # the new trace: the fit's trajectory less every forgotten row (cumulative), and the
@@ -740,7 +835,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      seed_device, ff_owners, seeds, cand, pots, pick, runs, xsum, xsq,
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
-                     seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter)
+                     seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
+                     expl=expl)
     return result, new
 
 
