@@ -457,38 +457,33 @@ def _warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.nd
     where the trace lacks the scatter."""
     if tr.scatter is None:
         return False, None
-    n_all_rows = tr.w
-    single = alive & (n_all_rows <= 1)
-    r2_all = np.maximum(tr.scatter, 0.0) / np.where(alive, n_all_rows, 1.0)
+    n = tr.w
+    multi = n > 1
+    r2 = np.maximum(tr.scatter, 0.0) / np.where(n > 0, n, 1.0)
+    spread = alive & multi
+    single = np.flatnonzero(alive & ~multi)
+    if len(single) and spread.any():   # the median of the others' r2 stands in for theirs
+        r2 = np.where(multi, r2, np.median(r2[spread]))
     ex = tr.expl
-    if single.any():   # the median of the others' r2 stands in for theirs: no reference
+    if ex is None:   # the reference: every row once (a single's gap -inf: always again)
         rows = np.flatnonzero(alive)
-        n = n_all_rows[rows]
-        r2 = r2_all[rows]
-        if (n > 1).any():
-            r2 = np.where(n > 1, r2, np.median(r2[n > 1]))
-        bad_rows, _ = _poorly(tr, rows, r2, final, labels)
-        bad = np.zeros(len(alive), bool)
-        bad[rows] = bad_rows
-        ex = None
-    elif ex is None:   # the reference: every row once
-        rows = np.flatnonzero(alive)
-        bad_rows, gap = _poorly(tr, rows, r2_all[rows], final, labels)
+        bad_rows, gap = _poorly(tr, rows, r2[rows], final, labels)
         bad = np.zeros(len(alive), bool)
         bad[rows] = bad_rows
         full = np.full(len(alive), -np.inf)
-        full[rows] = np.abs(gap)
+        full[rows] = np.where(multi[rows], np.abs(gap), -np.inf)
         order = np.argsort(full, kind="stable")
         ex = _Explained(final.copy(), labels.copy(), bad, order, full[order])
     else:
         shift = np.sqrt(((final - ex.ref) ** 2).sum(axis=1))
         cut = int(np.searchsorted(ex.gap_sorted, float(shift.max()) + tr.slack, side="right"))
-        rows = np.union1d(ex.order[:cut], np.flatnonzero(labels != ex.labels))
+        rows = np.union1d(np.union1d(ex.order[:cut], np.flatnonzero(labels != ex.labels)),
+                          single)
         rows = rows[alive[rows]]
         bad = ex.bad.copy()
-        bad[rows] = _poorly(tr, rows, r2_all[rows], final, labels)[0]
+        bad[rows] = _poorly(tr, rows, r2[rows], final, labels)[0]
     keep = bad & alive
-    n_bad, n_all = float(n_all_rows[keep].sum()), float(n_all_rows[alive].sum())
+    n_bad, n_all = float(n[keep].sum()), float(n[alive].sum())
     if n_all <= 0 or n_bad <= POORLY_EXPLAINED_SHARE * n_all:
         return None, ex
     devs = np.unique(tr.owner[keep])   # ids are sorted: the fit's device order
