@@ -537,17 +537,19 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
     return pots, why
 
 
-def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float):
-    """The start's Lloyd without the rows R: ``(centers, labels overrides, t_final,
-    downdated (S, W, Q) per t, rechecked)``; raises _Full where not certified."""
+def _replay(tr: KeyedTrace, run: _Run, var: float, var_err: float):
+    """The start's Lloyd without the forgotten rows: ``(centers, (rows, labels) whose label
+    differs from the fit's, t_final, (S, W, Q) per t, rechecked)``; raises _Full where not
+    certified. ``run``: the fit's run with its statistics less the forgotten rows
+    (:func:`_downdated`)."""
     alive = tr.alive
     T = len(run.cs) - 1
     k = run.cs.shape[1]
-    wR, CwR, qR = tr.w[R], tr.C[R] * tr.w[R][:, None], tr.w[R] * (tr.C[R] ** 2).sum(axis=1)
     abs_tol = tr.tol * var
     n_alive = int(alive.sum())
     c_t = run.cs[0]
-    prev_over: dict[int, int] = {}
+    none = np.empty(0, np.int64)
+    prev_rows, prev_lab = none, none
     stop_now = False
     newS, newW, newQ = [], [], []
     rechecked = 0
@@ -560,56 +562,52 @@ def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float
         s = float(sj.max())
         cut = int(np.searchsorted(run.margin_sorted[t], 2.0 * s + tr.slack, side="right"))
         doubt = run.order[t][:cut].astype(np.int64)
-        m2 = run.margin_sorted[t][:cut]
         a = run.A[t, doubt].astype(np.int64)
-        sure = (m2 > sj[a] + sj[run.runner_up[t][doubt].astype(np.int64)] + tr.slack) \
+        sure = (run.margin_sorted[t][:cut] > sj[a] + sj[run.runner_up[t][doubt]] + tr.slack) \
             & (run.margin3[t][doubt] > sj[a] + s + tr.slack)
-        doubt = doubt[~sure & alive[doubt]]
+        keep = ~sure & alive[doubt]
+        doubt, a = doubt[keep], a[keep]
         if len(doubt) > _DOUBT_SHARE * n_alive:
             raise _Full("too many rows to assign again")
         rechecked += len(doubt)
-        over: dict[int, int] = {}
+        ov_rows, ov_lab = none, none
+        Sx, Wx, Qx = run.S[t], run.W[t], run.Q[t]
         if len(doubt):
             Cd = tr.C[doubt]
             lab, tie = _labels_or_tie(Cd, c_t)
             if tie:
                 raise _Full("a reassigned row's nearest centers tie within rounding")
-            old = run.A[t, doubt].astype(np.int64)
-            chg = lab != old
-            over = dict(zip(doubt[chg].tolist(), lab[chg].tolist()))
-        # cluster statistics of the new labels A'_t
-        Rl = run.A[t, R].astype(np.int64)
-        Sx, Wx, Qx = run.S[t].copy(), run.W[t].copy(), run.Q[t].copy()
-        np.subtract.at(Sx, Rl, CwR)
-        Wx -= np.bincount(Rl, weights=wR, minlength=k)
-        Qx -= np.bincount(Rl, weights=qR, minlength=k)
-        if over:
-            rows = np.fromiter(over.keys(), np.int64)
-            new = np.fromiter(over.values(), np.int64)
-            oldl = run.A[t, rows].astype(np.int64)
-            cw = tr.C[rows] * tr.w[rows][:, None]
-            q = tr.w[rows] * (tr.C[rows] ** 2).sum(axis=1)
-            np.subtract.at(Sx, oldl, cw)
-            np.add.at(Sx, new, cw)
-            Wx += np.bincount(new, weights=tr.w[rows], minlength=k) \
-                - np.bincount(oldl, weights=tr.w[rows], minlength=k)
-            Qx += np.bincount(new, weights=q, minlength=k) - np.bincount(oldl, weights=q, minlength=k)
+            chg = lab != a
+            if chg.any():
+                ov_rows, ov_lab, old = doubt[chg], lab[chg], a[chg]
+                # the cluster statistics of the new labels A'_t
+                wv = tr.w[ov_rows]
+                cw = Cd[chg] * wv[:, None]
+                q = wv * (Cd[chg] ** 2).sum(axis=1)
+                to = np.concatenate([ov_lab, old])
+                Sx = Sx.copy()
+                np.add.at(Sx, to, np.concatenate([cw, -cw]))
+                Wx = Wx + np.bincount(to, weights=np.concatenate([wv, -wv]), minlength=k)
+                Qx = Qx + np.bincount(to, weights=np.concatenate([q, -q]), minlength=k)
         newS.append(Sx), newW.append(Wx), newQ.append(Qx)
         if stop_now:
-            return c_t, over, t, (newS, newW, newQ), rechecked
+            return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
         if t >= 1:   # Lloyd's first stop rule: labels unchanged
             mv = run.moved[t]
             mv = mv[alive[mv]]
-            if len(over) or len(prev_over):
-                touched = set(over) | set(prev_over)
-                mv = [i for i in mv.tolist() if i not in touched]
-                moved_new = bool(mv) or any(
-                    over.get(i, int(run.A[t, i])) != prev_over.get(i, int(run.A[t - 1, i]))
-                    for i in touched)
+            if len(ov_rows) or len(prev_rows):
+                touched = np.union1d(ov_rows, prev_rows)
+                moved_new = len(np.setdiff1d(mv, touched, assume_unique=True)) > 0
+                if not moved_new:
+                    cur = run.A[t, touched].astype(np.int64)
+                    cur[np.searchsorted(touched, ov_rows)] = ov_lab
+                    before = run.A[t - 1, touched].astype(np.int64)
+                    before[np.searchsorted(touched, prev_rows)] = prev_lab
+                    moved_new = bool((cur != before).any())
             else:
                 moved_new = len(mv) > 0
             if not moved_new:
-                return c_t, over, t, (newS, newW, newQ), rechecked
+                return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
             if t == T:
                 raise _Full("the fit's run stopped with its labels, this one goes on")
         if t == T:
@@ -627,7 +625,7 @@ def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float
         if old_stop and not new_stop:
             raise _Full("the fit's run stopped by its shift, this one goes on")
         stop_now = new_stop or t + 1 == tr.max_iter
-        prev_over = over
+        prev_rows, prev_lab = ov_rows, ov_lab
         c_t = c_next
     raise _Full("the fit's run ended")
 
@@ -763,11 +761,15 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         var = float(np.mean(np.maximum(xsq / n - (xsum / n) ** 2, 0.0))) if n > 1 else 0.0
         var_err = 1e-10 * float(np.mean(np.abs(xsq))) / n
         outs: dict[int, tuple] = {}
+        CwR = trace.C[R] * trace.w[R][:, None]
+        qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
+        based: dict[int, _Run] = {}
         for s, run in enumerate(trace.runs):
             if s in reruns:
                 continue
+            based[s] = _downdated(run, R, CwR, trace.w[R], qR, k)
             try:
-                outs[s] = _replay(trace, run, R, var, var_err)
+                outs[s] = _replay(trace, based[s], var, var_err)
             except _Full as exc:
                 reruns[s] = exc.args[0] if exc.args else "uncertified"
         if len(reruns) > MAX_RERUNS:
@@ -778,7 +780,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             new_runs[s] = _rerun(protocol, trace, rem, s, ids)
             run = new_runs[s][0]
             T = len(run.cs) - 1
-            outs[s] = (run.cs[-1], {}, T, (run.S, run.W, run.Q), n * (T + 1))
+            outs[s] = (run.cs[-1], (np.empty(0, np.int64),) * 2, T, (run.S, run.W, run.Q),
+                       n * (T + 1))
         order = range(len(trace.runs))
         inert = [_inertia(outs[s][0], outs[s][3][0][outs[s][2]], outs[s][3][1][outs[s][2]],
                           outs[s][3][2][outs[s][2]]) for s in order]
@@ -788,8 +791,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             _, over, t, _, _ = outs[s]
             run = new_runs[s][0] if s in new_runs else trace.runs[s]
             lab = run.A[t].astype(np.int64)
-            if over:
-                lab[np.fromiter(over.keys(), np.int64)] = np.fromiter(over.values(), np.int64)
+            lab[over[0]] = over[1]
             finals.append(lab)
         b = pick_start([canonical(f[alive]) for f in finals], inert, err)
         if b is None:
@@ -816,10 +818,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                            center_labels, None, max(t_f, 1), warning)
     # the new trace: the fit's trajectory less every forgotten row (cumulative), and the
     # starts run again as they ran now
-    CwR = trace.C[R] * trace.w[R][:, None]
-    qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
-    runs = [new_runs[s][0] if s in new_runs else _downdated(run, R, CwR, trace.w[R], qR, k)
-            for s, run in enumerate(trace.runs)]
+    runs = [new_runs[s][0] if s in new_runs else based[s] for s in range(len(trace.runs))]
     seeds, cand, pick = trace.seeds, trace.cand, trace.pick
     if any(s > 0 for s in new_runs):
         seeds, cand, pots, pick = seeds.copy(), cand.copy(), pots.copy(), pick.copy()
