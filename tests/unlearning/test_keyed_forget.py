@@ -84,9 +84,52 @@ def test_random_forget_sequences_equal_a_retrain(trial):
                     pos = np.flatnonzero(dead[order])
                     prev = np.where(pos > 0, m[np.maximum(pos - 1, 0)], -np.inf)
                     assert np.array_equal(m[pos], prev) and np.all(m[1:] >= m[:-1])
+            ex = tr.expl
+            if ex is not None:   # the explanation flags' reference
+                assert not ex.bad[dead].any() and not ex.labels[dead].any()
+                pos = np.flatnonzero(dead[ex.order])
+                m = ex.gap_sorted
+                prev = np.where(pos > 0, m[np.maximum(pos - 1, 0)], -np.inf)
+                assert np.array_equal(m[pos], prev) and np.all(m[1:] >= m[:-1])
         _check(model, Xs, ids, gone)
         assert model.verify().ok
     assert "downdate" in paths   # the trace was followed at least once
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_overlapping_small_devices_rows_and_devices_interleaved(trial):
+    # overlapping groups (means 2.5 apart on the scale of the noise), devices of 8 to 20
+    # rows; a random sequence of device forgets (one or two at once, seed holders included)
+    # and row deletions, each state against a fresh fit on what remains
+    rng = np.random.default_rng(300 + trial)
+    means = rng.normal(size=(K, 3)) * 2.5
+    n_dev = 90
+    Xs = []
+    for _ in range(n_dev):
+        n = int(rng.integers(8, 21))
+        own = rng.choice(K, size=2, replace=False)
+        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 3)))
+    ids = [int(z) for z in rng.choice(100_000, size=n_dev, replace=False)]
+    model = _make().fit(Xs, device_ids=ids)
+    left = [int(z) for z in rng.permutation(ids)]
+    gone: list[int] = []
+    paths = []
+    for step in range(8):
+        if rng.random() < 0.3:   # a few rows of a remaining device
+            z = left.pop()
+            n = len(Xs[ids.index(z)])
+            rows = rng.choice(n, size=int(rng.integers(1, 4)), replace=False)
+            model.forget(rows={z: rows.tolist()}, relabel=True)
+            Xs[ids.index(z)] = np.delete(Xs[ids.index(z)], rows, axis=0)
+            left.insert(0, z)
+        else:
+            zs = [left.pop() for _ in range(int(rng.integers(1, 3)))]
+            model.forget(devices=zs)
+            gone.extend(zs)
+        paths.append(model.forget_log_[-1].path)
+        _check(model, Xs, ids, gone)
+        assert model.verify().ok
+    assert "downdate" in paths
 
 
 def _twin_free(trace, Xs, ids):

@@ -11,22 +11,29 @@ keys are the candidates (sampling proportional to p without replacement) and the
 that lowers the potential most is the seed.
 
 Forgetting devices (:func:`keyed_forget`) follows the fit's trace instead of running
-the step again:
+the step again, start by start:
 
 * seeds: a start keeps its seeds when no leaving row was a seed or a candidate and at
   every step the pick's potential stays below every other candidate's after the
   leaving rows' exact share is taken off, by more than a rounding slack;
 * Lloyd: per iteration the cluster sums lose the leaving rows' share; a remaining row
-  keeps its label while its smallest margin over the run exceeds twice the largest
-  center shift plus :data:`~fedclust.kfed.downdate.CERTIFY_SLACK`'s allowance; the
-  others are assigned again and the sums corrected. Lloyd's stop rules (labels
-  unchanged, shift at most ``tol`` times the variance, ``max_iter``) are decided
+  labelled a keeps its label while its margin to its runner-up r exceeds the shifts of
+  a and r since the fit, and its margin to the third-nearest center exceeds a's shift
+  plus the largest shift, each plus :data:`~fedclust.kfed.downdate.CERTIFY_SLACK`'s
+  allowance; the others are assigned again and the sums corrected. Lloyd's stop rules
+  (labels unchanged, shift at most ``tol`` times the variance, ``max_iter``) are decided
   again, each only with a margin over rounding;
+* a start whose trace cannot be followed (a leaving seed or farthest-first pick, a near
+  tie, a stop rule within rounding, a run that goes on where the fit's stopped) is run
+  again in full over the remaining rows, stacked as a fresh step stacks them, so it
+  gives the fresh step's bits; it is traced as it runs, for the next forget;
 * the lowest cost between starts by strict ``<``, only with a margin over rounding.
 
-Any doubt (a leaving seed or candidate, a near tie, a stop rule within rounding, a
-cluster losing almost all its weight, an emptied cluster in the fit, a run that goes on
-where the fit's stopped) returns None: the server's step then runs in full.
+The explanation warning is worked out from the stacked summaries: a device center's
+flag (its final center farther than its RMS radius) is kept from a reference while its
+gap to the threshold exceeds its center's shift since then. A near tie between two
+starts' costs (or a start that cannot be traced) returns None: the server's step then
+runs in full.
 """
 
 from __future__ import annotations
@@ -203,6 +210,7 @@ class _Run:
     reason: str
     runner_up: list = None   # per t (N,) int16: each row's second-nearest center under c_t
     margin3: list = None     # per t (N,): third-nearest minus nearest distance (inf: k < 3)
+    rank: list = None        # per t (N,) int32: each row's position in ``order`` (for scrub)
 
 
 @dataclass
@@ -240,35 +248,60 @@ class KeyedTrace:
     reruns: dict = None
     scatter: np.ndarray | None = None   # (N0,) each device center's scatter (its summary)
     expl: Any = None   # _Explained: the explanation warning's reference
+    newly: np.ndarray | None = None   # rows the last forget removed (None: every dead row)
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
         and margins (a margin becomes its sorted neighbour's, so the order stays sorted;
-        those rows are never read again)."""
+        those rows are never read again). Only the rows of the last forget are visited."""
         dead = ~self.alive
-        self.C[dead] = 0.0
-        self.w[dead] = 0.0
+        gone = np.flatnonzero(dead) if self.newly is None else self.newly
+        self.newly = np.empty(0, np.int64)
+        if not len(gone):
+            return
+        self.C[gone] = 0.0
+        self.w[gone] = 0.0
         if self.keys is not None:
-            self.keys[dead] = 0
+            self.keys[gone] = 0
         if self.scatter is not None:
-            self.scatter[dead] = 0.0
-        if self.expl is not None:
-            self.expl.labels[dead] = 0
-            self.expl.bad[dead] = False
-            gone = dead[self.expl.order]
-            if gone.any():
-                self.expl.gap_sorted[gone] = -np.inf
-                np.maximum.accumulate(self.expl.gap_sorted, out=self.expl.gap_sorted)
+            self.scatter[gone] = 0.0
         for r in self.runs:
-            r.A[:, dead] = 0
-            for r2, m3 in zip(r.runner_up, r.margin3):
-                r2[dead] = 0
-                m3[dead] = 0.0
-            for order, m in zip(r.order, r.margin_sorted):
-                gone = dead[order]
-                if gone.any():
-                    m[gone] = -np.inf
-                    np.maximum.accumulate(m, out=m)
+            r.A[:, gone] = 0
+            if r.rank is None:
+                r.rank = [_rank(o) for o in r.order]
+            for m, o, rank, r2, m3 in zip(r.margin_sorted, r.order, r.rank, r.runner_up,
+                                          r.margin3):
+                _wipe_sorted(m, np.sort(rank[gone]), o, dead)
+                r2[gone] = 0
+                m3[gone] = 0.0
+        ex = self.expl
+        if ex is not None:
+            ex.labels[gone] = 0
+            ex.bad[gone] = False
+            if ex.rank is None:
+                ex.rank = _rank(ex.order)
+            _wipe_sorted(ex.gap_sorted, np.sort(ex.rank[gone]), ex.order, dead)
+
+
+def _rank(order: np.ndarray) -> np.ndarray:
+    """Each row's position in ``order``."""
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return rank
+
+
+def _wipe_sorted(m: np.ndarray, pos: np.ndarray, order: np.ndarray, dead: np.ndarray) -> None:
+    """Give the sorted positions ``pos`` (increasing), and the earlier wiped positions
+    just above them, the value of the nearest lower remaining row (-inf at the head): the
+    array stays sorted and holds nothing of the removed rows."""
+    n = len(m)
+    for p in pos.tolist():
+        v = m[p - 1] if p else -np.inf
+        m[p] = v
+        j = p + 1
+        while j < n and dead[order[j]]:
+            m[j] = v
+            j += 1
 
 
 #: two squared distances closer than this share of ``|x|^2 + max |c|^2`` may compare
@@ -440,6 +473,7 @@ class _Explained:
     bad: np.ndarray
     order: np.ndarray
     gap_sorted: np.ndarray
+    rank: np.ndarray | None = None
 
 
 def _poorly(tr: KeyedTrace, rows: np.ndarray, r2: np.ndarray, final: np.ndarray,
@@ -719,7 +753,7 @@ def _downdated(run: _Run, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np
     Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
     return _Run(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
                 run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
-                run.margin3)
+                run.margin3, run.rank)
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
@@ -830,7 +864,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
-                     expl=expl)
+                     expl=expl, newly=R)
     return result, new
 
 
