@@ -827,7 +827,12 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             lab = run.A[t].astype(np.int64)
             lab[over[0]] = over[1]
             finals.append(lab)
-        b = pick_start([canonical(f[alive]) for f in finals], inert, err)
+        # two runs can end in one partition only with the same cluster weights (sums of
+        # integer counts: exact in any order); only those are numbered and compared
+        sizes = [tuple(np.sort(outs[s][3][1][outs[s][2]]).tolist()) for s in order]
+        parts = [canonical(f[alive]) if sizes.count(sizes[s]) > 1 else np.array([-1 - s])
+                 for s, f in enumerate(finals)]
+        b = pick_start(parts, inert, err)
         if b is None:
             raise _Full("two starts' costs within rounding")
     except _Full as exc:
