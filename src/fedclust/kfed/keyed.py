@@ -597,9 +597,19 @@ def _replay(tr: KeyedTrace, run: _Run, var: float, var_err: float):
         cut = int(np.searchsorted(run.margin_sorted[t], 2.0 * s + tr.slack, side="right"))
         doubt = run.order[t][:cut].astype(np.int64)
         a = run.A[t, doubt].astype(np.int64)
-        sure = (run.margin_sorted[t][:cut] > sj[a] + sj[run.runner_up[t][doubt]] + tr.slack) \
-            & (run.margin3[t][doubt] > sj[a] + s + tr.slack)
+        r = run.runner_up[t][doubt].astype(np.int64)
+        third = run.margin3[t][doubt] > sj[a] + s + tr.slack
+        sure = (run.margin_sorted[t][:cut] > sj[a] + sj[r] + tr.slack) & third
         keep = ~sure & alive[doubt]
+        # where only the runner-up is in doubt, its distance and the label's are measured
+        # at the current centers (two distances instead of k)
+        pair = keep & third
+        if pair.any():
+            rows = doubt[pair]
+            X = tr.C[rows]
+            da = np.sqrt(((X - c_t[a[pair]]) ** 2).sum(axis=1))
+            dr = np.sqrt(((X - c_t[r[pair]]) ** 2).sum(axis=1))
+            keep[np.flatnonzero(pair)[dr - da > tr.slack]] = False
         doubt, a = doubt[keep], a[keep]
         if len(doubt) > _DOUBT_SHARE * n_alive:
             raise _Full("too many rows to assign again")
