@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedclust import KFed
-from fedclust.kfed import keyed
+from fedclust.kfed import keyed, keyed_trace, keyed_unlearn
 from fedclust.unlearning.forget import DOWNDATE_RTOL, results_close
 
 K = 4
@@ -180,15 +180,15 @@ def test_each_uncertified_run_is_run_again(force, monkeypatch):
     # the same forget on a twin model follows the trace: the forced case is what stops it
     z = _twin_free(trace, Xs, ids)
     if force == "tie":       # every reassigned row counts as a near tie
-        monkeypatch.setattr(keyed, "TIE_RTOL", np.inf)
+        monkeypatch.setattr(keyed_trace, "TIE_RTOL", np.inf)
         monkeypatch.setattr(trace, "slack", np.inf)
         why = "tie"
     elif force == "doubt":   # no row may be assigned again
-        monkeypatch.setattr(keyed, "_DOUBT_SHARE", -1.0)
+        monkeypatch.setattr(keyed_unlearn, "_DOUBT_SHARE", -1.0)
         monkeypatch.setattr(trace, "slack", np.inf)
         why = "too many rows"
     else:                    # every shift within "rounding" of tol x var
-        monkeypatch.setattr(keyed, "SHIFT_RTOL", np.inf)
+        monkeypatch.setattr(keyed_unlearn, "SHIFT_RTOL", np.inf)
         why = "shift within rounding"
     model.forget(devices=[z])
     assert model.forget_log_[-1].path == "downdate"
@@ -206,10 +206,10 @@ def test_a_doubt_between_starts_takes_the_full_step(force, monkeypatch):
     trace = model._unlearning_.trace
     z = _twin_free(trace, Xs, ids)
     if force == "start-tie":
-        monkeypatch.setattr(keyed, "pick_start", lambda *a, **kw: None)
+        monkeypatch.setattr(keyed_unlearn, "pick_start", lambda *a, **kw: None)
     else:   # a forget with a start to run again, and none allowed
         z = int(trace.owner[trace.seeds[0, 1]])
-        monkeypatch.setattr(keyed, "MAX_RERUNS", 0)
+        monkeypatch.setattr(keyed_unlearn, "MAX_RERUNS", 0)
     model.forget(devices=[z])
     assert model.forget_log_[-1].path == "replay"
     assert trace.fallback is not None
@@ -223,9 +223,9 @@ def test_every_start_run_again_gives_the_fresh_step_bit_for_bit(monkeypatch):
     model = _make().fit(Xs, device_ids=ids)
 
     def uncertified(*a, **kw):
-        raise keyed._Full("forced")
+        raise keyed_unlearn._Full("forced")
 
-    monkeypatch.setattr(keyed, "_replay", uncertified)
+    monkeypatch.setattr(keyed_unlearn, "_replay", uncertified)
     gone = []
     for z in ids[5:8]:
         model.forget(devices=[z])
