@@ -319,3 +319,22 @@ def test_a_stream_of_devices_runs_the_keyed_server_on_its_summaries():
     with pytest.raises(Exception, match="device ids"):
         aggregate_centers(list(b.local_centers_), K, counts=list(b.local_counts_),
                           method=keyed.KEYED_SERVER)
+
+
+def test_wiping_sorted_margins_leaves_the_nearest_lower_remaining_value():
+    # rows leave in random batches; after each, every removed row's sorted position holds
+    # the value of the nearest lower remaining row (-inf below the first): nothing of its own
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        n = int(rng.integers(1, 60))
+        values = np.round(rng.normal(size=n), 1)   # ties included
+        order = np.argsort(values, kind="stable")
+        m = values[order].copy()
+        rank = keyed_trace._rank(order)
+        dead = np.zeros(n, bool)
+        for batch in np.array_split(rng.permutation(n), int(rng.integers(1, 6))):
+            dead[batch] = True
+            keyed_trace._wipe_sorted(m, np.sort(rank[batch]), order, dead)
+            ref = np.where(dead[order], -np.inf, values[order])
+            np.maximum.accumulate(ref, out=ref)
+            assert np.array_equal(m, ref)

@@ -126,7 +126,8 @@ def _wipe_sorted(m: np.ndarray, pos: np.ndarray, order: np.ndarray, dead: np.nda
         v = m[p - 1] if p else -np.inf
         m[p] = v
         j = p + 1
-        while j < n and dead[order[j]]:
+        # a run of wiped positions holds one value: where it already holds v, so does the rest
+        while j < n and dead[order[j]] and m[j] != v:
             m[j] = v
             j += 1
 
