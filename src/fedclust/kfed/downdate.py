@@ -114,14 +114,18 @@ def applies(protocol: Any) -> bool:
 
 def forget_result(protocol: Any, replies: dict[int, Any], ids: list[int], centers: np.ndarray,
                   local_centers: dict, local_counts: dict, center_labels: dict,
-                  seed_device: int | None, n_iter: int) -> Any:
+                  seed_device: int | None, n_iter: int, warning: Any = False) -> Any:
     """The :class:`~fedclust.kfed.protocol.KFedResult` a forget leaves, with the explanation
-    warning a fit over the remaining devices ``ids`` would give."""
+    warning a fit over the remaining devices ``ids`` would give (``warning``: that warning
+    worked out by the caller, None for none; False: work it out here)."""
     from ..core.protocol import RunLog
     from .protocol import KFedResult
 
     log = RunLog(participants=list(ids))
-    if protocol.summarise:
+    if protocol.summarise and warning is not False:
+        if warning is not None:
+            log.warnings.append(warning)
+    elif protocol.summarise:
         warning = explanation_warning([local_centers[z] for z in ids],
                                       [local_counts[z] for z in ids],
                                       [replies[z].scatter for z in ids], centers,

@@ -10,44 +10,24 @@ its weight times its squared distance to the chosen seeds; the ``2 + log k`` sma
 keys are the candidates (sampling proportional to p without replacement) and the one
 that lowers the potential most is the seed.
 
-Forgetting devices (:func:`keyed_forget`) follows the fit's trace instead of running
-the step again:
-
-* seeds: a start keeps its seeds when no leaving row was a seed or a candidate and at
-  every step the pick's potential stays below every other candidate's after the
-  leaving rows' exact share is taken off, by more than a rounding slack;
-* Lloyd: per iteration the cluster sums lose the leaving rows' share; a remaining row
-  keeps its label while its smallest margin over the run exceeds twice the largest
-  center shift plus :data:`~fedclust.kfed.downdate.CERTIFY_SLACK`'s allowance; the
-  others are assigned again and the sums corrected. Lloyd's stop rules (labels
-  unchanged, shift at most ``tol`` times the variance, ``max_iter``) are decided
-  again, each only with a margin over rounding;
-* the lowest cost between starts by strict ``<``, only with a margin over rounding.
-
-Any doubt (a leaving seed or candidate, a near tie, a stop rule within rounding, a
-cluster losing almost all its weight, an emptied cluster in the fit, a run that goes on
-where the fit's stopped) returns None: the server's step then runs in full.
+Forgetting devices follows the fit's trace instead of running the step again:
+:mod:`fedclust.kfed.keyed_trace` records it, :mod:`fedclust.kfed.keyed_unlearn` follows it
+(:func:`keyed_forget`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
-
 import numpy as np
 
-from ..core.kmeans import BLOCK, lloyd, squared_distances, sum_by_label, update_centers
+from ..core.kmeans import lloyd, squared_distances
 from ..core.random import key_uniforms, row_keys as _row_keys
-from .downdate import CERTIFY_SLACK, forget_result, plain_step
 from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "KeyedTrace", "keyed_trace",
-           "keyed_forget", "KEYED_SERVER"]
+           "keyed_forget", "applies", "best_of", "KEYED_SERVER"]
 
 KEYED_SERVER = "weighted-kmeans++-keyed"
 _KEY_BRANCH = np.uint64(0x6B657965645F7070)   # the seeding's own stream
-#: a row is assigned again at most this share of the rows per iteration; beyond, full step
-_DOUBT_SHARE = 1.0
 #: candidates kept per k-means++ step beyond the L drawn: a leaving device's candidate is
 #: replaced by the next key
 SPARE = 4
@@ -151,10 +131,20 @@ def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
 
 def canonical(labels: np.ndarray) -> np.ndarray:
     """The partition of ``labels`` with clusters numbered by first appearance."""
-    k = int(labels.max()) + 1 if len(labels) else 0
-    hit = labels[:, None] == np.arange(k)
-    present = hit.any(axis=0)
-    first = np.where(present, hit.argmax(axis=0), len(labels))   # first row of each label
+    n = len(labels)
+    k = int(labels.max()) + 1 if n else 0
+    present = np.bincount(labels, minlength=k) > 0
+    first = np.full(k, n)
+    head = 0
+    while head < n:   # the first appearances usually lie in a short head of the rows
+        size = max(4 * k, 2 * head, 256)
+        block = labels[head:head + size]
+        hit = block[:, None] == np.arange(k)
+        found = hit.any(axis=0) & (first == n)
+        first[found] = head + hit.argmax(axis=0)[found]
+        if (first < n)[present].all():
+            break
+        head += size
     rank = np.empty(k, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(k)
     return rank[labels]
@@ -173,400 +163,8 @@ def pick_start(parts, inertia, err=0.0) -> int | None:
     return b
 
 
-# --------------------------------------------------------------------------- the trace
-@dataclass
-class _Run:
-    """One start's weighted Lloyd: centers c_t (T+1, k, d), labels A_t = nearest c_t
-    (T+1, N), the sums/weights/squared norms of A_t's clusters (less the forgotten rows),
-    rows that moved between A_{t-1} and A_t, each row's margin under c_t (sorted, per t)."""
-
-    cs: np.ndarray
-    A: np.ndarray
-    S: np.ndarray
-    W: np.ndarray
-    Q: np.ndarray
-    W0: np.ndarray
-    moved: list
-    order: list
-    margin_sorted: list
-    reason: str
-
-
-@dataclass
-class KeyedTrace:
-    ids: list[int]
-    offsets: np.ndarray
-    row_of: dict[int, int]
-    owner: np.ndarray
-    C: np.ndarray
-    w: np.ndarray
-    alive: np.ndarray
-    seed_device: int
-    ff_owners: np.ndarray
-    seeds: np.ndarray      # (S, k) rows of the keyed starts' seeds
-    cand: np.ndarray       # (S, k, L)
-    pots: np.ndarray       # (S, k, L) potentials less the forgotten rows' shares
-    pick: np.ndarray       # (S, k)
-    runs: list[_Run]
-    xsum: np.ndarray       # (d,) and (d,): per-feature sums over the remaining rows
-    xsq: np.ndarray
-    slack: float
-    scale2: float
-    max_iter: int
-    tol: float
-    local_centers: dict
-    local_counts: dict
-    center_labels: dict
-    rechecked: int = 0
-    #: why the last forget ran the step in full (None after a certified one)
-    fallback: str | None = None
-
-    def scrub(self) -> None:
-        """Wipe what the trace held of the forgotten rows: their centers, weights, labels
-        and margins (a margin becomes its sorted neighbour's, so the order stays sorted;
-        those rows are never read again)."""
-        dead = ~self.alive
-        self.C[dead] = 0.0
-        self.w[dead] = 0.0
-        for r in self.runs:
-            r.A[:, dead] = 0
-            for order, m in zip(r.order, r.margin_sorted):
-                gone = dead[order]
-                if gone.any():
-                    m[gone] = -np.inf
-                    np.maximum.accumulate(m, out=m)
-
-
-#: two squared distances closer than this share of ``|x|^2 + max |c|^2`` may compare
-#: otherwise in a fresh run (its rounding, and the downdated centers' 1e-13 or so)
-TIE_RTOL = 1e-10
-
-
-#: a center shift this close (relative) to ``tol`` times the variance decides Lloyd's stop
-#: otherwise in a fresh run only by rounding
-SHIFT_RTOL = 1e-12
-
-
-def _labels_or_tie(X, centers) -> tuple[np.ndarray, bool]:
-    """Nearest center of each row, and whether some row's nearest and second-nearest
-    squared distances are within rounding (a fresh run might pick the other)."""
-    x_sq = np.einsum("ij,ij->i", X, X)
-    D = x_sq[:, None] - 2.0 * (X @ centers.T) + np.einsum("ij,ij->i", centers, centers)
-    if D.shape[1] == 1:
-        return np.zeros(len(X), dtype=np.int64), False
-    two = np.partition(D, 1, axis=1)[:, :2]
-    scale = x_sq + np.einsum("ij,ij->i", centers, centers).max()
-    return D.argmin(axis=1), bool((two[:, 1] - two[:, 0] <= TIE_RTOL * scale).any())
-
-
-def _assign_margin(X, centers, x_sq):
-    """:func:`assign`'s labels (the same blocks and expression, so the same bits) and each
-    row's margin (second-nearest minus nearest distance) from the same distances."""
-    n = len(X)
-    labels = np.empty(n, dtype=np.int64)
-    margin = np.full(n, np.inf)
-    c_sq = (centers * centers).sum(axis=1)
-    for start in range(0, n, BLOCK):
-        D = x_sq[start:start + BLOCK][:, None] - 2.0 * (X[start:start + BLOCK] @ centers.T) \
-            + c_sq[None, :]
-        lab = D.argmin(axis=1)
-        labels[start:start + BLOCK] = lab
-        if D.shape[1] > 1:
-            np.maximum(D, 0.0, out=D)
-            two = np.sqrt(np.partition(D, 1, axis=1)[:, :2])
-            margin[start:start + BLOCK] = two[:, 1] - two[:, 0]
-    return labels, margin
-
-
-def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
-    """:func:`lloyd`'s loop (same kernels, same bits) keeping what a forget needs; None
-    where it relocated an emptied cluster."""
-    k = len(init)
-    centers = np.array(init, dtype=C.dtype, copy=True)
-    abs_tol = tol * c_var
-    cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
-    for _ in range(max_iter):
-        new_labels, margin = _assign_margin(C, centers, c_sq)
-        A.append(new_labels)
-        mm.append(margin)
-        if labels is not None and np.array_equal(new_labels, labels):
-            reason = "labels"
-            break
-        labels = new_labels
-        new_centers, counts = update_centers(C, labels, k, w, centers, Cw)
-        if (counts == 0).any():
-            return None
-        shift = ((new_centers - centers) ** 2).sum()
-        centers = new_centers
-        cs.append(centers)
-        if shift <= abs_tol:
-            reason = "shift"
-            break
-    if reason != "labels":
-        lab, margin = _assign_margin(C, centers, c_sq)
-        A.append(lab)
-        mm.append(margin)
-    A = np.stack(A)
-    T1, d = len(cs), C.shape[1]
-    S, W, Q = np.zeros((T1, k, d)), np.zeros((T1, k)), np.zeros((T1, k))
-    wq = w * c_sq
-    for t in range(T1):
-        sum_by_label(Cw, A[t], k, S[t])
-        W[t] = np.bincount(A[t], weights=w, minlength=k)
-        Q[t] = np.bincount(A[t], weights=wq, minlength=k)
-    moved = [np.empty(0, np.int64)] + [np.flatnonzero(A[t] != A[t - 1]) for t in range(1, T1)]
-    order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
-    run = _Run(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
-               [m[o] for m, o in zip(mm, order)], reason)
-    return run
-
-
-def applies(protocol: Any) -> bool:
-    """The protocol's server is the keyed one and nothing else changes its step."""
-    return plain_step(protocol, KEYED_SERVER)
-
-
-def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace | None:
-    """The trace of the keyed server's step over ``replies``, or None where no forget can
-    follow it (float32, an emptied cluster, fewer distinct rows than k)."""
-    if not applies(protocol):
-        return None
-    ids = sorted(replies)
-    centers = [replies[z].centers for z in ids]
-    if any(c.dtype != np.float64 for c in centers) or protocol.n_clusters > 32000:
-        return None
-    counts = [replies[z].counts for z in ids]
-    k = protocol.n_clusters
-    C = np.concatenate(centers, axis=0)
-    w = np.concatenate(counts).astype(np.float64)
-    offsets = np.cumsum([0] + [len(c) for c in centers])
-    owner = np.repeat(np.asarray(ids, dtype=np.int64), np.diff(offsets))
-    local_index = np.concatenate([np.arange(len(c)) for c in centers])
-    c_sq = (C * C).sum(axis=1)
-    c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
-    pos, ff, pp = _starts(C, k, w, c_sq, centers, owner, local_index, seed, SPARE)
-    if any(p is None for p in pp):
-        return None
-    Cw = C * w[:, None]
-    runs = []
-    for idx in [ff] + [p[0] for p in pp]:
-        run = _traced_lloyd(C, C[idx], w, Cw, c_sq, c_var, protocol.max_iter, protocol.tol)
-        if run is None:
-            return None
-        runs.append(run)
-    scale2 = float(c_sq.max())
-    return KeyedTrace(
-        list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
-        np.ones(len(C), bool), int(ids[pos]), owner[ff],
-        np.stack([p[0] for p in pp]), np.stack([p[1] for p in pp]),
-        np.stack([p[2] for p in pp]), np.stack([p[3] for p in pp]), runs,
-        C.sum(axis=0), (C * C).sum(axis=0), CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0)
-        * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
-        dict(zip(ids, centers)), dict(zip(ids, counts)), {})
-
-
-def best_of(runs) -> int | None:
-    inert = [_inertia(r.cs[-1], r.S[-1], r.W[-1], r.Q[-1]) for r in runs]
-    err = 1e-10 * max(float(sum(r.Q[-1].sum() for r in runs)), 1e-300)
-    return pick_start([canonical(r.A[-1]) for r in runs], inert, err)
-
-
-def _inertia(c, S, W, Q):
-    return float(Q.sum() - 2.0 * np.einsum("kd,kd->", c, S) + W @ (c * c).sum(axis=1))
-
-
-class _Full(Exception):
-    """The forget cannot be certified: the server's step runs in full."""
-
-
-def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray) -> np.ndarray:
-    """The keyed starts' potentials less the rows ``R``'s exact share (raises _Full where a
-    start's seeds could change). ``alive``: the rows that remain."""
-    S, k, M = tr.cand.shape
-    L = n_trials(k)
-    if not alive[tr.seeds].all():
-        raise _Full("a leaving device holds a k-means++ seed")
-    CR, wR = tr.C[R], tr.w[R]
-    Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()]).reshape(len(R), S, k)
-    before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
-    before = np.concatenate([np.full((len(R), S, 1), np.inf), before[:, :, :-1]], axis=2)
-    valid = tr.cand >= 0
-    cand = np.where(valid, tr.cand, 0)
-    Dc = squared_distances(CR, tr.C[cand.ravel()]).reshape(len(R), S, k, M)
-    share = np.einsum("r,rskm->skm", wR, np.minimum(before[..., None], Dc))
-    pots = np.where(valid, tr.pots - share, np.inf)
-    # the new candidates: the first L remaining of the kept key order
-    left = valid & alive[cand]
-    rank = np.cumsum(left, axis=2)
-    inset = left & (rank <= L)
-    short = (left.sum(axis=2) < L) & (valid.sum(axis=2) == M)
-    if short[:, 1:].any():
-        raise _Full("a leaving candidate and no spare key left")
-    cmp = np.where(inset, pots, np.inf)[:, 1:]
-    b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
-    np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
-    slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
-        + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
-    if (cmp.min(axis=2) <= b + slack).any():
-        raise _Full("a leaving device's share changes or nearly changes a k-means++ pick")
-    return pots
-
-
-def _replay(tr: KeyedTrace, run: _Run, R: np.ndarray, var: float, var_err: float):
-    """The start's Lloyd without the rows R: ``(centers, labels overrides, t_final,
-    downdated (S, W, Q) per t, rechecked)``; raises _Full where not certified."""
-    alive = tr.alive
-    T = len(run.cs) - 1
-    k = run.cs.shape[1]
-    wR, CwR, qR = tr.w[R], tr.C[R] * tr.w[R][:, None], tr.w[R] * (tr.C[R] ** 2).sum(axis=1)
-    abs_tol = tr.tol * var
-    n_alive = int(alive.sum())
-    c_t = run.cs[0]
-    prev_over: dict[int, int] = {}
-    stop_now = False
-    newS, newW, newQ = [], [], []
-    rechecked = 0
-    for t in range(T + 1):
-        s = float(np.sqrt(((c_t - run.cs[t]) ** 2).sum(axis=1).max()))
-        cut = int(np.searchsorted(run.margin_sorted[t], 2.0 * s + tr.slack, side="right"))
-        doubt = run.order[t][:cut].astype(np.int64)
-        doubt = doubt[alive[doubt]]
-        if len(doubt) > _DOUBT_SHARE * n_alive:
-            raise _Full("too many rows to assign again")
-        rechecked += len(doubt)
-        over: dict[int, int] = {}
-        if len(doubt):
-            Cd = tr.C[doubt]
-            lab, tie = _labels_or_tie(Cd, c_t)
-            if tie:
-                raise _Full("a reassigned row's nearest centers tie within rounding")
-            old = run.A[t, doubt].astype(np.int64)
-            chg = lab != old
-            over = dict(zip(doubt[chg].tolist(), lab[chg].tolist()))
-        # cluster statistics of the new labels A'_t
-        Rl = run.A[t, R].astype(np.int64)
-        Sx, Wx, Qx = run.S[t].copy(), run.W[t].copy(), run.Q[t].copy()
-        np.subtract.at(Sx, Rl, CwR)
-        Wx -= np.bincount(Rl, weights=wR, minlength=k)
-        Qx -= np.bincount(Rl, weights=qR, minlength=k)
-        if over:
-            rows = np.fromiter(over.keys(), np.int64)
-            new = np.fromiter(over.values(), np.int64)
-            oldl = run.A[t, rows].astype(np.int64)
-            cw = tr.C[rows] * tr.w[rows][:, None]
-            q = tr.w[rows] * (tr.C[rows] ** 2).sum(axis=1)
-            np.subtract.at(Sx, oldl, cw)
-            np.add.at(Sx, new, cw)
-            Wx += np.bincount(new, weights=tr.w[rows], minlength=k) \
-                - np.bincount(oldl, weights=tr.w[rows], minlength=k)
-            Qx += np.bincount(new, weights=q, minlength=k) - np.bincount(oldl, weights=q, minlength=k)
-        newS.append(Sx), newW.append(Wx), newQ.append(Qx)
-        if stop_now:
-            return c_t, over, t, (newS, newW, newQ), rechecked
-        if t >= 1:   # Lloyd's first stop rule: labels unchanged
-            mv = run.moved[t]
-            mv = mv[alive[mv]]
-            if len(over) or len(prev_over):
-                touched = set(over) | set(prev_over)
-                mv = [i for i in mv.tolist() if i not in touched]
-                moved_new = bool(mv) or any(
-                    over.get(i, int(run.A[t, i])) != prev_over.get(i, int(run.A[t - 1, i]))
-                    for i in touched)
-            else:
-                moved_new = len(mv) > 0
-            if not moved_new:
-                return c_t, over, t, (newS, newW, newQ), rechecked
-            if t == T:
-                raise _Full("the fit's run stopped with its labels, this one goes on")
-        if t == T:
-            raise _Full       # (not reached: the fit's stops set stop_now below)
-        if (Wx <= 1e-2 * run.W0[t]).any():
-            raise _Full("the fit's run ended here")
-        c_next = Sx / Wx[:, None]
-        shift = float(((c_next - c_t) ** 2).sum())
-        err = 2.0 * np.sqrt(shift) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
-            + tr.tol * var_err + SHIFT_RTOL * max(shift, abs_tol)
-        if abs(shift - abs_tol) <= err:
-            raise _Full("a center shift within rounding of tol x variance")
-        new_stop = shift <= abs_tol
-        old_stop = t + 1 == T and run.reason == "shift"
-        if old_stop and not new_stop:
-            raise _Full("the fit's run stopped by its shift, this one goes on")
-        stop_now = new_stop or t + 1 == tr.max_iter
-        prev_over = over
-        c_t = c_next
-    raise _Full("the fit's run ended")
-
-
-def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
-                 drop: Sequence[int]):
-    """``(KFedResult, new trace)`` of the keyed server without the devices ``drop``, or
-    None where the step must run in full."""
-    gone = {int(z) for z in drop}
-    if not gone or trace.seed_device in gone or gone & set(trace.ff_owners.tolist()):
-        return None
-    if replies.keys() != trace.local_centers.keys() or not gone <= set(trace.ids):
-        return None
-    R = np.concatenate([np.arange(trace.offsets[trace.row_of[z]],
-                                  trace.offsets[trace.row_of[z] + 1]) for z in sorted(gone)])
-    alive = trace.alive.copy()
-    alive[R] = False
-    n = int(alive.sum())
-    k = trace.runs[0].cs.shape[1]
-    if n < k:
-        return None
-    old_alive = trace.alive
-    trace.alive = alive
-    try:
-        pots = _seeds_stable(trace, R, alive)
-        xsum = trace.xsum - trace.C[R].sum(axis=0)
-        xsq = trace.xsq - (trace.C[R] ** 2).sum(axis=0)
-        var = float(np.mean(np.maximum(xsq / n - (xsum / n) ** 2, 0.0))) if n > 1 else 0.0
-        var_err = 1e-10 * float(np.mean(np.abs(xsq))) / n
-        outs = [_replay(trace, run, R, var, var_err) for run in trace.runs]
-        inert = [_inertia(c, st[0][t], st[1][t], st[2][t]) for c, _, t, st, _ in outs]
-        err = 1e-10 * max(float(sum(st[2][t].sum() for _, _, t, st, _ in outs)), 1e-300)
-        finals = []
-        for run, (_, over, t, _, _) in zip(trace.runs, outs):
-            lab = run.A[t].astype(np.int64)
-            for i, l in over.items():
-                lab[i] = l
-            finals.append(lab)
-        b = pick_start([canonical(f[alive]) for f in finals], inert, err)
-        if b is None:
-            raise _Full("two starts' costs within rounding")
-    except _Full as exc:
-        trace.fallback = str(exc.args) if exc.args else "uncertified"
-        return None
-    finally:
-        trace.alive = old_alive
-    centers, _, t_f, _, _ = outs[b]
-    labels = finals[b]
-    ids = [z for z in trace.ids if z not in gone]
-    local_centers = {z: trace.local_centers[z] for z in ids}
-    local_counts = {z: trace.local_counts[z] for z in ids}
-    center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
-                     for z in ids}
-    result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
-                           center_labels, None, max(t_f, 1))
-    # the new trace: the fit's trajectory less every forgotten row (cumulative)
-    runs = []
-    for run in trace.runs:
-        S, W, Q = run.S.copy(), run.W.copy(), run.Q.copy()
-        for t in range(len(run.cs)):
-            Rl = run.A[t, R].astype(np.int64)
-            np.subtract.at(S[t], Rl, trace.C[R] * trace.w[R][:, None])
-            W[t] -= np.bincount(Rl, weights=trace.w[R], minlength=k)
-            Q[t] -= np.bincount(Rl, weights=trace.w[R] * (trace.C[R] ** 2).sum(axis=1),
-                                minlength=k)
-        runs.append(_Run(run.cs, run.A, S, W, Q, run.W0, run.moved, run.order,
-                         run.margin_sorted, run.reason))
-    new = KeyedTrace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
-                     trace.seed_device, trace.ff_owners, trace.seeds, trace.cand, pots,
-                     trace.pick, runs, xsum, xsq, trace.slack, trace.scale2, trace.max_iter,
-                     trace.tol, local_centers, local_counts, center_labels,
-                     sum(o[4] for o in outs))
-    return result, new
-
-
 KEYED_SERVERS[KEYED_SERVER] = keyed_weighted_kmeans
+
+# the forget's pieces (they import this module's seeding: after its definitions)
+from .keyed_trace import KeyedTrace, applies, best_of, keyed_trace  # noqa: E402
+from .keyed_unlearn import keyed_forget  # noqa: E402

@@ -336,10 +336,16 @@ def explanation_warning(centers: Sequence[np.ndarray], counts: Sequence[np.ndarr
     if n_all <= 0 or n_bad <= share * n_all:
         return None
     devs = [int(z) for z, b in zip(device_ids, bad) if b.any()]
+    return explanation_message(n_bad, n_all, devs, len(final))
+
+
+def explanation_message(n_bad: float, n_all: float, devs: Sequence[int], n_final: int) -> str:
+    """:func:`explanation_warning`'s text: ``devs`` the devices with a poorly explained
+    local cluster, in order."""
     listed = ", ".join(map(str, devs[:10])) + (", ..." if len(devs) > 10 else "")
     return (f"k-FED: {n_bad / n_all:.0%} of the points are in local clusters whose final "
             f"center lies outside them (farther than twice their RMS radius; devices "
-            f"{listed}): the {len(final)} final centers explain these devices poorly. Try more clusters, "
+            f"{listed}): the {n_final} final centers explain these devices poorly. Try more clusters, "
             "n_local_clusters='auto', or refine with DistributedLloyd(init='kfed')")
 
 

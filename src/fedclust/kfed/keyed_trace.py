@@ -1,0 +1,358 @@
+"""The trace of the keyed weighted k-means++ server's step (:mod:`fedclust.kfed.keyed`):
+every start's seeds, candidates and potentials, and every weighted Lloyd iteration's
+centers, labels, cluster statistics and each device center's margins, what
+:mod:`fedclust.kfed.keyed_unlearn` follows to forget devices without running the step
+again; and the model's explanation warning worked out from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.kmeans import BLOCK, sum_by_label, update_centers
+from .downdate import CERTIFY_SLACK, plain_step
+from .keyed import KEYED_SERVER, SPARE, _starts, canonical, pick_start, row_keys
+from .server import POORLY_EXPLAINED_RADII, POORLY_EXPLAINED_SHARE, explanation_message
+
+__all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of"]
+
+
+@dataclass
+class _Run:
+    """One start's weighted Lloyd: centers c_t (T+1, k, d), labels A_t = nearest c_t
+    (T+1, N), the sums/weights/squared norms of A_t's clusters (less the forgotten rows),
+    rows that moved between A_{t-1} and A_t, each row's margin under c_t (sorted, per t)."""
+
+    cs: np.ndarray
+    A: np.ndarray
+    S: np.ndarray
+    W: np.ndarray
+    Q: np.ndarray
+    W0: np.ndarray
+    moved: list
+    order: list
+    margin_sorted: list
+    reason: str
+    runner_up: list = None   # per t (N,) int16: each row's second-nearest center under c_t
+    margin3: list = None     # per t (N,): third-nearest minus nearest distance (inf: k < 3)
+    rank: list = None        # per t (N,) int32: each row's position in ``order`` (for scrub)
+
+
+@dataclass
+class KeyedTrace:
+    ids: list[int]
+    offsets: np.ndarray
+    row_of: dict[int, int]
+    owner: np.ndarray
+    C: np.ndarray
+    w: np.ndarray
+    alive: np.ndarray
+    seed_device: int
+    ff_owners: np.ndarray
+    seeds: np.ndarray      # (S, k) rows of the keyed starts' seeds
+    cand: np.ndarray       # (S, k, L)
+    pots: np.ndarray       # (S, k, L) potentials less the forgotten rows' shares
+    pick: np.ndarray       # (S, k)
+    runs: list[_Run]
+    xsum: np.ndarray       # (d,) and (d,): per-feature sums over the remaining rows
+    xsq: np.ndarray
+    slack: float
+    scale2: float
+    max_iter: int
+    tol: float
+    local_centers: dict
+    local_counts: dict
+    center_labels: dict
+    rechecked: int = 0
+    #: why the last forget ran the step in full (None after a certified one)
+    fallback: str | None = None
+    seed: int = 0
+    keys: np.ndarray | None = None   # (N0,) uint64 row keys of the keyed draws
+    #: starts the last forget ran again in full over the remaining rows, with the reason
+    #: their trace could not be followed (0: the farthest-first start, s + 1: keyed start s)
+    reruns: dict = None
+    scatter: np.ndarray | None = None   # (N0,) each device center's scatter (its summary)
+    expl: Any = None   # _Explained: the explanation warning's reference
+    newly: np.ndarray | None = None   # rows the last forget removed (None: every dead row)
+
+    def scrub(self) -> None:
+        """Wipe what the trace held of the forgotten rows: their centers, weights, labels
+        and margins (a margin becomes its sorted neighbour's, so the order stays sorted;
+        those rows are never read again). Only the rows of the last forget are visited."""
+        dead = ~self.alive
+        gone = np.flatnonzero(dead) if self.newly is None else self.newly
+        self.newly = np.empty(0, np.int64)
+        if not len(gone):
+            return
+        self.C[gone] = 0.0
+        self.w[gone] = 0.0
+        if self.keys is not None:
+            self.keys[gone] = 0
+        if self.scatter is not None:
+            self.scatter[gone] = 0.0
+        for r in self.runs:
+            r.A[:, gone] = 0
+            if r.rank is None:
+                r.rank = [_rank(o) for o in r.order]
+            for m, o, rank, r2, m3 in zip(r.margin_sorted, r.order, r.rank, r.runner_up,
+                                          r.margin3):
+                _wipe_sorted(m, np.sort(rank[gone]), o, dead)
+                r2[gone] = 0
+                m3[gone] = 0.0
+        ex = self.expl
+        if ex is not None:
+            ex.labels[gone] = 0
+            ex.bad[gone] = False
+            if ex.rank is None:
+                ex.rank = _rank(ex.order)
+            _wipe_sorted(ex.gap_sorted, np.sort(ex.rank[gone]), ex.order, dead)
+
+
+def _rank(order: np.ndarray) -> np.ndarray:
+    """Each row's position in ``order``."""
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return rank
+
+
+def _wipe_sorted(m: np.ndarray, pos: np.ndarray, order: np.ndarray, dead: np.ndarray) -> None:
+    """Give the sorted positions ``pos`` (increasing), and the earlier wiped positions
+    just above them, the value of the nearest lower remaining row (-inf at the head): the
+    array stays sorted and holds nothing of the removed rows."""
+    n = len(m)
+    for p in pos.tolist():
+        v = m[p - 1] if p else -np.inf
+        m[p] = v
+        j = p + 1
+        # a run of wiped positions holds one value: where it already holds v, so does the rest
+        while j < n and dead[order[j]] and m[j] != v:
+            m[j] = v
+            j += 1
+
+
+#: two squared distances closer than this share of ``|x|^2 + max |c|^2`` may compare
+#: otherwise in a fresh run (its rounding, and the downdated centers' 1e-13 or so)
+TIE_RTOL = 1e-10
+
+
+def _labels_or_tie(X, centers) -> tuple[np.ndarray, bool]:
+    """Nearest center of each row, and whether some row's nearest and second-nearest
+    squared distances are within rounding (a fresh run might pick the other)."""
+    x_sq = np.einsum("ij,ij->i", X, X)
+    D = x_sq[:, None] - 2.0 * (X @ centers.T) + np.einsum("ij,ij->i", centers, centers)
+    if D.shape[1] == 1:
+        return np.zeros(len(X), dtype=np.int64), False
+    two = np.partition(D, 1, axis=1)[:, :2]
+    scale = x_sq + np.einsum("ij,ij->i", centers, centers).max()
+    return D.argmin(axis=1), bool((two[:, 1] - two[:, 0] <= TIE_RTOL * scale).any())
+
+
+def _assign_margin(X, centers, x_sq):
+    """:func:`assign`'s labels (the same blocks and expression, so the same bits), each
+    row's margin (second-nearest minus nearest distance), its second-nearest center and
+    the third-nearest minus nearest distance, from the same distances."""
+    n, k = len(X), len(centers)
+    labels = np.empty(n, dtype=np.int64)
+    margin = np.full(n, np.inf)
+    margin3 = np.full(n, np.inf)
+    runner = np.zeros(n, dtype=np.int64)
+    c_sq = (centers * centers).sum(axis=1)
+    for start in range(0, n, BLOCK):
+        D = x_sq[start:start + BLOCK][:, None] - 2.0 * (X[start:start + BLOCK] @ centers.T) \
+            + c_sq[None, :]
+        lab = D.argmin(axis=1)
+        labels[start:start + BLOCK] = lab
+        if k > 1:
+            np.maximum(D, 0.0, out=D)
+            m = min(k, 3)
+            idx = np.argpartition(D, m - 1, axis=1)[:, :m]
+            val = np.take_along_axis(D, idx, axis=1)
+            o = np.argsort(val, axis=1, kind="stable")
+            idx = np.take_along_axis(idx, o, axis=1)
+            val = np.sqrt(np.take_along_axis(val, o, axis=1))
+            block = slice(start, start + len(D))
+            margin[block] = val[:, 1] - val[:, 0]
+            # the runner-up: the nearer of the two first that is not the label (with a
+            # tie for nearest the margin is 0 and the row is always assigned again)
+            runner[block] = np.where(idx[:, 0] == lab, idx[:, 1], idx[:, 0])
+            if m == 3:
+                margin3[block] = val[:, 2] - val[:, 0]
+    return labels, margin, runner, margin3
+
+
+def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
+    """:func:`lloyd`'s loop (same kernels, same bits) keeping what a forget needs; None
+    where it relocated an emptied cluster."""
+    k = len(init)
+    centers = np.array(init, dtype=C.dtype, copy=True)
+    abs_tol = tol * c_var
+    cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
+    r2s, m3s = [], []
+    for _ in range(max_iter):
+        new_labels, margin, r2, m3 = _assign_margin(C, centers, c_sq)
+        A.append(new_labels)
+        mm.append(margin)
+        r2s.append(r2.astype(np.int16))
+        m3s.append(m3)
+        if labels is not None and np.array_equal(new_labels, labels):
+            reason = "labels"
+            break
+        labels = new_labels
+        new_centers, counts = update_centers(C, labels, k, w, centers, Cw)
+        if (counts == 0).any():
+            return None
+        shift = ((new_centers - centers) ** 2).sum()
+        centers = new_centers
+        cs.append(centers)
+        if shift <= abs_tol:
+            reason = "shift"
+            break
+    if reason != "labels":
+        lab, margin, r2, m3 = _assign_margin(C, centers, c_sq)
+        A.append(lab)
+        mm.append(margin)
+        r2s.append(r2.astype(np.int16))
+        m3s.append(m3)
+    A = np.stack(A)
+    T1, d = len(cs), C.shape[1]
+    S, W, Q = np.zeros((T1, k, d)), np.zeros((T1, k)), np.zeros((T1, k))
+    wq = w * c_sq
+    for t in range(T1):
+        sum_by_label(Cw, A[t], k, S[t])
+        W[t] = np.bincount(A[t], weights=w, minlength=k)
+        Q[t] = np.bincount(A[t], weights=wq, minlength=k)
+    moved = [np.empty(0, np.int64)] + [np.flatnonzero(A[t] != A[t - 1]) for t in range(1, T1)]
+    order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
+    run = _Run(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
+               [m[o] for m, o in zip(mm, order)], reason, r2s, m3s)
+    return run
+
+
+def applies(protocol: Any) -> bool:
+    """The protocol's server is the keyed one and nothing else changes its step."""
+    return plain_step(protocol, KEYED_SERVER)
+
+
+def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace | None:
+    """The trace of the keyed server's step over ``replies``, or None where no forget can
+    follow it (float32, an emptied cluster, fewer distinct rows than k)."""
+    if not applies(protocol):
+        return None
+    ids = sorted(replies)
+    centers = [replies[z].centers for z in ids]
+    if any(c.dtype != np.float64 for c in centers) or protocol.n_clusters > 32000:
+        return None
+    counts = [replies[z].counts for z in ids]
+    k = protocol.n_clusters
+    C = np.concatenate(centers, axis=0)
+    w = np.concatenate(counts).astype(np.float64)
+    offsets = np.cumsum([0] + [len(c) for c in centers])
+    owner = np.repeat(np.asarray(ids, dtype=np.int64), np.diff(offsets))
+    local_index = np.concatenate([np.arange(len(c)) for c in centers])
+    c_sq = (C * C).sum(axis=1)
+    c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
+    pos, ff, pp = _starts(C, k, w, c_sq, centers, owner, local_index, seed, SPARE)
+    if any(p is None for p in pp):
+        return None
+    Cw = C * w[:, None]
+    runs = []
+    for idx in [ff] + [p[0] for p in pp]:
+        run = _traced_lloyd(C, C[idx], w, Cw, c_sq, c_var, protocol.max_iter, protocol.tol)
+        if run is None:
+            return None
+        runs.append(run)
+    scale2 = float(c_sq.max())
+    return KeyedTrace(
+        list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
+        np.ones(len(C), bool), int(ids[pos]), owner[ff],
+        np.stack([p[0] for p in pp]), np.stack([p[1] for p in pp]),
+        np.stack([p[2] for p in pp]), np.stack([p[3] for p in pp]), runs,
+        C.sum(axis=0), (C * C).sum(axis=0), CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0)
+        * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
+        dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
+        keys=row_keys(seed, owner, local_index), reruns={},
+        scatter=_stacked_scatter(replies, ids, len(C)))
+
+
+def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndarray | None:
+    sc = [getattr(replies[z], "scatter", None) for z in ids]
+    if any(x is None for x in sc):
+        return None
+    out = np.concatenate([np.asarray(x, dtype=np.float64) for x in sc])
+    return out if len(out) == n else None
+
+
+@dataclass
+class _Explained:
+    """Which device centers their final center explained poorly at a reference (centers
+    ``ref``, labels ``labels``), with each row's gap ``sqrt(delta2) - sqrt(r2)`` sorted by
+    size: a row whose label stays keeps its flag while ``|gap|`` exceeds its center's shift
+    since the reference plus the rounding slack."""
+
+    ref: np.ndarray
+    labels: np.ndarray
+    bad: np.ndarray
+    order: np.ndarray
+    gap_sorted: np.ndarray
+    rank: np.ndarray | None = None
+
+
+def _poorly(tr: KeyedTrace, rows: np.ndarray, r2: np.ndarray, final: np.ndarray,
+            labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~fedclust.kfed.server.poorly_explained`'s flag (the same per-row arithmetic)
+    and the gap of the rows ``rows``."""
+    delta2 = ((tr.C[rows] - final[labels[rows]]) ** 2).sum(axis=1)
+    return delta2 > r2, np.sqrt(delta2) - np.sqrt(r2)
+
+
+def _warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray):
+    """``(warning, reference)``: :func:`~fedclust.kfed.server.explanation_warning` over the
+    remaining rows, from the stacked summaries (its sums are of integer counts, exact in any
+    order), the flags of rows far from the threshold kept from the reference; warning False
+    where the trace lacks the scatter."""
+    if tr.scatter is None:
+        return False, None
+    n = tr.w
+    multi = n > 1
+    r2 = np.maximum(tr.scatter, 0.0) / np.where(n > 0, n, 1.0)
+    spread = alive & multi
+    single = np.flatnonzero(alive & ~multi)
+    if len(single) and spread.any():   # the median of the others' r2 stands in for theirs
+        r2 = np.where(multi, r2, np.median(r2[spread]))
+    r2 = POORLY_EXPLAINED_RADII ** 2 * r2   # the threshold's squared radius, as the server's
+    ex = tr.expl
+    if ex is None:   # the reference: every row once (a single's gap -inf: always again)
+        rows = np.flatnonzero(alive)
+        bad_rows, gap = _poorly(tr, rows, r2[rows], final, labels)
+        bad = np.zeros(len(alive), bool)
+        bad[rows] = bad_rows
+        full = np.full(len(alive), -np.inf)
+        full[rows] = np.where(multi[rows], np.abs(gap), -np.inf)
+        order = np.argsort(full, kind="stable")
+        ex = _Explained(final.copy(), labels.copy(), bad, order, full[order])
+    else:
+        shift = np.sqrt(((final - ex.ref) ** 2).sum(axis=1))
+        cut = int(np.searchsorted(ex.gap_sorted, float(shift.max()) + tr.slack, side="right"))
+        rows = np.union1d(np.union1d(ex.order[:cut], np.flatnonzero(labels != ex.labels)),
+                          single)
+        rows = rows[alive[rows]]
+        bad = ex.bad.copy()
+        bad[rows] = _poorly(tr, rows, r2[rows], final, labels)[0]
+    keep = bad & alive
+    n_bad, n_all = float(n[keep].sum()), float(n[alive].sum())
+    if n_all <= 0 or n_bad <= POORLY_EXPLAINED_SHARE * n_all:
+        return None, ex
+    devs = np.unique(tr.owner[keep])   # ids are sorted: the fit's device order
+    return explanation_message(n_bad, n_all, devs.tolist(), len(final)), ex
+
+
+def best_of(runs) -> int | None:
+    inert = [_inertia(r.cs[-1], r.S[-1], r.W[-1], r.Q[-1]) for r in runs]
+    err = 1e-10 * max(float(sum(r.Q[-1].sum() for r in runs)), 1e-300)
+    return pick_start([canonical(r.A[-1]) for r in runs], inert, err)
+
+
+def _inertia(c, S, W, Q):
+    return float(Q.sum() - 2.0 * np.einsum("kd,kd->", c, S) + W @ (c * c).sum(axis=1))

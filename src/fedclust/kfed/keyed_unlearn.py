@@ -1,0 +1,400 @@
+"""Forgetting devices under the keyed weighted k-means++ server (:mod:`fedclust.kfed.keyed`)
+without running its step again.
+
+:func:`keyed_forget` follows the fit's trace (:mod:`fedclust.kfed.keyed_trace`) instead of
+running the step again, start by start:
+
+* seeds: a start keeps its seeds when no leaving row was a seed or a candidate and at
+  every step the pick's potential stays below every other candidate's after the
+  leaving rows' exact share is taken off, by more than a rounding slack;
+* Lloyd: per iteration the cluster sums lose the leaving rows' share; a remaining row
+  labelled a keeps its label while its margin to its runner-up r exceeds the shifts of
+  a and r since the fit, and its margin to the third-nearest center exceeds a's shift
+  plus the largest shift, each plus :data:`~fedclust.kfed.downdate.CERTIFY_SLACK`'s
+  allowance; the others are assigned again and the sums corrected. Lloyd's stop rules
+  (labels unchanged, shift at most ``tol`` times the variance, ``max_iter``) are decided
+  again, each only with a margin over rounding;
+* a start whose trace cannot be followed (a leaving seed or farthest-first pick, a near
+  tie, a stop rule within rounding, a run that goes on where the fit's stopped) is run
+  again in full over the remaining rows, stacked as a fresh step stacks them, so it
+  gives the fresh step's bits; it is traced as it runs, for the next forget;
+* the lowest cost between starts by strict ``<``, only with a margin over rounding.
+
+The explanation warning is worked out from the stacked summaries: a device center's
+flag (its final center farther than twice its RMS radius) is kept from a reference while its
+gap to the threshold exceeds its center's shift since then. A near tie between two
+starts' costs (or a start that cannot be traced) returns None: the server's step then
+runs in full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.kmeans import squared_distances
+from .downdate import forget_result
+from .keyed import KMEANS_PP_INIT, SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed_trace import KeyedTrace, _Run, _inertia, _labels_or_tie, _traced_lloyd, _warning
+from .server import farthest_first, pick_first_device
+
+__all__ = ["keyed_forget"]
+
+#: a row is assigned again at most this share of the rows per iteration; beyond, the
+#: start runs again
+_DOUBT_SHARE = 1.0
+
+#: a center shift this close (relative) to ``tol`` times the variance decides Lloyd's stop
+#: otherwise in a fresh run only by rounding
+SHIFT_RTOL = 1e-12
+
+
+class _Full(Exception):
+    """The forget cannot be certified: the server's step runs in full."""
+
+
+def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
+    """The keyed starts' potentials less the rows ``R``'s exact share, and per start why
+    its seeds could change (None where they cannot). ``alive``: the rows that remain."""
+    S, k, M = tr.cand.shape
+    L = n_trials(k)
+    CR, wR = tr.C[R], tr.w[R]
+    Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()]).reshape(len(R), S, k)
+    before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
+    before = np.concatenate([np.full((len(R), S, 1), np.inf), before[:, :, :-1]], axis=2)
+    valid = tr.cand >= 0
+    cand = np.where(valid, tr.cand, 0)
+    Dc = squared_distances(CR, tr.C[cand.ravel()]).reshape(len(R), S, k, M)
+    share = np.einsum("r,rskm->skm", wR, np.minimum(before[..., None], Dc))
+    pots = np.where(valid, tr.pots - share, np.inf)
+    # the new candidates: the first L remaining of the kept key order
+    left = valid & alive[cand]
+    rank = np.cumsum(left, axis=2)
+    inset = left & (rank <= L)
+    short = ((left.sum(axis=2) < L) & (valid.sum(axis=2) == M))[:, 1:].any(axis=1)
+    cmp = np.where(inset, pots, np.inf)[:, 1:]
+    b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
+    np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
+    slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
+        + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
+    near = (cmp.min(axis=2) <= b + slack).any(axis=1)
+    held = ~alive[tr.seeds].all(axis=1)
+    why = [("a leaving device holds a k-means++ seed" if held[s] else
+            "a leaving candidate and no spare key left" if short[s] else
+            "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
+            else None) for s in range(S)]
+    return pots, why
+
+
+def _replay(tr: KeyedTrace, run: _Run, var: float, var_err: float):
+    """The start's Lloyd without the forgotten rows: ``(centers, (rows, labels) whose label
+    differs from the fit's, t_final, (S, W, Q) per t, rechecked)``; raises _Full where not
+    certified. ``run``: the fit's run with its statistics less the forgotten rows
+    (:func:`_downdated`)."""
+    alive = tr.alive
+    T = len(run.cs) - 1
+    k = run.cs.shape[1]
+    abs_tol = tr.tol * var
+    n_alive = int(alive.sum())
+    c_t = run.cs[0]
+    none = np.empty(0, np.int64)
+    prev_rows, prev_lab = none, none
+    stop_now = False
+    newS, newW, newQ = [], [], []
+    rechecked = 0
+    for t in range(T + 1):
+        # per-center shifts s_j: a row labelled a keeps its label when its margin to the
+        # runner-up r exceeds s_a + s_r and its margin to the third exceeds s_a + max s
+        # (triangle inequality), plus the rounding slack; the sorted margins give the rows
+        # that could fail the coarser 2 max s first
+        sj = np.sqrt(((c_t - run.cs[t]) ** 2).sum(axis=1))
+        s = float(sj.max())
+        cut = int(np.searchsorted(run.margin_sorted[t], 2.0 * s + tr.slack, side="right"))
+        doubt = run.order[t][:cut].astype(np.int64)
+        a = run.A[t, doubt].astype(np.int64)
+        r = run.runner_up[t][doubt].astype(np.int64)
+        third = run.margin3[t][doubt] > sj[a] + s + tr.slack
+        sure = (run.margin_sorted[t][:cut] > sj[a] + sj[r] + tr.slack) & third
+        keep = ~sure & alive[doubt]
+        # where only the runner-up is in doubt, its distance and the label's are measured
+        # at the current centers (two distances instead of k)
+        pair = keep & third
+        if pair.any():
+            rows = doubt[pair]
+            X = tr.C[rows]
+            da = np.sqrt(((X - c_t[a[pair]]) ** 2).sum(axis=1))
+            dr = np.sqrt(((X - c_t[r[pair]]) ** 2).sum(axis=1))
+            keep[np.flatnonzero(pair)[dr - da > tr.slack]] = False
+        doubt, a = doubt[keep], a[keep]
+        if len(doubt) > _DOUBT_SHARE * n_alive:
+            raise _Full("too many rows to assign again")
+        rechecked += len(doubt)
+        ov_rows, ov_lab = none, none
+        Sx, Wx, Qx = run.S[t], run.W[t], run.Q[t]
+        if len(doubt):
+            Cd = tr.C[doubt]
+            lab, tie = _labels_or_tie(Cd, c_t)
+            if tie:
+                raise _Full("a reassigned row's nearest centers tie within rounding")
+            chg = lab != a
+            if chg.any():
+                ov_rows, ov_lab, old = doubt[chg], lab[chg], a[chg]
+                # the cluster statistics of the new labels A'_t
+                wv = tr.w[ov_rows]
+                cw = Cd[chg] * wv[:, None]
+                q = wv * (Cd[chg] ** 2).sum(axis=1)
+                to = np.concatenate([ov_lab, old])
+                Sx = Sx.copy()
+                np.add.at(Sx, to, np.concatenate([cw, -cw]))
+                Wx = Wx + np.bincount(to, weights=np.concatenate([wv, -wv]), minlength=k)
+                Qx = Qx + np.bincount(to, weights=np.concatenate([q, -q]), minlength=k)
+        newS.append(Sx), newW.append(Wx), newQ.append(Qx)
+        if stop_now:
+            return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
+        if t >= 1:   # Lloyd's first stop rule: labels unchanged
+            mv = run.moved[t]
+            mv = mv[alive[mv]]
+            if len(ov_rows) or len(prev_rows):
+                touched = np.union1d(ov_rows, prev_rows)
+                moved_new = len(np.setdiff1d(mv, touched, assume_unique=True)) > 0
+                if not moved_new:
+                    cur = run.A[t, touched].astype(np.int64)
+                    cur[np.searchsorted(touched, ov_rows)] = ov_lab
+                    before = run.A[t - 1, touched].astype(np.int64)
+                    before[np.searchsorted(touched, prev_rows)] = prev_lab
+                    moved_new = bool((cur != before).any())
+            else:
+                moved_new = len(mv) > 0
+            if not moved_new:
+                return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
+            if t == T:
+                raise _Full("the fit's run stopped with its labels, this one goes on")
+        if t == T:
+            raise _Full       # (not reached: the fit's stops set stop_now below)
+        if (Wx <= 1e-2 * run.W0[t]).any():
+            raise _Full("the fit's run ended here")
+        c_next = Sx / Wx[:, None]
+        shift = float(((c_next - c_t) ** 2).sum())
+        err = 2.0 * np.sqrt(shift) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
+            + tr.tol * var_err + SHIFT_RTOL * max(shift, abs_tol)
+        if abs(shift - abs_tol) <= err:
+            raise _Full("a center shift within rounding of tol x variance")
+        new_stop = shift <= abs_tol
+        old_stop = t + 1 == T and run.reason == "shift"
+        if old_stop and not new_stop:
+            raise _Full("the fit's run stopped by its shift, this one goes on")
+        stop_now = new_stop or t + 1 == tr.max_iter
+        prev_rows, prev_lab = ov_rows, ov_lab
+        c_t = c_next
+    raise _Full("the fit's run ended")
+
+
+@dataclass
+class _Remaining:
+    """The remaining rows stacked as a fresh step stacks them (same values, same order):
+    a start run again over them gives the fresh step's bits."""
+
+    rows: np.ndarray
+    C: np.ndarray
+    w: np.ndarray
+    c_sq: np.ndarray
+    c_var: float
+    Cw: np.ndarray
+
+
+def _remaining(tr: KeyedTrace, alive: np.ndarray) -> _Remaining:
+    rows = np.flatnonzero(alive)
+    C = tr.C[rows]
+    w = tr.w[rows]
+    return _Remaining(rows, C, w, (C * C).sum(axis=1),
+                      C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, C * w[:, None])
+
+
+def _expand(run: _Run, rows: np.ndarray, n0: int) -> _Run:
+    """A run traced over the remaining rows, indexed by the trace's rows (the others:
+    label 0, margin -inf, never read)."""
+    T1 = len(run.cs)
+    A = np.zeros((T1, n0), dtype=run.A.dtype)
+    A[:, rows] = run.A
+    order, margin_sorted = [], []
+    for o, m in zip(run.order, run.margin_sorted):
+        full = np.full(n0, -np.inf)
+        full[rows[o]] = m
+        oo = np.argsort(full, kind="stable").astype(np.int32)
+        order.append(oo)
+        margin_sorted.append(full[oo])
+    r2s, m3s = [], []
+    for r2, m3 in zip(run.runner_up, run.margin3):
+        a, b = np.zeros(n0, dtype=r2.dtype), np.zeros(n0)
+        a[rows], b[rows] = r2, m3
+        r2s.append(a)
+        m3s.append(b)
+    return _Run(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
+                margin_sorted, run.reason, r2s, m3s)
+
+
+def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int]):
+    """Start ``start`` (0: farthest-first, s + 1: keyed k-means++ start s) run again in full
+    over the remaining rows, as a fresh step runs it: ``(run, seeding)`` with seeding None
+    for the farthest-first start, else (seeds, cand, pots, pick) in the trace's rows; or
+    raises _Full where no trace can follow it (an emptied cluster, too few rows); the
+    farthest-first start also gives (its seed device, the owners of its picks)."""
+    k = tr.runs[0].cs.shape[1]
+    if start == 0:
+        centers = [tr.local_centers[z] for z in ids]
+        pos = pick_first_device(centers, "widest", None, stacked=rem.C)
+        offsets = np.cumsum([0] + [len(c) for c in centers])
+        idx = farthest_first(rem.C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
+        seeding = None
+    else:
+        pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], start - 1,
+                                   SPARE)
+        if pp is None:
+            raise _Full("fewer distinct rows than k")
+        idx = pp[0]
+        seeding = (rem.rows[pp[0]], np.where(pp[1] >= 0, rem.rows[np.maximum(pp[1], 0)], -1),
+                   pp[2], pp[3])
+    run = _traced_lloyd(rem.C, rem.C[idx], rem.w, rem.Cw, rem.c_sq, rem.c_var, tr.max_iter,
+                        tr.tol)
+    if run is None:
+        raise _Full("a start run again emptied a cluster")
+    ff = (int(ids[pos]), tr.owner[rem.rows[idx]]) if start == 0 else None
+    return _expand(run, rem.rows, len(tr.C)), seeding, ff
+
+
+#: run the whole step again (every start) rather than follow the trace when more than this
+#: many starts cannot be followed
+MAX_RERUNS = KMEANS_PP_INIT + 1
+
+
+def _downdated(run: _Run, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
+               k: int) -> _Run:
+    """The run's statistics at every iteration less the rows R (their labels unchanged)."""
+    T1, d = len(run.cs), run.S.shape[2]
+    idx = (np.arange(T1)[:, None] * k + run.A[:, R].astype(np.int64)).ravel()
+    S = run.S.reshape(T1 * k, d).copy()
+    np.subtract.at(S, idx, np.tile(CwR, (T1, 1)))
+    W = run.W.ravel() - np.bincount(idx, weights=np.tile(wR, T1), minlength=T1 * k)
+    Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
+    return _Run(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
+                run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
+                run.margin3, run.rank)
+
+
+def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
+                 drop: Sequence[int]):
+    """``(KFedResult, new trace)`` of the keyed server without the devices ``drop``, or
+    None where the step must run in full.
+
+    Each start follows its trace where it can be certified; a start that cannot (a leaving
+    seed or farthest-first pick, a run that goes on where the fit's stopped, a near tie) is
+    run again in full over the remaining rows, exactly as a fresh step runs it, and traced
+    for the next forget (``new.reruns``)."""
+    gone = {int(z) for z in drop}
+    trace.fallback = None
+    if not gone:
+        return None
+    if replies.keys() != trace.local_centers.keys() or not gone <= set(trace.ids):
+        return None
+    if trace.keys is None:
+        return None
+    R = np.concatenate([np.arange(trace.offsets[trace.row_of[z]],
+                                  trace.offsets[trace.row_of[z] + 1]) for z in sorted(gone)])
+    alive = trace.alive.copy()
+    alive[R] = False
+    n = int(alive.sum())
+    k = trace.runs[0].cs.shape[1]
+    if n < k:
+        return None
+    ids = [z for z in trace.ids if z not in gone]
+    old_alive = trace.alive
+    trace.alive = alive
+    reruns: dict[int, str] = {}
+    try:
+        if trace.seed_device in gone or gone & set(trace.ff_owners.tolist()):
+            reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
+        pots, why = _seeds_stable(trace, R, alive)
+        reruns.update({s + 1: y for s, y in enumerate(why) if y is not None})
+        xsum = trace.xsum - trace.C[R].sum(axis=0)
+        xsq = trace.xsq - (trace.C[R] ** 2).sum(axis=0)
+        var = float(np.mean(np.maximum(xsq / n - (xsum / n) ** 2, 0.0))) if n > 1 else 0.0
+        var_err = 1e-10 * float(np.mean(np.abs(xsq))) / n
+        outs: dict[int, tuple] = {}
+        CwR = trace.C[R] * trace.w[R][:, None]
+        qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
+        based: dict[int, _Run] = {}
+        for s, run in enumerate(trace.runs):
+            if s in reruns:
+                continue
+            based[s] = _downdated(run, R, CwR, trace.w[R], qR, k)
+            try:
+                outs[s] = _replay(trace, based[s], var, var_err)
+            except _Full as exc:
+                reruns[s] = exc.args[0] if exc.args else "uncertified"
+        if len(reruns) > MAX_RERUNS:
+            raise _Full(f"{len(reruns)} starts cannot be followed")
+        rem = _remaining(trace, alive) if reruns else None
+        new_runs: dict[int, tuple] = {}
+        for s in sorted(reruns):
+            new_runs[s] = _rerun(protocol, trace, rem, s, ids)
+            run = new_runs[s][0]
+            T = len(run.cs) - 1
+            outs[s] = (run.cs[-1], (np.empty(0, np.int64),) * 2, T, (run.S, run.W, run.Q),
+                       n * (T + 1))
+        order = range(len(trace.runs))
+        inert = [_inertia(outs[s][0], outs[s][3][0][outs[s][2]], outs[s][3][1][outs[s][2]],
+                          outs[s][3][2][outs[s][2]]) for s in order]
+        err = 1e-10 * max(float(sum(outs[s][3][2][outs[s][2]].sum() for s in order)), 1e-300)
+        finals = []
+        for s in order:
+            _, over, t, _, _ = outs[s]
+            run = new_runs[s][0] if s in new_runs else trace.runs[s]
+            lab = run.A[t].astype(np.int64)
+            lab[over[0]] = over[1]
+            finals.append(lab)
+        # two runs can end in one partition only with the same cluster weights (sums of
+        # integer counts: exact in any order); only those are numbered and compared
+        sizes = [tuple(np.sort(outs[s][3][1][outs[s][2]]).tolist()) for s in order]
+        parts = [canonical(f[alive]) if sizes.count(sizes[s]) > 1 else np.array([-1 - s])
+                 for s, f in enumerate(finals)]
+        b = pick_start(parts, inert, err)
+        if b is None:
+            raise _Full("two starts' costs within rounding")
+    except _Full as exc:
+        trace.fallback = exc.args[0] if exc.args else "uncertified"
+        return None
+    finally:
+        trace.alive = old_alive
+    centers, _, t_f, _, _ = outs[b]
+    labels = finals[b]
+    local_centers = {z: trace.local_centers[z] for z in ids}
+    local_counts = {z: trace.local_counts[z] for z in ids}
+    center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
+                     for z in ids}
+    seed_device, ff_owners = trace.seed_device, trace.ff_owners
+    if 0 in new_runs:
+        seed_device, ff_owners = new_runs[0][2]
+    warning, expl = _warning(trace, alive, centers, labels) if protocol.summarise \
+        else (False, None)
+    if trace.expl is None:   # the reference serves any later forget of this trace too
+        trace.expl = expl
+    result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
+                           center_labels, None, max(t_f, 1), warning)
+    # the new trace: the fit's trajectory less every forgotten row (cumulative), and the
+    # starts run again as they ran now
+    runs = [new_runs[s][0] if s in new_runs else based[s] for s in range(len(trace.runs))]
+    seeds, cand, pick = trace.seeds, trace.cand, trace.pick
+    if any(s > 0 for s in new_runs):
+        seeds, cand, pots, pick = seeds.copy(), cand.copy(), pots.copy(), pick.copy()
+        for s, (_, seeding, _) in new_runs.items():
+            if s > 0:
+                seeds[s - 1], cand[s - 1], pots[s - 1], pick[s - 1] = seeding
+    new = KeyedTrace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
+                     seed_device, ff_owners, seeds, cand, pots, pick, runs, xsum, xsq,
+                     trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
+                     local_counts, center_labels, sum(o[4] for o in outs.values()),
+                     seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
+                     expl=expl, newly=R)
+    return result, new
