@@ -5,7 +5,7 @@ import pytest
 
 from fedclust import KFed
 from fedclust.core.random import device_rng, device_uniforms
-from fedclust.kfed.batched import _cross, kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch
+from fedclust.kfed.batched import _cross, _subspace_batch, kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch
 from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
 
@@ -61,6 +61,24 @@ def test_subspace_projection_spans_top_singular_subspace(n, d, k):
     # the rank-1 device: projected distances equal those on the one informative axis
     P = X[1] @ V[1]
     np.testing.assert_allclose(np.linalg.norm(P, axis=1), np.abs(X[1, :, 0]), atol=1e-9)
+
+
+def test_wide_subspace_projection_on_every_path_spans_top_subspace():
+    # k = 10 of d = 64 (Householder bases): separated clusters converge in the plain
+    # sweeps, pure noise (a small eigengap) needs the squared sweeps or the eigh fallback
+    rng = np.random.default_rng(5)
+    B, n, d, k = 12, 300, 64, 10
+    means = 20.0 * rng.normal(size=(B, k, d))
+    X = means[:, rng.integers(0, k, n)] + rng.normal(size=(B, n, d))
+    X[6:] = rng.normal(size=(6, n, d)) * np.linspace(3.0, 1.0, d)
+    G = X.transpose(0, 2, 1) @ X
+    _, ok_plain = _subspace_batch(G, k, power_sweeps=0)
+    assert ok_plain[:6].all() and not ok_plain[6:].any()
+    V = projection_batch(X, k)
+    for b in range(B):
+        Vt = np.linalg.svd(X[b], full_matrices=False)[2][:k].T
+        np.testing.assert_allclose(V[b] @ V[b].T, Vt @ Vt.T, atol=1e-6)
+        np.testing.assert_allclose(V[b].T @ V[b], np.eye(k), atol=1e-10)
 
 
 def test_projection_matches_svd_both_shapes():

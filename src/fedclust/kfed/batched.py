@@ -102,12 +102,29 @@ def _top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
     return Q
 
 
-def _subspace_batch(G: np.ndarray, k: int, squarings: int = 3, sweeps: int = 3):
-    """Subspace iteration with G^(2^squarings), ``sweeps`` times; returns (Q, converged)."""
+def _subspace_batch(G: np.ndarray, k: int, sweeps: int = 4, squarings: int = 3,
+                    power_sweeps: int = 3):
+    """Subspace iteration on the top-k eigenspace of every G; returns (Q, converged).
+
+    ``sweeps`` plain sweeps ``Q <- orth(G Q)`` first (a d² k product each: enough when
+    the top-k eigenvalues stand well apart from the rest, as with separated clusters);
+    the devices whose basis still fails the residual test then take ``power_sweeps``
+    sweeps with ``G^(2^squarings)`` (d³ per squaring, but each sweep gains 2^squarings
+    plain ones).
+    """
     B, m, _ = G.shape
-    scale = np.trace(G, axis1=1, axis2=2)
+    norm = np.sqrt(np.einsum("bij,bij->b", G, G))
+    Q = _orth(G @ _start_basis(m, k))
+    for _ in range(sweeps):
+        Q = _orth(G @ Q)
+    ok = _converged(G, Q, norm)
+    bad = np.flatnonzero(~ok)
+    if len(bad) == 0:
+        return Q, ok
+    Gb = G[bad]
+    scale = np.trace(Gb, axis1=1, axis2=2)
     scale = np.where(scale > 0, scale, 1.0)
-    P = G / scale[:, None, None]                               # eigenvalues in [0, 1]
+    P = Gb / scale[:, None, None]                              # eigenvalues in [0, 1]
     # two buffers in turn: a fresh (B, m, m) result per squaring costs as much in page
     # faults as the product itself
     spare = np.empty_like(P)
@@ -115,17 +132,44 @@ def _subspace_batch(G: np.ndarray, k: int, squarings: int = 3, sweeps: int = 3):
         np.matmul(P, P, out=spare)
         P, spare = spare, P
     del spare
-    # A fixed start for every device (no randomness consumed): a ±1 pattern.
-    start = np.where((np.arange(m)[:, None] * 7 + np.arange(k)[None, :] * 3) % 5 < 2, -1.0, 1.0)
-    Q = _orthonormalize(G @ start)
-    for _ in range(sweeps):
-        Q = _orthonormalize(P @ Q)
+    Qb = Q[bad]
+    for _ in range(power_sweeps):
+        Qb = _orth(P @ Qb)
+    Q[bad] = Qb
+    ok[bad] = _converged(Gb, Qb, norm[bad])
+    return Q, ok
+
+
+def _start_basis(m: int, k: int) -> np.ndarray:
+    """A fixed (m, k) ±1 start for every device (no randomness consumed): a hash of (i, j),
+    so its columns are independent (a periodic pattern repeats columns)."""
+    i = np.arange(m, dtype=np.uint64)[:, None]
+    j = np.arange(k, dtype=np.uint64)[None, :]
+    h = i * np.uint64(0x9E3779B97F4A7C15) + j * np.uint64(0xC2B2AE3D27D4EB4F)
+    h ^= h >> np.uint64(29)
+    h *= np.uint64(0xBF58476D1CE4E5B9)   # splitmix64's mixer (wraps modulo 2^64)
+    h ^= h >> np.uint64(32)
+    return np.where(h & np.uint64(1), 1.0, -1.0)
+
+
+def _converged(G: np.ndarray, Q: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """Residual test: ‖G Q − Q (QᵀGQ)‖_F <= :data:`_SUBSPACE_RTOL` × ‖G‖_F, per device."""
     GQ = G @ Q
     R = GQ - Q @ (Q.transpose(0, 2, 1) @ GQ)
     res = np.sqrt(np.einsum("bij,bij->b", R, R))
-    norm = np.sqrt(np.einsum("bij,bij->b", G, G))
-    ok = np.isfinite(res) & (res <= _SUBSPACE_RTOL * np.maximum(norm, 1e-300))
-    return Q, ok
+    return np.isfinite(res) & (res <= _SUBSPACE_RTOL * np.maximum(norm, 1e-300))
+
+
+#: Gram–Schmidt (a few whole-batch operations per pair of columns) up to this many columns;
+#: wider bases take LAPACK's Householder QR, one small call per device
+_MGS_MAX_K = 3
+
+
+def _orth(Q: np.ndarray) -> np.ndarray:
+    """Orthonormal bases of the column spaces of (B, m, k) matrices (leading columns kept)."""
+    if Q.shape[2] <= _MGS_MAX_K:
+        return _orthonormalize(Q)
+    return np.linalg.qr(Q)[0]
 
 
 def _orthonormalize(Q: np.ndarray) -> np.ndarray:
