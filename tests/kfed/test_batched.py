@@ -5,7 +5,7 @@ import pytest
 
 from fedclust import KFed
 from fedclust.core.random import device_rng, device_uniforms
-from fedclust.kfed.batched import _cross, _subspace_batch, kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch
+from fedclust.kfed.batched import _cross, _labels_kept, _subspace_batch, kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch
 from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
 
@@ -131,6 +131,23 @@ def test_lloyd_batch_labels_are_nearest_to_the_returned_centers(max_iter, tol):
     for b in range(6):
         np.testing.assert_array_equal(L[b], _cross(X[b:b + 1], C[b:b + 1])[0].argmin(axis=1))
         np.testing.assert_array_equal(N[b], np.bincount(L[b], minlength=4))
+
+
+@pytest.mark.parametrize("spread", [0.05, 1.5])
+def test_lloyd_batch_stopped_by_the_shift_rule_returns_the_nearest_labels(spread):
+    # a large tol stops every device after one update: labels kept by the bound (separated
+    # groups) or assigned again (overlapping ones) are the nearest centers' all the same
+    rng = np.random.default_rng(3)
+    X = (np.arange(60) % 3)[None, :, None] * 2.0 + spread * rng.normal(size=(8, 60, 2))
+    init = X[:, [0, 1, 2]] + 0.01   # one point of each group
+    kept = _labels_kept(_cross(X, init), _cross(X, init).argmin(axis=2),
+                        np.einsum("bnd,bnd->bn", X, X), np.full((8, 3), 1e-4), init, init + 0.01)
+    assert kept.all() if spread < 1 else not kept.all()
+    C, L, N, it = lloyd_batch(X, init, max_iter=50, tol=1e6)
+    assert (it == 1).all()
+    for b in range(8):
+        np.testing.assert_array_equal(L[b], _cross(X[b:b + 1], C[b:b + 1])[0].argmin(axis=1))
+        np.testing.assert_array_equal(N[b], np.bincount(L[b], minlength=3))
 
 
 def test_kmeanspp_batch_leaves_its_input_alone_in_one_dimension():

@@ -278,9 +278,11 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
     centers = init.astype(X.dtype, copy=True)
     # tol x the mean feature variance, in one pass (np.var makes two full temporaries);
     # it only scales the stopping threshold, so the one-pass formula's rounding is harmless
+    # (the rows' squared norms also bound the final assignment below)
+    x2 = np.einsum("bnd,bnd->bn", X, X)
     if n > 1:
         mean = X.mean(axis=1)
-        var = np.einsum("bnd,bnd->b", X, X) / n - np.einsum("bd,bd->b", mean, mean)
+        var = x2.sum(axis=1) / n - np.einsum("bd,bd->b", mean, mean)
         abs_tol = tol * np.maximum(var, 0.0) / d
     else:
         abs_tol = np.zeros(B)
@@ -315,10 +317,15 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
                 mind = np.maximum(D[j, np.arange(n), new[j]] + x2, 0.0)
                 upd[j], new[j], counts[j] = relocate_empty_centers(
                     Xa[j], new[j].copy(), upd[j], counts[j].copy(), mind, None)
-        shift = ((upd - Ca) ** 2).sum(axis=(1, 2))
+        moves = ((upd - Ca) ** 2).sum(axis=2)
+        shift = moves.sum(axis=1)
         centers[a] = upd
         labels[a] = new
-        active[a[shift <= abs_tol[a]]] = False
+        stop = shift <= abs_tol[a]
+        if stop.any():
+            active[a[stop]] = False
+            s_ = np.flatnonzero(stop)
+            fresh[a[s_]] = _labels_kept(D[s_], new[s_], x2[a[s_]], moves[s_], Ca[s_], upd[s_])
     stale = np.flatnonzero(~fresh)   # centers moved after their last assignment
     if len(stale) == B:
         labels = _cross(X, centers).argmin(axis=2)
@@ -326,6 +333,33 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         labels[stale] = _cross(X[stale], centers[stale]).argmin(axis=2)
     counts = (labels[:, :, None] == np.arange(k)[None, None, :]).sum(axis=1)
     return centers, labels, counts, np.maximum(n_iter, 1)
+
+
+def _labels_kept(D: np.ndarray, labels: np.ndarray, x2: np.ndarray, moves: np.ndarray,
+                 old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Devices whose every point is provably still nearest its center after the centers
+    moved (Hamerly's bound), so the final assignment pass can be skipped: (B,) bool.
+
+    D (B, n, k) is ``‖c‖² − 2 x·c`` for the ``old`` centers, ``labels`` its argmin, x2
+    (B, n) the rows' squared norms, ``moves`` (B, k) each center's squared shift. A point
+    keeps its label when its distance to its own center plus that center's shift stays
+    below its distance to the second nearest less the largest shift (triangle inequality),
+    by a margin far above the rounding of the squared distances, so the recomputed argmin
+    could not differ.
+    """
+    B, n, k = D.shape
+    if k == 1:
+        return np.ones(B, dtype=bool)
+    own = np.take_along_axis(D, labels[:, :, None], axis=2)[:, :, 0]
+    np.put_along_axis(D, labels[:, :, None], np.inf, axis=2)
+    second = D.min(axis=2)
+    step = np.sqrt(moves)
+    upper = np.sqrt(np.maximum(own + x2, 0.0)) + np.take_along_axis(step, labels, axis=1)
+    lower = np.sqrt(np.maximum(second + x2, 0.0)) - step.max(axis=1)[:, None]
+    c2 = np.maximum(np.einsum("bkd,bkd->bk", old, old).max(axis=1),
+                    np.einsum("bkd,bkd->bk", new, new).max(axis=1))
+    margin = 1e-9 * (x2 + c2[:, None])
+    return ((lower > 0) & (upper * upper + margin < lower * lower)).all(axis=1)
 
 
 def spectral_kmeans_batch(X: np.ndarray, k: int, uniforms: np.ndarray, *, max_iter: int = 300,
