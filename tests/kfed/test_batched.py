@@ -156,3 +156,33 @@ def test_kmeanspp_batch_leaves_its_input_alone_in_one_dimension():
     before = P.copy()
     kmeanspp_batch(P, 4, rng.random((3, n_uniforms(4))))
     np.testing.assert_array_equal(P, before)
+
+
+@pytest.mark.parametrize("chunk_devices", [2, 30])
+def test_large_devices_non_finite_one_gets_its_own_error_and_the_others_their_steps(
+        chunk_devices):
+    # large devices are tested for finite values where each stacked chunk is copied (one
+    # chunk, or several through the reused buffer); the protocol then runs the group one by
+    # one: the bad device gets its own error, the others the same step as alone
+    from fedclust.core.exceptions import ValidationError
+    from fedclust.core.protocol import Request
+    from fedclust.kfed import local as local_mod
+    from fedclust.kfed.protocol import ACTION, KFedProtocol
+
+    devs = _devices(6, 600, 10, 3, seed=4)   # 6,000 values each: stacked in chunks
+    devs[4] = devs[4].copy()
+    devs[4][17, 2] = np.inf
+    proto = KFedProtocol(5, 3)
+    states = {z: {} for z in range(6)}
+    old = local_mod.LARGE_BATCH_ELEMENTS
+    local_mod.LARGE_BATCH_ELEMENTS = chunk_devices * 6000
+    try:
+        batches, out = proto.client_steps_stacked(Request(round=0, action=ACTION),
+                                                  dict(enumerate(devs)), seed=2, states=states)
+    finally:
+        local_mod.LARGE_BATCH_ELEMENTS = old
+    assert batches == [] and isinstance(out[4], ValidationError) and "device 4" in str(out[4])
+    for z in (0, 1, 2, 3, 5):
+        ref = local_kmeans(devs[z], 3, device_rng(2, z, 0),
+                           uniforms=device_uniforms(2, [z], 0, n_uniforms(3))[0])
+        np.testing.assert_allclose(out[z].centers, ref.message.centers, rtol=1e-12, atol=1e-12)
