@@ -106,6 +106,24 @@ def test_kmeanspp_batch_distinct_and_follows_uniforms():
     assert all(len(set(row)) == 5 for row in idx.tolist())
 
 
+@pytest.mark.parametrize("k", [1, 2, 6])
+def test_kmeanspp_batch_nearest_seeds_match_distances_to_the_seeds(k):
+    # the two nearest seeds tracked during the seeding, against the distances to the
+    # returned seeds computed afresh (ties: a point duplicated onto a seed has distance 0)
+    rng = np.random.default_rng(k)
+    P = np.repeat(rng.normal(size=(5, 20, 3)), 2, axis=1)
+    U = rng.random((5, n_uniforms(k)))
+    idx, near, d1, d2 = kmeanspp_batch(P, k, U, nearest=True)
+    np.testing.assert_array_equal(idx, kmeanspp_batch(P, k, U))   # the same seeds
+    for b in range(5):
+        D = ((P[b][:, None, :] - P[b][idx[b]][None]) ** 2).sum(axis=2)     # (n, k)
+        S = np.sort(D, axis=1)
+        np.testing.assert_allclose(d1[b], S[:, 0], atol=1e-12)
+        np.testing.assert_allclose(d2[b], S[:, 1] if k > 1 else np.inf, atol=1e-12)
+        clear = S[:, 1] - S[:, 0] > 1e-9 if k > 1 else np.ones(len(D), dtype=bool)
+        np.testing.assert_array_equal(near[b][clear], D.argmin(axis=1)[clear])
+
+
 def test_overlapping_clusters_do_not_collapse_to_singletons():
     # c = 5: means 5σ apart while points lie ~10σ from their mean (d = 100). The
     # ⅓-filter keeps only a few points per seed here; those θ_r must not pin

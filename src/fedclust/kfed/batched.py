@@ -35,14 +35,6 @@ def n_uniforms(k: int) -> int:
     return 1 + (k - 1) * n_trials(k)
 
 
-def _sqdist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """(B, n, d) x (B, m, d) -> (B, n, m) squared distances, clipped at 0."""
-    D = (np.einsum("bnd,bnd->bn", X, X)[:, :, None] - 2.0 * (X @ C.transpose(0, 2, 1))
-         + np.einsum("bmd,bmd->bm", C, C)[:, None, :])
-    np.maximum(D, 0.0, out=D)
-    return D
-
-
 def projection_batch(X: np.ndarray, k: int) -> np.ndarray:
     """An orthonormal basis of every device's top-k right singular subspace, (B, d, k).
 
@@ -205,32 +197,42 @@ def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:
 _SEARCH_MIN_N = 128
 
 
-def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
-    """Greedy k-means++ (as scikit-learn) on every device; returns (B, k) row indices."""
+def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray, *, nearest: bool = False):
+    """Greedy k-means++ (as scikit-learn) on every device; returns (B, k) row indices.
+
+    ``nearest=True`` also returns, from the distances the seeding computes anyway, every
+    point's nearest seed (B, n) (the first on a tie, as ``argmin``) and its squared
+    distances to the nearest and to the second nearest seed (B, n) each (``inf`` for k = 1).
+    """
     B, n, _ = P.shape
     T = n_trials(k)
     rows = np.arange(B)
     idx = np.empty((B, k), dtype=np.int64)
     idx[:, 0] = _inverse_cdf(np.ones((B, n)), uniforms[:, :1])[:, 0]
-    # candidates' distances laid out (B, T, n): the potential is a sum along the last axis
-    # −2 Pᵀ once: scaling by a power of two is exact (the scale check keeps products far
-    # from overflow and underflow), so Pc @ (−2 Pᵀ) has the bits of −2 (Pc @ Pᵀ) and
-    # each step makes one pass fewer over its (B, T, n) distances
-    Pt = np.empty((B, P.shape[2], n), dtype=P.dtype)           # (B, kp, n), a new array
-    np.multiply(P.transpose(0, 2, 1), -2.0, out=Pt)
-    PP = np.einsum("bnd,bnd->bn", P, P)
+    # candidates' distances laid out (B, T, n): the potential is a sum along the last axis.
+    # One product gives them whole: rows [−2 Pᵀ; ‖p‖²; 1] against [c, 1, ‖c‖²] (scaling by
+    # a power of two is exact; the scale check keeps products far from overflow and
+    # underflow), instead of a product and two passes adding the norms
+    kp = P.shape[2]
+    Pt = np.empty((B, kp + 2, n), dtype=P.dtype)               # (B, kp + 2, n)
+    np.multiply(P.transpose(0, 2, 1), -2.0, out=Pt[:, :kp])
+    np.einsum("bnd,bnd->bn", P, P, out=Pt[:, kp])
+    Pt[:, kp + 1] = 1.0
 
     def sqdist_to(cand: np.ndarray) -> np.ndarray:             # (B, t) rows -> (B, t, n)
-        Pc = P[rows[:, None], cand]
+        Pc = np.empty(cand.shape + (kp + 2,), dtype=P.dtype)
+        Pc[:, :, :kp] = P[rows[:, None], cand]
+        Pc[:, :, kp] = 1.0
+        np.einsum("btd,btd->bt", Pc[:, :, :kp], Pc[:, :, :kp], out=Pc[:, :, kp + 1])
         D = Pc @ Pt
-        D += PP[:, None, :]
-        D += np.einsum("btd,btd->bt", Pc, Pc)[:, :, None]
         np.maximum(D, 0.0, out=D)
         return D
 
     closest = sqdist_to(idx[:, :1])[:, 0]
     chosen = np.zeros((B, n), dtype=bool)
     chosen[rows, idx[:, 0]] = True
+    near = np.zeros((B, n), dtype=np.int64)
+    second = np.full((B, n), np.inf, dtype=closest.dtype)
     for c in range(1, k):
         p = closest
         flat = p.sum(axis=1) <= 0  # every point sits on a center: pick among unchosen rows
@@ -239,11 +241,19 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
             p[flat] = (~chosen[flat]).astype(p.dtype)
         u = uniforms[:, 1 + (c - 1) * T: 1 + c * T]
         cand = _inverse_cdf(p, u)                                  # (B, T)
-        d_cand = np.minimum(closest[:, None, :], sqdist_to(cand))  # (B, T, n)
+        D = sqdist_to(cand)
+        d_cand = np.minimum(closest[:, None, :], D)                # (B, T, n)
         best = d_cand.sum(axis=2).argmin(axis=1)
         idx[:, c] = cand[rows, best]
+        if nearest:   # the new seed's distances: update the two nearest
+            new = D[rows, best]
+            closer = new < closest
+            np.minimum(second, np.where(closer, closest, new), out=second)
+            near[closer] = c
         closest = d_cand[rows, best]
         chosen[rows, idx[:, c]] = True
+    if nearest:
+        return idx, near, closest, second
     return idx
 
 
@@ -259,7 +269,7 @@ def _cross(X: np.ndarray, C: np.ndarray) -> np.ndarray:
     """(B, n, d) x (B, m, d) -> (B, n, m): ``‖c‖² − 2 x·c``, the squared distance less ‖x‖².
 
     Enough for every nearest-center choice (‖x‖² is the same for all centers of a row),
-    and one pass over X fewer than :func:`_sqdist`.
+    and one pass over X fewer than the full squared distances.
     """
     D = X @ C.transpose(0, 2, 1)
     D *= -2.0
@@ -384,17 +394,11 @@ def spectral_seed_batch(X: np.ndarray, k: int, uniforms: np.ndarray, *, project:
         P = X @ V
     else:
         V, P = None, X
-    seed_idx = kmeanspp_batch(P, k, uniforms)
+    # the seeding's own distances give each point's nearest seed and its second nearest
+    seed_idx, nearest, d1, d2 = kmeanspp_batch(P, k, uniforms, nearest=True)
     rows = np.arange(B)[:, None]
     seeds = P[rows, seed_idx]                                  # (B, k, kp)
-    D = _sqdist(P, seeds)
-    nearest = D.argmin(axis=2)
-    if k > 1:
-        d1 = np.take_along_axis(D, nearest[:, :, None], axis=2)[:, :, 0]
-        np.put_along_axis(D, nearest[:, :, None], np.inf, axis=2)
-        keep = 9.0 * d1 <= D.min(axis=2)  # ‖Â_i − ν_r‖ ≤ ⅓‖Â_i − ν_s‖ for every s ≠ r
-    else:
-        keep = np.ones((B, n), dtype=bool)
+    keep = 9.0 * d1 <= d2   # ‖Â_i − ν_r‖ ≤ ⅓‖Â_i − ν_s‖ for every s ≠ r (all points if k = 1)
     sums, counts = _means(X, nearest, k, keep)
     # A filtered set S_r with only a handful of points gives a θ_r that sits on
     # those points in the full space, and Lloyd then keeps them as a near-singleton
