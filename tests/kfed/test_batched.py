@@ -152,20 +152,21 @@ def test_lloyd_batch_labels_are_nearest_to_the_returned_centers(max_iter, tol):
 
 
 @pytest.mark.parametrize("spread", [0.05, 1.5])
-def test_lloyd_batch_stopped_by_the_shift_rule_returns_the_nearest_labels(spread):
+@pytest.mark.parametrize("g", [3, 6])
+def test_lloyd_batch_stopped_by_the_shift_rule_returns_the_nearest_labels(spread, g):
     # a large tol stops every device after one update: labels kept by the bound (separated
     # groups) or assigned again (overlapping ones) are the nearest centers' all the same
     rng = np.random.default_rng(3)
-    X = (np.arange(60) % 3)[None, :, None] * 2.0 + spread * rng.normal(size=(8, 60, 2))
-    init = X[:, [0, 1, 2]] + 0.01   # one point of each group
+    X = (np.arange(60) % g)[None, :, None] * 2.0 + spread * rng.normal(size=(8, 60, 2))
+    init = X[:, :g] + 0.01   # one point of each group
     kept = _labels_kept(_cross(X, init), _cross(X, init).argmin(axis=2),
-                        np.einsum("bnd,bnd->bn", X, X), np.full((8, 3), 1e-4), init, init + 0.01)
+                        np.einsum("bnd,bnd->bn", X, X), np.full((8, g), 1e-4), init, init + 0.01)
     assert kept.all() if spread < 1 else not kept.all()
     C, L, N, it = lloyd_batch(X, init, max_iter=50, tol=1e6)
     assert (it == 1).all()
     for b in range(8):
         np.testing.assert_array_equal(L[b], _cross(X[b:b + 1], C[b:b + 1])[0].argmin(axis=1))
-        np.testing.assert_array_equal(N[b], np.bincount(L[b], minlength=3))
+        np.testing.assert_array_equal(N[b], np.bincount(L[b], minlength=g))
 
 
 def test_kmeanspp_batch_leaves_its_input_alone_in_one_dimension():
@@ -204,3 +205,18 @@ def test_large_devices_non_finite_one_gets_its_own_error_and_the_others_their_st
         ref = local_kmeans(devs[z], 3, device_rng(2, z, 0),
                            uniforms=device_uniforms(2, [z], 0, n_uniforms(3))[0])
         np.testing.assert_allclose(out[z].centers, ref.message.centers, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 7])
+def test_nearest_center_helpers_match_argmin_and_bincount(k):
+    from fedclust.kfed.batched import _argmin_last, _counts
+
+    rng = np.random.default_rng(k)
+    D = rng.integers(0, 3, size=(6, 50, k)).astype(float)   # many ties: the first one wins
+    D[0, :5] = np.inf
+    idx = _argmin_last(D)
+    np.testing.assert_array_equal(idx, D.argmin(axis=2))
+    assert idx.dtype == np.int64
+    labels = np.where(rng.random((6, 50)) < 0.2, k, idx)     # label k: not counted
+    np.testing.assert_array_equal(
+        _counts(labels, k), [np.bincount(row[row < k], minlength=k) for row in labels])

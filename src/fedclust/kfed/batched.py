@@ -262,7 +262,35 @@ def _means(X: np.ndarray, labels: np.ndarray, k: int, mask: np.ndarray | None = 
     onehot = (labels[:, :, None] == np.arange(k)[None, None, :]).astype(X.dtype)
     if mask is not None:
         onehot *= mask[:, :, None]
-    return onehot.transpose(0, 2, 1) @ X, onehot.sum(axis=1)
+        labels = np.where(mask, labels, k)   # counted in a spare bin
+    return onehot.transpose(0, 2, 1) @ X, _counts(labels, k).astype(X.dtype)
+
+
+def _counts(labels: np.ndarray, k: int) -> np.ndarray:
+    """(B, n) labels in 0..k (k: not counted) -> (B, k) int64 counts, one bincount."""
+    B = len(labels)
+    flat = (labels + (k + 1) * np.arange(B)[:, None]).ravel()
+    return np.bincount(flat, minlength=B * (k + 1)).reshape(B, k + 1)[:, :k]
+
+
+#: nearest of at most this many centers: a comparison pass per center (``argmin`` along a
+#: short last axis costs several times more)
+_COLUMN_LOOP_MAX_K = 4
+
+
+def _argmin_last(D: np.ndarray) -> np.ndarray:
+    """``D.argmin(axis=2)`` (the first minimum on a tie) as int64, (B, n, k) -> (B, n)."""
+    k = D.shape[2]
+    if k > _COLUMN_LOOP_MAX_K:
+        return D.argmin(axis=2)
+    best = D[:, :, 0].copy()
+    idx = np.zeros(best.shape, dtype=np.int64)
+    for j in range(1, k):
+        col = D[:, :, j]
+        closer = col < best
+        idx[closer] = j
+        np.minimum(best, col, out=best)
+    return idx
 
 
 def _cross(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -291,8 +319,8 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
     # (the rows' squared norms also bound the final assignment below)
     x2 = np.einsum("bnd,bnd->bn", X, X)
     if n > 1:
-        mean = X.mean(axis=1)
-        var = x2.sum(axis=1) / n - np.einsum("bd,bd->b", mean, mean)
+        mean = (np.ones((1, n), dtype=X.dtype) @ X)[:, 0] / n   # a reduction down short
+        var = x2.sum(axis=1) / n - np.einsum("bd,bd->b", mean, mean)   # rows is slow
         abs_tol = tol * np.maximum(var, 0.0) / d
     else:
         abs_tol = np.zeros(B)
@@ -309,7 +337,7 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         # all devices active (the common first rounds): views, no copy of X
         Xa, Ca = (X, centers) if len(a) == B else (X[a], centers[a])
         D = _cross(Xa, Ca)
-        new = D.argmin(axis=2)
+        new = _argmin_last(D)
         same = (new == labels[a]).all(axis=1)
         active[a[same]] = False           # labels unchanged: converged at the previous round
         fresh[a[same]] = True
@@ -323,8 +351,8 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         upd = np.where(counts[:, :, None] > 0, sums / np.maximum(counts, 1)[:, :, None], Ca)
         for j in np.flatnonzero((counts == 0).any(axis=1)):
             if n >= k:  # rare: move empty centers to far points, exactly as the serial Lloyd
-                x2 = np.einsum("nd,nd->n", Xa[j], Xa[j])
-                mind = np.maximum(D[j, np.arange(n), new[j]] + x2, 0.0)
+                xj2 = np.einsum("nd,nd->n", Xa[j], Xa[j])
+                mind = np.maximum(D[j, np.arange(n), new[j]] + xj2, 0.0)
                 upd[j], new[j], counts[j] = relocate_empty_centers(
                     Xa[j], new[j].copy(), upd[j], counts[j].copy(), mind, None)
         moves = ((upd - Ca) ** 2).sum(axis=2)
@@ -338,10 +366,10 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
             fresh[a[s_]] = _labels_kept(D[s_], new[s_], x2[a[s_]], moves[s_], Ca[s_], upd[s_])
     stale = np.flatnonzero(~fresh)   # centers moved after their last assignment
     if len(stale) == B:
-        labels = _cross(X, centers).argmin(axis=2)
+        labels = _argmin_last(_cross(X, centers))
     elif len(stale):
-        labels[stale] = _cross(X[stale], centers[stale]).argmin(axis=2)
-    counts = (labels[:, :, None] == np.arange(k)[None, None, :]).sum(axis=1)
+        labels[stale] = _argmin_last(_cross(X[stale], centers[stale]))
+    counts = _counts(labels, k)
     return centers, labels, counts, np.maximum(n_iter, 1)
 
 
@@ -360,9 +388,18 @@ def _labels_kept(D: np.ndarray, labels: np.ndarray, x2: np.ndarray, moves: np.nd
     B, n, k = D.shape
     if k == 1:
         return np.ones(B, dtype=bool)
-    own = np.take_along_axis(D, labels[:, :, None], axis=2)[:, :, 0]
-    np.put_along_axis(D, labels[:, :, None], np.inf, axis=2)
-    second = D.min(axis=2)
+    if k > _COLUMN_LOOP_MAX_K:
+        own = np.take_along_axis(D, labels[:, :, None], axis=2)[:, :, 0]
+        np.put_along_axis(D, labels[:, :, None], np.inf, axis=2)
+        second = D.min(axis=2)
+    else:   # one pass per center (short last axes reduce slowly)
+        own = np.empty(labels.shape, dtype=D.dtype)
+        second = np.full(labels.shape, np.inf, dtype=D.dtype)
+        for j in range(k):
+            col = D[:, :, j]
+            is_j = labels == j
+            own[is_j] = col[is_j]
+            np.minimum(second, np.where(is_j, np.inf, col), out=second)
     step = np.sqrt(moves)
     upper = np.sqrt(np.maximum(own + x2, 0.0)) + np.take_along_axis(step, labels, axis=1)
     lower = np.sqrt(np.maximum(second + x2, 0.0)) - step.max(axis=1)[:, None]
