@@ -5,7 +5,8 @@ import pytest
 
 from fedclust import KFed
 from fedclust.core.random import device_rng, device_uniforms
-from fedclust.kfed.batched import _cross, _labels_kept, _subspace_batch, kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch
+from fedclust.kfed.batched import (_cross, _labels_kept, _subspace_batch, kmeanspp_batch,
+                                   lloyd_batch, n_uniforms, projection_batch)
 from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
 
@@ -152,14 +153,16 @@ def test_lloyd_batch_labels_are_nearest_to_the_returned_centers(max_iter, tol):
 
 
 @pytest.mark.parametrize("spread", [0.05, 1.5])
-@pytest.mark.parametrize("g,d", [(3, 2), (6, 2), (6, 64)])
-def test_lloyd_batch_stopped_by_the_shift_rule_returns_the_nearest_labels(spread, g, d):
+@pytest.mark.parametrize("g,d,dtype", [(3, 2, np.float64), (6, 2, np.float64),
+                                       (6, 64, np.float64), (6, 64, np.float32)])
+def test_lloyd_batch_stopped_by_the_shift_rule_returns_the_nearest_labels(spread, g, d, dtype):
     # a large tol stops every device after one update: labels kept by the bound (separated
     # groups, d x k large enough for lloyd_batch to use it) or assigned again (overlapping
     # ones) are the nearest centers' all the same
     rng = np.random.default_rng(3)
     X = spread * rng.normal(size=(8, 60, d))
     X[:, :, 0] += (np.arange(60) % g) * 2.0
+    X = X.astype(dtype)
     init = X[:, :g] + 0.01   # one point of each group
     kept = _labels_kept(_cross(X, init), _cross(X, init).argmin(axis=2),
                         np.einsum("bnd,bnd->bn", X, X), np.full((8, g), 1e-4), init, init + 0.01)

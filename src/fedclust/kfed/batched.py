@@ -403,7 +403,9 @@ def _labels_kept(D: np.ndarray, labels: np.ndarray, x2: np.ndarray, moves: np.nd
     lower = np.sqrt(np.maximum(second + x2, 0.0)) - step.max(axis=1)[:, None]
     c2 = np.maximum(np.einsum("bkd,bkd->bk", old, old).max(axis=1),
                     np.einsum("bkd,bkd->bk", new, new).max(axis=1))
-    margin = 1e-9 * (x2 + c2[:, None])
+    # a dot product of d terms is off by at most about d ε (‖x‖² + ‖c‖²)
+    d = old.shape[2]
+    margin = max(1e-9, 8 * (d + 2) * float(np.finfo(D.dtype).eps)) * (x2 + c2[:, None])
     safe = (lower > 0) & (upper * upper + margin < lower * lower) & (nearest == labels)
     return safe.all(axis=1)
 
