@@ -58,11 +58,13 @@ every phase through ``/proc/self/clear_refs``) minus the resident size before
 the phase, i.e. the extra memory the phase needed on top of the data.
 
 Where the time goes (one thread, ``docs/reproducing.md`` has the measured table): on
-``large-1000x1000`` the devices' dense maths, about 1.7 ms of CPU per device (Gram
-matrix and subspace iteration, k-means++ on the projection, filtered seeds, Lloyd),
-plus the input checks' read of the rows; on ``tiny-5e4x20`` about 12 µs of batched
-maths per device, the input checks, the server step on 10^5 device centers
-(~0.13 s) and the per-device Python of messages, states and labels.
+``large-1000x1000`` the devices' dense maths, about 1.2 ms of CPU per device (Gram
+matrix 0.25 ms, subspace iteration 0.1 ms, k-means++ on the projection 0.22 ms,
+projection and filtered seeds 0.25 ms, Lloyd 0.4 ms), plus the input checks' reads of
+the rows and the stacking copy; on ``tiny-5e4x20`` about 8 µs of batched maths per
+device (projection 3 µs, seeds 2 µs, Lloyd 2.5 µs), the input checks, the server step
+on 10^5 device centers (~0.13 s) and the per-device Python of messages, states, labels
+and the byte meter.
 
 Checks: k-FED end to end no slower than scikit-learn on the
 pooled data, k-means cost within 5% of it; server step for 10^5 devices'

@@ -5,7 +5,8 @@ import pytest
 
 from fedclust import KFed
 from fedclust.core.random import device_rng, device_uniforms
-from fedclust.kfed.batched import _cross, kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch
+from fedclust.kfed.batched import (_cross, _labels_kept, _subspace_batch, kmeanspp_batch,
+                                   lloyd_batch, n_uniforms, projection_batch)
 from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
 
@@ -63,6 +64,24 @@ def test_subspace_projection_spans_top_singular_subspace(n, d, k):
     np.testing.assert_allclose(np.linalg.norm(P, axis=1), np.abs(X[1, :, 0]), atol=1e-9)
 
 
+def test_wide_subspace_projection_on_every_path_spans_top_subspace():
+    # k = 10 of d = 64 (Householder bases): separated clusters converge in the plain
+    # sweeps, pure noise (a small eigengap) needs the squared sweeps or the eigh fallback
+    rng = np.random.default_rng(5)
+    B, n, d, k = 12, 300, 64, 10
+    means = 20.0 * rng.normal(size=(B, k, d))
+    X = means[:, rng.integers(0, k, n)] + rng.normal(size=(B, n, d))
+    X[6:] = rng.normal(size=(6, n, d)) * np.linspace(3.0, 1.0, d)
+    G = X.transpose(0, 2, 1) @ X
+    _, ok_plain = _subspace_batch(G, k, power_sweeps=0)
+    assert ok_plain[:6].all() and not ok_plain[6:].any()
+    V = projection_batch(X, k)
+    for b in range(B):
+        Vt = np.linalg.svd(X[b], full_matrices=False)[2][:k].T
+        np.testing.assert_allclose(V[b] @ V[b].T, Vt @ Vt.T, atol=1e-6)
+        np.testing.assert_allclose(V[b].T @ V[b], np.eye(k), atol=1e-10)
+
+
 def test_projection_matches_svd_both_shapes():
     rng = np.random.default_rng(0)
     for n, d in [(40, 10), (10, 40)]:
@@ -86,6 +105,24 @@ def test_kmeanspp_batch_distinct_and_follows_uniforms():
     Q = np.repeat(P[:, :3], 10, axis=1)
     idx = kmeanspp_batch(Q, 5, U)
     assert all(len(set(row)) == 5 for row in idx.tolist())
+
+
+@pytest.mark.parametrize("k", [1, 2, 6])
+def test_kmeanspp_batch_nearest_seeds_match_distances_to_the_seeds(k):
+    # the two nearest seeds tracked during the seeding, against the distances to the
+    # returned seeds computed afresh (ties: a point duplicated onto a seed has distance 0)
+    rng = np.random.default_rng(k)
+    P = np.repeat(rng.normal(size=(5, 20, 3)), 2, axis=1)
+    U = rng.random((5, n_uniforms(k)))
+    idx, near, d1, d2 = kmeanspp_batch(P, k, U, nearest=True)
+    np.testing.assert_array_equal(idx, kmeanspp_batch(P, k, U))   # the same seeds
+    for b in range(5):
+        D = ((P[b][:, None, :] - P[b][idx[b]][None]) ** 2).sum(axis=2)     # (n, k)
+        S = np.sort(D, axis=1)
+        np.testing.assert_allclose(d1[b], S[:, 0], atol=1e-12)
+        np.testing.assert_allclose(d2[b], S[:, 1] if k > 1 else np.inf, atol=1e-12)
+        clear = S[:, 1] - S[:, 0] > 1e-9 if k > 1 else np.ones(len(D), dtype=bool)
+        np.testing.assert_array_equal(near[b][clear], D.argmin(axis=1)[clear])
 
 
 def test_overlapping_clusters_do_not_collapse_to_singletons():
@@ -115,9 +152,76 @@ def test_lloyd_batch_labels_are_nearest_to_the_returned_centers(max_iter, tol):
         np.testing.assert_array_equal(N[b], np.bincount(L[b], minlength=4))
 
 
+@pytest.mark.parametrize("spread", [0.05, 1.5])
+@pytest.mark.parametrize("g,d,dtype", [(3, 2, np.float64), (6, 2, np.float64),
+                                       (6, 64, np.float64), (6, 64, np.float32)])
+def test_lloyd_batch_stopped_by_the_shift_rule_returns_the_nearest_labels(spread, g, d, dtype):
+    # a large tol stops every device after one update: labels kept by the bound (separated
+    # groups, d x k large enough for lloyd_batch to use it) or assigned again (overlapping
+    # ones) are the nearest centers' all the same
+    rng = np.random.default_rng(3)
+    X = spread * rng.normal(size=(8, 60, d))
+    X[:, :, 0] += (np.arange(60) % g) * 2.0
+    X = X.astype(dtype)
+    init = X[:, :g] + 0.01   # one point of each group
+    kept = _labels_kept(_cross(X, init), _cross(X, init).argmin(axis=2),
+                        np.einsum("bnd,bnd->bn", X, X), np.full((8, g), 1e-4), init, init + 0.01)
+    assert kept.all() if spread < 1 else not kept.all()
+    C, L, N, it = lloyd_batch(X, init, max_iter=50, tol=1e6)
+    assert (it == 1).all()
+    for b in range(8):
+        np.testing.assert_array_equal(L[b], _cross(X[b:b + 1], C[b:b + 1])[0].argmin(axis=1))
+        np.testing.assert_array_equal(N[b], np.bincount(L[b], minlength=g))
+
+
 def test_kmeanspp_batch_leaves_its_input_alone_in_one_dimension():
     rng = np.random.default_rng(8)
     P = rng.normal(size=(3, 30, 1))
     before = P.copy()
     kmeanspp_batch(P, 4, rng.random((3, n_uniforms(4))))
     np.testing.assert_array_equal(P, before)
+
+
+@pytest.mark.parametrize("chunk_devices", [2, 30])
+def test_large_devices_non_finite_one_gets_its_own_error_and_the_others_their_steps(
+        chunk_devices):
+    # large devices are tested for finite values where each stacked chunk is copied (one
+    # chunk, or several through the reused buffer); the protocol then runs the group one by
+    # one: the bad device gets its own error, the others the same step as alone
+    from fedclust.core.exceptions import ValidationError
+    from fedclust.core.protocol import Request
+    from fedclust.kfed import local as local_mod
+    from fedclust.kfed.protocol import ACTION, KFedProtocol
+
+    devs = _devices(6, 600, 10, 3, seed=4)   # 6,000 values each: stacked in chunks
+    devs[4] = devs[4].copy()
+    devs[4][17, 2] = np.inf
+    proto = KFedProtocol(5, 3)
+    states = {z: {} for z in range(6)}
+    old = local_mod.LARGE_BATCH_ELEMENTS
+    local_mod.LARGE_BATCH_ELEMENTS = chunk_devices * 6000
+    try:
+        batches, out = proto.client_steps_stacked(Request(round=0, action=ACTION),
+                                                  dict(enumerate(devs)), seed=2, states=states)
+    finally:
+        local_mod.LARGE_BATCH_ELEMENTS = old
+    assert batches == [] and isinstance(out[4], ValidationError) and "device 4" in str(out[4])
+    for z in (0, 1, 2, 3, 5):
+        ref = local_kmeans(devs[z], 3, device_rng(2, z, 0),
+                           uniforms=device_uniforms(2, [z], 0, n_uniforms(3))[0])
+        np.testing.assert_allclose(out[z].centers, ref.message.centers, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 7])
+def test_nearest_center_helpers_match_argmin_and_bincount(k):
+    from fedclust.kfed.batched import _argmin_last, _counts
+
+    rng = np.random.default_rng(k)
+    D = rng.integers(0, 3, size=(6, 50, k)).astype(float)   # many ties: the first one wins
+    D[0, :5] = np.inf
+    idx = _argmin_last(D)
+    np.testing.assert_array_equal(idx, D.argmin(axis=2))
+    assert idx.dtype == np.int64
+    labels = np.where(rng.random((6, 50)) < 0.2, k, idx)     # label k: not counted
+    np.testing.assert_array_equal(
+        _counts(labels, k), [np.bincount(row[row < k], minlength=k) for row in labels])

@@ -35,14 +35,6 @@ def n_uniforms(k: int) -> int:
     return 1 + (k - 1) * n_trials(k)
 
 
-def _sqdist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """(B, n, d) x (B, m, d) -> (B, n, m) squared distances, clipped at 0."""
-    D = (np.einsum("bnd,bnd->bn", X, X)[:, :, None] - 2.0 * (X @ C.transpose(0, 2, 1))
-         + np.einsum("bmd,bmd->bm", C, C)[:, None, :])
-    np.maximum(D, 0.0, out=D)
-    return D
-
-
 def projection_batch(X: np.ndarray, k: int) -> np.ndarray:
     """An orthonormal basis of every device's top-k right singular subspace, (B, d, k).
 
@@ -102,12 +94,29 @@ def _top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
     return Q
 
 
-def _subspace_batch(G: np.ndarray, k: int, squarings: int = 3, sweeps: int = 3):
-    """Subspace iteration with G^(2^squarings), ``sweeps`` times; returns (Q, converged)."""
+def _subspace_batch(G: np.ndarray, k: int, sweeps: int = 4, squarings: int = 3,
+                    power_sweeps: int = 3):
+    """Subspace iteration on the top-k eigenspace of every G; returns (Q, converged).
+
+    ``sweeps`` plain sweeps ``Q <- orth(G Q)`` first (a d² k product each: enough when
+    the top-k eigenvalues stand well apart from the rest, as with separated clusters);
+    the devices whose basis still fails the residual test then take ``power_sweeps``
+    sweeps with ``G^(2^squarings)`` (d³ per squaring, but each sweep gains 2^squarings
+    plain ones).
+    """
     B, m, _ = G.shape
-    scale = np.trace(G, axis1=1, axis2=2)
+    norm = np.sqrt(np.einsum("bij,bij->b", G, G))
+    Q = _orth(G @ _start_basis(m, k))
+    for _ in range(sweeps):
+        Q = _orth(G @ Q)
+    ok = _converged(G, Q, norm)
+    bad = np.flatnonzero(~ok)
+    if len(bad) == 0:
+        return Q, ok
+    Gb = G[bad]
+    scale = np.trace(Gb, axis1=1, axis2=2)
     scale = np.where(scale > 0, scale, 1.0)
-    P = G / scale[:, None, None]                               # eigenvalues in [0, 1]
+    P = Gb / scale[:, None, None]                              # eigenvalues in [0, 1]
     # two buffers in turn: a fresh (B, m, m) result per squaring costs as much in page
     # faults as the product itself
     spare = np.empty_like(P)
@@ -115,17 +124,44 @@ def _subspace_batch(G: np.ndarray, k: int, squarings: int = 3, sweeps: int = 3):
         np.matmul(P, P, out=spare)
         P, spare = spare, P
     del spare
-    # A fixed start for every device (no randomness consumed): a ±1 pattern.
-    start = np.where((np.arange(m)[:, None] * 7 + np.arange(k)[None, :] * 3) % 5 < 2, -1.0, 1.0)
-    Q = _orthonormalize(G @ start)
-    for _ in range(sweeps):
-        Q = _orthonormalize(P @ Q)
+    Qb = Q[bad]
+    for _ in range(power_sweeps):
+        Qb = _orth(P @ Qb)
+    Q[bad] = Qb
+    ok[bad] = _converged(Gb, Qb, norm[bad])
+    return Q, ok
+
+
+def _start_basis(m: int, k: int) -> np.ndarray:
+    """A fixed (m, k) ±1 start for every device (no randomness consumed): a hash of (i, j),
+    so its columns are independent (a periodic pattern repeats columns)."""
+    i = np.arange(m, dtype=np.uint64)[:, None]
+    j = np.arange(k, dtype=np.uint64)[None, :]
+    h = i * np.uint64(0x9E3779B97F4A7C15) + j * np.uint64(0xC2B2AE3D27D4EB4F)
+    h ^= h >> np.uint64(29)
+    h *= np.uint64(0xBF58476D1CE4E5B9)   # splitmix64's mixer (wraps modulo 2^64)
+    h ^= h >> np.uint64(32)
+    return np.where(h & np.uint64(1), 1.0, -1.0)
+
+
+def _converged(G: np.ndarray, Q: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """Residual test: ‖G Q − Q (QᵀGQ)‖_F <= :data:`_SUBSPACE_RTOL` × ‖G‖_F, per device."""
     GQ = G @ Q
     R = GQ - Q @ (Q.transpose(0, 2, 1) @ GQ)
     res = np.sqrt(np.einsum("bij,bij->b", R, R))
-    norm = np.sqrt(np.einsum("bij,bij->b", G, G))
-    ok = np.isfinite(res) & (res <= _SUBSPACE_RTOL * np.maximum(norm, 1e-300))
-    return Q, ok
+    return np.isfinite(res) & (res <= _SUBSPACE_RTOL * np.maximum(norm, 1e-300))
+
+
+#: Gram–Schmidt (a few whole-batch operations per pair of columns) up to this many columns;
+#: wider bases take LAPACK's Householder QR, one small call per device
+_MGS_MAX_K = 3
+
+
+def _orth(Q: np.ndarray) -> np.ndarray:
+    """Orthonormal bases of the column spaces of (B, m, k) matrices (leading columns kept)."""
+    if Q.shape[2] <= _MGS_MAX_K:
+        return _orthonormalize(Q)
+    return np.linalg.qr(Q)[0]
 
 
 def _orthonormalize(Q: np.ndarray) -> np.ndarray:
@@ -161,32 +197,42 @@ def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:
 _SEARCH_MIN_N = 128
 
 
-def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
-    """Greedy k-means++ (as scikit-learn) on every device; returns (B, k) row indices."""
+def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray, *, nearest: bool = False):
+    """Greedy k-means++ (as scikit-learn) on every device; returns (B, k) row indices.
+
+    ``nearest=True`` also returns, from the distances the seeding computes anyway, every
+    point's nearest seed (B, n) (the first on a tie, as ``argmin``) and its squared
+    distances to the nearest and to the second nearest seed (B, n) each (``inf`` for k = 1).
+    """
     B, n, _ = P.shape
     T = n_trials(k)
     rows = np.arange(B)
     idx = np.empty((B, k), dtype=np.int64)
     idx[:, 0] = _inverse_cdf(np.ones((B, n)), uniforms[:, :1])[:, 0]
-    # candidates' distances laid out (B, T, n): the potential is a sum along the last axis
-    # −2 Pᵀ once: scaling by a power of two is exact (the scale check keeps products far
-    # from overflow and underflow), so Pc @ (−2 Pᵀ) has the bits of −2 (Pc @ Pᵀ) and
-    # each step makes one pass fewer over its (B, T, n) distances
-    Pt = np.empty((B, P.shape[2], n), dtype=P.dtype)           # (B, kp, n), a new array
-    np.multiply(P.transpose(0, 2, 1), -2.0, out=Pt)
-    PP = np.einsum("bnd,bnd->bn", P, P)
+    # candidates' distances laid out (B, T, n): the potential is a sum along the last axis.
+    # One product gives them whole: rows [−2 Pᵀ; ‖p‖²; 1] against [c, 1, ‖c‖²] (scaling by
+    # a power of two is exact; the scale check keeps products far from overflow and
+    # underflow), instead of a product and two passes adding the norms
+    kp = P.shape[2]
+    Pt = np.empty((B, kp + 2, n), dtype=P.dtype)               # (B, kp + 2, n)
+    np.multiply(P.transpose(0, 2, 1), -2.0, out=Pt[:, :kp])
+    np.einsum("bnd,bnd->bn", P, P, out=Pt[:, kp])
+    Pt[:, kp + 1] = 1.0
 
     def sqdist_to(cand: np.ndarray) -> np.ndarray:             # (B, t) rows -> (B, t, n)
-        Pc = P[rows[:, None], cand]
+        Pc = np.empty(cand.shape + (kp + 2,), dtype=P.dtype)
+        Pc[:, :, :kp] = P[rows[:, None], cand]
+        Pc[:, :, kp] = 1.0
+        np.einsum("btd,btd->bt", Pc[:, :, :kp], Pc[:, :, :kp], out=Pc[:, :, kp + 1])
         D = Pc @ Pt
-        D += PP[:, None, :]
-        D += np.einsum("btd,btd->bt", Pc, Pc)[:, :, None]
         np.maximum(D, 0.0, out=D)
         return D
 
     closest = sqdist_to(idx[:, :1])[:, 0]
     chosen = np.zeros((B, n), dtype=bool)
     chosen[rows, idx[:, 0]] = True
+    near = np.zeros((B, n), dtype=np.int64)
+    second = np.full((B, n), np.inf, dtype=closest.dtype)
     for c in range(1, k):
         p = closest
         flat = p.sum(axis=1) <= 0  # every point sits on a center: pick among unchosen rows
@@ -195,11 +241,19 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray) -> np.ndarray:
             p[flat] = (~chosen[flat]).astype(p.dtype)
         u = uniforms[:, 1 + (c - 1) * T: 1 + c * T]
         cand = _inverse_cdf(p, u)                                  # (B, T)
-        d_cand = np.minimum(closest[:, None, :], sqdist_to(cand))  # (B, T, n)
+        D = sqdist_to(cand)
+        d_cand = np.minimum(closest[:, None, :], D)                # (B, T, n)
         best = d_cand.sum(axis=2).argmin(axis=1)
         idx[:, c] = cand[rows, best]
+        if nearest:   # the new seed's distances: update the two nearest
+            new = D[rows, best]
+            closer = new < closest
+            np.minimum(second, np.where(closer, closest, new), out=second)
+            near[closer] = c
         closest = d_cand[rows, best]
         chosen[rows, idx[:, c]] = True
+    if nearest:
+        return idx, near, closest, second
     return idx
 
 
@@ -208,14 +262,42 @@ def _means(X: np.ndarray, labels: np.ndarray, k: int, mask: np.ndarray | None = 
     onehot = (labels[:, :, None] == np.arange(k)[None, None, :]).astype(X.dtype)
     if mask is not None:
         onehot *= mask[:, :, None]
-    return onehot.transpose(0, 2, 1) @ X, onehot.sum(axis=1)
+        labels = np.where(mask, labels, k)   # counted in a spare bin
+    return onehot.transpose(0, 2, 1) @ X, _counts(labels, k).astype(X.dtype)
+
+
+def _counts(labels: np.ndarray, k: int) -> np.ndarray:
+    """(B, n) labels in 0..k (k: not counted) -> (B, k) int64 counts, one bincount."""
+    B = len(labels)
+    flat = (labels + (k + 1) * np.arange(B)[:, None]).ravel()
+    return np.bincount(flat, minlength=B * (k + 1)).reshape(B, k + 1)[:, :k]
+
+
+#: nearest of at most this many centers: a comparison pass per center (``argmin`` along a
+#: short last axis costs several times more)
+_COLUMN_LOOP_MAX_K = 4
+
+
+def _argmin_last(D: np.ndarray) -> np.ndarray:
+    """``D.argmin(axis=2)`` (the first minimum on a tie) as int64, (B, n, k) -> (B, n)."""
+    k = D.shape[2]
+    if k > _COLUMN_LOOP_MAX_K:
+        return D.argmin(axis=2)
+    best = D[:, :, 0].copy()
+    idx = np.zeros(best.shape, dtype=np.int64)
+    for j in range(1, k):
+        col = D[:, :, j]
+        closer = col < best
+        idx[closer] = j
+        np.minimum(best, col, out=best)
+    return idx
 
 
 def _cross(X: np.ndarray, C: np.ndarray) -> np.ndarray:
     """(B, n, d) x (B, m, d) -> (B, n, m): ``‖c‖² − 2 x·c``, the squared distance less ‖x‖².
 
     Enough for every nearest-center choice (‖x‖² is the same for all centers of a row),
-    and one pass over X fewer than :func:`_sqdist`.
+    and one pass over X fewer than the full squared distances.
     """
     D = X @ C.transpose(0, 2, 1)
     D *= -2.0
@@ -234,9 +316,11 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
     centers = init.astype(X.dtype, copy=True)
     # tol x the mean feature variance, in one pass (np.var makes two full temporaries);
     # it only scales the stopping threshold, so the one-pass formula's rounding is harmless
+    # (the rows' squared norms also bound the final assignment below)
+    x2 = np.einsum("bnd,bnd->bn", X, X)
     if n > 1:
-        mean = X.mean(axis=1)
-        var = np.einsum("bnd,bnd->b", X, X) / n - np.einsum("bd,bd->b", mean, mean)
+        mean = (np.ones((1, n), dtype=X.dtype) @ X)[:, 0] / n   # a reduction down short
+        var = x2.sum(axis=1) / n - np.einsum("bd,bd->b", mean, mean)   # rows is slow
         abs_tol = tol * np.maximum(var, 0.0) / d
     else:
         abs_tol = np.zeros(B)
@@ -253,7 +337,7 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         # all devices active (the common first rounds): views, no copy of X
         Xa, Ca = (X, centers) if len(a) == B else (X[a], centers[a])
         D = _cross(Xa, Ca)
-        new = D.argmin(axis=2)
+        new = _argmin_last(D)
         same = (new == labels[a]).all(axis=1)
         active[a[same]] = False           # labels unchanged: converged at the previous round
         fresh[a[same]] = True
@@ -267,21 +351,84 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         upd = np.where(counts[:, :, None] > 0, sums / np.maximum(counts, 1)[:, :, None], Ca)
         for j in np.flatnonzero((counts == 0).any(axis=1)):
             if n >= k:  # rare: move empty centers to far points, exactly as the serial Lloyd
-                x2 = np.einsum("nd,nd->n", Xa[j], Xa[j])
-                mind = np.maximum(D[j, np.arange(n), new[j]] + x2, 0.0)
+                xj2 = np.einsum("nd,nd->n", Xa[j], Xa[j])
+                mind = np.maximum(D[j, np.arange(n), new[j]] + xj2, 0.0)
                 upd[j], new[j], counts[j] = relocate_empty_centers(
                     Xa[j], new[j].copy(), upd[j], counts[j].copy(), mind, None)
-        shift = ((upd - Ca) ** 2).sum(axis=(1, 2))
+        moves = ((upd - Ca) ** 2).sum(axis=2)
+        shift = moves.sum(axis=1)
         centers[a] = upd
         labels[a] = new
-        active[a[shift <= abs_tol[a]]] = False
+        stop = shift <= abs_tol[a]
+        if stop.any():
+            active[a[stop]] = False
+            if d * k >= _BOUND_MIN_DK:
+                s_ = np.flatnonzero(stop)
+                fresh[a[s_]] = _labels_kept(D[s_], new[s_], x2[a[s_]], moves[s_], Ca[s_],
+                                            upd[s_])
     stale = np.flatnonzero(~fresh)   # centers moved after their last assignment
     if len(stale) == B:
-        labels = _cross(X, centers).argmin(axis=2)
+        labels = _argmin_last(_cross(X, centers))
     elif len(stale):
-        labels[stale] = _cross(X[stale], centers[stale]).argmin(axis=2)
-    counts = (labels[:, :, None] == np.arange(k)[None, None, :]).sum(axis=1)
+        labels[stale] = _argmin_last(_cross(X[stale], centers[stale]))
+    counts = _counts(labels, k)
     return centers, labels, counts, np.maximum(n_iter, 1)
+
+
+#: the bound costs a few dozen passes over (B, n) values, the assignment it saves a product
+#: of n x d x k per device: worth it from about this d x k (measured: 2x slower at d = 20,
+#: k = 2; 2x faster at d = 100, k = 10)
+_BOUND_MIN_DK = 256
+
+
+def _labels_kept(D: np.ndarray, labels: np.ndarray, x2: np.ndarray, moves: np.ndarray,
+                 old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Devices whose every point is provably still nearest its center after the centers
+    moved (Hamerly's bound), so the final assignment pass can be skipped: (B,) bool.
+
+    D (B, n, k) is ``‖c‖² − 2 x·c`` for the ``old`` centers (overwritten here), ``labels``
+    the points' labels, x2 (B, n) the rows' squared norms, ``moves`` (B, k) each center's
+    squared shift. A point keeps its label when its distance to its nearest old center
+    plus that center's shift stays below its distance to the second nearest less the
+    largest shift (triangle inequality), by a margin far above the rounding of the squared
+    distances, so the recomputed argmin could not differ. A device whose labels are not
+    all nearest ones (empty clusters relocated) is assigned again.
+    """
+    B, n, k = D.shape
+    if k == 1:
+        return np.ones(B, dtype=bool)
+    nearest, own, second = _two_nearest(D)
+    step = np.sqrt(moves)
+    upper = np.sqrt(np.maximum(own + x2, 0.0)) + np.take_along_axis(step, nearest, axis=1)
+    lower = np.sqrt(np.maximum(second + x2, 0.0)) - step.max(axis=1)[:, None]
+    c2 = np.maximum(np.einsum("bkd,bkd->bk", old, old).max(axis=1),
+                    np.einsum("bkd,bkd->bk", new, new).max(axis=1))
+    # a dot product of d terms is off by at most about d ε (‖x‖² + ‖c‖²)
+    d = old.shape[2]
+    margin = max(1e-9, 8 * (d + 2) * float(np.finfo(D.dtype).eps)) * (x2 + c2[:, None])
+    safe = (lower > 0) & (upper * upper + margin < lower * lower) & (nearest == labels)
+    return safe.all(axis=1)
+
+
+def _two_nearest(D: np.ndarray):
+    """Nearest column (first on a tie, as ``argmin``), its value and the second smallest
+    value of every row of D (B, n, k >= 2), which is overwritten: (B, n) each."""
+    k = D.shape[2]
+    if k > _COLUMN_LOOP_MAX_K:
+        nearest = D.argmin(axis=2)
+        own = np.take_along_axis(D, nearest[:, :, None], axis=2)[:, :, 0]
+        np.put_along_axis(D, nearest[:, :, None], np.inf, axis=2)
+        return nearest, own, D.min(axis=2)
+    own = D[:, :, 0].copy()   # one comparison pass per column (short rows reduce slowly)
+    nearest = np.zeros(own.shape, dtype=np.int64)
+    second = np.full(own.shape, np.inf, dtype=D.dtype)
+    for c in range(1, k):
+        col = D[:, :, c]
+        closer = col < own
+        np.minimum(second, np.where(closer, own, col), out=second)
+        np.minimum(own, col, out=own)
+        nearest[closer] = c
+    return nearest, own, second
 
 
 def spectral_kmeans_batch(X: np.ndarray, k: int, uniforms: np.ndarray, *, max_iter: int = 300,
@@ -306,17 +453,11 @@ def spectral_seed_batch(X: np.ndarray, k: int, uniforms: np.ndarray, *, project:
         P = X @ V
     else:
         V, P = None, X
-    seed_idx = kmeanspp_batch(P, k, uniforms)
+    # the seeding's own distances give each point's nearest seed and its second nearest
+    seed_idx, nearest, d1, d2 = kmeanspp_batch(P, k, uniforms, nearest=True)
     rows = np.arange(B)[:, None]
     seeds = P[rows, seed_idx]                                  # (B, k, kp)
-    D = _sqdist(P, seeds)
-    nearest = D.argmin(axis=2)
-    if k > 1:
-        d1 = np.take_along_axis(D, nearest[:, :, None], axis=2)[:, :, 0]
-        np.put_along_axis(D, nearest[:, :, None], np.inf, axis=2)
-        keep = 9.0 * d1 <= D.min(axis=2)  # ‖Â_i − ν_r‖ ≤ ⅓‖Â_i − ν_s‖ for every s ≠ r
-    else:
-        keep = np.ones((B, n), dtype=bool)
+    keep = 9.0 * d1 <= d2   # ‖Â_i − ν_r‖ ≤ ⅓‖Â_i − ν_s‖ for every s ≠ r (all points if k = 1)
     sums, counts = _means(X, nearest, k, keep)
     # A filtered set S_r with only a handful of points gives a θ_r that sits on
     # those points in the full space, and Lloyd then keeps them as a near-singleton

@@ -203,7 +203,7 @@ def local_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
          if uniforms is None else uniforms)
     chunk = _chunk_size(n * max(d, k), max_batch_elements)
     parts = []
-    stack = _Stacker(Xs, chunk)
+    stack = _Stacker(Xs, chunk, names)
     for s in range(0, len(Xs), chunk):
         Xb = stack(s)
         C, L, N, it = spectral_kmeans_batch(Xb, k, U[s:s + chunk], max_iter=max_iter, tol=tol,
@@ -238,19 +238,27 @@ class _Stacker:
 
     A fresh stacked chunk of large devices is a fresh large allocation, and its
     page faults cost several times the copy itself; the batched maths only read
-    the chunk, and results keep no view of it.
+    the chunk, and results keep no view of it. A copied chunk is tested for
+    non-finite values while the copy is still in cache (a separate pass over each
+    device beforehand reads it from memory once more); a non-finite device raises
+    :class:`ValidationError` naming it (``names``).
     """
 
-    def __init__(self, Xs, chunk: int):
-        self.Xs, self.chunk = Xs, chunk
+    def __init__(self, Xs, chunk: int, names: list[str] | None = None):
+        self.Xs, self.chunk, self.names = Xs, chunk, names
         self.buf = None if isinstance(Xs, np.ndarray) or len(Xs) <= chunk else np.empty(
             (chunk,) + Xs[0].shape, dtype=np.result_type(*Xs[:chunk]))
 
     def __call__(self, s: int) -> np.ndarray:
         part = self.Xs[s:s + self.chunk]
-        if self.buf is None:
-            return part if isinstance(part, np.ndarray) else np.stack(part)
-        return np.stack(part, out=self.buf[:len(part)])
+        if isinstance(part, np.ndarray):
+            return part
+        out = np.stack(part) if self.buf is None else np.stack(part, out=self.buf[:len(part)])
+        if not np.isfinite(out).all():
+            i = s + int(np.flatnonzero(~np.isfinite(out).all(axis=(1, 2)))[0])
+            raise ValidationError(f"{self.names[i] if self.names else f'device {i}'} contains "
+                                  "a non-finite value; remove or impute NaN/inf first")
+        return out
 
 
 def local_scatter(X: np.ndarray, centers: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -408,7 +416,7 @@ def local_kmeans_auto_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
     offsets = np.cumsum([0] + [n_uniforms(k) for k in ks])
     chunk = max(1, max_batch_elements // (n * max(d, hi)))
     out: list[LocalKMeansResult] = []
-    stack = _Stacker(Xs, chunk)
+    stack = _Stacker(Xs, chunk, names)
     for s in range(0, len(Xs), chunk):
         Xb = stack(s)
         U = np.stack([rng_of(s + i).random(offsets[-1]) for i in range(len(Xb))])

@@ -487,9 +487,11 @@ class KFedProtocol(Protocol):
             if shape[0] * shape[1] <= _STACK_MAX:   # many tiny devices: one copy, one check
                 batch = np.concatenate([devices[z] for z in ids]).reshape((len(ids),) + shape)
                 finite = np.isfinite(batch).all(axis=(1, 2))
-            else:   # large devices: local_kmeans_many stacks them in bounded chunks
+            else:   # large devices: local_kmeans_many stacks them in bounded chunks and
+                # tests each copied chunk for finite values (a non-finite device raises, and
+                # its group runs one by one below, where the device gets its own error)
                 batch = [devices[z] for z in ids]
-                finite = np.array([np.isfinite(X).all() for X in batch])
+                finite = np.ones(len(ids), dtype=bool)
             if len(ids) == 1 or not finite.all():  # non-finite devices get their own error
                 single.update({z: devices[z] for z in ids})
                 continue
