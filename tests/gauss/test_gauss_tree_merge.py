@@ -233,3 +233,21 @@ def test_the_tree_server_on_flower_equals_in_process_and_forgets_offline_owners(
                                                                   device_ids=keep)
     assert np.array_equal(model.means_, fresh.means_)
     assert np.array_equal(model.covariances_, fresh.covariances_)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_many_small_owners_keep_the_flat_servers_clusters(seed):
+    """30 owners of 20 rows of 15 blobs: a leaf of the trie sees about 10 rows per blob
+    and joins neighbours; the higher nodes consolidate against the owners' own clusters
+    and split such joins again, so the trie finds the flat server's clusters."""
+    from sklearn.datasets import make_blobs
+    from sklearn.metrics import adjusted_rand_score
+
+    X, y = make_blobs(n_samples=600, centers=15, n_features=2, cluster_std=0.6,
+                      center_box=(-10, 10), random_state=seed)
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(X)), 30)
+    flat = FedGaussClustering(random_state=0).fit([X[p] for p in parts])
+    tree = FedGaussClustering(server="tree", random_state=0).fit([X[p] for p in parts])
+    assert tree.n_clusters_ == flat.n_clusters_
+    assert adjusted_rand_score(y, tree.predict(X)) >= adjusted_rand_score(
+        y, flat.predict(X)) - 0.05

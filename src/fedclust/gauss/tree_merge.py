@@ -57,7 +57,9 @@ def owner_key(owner_id: int) -> int:
 
 @dataclass(frozen=True)
 class _Part:
-    """A node's result: its clusters (n, mu, S, cls, last) and pooled statistics."""
+    """A node's result: its clusters (n, mu, S, cls, last) and pooled statistics, with the
+    owners' own clusters below it (``leaves``: one (n, mu, S) per owner, in a fixed order)
+    and the cluster of this result that holds each of them (``comp``, -1: none)."""
 
     n: np.ndarray
     mu: np.ndarray
@@ -66,6 +68,8 @@ class _Part:
     last: np.ndarray
     g: tuple
     gc: tuple
+    leaves: tuple
+    comp: np.ndarray
 
     def key(self) -> tuple:
         return (float(self.g[0]), tuple(self.g[1].tolist()), tuple(self.g[2].tolist()),
@@ -112,7 +116,7 @@ class TreeMerge:
             srv = _set_of(top, settings, n_classes)
         else:
             srv = _merge_parts([top, _part_of_message(previous, settings, n_classes)],
-                               settings, n_classes)
+                               settings, n_classes)[0]
         srv.absorb_fragments()
         srv.prune()
         sort_canonical(srv)
@@ -143,9 +147,10 @@ class TreeMerge:
         else:
             srv = _merge_parts([_part_of_message(m, settings, n_classes) for m in inputs],
                                settings, n_classes)
+        srv, leaves, comp = srv
         C = srv.C
         part = _Part(srv.n[:C].copy(), srv.mu[:C].copy(), srv.S[:C].copy(),
-                     srv.cls[:C].copy(), srv.last[:C].copy(), srv.g, srv.gc)
+                     srv.cls[:C].copy(), srv.last[:C].copy(), srv.g, srv.gc, leaves, comp)
         self._kept[here] = (inputs, part)
         self.last_work.append(f"{depth}:{prefix:0{depth}b}" if depth else "0:")
         return part
@@ -161,14 +166,19 @@ def _part_of_message(m: GaussClusters, settings: Settings, n_classes: int) -> _P
     cs = ClusterSet(D, settings, n_classes)
     add_clusters(cs, m)
     C = cs.C
-    return _Part(cs.n[:C].copy(), cs.mu[:C].copy(), cs.S[:C].copy(), cs.cls[:C].copy(),
+    n, mu, S = cs.n[:C].copy(), cs.mu[:C].copy(), cs.S[:C].copy()
+    return _Part(n, mu, S, cs.cls[:C].copy(),
                  cs.last[:C].copy(), (int(m.global_count), np.asarray(m.global_mean, float),
                                       np.asarray(m.global_m2, float)),
-                 (m.class_count, m.class_mean, m.class_m2))
+                 (m.class_count, m.class_mean, m.class_m2), ((n, mu, S),), np.arange(C))
 
 
-def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int) -> ClusterSet:
-    """The server's step on these inputs alone (their pooled statistics set the ridge)."""
+def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int
+                 ) -> tuple[ClusterSet, tuple, np.ndarray]:
+    """The server's step on these inputs alone (their pooled statistics set the ridge),
+    consolidated against the owners' own clusters below them (exact statistics, so a
+    component that a lower node joined wrongly can be split again here); returns the
+    cluster set, the owners' clusters and the cluster holding each of them."""
     parts = sorted(parts, key=_Part.key)
     D = parts[0].mu.shape[1]
     g: tuple = (0, np.zeros(D), np.zeros(D))
@@ -180,17 +190,45 @@ def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int) -> Clus
     srv = ClusterSet(D, settings, n_classes)
     srv.set_global(*g)
     srv.gc = gc
+    leaves: tuple = ()
+    uids = []
     for p in parts:
+        leaves += p.leaves
         if p.n.size:
-            srv.add(p.mu, p.S, p.n, p.cls, p.last)
+            idx = srv.add(p.mu, p.S, p.n, p.cls, p.last)
+            uids.append(np.where(p.comp >= 0, srv.uid[idx][np.maximum(p.comp, 0)], -1))
+        else:
+            uids.append(np.full(p.comp.size, -1, np.int64))
+    uid = np.concatenate(uids) if uids else np.zeros(0, np.int64)
     if len(parts) == 1:   # a lone input (a leaf of one owner): nothing to merge with
-        return srv
+        return srv, leaves, parts[0].comp
     sort_canonical(srv)
-    pieces = snapshot(srv)
-    merge_all_lazy(srv)
-    consolidate(srv, pieces)
+    if len(parts) == sum(len(p.leaves) for p in parts):   # a leaf: the owners' clusters
+        pieces = snapshot(srv)
+        merge_all_lazy(srv)
+        slots = np.empty(pieces["n"].size, np.int64)
+        consolidate(srv, pieces, slots=slots)
+        # the pieces in the order of the leaves (canonical order of the owners)
+        order = np.argsort(pieces["uid"], kind="stable")
+        slot_of = np.full(int(pieces["uid"].max()) + 1, -1, np.int64)
+        slot_of[pieces["uid"][order]] = slots[order]
+        held = slot_of[uid]
+    else:
+        ok = uid >= 0
+        n = np.concatenate([lf[0] for lf in leaves])[ok]
+        pieces = {"n": n, "mu": np.concatenate([lf[1] for lf in leaves])[ok],
+                  "S": np.concatenate([lf[2] for lf in leaves])[ok], "uid": uid[ok]}
+        slots = np.empty(n.size, np.int64)
+        consolidate(srv, pieces, slots=slots)
+        held = np.full(uid.size, -1, np.int64)
+        held[ok] = slots
+    # the same clusters after the canonical sort
+    before = np.where(held >= 0, srv.uid[np.maximum(held, 0)], -1)
     sort_canonical(srv)
-    return srv
+    where = np.full(int(srv.next_uid) + 1, -1, np.int64)
+    where[srv.uid[:srv.C]] = np.arange(srv.C)
+    comp = np.where(before >= 0, where[before], -1)
+    return srv, leaves, comp
 
 
 def _set_of(p: _Part, settings: Settings, n_classes: int) -> ClusterSet:
