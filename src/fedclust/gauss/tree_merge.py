@@ -12,9 +12,14 @@ a binary trie instead:
   that half (no work); a node with two halves merges the two halves' cluster sets;
 * "merges" is the server's step on that node's inputs alone: pool the inputs' global
   (and per-class) statistics with Chan's formula in a canonical order, add their
-  clusters in a canonical order, the BIC merges (:func:`merge_all_lazy`) with the
-  ridge of the node's pooled statistics, and :func:`consolidate` against the node's
-  inputs; the root then folds fragments and prunes as ``merge_messages`` does.
+  clusters in a canonical order, then (a leaf) the BIC merges (:func:`merge_all_lazy`)
+  with the ridge of the node's pooled statistics and :func:`consolidate` against the
+  owners' clusters, as the flat server does, or (a larger node) :func:`consolidate` of
+  the two halves' clusters against every owner cluster below the node. The node keeps
+  which of its clusters holds each owner cluster, so a higher node judges a join made
+  lower down on all the samples below it and can split it again (the split step works
+  on whole owner clusters, exact statistics); the root then folds fragments and prunes
+  as ``merge_messages`` does.
 
 So the shape of the trie, and every node's result, depends only on the owners below
 that node: removing (or changing) one owner changes the nodes on its path, at most
@@ -23,9 +28,10 @@ kept with the identities of the inputs it was computed from; a later call over
 the same inputs reuses it, so a forget recomputes the path only, and the result is
 bit for bit the one a fresh computation over the remaining owners gives (the same
 function of the same inputs, one BLAS thread). ``last_work`` names the nodes computed
-in the last call. Work per node: O(k^2 D^2) for the k clusters of its inputs (about
-twice the number of components for an inner node), so a whole fit costs
-O(n_owners k^2 D^2) instead of O(n_owners^2 c^2 D^2).
+in the last call. Work per node: O(k^2 D^2) for the k clusters of its inputs plus
+O(m k D^2) per consolidation round for the m owner clusters below it, so a whole fit
+costs O(m_total k D^2 log(n_owners)) instead of O(n_owners^2 c^2 D^2), and a forget
+O(m_total k D^2) (the root's consolidation sees every owner cluster).
 """
 
 from __future__ import annotations
@@ -218,6 +224,8 @@ def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int
         n = np.concatenate([lf[0] for lf in leaves])[ok]
         pieces = {"n": n, "mu": np.concatenate([lf[1] for lf in leaves])[ok],
                   "S": np.concatenate([lf[2] for lf in leaves])[ok], "uid": uid[ok]}
+        if srv.s.merge_test != "bic" or n_classes:   # no consolidation: the merges alone
+            merge_all_lazy(srv)
         slots = np.empty(n.size, np.int64)
         consolidate(srv, pieces, slots=slots)
         held = np.full(uid.size, -1, np.int64)
