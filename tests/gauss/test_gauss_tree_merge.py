@@ -233,3 +233,62 @@ def test_the_tree_server_on_flower_equals_in_process_and_forgets_offline_owners(
                                                                   device_ids=keep)
     assert np.array_equal(model.means_, fresh.means_)
     assert np.array_equal(model.covariances_, fresh.covariances_)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_many_small_owners_keep_the_flat_servers_clusters(seed):
+    """30 owners of 20 rows of 15 blobs: a leaf of the trie sees about 10 rows per blob
+    and joins neighbours; the higher nodes consolidate against the owners' own clusters
+    and split such joins again, so the trie finds the flat server's clusters."""
+    from sklearn.datasets import make_blobs
+    from sklearn.metrics import adjusted_rand_score
+
+    X, y = make_blobs(n_samples=600, centers=15, n_features=2, cluster_std=0.6,
+                      center_box=(-10, 10), random_state=seed)
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(X)), 30)
+    flat = FedGaussClustering(random_state=0).fit([X[p] for p in parts])
+    tree = FedGaussClustering(server="tree", random_state=0).fit([X[p] for p in parts])
+    assert tree.n_clusters_ == flat.n_clusters_
+    assert adjusted_rand_score(y, tree.predict(X)) >= adjusted_rand_score(
+        y, flat.predict(X)) - 0.05
+
+
+def test_consolidate_reports_the_cluster_holding_every_piece():
+    """``consolidate(slots=...)``: the pieces given to each cluster pool (exact moments) to
+    that cluster's statistics, so a node of the trie knows which cluster holds each owner
+    cluster."""
+    from fedclust.gauss.consolidate import consolidate, snapshot
+    from fedclust.gauss.lazy_merge import merge_all_lazy
+    from fedclust.gauss.local import add_clusters
+    from fedclust.gauss.model import ClusterSet
+    from fedclust.gauss.stats import merge_clusters
+
+    from sklearn.datasets import make_blobs
+
+    X, _ = make_blobs(n_samples=600, centers=15, n_features=2, cluster_std=0.6,
+                      center_box=(-10, 10), random_state=0)
+    proto = GaussProtocol()
+    request = proto.next_request(proto.start(list(range(30)), 0))
+    msgs = [proto.client_step(request, X[i::30], device_id=i, seed=0, state={})
+            for i in range(30)]
+    cs = ClusterSet(2, proto.settings, 0)
+    srv = merge_messages(msgs, proto.settings, 0)   # only for the pooled statistics
+    cs.set_global(*srv.g)
+    for m in msgs:
+        add_clusters(cs, m)
+    pieces = snapshot(cs)
+    merge_all_lazy(cs)
+    slots = np.full(pieces["n"].size, -7, np.int64)
+    consolidate(cs, pieces, slots=slots)
+    # the consolidation moved pieces: the merges' record alone would not say where
+    assert not np.array_equal(cs.row_clusters(pieces["uid"]), slots)
+    assert slots.min() >= 0 and slots.max() < cs.C
+    for k in range(cs.C):
+        mine = np.flatnonzero(slots == k)
+        n, mu, S = pieces["n"][mine[:1]], pieces["mu"][mine[:1]], pieces["S"][mine[:1]]
+        for i in mine[1:]:
+            n, mu, S = merge_clusters(n, mu, S, pieces["n"][[i]], pieces["mu"][[i]],
+                                      pieces["S"][[i]])
+        np.testing.assert_allclose(n[0], cs.n[k])
+        np.testing.assert_allclose(mu[0], cs.mu[k], atol=1e-9)
+        np.testing.assert_allclose(S[0], cs.S[k], rtol=1e-9, atol=1e-7)

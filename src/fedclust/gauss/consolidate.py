@@ -92,14 +92,19 @@ def _own_loglik(nk, Sk, P, ld, N, full):
     return nk * (np.log(nk / N) - 0.5 * ld) - 0.5 * tr
 
 
-def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool = True) -> int:
+def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool = True,
+                slots: np.ndarray | None = None) -> int:
     """Refine ``cs`` (after :meth:`ClusterSet.merge_all`) against the ``pieces`` it was
-    merged from (:func:`snapshot` taken before the merges); returns the number of
-    components removed (negative when the splits added more). ``split=False`` leaves out
-    the split step. Only for clustering with ``merge_test="bic"``."""
+    merged from (:func:`snapshot` taken before the merges, or any pieces whose ``uid``
+    names the cluster that holds them); returns the number of components removed
+    (negative when the splits added more). ``split=False`` leaves out the split step.
+    ``slots``, if given, (m,) int, receives every piece's final cluster index (-1: in no
+    cluster). Only for clustering with ``merge_test="bic"``."""
+    slot = cs.row_clusters(pieces["uid"])
+    if slots is not None:
+        slots[:] = slot
     if cs.s.merge_test != "bic" or cs.n_classes or cs.C < (1 if split else 2):
         return 0
-    slot = cs.row_clusters(pieces["uid"])
     ok = slot >= 0
     n, mu0, S = pieces["n"][ok], pieces["mu"][ok], pieces["S"][ok]
     slot = slot[ok]
@@ -159,6 +164,8 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
         changed = changed or merged > 0
         if not changed:
             break
+    if slots is not None:
+        slots[np.flatnonzero(ok)] = z
     return K0 - cs.C
 
 

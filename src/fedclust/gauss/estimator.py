@@ -179,10 +179,12 @@ class FedGaussClustering(ClusterScoring, _FedBase, DeviceLabelsMixin, ClusterMix
         The server's merge. ``"flat"``: every owner's clusters at once (one greedy BIC
         merge over all of them, O(K^2 D^2) for K clusters received).
         ``"tree"``: along a fixed binary trie over the owners' ids
-        (:mod:`fedclust.gauss.tree_merge`): each node merges its two halves' results,
-        so the work grows linearly with the owners, and a forget recomputes only the
-        departed owner's path in the trie (about log2 of the owners' count nodes),
-        exactly.
+        (:mod:`fedclust.gauss.tree_merge`): a leaf of up to 8 owners merges as the
+        flat server; a larger node consolidates its two halves' clusters against
+        every owner cluster below it (so it can split a join made lower down). A
+        forget recomputes only the departed owner's path in the trie (about log2 of
+        the owners' count nodes), exactly; the root's step works on every owner
+        cluster.
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``; :mod:`fedclust.gauss.private_clustering`):
         owners' evolving clusters have no bounded sensitivity, so the private fit
@@ -340,8 +342,8 @@ class FedGaussClassifier(_FedBase, ClassifierMixin, BaseEstimator):
         Rounds; round r streams the r-th chunk of every owner's rows.
     server : {"flat", "tree"}, default="flat"
         The server's merge: every owner's clusters at once, or along a fixed binary
-        trie over the owners' ids (:mod:`fedclust.gauss.tree_merge`; linear in the
-        owners, and a forget recomputes only the departed owner's path, exactly).
+        trie over the owners' ids (:mod:`fedclust.gauss.tree_merge`; a forget
+        recomputes only the departed owner's path, exactly).
     privacy : DifferentialPrivacy or None
         Central (ε, δ)-DP (needs ``data_bound``): one round of per-class count,
         sum and second moments of the clipped rows, noised on the server, one

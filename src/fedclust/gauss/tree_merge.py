@@ -12,9 +12,14 @@ a binary trie instead:
   that half (no work); a node with two halves merges the two halves' cluster sets;
 * "merges" is the server's step on that node's inputs alone: pool the inputs' global
   (and per-class) statistics with Chan's formula in a canonical order, add their
-  clusters in a canonical order, the BIC merges (:func:`merge_all_lazy`) with the
-  ridge of the node's pooled statistics, and :func:`consolidate` against the node's
-  inputs; the root then folds fragments and prunes as ``merge_messages`` does.
+  clusters in a canonical order, then (a leaf) the BIC merges (:func:`merge_all_lazy`)
+  with the ridge of the node's pooled statistics and :func:`consolidate` against the
+  owners' clusters, as the flat server does, or (a larger node) :func:`consolidate` of
+  the two halves' clusters against every owner cluster below the node. The node keeps
+  which of its clusters holds each owner cluster, so a higher node judges a join made
+  lower down on all the samples below it and can split it again (the split step works
+  on whole owner clusters, exact statistics); the root then folds fragments and prunes
+  as ``merge_messages`` does.
 
 So the shape of the trie, and every node's result, depends only on the owners below
 that node: removing (or changing) one owner changes the nodes on its path, at most
@@ -23,9 +28,10 @@ kept with the identities of the inputs it was computed from; a later call over
 the same inputs reuses it, so a forget recomputes the path only, and the result is
 bit for bit the one a fresh computation over the remaining owners gives (the same
 function of the same inputs, one BLAS thread). ``last_work`` names the nodes computed
-in the last call. Work per node: O(k^2 D^2) for the k clusters of its inputs (about
-twice the number of components for an inner node), so a whole fit costs
-O(n_owners k^2 D^2) instead of O(n_owners^2 c^2 D^2).
+in the last call. Work per node: O(k^2 D^2) for the k clusters of its inputs plus
+O(m k D^2) per consolidation round for the m owner clusters below it, so a whole fit
+costs O(m_total k D^2 log(n_owners)) instead of O(n_owners^2 c^2 D^2), and a forget
+O(m_total k D^2) (the root's consolidation sees every owner cluster).
 """
 
 from __future__ import annotations
@@ -57,7 +63,9 @@ def owner_key(owner_id: int) -> int:
 
 @dataclass(frozen=True)
 class _Part:
-    """A node's result: its clusters (n, mu, S, cls, last) and pooled statistics."""
+    """A node's result: its clusters (n, mu, S, cls, last) and pooled statistics, with the
+    owners' own clusters below it (``leaves``: one (n, mu, S) per owner, in a fixed order)
+    and the cluster of this result that holds each of them (``comp``, -1: none)."""
 
     n: np.ndarray
     mu: np.ndarray
@@ -66,6 +74,8 @@ class _Part:
     last: np.ndarray
     g: tuple
     gc: tuple
+    leaves: tuple
+    comp: np.ndarray
 
     def key(self) -> tuple:
         return (float(self.g[0]), tuple(self.g[1].tolist()), tuple(self.g[2].tolist()),
@@ -112,7 +122,7 @@ class TreeMerge:
             srv = _set_of(top, settings, n_classes)
         else:
             srv = _merge_parts([top, _part_of_message(previous, settings, n_classes)],
-                               settings, n_classes)
+                               settings, n_classes)[0]
         srv.absorb_fragments()
         srv.prune()
         sort_canonical(srv)
@@ -143,9 +153,10 @@ class TreeMerge:
         else:
             srv = _merge_parts([_part_of_message(m, settings, n_classes) for m in inputs],
                                settings, n_classes)
+        srv, leaves, comp = srv
         C = srv.C
         part = _Part(srv.n[:C].copy(), srv.mu[:C].copy(), srv.S[:C].copy(),
-                     srv.cls[:C].copy(), srv.last[:C].copy(), srv.g, srv.gc)
+                     srv.cls[:C].copy(), srv.last[:C].copy(), srv.g, srv.gc, leaves, comp)
         self._kept[here] = (inputs, part)
         self.last_work.append(f"{depth}:{prefix:0{depth}b}" if depth else "0:")
         return part
@@ -161,14 +172,19 @@ def _part_of_message(m: GaussClusters, settings: Settings, n_classes: int) -> _P
     cs = ClusterSet(D, settings, n_classes)
     add_clusters(cs, m)
     C = cs.C
-    return _Part(cs.n[:C].copy(), cs.mu[:C].copy(), cs.S[:C].copy(), cs.cls[:C].copy(),
+    n, mu, S = cs.n[:C].copy(), cs.mu[:C].copy(), cs.S[:C].copy()
+    return _Part(n, mu, S, cs.cls[:C].copy(),
                  cs.last[:C].copy(), (int(m.global_count), np.asarray(m.global_mean, float),
                                       np.asarray(m.global_m2, float)),
-                 (m.class_count, m.class_mean, m.class_m2))
+                 (m.class_count, m.class_mean, m.class_m2), ((n, mu, S),), np.arange(C))
 
 
-def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int) -> ClusterSet:
-    """The server's step on these inputs alone (their pooled statistics set the ridge)."""
+def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int
+                 ) -> tuple[ClusterSet, tuple, np.ndarray]:
+    """The server's step on these inputs alone (their pooled statistics set the ridge),
+    consolidated against the owners' own clusters below them (exact statistics, so a
+    component that a lower node joined wrongly can be split again here); returns the
+    cluster set, the owners' clusters and the cluster holding each of them."""
     parts = sorted(parts, key=_Part.key)
     D = parts[0].mu.shape[1]
     g: tuple = (0, np.zeros(D), np.zeros(D))
@@ -180,17 +196,47 @@ def _merge_parts(parts: list[_Part], settings: Settings, n_classes: int) -> Clus
     srv = ClusterSet(D, settings, n_classes)
     srv.set_global(*g)
     srv.gc = gc
+    leaves: tuple = ()
+    uids = []
     for p in parts:
+        leaves += p.leaves
         if p.n.size:
-            srv.add(p.mu, p.S, p.n, p.cls, p.last)
+            idx = srv.add(p.mu, p.S, p.n, p.cls, p.last)
+            uids.append(np.where(p.comp >= 0, srv.uid[idx][np.maximum(p.comp, 0)], -1))
+        else:
+            uids.append(np.full(p.comp.size, -1, np.int64))
+    uid = np.concatenate(uids) if uids else np.zeros(0, np.int64)
     if len(parts) == 1:   # a lone input (a leaf of one owner): nothing to merge with
-        return srv
+        return srv, leaves, parts[0].comp
     sort_canonical(srv)
-    pieces = snapshot(srv)
-    merge_all_lazy(srv)
-    consolidate(srv, pieces)
+    if len(parts) == sum(len(p.leaves) for p in parts):   # a leaf: the owners' clusters
+        pieces = snapshot(srv)
+        merge_all_lazy(srv)
+        slots = np.empty(pieces["n"].size, np.int64)
+        consolidate(srv, pieces, slots=slots)
+        # the pieces in the order of the leaves (canonical order of the owners)
+        order = np.argsort(pieces["uid"], kind="stable")
+        slot_of = np.full(int(pieces["uid"].max()) + 1, -1, np.int64)
+        slot_of[pieces["uid"][order]] = slots[order]
+        held = slot_of[uid]
+    else:
+        ok = uid >= 0
+        n = np.concatenate([lf[0] for lf in leaves])[ok]
+        pieces = {"n": n, "mu": np.concatenate([lf[1] for lf in leaves])[ok],
+                  "S": np.concatenate([lf[2] for lf in leaves])[ok], "uid": uid[ok]}
+        if srv.s.merge_test != "bic" or n_classes:   # no consolidation: the merges alone
+            merge_all_lazy(srv)
+        slots = np.empty(n.size, np.int64)
+        consolidate(srv, pieces, slots=slots)
+        held = np.full(uid.size, -1, np.int64)
+        held[ok] = slots
+    # the same clusters after the canonical sort
+    before = np.where(held >= 0, srv.uid[np.maximum(held, 0)], -1)
     sort_canonical(srv)
-    return srv
+    where = np.full(int(srv.next_uid) + 1, -1, np.int64)
+    where[srv.uid[:srv.C]] = np.arange(srv.C)
+    comp = np.where(before >= 0, where[before], -1)
+    return srv, leaves, comp
 
 
 def _set_of(p: _Part, settings: Settings, n_classes: int) -> ClusterSet:
