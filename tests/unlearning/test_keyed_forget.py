@@ -60,7 +60,7 @@ def test_random_forget_sequences_equal_a_retrain(trial):
     ids = [int(z) for z in rng.choice(10_000, size=n_dev, replace=False)]
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
-    assert isinstance(trace, keyed.KeyedTrace)
+    assert isinstance(trace, keyed_trace.KeyedTrace)
     free = [int(z) for z in rng.permutation(ids)]   # seed holders included
     gone: list[int] = []
     paths = []
@@ -139,7 +139,7 @@ def _twin_free(trace, Xs, ids):
     for z in ids:
         if z in _seed_holders(trace):
             continue
-        got = keyed.keyed_forget(u.protocol, u.trace, u.store.rounds[0].replies, [z])
+        got = keyed_unlearn.keyed_forget(u.protocol, u.trace, u.store.rounds[0].replies, [z])
         if got is not None and not got[1].reruns:
             return z
     raise AssertionError("no device whose forget follows the trace")

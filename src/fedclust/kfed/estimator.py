@@ -379,7 +379,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         (:mod:`fedclust.kfed.downdate`), or None where its step must run in full."""
         from .downdate import downdate
 
-        from .keyed import KeyedTrace, keyed_forget
+        from .keyed_trace import KeyedTrace
+        from .keyed_unlearn import keyed_forget
 
         if u.trace is None or len(u.store.rounds) != 1:
             return None
@@ -454,7 +455,7 @@ def _downdate_trace(u: Any) -> Any:
     against the result it gave; None for another server or where they disagree."""
     from ..unlearning.forget import DOWNDATE_RTOL
     from .downdate import applies, lloyd1_trace
-    from .keyed import applies as keyed_applies, best_of, keyed_trace
+    from .keyed_trace import applies as keyed_applies, best_of, keyed_trace
 
     if len(u.store.rounds) != 1 or not u.store.complete:
         return None

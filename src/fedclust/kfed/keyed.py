@@ -1,7 +1,8 @@
 """The weighted k-means++ server with removal-stable seeding, and its certified forget.
 
-``server="weighted-kmeans++-keyed"`` is the default server's algorithm (farthest-first
-start plus :data:`~fedclust.kfed.server.KMEANS_PP_INIT` weighted k-means++ starts,
+``server="weighted-kmeans++-keyed"`` is the default server's algorithm with the start count
+it uses on large inputs (farthest-first start plus
+:data:`~fedclust.kfed.server.KMEANS_PP_INIT` weighted k-means++ starts,
 weighted Lloyd to convergence from each, the lowest weighted cost kept by strict ``<``)
 with one change: the k-means++ candidates are drawn so that removing a device moves
 no other device's draw. At step t of start s, device center i (device z, center j)
@@ -12,7 +13,7 @@ that lowers the potential most is the seed.
 
 Forgetting devices follows the fit's trace instead of running the step again:
 :mod:`fedclust.kfed.keyed_trace` records it, :mod:`fedclust.kfed.keyed_unlearn` follows it
-(:func:`keyed_forget`).
+(:func:`~fedclust.kfed.keyed_unlearn.keyed_forget`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from ..core.kmeans import lloyd, squared_distances
 from ..core.random import key_uniforms, row_keys as _row_keys
 from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
 
-__all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "KeyedTrace", "keyed_trace",
-           "keyed_forget", "applies", "best_of", "KEYED_SERVER"]
+__all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER"]
 
 KEYED_SERVER = "weighted-kmeans++-keyed"
 _KEY_BRANCH = np.uint64(0x6B657965645F7070)   # the seeding's own stream
@@ -97,7 +97,7 @@ def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0):
     return seeds, cand, pots, pick
 
 
-def _starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
+def keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
     pos = pick_first_device(centers, "widest", None, stacked=C)
     offsets = np.cumsum([0] + [len(c) for c in centers])
     ff = farthest_first(C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
@@ -112,7 +112,7 @@ def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
     local_index = np.concatenate([np.arange(len(c)) for c in centers])
     c_sq = (C * C).sum(axis=1)
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
-    _, ff, pp = _starts(C, k, w, c_sq, centers, owner, local_index, seed)
+    _, ff, pp = keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed)
     best, seen = None, []
     for idx in [ff] + [p[0] if p is not None else None for p in pp]:
         if idx is None:   # fewer distinct rows than k: the farthest-first start alone
@@ -165,6 +165,3 @@ def pick_start(parts, inertia, err=0.0) -> int | None:
 
 KEYED_SERVERS[KEYED_SERVER] = keyed_weighted_kmeans
 
-# the forget's pieces (they import this module's seeding: after its definitions)
-from .keyed_trace import KeyedTrace, applies, best_of, keyed_trace  # noqa: E402
-from .keyed_unlearn import keyed_forget  # noqa: E402

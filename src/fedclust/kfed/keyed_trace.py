@@ -13,14 +13,14 @@ import numpy as np
 
 from ..core.kmeans import BLOCK, sum_by_label, update_centers
 from .downdate import CERTIFY_SLACK, plain_step
-from .keyed import KEYED_SERVER, SPARE, _starts, canonical, pick_start, row_keys
+from .keyed import KEYED_SERVER, SPARE, keyed_starts, canonical, pick_start, row_keys
 from .server import POORLY_EXPLAINED_RADII, POORLY_EXPLAINED_SHARE, explanation_message
 
 __all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of"]
 
 
 @dataclass
-class _Run:
+class RunTrace:
     """One start's weighted Lloyd: centers c_t (T+1, k, d), labels A_t = nearest c_t
     (T+1, N), the sums/weights/squared norms of A_t's clusters (less the forgotten rows),
     rows that moved between A_{t-1} and A_t, each row's margin under c_t (sorted, per t)."""
@@ -55,7 +55,7 @@ class KeyedTrace:
     cand: np.ndarray       # (S, k, L)
     pots: np.ndarray       # (S, k, L) potentials less the forgotten rows' shares
     pick: np.ndarray       # (S, k)
-    runs: list[_Run]
+    runs: list[RunTrace]
     xsum: np.ndarray       # (d,) and (d,): per-feature sums over the remaining rows
     xsq: np.ndarray
     slack: float
@@ -137,7 +137,7 @@ def _wipe_sorted(m: np.ndarray, pos: np.ndarray, order: np.ndarray, dead: np.nda
 TIE_RTOL = 1e-10
 
 
-def _labels_or_tie(X, centers) -> tuple[np.ndarray, bool]:
+def labels_or_tie(X, centers) -> tuple[np.ndarray, bool]:
     """Nearest center of each row, and whether some row's nearest and second-nearest
     squared distances are within rounding (a fresh run might pick the other)."""
     x_sq = np.einsum("ij,ij->i", X, X)
@@ -182,7 +182,7 @@ def _assign_margin(X, centers, x_sq):
     return labels, margin, runner, margin3
 
 
-def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
+def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     """:func:`lloyd`'s loop (same kernels, same bits) keeping what a forget needs; None
     where it relocated an emptied cluster."""
     k = len(init)
@@ -225,7 +225,7 @@ def _traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
         Q[t] = np.bincount(A[t], weights=wq, minlength=k)
     moved = [np.empty(0, np.int64)] + [np.flatnonzero(A[t] != A[t - 1]) for t in range(1, T1)]
     order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
-    run = _Run(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
+    run = RunTrace(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
                [m[o] for m, o in zip(mm, order)], reason, r2s, m3s)
     return run
 
@@ -253,13 +253,13 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
     local_index = np.concatenate([np.arange(len(c)) for c in centers])
     c_sq = (C * C).sum(axis=1)
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
-    pos, ff, pp = _starts(C, k, w, c_sq, centers, owner, local_index, seed, SPARE)
+    pos, ff, pp = keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, SPARE)
     if any(p is None for p in pp):
         return None
     Cw = C * w[:, None]
     runs = []
     for idx in [ff] + [p[0] for p in pp]:
-        run = _traced_lloyd(C, C[idx], w, Cw, c_sq, c_var, protocol.max_iter, protocol.tol)
+        run = traced_lloyd(C, C[idx], w, Cw, c_sq, c_var, protocol.max_iter, protocol.tol)
         if run is None:
             return None
         runs.append(run)
@@ -307,7 +307,7 @@ def _poorly(tr: KeyedTrace, rows: np.ndarray, r2: np.ndarray, final: np.ndarray,
     return delta2 > r2, np.sqrt(delta2) - np.sqrt(r2)
 
 
-def _warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray):
+def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray):
     """``(warning, reference)``: :func:`~fedclust.kfed.server.explanation_warning` over the
     remaining rows, from the stacked summaries (its sums are of integer counts, exact in any
     order), the flags of rows far from the threshold kept from the reference; warning False
@@ -349,10 +349,10 @@ def _warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.nd
 
 
 def best_of(runs) -> int | None:
-    inert = [_inertia(r.cs[-1], r.S[-1], r.W[-1], r.Q[-1]) for r in runs]
+    inert = [run_inertia(r.cs[-1], r.S[-1], r.W[-1], r.Q[-1]) for r in runs]
     err = 1e-10 * max(float(sum(r.Q[-1].sum() for r in runs)), 1e-300)
     return pick_start([canonical(r.A[-1]) for r in runs], inert, err)
 
 
-def _inertia(c, S, W, Q):
+def run_inertia(c, S, W, Q):
     return float(Q.sum() - 2.0 * np.einsum("kd,kd->", c, S) + W @ (c * c).sum(axis=1))

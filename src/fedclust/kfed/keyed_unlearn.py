@@ -37,7 +37,7 @@ import numpy as np
 from ..core.kmeans import squared_distances
 from .downdate import forget_result
 from .keyed import KMEANS_PP_INIT, SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
-from .keyed_trace import KeyedTrace, _Run, _inertia, _labels_or_tie, _traced_lloyd, _warning
+from .keyed_trace import KeyedTrace, RunTrace, run_inertia, labels_or_tie, traced_lloyd, forget_warning
 from .server import farthest_first, pick_first_device
 
 __all__ = ["keyed_forget"]
@@ -88,7 +88,7 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
     return pots, why
 
 
-def _replay(tr: KeyedTrace, run: _Run, var: float, var_err: float):
+def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     """The start's Lloyd without the forgotten rows: ``(centers, (rows, labels) whose label
     differs from the fit's, t_final, (S, W, Q) per t, rechecked)``; raises _Full where not
     certified. ``run``: the fit's run with its statistics less the forgotten rows
@@ -135,7 +135,7 @@ def _replay(tr: KeyedTrace, run: _Run, var: float, var_err: float):
         Sx, Wx, Qx = run.S[t], run.W[t], run.Q[t]
         if len(doubt):
             Cd = tr.C[doubt]
-            lab, tie = _labels_or_tie(Cd, c_t)
+            lab, tie = labels_or_tie(Cd, c_t)
             if tie:
                 raise _Full("a reassigned row's nearest centers tie within rounding")
             chg = lab != a
@@ -212,7 +212,7 @@ def _remaining(tr: KeyedTrace, alive: np.ndarray) -> _Remaining:
                       C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, C * w[:, None])
 
 
-def _expand(run: _Run, rows: np.ndarray, n0: int) -> _Run:
+def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
     """A run traced over the remaining rows, indexed by the trace's rows (the others:
     label 0, margin -inf, never read)."""
     T1 = len(run.cs)
@@ -231,7 +231,7 @@ def _expand(run: _Run, rows: np.ndarray, n0: int) -> _Run:
         a[rows], b[rows] = r2, m3
         r2s.append(a)
         m3s.append(b)
-    return _Run(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
+    return RunTrace(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
                 margin_sorted, run.reason, r2s, m3s)
 
 
@@ -256,7 +256,7 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
         idx = pp[0]
         seeding = (rem.rows[pp[0]], np.where(pp[1] >= 0, rem.rows[np.maximum(pp[1], 0)], -1),
                    pp[2], pp[3])
-    run = _traced_lloyd(rem.C, rem.C[idx], rem.w, rem.Cw, rem.c_sq, rem.c_var, tr.max_iter,
+    run = traced_lloyd(rem.C, rem.C[idx], rem.w, rem.Cw, rem.c_sq, rem.c_var, tr.max_iter,
                         tr.tol)
     if run is None:
         raise _Full("a start run again emptied a cluster")
@@ -269,8 +269,8 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
 MAX_RERUNS = KMEANS_PP_INIT + 1
 
 
-def _downdated(run: _Run, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
-               k: int) -> _Run:
+def _downdated(run: RunTrace, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
+               k: int) -> RunTrace:
     """The run's statistics at every iteration less the rows R (their labels unchanged)."""
     T1, d = len(run.cs), run.S.shape[2]
     idx = (np.arange(T1)[:, None] * k + run.A[:, R].astype(np.int64)).ravel()
@@ -278,7 +278,7 @@ def _downdated(run: _Run, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np
     np.subtract.at(S, idx, np.tile(CwR, (T1, 1)))
     W = run.W.ravel() - np.bincount(idx, weights=np.tile(wR, T1), minlength=T1 * k)
     Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
-    return _Run(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
+    return RunTrace(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
                 run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
                 run.margin3, run.rank)
 
@@ -324,7 +324,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         outs: dict[int, tuple] = {}
         CwR = trace.C[R] * trace.w[R][:, None]
         qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
-        based: dict[int, _Run] = {}
+        based: dict[int, RunTrace] = {}
         for s, run in enumerate(trace.runs):
             if s in reruns:
                 continue
@@ -344,7 +344,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             outs[s] = (run.cs[-1], (np.empty(0, np.int64),) * 2, T, (run.S, run.W, run.Q),
                        n * (T + 1))
         order = range(len(trace.runs))
-        inert = [_inertia(outs[s][0], outs[s][3][0][outs[s][2]], outs[s][3][1][outs[s][2]],
+        inert = [run_inertia(outs[s][0], outs[s][3][0][outs[s][2]], outs[s][3][1][outs[s][2]],
                           outs[s][3][2][outs[s][2]]) for s in order]
         err = 1e-10 * max(float(sum(outs[s][3][2][outs[s][2]].sum() for s in order)), 1e-300)
         finals = []
@@ -376,7 +376,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
     if 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
-    warning, expl = _warning(trace, alive, centers, labels) if protocol.summarise \
+    warning, expl = forget_warning(trace, alive, centers, labels) if protocol.summarise \
         else (False, None)
     if trace.expl is None:   # the reference serves any later forget of this trace too
         trace.expl = expl
