@@ -28,8 +28,9 @@ count, mean and scatter). :func:`consolidate` alternates
 
 then the pairwise merges again and a group merge (:func:`_merge_groups`: a group of
 components, no pair of which passes, becomes one Gaussian when that lowers the mixture BIC
-with memberships that are soft but shared by a piece's rows, :func:`tied_loglik`), until
-nothing changes. A component is always a pool of
+with memberships that are soft but shared by a piece's rows, :func:`tied_loglik`) and a
+regrouping of adjacent components into one fewer, as many or one more
+(:func:`~fedclust.gauss.regroup.regroup`), until nothing changes. A component is always a pool of
 whole pieces and every sample stays in a component. Maximum-likelihood covariances are ridged by the
 volume-rule Sigma_0 as one pseudo-sample, as in the pairwise BIC; full or diagonal,
 whichever gives the current mixture the lower BIC. Work per round O(m K D^2 + K D^3) for
@@ -97,6 +98,7 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
     merged from (:func:`snapshot` taken before the merges); returns the number of
     components removed (negative when the splits added more). ``split=False`` leaves out
     the split step. Only for clustering with ``merge_test="bic"``."""
+    from .regroup import regroup   # it builds on this module's pooled statistics
     if cs.s.merge_test != "bic" or cs.n_classes or cs.C < (1 if split else 2):
         return 0
     slot = cs.row_clusters(pieces["uid"])
@@ -156,6 +158,8 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
             if grouped:
                 z = cs.row_clusters(uz)
                 merged += grouped
+            moved, z = regroup(cs, z, n, mu, S, T, ridge, center, fam)
+            merged += moved
         changed = changed or merged > 0
         if not changed:
             break

@@ -1,0 +1,228 @@
+"""Re-partition groups of adjacent components over their pieces (a step of
+:func:`~fedclust.gauss.consolidate.consolidate`).
+
+The pairwise merges, the split step and the group merge each change one component or join
+several into one. None of them can move the pieces of a cluster that greedy merges shared
+out between its neighbours back together: a cluster whose border pieces went to its two
+neighbours and whose core is left as two chunks is, pair by pair, better kept as it is.
+:func:`regroup` looks at a group of 2 to ``max_group`` adjacent components (those that
+share the rows of border pieces, by the mixture's posteriors) and re-partitions the
+group's pieces into K - 1, K or K + 1 components: a classification EM over the pieces
+(exact pooled moments) from deterministic starts (every pair of the group joined, the
+current partition, every component cut in two across its first principal axis). The
+proposals are compared with the current partition by the mixture BIC of the group's rows,
+the other components staying as they are, with the soft bound of
+:func:`~fedclust.gauss.consolidate.tied_loglik` (memberships shared by a piece's rows), and
+the same effect size as the pairwise test: one component fewer is taken when it costs less
+than ``merge_tol`` nats per sample of the group, one more only when it gains more than
+``merge_tol``. A component stays a pool of whole pieces and no sample is lost; the step
+depends only on the pieces, so ``forget`` stays exact. Work per group
+O(g^2 m_G K' D^2 x steps) for m_G pieces and g components.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+
+from . import consolidate as _c
+from .model import ClusterSet
+
+__all__ = ["regroup"]
+
+#: a component's neighbours must share at least this many rows (expected, by posteriors)
+_MIN_SHARED = 1.0
+
+
+def regroup(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam, max_group: int = 4,
+            max_iter: int = 30):
+    """Re-partition groups of adjacent components of ``cs`` where the mixture BIC prefers
+    another partition of their pieces (module docstring). ``z`` (m,) is every piece's
+    component slot, (n, mu, S, T) the pieces' counts, centred means, scatters and second
+    moments, ``fam`` the covariance family of the step (True: full). Returns the number of
+    groups changed and the pieces' slots in the updated ``cs``."""
+    changed = 0
+    tried: set[int] = set()   # uids whose groups were tried against the current partition
+    for _ in range(cs.C):     # at most one change per component present at the start
+        if cs.C < 2:
+            break
+        ctx = _Context(cs, z, n, mu, S, T, ridge, fam)
+        best = None
+        for k in np.argsort(ctx.nk, kind="stable"):
+            if int(cs.uid[k]) in tried or ctx.nk[k] == 0:
+                continue
+            tried.add(int(cs.uid[k]))
+            for G in ctx.groups(int(k), max_group):
+                cand = ctx.best_partition(G, max_iter)
+                if cand is not None and (best is None or cand[0] < best[0]):
+                    best = cand
+            if best is not None:
+                break
+        if best is None:
+            break
+        z = _apply(cs, z, best[1], best[2], n, mu, T, center)
+        tried.clear()   # the changed group moved rows that other groups' scores use
+        changed += 1
+    return changed, z
+
+
+class _Context:
+    """The pieces' pooled statistics and posteriors under the current components."""
+
+    def __init__(self, cs, z, n, mu, S, T, ridge, fam):
+        self.cs, self.z, self.n, self.mu, self.ridge, self.fam = cs, z, n, mu, ridge, fam
+        self.TT = T if fam else _c._diag(T)
+        self.SS = S if fam else _c._diag(S)
+        self.N = float(n.sum())
+        C = cs.C
+        Z = np.zeros((n.size, C))
+        Z[np.arange(n.size), z] = 1.0
+        self.nk, self.mk, self.Sk = _c._pool(Z, n, mu, self.TT, fam)
+        D = mu.shape[1]
+        self.npar = D + (D * (D + 1) // 2 if fam else D) + 1
+        live = self.nk > 0
+        self.live = live
+        # expected rows each component shares with each other (posteriors of the pieces)
+        P, ld = _c._params(self.nk[live], self.Sk[live], ridge, fam)
+        a = _c._piece_loglik(n, mu, self.SS, self.nk[live], self.mk[live], P, ld, self.N,
+                             fam) / n[:, None]
+        r = np.exp(a - a.max(axis=1, keepdims=True))
+        r /= r.sum(axis=1, keepdims=True)
+        W = np.zeros((C, C))
+        idx = np.flatnonzero(live)
+        share = np.zeros((n.size, C))
+        share[:, idx] = n[:, None] * r
+        np.add.at(W, z, share)
+        W[np.arange(C), np.arange(C)] = 0.0
+        self.W = W + W.T
+
+    def groups(self, k: int, max_group: int):
+        """Groups of 2..max_group components grown from k by the neighbour sharing the
+        most rows with the group."""
+        G = [k]
+        while len(G) < max_group:
+            near = self.W[G].sum(axis=0)
+            near[G] = -np.inf
+            near[~self.live] = -np.inf
+            j = int(np.argmax(near))
+            if not near[j] >= _MIN_SHARED:
+                return
+            G.append(j)
+            yield list(G)
+
+    def _bound(self, rows, nk, mk, Sk) -> float:
+        return float(_c.tied_loglik(self.n[rows], self.mu[rows], self.SS[rows], nk, mk, Sk,
+                                    self.ridge, self.N, self.fam).sum())
+
+    def _score(self, rows, rest, labels, K) -> float:
+        """BIC of the group's rows / (2 n_G) for a partition of them into K components."""
+        Z = np.zeros((rows.size, K))
+        Z[np.arange(rows.size), labels] = 1.0
+        nk, mk, Sk = _c._pool(Z, self.n[rows], self.mu[rows], self.TT[rows], self.fam)
+        nG = float(self.n[rows].sum())
+        ll = self._bound(rows, np.r_[nk, self.nk[rest]], np.vstack([mk, self.mk[rest]]),
+                         np.concatenate([Sk, self.Sk[rest]]))
+        return (-2.0 * ll + K * self.npar * np.log(self.N)) / (2.0 * nG)
+
+    def best_partition(self, G, max_iter):
+        """(J, labels, G) of the best proposal for the pieces of G when it beats the
+        current partition, else None."""
+        rows = np.flatnonzero(np.isin(self.z, G))
+        rest = np.setdiff1d(np.flatnonzero(self.live), G)
+        pos = {g: i for i, g in enumerate(G)}
+        cur = np.array([pos[int(v)] for v in self.z[rows]])
+        g = len(G)
+        current = self._score(rows, rest, cur, g)
+        starts = []
+        for p, q in combinations(range(g), 2):
+            s = cur.copy()
+            s[s == q] = p
+            starts.append(s)
+        starts.append(cur)
+        for p in range(g):
+            s = self._cut(rows, cur, p, g)
+            if s is not None:
+                starts.append(s)
+        best = None
+        for s in starts:
+            lab, K = self._cem(rows, s, max_iter)
+            if K < 1:
+                continue
+            J = self._score(rows, rest, lab, K)
+            if J < current - self.cs.s.merge_tol and (best is None or J < best[0]):
+                best = (J, lab)
+        if best is None:
+            return None
+        return best[0], (rows, best[1]), G
+
+    def _cut(self, rows, cur, p, g):
+        """Start: component p's pieces cut at their pooled mean across the first
+        principal axis (the new half gets label g)."""
+        mine = cur == p
+        if mine.sum() < 2:
+            return None
+        r = rows[mine]
+        nk, mk, Sk = _c._pool(np.ones((r.size, 1)), self.n[r], self.mu[r], self.TT[r],
+                              self.fam)
+        if self.fam:
+            vec = np.linalg.eigh(Sk[0])[1][:, -1]
+        else:
+            vec = np.eye(self.mu.shape[1])[int(np.argmax(Sk[0]))]
+        side = (self.mu[r] - mk[0]) @ vec > 0
+        if side.all() or not side.any():
+            return None
+        s = cur.copy()
+        s[np.flatnonzero(mine)[side]] = g
+        return s
+
+    def _cem(self, rows, lab, max_iter):
+        """Classification EM of the pieces ``rows`` from labels ``lab``; empty components
+        are dropped. Returns the labels (0..K-1) and K."""
+        lab = np.unique(lab, return_inverse=True)[1]
+        n, mu, SS, TT = self.n[rows], self.mu[rows], self.SS[rows], self.TT[rows]
+        for _ in range(max_iter):
+            K = int(lab.max()) + 1
+            Z = np.zeros((rows.size, K))
+            Z[np.arange(rows.size), lab] = 1.0
+            nk, mk, Sk = _c._pool(Z, n, mu, TT, self.fam)
+            P, ld = _c._params(nk, Sk, self.ridge, self.fam)
+            new = np.argmax(_c._piece_loglik(n, mu, SS, nk, mk, P, ld, self.N, self.fam),
+                            axis=1)
+            new = np.unique(new, return_inverse=True)[1]
+            if np.array_equal(new, lab):
+                break
+            lab = new
+        return lab, int(lab.max()) + 1
+
+
+def _apply(cs: ClusterSet, z, part, G, n, mu, T, center):
+    """Write the partition ``part`` = (rows, labels) of the pieces of the components G into
+    ``cs``: a new component keeps the identity of the old one it shares most rows with
+    (largest overlaps first), a left-over one is removed, an extra one is added. Returns
+    the pieces' slots in the updated ``cs``."""
+    rows, lab = part
+    K = int(lab.max()) + 1
+    Gs = np.sort(np.asarray(G))
+    old = np.searchsorted(Gs, z[rows])
+    overlap = np.zeros((K, Gs.size))
+    np.add.at(overlap, (lab, old), n[rows])
+    slot_of = np.full(K, -1)
+    taken = np.zeros(Gs.size, bool)
+    for flat in np.argsort(-overlap, axis=None, kind="stable"):
+        a, b = np.unravel_index(flat, overlap.shape)
+        if slot_of[a] < 0 and not taken[b] and overlap[a, b] > 0:
+            slot_of[a], taken[b] = Gs[b], True
+    for a in np.flatnonzero(slot_of < 0):
+        src = Gs[0]
+        cs.add(cs.mu[[src]], cs.S[[src]], cs.n[[src]], cs.cls[[src]], cs.last[[src]])
+        slot_of[a] = cs.C - 1
+    z = z.copy()
+    z[rows] = slot_of[lab]
+    full = cs.full
+    Z = np.zeros((n.size, cs.C))
+    Z[np.arange(n.size), z] = 1.0
+    nk, mk, Sk = _c._pool(Z, n, mu, T, full)
+    live = np.flatnonzero(nk > 0)
+    _c._write_back(cs, live, nk, mk + center, Sk, z)
+    return np.searchsorted(live, z)
