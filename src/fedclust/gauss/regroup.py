@@ -7,17 +7,17 @@ out between its neighbours back together: a cluster whose border pieces went to 
 neighbours and whose core is left as two chunks is, pair by pair, better kept as it is.
 :func:`regroup` looks at a group of 2 to ``max_group`` adjacent components (those that
 share the rows of border pieces, by the mixture's posteriors) and re-partitions the
-group's pieces into K - 1, K or K + 1 components: a classification EM over the pieces
-(exact pooled moments) from deterministic starts (every pair of the group joined, the
-current partition, every component cut in two across its first principal axis). The
-proposals are compared with the current partition by the mixture BIC of the group's rows,
-the other components staying as they are, with the soft bound of
-:func:`~fedclust.gauss.consolidate.tied_loglik` (memberships shared by a piece's rows), and
-the same effect size as the pairwise test: one component fewer is taken when it costs less
-than ``merge_tol`` nats per sample of the group, one more only when it gains more than
-``merge_tol``. A component stays a pool of whole pieces and no sample is lost; the step
+group's pieces into K - 1, K or K + 1 components: an EM over the pieces with memberships
+shared by a piece's rows (exact weighted moments) from deterministic starts (every pair of
+the group joined, the current partition, every component cut in two across its first
+principal axis), every piece then going to its most likely component. The proposals are
+compared with the current partition by the mixture BIC of the group's rows, the other
+components staying as they are, with the soft bound of
+:func:`~fedclust.gauss.consolidate.tied_loglik`; the best one replaces the current
+partition when it lowers that BIC by more than ``merge_tol`` nats per sample of the group
+(the effect size of the pairwise test). A component stays a pool of whole pieces and no sample is lost; the step
 depends only on the pieces, so ``forget`` stays exact. Work per group
-O(g^2 m_G K' D^2 x steps) for m_G pieces and g components.
+O(g^2 m_G g D^2) per EM step for m_G pieces and g components.
 """
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ __all__ = ["regroup"]
 
 #: a component's neighbours must share at least this many rows (expected, by posteriors)
 _MIN_SHARED = 1.0
+#: EM stops when no piece's membership moves by more than this
+_R_TOL = 1e-3
+#: a component whose weight falls below this fraction of the group's rows is dropped
+_EMPTY = 1e-9
 
 
 def regroup(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam, max_group: int = 4,
-            max_iter: int = 30):
+            max_iter: int = 20):
     """Re-partition groups of adjacent components of ``cs`` where the mixture BIC prefers
     another partition of their pieces (module docstring). ``z`` (m,) is every piece's
     component slot, (n, mu, S, T) the pieces' counts, centred means, scatters and second
@@ -146,7 +150,7 @@ class _Context:
                 starts.append(s)
         best = None
         for s in starts:
-            lab, K = self._cem(rows, s, max_iter)
+            lab, K = self._em(rows, s, max_iter)
             if K < 1:
                 continue
             J = self._score(rows, rest, lab, K)
@@ -176,23 +180,30 @@ class _Context:
         s[np.flatnonzero(mine)[side]] = g
         return s
 
-    def _cem(self, rows, lab, max_iter):
-        """Classification EM of the pieces ``rows`` from labels ``lab``; empty components
-        are dropped. Returns the labels (0..K-1) and K."""
-        lab = np.unique(lab, return_inverse=True)[1]
+    def _em(self, rows, lab, max_iter):
+        """EM of the group's components over the pieces ``rows`` from the hard labels
+        ``lab``, with memberships shared by a piece's rows (each step raises the bound of
+        :func:`~fedclust.gauss.consolidate.tied_loglik`; soft memberships let overlapping
+        components keep the rows they share, where a classification EM would hand a
+        narrow component's border to a wide neighbour); components that lose all their
+        weight are dropped. Returns every piece's most likely component (0..K-1) and K."""
         n, mu, SS, TT = self.n[rows], self.mu[rows], self.SS[rows], self.TT[rows]
+        lab = np.unique(lab, return_inverse=True)[1]
+        R = np.zeros((rows.size, int(lab.max()) + 1))
+        R[np.arange(rows.size), lab] = 1.0
         for _ in range(max_iter):
-            K = int(lab.max()) + 1
-            Z = np.zeros((rows.size, K))
-            Z[np.arange(rows.size), lab] = 1.0
-            nk, mk, Sk = _c._pool(Z, n, mu, TT, self.fam)
-            P, ld = _c._params(nk, Sk, self.ridge, self.fam)
-            new = np.argmax(_c._piece_loglik(n, mu, SS, nk, mk, P, ld, self.N, self.fam),
-                            axis=1)
-            new = np.unique(new, return_inverse=True)[1]
-            if np.array_equal(new, lab):
+            nk, mk, Sk = _c._pool(R, n, mu, TT, self.fam)
+            keep = nk > _EMPTY * n.sum()
+            P, ld = _c._params(nk[keep], Sk[keep], self.ridge, self.fam)
+            a = _c._piece_loglik(n, mu, SS, nk[keep], mk[keep], P, ld, self.N,
+                                 self.fam) / n[:, None]
+            new = np.exp(a - a.max(axis=1, keepdims=True))
+            new /= new.sum(axis=1, keepdims=True)
+            done = new.shape == R.shape and np.abs(new - R).max() < _R_TOL
+            R = new
+            if done:
                 break
-            lab = new
+        lab = np.unique(np.argmax(R, axis=1), return_inverse=True)[1]
         return lab, int(lab.max()) + 1
 
 
