@@ -15,7 +15,10 @@ compared with the current partition by the mixture BIC of the group's rows, the 
 components staying as they are, with the soft bound of
 :func:`~fedclust.gauss.consolidate.tied_loglik`; the best one replaces the current
 partition when it lowers that BIC by more than ``merge_tol`` nats per sample of the group
-(the effect size of the pairwise test). A component stays a pool of whole pieces and no sample is lost; the step
+(the effect size of the pairwise test) and also lowers the group's classification BIC
+(each component fitted to its own pieces; the bound shares a piece's memberships among its
+rows, so alone it undervalues components that overlap inside pieces, such as two
+Gaussians sharing a centre). A component stays a pool of whole pieces and no sample is lost; the step
 depends only on the pieces, so ``forget`` stays exact. Work per group
 O(g^2 m_G g D^2) per EM step for m_G pieces and g components.
 """
@@ -129,6 +132,16 @@ class _Context:
                          np.concatenate([Sk, self.Sk[rest]]))
         return (-2.0 * ll + K * self.npar * np.log(self.N)) / (2.0 * nG)
 
+    def _hard(self, rows, labels, K) -> float:
+        """Classification BIC of the group's rows for a partition of them (each component
+        fitted to its own pieces, weights included)."""
+        Z = np.zeros((rows.size, K))
+        Z[np.arange(rows.size), labels] = 1.0
+        nk, _, Sk = _c._pool(Z, self.n[rows], self.mu[rows], self.TT[rows], self.fam)
+        P, ld = _c._params(nk, Sk, self.ridge, self.fam)
+        own = _c._own_loglik(nk, Sk, P, ld, self.N, self.fam).sum()
+        return -2.0 * own + K * self.npar * np.log(self.N)
+
     def best_partition(self, G, max_iter):
         """(J, labels, G) of the best proposal for the pieces of G when it beats the
         current partition, else None."""
@@ -138,6 +151,7 @@ class _Context:
         cur = np.array([pos[int(v)] for v in self.z[rows]])
         g = len(G)
         current = self._score(rows, rest, cur, g)
+        hard_current = self._hard(rows, cur, g)
         starts = []
         for p, q in combinations(range(g), 2):
             s = cur.copy()
@@ -154,7 +168,8 @@ class _Context:
             if K < 1:
                 continue
             J = self._score(rows, rest, lab, K)
-            if J < current - self.cs.s.merge_tol and (best is None or J < best[0]):
+            if J < current - self.cs.s.merge_tol and (best is None or J < best[0]) \
+                    and self._hard(rows, lab, K) < hard_current:
                 best = (J, lab)
         if best is None:
             return None
