@@ -172,7 +172,7 @@ def test_the_piece_tied_likelihood_bounds_the_mixture_likelihood(full):
     every piece, equal for one-row pieces."""
     from sklearn.mixture import GaussianMixture
 
-    from fedclust.gauss.consolidate import tied_loglik
+    from fedclust.gauss.piece_stats import tied_loglik
 
     rng = np.random.default_rng(5)
     D = 3
@@ -223,3 +223,91 @@ def test_two_overlapping_gaussians_stay_two(seed, gap, n2):
     assert cs.C == 2
     labels = np.argmin(np.linalg.norm(X[:, None] - cs.mu[None, :2], axis=2), axis=1)
     assert adjusted_rand_score(truth, labels) >= 0.7
+
+
+def _regroup_once(cs, pieces):
+    """Run the regrouping step alone on ``cs`` (pieces as :func:`consolidate` sees them)."""
+    from fedclust.gauss.regroup import regroup
+
+    slot = cs.row_clusters(pieces["uid"])
+    n, center = pieces["n"], cs.g[1]
+    mu = pieces["mu"] - center
+    S = pieces["S"]
+    T = S + n[:, None, None] * mu[:, :, None] * mu[:, None, :]
+    return regroup(cs, slot, n, mu, S, T, cs.s0_rule, center, True)
+
+
+def _row_labels(cs, X):
+    return np.argmax(cs.log_scores(X, "likelihood"), axis=1)
+
+
+def _three_in_a_row(seed, gap=4.5, n_tiles=60):
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(seed)
+    X = np.vstack([rng.normal(size=(400, 2)) + [i * gap, 0] for i in range(3)])
+    truth = np.repeat([0, 1, 2], 400)
+    tiles = KMeans(n_tiles, n_init=1, random_state=seed).fit_predict(X)
+    major = np.array([np.bincount(truth[tiles == t], minlength=3).argmax()
+                      for t in range(n_tiles)])
+    cent = np.array([X[tiles == t].mean(0) for t in range(n_tiles)])
+    return X, truth, tiles, major, cent
+
+
+def _gmm_bic(X, ks, seed):
+    from sklearn.mixture import GaussianMixture
+
+    return {k: GaussianMixture(k, random_state=seed, n_init=3).fit(X).bic(X) for k in ks}
+
+
+@pytest.mark.parametrize("seed", [81, 82, 83])
+def test_regroup_gives_a_shared_out_cluster_back_its_pieces(seed):
+    """The middle Gaussian's border tiles went to its neighbours and its core is two
+    chunks (4 components): scikit-learn's BIC on the rows prefers 3, and so does the
+    regrouping, which gives the middle Gaussian its tiles back."""
+    gap = 4.5
+    X, truth, tiles, major, cent = _three_in_a_row(seed, gap)
+    bic = _gmm_bic(X, (3, 4), seed)
+    assert bic[3] < bic[4]
+    group = np.where(major != 1, major, 3 + (cent[:, 1] > 0))
+    group[(major == 1) & (cent[:, 0] < gap - 0.8)] = 0
+    group[(major == 1) & (cent[:, 0] > gap + 0.8)] = 2
+    cs, pieces = _grouped(X, tiles, group)
+    assert cs.C == 4
+    before = adjusted_rand_score(truth, _row_labels(cs, X))
+    changed, _ = _regroup_once(cs, pieces)
+    assert changed >= 1 and cs.C == 3
+    assert cs.n[:3].sum() == pytest.approx(len(X))
+    after = adjusted_rand_score(truth, _row_labels(cs, X))
+    assert after >= 0.9 and after > before
+
+
+@pytest.mark.parametrize("seed", [84, 85])
+def test_regroup_splits_a_gaussian_shared_by_two_components(seed):
+    """Two components each hold one outer Gaussian and half of the middle one:
+    scikit-learn's BIC prefers 3 components, and so does the regrouping."""
+    gap = 4.5
+    X, truth, tiles, major, cent = _three_in_a_row(seed, gap)
+    bic = _gmm_bic(X, (2, 3), seed)
+    assert bic[3] < bic[2]
+    group = np.where(major == 1, (cent[:, 0] > gap).astype(int), major // 2)
+    cs, pieces = _grouped(X, tiles, group)
+    assert cs.C == 2
+    changed, _ = _regroup_once(cs, pieces)
+    assert changed >= 1 and cs.C == 3
+    assert adjusted_rand_score(truth, _row_labels(cs, X)) >= 0.9
+
+
+@pytest.mark.parametrize("seed, gap", [(86, 3.5), (87, 4.5), (88, 6.0)])
+def test_regroup_leaves_a_right_partition_alone(seed, gap):
+    """Three Gaussians held as their own tiles: scikit-learn's BIC prefers 3 to 2 and 4,
+    and the regrouping changes nothing."""
+    X, truth, tiles, major, cent = _three_in_a_row(seed, gap)
+    bic = _gmm_bic(X, (2, 3, 4), seed)
+    assert bic[3] < min(bic[2], bic[4])
+    cs, pieces = _grouped(X, tiles, major)
+    n_before, mu_before = cs.n[:3].copy(), cs.mu[:3].copy()
+    changed, _ = _regroup_once(cs, pieces)
+    assert changed == 0 and cs.C == 3
+    np.testing.assert_array_equal(cs.n[:3], n_before)
+    np.testing.assert_array_equal(cs.mu[:3], mu_before)

@@ -28,8 +28,10 @@ count, mean and scatter). :func:`consolidate` alternates
 
 then the pairwise merges again and a group merge (:func:`_merge_groups`: a group of
 components, no pair of which passes, becomes one Gaussian when that lowers the mixture BIC
-with memberships that are soft but shared by a piece's rows, :func:`tied_loglik`), until
-nothing changes. A component is always a pool of
+with memberships that are soft but shared by a piece's rows,
+:func:`~fedclust.gauss.piece_stats.tied_loglik`) and a
+regrouping of adjacent components into one fewer, as many or one more
+(:func:`~fedclust.gauss.regroup.regroup`), until nothing changes. A component is always a pool of
 whole pieces and every sample stays in a component. Maximum-likelihood covariances are ridged by the
 volume-rule Sigma_0 as one pseudo-sample, as in the pairwise BIC; full or diagonal,
 whichever gives the current mixture the lower BIC. Work per round O(m K D^2 + K D^3) for
@@ -41,55 +43,12 @@ from __future__ import annotations
 import numpy as np
 
 from .lazy_merge import merge_all_lazy
-from .model import ARRAYS, ClusterSet
+from .model import ClusterSet
+from .piece_stats import (diagonals, own_loglik, piece_loglik, pool_pieces, ridged_params,
+                          tied_loglik, write_back)
+from .regroup import regroup
 
-__all__ = ["consolidate", "snapshot", "tied_loglik"]
-
-
-def _pool(Z: np.ndarray, n: np.ndarray, mu: np.ndarray, T: np.ndarray, full: bool):
-    """(n, mean, scatter) of the components whose pieces are the columns of one-hot Z
-    (m, K); T are the pieces' second moments about the origin (centred data)."""
-    nk = Z.T @ n
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mk = (Z.T @ (n[:, None] * mu)) / nk[:, None]
-    Tk = np.tensordot(Z.T, T, axes=1)
-    if full:
-        Sk = Tk - nk[:, None, None] * mk[:, :, None] * mk[:, None, :]
-    else:
-        Sk = Tk - nk[:, None] * mk ** 2
-    return nk, mk, Sk
-
-
-def _params(nk, Sk, ridge, full):
-    """Precisions and log-determinants of the ridged ML covariances (S + ridge) / n."""
-    if full:
-        A = (Sk + np.diag(ridge)) / nk[:, None, None]
-        L = np.linalg.cholesky(A)
-        ld = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
-        return np.linalg.inv(A), ld
-    A = (Sk + ridge) / nk[:, None]
-    return 1.0 / A, np.log(A).sum(axis=1)
-
-
-def _piece_loglik(n, mu, S, nk, mk, P, ld, N, full):
-    """(m, K) log-likelihood of every piece's rows under every component, weights
-    included (additive constants dropped)."""
-    diff = mu[:, None, :] - mk[None]
-    if full:
-        tr = np.einsum("ide,kde->ik", S, P, optimize=True)
-        q = np.einsum("ikd,kde,ike->ik", diff, P, diff, optimize=True)
-    else:
-        tr = S @ P.T
-        q = np.einsum("ikd,kd->ik", diff ** 2, P)
-    with np.errstate(divide="ignore"):
-        logw = np.log(nk / N)
-    return n[:, None] * (logw - 0.5 * ld)[None] - 0.5 * (tr + n[:, None] * q)
-
-
-def _own_loglik(nk, Sk, P, ld, N, full):
-    """Log-likelihood of each component's rows under its own Gaussian and weight."""
-    tr = np.einsum("kde,ked->k", Sk, P) if full else (Sk * P).sum(axis=1)
-    return nk * (np.log(nk / N) - 0.5 * ld) - 0.5 * tr
+__all__ = ["consolidate", "snapshot"]
 
 
 def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool = True,
@@ -124,13 +83,13 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
         Z[np.arange(n.size), z] = 1.0
         fam = _family(Z, n, mu, T, ridge, full, N)
         npar = D + (D * (D + 1) // 2 if fam else D) + 1
-        TT, SS = (T, S) if fam else (_diag(T), _diag(S))
+        TT, SS = (T, S) if fam else (diagonals(T), diagonals(S))
         # classification EM over the pieces (a few steps; the likelihood only grows)
         for _ in range(20):
-            nk, mk, Sk = _pool(Z, n, mu, TT, fam)
+            nk, mk, Sk = pool_pieces(Z, n, mu, TT, fam)
             live = nk > 0
-            P, ld = _params(nk[live], Sk[live], ridge, fam)
-            ll = _piece_loglik(n, mu, SS, nk[live], mk[live], P, ld, N, fam)
+            P, ld = ridged_params(nk[live], Sk[live], ridge, fam)
+            ll = piece_loglik(n, mu, SS, nk[live], mk[live], P, ld, N, fam)
             idx = np.flatnonzero(live)
             znew = idx[np.argmax(ll, axis=1)]
             if np.array_equal(znew, z):
@@ -150,9 +109,9 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
             changed = True
             Z = np.zeros((n.size, cs.C))
             Z[np.arange(n.size), z] = 1.0
-        nk, mk, Sk = _pool(Z, n, mu, T, full)
+        nk, mk, Sk = pool_pieces(Z, n, mu, T, full)
         live = np.flatnonzero(nk > 0)
-        _write_back(cs, live, nk, mk + center, Sk, z)
+        write_back(cs, live, nk, mk + center, Sk, z)
         uz = cs.uid[np.searchsorted(live, z)]
         merged = merge_all_lazy(cs)   # cs.merge_all(), bit for bit, faster
         z = cs.row_clusters(uz)
@@ -161,6 +120,8 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
             if grouped:
                 z = cs.row_clusters(uz)
                 merged += grouped
+            moved, z = regroup(cs, z, n, mu, S, T, ridge, center, fam)
+            merged += moved
         changed = changed or merged > 0
         if not changed:
             break
@@ -195,12 +156,12 @@ def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
     full = cs.full
     if n.size < 2:
         return None, -np.inf, None
-    h = _cem_pieces(n, mu, S if full else _diag(S), T, ridge, full, max_iter)
+    h = _cem_pieces(n, mu, S if full else diagonals(S), T, ridge, full, max_iter)
     if h is None:
         return None, -np.inf, None
     H = np.stack([h, ~h], axis=1).astype(float)
-    nh, mh, Sh = _pool(H, n, mu, T, full)
-    pooled = _pool(np.ones((n.size, 1)), n, mu, T, full)
+    nh, mh, Sh = pool_pieces(H, n, mu, T, full)
+    pooled = pool_pieces(np.ones((n.size, 1)), n, mu, T, full)
     own = [(ld[0], ld[1]) for ld, _ in cs._bic_logdets(nh, Sh)]
     score = cs._bic_pair(nh[:1], nh[1:], own, pooled[0], pooled[2])[0]
     return h, score, (nh, mh, Sh)
@@ -208,19 +169,6 @@ def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
 
 #: pairs are the pairwise merge test's; a group starts at three components
 _MIN_GROUP = 3
-
-
-def tied_loglik(n, mu, S, nk, mk, Sk, ridge, N, full) -> np.ndarray:
-    """(m,) lower bound on the log-likelihood of every piece's rows under the mixture of
-    the components (nk, mk, Sk) with weights nk / N and covariances (Sk + ridge) / nk,
-    from the pieces' (n, mu, S) alone: n_i log sum_k exp(l_ik / n_i), with l_ik the
-    log-likelihood of the piece's rows under component k and its weight; the
-    responsibilities are shared by a piece's rows (equal to the mixture log-likelihood
-    for one-row pieces). Additive constant -n_i D log(2 pi) / 2 dropped."""
-    P, ld = _params(nk, Sk, ridge, full)
-    a = _piece_loglik(n, mu, S, nk, mk, P, ld, N, full) / n[:, None]
-    top = a.max(axis=1)
-    return n * (top + np.log(np.exp(a - top[:, None]).sum(axis=1)))
 
 
 def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
@@ -232,7 +180,7 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
     so, unlike the classification likelihood, overlapping components keep the rows they
     share. Evaluated on the pieces of G's components; the other components stay."""
     full = fam
-    SS = S if full else _diag(S)
+    SS = S if full else diagonals(S)
     C = cs.C
     G = np.asarray(G)
     rest = np.setdiff1d(np.arange(C), G)
@@ -317,7 +265,7 @@ def _cem_pieces(n, mu, S, T, ridge, full, max_iter):
     """Two-Gaussian classification EM with the pieces (n, mu, S; T their second moments)
     as atoms, started by cutting the piece means at the pooled mean across the pooled
     first principal axis. Returns the membership of the first half, or None."""
-    nk, mk, Sk = _pool(np.ones((n.size, 1)), n, mu, T, full)
+    nk, mk, Sk = pool_pieces(np.ones((n.size, 1)), n, mu, T, full)
     if full:
         vec = np.linalg.eigh(Sk[0])[1][:, -1]
     else:
@@ -328,9 +276,9 @@ def _cem_pieces(n, mu, S, T, ridge, full, max_iter):
         if h.all() or not h.any():
             return None
         H = np.stack([h, ~h], axis=1).astype(float)
-        nh, mh, Sh = _pool(H, n, mu, T, full)
-        P, ld = _params(nh, Sh, ridge, full)
-        ll = _piece_loglik(n, mu, S, nh, mh, P, ld, N, full)
+        nh, mh, Sh = pool_pieces(H, n, mu, T, full)
+        P, ld = ridged_params(nh, Sh, ridge, full)
+        ll = piece_loglik(n, mu, S, nh, mh, P, ld, N, full)
         new = ll[:, 0] >= ll[:, 1]
         if np.array_equal(new, h):
             break
@@ -340,24 +288,19 @@ def _cem_pieces(n, mu, S, T, ridge, full, max_iter):
     return h
 
 
-def _diag(S):
-    """The diagonals of (m, D, D) scatters (diagonal scatters unchanged)."""
-    return np.diagonal(S, axis1=1, axis2=2) if S.ndim == 3 else S
-
-
 def _family(Z, n, mu, T, ridge, full, N) -> bool:
     """True: full covariances give the current mixture the lower BIC (else diagonal)."""
     if not full:
         return False
     D = mu.shape[1]
-    Td = _diag(T)
+    Td = diagonals(T)
     bic = {}
     for fam, TT in ((True, T), (False, Td)):
-        nk, _, Sk = _pool(Z, n, mu, TT, fam)
+        nk, _, Sk = pool_pieces(Z, n, mu, TT, fam)
         live = nk > 0
-        P, ld = _params(nk[live], Sk[live], ridge, fam)
+        P, ld = ridged_params(nk[live], Sk[live], ridge, fam)
         npar = D + (D * (D + 1) // 2 if fam else D) + 1
-        bic[fam] = -2 * _own_loglik(nk[live], Sk[live], P, ld, N, fam).sum() \
+        bic[fam] = -2 * own_loglik(nk[live], Sk[live], P, ld, N, fam).sum() \
             + live.sum() * npar * np.log(N)
     return bool(bic[True] <= bic[False])
 
@@ -365,25 +308,25 @@ def _family(Z, n, mu, T, ridge, full, N) -> bool:
 def _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, tol) -> bool:
     """Hand the pieces of component k to their best other components if the mixture BIC
     loses less than ``tol`` nats per affected sample; updates z and Z in place."""
-    TT = T if fam else _diag(T)
-    SS = S if fam else _diag(S)
-    nk, mk, Sk = _pool(Z, n, mu, TT, fam)
+    TT = T if fam else diagonals(T)
+    SS = S if fam else diagonals(S)
+    nk, mk, Sk = pool_pieces(Z, n, mu, TT, fam)
     others = np.flatnonzero((nk > 0) & (np.arange(nk.size) != k))
     mine = np.flatnonzero(z == k)
-    P, ld = _params(nk[others], Sk[others], ridge, fam)
-    ll = _piece_loglik(n[mine], mu[mine], SS[mine], nk[others], mk[others], P, ld, N, fam)
+    P, ld = ridged_params(nk[others], Sk[others], ridge, fam)
+    ll = piece_loglik(n[mine], mu[mine], SS[mine], nk[others], mk[others], P, ld, N, fam)
     to = others[np.argmax(ll, axis=1)]
     aff = np.unique(np.append(to, k))
-    Pa, lda = _params(nk[aff], Sk[aff], ridge, fam)
-    before = _own_loglik(nk[aff], Sk[aff], Pa, lda, N, fam).sum()
+    Pa, lda = ridged_params(nk[aff], Sk[aff], ridge, fam)
+    before = own_loglik(nk[aff], Sk[aff], Pa, lda, N, fam).sum()
     z2 = z.copy()
     z2[mine] = to
     Z2 = np.zeros_like(Z)
     Z2[np.arange(n.size), z2] = 1.0
-    nk2, _, Sk2 = _pool(Z2, n, mu, TT, fam)
+    nk2, _, Sk2 = pool_pieces(Z2, n, mu, TT, fam)
     rec = np.unique(to)
-    Pr, ldr = _params(nk2[rec], Sk2[rec], ridge, fam)
-    after = _own_loglik(nk2[rec], Sk2[rec], Pr, ldr, N, fam).sum()
+    Pr, ldr = ridged_params(nk2[rec], Sk2[rec], ridge, fam)
+    after = own_loglik(nk2[rec], Sk2[rec], Pr, ldr, N, fam).sum()
     # BIC change of the whole mixture (only the affected terms move), per affected sample
     score = (-2.0 * (after - before) - npar * np.log(N)) / (2.0 * nk[aff].sum()) - tol
     if not score < 0.0:
@@ -391,20 +334,6 @@ def _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, tol) -> bool:
     z[:] = z2
     Z[:] = Z2
     return True
-
-
-def _write_back(cs: ClusterSet, live: np.ndarray, nk, mk, Sk, z) -> None:
-    """Components ``live`` (indices into the current slots) with their new statistics
-    become the cluster set; a dissolved component's uid maps to where most of it went."""
-    gone = np.setdiff1d(np.arange(cs.C), live)
-    for g in gone:  # its pieces went to several components: no single heir
-        cs.joined[int(cs.uid[g])] = -1
-    for name in ARRAYS:
-        arr = getattr(cs, name)
-        arr[:live.size] = arr[live]
-    cs.C = int(live.size)
-    cs.n[:cs.C], cs.mu[:cs.C], cs.S[:cs.C] = nk[live], mk[live], Sk[live]
-    cs.refresh(np.arange(cs.C))
 
 
 def snapshot(cs: ClusterSet) -> dict:
