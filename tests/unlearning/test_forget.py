@@ -292,3 +292,28 @@ def test_a_pickled_model_keeps_the_summaries_but_no_device_data():
     model.forget(devices=[1])
     fresh = KFed(4, 2, random_state=0).fit([Xs[z] for z in (0, 2, 3, 4)], device_ids=[0, 2, 3, 4])
     assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
+
+
+def test_a_row_deletions_check_runs_the_device_step_on_one_blas_thread(monkeypatch):
+    """The check of a device's new summary (reused by the replay) must round as the fit's
+    device step did: one BLAS thread, whatever the caller's setting. With two threads a
+    large device's centers differ in their last bits from a retrain's."""
+    from fedclust.core.threads import controller
+    from fedclust.kfed.protocol import KFedProtocol
+
+    rng = np.random.default_rng(0)
+    Xs = [rng.normal(size=(60, 4)) + 5.0 * (z % 3) for z in range(6)]
+    model = KFed(3, 2, random_state=0).fit(Xs)
+    seen = []
+    original = KFedProtocol.client_steps
+
+    def recording(self, *args, **kwargs):
+        seen.extend(lib["num_threads"] for lib in controller().info()
+                    if lib["user_api"] == "blas")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(KFedProtocol, "client_steps", recording)
+    with controller().limit(limits=2, user_api="blas"):
+        outside = [lib["num_threads"] for lib in controller().info() if lib["user_api"] == "blas"]
+        model.forget(rows={1: [0, 5]})
+    assert seen and set(seen) == {1}, (seen, outside)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import RunLog, RunOutput
+from ..core.threads import one_blas_thread
 from .replay import DevicesNeeded, ReplayOutput, replay
 from .store import SummaryStore, digest_message, recording
 
@@ -364,7 +365,8 @@ class ForgetMixin:
         path = "replay"
         fast, rechecked = None, None
         if drop and not changing and protocol is u.protocol:
-            fast = self._downdate(u, drop, kept)
+            with one_blas_thread():   # the server maths round as the fit's did
+                fast = self._downdate(u, drop, kept)
         if not drop and unchanged and len(unchanged) == len(changing):
             out, path = None, "none"
         elif fast is not None:
@@ -457,7 +459,9 @@ class ForgetMixin:
             if digest is None or rec.payloads.get(z) != digest:
                 continue
             st: dict = {}
-            got = proto.client_steps(request.for_device(z), {z: X}, seed=u.seed, states={z: st})
+            with one_blas_thread():   # as the transports and the replay: the same rounding
+                got = proto.client_steps(request.for_device(z), {z: X}, seed=u.seed,
+                                         states={z: st})
             if isinstance(got[z], Exception):
                 raise got[z]
             msg = proto.reply_types[request.action].from_arrays(got[z].to_arrays(),
