@@ -60,13 +60,20 @@ def _standardise(devices):
     return np.split(X, np.cumsum([len(d) for d in devices])[:-1])
 
 
-def heart(data_dir):
+def _hospitals(data_dir):
+    """The four heart-disease hospitals' rows, labels and feature names."""
     devs, ys = [], []
     for h in ("cleveland", "hungarian", "switzerland", "va"):
         z = np.load(data_dir / "uci-extra" / "heart-disease" / f"heart_{h}.npz",
                     allow_pickle=False)
         devs.append(z["X"].astype(float))
         ys.append(z["y_binary"])
+        names = list(z["feature_names"])
+    return devs, ys, names
+
+
+def heart(data_dir):
+    devs, ys, _ = _hospitals(data_dir)
     return _standardise(devs), ys
 
 
@@ -94,13 +101,8 @@ def autism(data_dir, column, min_rows, bands=None):
 
 
 def heart_by_sex(data_dir):
-    Xs, ys = [], []
-    for h in ("cleveland", "hungarian", "switzerland", "va"):
-        z = np.load(data_dir / "uci-extra" / "heart-disease" / f"heart_{h}.npz",
-                    allow_pickle=False)
-        Xs.append(z["X"].astype(float))
-        ys.append(z["y_binary"])
-        sex = list(z["feature_names"]).index("sex")
+    Xs, ys, names = _hospitals(data_dir)
+    sex = names.index("sex")
     X, y = np.concatenate(Xs), np.concatenate(ys)
     site = X[:, sex]
     X = np.delete(X, sex, axis=1)
