@@ -129,3 +129,23 @@ def test_row_minima_pick_the_pair_of_a_full_argmin_under_merge_updates(seed):
         R[p, p] = np.inf
         best.update(p, q)
     assert not alive.all()
+
+
+def test_exact_ties_between_duplicated_owners_merge_as_merge_all_does():
+    """Owners holding the same data send the same clusters: their pair scores tie
+    exactly, and the kept row minima must break every tie as np.argmin over the whole
+    score matrix does (the same merges, in the same order, the same uids joined)."""
+    base = _fragments(7, 6)
+    cs = ClusterSet(base.D, Settings(), 0)
+    cs.set_global(*base.g)
+    for _ in range(3):   # three owners with identical clusters
+        cs.add(base.mu[:base.C], base.S[:base.C], base.n[:base.C], base.cls[:base.C],
+               base.last[:base.C])
+    a, b = copy.deepcopy(cs), copy.deepcopy(cs)
+    merges = a.merge_all()
+    assert merges > base.C   # duplicates merge with each other as well
+    assert merge_all_lazy(b) == merges
+    assert a.C == b.C and a.joined == b.joined
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name)[:a.C], getattr(b, name)[:b.C],
+                                      err_msg=name)
