@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 
-from fedclust.gauss.lazy_merge import _Bounds, merge_all_lazy
+from fedclust.gauss.lazy_merge import _Bounds, _RowMinima, merge_all_lazy
 from fedclust.gauss.merging import moments_full
 from fedclust.gauss.model import ARRAYS, ClusterSet, Settings
 from fedclust.gauss.stats import merge_clusters, moments
@@ -99,3 +99,53 @@ def test_pairs_the_bound_sets_apart_cannot_merge_and_are_skipped():
     assert apart.sum() > len(p) // 4            # the far pairs are skipped
     assert np.all(exact[apart] >= 0.0)          # and none of them could merge
     np.testing.assert_array_equal(fast[~apart], exact[~apart])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_row_minima_pick_the_pair_of_a_full_argmin_under_merge_updates(seed):
+    """The kept row minima give np.argmin(R)'s pair after every merge-like update,
+    with many exact ties (scores on a coarse grid) and rows that become all +inf."""
+    rng = np.random.default_rng(seed)
+    C = 40
+    R = rng.integers(-3, 2, size=(C, C)).astype(float)
+    R = np.minimum(R, R.T)
+    R[rng.random((C, C)) < 0.2] = np.inf
+    R = np.minimum(R, R.T)
+    np.fill_diagonal(R, np.inf)
+    best = _RowMinima(R)
+    alive = np.ones(C, bool)
+    for _ in range(C - 1):
+        p, q = divmod(int(np.argmin(R)), C)
+        if R[p, q] == np.inf:
+            break
+        assert best.first() == (p, q)
+        alive[q] = False
+        R[q, :] = np.inf
+        R[:, q] = np.inf
+        row = np.where(alive, rng.integers(-3, 2, size=C).astype(float), np.inf)
+        row[rng.random(C) < 0.3] = np.inf
+        R[p, :] = row
+        R[:, p] = row
+        R[p, p] = np.inf
+        best.update(p, q)
+    assert not alive.all()
+
+
+def test_exact_ties_between_duplicated_owners_merge_as_merge_all_does():
+    """Owners holding the same data send the same clusters: their pair scores tie
+    exactly, and the kept row minima must break every tie as np.argmin over the whole
+    score matrix does (the same merges, in the same order, the same uids joined)."""
+    base = _fragments(7, 6)
+    cs = ClusterSet(base.D, Settings(), 0)
+    cs.set_global(*base.g)
+    for _ in range(3):   # three owners with identical clusters
+        cs.add(base.mu[:base.C], base.S[:base.C], base.n[:base.C], base.cls[:base.C],
+               base.last[:base.C])
+    a, b = copy.deepcopy(cs), copy.deepcopy(cs)
+    merges = a.merge_all()
+    assert merges > base.C   # duplicates merge with each other as well
+    assert merge_all_lazy(b) == merges
+    assert a.C == b.C and a.joined == b.joined
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name)[:a.C], getattr(b, name)[:b.C],
+                                      err_msg=name)
