@@ -21,7 +21,10 @@ column dropped each time), and the four heart hospitals' rows pooled and split b
 per-device summary rule was chosen and before any result on them was seen: the
 hospitals' rows by age band (<= 45, 45-55, 55-65, > 65; ``heart-age``), scikit-learn's
 diabetes rows by age band (<= 40, 40-50, 50-60, > 60; ``diabetes-age``, no labels) and
-the autism rows by earlier use of the screening app (``autism-app``).
+the autism rows by earlier use of the screening app (``autism-app``); and, after the
+per-device summary sizes of ``kfed_summary_basins.py`` were measured on all of those,
+every hospital's rows split by sex (``heart-hospital-sex``, 8 sites) and the autism rows
+by gender and jaundice at birth (``autism-gender-jaundice``, 4 sites).
 
 Methods: k-FED with the default server (``weighted-kmeans++``) and with the paper's
 (``farthest-lloyd1``) at k' in {2, 3, 5}, k-FED with ``n_local_clusters="auto"``, the
@@ -81,7 +84,7 @@ def heart(data_dir):
     return _standardise(devs), ys
 
 
-def autism(data_dir, column, min_rows, bands=None):
+def autism(data_dir, column, min_rows, bands=None, second=None):
     import pandas as pd
 
     df = pd.read_csv(data_dir / "uci-extra" / "autism-adult" / "autism_adult.csv",
@@ -91,6 +94,9 @@ def autism(data_dir, column, min_rows, bands=None):
         site = df[column].fillna("unknown").astype(str)
     else:   # a row of unknown age goes to the median's band
         site = pd.cut(df[column].fillna(df[column].median()), bands).astype(str)
+    if second is not None:   # sites by two attributes, both dropped
+        site = site + "/" + df[second].fillna("unknown").astype(str)
+        df = df.drop(columns=[second])
     sizes = site.map(site.value_counts())
     site = site.where(sizes >= min_rows, "other")
     feats = df.drop(columns=["result", "Class/ASD", "age_desc", column])
@@ -112,6 +118,18 @@ def heart_by_sex(data_dir):
     X = np.delete(X, sex, axis=1)
     devs = [X[site == s] for s in np.unique(site)]
     return _standardise(devs), [y[site == s] for s in np.unique(site)]
+
+
+def heart_by_hospital_and_sex(data_dir):
+    """Every hospital's rows split by sex: 8 sites (the sex column dropped)."""
+    Xs, ys, names = _hospitals(data_dir)
+    sex = names.index("sex")
+    devs, labs = [], []
+    for X, y in zip(Xs, ys):
+        for s in np.unique(X[:, sex]):
+            devs.append(np.delete(X[X[:, sex] == s], sex, axis=1))
+            labs.append(y[X[:, sex] == s])
+    return _standardise(devs), labs
 
 
 def heart_by_age(data_dir):
@@ -166,6 +184,8 @@ NEW_HELD_OUT = {
     "heart-age": heart_by_age,
     "diabetes-age": diabetes_by_age,
     "autism-app": lambda d: autism(d, "used_app_before", 10),
+    "heart-hospital-sex": heart_by_hospital_and_sex,
+    "autism-gender-jaundice": lambda d: autism(d, "gender", 10, second="jundice"),
 }
 
 
