@@ -14,19 +14,20 @@ boundary cuts a local cluster. This script measures, on the natural federations 
   (weighted Lloyd on the summary from the pooled centers), and in how many seeds the
   summary ranks k-FED's basin below the pooled one;
 
-for several per-device summary sizes, sent through the public API as one
-``n_local_clusters`` per device (the default server sends ``max(k_z, min(2k, n_z // 5))``):
+for several per-device summary sizes:
 
-* ``2k``: the default (``"auto"``);
-* ``hidden<=1/4``: 2k doubled until the local clusters' scatter is at most a quarter of
-  the device's total scatter about its mean;
+* ``default``: ``n_local_clusters="auto"``: 2k centers doubled until the local clusters'
+  scatter is at most a quarter of the device's total scatter about its mean
+  (``fedclust.kfed.local.SUMMARY_HIDDEN_SHARE``), at most 8 KiB per device;
+* ``2k``: the same with the hidden share set to 1 (every device stops at 2k);
+* ``hidden<=1/4 32KiB``: the default's rule with a 32 KiB cap;
 * ``own-gap<=1%``: 2k doubled until the summary's cost at the device's own k centers
-  (its local k-means at k) is within 1 % of its true cost there;
-* ``finest``: the cap;
+  (its local k-means at k) is within 1 % of its true cost there, 32 KiB cap (the device
+  works out its size with its own local k-means on its seeded stream and it is sent as
+  one ``n_local_clusters`` per device, the hidden share set to 1);
+* ``finest``: the 32 KiB cap (hidden share 0);
 
-each capped at ``n_z // 5`` centers and 32 KiB per device (at least 2k). A device works
-out its size with its own local k-means (its seeded stream), the fit then runs its
-local step again. Cost ÷ pooled and ARI as in ``real_federations.py``; 20 seeds
+every cap at most ``n_z // 5`` centers and at least 2k. Cost ÷ pooled and ARI as in ``real_federations.py``; 20 seeds
 (``--quick``: 3 seeds; heart-hospital, autism-age and the bundled diabetes-sex).
 """
 
@@ -42,6 +43,7 @@ import real_federations as R
 from fedclust import KFed
 from fedclust.core.kmeans import assign
 from fedclust.core.random import device_rng
+import fedclust.kfed.local as local
 from fedclust.kfed.local import local_kmeans, local_scatter
 
 K = R.K
@@ -64,10 +66,6 @@ def _ladder_size(X, seed, z, stop):
         kz = min(2 * kz, cap)
 
 
-def _hidden_quarter(X, centers, counts, labels):
-    return local_scatter(X, centers, labels).sum() <= 0.25 * ((X - X.mean(axis=0)) ** 2).sum()
-
-
 def _own_gap_factory(seed, z):
     def stop(X, centers, counts, labels):
         own = local_kmeans(X, K, device_rng(seed, z)).message.centers
@@ -77,14 +75,32 @@ def _own_gap_factory(seed, z):
     return stop
 
 
+def _auto(devs, seed):
+    return "auto"
+
+
+#: rule -> (n_local_clusters for the devices, module settings of fedclust.kfed.local)
 RULES = {
-    "2k": lambda devs, seed: "auto",
-    "hidden<=1/4": lambda devs, seed: [_ladder_size(X, seed, z, _hidden_quarter)
-                                       for z, X in enumerate(devs)],
-    "own-gap<=1%": lambda devs, seed: [_ladder_size(X, seed, z, _own_gap_factory(seed, z))
-                                       for z, X in enumerate(devs)],
-    "finest": lambda devs, seed: [_cap(*X.shape) for X in devs],
+    "default": (_auto, {}),
+    "2k": (_auto, {"SUMMARY_HIDDEN_SHARE": 1.0}),
+    "hidden<=1/4 32KiB": (_auto, {"SUMMARY_MAX_BYTES": CAP_BYTES}),
+    "own-gap<=1%": (lambda devs, seed: [_ladder_size(X, seed, z, _own_gap_factory(seed, z))
+                                        for z, X in enumerate(devs)],
+                    {"SUMMARY_HIDDEN_SHARE": 1.0, "SUMMARY_MAX_BYTES": CAP_BYTES}),
+    "finest": (_auto, {"SUMMARY_HIDDEN_SHARE": 0.0, "SUMMARY_MAX_BYTES": CAP_BYTES}),
 }
+
+
+def _fit(devices, seed, rule):
+    sizes, settings = RULES[rule]
+    old = {name: getattr(local, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            setattr(local, name, value)
+        return KFed(K, sizes(devices, seed), random_state=seed).fit(devices)
+    finally:
+        for name, value in old.items():
+            setattr(local, name, value)
 
 
 def _summary_lloyd(LC, w, start, max_iter=300):
@@ -135,8 +151,8 @@ def run(name, devices, ys, seeds):
     acc = {}
     for seed in seeds:
         ref = KMeans(K, n_init=10, random_state=seed).fit(X)
-        for rule, sizes in RULES.items():
-            model = KFed(K, sizes(devices, seed), random_state=seed).fit(devices)
+        for rule in RULES:
+            model = _fit(devices, seed, rule)
             diag = diagnose(devices, ys, model, ref)
             r = acc.setdefault(rule, {k: [] for k in (
                 "cost", "ari", "pooled_ari", "bytes", "hidden", "straddle", "prefers_own")})

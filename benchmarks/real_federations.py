@@ -24,7 +24,10 @@ diabetes rows by age band (<= 40, 40-50, 50-60, > 60; ``diabetes-age``, no label
 the autism rows by earlier use of the screening app (``autism-app``); and, after the
 per-device summary sizes of ``kfed_summary_basins.py`` were measured on all of those,
 every hospital's rows split by sex (``heart-hospital-sex``, 8 sites) and the autism rows
-by gender and jaundice at birth (``autism-gender-jaundice``, 4 sites).
+by gender and jaundice at birth (``autism-gender-jaundice``, 4 sites); and, after the
+default summary's 8 KiB cap was chosen on all of those, the autism rows by age band
+(<= 25, 25-35, > 35) and gender (``autism-age-gender``, 6 sites) and by a family member
+with autism and gender (``autism-family-gender``, 4 sites).
 
 Methods: k-FED with the default server (``weighted-kmeans++``) and with the paper's
 (``farthest-lloyd1``) at k' in {2, 3, 5}, k-FED with ``n_local_clusters="auto"``, the
@@ -186,6 +189,9 @@ NEW_HELD_OUT = {
     "autism-app": lambda d: autism(d, "used_app_before", 10),
     "heart-hospital-sex": heart_by_hospital_and_sex,
     "autism-gender-jaundice": lambda d: autism(d, "gender", 10, second="jundice"),
+    "autism-age-gender": lambda d: autism(d, "age", 10, bands=[0, 25, 35, np.inf],
+                                          second="gender"),
+    "autism-family-gender": lambda d: autism(d, "austim", 10, second="gender"),
 }
 
 
