@@ -321,9 +321,10 @@ SUMMARY_CENTERS_PER_CLUSTER = 2
 SUMMARY_HIDDEN_SHARE = 0.25
 
 #: the most bytes a device's summary takes ((d + 2) 8 per center: float64 center, int64
-#: count, float64 scatter), unless 2k centers take more. At 32 KiB the sites of 300-700 rows
-#: in about 100 columns sent 24-40 centers of 8-18 rows, as noisy as 6 centers of 60 and
-#: landing in basins of low ARI at the pooled cost (docs/kfed.md); 8 KiB is 10 such centers.
+#: count, float64 scatter), unless 2k centers take more. At 32 KiB the autism sites of
+#: 300-700 rows in about 100 columns sent 24-40 centers of 8-18 rows, which straddle the
+#: pooled clusters about as often as 6 centers do, and the server landed in basins of low ARI
+#: at the pooled cost (docs/kfed.md); 8 KiB is 10 centers at d = 100, 68 at d = 13.
 SUMMARY_MAX_BYTES = 8192
 
 

@@ -208,7 +208,7 @@ class KFedProtocol(Protocol):
         that many, the top of its BIC range): a coarser summary can merge groups the server
         cannot split again. With the default server the device then refines its summary up
         the :func:`fedclust.kfed.local.summary_ladder` (its local clusters' scatter at most a
-        quarter of its own, at most 32 KiB); the device's labels come from the final
+        quarter of its own, at most 8 KiB); the device's labels come from the final
         centers, not from its local clusters."""
         if not self.summarise:
             return k_z
