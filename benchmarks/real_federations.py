@@ -17,7 +17,17 @@ Held-out splits (no default was chosen on them; k-FED rows only): the autism row
 gender, by age band (<= 20, 20-25, 25-30, 30-35, 35-45, > 45; a missing age counts as
 the median), by jaundice at birth and by a family member with autism (the splitting
 column dropped each time), and the four heart hospitals' rows pooled and split by sex
-(``heart-sex``, the sex column dropped).
+(``heart-sex``, the sex column dropped). Three more splits were added after the
+per-device summary rule was chosen and before any result on them was seen: the
+hospitals' rows by age band (<= 45, 45-55, 55-65, > 65; ``heart-age``), scikit-learn's
+diabetes rows by age band (<= 40, 40-50, 50-60, > 60; ``diabetes-age``, no labels) and
+the autism rows by earlier use of the screening app (``autism-app``); and, after the
+per-device summary sizes of ``kfed_summary_basins.py`` were measured on all of those,
+every hospital's rows split by sex (``heart-hospital-sex``, 8 sites) and the autism rows
+by gender and jaundice at birth (``autism-gender-jaundice``, 4 sites); and, after the
+default summary's 8 KiB cap was chosen on all of those, the autism rows by age band
+(<= 25, 25-35, > 35) and gender (``autism-age-gender``, 6 sites) and by a family member
+with autism and gender (``autism-family-gender``, 4 sites).
 
 Methods: k-FED with the default server (``weighted-kmeans++``) and with the paper's
 (``farthest-lloyd1``) at k' in {2, 3, 5}, k-FED with ``n_local_clusters="auto"``, the
@@ -77,7 +87,7 @@ def heart(data_dir):
     return _standardise(devs), ys
 
 
-def autism(data_dir, column, min_rows, bands=None):
+def autism(data_dir, column, min_rows, bands=None, second=None):
     import pandas as pd
 
     df = pd.read_csv(data_dir / "uci-extra" / "autism-adult" / "autism_adult.csv",
@@ -87,6 +97,9 @@ def autism(data_dir, column, min_rows, bands=None):
         site = df[column].fillna("unknown").astype(str)
     else:   # a row of unknown age goes to the median's band
         site = pd.cut(df[column].fillna(df[column].median()), bands).astype(str)
+    if second is not None:   # sites by two attributes, both dropped
+        site = site + "/" + df[second].fillna("unknown").astype(str)
+        df = df.drop(columns=[second])
     sizes = site.map(site.value_counts())
     site = site.where(sizes >= min_rows, "other")
     feats = df.drop(columns=["result", "Class/ASD", "age_desc", column])
@@ -108,6 +121,39 @@ def heart_by_sex(data_dir):
     X = np.delete(X, sex, axis=1)
     devs = [X[site == s] for s in np.unique(site)]
     return _standardise(devs), [y[site == s] for s in np.unique(site)]
+
+
+def heart_by_hospital_and_sex(data_dir):
+    """Every hospital's rows split by sex: 8 sites (the sex column dropped)."""
+    Xs, ys, names = _hospitals(data_dir)
+    sex = names.index("sex")
+    devs, labs = [], []
+    for X, y in zip(Xs, ys):
+        for s in np.unique(X[:, sex]):
+            devs.append(np.delete(X[X[:, sex] == s], sex, axis=1))
+            labs.append(y[X[:, sex] == s])
+    return _standardise(devs), labs
+
+
+def heart_by_age(data_dir):
+    """The four hospitals' rows pooled and split by age band (the age column dropped)."""
+    Xs, ys, names = _hospitals(data_dir)
+    age = names.index("age")
+    X, y = np.concatenate(Xs), np.concatenate(ys)
+    band = np.digitize(X[:, age], [45, 55, 65], right=True)
+    X = np.delete(X, age, axis=1)
+    bands = np.unique(band)
+    return _standardise([X[band == b] for b in bands]), [y[band == b] for b in bands]
+
+
+def diabetes_by_age(_):
+    """scikit-learn's diabetes rows by age band (<= 40, 40-50, 50-60, > 60; age dropped)."""
+    from sklearn.datasets import load_diabetes
+
+    X = load_diabetes(scaled=False).data
+    band = np.digitize(X[:, 0], [40, 50, 60], right=True)
+    X = X[:, 1:]
+    return _standardise([X[band == b] for b in np.unique(band)]), None
 
 
 def diabetes(_):
@@ -133,6 +179,19 @@ HELD_OUT = {
     "autism-jaundice": lambda d: autism(d, "jundice", 10),
     "autism-family": lambda d: autism(d, "austim", 10),
     "heart-sex": heart_by_sex,
+}
+
+#: splits added after the per-device summary rule was chosen, before any result on them
+#: was seen (``--held-out`` runs them with the others)
+NEW_HELD_OUT = {
+    "heart-age": heart_by_age,
+    "diabetes-age": diabetes_by_age,
+    "autism-app": lambda d: autism(d, "used_app_before", 10),
+    "heart-hospital-sex": heart_by_hospital_and_sex,
+    "autism-gender-jaundice": lambda d: autism(d, "gender", 10, second="jundice"),
+    "autism-age-gender": lambda d: autism(d, "age", 10, bands=[0, 25, 35, np.inf],
+                                          second="gender"),
+    "autism-family-gender": lambda d: autism(d, "austim", 10, second="gender"),
 }
 
 
@@ -233,8 +292,8 @@ def main():
     rows, spread = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        held_out = set(HELD_OUT)
-        for name, load in {**FEDERATIONS, **HELD_OUT}.items():
+        held_out = set(HELD_OUT) | set(NEW_HELD_OUT)
+        for name, load in {**FEDERATIONS, **HELD_OUT, **NEW_HELD_OUT}.items():
             try:
                 devices, ys = load(args.data_dir)
             except FileNotFoundError as exc:

@@ -124,6 +124,20 @@ def _check_real_federations(doc):
         assert r["bytes_up_per_site"] > 0 and r["runs"] == 2
 
 
+def _check_kfed_summary_basins(doc):
+    # without the data folder only scikit-learn's bundled diabetes federation runs
+    rows = {r["rule"]: r for r in doc["rows"] if r["federation"] == "diabetes-sex"}
+    assert set(rows) == {"default", "2k", "hidden<=1/4 32KiB", "own-gap<=1%", "finest"}
+    for r in rows.values():
+        assert 0.99 <= r["cost_ratio"] <= r["worst_cost_ratio"] < 1.5 and r["runs"] == 3
+        assert 0.0 < r["hidden_over_pooled"] < 1.0 and 0.0 <= r["straddle"] < 1.0
+    # a finer summary hides less of the pooled cost and sends more bytes
+    assert rows["finest"]["hidden_over_pooled"] < rows["2k"]["hidden_over_pooled"]
+    assert rows["finest"]["bytes_up_per_site"] > rows["2k"]["bytes_up_per_site"]
+    assert rows["2k"]["bytes_up_per_site"] == 6 * (10 + 2) * 8   # 2k centers of d = 10
+    assert rows["default"]["bytes_up_per_site"] <= 8192
+
+
 def _check_unlearning(doc):
     assert {r["case"] for r in doc["rows"]} == {"kfed", "kfed-paper", "gauss", "gauss-tree"}
     for row in doc["rows"]:
@@ -149,6 +163,7 @@ CASES = {
     "kfed_byzantine": ([], _check_kfed_byzantine),
     "secagg": (["--repeats", "1"], _check_secagg),
     "real_federations": ([], _check_real_federations),
+    "kfed_summary_basins": ([], _check_kfed_summary_basins),
     "unlearning": ([], _check_unlearning),
 }
 

@@ -15,7 +15,8 @@ from sklearn.metrics import adjusted_rand_score
 from fedclust import KFed
 from fedclust.core.exceptions import IncompatibleMessageError
 from fedclust.flower.results import log_from_json, log_to_json
-from fedclust.kfed.local import auto_range, kmeans_bic, local_kmeans_auto
+from fedclust.kfed.local import (auto_range, kmeans_bic, local_kmeans_auto, summary_ladder,
+                                 summary_size)
 from fedclust.kfed.messages import LocalSummary
 from fedclust.kfed.server import poorly_explained
 
@@ -82,9 +83,12 @@ def test_int_and_per_device_n_local_clusters_still_work():
     devices, _ = _overlapping_federation(4)
     per = [1 + z % 3 for z in range(len(devices))]
     m = KFed(4, per, random_state=0).fit(devices)
-    # with the default server a device never summarises by fewer than min(2k, n/5) centers
+    # with the default server a device never summarises by fewer than min(2k, n/5) centers,
+    # and sends a rung of its ladder from there
     for X, c, kz in zip(devices, m.local_centers_, per):
-        assert len(c) == max(kz, auto_range(len(X), 4)[1])
+        start = max(kz, summary_size(len(X), 4))
+        assert len(c) >= start == max(kz, auto_range(len(X), 4)[1])
+        assert len(c) in summary_ladder(len(X), X.shape[1], 4, start=start)
     paper = KFed(4, per, server="farthest-lloyd1", random_state=0).fit(devices)
     assert [len(c) for c in paper.local_centers_] == per
     assert m.communication_["bytes_up"] == sum(len(c) * (6 + 2) * 8 for c in m.local_centers_)
@@ -119,9 +123,12 @@ def test_auto_never_sends_fewer_centers_than_the_groups_a_device_holds(seed):
         held.append(len(g))
     m = KFed(k, "auto", random_state=seed).fit(devices)
     sent = [len(c) for c in m.local_centers_]
-    for X, h, s in zip(devices, held, sent):
+    for X, h, s in zip(devices, held, sent):   # the default server: a rung of the ladder
+        assert h <= s and s in summary_ladder(len(X), d, k)
+    bic = KFed(k, "auto", server="kmeans++", random_state=seed).fit(devices)
+    for X, h, c in zip(devices, held, bic.local_centers_):
         lo, hi = auto_range(len(X), k)
-        assert h <= s and lo <= s <= hi <= 2 * k
+        assert h <= len(c) and lo <= len(c) <= hi <= 2 * k
     rng_dev = np.random.default_rng(seed)
     res = local_kmeans_auto(devices[0], k, rng_dev)
     assert len(res.message.centers) >= held[0]

@@ -39,9 +39,9 @@ K = 4
 
 @pytest.fixture(scope="module")
 def fed():
-    # heavily overlapping: Lloyd from the k-FED centers takes 18 iterations to settle,
+    # heavily overlapping: Lloyd from the k-FED centers takes 16 iterations to settle,
     # so every r below runs exactly r rounds
-    return _overlapping_federation(1, spread=1.0)
+    return _overlapping_federation(8, spread=1.0)
 
 
 @pytest.fixture(scope="module")

@@ -54,8 +54,11 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         the default server a device sends at least ``min(2k, n_z // 5)``
         centers whatever k_z says (its labels come from the final centers, and
         a coarser summary can merge groups the server cannot split again).
-        ``"auto"``: with the default server every device sends
-        ``min(2k, n_z // 5)`` centers (:func:`fedclust.kfed.local.summary_size`);
+        ``"auto"``: with the default server every device starts at
+        ``min(2k, n_z // 5)`` centers (:func:`fedclust.kfed.local.summary_size`)
+        and doubles them until its local clusters hide at most a quarter of its
+        scatter, at most 8 KiB (:func:`fedclust.kfed.local.summary_ladder`,
+        :func:`fedclust.kfed.local.summary_kmeans_stacked`);
         with the other servers a device picks its own k_z from its data, between
         ``min(k, n_z // 5)`` and ``min(2k, n_z // 5)``, by the X-means BIC of
         its local k-means (:func:`fedclust.kfed.local.local_kmeans_auto`):

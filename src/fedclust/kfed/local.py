@@ -29,7 +29,9 @@ from .messages import LocalCenters
 __all__ = ["LocalKMeansResult", "local_kmeans", "local_kmeans_many", "local_kmeans_stacked",
            "top_right_singular_vectors", "local_kmeans_auto", "kmeans_bic", "local_scatter",
            "local_scatter_stacked", "auto_range", "MIN_POINTS_PER_LOCAL_CLUSTER",
-           "local_kmeans_auto_many", "summary_size", "SUMMARY_CENTERS_PER_CLUSTER"]
+           "local_kmeans_auto_many", "summary_size", "SUMMARY_CENTERS_PER_CLUSTER",
+           "SUMMARY_HIDDEN_SHARE", "SUMMARY_MAX_BYTES", "summary_cap", "summary_ladder",
+           "summary_kmeans_stacked"]
 
 #: ``n_local_clusters="auto"``: a device never makes local clusters of fewer points than this
 #: on average (k_z <= n_z / 5): smaller ones are dominated by noise and their centers come
@@ -309,24 +311,142 @@ def auto_range(n: int, n_clusters: int) -> tuple[int, int]:
     return max(1, min(n_clusters, cap)), max(1, min(2 * n_clusters, cap))
 
 
-#: the default server's summary: a device sends at most this many local centers per final
-#: cluster. Finer summaries (5, 10, 20) lowered the mean pooled cost on the natural
-#: federations of docs/kfed.md by 0.3-0.7 % but moved the ARI both ways (basins of nearly
-#: equal cost) for 1.7-10x the bytes.
+#: the default server's summary: the fewest local centers a device sends per final cluster
 SUMMARY_CENTERS_PER_CLUSTER = 2
+
+#: the default server's summary: a device refines its local k-means until the scatter of its
+#: local clusters (the part of its cost the server cannot see) is at most this share of its
+#: own total scatter about its mean. Chosen on four natural federations (heart-hospital,
+#: autism-country, autism-relation, diabetes-sex; docs/kfed.md) by the pooled cost.
+SUMMARY_HIDDEN_SHARE = 0.25
+
+#: the most bytes a device's summary takes ((d + 2) 8 per center: float64 center, int64
+#: count, float64 scatter), unless 2k centers take more. At 32 KiB the autism sites of
+#: 300-700 rows in about 100 columns sent 24-40 centers of 8-18 rows, which straddle the
+#: pooled clusters about as often as 6 centers do, and the server landed in basins of low ARI
+#: at the pooled cost (docs/kfed.md); 8 KiB is 10 centers at d = 100, 68 at d = 13.
+SUMMARY_MAX_BYTES = 8192
 
 
 def summary_size(n: int, n_clusters: int) -> int:
-    """Local centers a device of n points sends to the default (count-weighted) server.
+    """The fewest local centers a device of n points sends to the default server.
 
     ``min(n // MIN_POINTS_PER_LOCAL_CLUSTER, SUMMARY_CENTERS_PER_CLUSTER * k)`` (at least
-    1, below n): the top of :func:`auto_range`. The server minimises the weighted cost of
-    the device centers plus their scatter, which equals the pooled k-means cost while no
-    final cluster boundary cuts a local cluster; more local clusters than k leave fewer
-    points to be cut, for ``(d + 2) 8`` bytes per extra center.
+    1, below n): the first rung of :func:`summary_ladder` and the top of
+    :func:`auto_range`. A summary coarser than 2k can merge groups the server cannot split.
     """
     cap = max(1, min(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER))
     return min(cap, SUMMARY_CENTERS_PER_CLUSTER * n_clusters)
+
+
+def summary_cap(n: int, d: int, n_clusters: int) -> int:
+    """The most local centers a device of n points in d dimensions sends to the default
+    server: ``SUMMARY_MAX_BYTES`` worth of ``(d + 2) 8``-byte centers, at least
+    :func:`summary_size` ``(2**62, k)`` (2k), and never more than ``n // 5`` (a local
+    cluster averages at least :data:`MIN_POINTS_PER_LOCAL_CLUSTER` points)."""
+    per_bytes = max(SUMMARY_CENTERS_PER_CLUSTER * n_clusters, SUMMARY_MAX_BYTES // ((d + 2) * 8))
+    return min(per_bytes, max(1, min(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER)))
+
+
+def summary_ladder(n: int, d: int, n_clusters: int, start: int | None = None) -> list[int]:
+    """The k_z a device tries for the default server, in order: ``start`` (default
+    :func:`summary_size`), doubled until :func:`summary_cap`, the cap last."""
+    cap = summary_cap(n, d, n_clusters)
+    k = summary_size(n, n_clusters) if start is None else start
+    if k >= cap:
+        return [k]
+    ladder = []
+    while k < cap:
+        ladder.append(k)
+        k *= 2
+    return ladder + [cap]
+
+
+def summary_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, ladder: list[int],
+                           uniforms: np.ndarray,
+                           rngs: list[np.random.Generator] | Callable[[int], np.random.Generator],
+                           *, max_iter: int = 300, tol: float = 1e-4,
+                           devices: list[str] | None = None, max_batch_elements: int = 1 << 23,
+                           hidden_share: float | None = None):
+    """The default server's summary for devices of one shape (n, d): the first k_z of
+    ``ladder`` whose local clusters' scatter is at most ``hidden_share`` (default
+    :data:`SUMMARY_HIDDEN_SHARE`) of the device's total scatter about its mean (the last
+    rung otherwise).
+
+    Why: the server minimises the count-weighted cost of the device centers plus their
+    scatter q. At any final centers C that is the pooled cost of the points with every
+    local cluster sent whole to one center, at least the pooled cost at C and at most
+    ``2 sqrt(q S(C))`` above it (S(C) the weighted cost of the centers; triangle inequality
+    and Cauchy–Schwarz), and exactly it when no final boundary cuts a local cluster. A
+    smaller q shrinks that error wherever it is, so the server ranks the basins of the
+    pooled cost as the pooled data do; the device measures q against its own scatter
+    because that needs nothing from the others.
+
+    Each rung runs :func:`local_kmeans_stacked` on the devices still refining, k-means++
+    on the first ``n_uniforms(k_z)`` of the device's ``uniforms`` (B, n_uniforms(ladder[-1]))
+    row. Returns one ``(index, centers, counts, labels, scatter)`` per rung that some device
+    stopped at: ``index`` (m,) the devices (positions in ``Xs``), centers (m, k_z, d),
+    counts (m, k_z) int64, labels (m, n) int64, scatter (m, k_z).
+    """
+    B = len(Xs)
+    names = devices or [f"device {i}" for i in range(B)]
+    rng_of = rngs if callable(rngs) else rngs.__getitem__
+    hidden_share = SUMMARY_HIDDEN_SHARE if hidden_share is None else hidden_share
+    total = np.array([float(((X - X.mean(axis=0)) ** 2).sum()) for X in Xs])
+    active, prev = np.arange(B), None
+    out = []
+    for r, k in enumerate(ladder):
+        part = Xs[active] if isinstance(Xs, np.ndarray) else [Xs[i] for i in active]
+        U = uniforms[active, :n_uniforms(k)]
+        C, N, L, ok = _summary_rung(part, k, U, lambda j: rng_of(int(active[j])),
+                                    [names[i] for i in active], max_iter, tol,
+                                    max_batch_elements, raise_errors=r == 0)
+        if not ok.all():   # fewer distinct points than k_z: the device keeps its last rung
+            pi, pC, pN, pL, pS = prev
+            out.append((pi[~ok], pC[~ok], pN[~ok], pL[~ok], pS[~ok]))
+            active, part = active[ok], [x for x, o in zip(part, ok) if o]
+            C, N, L = C[ok], N[ok], L[ok]
+            if len(active) == 0:
+                break
+        S = np.stack([local_scatter(X, c, lab) for X, c, lab in zip(part, C, L)])
+        done = (S.sum(axis=1) <= hidden_share * total[active]) | (r == len(ladder) - 1)
+        if done.any():
+            out.append((active[done], C[done], N[done], L[done], S[done]))
+        active, prev = active[~done], (active[~done], C[~done], N[~done], L[~done], S[~done])
+        if len(active) == 0:
+            break
+    return out
+
+
+def _summary_rung(part, k, U, rng_of, names, max_iter, tol, max_batch_elements, *,
+                  raise_errors):
+    """One rung of :func:`summary_kmeans_stacked`: centers, counts, labels of every device at
+    k_z = k, and which devices had k distinct points (the others raise when
+    ``raise_errors``, as :func:`local_kmeans` does)."""
+    try:
+        stacked = local_kmeans_stacked(part, k, rng_of, uniforms=U, max_iter=max_iter, tol=tol,
+                                       devices=names, max_batch_elements=max_batch_elements)
+        if stacked is not None:
+            C, N, L, _ = stacked
+            return C, N, L, np.ones(len(C), dtype=bool)
+    except ValidationError:
+        if raise_errors:
+            raise
+    res = []
+    for j, (X, nm) in enumerate(zip(part, names)):   # large devices, or one lacks k points
+        try:
+            res.append(local_kmeans(X, k, rng_of(j), max_iter=max_iter, tol=tol, device=nm,
+                                    uniforms=U[j]))
+        except ValidationError:
+            if raise_errors:
+                raise
+            res.append(None)
+    ok = np.array([x is not None for x in res])
+    n, d = part[0].shape
+    C = np.stack([x.message.centers if x else np.zeros((k, d)) for x in res])
+    N = np.stack([x.message.counts if x else np.zeros(k, dtype=np.int64) for x in res])
+    L = np.stack([x.labels if x else np.zeros(n, dtype=np.int64) for x in res])
+    return C, N, L, ok
 
 
 def local_kmeans_auto(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,

@@ -22,13 +22,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.random import device_rng, device_uniforms, server_rng
-from ..core.validation import check_choice, check_float, check_int
+from ..core.validation import check_array, check_choice, check_float, check_int
 from ..core.exceptions import (FedClustError, IncompatibleMessageError, TooFewReplies,
                                ValidationError)
 from .batched import n_uniforms
 from .local import (auto_range, local_kmeans, local_kmeans_auto, local_kmeans_auto_many,
                     local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked,
-                    summary_size)
+                    summary_cap, summary_kmeans_stacked, summary_ladder, summary_size)
 from ..core.kmeans import assign
 from ..core.messages import Message, StackedReplies
 from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
@@ -203,11 +203,13 @@ class KFedProtocol(Protocol):
                 f"known devices: {sorted(self.n_local_clusters)[:10]}") from None
 
     def k_sent(self, k_z: int, n_z: int) -> int:
-        """Centers a device of n_z points sends: k_z, and with the default server at least
-        :func:`fedclust.kfed.local.summary_size` ``min(n_z // 5, 2k)`` (``"auto"``: that
-        many, the top of its BIC range): a coarser summary can merge groups the server
-        cannot split again, a finer one costs ``(d + 2) 8`` bytes per extra center, and the
-        device's labels come from the final centers, not from its local clusters."""
+        """The fewest centers a device of n_z points sends: k_z, and with the default server
+        at least :func:`fedclust.kfed.local.summary_size` ``min(n_z // 5, 2k)`` (``"auto"``:
+        that many, the top of its BIC range): a coarser summary can merge groups the server
+        cannot split again. With the default server the device then refines its summary up
+        the :func:`fedclust.kfed.local.summary_ladder` (its local clusters' scatter at most a
+        quarter of its own, at most 8 KiB); the device's labels come from the final
+        centers, not from its local clusters."""
         if not self.summarise:
             return k_z
         return max(0 if self.auto else k_z, summary_size(n_z, self.n_clusters))
@@ -217,10 +219,13 @@ class KFedProtocol(Protocol):
         """Devices pick k_z by BIC (``"auto"`` with a server that uses k_z as sent)."""
         return self.auto and not self.summarise
 
-    def max_sent(self, device_id: int) -> int:
-        """The most centers the server accepts from a device."""
+    def max_sent(self, device_id: int, n_features: int = 1) -> int:
+        """The most centers the server accepts from a device whose centers have
+        ``n_features`` features (the default server's summary cap depends on it)."""
         k_z = self.k_local(device_id)
-        return max(k_z, summary_size(2**62, self.n_clusters)) if self.summarise else k_z
+        if not self.summarise:
+            return k_z
+        return max(k_z, summary_cap(2**62, int(n_features), self.n_clusters))
 
     # -- config round trip (for clients on another machine) -----------------
     def config(self) -> dict[str, Any]:
@@ -273,12 +278,12 @@ class KFedProtocol(Protocol):
         if not isinstance(reply, LocalCenters):
             raise IncompatibleMessageError(
                 f"device {device_id}: expected local_centers, got {type(reply).__name__}")
-        k_z = self.max_sent(device_id)
+        d = reply.centers.shape[1]
+        k_z = self.max_sent(device_id, d)
         if reply.centers.shape[0] > k_z:
             raise IncompatibleMessageError(
-                f"device {device_id}: sent {reply.centers.shape[0]} centers but "
-                f"n_local_clusters={k_z}")
-        d = reply.centers.shape[1]
+                f"device {device_id}: sent {reply.centers.shape[0]} centers but at most "
+                f"{k_z} are accepted (n_local_clusters={self.k_local(device_id)})")
         if self.n_features is not None and d != self.n_features:
             raise IncompatibleMessageError(
                 f"device {device_id}: centers have {d} features but the federation has "
@@ -353,7 +358,7 @@ class KFedProtocol(Protocol):
 
     def assign_late(self, result: KFedResult, device_id: int, reply: LocalCenters) -> np.ndarray:
         """Map a late/new device's centers to the final centers (O(k_z k d)); returns its labels map."""
-        if reply.centers.shape[0] > self.max_sent(device_id):
+        if reply.centers.shape[0] > self.max_sent(device_id, reply.centers.shape[1]):
             raise IncompatibleMessageError(
                 f"device {device_id}: sent {reply.centers.shape[0]} centers but "
                 f"n_local_clusters={self.k_local(device_id)}")
@@ -411,6 +416,16 @@ class KFedProtocol(Protocol):
                                     device=f"device {device_id}")
             state["local_labels"] = res.labels
             return self._summary(res.message, X, res.labels)
+        if self.summarise and len(X) > k:   # the default server's summary, refined per device
+            X = check_array(X, f"device {device_id}")
+            ladder = summary_ladder(len(X), X.shape[1], self.n_clusters, start=k)
+            [(_, C, N, L, S)] = summary_kmeans_stacked(
+                X[None], ladder, device_uniforms(seed, [device_id], request.round,
+                                                 n_uniforms(ladder[-1])),
+                lambda _: device_rng(seed, device_id, request.round),
+                max_iter=self.local_max_iter, tol=self.tol, devices=[f"device {device_id}"])
+            state["local_labels"] = L[0]
+            return LocalSummary(centers=C[0], counts=N[0].astype(np.int64), scatter=S[0])
         res = local_kmeans(X, k, device_rng(seed, device_id, request.round),
                            max_iter=self.local_max_iter, tol=self.tol,
                            allow_raw_points=self.allow_raw_points, device=f"device {device_id}",
@@ -500,7 +515,16 @@ class KFedProtocol(Protocol):
         stacked: list[StackedReplies] = []
         for k, ids, batch in batches:
             try:
-                if self.local_auto:
+                if self.summarise:
+                    n, d = devices[ids[0]].shape
+                    ladder = summary_ladder(n, d, self.n_clusters, start=k)
+                    results = summary_kmeans_stacked(
+                        batch, ladder,
+                        device_uniforms(seed, ids, request.round, n_uniforms(ladder[-1])),
+                        lambda i, ids=ids: device_rng(seed, ids[i], request.round),
+                        max_iter=self.local_max_iter, tol=self.tol,
+                        devices=[f"device {z}" for z in ids])
+                elif self.local_auto:
                     results = local_kmeans_auto_many(
                         batch, self.n_clusters,
                         lambda i, ids=ids: device_rng(seed, ids[i], request.round),
@@ -522,6 +546,14 @@ class KFedProtocol(Protocol):
             except FedClustError:  # e.g. a device with too few distinct points: name it singly
                 out.update(super().client_steps(request, {z: devices[z] for z in ids}, seed=seed,
                                                 states=states))
+                continue
+            if self.summarise:   # one stacked batch per rung the devices stopped at
+                for idx, C, N, L, S in results:
+                    rung_ids = [ids[i] for i in idx]
+                    for z, labels in zip(rung_ids, L):
+                        states[z]["local_labels"] = labels
+                    stacked.append(StackedReplies(self.reply_types[ACTION], rung_ids, {
+                        "centers": C, "counts": N.astype(np.int64), "scatter": S}))
                 continue
             if isinstance(results, tuple):   # (B, k, d) centers, (B, k) counts, (B, n) labels
                 C, N, L, _ = results
@@ -549,9 +581,9 @@ class KFedProtocol(Protocol):
         if self.n_features is not None and d != self.n_features:
             return super().check_batch(state, request, batch, messages)
         if isinstance(self.n_local_clusters, Mapping):
-            over = [z for z in batch.ids if sent > self.max_sent(z)]
+            over = [z for z in batch.ids if sent > self.max_sent(z, d)]
         else:
-            over = batch.ids if sent > self.max_sent(batch.ids[0]) else []
+            over = batch.ids if sent > self.max_sent(batch.ids[0], d) else []
         if not over:
             return {}
         return super().check_batch(state, request, batch, messages)
