@@ -294,14 +294,16 @@ class KFedProtocol(Protocol):
         if not ids:
             raise TooFewReplies(
                 "no device replied (all dropped, late, failed or rejected); nothing to aggregate")
-        total = sum(len(state.replies[z].centers) for z in ids)
+        replies = list(map(state.replies.__getitem__, ids))
+        centers = [r.centers for r in replies]
+        total = sum(map(len, centers))
         if total < self.n_clusters:
             raise TooFewReplies(
                 f"the {len(ids)} replying devices sent {total} local centers in all but "
                 f"n_clusters={self.n_clusters}; need sum k_z >= k")
-        centers = [state.replies[z].centers for z in ids]
-        counts = [state.replies[z].counts for z in ids]
-        if centers[0].dtype != np.float32 or any(c.dtype != centers[0].dtype for c in centers):
+        counts = [r.counts for r in replies]
+        dtypes = {c.dtype for c in centers}   # all float32 stay, anything else is float64
+        if dtypes != {np.dtype(np.float32)} and dtypes != {np.dtype(np.float64)}:
             centers = [c.astype(np.float64, copy=False) for c in centers]
         first = self.first_device
         if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
@@ -324,7 +326,7 @@ class KFedProtocol(Protocol):
                         f"ball radius {agg.distrust.radius:.4g})")
         if self.summarise:
             warning = explanation_warning(
-                centers, counts, [state.replies[z].scatter for z in ids], agg.centers,
+                centers, counts, [r.scatter for r in replies], agg.centers,
                 agg.center_labels, ids)
             if warning is not None:
                 log.warnings.append(warning)
@@ -339,9 +341,9 @@ class KFedProtocol(Protocol):
     @staticmethod
     def _drop_minority_dimension(state: KFedState, log: RunLog) -> None:
         """Without a known d, keep the replies of the most common d and reject the rest."""
-        dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
-        if len(set(dims.values())) <= 1:
+        if len({r.centers.shape[1] for r in state.replies.values()}) <= 1:
             return
+        dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
         values, counts = np.unique(list(dims.values()), return_counts=True)
         d = int(values[np.argmax(counts)])
         for z, dz in dims.items():
@@ -563,15 +565,18 @@ class KFedProtocol(Protocol):
         local = [s.get("local_labels") for s in states]
         if (batch.message_type is not LabelMap
                 or type(self).client_finish is not KFedProtocol.client_finish
-                or any(lab is None for lab in local) or len({len(lab) for lab in local}) != 1):
+                or set(map(type, local)) != {np.ndarray}
+                or len({lab.shape for lab in local}) != 1 or local[0].ndim != 1):
             return [self.client_finish(m, X, s)
                     for m, X, s in zip(batch.messages(), devices, states)]
-        labels = np.take_along_axis(np.asarray(batch.arrays["global_labels"]), np.stack(local),
-                                    axis=1)
+        # one copy of every device's labels (np.stack costs a Python step per array)
+        labels = np.take_along_axis(np.asarray(batch.arrays["global_labels"]),
+                                    np.concatenate(local).reshape(len(local), -1), axis=1)
         out = [{"labels": row} for row in labels]
-        for o, s in zip(out, states):
-            if "n_clipped" in s:
-                o["n_clipped"] = s["n_clipped"]
+        if any("n_clipped" in s for s in states):
+            for o, s in zip(out, states):
+                if "n_clipped" in s:
+                    o["n_clipped"] = s["n_clipped"]
         return out
 
     def client_finish(self, message: Message | None, X: np.ndarray,

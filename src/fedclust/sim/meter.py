@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 __all__ = ["CommunicationMeter"]
@@ -69,6 +70,12 @@ class CommunicationMeter:
             "messages_up": self.messages_up,
             "messages_down": self.messages_down,
             **({"secure_exchanges": self.secure_exchanges} if self.secure_exchanges else {}),
-            "per_device": {str(z): {"up": self.up.get(z, 0), "down": self.down.get(z, 0)}
-                           for z in sorted(set(self.up) | set(self.down))},
+            "per_device": self._per_device(),
         }
+
+    def _per_device(self) -> dict[str, dict[str, int]]:
+        up, down = self.up, self.down
+        ids = sorted(up if up.keys() == down.keys() else up.keys() | down.keys())
+        zero = repeat(0)
+        return {str(z): {"up": u, "down": d}
+                for z, u, d in zip(ids, map(up.get, ids, zero), map(down.get, ids, zero))}
