@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 import math
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -45,6 +46,8 @@ __all__ = ["KFedProtocol", "KFedResult"]
 ACTION = "local_centers"
 #: devices with at most this many values are stacked into one array per batch
 _STACK_MAX = 4096
+_SHAPE = attrgetter("shape")
+_DTYPE = attrgetter("dtype")
 
 
 
@@ -66,6 +69,23 @@ def refine_bytes_per_round(n_clusters: int, n_features: int, itemsize: int = 8) 
     ``k (d + 1) 8 + 8`` for float64 data), down ``k d 8`` (the float64 centers)."""
     k, d = int(n_clusters), int(n_features)
     return {"up": k * d * int(itemsize) + k * 8 + 8, "down": k * d * 8}
+
+class _DeviceNames(Sequence):
+    """``"device <id>"`` for each id, made when asked for (only an error names a device)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: Sequence[int]):
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [f"device {z}" for z in self.ids[i]]
+        return f"device {self.ids[i]}"
+
 
 @dataclass
 class KFedResult:
@@ -258,7 +278,7 @@ class KFedProtocol(Protocol):
 
     # -- server ------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> KFedState:
-        return KFedState(tuple(int(z) for z in device_ids), int(seed))
+        return KFedState(tuple(map(int, device_ids)), int(seed))
 
     def declared_rounds(self) -> dict[str, int]:
         """The data rounds a fit asks of each device, by action: its one round."""
@@ -471,7 +491,20 @@ class KFedProtocol(Protocol):
         same_k = None if self.auto or isinstance(self.n_local_clusters, Mapping) \
             else self.n_local_clusters
         sent: dict[tuple[int, int], int] = {}
-        for z, X in devices.items():
+        items = devices.items()
+        if same_k is not None and len(devices) > 1 \
+                and set(map(type, devices.values())) == {np.ndarray}:
+            # one shape and dtype for all (many small devices): one group, found at C speed
+            shapes = set(map(_SHAPE, devices.values()))
+            dtypes = set(map(_DTYPE, devices.values()))
+            if len(shapes) == 1 and len(dtypes) == 1:
+                (shape,), (dtype,) = shapes, dtypes
+                if len(shape) == 2 and dtype.kind == "f":
+                    k = self.k_sent(same_k, shape[0])
+                    if shape[0] > k:
+                        groups[(shape, dtype, k)] = list(devices)
+                        items = ()
+        for z, X in items:
             if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f":
                 shape = X.shape
                 key = (same_k if same_k is not None else 0 if self.auto else self.k_local(z),
@@ -508,19 +541,19 @@ class KFedProtocol(Protocol):
                         lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                         max_iter=self.local_max_iter, tol=self.tol,
                         allow_raw_points=self.allow_raw_points,
-                        devices=[f"device {z}" for z in ids])
+                        devices=_DeviceNames(ids))
                 else:
                     results = local_kmeans_stacked(
                         batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                         uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
                         max_iter=self.local_max_iter, tol=self.tol,
-                        devices=[f"device {z}" for z in ids])
+                        devices=_DeviceNames(ids))
                     if results is None:   # large devices, one randomized SVD each
                         results = local_kmeans_many(
                             batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                             uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
                             max_iter=self.local_max_iter, tol=self.tol,
-                            devices=[f"device {z}" for z in ids])
+                            devices=_DeviceNames(ids))
             except FedClustError:  # e.g. a device with too few distinct points: name it singly
                 out.update(super().client_steps(request, {z: devices[z] for z in ids}, seed=seed,
                                                 states=states))
