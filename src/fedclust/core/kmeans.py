@@ -50,7 +50,14 @@ def assign(X: np.ndarray, C: np.ndarray, x_sq: np.ndarray | None = None
     for start in range(0, n, BLOCK):
         Xb = X[start:start + BLOCK]
         xb_sq = (Xb * Xb).sum(axis=1) if x_sq is None else x_sq[start:start + BLOCK]
-        D = xb_sq[:, None] - 2.0 * (Xb @ C.T) + c_sq[None, :]
+        # ‖x‖² − 2x·c + ‖c‖² in place, in that order (the same bits as three temporaries)
+        D = Xb @ C.T
+        if D.dtype == np.result_type(D, xb_sq, c_sq):
+            D *= -2.0
+            D += xb_sq[:, None]
+            D += c_sq[None, :]
+        else:   # a wider norm's dtype: the result takes it
+            D = xb_sq[:, None] - 2.0 * D + c_sq[None, :]
         lab = D.argmin(axis=1)
         labels[start:start + BLOCK] = lab
         mind[start:start + BLOCK] = D[np.arange(len(lab)), lab]

@@ -349,7 +349,11 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
         n_iter[a] = it
         sums, counts = _means(Xa, new, k)
         upd = np.where(counts[:, :, None] > 0, sums / np.maximum(counts, 1)[:, :, None], Ca)
-        for j in np.flatnonzero((counts == 0).any(axis=1)):
+        nearest = new   # every point's nearest center (the relocation below may move some)
+        relocate = np.flatnonzero((counts == 0).any(axis=1))
+        if len(relocate) and n >= k:
+            nearest = new.copy()
+        for j in relocate:
             if n >= k:  # rare: move empty centers to far points, exactly as the serial Lloyd
                 xj2 = np.einsum("nd,nd->n", Xa[j], Xa[j])
                 mind = np.maximum(D[j, np.arange(n), new[j]] + xj2, 0.0)
@@ -365,7 +369,7 @@ def lloyd_batch(X: np.ndarray, init: np.ndarray, *, max_iter: int, tol: float):
             if d * k >= _BOUND_MIN_DK:
                 s_ = np.flatnonzero(stop)
                 fresh[a[s_]] = _labels_kept(D[s_], new[s_], x2[a[s_]], moves[s_], Ca[s_],
-                                            upd[s_])
+                                            upd[s_], nearest=nearest[s_])
     stale = np.flatnonzero(~fresh)   # centers moved after their last assignment
     if len(stale) == B:
         labels = _argmin_last(_cross(X, centers))
@@ -382,7 +386,8 @@ _BOUND_MIN_DK = 256
 
 
 def _labels_kept(D: np.ndarray, labels: np.ndarray, x2: np.ndarray, moves: np.ndarray,
-                 old: np.ndarray, new: np.ndarray) -> np.ndarray:
+                 old: np.ndarray, new: np.ndarray, *, nearest: np.ndarray | None = None
+                 ) -> np.ndarray:
     """Devices whose every point is provably still nearest its center after the centers
     moved (Hamerly's bound), so the final assignment pass can be skipped: (B,) bool.
 
@@ -392,12 +397,13 @@ def _labels_kept(D: np.ndarray, labels: np.ndarray, x2: np.ndarray, moves: np.nd
     plus that center's shift stays below its distance to the second nearest less the
     largest shift (triangle inequality), by a margin far above the rounding of the squared
     distances, so the recomputed argmin could not differ. A device whose labels are not
-    all nearest ones (empty clusters relocated) is assigned again.
+    all nearest ones (empty clusters relocated) is assigned again. ``nearest``: the
+    points' nearest columns of D (``D.argmin(axis=2)``), when the caller has them.
     """
     B, n, k = D.shape
     if k == 1:
         return np.ones(B, dtype=bool)
-    nearest, own, second = _two_nearest(D)
+    nearest, own, second = _two_nearest(D, nearest)
     step = np.sqrt(moves)
     upper = np.sqrt(np.maximum(own + x2, 0.0)) + np.take_along_axis(step, nearest, axis=1)
     lower = np.sqrt(np.maximum(second + x2, 0.0)) - step.max(axis=1)[:, None]
@@ -410,12 +416,14 @@ def _labels_kept(D: np.ndarray, labels: np.ndarray, x2: np.ndarray, moves: np.nd
     return safe.all(axis=1)
 
 
-def _two_nearest(D: np.ndarray):
+def _two_nearest(D: np.ndarray, nearest: np.ndarray | None = None):
     """Nearest column (first on a tie, as ``argmin``), its value and the second smallest
-    value of every row of D (B, n, k >= 2), which is overwritten: (B, n) each."""
+    value of every row of D (B, n, k >= 2), which is overwritten: (B, n) each. ``nearest``:
+    ``D.argmin(axis=2)``, when the caller has it already."""
     k = D.shape[2]
     if k > _COLUMN_LOOP_MAX_K:
-        nearest = D.argmin(axis=2)
+        if nearest is None:
+            nearest = D.argmin(axis=2)
         own = np.take_along_axis(D, nearest[:, :, None], axis=2)[:, :, 0]
         np.put_along_axis(D, nearest[:, :, None], np.inf, axis=2)
         return nearest, own, D.min(axis=2)

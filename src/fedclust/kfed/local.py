@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from .batched import (lloyd_batch, n_uniforms, nested_projections, projection_batch,
-                      spectral_kmeans_batch, spectral_seed_batch)
+from .batched import (_top_eigvecs, lloyd_batch, n_uniforms, nested_projections,
+                      projection_batch, spectral_kmeans_batch, spectral_seed_batch)
 from ..core.random import sklearn_seed
 from ..core.validation import check_array, check_int
 from ..core.exceptions import ValidationError
@@ -205,11 +205,22 @@ def local_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
          if uniforms is None else uniforms)
     chunk = _chunk_size(n * max(d, k), max_batch_elements)
     parts = []
-    stack = _Stacker(Xs, chunk, names)
+    # with a Gram matrix X^T X to compute, its diagonal (each feature's sum of squares) tests
+    # the copied chunk for finite values: NaN and inf reach it, and no separate pass is needed
+    gram = project and d > k and n >= d
+    stack = _Stacker(Xs, chunk, names, check_finite=not gram)
     for s in range(0, len(Xs), chunk):
         Xb = stack(s)
+        V = None
+        if gram:
+            G = Xb.transpose(0, 2, 1) @ Xb                     # as projection_batch
+            if not isinstance(Xs, np.ndarray) and not np.isfinite(
+                    np.einsum("bii->bi", G)).all():
+                stack.check(Xb, s)   # names the device with a non-finite value
+            V = _top_eigvecs(G, k)
+            del G
         C, L, N, it = spectral_kmeans_batch(Xb, k, U[s:s + chunk], max_iter=max_iter, tol=tol,
-                                            project=project)
+                                            project=project, V=V)
         N, L = N.astype(np.int64), L.astype(np.int64)
         for i in np.flatnonzero((N == 0).any(axis=1)):  # raises, naming the device
             _result(C[i], L[i], N[i], int(it[i]), k, Xb[i], names[s + i])
@@ -246,8 +257,9 @@ class _Stacker:
     :class:`ValidationError` naming it (``names``).
     """
 
-    def __init__(self, Xs, chunk: int, names: list[str] | None = None):
-        self.Xs, self.chunk, self.names = Xs, chunk, names
+    def __init__(self, Xs, chunk: int, names: list[str] | None = None, *,
+                 check_finite: bool = True):
+        self.Xs, self.chunk, self.names, self.check_finite = Xs, chunk, names, check_finite
         self.buf = None if isinstance(Xs, np.ndarray) or len(Xs) <= chunk else np.empty(
             (chunk,) + Xs[0].shape, dtype=np.result_type(*Xs[:chunk]))
 
@@ -256,11 +268,17 @@ class _Stacker:
         if isinstance(part, np.ndarray):
             return part
         out = np.stack(part) if self.buf is None else np.stack(part, out=self.buf[:len(part)])
+        if self.check_finite:
+            self.check(out, s)
+        return out
+
+    def check(self, out: np.ndarray, s: int) -> None:
+        """Raise :class:`ValidationError` naming the first device of the chunk ``out``
+        (devices ``s, s + 1, ...``) that holds a non-finite value."""
         if not np.isfinite(out).all():
             i = s + int(np.flatnonzero(~np.isfinite(out).all(axis=(1, 2)))[0])
             raise ValidationError(f"{self.names[i] if self.names else f'device {i}'} contains "
                                   "a non-finite value; remove or impute NaN/inf first")
-        return out
 
 
 def local_scatter(X: np.ndarray, centers: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 import math
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -45,6 +46,8 @@ __all__ = ["KFedProtocol", "KFedResult"]
 ACTION = "local_centers"
 #: devices with at most this many values are stacked into one array per batch
 _STACK_MAX = 4096
+_SHAPE = attrgetter("shape")
+_DTYPE = attrgetter("dtype")
 
 
 
@@ -66,6 +69,23 @@ def refine_bytes_per_round(n_clusters: int, n_features: int, itemsize: int = 8) 
     ``k (d + 1) 8 + 8`` for float64 data), down ``k d 8`` (the float64 centers)."""
     k, d = int(n_clusters), int(n_features)
     return {"up": k * d * int(itemsize) + k * 8 + 8, "down": k * d * 8}
+
+class _DeviceNames(Sequence):
+    """``"device <id>"`` for each id, made when asked for (only an error names a device)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: Sequence[int]):
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [f"device {z}" for z in self.ids[i]]
+        return f"device {self.ids[i]}"
+
 
 @dataclass
 class KFedResult:
@@ -263,7 +283,7 @@ class KFedProtocol(Protocol):
 
     # -- server ------------------------------------------------------------
     def start(self, device_ids: Sequence[int], seed: int) -> KFedState:
-        return KFedState(tuple(int(z) for z in device_ids), int(seed))
+        return KFedState(tuple(map(int, device_ids)), int(seed))
 
     def declared_rounds(self) -> dict[str, int]:
         """The data rounds a fit asks of each device, by action: its one round."""
@@ -299,14 +319,16 @@ class KFedProtocol(Protocol):
         if not ids:
             raise TooFewReplies(
                 "no device replied (all dropped, late, failed or rejected); nothing to aggregate")
-        total = sum(len(state.replies[z].centers) for z in ids)
+        replies = list(map(state.replies.__getitem__, ids))
+        centers = [r.centers for r in replies]
+        total = sum(map(len, centers))
         if total < self.n_clusters:
             raise TooFewReplies(
                 f"the {len(ids)} replying devices sent {total} local centers in all but "
                 f"n_clusters={self.n_clusters}; need sum k_z >= k")
-        centers = [state.replies[z].centers for z in ids]
-        counts = [state.replies[z].counts for z in ids]
-        if centers[0].dtype != np.float32 or any(c.dtype != centers[0].dtype for c in centers):
+        counts = [r.counts for r in replies]
+        dtypes = {c.dtype for c in centers}   # all float32 stay, anything else is float64
+        if dtypes != {np.dtype(np.float32)} and dtypes != {np.dtype(np.float64)}:
             centers = [c.astype(np.float64, copy=False) for c in centers]
         first = self.first_device
         if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
@@ -329,7 +351,7 @@ class KFedProtocol(Protocol):
                         f"ball radius {agg.distrust.radius:.4g})")
         if self.summarise:
             warning = explanation_warning(
-                centers, counts, [state.replies[z].scatter for z in ids], agg.centers,
+                centers, counts, [r.scatter for r in replies], agg.centers,
                 agg.center_labels, ids)
             if warning is not None:
                 log.warnings.append(warning)
@@ -344,9 +366,9 @@ class KFedProtocol(Protocol):
     @staticmethod
     def _drop_minority_dimension(state: KFedState, log: RunLog) -> None:
         """Without a known d, keep the replies of the most common d and reject the rest."""
-        dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
-        if len(set(dims.values())) <= 1:
+        if len({r.centers.shape[1] for r in state.replies.values()}) <= 1:
             return
+        dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
         values, counts = np.unique(list(dims.values()), return_counts=True)
         d = int(values[np.argmax(counts)])
         for z, dz in dims.items():
@@ -484,7 +506,20 @@ class KFedProtocol(Protocol):
         same_k = None if self.auto or isinstance(self.n_local_clusters, Mapping) \
             else self.n_local_clusters
         sent: dict[tuple[int, int], int] = {}
-        for z, X in devices.items():
+        items = devices.items()
+        if same_k is not None and len(devices) > 1 \
+                and set(map(type, devices.values())) == {np.ndarray}:
+            # one shape and dtype for all (many small devices): one group, found at C speed
+            shapes = set(map(_SHAPE, devices.values()))
+            dtypes = set(map(_DTYPE, devices.values()))
+            if len(shapes) == 1 and len(dtypes) == 1:
+                (shape,), (dtype,) = shapes, dtypes
+                if len(shape) == 2 and dtype.kind == "f":
+                    k = self.k_sent(same_k, shape[0])
+                    if shape[0] > k:
+                        groups[(shape, dtype, k)] = list(devices)
+                        items = ()
+        for z, X in items:
             if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f":
                 shape = X.shape
                 key = (same_k if same_k is not None else 0 if self.auto else self.k_local(z),
@@ -530,19 +565,19 @@ class KFedProtocol(Protocol):
                         lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                         max_iter=self.local_max_iter, tol=self.tol,
                         allow_raw_points=self.allow_raw_points,
-                        devices=[f"device {z}" for z in ids])
+                        devices=_DeviceNames(ids))
                 else:
                     results = local_kmeans_stacked(
                         batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                         uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
                         max_iter=self.local_max_iter, tol=self.tol,
-                        devices=[f"device {z}" for z in ids])
+                        devices=_DeviceNames(ids))
                     if results is None:   # large devices, one randomized SVD each
                         results = local_kmeans_many(
                             batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
                             uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
                             max_iter=self.local_max_iter, tol=self.tol,
-                            devices=[f"device {z}" for z in ids])
+                            devices=_DeviceNames(ids))
             except FedClustError:  # e.g. a device with too few distinct points: name it singly
                 out.update(super().client_steps(request, {z: devices[z] for z in ids}, seed=seed,
                                                 states=states))
@@ -595,15 +630,18 @@ class KFedProtocol(Protocol):
         local = [s.get("local_labels") for s in states]
         if (batch.message_type is not LabelMap
                 or type(self).client_finish is not KFedProtocol.client_finish
-                or any(lab is None for lab in local) or len({len(lab) for lab in local}) != 1):
+                or set(map(type, local)) != {np.ndarray}
+                or len({lab.shape for lab in local}) != 1 or local[0].ndim != 1):
             return [self.client_finish(m, X, s)
                     for m, X, s in zip(batch.messages(), devices, states)]
-        labels = np.take_along_axis(np.asarray(batch.arrays["global_labels"]), np.stack(local),
-                                    axis=1)
+        # one copy of every device's labels (np.stack costs a Python step per array)
+        labels = np.take_along_axis(np.asarray(batch.arrays["global_labels"]),
+                                    np.concatenate(local).reshape(len(local), -1), axis=1)
         out = [{"labels": row} for row in labels]
-        for o, s in zip(out, states):
-            if "n_clipped" in s:
-                o["n_clipped"] = s["n_clipped"]
+        if any("n_clipped" in s for s in states):
+            for o, s in zip(out, states):
+                if "n_clipped" in s:
+                    o["n_clipped"] = s["n_clipped"]
         return out
 
     def client_finish(self, message: Message | None, X: np.ndarray,

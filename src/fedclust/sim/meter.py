@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 __all__ = ["CommunicationMeter"]
@@ -35,16 +36,12 @@ class CommunicationMeter:
 
     def record_up_many(self, device_ids, nbytes: int) -> None:
         """:meth:`record_up` of ``nbytes`` for each of ``device_ids`` (one message each)."""
-        up, n = self.up, int(nbytes)
-        for z in device_ids:
-            up[z] += n
+        _add_each(self.up, device_ids, int(nbytes))
         self.messages_up += len(device_ids)
 
     def record_down_many(self, device_ids, nbytes: int) -> None:
         """:meth:`record_down` of ``nbytes`` for each of ``device_ids`` (one message each)."""
-        down, n = self.down, int(nbytes)
-        for z in device_ids:
-            down[z] += n
+        _add_each(self.down, device_ids, int(nbytes))
         self.messages_down += len(device_ids)
 
     @property
@@ -69,6 +66,25 @@ class CommunicationMeter:
             "messages_up": self.messages_up,
             "messages_down": self.messages_down,
             **({"secure_exchanges": self.secure_exchanges} if self.secure_exchanges else {}),
-            "per_device": {str(z): {"up": self.up.get(z, 0), "down": self.down.get(z, 0)}
-                           for z in sorted(set(self.up) | set(self.down))},
+            "per_device": self._per_device(),
         }
+
+    def _per_device(self) -> dict[str, dict[str, int]]:
+        up, down = self.up, self.down
+        ids = sorted(up if up.keys() == down.keys() else up.keys() | down.keys())
+        zero = repeat(0)
+        return {str(z): {"up": u, "down": d}
+                for z, u, d in zip(ids, map(up.get, ids, zero), map(down.get, ids, zero))}
+
+
+def _add_each(counts: dict[int, int], device_ids, n: int) -> None:
+    """``counts[z] += n`` for every z of ``device_ids`` (a device named twice counts twice)."""
+    size = len(counts)
+    if counts.keys().isdisjoint(device_ids):   # first message of each: one C-level update
+        counts.update(zip(device_ids, repeat(n)))
+        if len(counts) - size == len(device_ids):
+            return
+        for z in set(device_ids):   # some named twice: count them again, one at a time
+            del counts[z]
+    for z in device_ids:
+        counts[z] += n

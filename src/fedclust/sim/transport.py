@@ -162,7 +162,7 @@ class InProcessTransport:
         if secure is not None:
             protocol = protocol.secure_form()
         summed = check_summable(protocol) if secure is not None else frozenset()
-        ids = sorted(int(z) for z in devices)
+        ids = sorted(map(int, devices))
         log = RunLog()
         absent, late = self._draw_faults(ids, seed)
         log.dropped = sorted(absent)
@@ -172,6 +172,8 @@ class InProcessTransport:
         identities = make_identities(ids) if secure is not None and secure.signed else None
         self._policies = ({z: policy_for(self.policies, z) for z in ids}
                           if self.policies is not None else dict.fromkeys(ids))
+        # whether any device has a policy: without one, every device is admitted as is
+        self._any_policy = any(p is not None for p in self._policies.values())
         shared = [p for p in self._policies.values() if p is not None and p.ledger]
         if len(shared) > 1 and len({id(p) for p in shared}) == 1 \
                 and "{device}" not in shared[0].ledger:
@@ -246,11 +248,11 @@ class InProcessTransport:
         """Every device's final message through the codec, its bytes counted, and the
         device's outputs (``client_finish``)."""
         batches, finals = _final_steps(protocol)(result, ids)
-        if batches and any(p is not None for p in self._policies.values()):
+        if batches and self._any_policy:
             for batch in batches:   # policies are asked device by device
                 finals.update(zip(batch.ids, batch.messages()))
             batches, finals = [], {z: finals[z] for z in ids if z in finals}
-        for z in list(finals):
+        for z in list(finals) if self._any_policy else ():
             pol = self._policies.get(z)
             if pol is not None:  # the outputs go back to the caller: collect is asked
                 try:
@@ -308,6 +310,8 @@ class InProcessTransport:
                ) -> list[int]:
         """The targets whose policy accepts the request (its round counted per device for
         a private fit); a refusal is a client error."""
+        if not self._any_policy:
+            return list(targets)
         allowed = []
         for z in targets:
             pol = self._policies.get(z)
@@ -390,6 +394,10 @@ class InProcessTransport:
                 for batch in batches:
                     got.update(self._receive_batch(protocol, state, request, batch, reply_type,
                                                    meter, log))
+                if not computed and sum(len(b.ids) for b in batches) == len(chunk) \
+                        and len(got) == len(chunk):   # every reply came in a batch, all kept
+                    replies.update(zip(chunk, map(got.__getitem__, chunk)))
+                    continue
                 batched = {z for batch in batches for z in batch.ids}
                 sent, wires = [], []
                 for z in chunk:
@@ -425,11 +433,16 @@ class InProcessTransport:
         stacked arrays at once, and check them; when any reply fails, decode them one by
         one so that each error names its device."""
         meter.record_up_many(batch.ids, batch.nbytes_each)
+        ids = batch.ids
         if batch.message_type is reply_type and reply_type.check_stacked(batch.arrays):
-            ids, decoded = batch.ids, batch.messages()
-        else:
-            ids = batch.ids
-            decoded = reply_type.from_arrays_many(batch.wires(), [f"device {z}" for z in ids])
+            decoded = batch.messages()   # every reply valid: one check of the batch
+            refused = protocol.check_batch(state, request, batch, decoded)
+            for z, exc in refused.items():
+                log.rejected[z] = str(exc)
+            if not refused:
+                return dict(zip(ids, decoded))
+            return {z: m for z, m in zip(ids, decoded) if z not in refused}
+        decoded = reply_type.from_arrays_many(batch.wires(), [f"device {z}" for z in ids])
         good = [(z, m) for z, m in zip(ids, decoded) if not isinstance(m, Exception)]
         for z, m in zip(ids, decoded):
             if isinstance(m, IncompatibleMessageError):

@@ -189,7 +189,7 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
     begin = protocol.start
 
     def recorded_start(device_ids: Any, seed: int) -> Any:
-        store.device_ids = sorted(int(z) for z in device_ids)  # those that take part
+        store.device_ids = sorted(map(int, device_ids))  # those that take part
         return begin(device_ids, seed)
 
     digests: dict[int, tuple[Any, str]] = {}   # id -> (the message, kept alive; digest)
@@ -204,7 +204,7 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
         record_round(store, request, replies, payload_digest)
         return step(state, request, replies)
 
-    by_data = {id(X): z for z, X in (devices or {}).items()}
+    by_data = dict(zip(map(id, (devices or {}).values()), devices or {}))
 
     def recorded_finish(message: Any, X: Any, state: dict) -> Any:
         z = by_data.get(id(X))
@@ -216,10 +216,11 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
 
     def recorded_finish_stacked(batch: Any, datas: list, states: list) -> list:
         if memory is not None:
-            for X, state in zip(datas, states):
-                z = by_data.get(id(X))
-                if z is not None:
-                    memory[z] = state
+            zs = list(map(by_data.get, map(id, datas)))
+            if None in zs:
+                memory.update((z, st) for z, st in zip(zs, states) if z is not None)
+            else:
+                memory.update(zip(zs, states))
         return finish_stacked(batch, datas, states)
 
     protocol.start = recorded_start
