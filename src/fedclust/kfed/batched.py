@@ -49,10 +49,10 @@ def projection_batch(X: np.ndarray, k: int) -> np.ndarray:
     B, n, d = X.shape
     if n >= d:
         G = X.transpose(0, 2, 1) @ X                           # (B, d, d)
-        V = _top_eigvecs(G, k)
+        V = top_eigvecs(G, k)
         return V
     K = X @ X.transpose(0, 2, 1)                               # (B, n, n)
-    U = _top_eigvecs(K, k)
+    U = top_eigvecs(K, k)
     return _orthonormalize(X.transpose(0, 2, 1) @ U)           # spans the same subspace
 
 
@@ -81,7 +81,7 @@ _SUBSPACE_MAX_K_FRACTION = 0.25
 _SUBSPACE_RTOL = 1e-9
 
 
-def _top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
+def top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
     """Basis of the top-k eigenspace of symmetric PSD matrices G (B, m, m) -> (B, m, k)."""
     B, m, _ = G.shape
     min_batch = _SUBSPACE_MIN_BATCH if m < _SUBSPACE_WIDE else _SUBSPACE_MIN_BATCH_WIDE

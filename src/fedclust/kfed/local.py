@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from .batched import (_top_eigvecs, lloyd_batch, n_uniforms, nested_projections,
+from .batched import (top_eigvecs, lloyd_batch, n_uniforms, nested_projections,
                       projection_batch, spectral_kmeans_batch, spectral_seed_batch)
 from ..core.random import sklearn_seed
 from ..core.validation import check_array, check_int
@@ -217,7 +217,7 @@ def local_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
             if not isinstance(Xs, np.ndarray) and not np.isfinite(
                     np.einsum("bii->bi", G)).all():
                 stack.check(Xb, s)   # names the device with a non-finite value
-            V = _top_eigvecs(G, k)
+            V = top_eigvecs(G, k)
             del G
         C, L, N, it = spectral_kmeans_batch(Xb, k, U[s:s + chunk], max_iter=max_iter, tol=tol,
                                             project=project, V=V)
