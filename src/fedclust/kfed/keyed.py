@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.kmeans import lloyd, squared_distances
 from ..core.random import key_uniforms, row_keys as _row_keys
-from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
+from .server import KEYED_SERVERS, farthest_first, pick_first_device, weighted_starts
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER"]
 
@@ -102,7 +102,8 @@ def keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
     offsets = np.cumsum([0] + [len(c) for c in centers])
     ff = farthest_first(C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
     keys = row_keys(seed, owner, local_index)
-    pp = [keyed_kmeans_plusplus(C, k, w, c_sq, keys, s, spare) for s in range(KMEANS_PP_INIT)]
+    pp = [keyed_kmeans_plusplus(C, k, w, c_sq, keys, s, spare)
+          for s in range(weighted_starts(len(C), k))]
     return pos, ff, pp
 
 

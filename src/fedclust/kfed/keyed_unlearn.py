@@ -36,9 +36,9 @@ import numpy as np
 
 from ..core.kmeans import squared_distances
 from .downdate import forget_result
-from .keyed import KMEANS_PP_INIT, SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed import SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
 from .keyed_trace import KeyedTrace, RunTrace, run_inertia, labels_or_tie, traced_lloyd, forget_warning
-from .server import farthest_first, pick_first_device
+from .server import farthest_first, pick_first_device, weighted_starts
 
 __all__ = ["keyed_forget"]
 
@@ -265,8 +265,8 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
 
 
 #: run the whole step again (every start) rather than follow the trace when more than this
-#: many starts cannot be followed
-MAX_RERUNS = KMEANS_PP_INIT + 1
+#: share of the starts cannot be followed
+MAX_RERUN_SHARE = 1.0
 
 
 def _downdated(run: RunTrace, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
@@ -308,6 +308,11 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     k = trace.runs[0].cs.shape[1]
     if n < k:
         return None
+    if weighted_starts(n, k) != len(trace.runs) - 1:
+        # fewer device centers, more starts (a step of weighted_starts): the fresh step
+        # draws starts the trace lacks
+        trace.fallback = "the start count changes"
+        return None
     ids = [z for z in trace.ids if z not in gone]
     old_alive = trace.alive
     trace.alive = alive
@@ -333,7 +338,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                 outs[s] = _replay(trace, based[s], var, var_err)
             except _Full as exc:
                 reruns[s] = exc.args[0] if exc.args else "uncertified"
-        if len(reruns) > MAX_RERUNS:
+        if len(reruns) > MAX_RERUN_SHARE * len(trace.runs):
             raise _Full(f"{len(reruns)} starts cannot be followed")
         rem = _remaining(trace, alive) if reruns else None
         new_runs: dict[int, tuple] = {}
