@@ -16,7 +16,7 @@ from .downdate import CERTIFY_SLACK, plain_step
 from .keyed import KEYED_SERVER, SPARE, keyed_starts, canonical, pick_start, row_keys
 from .server import POORLY_EXPLAINED_RADII, POORLY_EXPLAINED_SHARE, explanation_message
 
-__all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of"]
+__all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of", "stacked"]
 
 
 @dataclass
@@ -38,6 +38,24 @@ class RunTrace:
     runner_up: list = None   # per t (N,) int16: each row's second-nearest center under c_t
     margin3: list = None     # per t (N,): third-nearest minus nearest distance (inf: k < 3)
     rank: list = None        # per t (N,) int32: each row's position in ``order`` (for scrub)
+    #: (order, margin_sorted, runner_up, margin3) as (T+1, N) arrays whose rows the lists
+    #: above are (views: a scrub of the lists is seen here), and the moved rows flattened
+    #: with their iteration: :func:`stacked`
+    stack: tuple = None
+
+
+def stacked(run: RunTrace) -> tuple:
+    """``(order, margin_sorted, runner_up, margin3, moved rows, their t)``: the run's per-t
+    lists stacked once (the lists become rows of the stacks), for following every
+    iteration of the run at once."""
+    if run.stack is None:
+        o, m, r, m3 = (np.stack(x) for x in (run.order, run.margin_sorted, run.runner_up,
+                                              run.margin3))
+        run.order, run.margin_sorted, run.runner_up, run.margin3 = list(o), list(m), list(r), \
+            list(m3)
+        mv_t = np.repeat(np.arange(len(run.moved)), [len(x) for x in run.moved])
+        run.stack = (o, m, r, m3, np.concatenate(run.moved).astype(np.int64), mv_t)
+    return run.stack
 
 
 @dataclass
@@ -227,6 +245,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
     run = RunTrace(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
                [m[o] for m, o in zip(mm, order)], reason, r2s, m3s)
+    stacked(run)
     return run
 
 

@@ -37,7 +37,8 @@ import numpy as np
 from ..core.kmeans import squared_distances
 from .downdate import forget_result
 from .keyed import SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
-from .keyed_trace import KeyedTrace, RunTrace, run_inertia, labels_or_tie, traced_lloyd, forget_warning
+from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
+                          traced_lloyd, forget_warning)
 from .server import farthest_first, pick_first_device, weighted_starts
 
 __all__ = ["keyed_forget"]
@@ -86,6 +87,83 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
             "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
             else None) for s in range(S)]
     return pots, why
+
+
+#: the smallest margins of each iteration :func:`_follow` reads; where more rows could be in
+#: doubt at an iteration, :func:`_replay` follows the run
+PREFIX = 2048
+
+
+def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
+    """:func:`_replay` for its common case, every iteration at once: where no remaining row
+    changes its label at any iteration up to the run's stop, the run's centers at every
+    iteration are its downdated sums over its downdated weights. Returns :func:`_replay`'s
+    tuple, or None where that case is not certified (:func:`_replay` then decides); the
+    same certificates, stop rules and rounding allowances as :func:`_replay`."""
+    order, msort, runner, m3, mv_rows, mv_t = stacked(run)
+    alive = tr.alive
+    T = len(run.cs) - 1
+    k = run.cs.shape[1]
+    abs_tol = tr.tol * var
+    # every iteration's centers with every remaining row's labels those of the fit
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.concatenate([run.cs[:1], run.S[:T] / run.W[:T, :, None]])
+    low = (run.W[:T] <= 1e-2 * run.W0[:T]).any(axis=1)
+    shifts = ((c[1:] - c[:-1]) ** 2).reshape(T, -1).sum(axis=1)
+    moved_alive = np.bincount(mv_t[alive[mv_rows]], minlength=T + 1)
+    # Lloyd's stop rules as _replay decides them, for these centers
+    stop_now, t_f = False, -1
+    for t in range(T + 1):
+        if stop_now or (t >= 1 and moved_alive[t] == 0):
+            t_f = t
+            break
+        if t == T or low[t]:
+            return None
+        shift = float(shifts[t])
+        err = 2.0 * np.sqrt(shift) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
+            + tr.tol * var_err + SHIFT_RTOL * max(shift, abs_tol)
+        if abs(shift - abs_tol) <= err:
+            return None
+        new_stop = shift <= abs_tol
+        if t + 1 == T and run.reason == "shift" and not new_stop:
+            return None
+        stop_now = new_stop or t + 1 == tr.max_iter
+    # labels at iterations 0..t_f: the margin certificates of _replay, on the smallest
+    # margins of every iteration at once
+    tt = t_f + 1
+    diff = c[:tt] - run.cs[:tt]
+    sj = np.sqrt(np.einsum("tkd,tkd->tk", diff, diff))
+    s = sj.max(axis=1)
+    thr = 2.0 * s + tr.slack
+    P = min(PREFIX, len(alive))
+    pm = msort[:tt, :P]
+    if P < len(alive) and (pm[:, -1] <= thr).any():
+        return None
+    ti, pi = np.nonzero(pm <= thr[:, None])
+    rows = order[ti, pi].astype(np.int64)
+    a = run.A[ti, rows].astype(np.int64)
+    r = runner[ti, rows].astype(np.int64)
+    sa = sj[ti, a]
+    third = m3[ti, rows] > sa + s[ti] + tr.slack
+    sure = (pm[ti, pi] > sa + sj[ti, r] + tr.slack) & third
+    keep = ~sure & alive[rows]
+    pair = np.flatnonzero(keep & third)
+    if len(pair):   # only the runner-up in doubt: two distances instead of k
+        X = tr.C[rows[pair]]
+        da = np.sqrt(((X - c[ti[pair], a[pair]]) ** 2).sum(axis=1))
+        dr = np.sqrt(((X - c[ti[pair], r[pair]]) ** 2).sum(axis=1))
+        keep[pair[dr - da > tr.slack]] = False
+    q = np.flatnonzero(keep)
+    if len(q) > _DOUBT_SHARE * int(alive.sum()) * tt:
+        return None
+    bounds = np.searchsorted(ti[q], np.arange(tt + 1))
+    for t in np.flatnonzero(np.diff(bounds)).tolist():   # the rest: every center
+        sel = q[bounds[t]:bounds[t + 1]]
+        lab, tie = labels_or_tie(tr.C[rows[sel]], c[t])
+        if tie or (lab != a[sel]).any():
+            return None
+    none = np.empty(0, np.int64)
+    return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q)
 
 
 def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
@@ -231,8 +309,10 @@ def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
         a[rows], b[rows] = r2, m3
         r2s.append(a)
         m3s.append(b)
-    return RunTrace(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
-                margin_sorted, run.reason, r2s, m3s)
+    out = RunTrace(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
+                   margin_sorted, run.reason, r2s, m3s)
+    stacked(out)
+    return out
 
 
 def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int]):
@@ -280,7 +360,7 @@ def _downdated(run: RunTrace, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR
     Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
     return RunTrace(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
                 run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
-                run.margin3, run.rank)
+                run.margin3, run.rank, run.stack)
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
@@ -335,7 +415,9 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                 continue
             based[s] = _downdated(run, R, CwR, trace.w[R], qR, k)
             try:
-                outs[s] = _replay(trace, based[s], var, var_err)
+                outs[s] = _follow(trace, based[s], var, var_err)
+                if outs[s] is None:
+                    outs[s] = _replay(trace, based[s], var, var_err)
             except _Full as exc:
                 reruns[s] = exc.args[0] if exc.args else "uncertified"
         if len(reruns) > MAX_RERUN_SHARE * len(trace.runs):
