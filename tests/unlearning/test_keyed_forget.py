@@ -317,7 +317,7 @@ def test_a_stream_of_devices_runs_the_keyed_server_on_its_summaries():
                               method=keyed.KEYED_SERVER, device_ids=list(range(30)),
                               seed=b.seed_)
     np.testing.assert_array_equal(b.cluster_centers_, again.centers)
-    with pytest.raises(Exception, match="device ids"):
+    with pytest.raises(Exception, match="seed or the server.s random stream"):
         aggregate_centers(list(b.local_centers_), K, counts=list(b.local_counts_),
                           method=keyed.KEYED_SERVER)
 

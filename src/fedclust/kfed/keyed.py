@@ -1,11 +1,10 @@
 """The weighted k-means++ server with removal-stable seeding, and its certified forget.
 
-``server="weighted-kmeans++-keyed"`` is the default server's algorithm with the start count
-it uses on large inputs (farthest-first start plus
-:data:`~fedclust.kfed.server.KMEANS_PP_INIT` weighted k-means++ starts,
-weighted Lloyd to convergence from each, the lowest weighted cost kept by strict ``<``)
-with one change: the k-means++ candidates are drawn so that removing a device moves
-no other device's draw. At step t of start s, device center i (device z, center j)
+The default server, ``server="weighted-kmeans++"`` (also named
+``"weighted-kmeans++-keyed"``): the farthest-first start plus
+:func:`~fedclust.kfed.server.weighted_starts` greedy weighted k-means++ starts, weighted
+Lloyd to convergence from each, the lowest weighted cost kept by strict ``<``; the
+k-means++ candidates are drawn so that removing a device moves no other device's draw. At step t of start s, device center i (device z, center j)
 gets the key ``-log(u) / p_i`` with ``u`` keyed by (run seed, z, j, s, t) and ``p_i``
 its weight times its squared distance to the chosen seeds; the ``2 + log k`` smallest
 keys are the candidates (sampling proportional to p without replacement) and the one
@@ -24,21 +23,24 @@ from ..core.kmeans import lloyd, squared_distances
 from ..core.random import key_uniforms, row_keys as _row_keys
 from .server import KEYED_SERVERS, farthest_first, pick_first_device, weighted_starts
 
-__all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER"]
+__all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER",
+           "KEYED_NAMES"]
 
-KEYED_SERVER = "weighted-kmeans++-keyed"
+KEYED_SERVER = "weighted-kmeans++"
+#: every name of this server
+KEYED_NAMES = (KEYED_SERVER, "weighted-kmeans++-keyed")
 _KEY_BRANCH = np.uint64(0x6B657965645F7070)   # the seeding's own stream
 #: candidates kept per k-means++ step beyond the L drawn: a leaving device's candidate is
 #: replaced by the next key
 SPARE = 4
 
 
-#: candidates per k-means++ step: 1 is plain k-means++ (one draw proportional to
-#: weight x D²), whose seeds change on a forget only where a leaving row was one; None
-#: is scikit-learn's greedy ``2 + log k`` (the pick among candidates whose potentials
-#: differ by less than one device's share moves on most forgets: measured 6 of 40 certified
-#: at 1,000 devices, against 26 of 40 with 1)
-TRIALS: int | None = 1
+#: candidates per k-means++ step: None is scikit-learn's greedy ``2 + log k``; 1 is plain
+#: k-means++ (one draw proportional to weight x D²), whose seeds change on a forget only
+#: where a leaving row was one, but whose starts found worse minima on the natural
+#: federations (``docs/kfed.md``); with the greedy pick a forget runs a start again where
+#: a leaving device's share changes which candidate lowers the potential most
+TRIALS: int | None = None
 
 
 def n_trials(k: int) -> int:
@@ -164,5 +166,6 @@ def pick_start(parts, inertia, err=0.0) -> int | None:
     return b
 
 
-KEYED_SERVERS[KEYED_SERVER] = keyed_weighted_kmeans
+for _name in KEYED_NAMES:
+    KEYED_SERVERS[_name] = keyed_weighted_kmeans
 

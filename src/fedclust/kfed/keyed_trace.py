@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.kmeans import BLOCK, sum_by_label, update_centers
 from .downdate import CERTIFY_SLACK, plain_step
-from .keyed import KEYED_SERVER, SPARE, keyed_starts, canonical, pick_start, row_keys
+from .keyed import KEYED_NAMES, SPARE, keyed_starts, canonical, pick_start, row_keys
 from .server import POORLY_EXPLAINED_RADII, POORLY_EXPLAINED_SHARE, explanation_message
 
 __all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of", "stacked"]
@@ -94,6 +94,7 @@ class KeyedTrace:
     scatter: np.ndarray | None = None   # (N0,) each device center's scatter (its summary)
     expl: Any = None   # _Explained: the explanation warning's reference
     newly: np.ndarray | None = None   # rows the last forget removed (None: every dead row)
+    Cw: np.ndarray | None = None      # (N0, d) each row times its weight (exact final means)
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -106,6 +107,8 @@ class KeyedTrace:
             return
         self.C[gone] = 0.0
         self.w[gone] = 0.0
+        if self.Cw is not None:
+            self.Cw[gone] = 0.0
         if self.keys is not None:
             self.keys[gone] = 0
         if self.scatter is not None:
@@ -251,7 +254,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
 
 def applies(protocol: Any) -> bool:
     """The protocol's server is the keyed one and nothing else changes its step."""
-    return plain_step(protocol, KEYED_SERVER)
+    return any(plain_step(protocol, name) for name in KEYED_NAMES)
 
 
 def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace | None:
@@ -292,7 +295,7 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
         * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
         dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
         keys=row_keys(seed, owner, local_index), reruns={},
-        scatter=_stacked_scatter(replies, ids, len(C)))
+        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw)
 
 
 def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndarray | None:

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import squared_distances
+from ..core.kmeans import squared_distances, sum_by_label
 from .downdate import forget_result
 from .keyed import SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
 from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
@@ -163,7 +163,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
         if tie or (lab != a[sel]).any():
             return None
     none = np.empty(0, np.int64)
-    return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q)
+    return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q), (none, none)
 
 
 def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
@@ -230,7 +230,8 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
                 Qx = Qx + np.bincount(to, weights=np.concatenate([q, -q]), minlength=k)
         newS.append(Sx), newW.append(Wx), newQ.append(Qx)
         if stop_now:
-            return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
+            return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked, \
+                (prev_rows, prev_lab)
         if t >= 1:   # Lloyd's first stop rule: labels unchanged
             mv = run.moved[t]
             mv = mv[alive[mv]]
@@ -246,7 +247,8 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
             else:
                 moved_new = len(mv) > 0
             if not moved_new:
-                return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
+                return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked, \
+                (prev_rows, prev_lab)
             if t == T:
                 raise _Full("the fit's run stopped with its labels, this one goes on")
         if t == T:
@@ -429,14 +431,14 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             run = new_runs[s][0]
             T = len(run.cs) - 1
             outs[s] = (run.cs[-1], (np.empty(0, np.int64),) * 2, T, (run.S, run.W, run.Q),
-                       n * (T + 1))
+                       n * (T + 1), (np.empty(0, np.int64),) * 2)
         order = range(len(trace.runs))
         inert = [run_inertia(outs[s][0], outs[s][3][0][outs[s][2]], outs[s][3][1][outs[s][2]],
                           outs[s][3][2][outs[s][2]]) for s in order]
         err = 1e-10 * max(float(sum(outs[s][3][2][outs[s][2]].sum() for s in order)), 1e-300)
         finals = []
         for s in order:
-            _, over, t, _, _ = outs[s]
+            _, over, t, _, _, _ = outs[s]
             run = new_runs[s][0] if s in new_runs else trace.runs[s]
             lab = run.A[t].astype(np.int64)
             lab[over[0]] = over[1]
@@ -454,8 +456,13 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         return None
     finally:
         trace.alive = old_alive
-    centers, _, t_f, _, _ = outs[b]
+    centers, _, t_f, _, _, prev = outs[b]
     labels = finals[b]
+    if t_f >= 1 and trace.Cw is not None:   # the fresh step's bits: its last update again
+        run = new_runs[b][0] if b in new_runs else trace.runs[b]
+        lab = run.A[t_f - 1].astype(np.int64)
+        lab[prev[0]] = prev[1]
+        centers = exact_means(trace.Cw, trace.w, lab, alive, k)
     local_centers = {z: trace.local_centers[z] for z in ids}
     local_counts = {z: trace.local_counts[z] for z in ids}
     center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
@@ -483,5 +490,19 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
-                     expl=expl, newly=R)
+                     expl=expl, newly=R, Cw=trace.Cw)
     return result, new
+
+
+def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,
+                k: int) -> np.ndarray:
+    """The weighted means of the remaining rows by label with the bits of
+    :func:`~fedclust.core.kmeans.update_centers` over the remaining rows stacked alone:
+    the same one-hot product and weighted count, each cluster summed in row order (the
+    removed rows go to a k-th cluster that is dropped, so they add nothing, not even a
+    rounding). ``Cw`` (N, d): the rows times their weights."""
+    lab = np.where(alive, labels, k)
+    sums = np.zeros((k + 1, Cw.shape[1]))
+    sum_by_label(Cw, lab, k + 1, sums)
+    counts = np.bincount(lab, weights=w, minlength=k + 1)
+    return sums[:k] / counts[:k, None]
