@@ -89,8 +89,8 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
     return pots, why
 
 
-#: the smallest margins of each iteration :func:`_follow` reads; where more rows could be in
-#: doubt at an iteration, :func:`_replay` follows the run
+#: the smallest margins of each iteration :func:`_follow` reads (besides the removed rows');
+#: where more rows could be in doubt at an iteration, :func:`_replay` follows the run
 PREFIX = 2048
 
 
@@ -135,7 +135,9 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     sj = np.sqrt(np.einsum("tkd,tkd->tk", diff, diff))
     s = sj.max(axis=1)
     thr = 2.0 * s + tr.slack
-    P = min(PREFIX, len(alive))
+    # the removed rows' margins stay in the sorted arrays (a run traced again puts them
+    # first): PREFIX margins of remaining rows at least
+    P = min(PREFIX + len(alive) - int(alive.sum()), len(alive))
     pm = msort[:tt, :P]
     if P < len(alive) and (pm[:, -1] <= thr).any():
         return None
