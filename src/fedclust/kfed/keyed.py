@@ -4,10 +4,10 @@ The default server, ``server="weighted-kmeans++"`` (also named
 ``"weighted-kmeans++-keyed"``): the farthest-first start plus
 :func:`~fedclust.kfed.server.weighted_starts` greedy weighted k-means++ starts, weighted
 Lloyd to convergence from each, the lowest weighted cost kept by strict ``<``; the
-k-means++ candidates are drawn so that removing a device moves no other device's draw. At step t of start s, device center i (device z, center j)
-gets the key ``-log(u) / p_i`` with ``u`` keyed by (run seed, z, j, s, t) and ``p_i``
+k-means++ candidates are drawn so that removing a device moves no other device's draw.
+At step t of start s, device center i (device z, center j) gets the key ``-log(u) / p_i`` with ``u`` keyed by (run seed, z, j, s, t) and ``p_i``
 its weight times its squared distance to the chosen seeds; the ``2 + log k`` smallest
-keys are the candidates (sampling proportional to p without replacement) and the one
+keys (:data:`TRIALS`) are the candidates (sampling proportional to p without replacement) and the one
 that lowers the potential most is the seed.
 
 Forgetting devices follows the fit's trace instead of running the step again:
