@@ -82,7 +82,9 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     weighted : bool, default=False
         Weight device centers by their point counts in the server's Lloyd.
     first_device : {"widest", "random"} or int, default="widest"
-        Which device's centers seed the farthest-point traversal.
+        Which device's centers seed the farthest-point traversal of the paper's
+        servers; the default server's farthest-first start always takes the widest
+        device (its forget follows the device ids, not their positions).
     max_iter, tol : int, float
         Server Lloyd limits (``farthest-lloyd``) and the Lloyd tolerance.
     local_max_iter : int, default=300
