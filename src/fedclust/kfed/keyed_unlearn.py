@@ -13,12 +13,16 @@ running the step again, start by start:
   plus the largest shift, each plus :data:`~fedclust.kfed.downdate.CERTIFY_SLACK`'s
   allowance; the others are assigned again and the sums corrected. Lloyd's stop rules
   (labels unchanged, shift at most ``tol`` times the variance, ``max_iter``) are decided
-  again, each only with a margin over rounding;
+  again, each only with a margin over rounding. Where no remaining row changes label,
+  :func:`_follow` checks every iteration at once from the smallest margins of each
+  iteration (stacked at the trace), else :func:`_replay` goes iteration by iteration;
 * a start whose trace cannot be followed (a leaving seed or farthest-first pick, a near
   tie, a stop rule within rounding, a run that goes on where the fit's stopped) is run
   again in full over the remaining rows, stacked as a fresh step stacks them, so it
   gives the fresh step's bits; it is traced as it runs, for the next forget;
-* the lowest cost between starts by strict ``<``, only with a margin over rounding.
+* the lowest cost between starts by strict ``<``, only with a margin over rounding;
+  the kept start's last update is computed again over the remaining rows in the fresh
+  step's order (:func:`exact_means`), so the centers are the fresh step's bits.
 
 The explanation warning is worked out from the stacked summaries: a device center's
 flag (its final center farther than twice its RMS radius) is kept from a reference while its
@@ -41,7 +45,7 @@ from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stac
                           traced_lloyd, forget_warning)
 from .server import farthest_first, pick_first_device, weighted_starts
 
-__all__ = ["keyed_forget"]
+__all__ = ["keyed_forget", "exact_means"]
 
 #: a row is assigned again at most this share of the rows per iteration; beyond, the
 #: start runs again
