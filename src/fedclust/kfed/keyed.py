@@ -43,6 +43,11 @@ SPARE = 4
 TRIALS: int | None = None
 
 
+#: whether the step adds the farthest-first start (from the widest device) to the keyed
+#: k-means++ starts
+FARTHEST_START: bool = True
+
+
 def n_trials(k: int) -> int:
     return 2 + int(np.log(k)) if TRIALS is None else int(TRIALS)
 
@@ -117,7 +122,8 @@ def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
     _, ff, pp = keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed)
     best, seen = None, []
-    for idx in [ff] + [p[0] if p is not None else None for p in pp]:
+    starts = [ff] if FARTHEST_START else []
+    for idx in starts + [p[0] if p is not None else None for p in pp]:
         if idx is None:   # fewer distinct rows than k: the farthest-first start alone
             continue
         res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
