@@ -145,15 +145,20 @@ def _twin_free(trace, Xs, ids):
 
 
 @pytest.mark.parametrize("holder", ["keyed", "widest"])
-def test_a_seed_holder_runs_its_start_again(holder):
+def test_a_seed_holder_runs_its_start_again(holder, monkeypatch):
     # keyed: a device holding a k-means++ seed; widest: the device whose centers seed the
-    # farthest-first start (every device sends at least k centers: it holds every pick)
+    # farthest-first start, with that start switched on (every device sends at least k
+    # centers: it holds every pick)
+    from fedclust.kfed import keyed
+
+    monkeypatch.setattr(keyed, "FARTHEST_START", holder == "widest")
     Xs = _federation(np.random.default_rng(3), 60)
     ids = list(range(60))
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
+    assert trace.ff_start == (holder == "widest")
     if holder == "keyed":
-        z, start = int(trace.owner[trace.seeds[0, 1]]), 1
+        z, start = int(trace.owner[trace.seeds[0, 1]]), 0
     else:
         z, start = trace.seed_device, 0
     model.forget(devices=[z])
@@ -438,8 +443,8 @@ def test_a_forget_that_changes_the_start_count_takes_the_full_step(monkeypatch):
     monkeypatch.setattr(server, "WEIGHTED_START_BUDGET", budget)
     assert server.weighted_starts(n, K) == 14 and server.weighted_starts(n - n_z, K) == 15
     model = _make().fit(Xs, device_ids=ids)   # the fit with that budget: 14 starts
-    assert len(model._unlearning_.trace.runs) == 15
+    assert len(model._unlearning_.trace.runs) == 14   # the keyed starts (no farthest-first start)
     model.forget(devices=[z])
     assert model.forget_log_[-1].path == "replay"
-    assert model._unlearning_.trace is None or len(model._unlearning_.trace.runs) == 16
+    assert model._unlearning_.trace is None or len(model._unlearning_.trace.runs) == 15
     _check(model, Xs, ids, [z])

@@ -89,12 +89,15 @@ class KeyedTrace:
     seed: int = 0
     keys: np.ndarray | None = None   # (N0,) uint64 row keys of the keyed draws
     #: starts the last forget ran again in full over the remaining rows, with the reason
-    #: their trace could not be followed (0: the farthest-first start, s + 1: keyed start s)
+    #: their trace could not be followed (run index: with ``ff_start``, 0 is the
+    #: farthest-first start and s + 1 keyed start s; without, s is keyed start s)
     reruns: dict = None
     scatter: np.ndarray | None = None   # (N0,) each device center's scatter (its summary)
     expl: Any = None   # _Explained: the explanation warning's reference
     newly: np.ndarray | None = None   # rows the last forget removed (None: every dead row)
     Cw: np.ndarray | None = None      # (N0, d) each row times its weight (exact final means)
+    #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
+    ff_start: bool = True
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -280,7 +283,7 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
         return None
     Cw = C * w[:, None]
     runs = []
-    for idx in [ff] + [p[0] for p in pp]:
+    for idx in ([] if ff is None else [ff]) + [p[0] for p in pp]:
         run = traced_lloyd(C, C[idx], w, Cw, c_sq, c_var, protocol.max_iter, protocol.tol)
         if run is None:
             return None
@@ -288,14 +291,15 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
     scale2 = float(c_sq.max())
     return KeyedTrace(
         list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
-        np.ones(len(C), bool), int(ids[pos]), owner[ff],
+        np.ones(len(C), bool), -1 if ff is None else int(ids[pos]),
+        np.empty(0, np.int64) if ff is None else owner[ff],
         np.stack([p[0] for p in pp]), np.stack([p[1] for p in pp]),
         np.stack([p[2] for p in pp]), np.stack([p[3] for p in pp]), runs,
         C.sum(axis=0), (C * C).sum(axis=0), CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0)
         * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
         dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
         keys=row_keys(seed, owner, local_index), reruns={},
-        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw)
+        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw, ff_start=ff is not None)
 
 
 def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndarray | None:

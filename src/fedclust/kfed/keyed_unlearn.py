@@ -324,20 +324,21 @@ def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
 
 
 def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int]):
-    """Start ``start`` (0: farthest-first, s + 1: keyed k-means++ start s) run again in full
+    """Run ``start`` (the trace's run index, see ``KeyedTrace.reruns``) run again in full
     over the remaining rows, as a fresh step runs it: ``(run, seeding)`` with seeding None
     for the farthest-first start, else (seeds, cand, pots, pick) in the trace's rows; or
     raises _Full where no trace can follow it (an emptied cluster, too few rows); the
     farthest-first start also gives (its seed device, the owners of its picks)."""
     k = tr.runs[0].cs.shape[1]
-    if start == 0:
+    F = int(tr.ff_start)
+    if F and start == 0:
         centers = [tr.local_centers[z] for z in ids]
         pos = pick_first_device(centers, "widest", None, stacked=rem.C)
         offsets = np.cumsum([0] + [len(c) for c in centers])
         idx = farthest_first(rem.C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
         seeding = None
     else:
-        pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], start - 1,
+        pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], start - F,
                                    SPARE)
         if pp is None:
             raise _Full("fewer distinct rows than k")
@@ -348,7 +349,7 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
                         tr.tol)
     if run is None:
         raise _Full("a start run again emptied a cluster")
-    ff = (int(ids[pos]), tr.owner[rem.rows[idx]]) if start == 0 else None
+    ff = (int(ids[pos]), tr.owner[rem.rows[idx]]) if F and start == 0 else None
     return _expand(run, rem.rows, len(tr.C)), seeding, ff
 
 
@@ -396,7 +397,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     k = trace.runs[0].cs.shape[1]
     if n < k:
         return None
-    if weighted_starts(n, k) != len(trace.runs) - 1:
+    F = int(trace.ff_start)
+    if weighted_starts(n, k) != len(trace.runs) - F:
         # fewer device centers, more starts (a step of weighted_starts): the fresh step
         # draws starts the trace lacks
         trace.fallback = "the start count changes"
@@ -406,10 +408,10 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     trace.alive = alive
     reruns: dict[int, str] = {}
     try:
-        if trace.seed_device in gone or gone & set(trace.ff_owners.tolist()):
+        if F and (trace.seed_device in gone or gone & set(trace.ff_owners.tolist())):
             reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
         pots, why = _seeds_stable(trace, R, alive)
-        reruns.update({s + 1: y for s, y in enumerate(why) if y is not None})
+        reruns.update({s + F: y for s, y in enumerate(why) if y is not None})
         xsum = trace.xsum - trace.C[R].sum(axis=0)
         xsq = trace.xsq - (trace.C[R] ** 2).sum(axis=0)
         var = float(np.mean(np.maximum(xsq / n - (xsum / n) ** 2, 0.0))) if n > 1 else 0.0
@@ -474,7 +476,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
                      for z in ids}
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
-    if 0 in new_runs:
+    if F and 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
     warning, expl = forget_warning(trace, alive, centers, labels) if protocol.summarise \
         else (False, None)
@@ -486,17 +488,17 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     # starts run again as they ran now
     runs = [new_runs[s][0] if s in new_runs else based[s] for s in range(len(trace.runs))]
     seeds, cand, pick = trace.seeds, trace.cand, trace.pick
-    if any(s > 0 for s in new_runs):
+    if any(s >= F for s in new_runs):
         seeds, cand, pots, pick = seeds.copy(), cand.copy(), pots.copy(), pick.copy()
         for s, (_, seeding, _) in new_runs.items():
-            if s > 0:
-                seeds[s - 1], cand[s - 1], pots[s - 1], pick[s - 1] = seeding
+            if s >= F:
+                seeds[s - F], cand[s - F], pots[s - F], pick[s - F] = seeding
     new = KeyedTrace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
                      seed_device, ff_owners, seeds, cand, pots, pick, runs, xsum, xsq,
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
-                     expl=expl, newly=R, Cw=trace.Cw)
+                     expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start)
     return result, new
 
 
