@@ -19,8 +19,7 @@ Methods (``method=``):
 ``"weighted-kmeans++"`` (ours, the default of :class:`fedclust.KFed`)
     Weighted k-means on the device centers, each weighted by its count (the
     points behind it): :func:`weighted_starts` (10 to 100) greedy weighted k-means++
-    starts plus the farthest-first start, weighted Lloyd to convergence from each, the
-    lowest weighted cost kept. The weighted cost of
+    starts, weighted Lloyd to convergence from each, the lowest weighted cost kept. The weighted cost of
     the device centers plus their within-cluster scatter is the pooled data's
     k-means cost when every local cluster goes to one final center, so this
     minimises (locally) the pooled cost that one round can see. Unlike the
