@@ -4,12 +4,10 @@ Cases (full mode; ``--quick`` shrinks them to seconds):
 
 ``kfed``
     k-FED (default server: weighted k-means++ restarts + weighted Lloyd over the
-    device centers), 1,000 devices x 1,000 points, d = 50, k = 20, each device
-    holding k' = 5 of the 20 components (k-FED's heterogeneous setting).
-``kfed-keyed``
-    the same with ``server="weighted-kmeans++-keyed"``: the default server's algorithm
-    with k-means++ draws keyed by device, so a forget follows the fit's trace
-    (:mod:`fedclust.kfed.keyed`).
+    device centers, its k-means++ draws keyed by device so that a forget follows the
+    fit's trace, :mod:`fedclust.kfed.keyed`), 1,000 devices x 1,000 points, d = 50,
+    k = 20, each device holding k' = 5 of the 20 components (k-FED's heterogeneous
+    setting).
 ``kfed-paper``
     the same federation with the paper's server (farthest-first + one Lloyd
     round, ``server="farthest-lloyd1"``).
@@ -37,8 +35,9 @@ Measured in one process, per case:
 
 Times are CPU seconds of this process (``OMP_NUM_THREADS=1``: every step runs on one
 thread), so that other jobs on a shared machine inflate them less than the wall clock
-(also written to the JSON). Retrains are timed once. ``forget`` is the median over 3
-later forgets of the same model; ``first forget`` is a model's first one (checked
+(also written to the JSON). Retrains are timed once. ``forget`` is the median over
+``--repeats`` (default 7) later forgets of the same model (each time, the worst and the
+starts run again are in the JSON); ``first forget`` is a model's first one (checked
 against the retrain), which under the paper's server also works out what its downdates
 need (a farthest-first pass and every device center's label margin), as does the first
 forget after a full server step. Row deletions and local steps: the median over 3 devices.
@@ -117,7 +116,8 @@ def _timed(fn):
 WALL: list[float] = []
 
 
-def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3):
+def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
+             later: int = 7):
     forget_id, rows_id = ids[len(ids) // 2], ids[len(ids) // 3]
     model, fit_s = _timed(lambda: make().fit(devices, device_ids=ids))
     keep = [i for i, z in enumerate(ids) if z != forget_id]
@@ -136,6 +136,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
     downdate_share = 0.0 if trace is None else 1 - len(held) / len(ids)
     _, forget_s = _timed(lambda: model.forget(devices=[forget_id], relabel=False))
     exact_device = _same(model, retrained)
+    bit_equal_device = bool(np.array_equal(model.cluster_centers_, retrained.cluster_centers_))
     # device centers assigned again after a downdate (the others kept a certified label)
     rechecked = [model.forget_log_[-1].rechecked]
     path = model.forget_log_[-1].path
@@ -171,12 +172,16 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
     # out what a downdate needs (the paper's server); the later ones reuse it: the median
     # is over those, the first forget is reported apart
     first_forget_s = forget_s
-    others = [z for z in ids if z not in (forget_id, rows_id)][:repeats + 1]
+    others = [z for z in ids if z not in (forget_id, rows_id)][:later + 1]
     forget_times, paths = [forget_s], [path]
+    starts_again = []
     for z in others:
         forget_times.append(_timed(lambda: model.forget(devices=[z], relabel=False))[1])
         paths.append(model.forget_log_[-1].path)
         rechecked.append(model.forget_log_[-1].rechecked)
+        tr = model._unlearning_.trace   # the keyed server: the starts it ran again, and why
+        starts_again.append(None if tr is None or getattr(tr, "reruns", None) is None
+                            else {str(s): why for s, why in tr.reruns.items()})
     rows_times, local_times = [rows_s], [local_s]
     for z in [z for z in ids if z not in (forget_id, rows_id) and z not in others][:repeats - 1]:
         X = devices[ids.index(z)]
@@ -186,6 +191,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
             request, {z: np.delete(X, rows, axis=0)}, seed=model.seed_, states={z: {}}))[1])
     forget_s, rows_s, local_s = (float(np.median(t)) for t in (forget_times[2:], rows_times,
                                                                local_times))
+    worst_s = float(max(forget_times[2:]))
     return {
         "case": name, "devices": len(ids), "points_per_device": len(devices[0]),
         "fit_s": fit_s, "retrain_s": retrain_s, "forget_s": forget_s,
@@ -195,13 +201,16 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3)
         "rows_deleted": n_rows, "forget_rows_s": rows_s, "retrain_rows_s": retrain_rows_s,
         "local_step_s": local_s, "rows_over_local_step": rows_s / local_s,
         "rows_speedup": retrain_rows_s / rows_s,
-        "exact_device": exact_device, "exact_labels": exact_labels, "exact_rows": exact_rows,
+        "exact_device": exact_device, "bit_equal_centers": bit_equal_device,
+        "exact_labels": exact_labels, "exact_rows": exact_rows,
         "forget_paths": paths, "max_center_diff": max_diff, "rechecked_centers": rechecked,
         "device_centers": int(sum(len(c) for c in getattr(retrained, "local_centers_", []))),
         "downdate_share_of_devices": downdate_share, "fallback_forget_s": fallback_s,
         "fallback_speedup": None if fallback_s is None else retrain_s / fallback_s,
         "kept_summary_bytes": store.nbytes,
         "recomputed_rows": recomputed, "forget_times_s": forget_times,
+        "later_forgets": len(forget_times[2:]), "worst_later_forget_s": worst_s,
+        "worst_later_speedup": retrain_s / worst_s, "starts_run_again": starts_again,
         "server_work": [r.server_work for r in model.forget_log_],
         "server_nodes": _nodes(proto),
         "rows_times_s": rows_times, "local_step_times_s": local_times,
@@ -219,6 +228,8 @@ def main(argv=None) -> int:
     p.add_argument("--devices", type=int, default=1000)
     p.add_argument("--points", type=int, default=1000)
     p.add_argument("--gauss-devices", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=7,
+                   help="later forgets of a k-FED model behind its median")
     p.add_argument("--cases", default="kfed,kfed-paper,gauss,gauss-tree",
                    help="comma-separated cases to run")
     args = finish_args(p.parse_args(argv))
@@ -233,16 +244,11 @@ def main(argv=None) -> int:
     rows = []
     if "kfed" in cases:
         rows.append(run_case("kfed", lambda: KFed(k, k_local, random_state=args.seed),
-                             devices, ids, 10, args.seed))
-    if "kfed-keyed" in cases:
-        rows.append(run_case("kfed-keyed", lambda: KFed(k, k_local,
-                                                        server="weighted-kmeans++-keyed",
-                                                        random_state=args.seed),
-                             devices, ids, 10, args.seed))
+                             devices, ids, 10, args.seed, later=args.repeats))
     if "kfed-paper" in cases:
         rows.append(run_case("kfed-paper", lambda: KFed(k, k_local, server="farthest-lloyd1",
                                                         random_state=args.seed),
-                             devices, ids, 10, args.seed))
+                             devices, ids, 10, args.seed, later=args.repeats))
     g = args.gauss_devices
     if "gauss" in cases:
         rows.append(run_case("gauss", lambda: FedGaussClustering(random_state=args.seed),

@@ -41,9 +41,11 @@ def test_the_default_lands_in_the_pooled_basin_on_overlapping_small_devices():
 
 
 def test_more_server_starts_never_raise_the_weighted_cost():
-    # the first 11 starts are drawn before the others from the same stream: the best of
-    # WEIGHTED_PP_INIT + 1 is at most the best of 11 (same device centers, same seed)
+    # start s draws by keys of (seed, device, center, s, step): the first 11 starts are
+    # the same whatever the count, so the best of WEIGHTED_PP_INIT + 1 is at most the best
+    # of 11 (same device centers, same seed)
     import fedclust.kfed.server as server
+    from fedclust.kfed.keyed import keyed_weighted_kmeans
 
     devices = _overlapping_federation(3)
     model = KFed(12, random_state=0).fit(devices)
@@ -55,8 +57,8 @@ def test_more_server_starts_never_raise_the_weighted_cost():
     for n_init in (10, WEIGHTED_PP_INIT):
         old, server.WEIGHTED_PP_INIT = server.WEIGHTED_PP_INIT, n_init
         try:
-            res = server._best_weighted_kmeans(C, 12, w, np.random.default_rng(5), parts,
-                                               "widest", max_iter=300, tol=1e-4)
+            res = keyed_weighted_kmeans(C, 12, w, parts, list(range(len(parts))), 5,
+                                        max_iter=300, tol=1e-4)
         finally:
             server.WEIGHTED_PP_INIT = old
         best[n_init] = res.inertia

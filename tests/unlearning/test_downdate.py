@@ -98,7 +98,7 @@ def test_a_row_deletion_runs_the_full_step_and_the_record_keeps_its_path():
 def test_other_servers_never_downdate():
     rng = np.random.default_rng(3)
     Xs = _federation(rng, 8)
-    for make in (lambda: KFed(5, 3, random_state=1),
+    for make in (lambda: KFed(5, 3, server="kmeans++", random_state=1),
                  lambda: KFed(5, 3, server="farthest-lloyd1", first_device="random",
                               random_state=1),
                  lambda: KFed(5, 3, server="farthest-lloyd", random_state=1)):

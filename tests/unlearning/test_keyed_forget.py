@@ -1,8 +1,9 @@
-"""The keyed weighted k-means++ server (``server="weighted-kmeans++-keyed"``) forgets a
+"""The keyed weighted k-means++ server (the default, ``server="weighted-kmeans++"``) forgets a
 device by following its fit's trace (seeds kept, each start's Lloyd replayed with
 certified labels) where it can, and by its step in full otherwise. Each state is compared
-with a fresh fit on what remains (same seed, same device ids): centers within
-DOWNDATE_RTOL, every label equal, ``verify`` agreeing."""
+with a fresh fit on what remains (same seed, same device ids): centers bit for bit (the
+kept start's last update is recomputed over the remaining rows), every label equal,
+``verify`` agreeing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from fedclust import KFed
 from fedclust.kfed import keyed, keyed_trace, keyed_unlearn
-from fedclust.unlearning.forget import DOWNDATE_RTOL, results_close
+from fedclust.unlearning.forget import results_close
 
 K = 4
 
@@ -33,10 +34,8 @@ def _make():
 def _check(model, Xs, ids, gone):
     keep = [i for i, z in enumerate(ids) if z not in gone]
     fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
-    scale = np.abs(fresh.cluster_centers_).max()
-    if model.forget_log_[-1].path == "replay":   # the step in full: bit for bit
-        assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
-    assert np.abs(model.cluster_centers_ - fresh.cluster_centers_).max() <= DOWNDATE_RTOL * scale
+    # bit for bit after the step in full and after following the trace alike
+    assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
     assert model.device_ids_ == fresh.device_ids_
     for a, b in zip(model.center_labels_, fresh.center_labels_):
         assert np.array_equal(a, b)
@@ -146,15 +145,20 @@ def _twin_free(trace, Xs, ids):
 
 
 @pytest.mark.parametrize("holder", ["keyed", "widest"])
-def test_a_seed_holder_runs_its_start_again(holder):
+def test_a_seed_holder_runs_its_start_again(holder, monkeypatch):
     # keyed: a device holding a k-means++ seed; widest: the device whose centers seed the
-    # farthest-first start (every device sends at least k centers: it holds every pick)
+    # farthest-first start, with that start switched on (every device sends at least k
+    # centers: it holds every pick)
+    from fedclust.kfed import keyed
+
+    monkeypatch.setattr(keyed, "FARTHEST_START", holder == "widest")
     Xs = _federation(np.random.default_rng(3), 60)
     ids = list(range(60))
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
+    assert trace.ff_start == (holder == "widest")
     if holder == "keyed":
-        z, start = int(trace.owner[trace.seeds[0, 1]]), 1
+        z, start = int(trace.owner[trace.seeds[0, 1]]), 0
     else:
         z, start = trace.seed_device, 0
     model.forget(devices=[z])
@@ -209,7 +213,7 @@ def test_a_doubt_between_starts_takes_the_full_step(force, monkeypatch):
         monkeypatch.setattr(keyed_unlearn, "pick_start", lambda *a, **kw: None)
     else:   # a forget with a start to run again, and none allowed
         z = int(trace.owner[trace.seeds[0, 1]])
-        monkeypatch.setattr(keyed_unlearn, "MAX_RERUNS", 0)
+        monkeypatch.setattr(keyed_unlearn, "MAX_RERUN_SHARE", 0.0)
     model.forget(devices=[z])
     assert model.forget_log_[-1].path == "replay"
     assert trace.fallback is not None
@@ -226,12 +230,13 @@ def test_every_start_run_again_gives_the_fresh_step_bit_for_bit(monkeypatch):
         raise keyed_unlearn._Full("forced")
 
     monkeypatch.setattr(keyed_unlearn, "_replay", uncertified)
+    monkeypatch.setattr(keyed_unlearn, "_follow", lambda *a, **kw: None)
     gone = []
     for z in ids[5:8]:
         model.forget(devices=[z])
         gone.append(z)
         assert model.forget_log_[-1].path == "downdate"
-        assert len(model._unlearning_.trace.reruns) == keyed.KMEANS_PP_INIT + 1
+        assert len(model._unlearning_.trace.reruns) == len(model._unlearning_.trace.runs)
         keep = [i for i, y in enumerate(ids) if y not in gone]
         fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
         np.testing.assert_array_equal(model.cluster_centers_, fresh.cluster_centers_)
@@ -316,7 +321,7 @@ def test_a_stream_of_devices_runs_the_keyed_server_on_its_summaries():
                               method=keyed.KEYED_SERVER, device_ids=list(range(30)),
                               seed=b.seed_)
     np.testing.assert_array_equal(b.cluster_centers_, again.centers)
-    with pytest.raises(Exception, match="device ids"):
+    with pytest.raises(Exception, match="seed or the server.s random stream"):
         aggregate_centers(list(b.local_centers_), K, counts=list(b.local_counts_),
                           method=keyed.KEYED_SERVER)
 
@@ -338,3 +343,108 @@ def test_wiping_sorted_margins_leaves_the_nearest_lower_remaining_value():
             ref = np.where(dead[order], -np.inf, values[order])
             np.maximum.accumulate(ref, out=ref)
             assert np.array_equal(m, ref)
+
+
+def _spy(monkeypatch, name, log):
+    real = getattr(keyed_unlearn, name)
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        log.append((a, out, a[0].alive.copy()))   # the rows remaining at that forget
+        return out
+
+    monkeypatch.setattr(keyed_unlearn, name, spy)
+
+
+def test_the_stacked_follow_equals_the_per_iteration_replay(monkeypatch):
+    rng = np.random.default_rng(21)
+    Xs = _federation(rng, 120)
+    ids = list(range(120))
+    model = _make().fit(Xs, device_ids=ids)
+    trace = model._unlearning_.trace
+    real, pairs = keyed_unlearn._follow, []
+
+    def both(*a):   # at each call, the per-iteration replay of the same start beside it
+        out = real(*a)
+        if out is not None:
+            pairs.append((out, keyed_unlearn._replay(*a)))
+        return out
+
+    monkeypatch.setattr(keyed_unlearn, "_follow", both)
+    gone = []
+    for z in [z for z in ids if z not in _seed_holders(trace)][:3]:
+        model.forget(devices=[z])
+        gone.append(z)
+        assert model.forget_log_[-1].path == "downdate"
+        _check(model, Xs, ids, gone)
+    assert pairs   # the stacked follow served some starts
+    for out, again in pairs:   # the same centers, stop and rows assigned again
+        assert np.array_equal(out[0], again[0]) and out[2] == again[2]
+        assert len(again[1][0]) == 0 and out[4] == again[4]
+
+
+def test_a_start_the_stacked_follow_cannot_certify_is_followed_per_iteration(monkeypatch):
+    # every row in doubt at every iteration and only 4 margins stacked: the stacked follow
+    # declines every start, the per-iteration replay assigns every row again
+    rng = np.random.default_rng(22)
+    Xs = _federation(rng, 60)
+    ids = list(range(60))
+    model = _make().fit(Xs, device_ids=ids)
+    trace = model._unlearning_.trace
+    held = trace.owner[trace.seeds.ravel()].tolist()
+    z = min((z for z in ids if z != trace.seed_device and z not in trace.ff_owners),
+            key=held.count)   # the fewest starts to run again
+    follows: list = []
+    _spy(monkeypatch, "_follow", follows)
+    monkeypatch.setattr(keyed_unlearn, "PREFIX", 4)
+    monkeypatch.setattr(trace, "slack", 1e-3)
+    for run in trace.runs:   # the sorted margins all below the slack: every row in doubt
+        run.stack[1][:] = np.minimum(run.stack[1], 0.0)
+    model.forget(devices=[z])
+    assert follows and all(out is None for _, out, _ in follows)
+    assert model.forget_log_[-1].path == "downdate"
+    assert model._unlearning_.trace.rechecked >= len(trace.C) - 40
+    _check(model, Xs, ids, [z])
+
+
+def test_exact_means_are_the_update_over_the_remaining_rows_alone():
+    from fedclust.core.kmeans import update_centers
+
+    rng = np.random.default_rng(23)
+    C = rng.normal(size=(500, 7)) * 1e3
+    w = rng.integers(1, 50, size=500).astype(float)
+    labels = rng.integers(0, 6, size=500)
+    alive = rng.random(500) > 0.3
+    Cw = C * w[:, None]
+    want, _ = update_centers(C[alive], labels[alive], 6, w[alive], np.zeros((6, 7)),
+                             C[alive] * w[alive][:, None])
+    got = keyed_unlearn.exact_means(Cw, w, labels, alive, 6)
+    np.testing.assert_array_equal(got, want)   # the same bits, not only close
+    # the leaving rows' values do not enter: scaling them changes nothing
+    Cw2 = Cw.copy()
+    Cw2[~alive] *= 1e9
+    np.testing.assert_array_equal(keyed_unlearn.exact_means(Cw2, w, labels, alive, 6), want)
+
+
+def test_a_forget_that_changes_the_start_count_takes_the_full_step(monkeypatch):
+    import fedclust.kfed.server as server
+
+    rng = np.random.default_rng(24)
+    Xs = _federation(rng, 40)
+    ids = list(range(40))
+    model = _make().fit(Xs, device_ids=ids)
+    trace = model._unlearning_.trace
+    held = trace.owner[trace.seeds.ravel()].tolist()
+    z = min((z for z in ids if z != trace.seed_device and z not in trace.ff_owners),
+            key=held.count)   # the fewest starts to run again
+    n, n_z = len(trace.C), len(model.local_centers_[ids.index(z)])
+    # a start budget where N k gives 14 starts and N k less z's centers 15
+    budget = (n - n_z) * K * 15
+    monkeypatch.setattr(server, "WEIGHTED_START_BUDGET", budget)
+    assert server.weighted_starts(n, K) == 14 and server.weighted_starts(n - n_z, K) == 15
+    model = _make().fit(Xs, device_ids=ids)   # the fit with that budget: 14 starts
+    assert len(model._unlearning_.trace.runs) == 14   # the keyed starts (no farthest-first start)
+    model.forget(devices=[z])
+    assert model.forget_log_[-1].path == "replay"
+    assert model._unlearning_.trace is None or len(model._unlearning_.trace.runs) == 15
+    _check(model, Xs, ids, [z])

@@ -70,22 +70,24 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Aggregation, one of ``"weighted-kmeans++"``, ``"farthest-lloyd1"``,
         ``"farthest-lloyd"``, ``"single-linkage"``, ``"kmeans++"``.
         Default ``"weighted-kmeans++"``: device centers weighted
-        by their counts, 100 weighted k-means++ starts and the farthest-first
-        start, weighted Lloyd to convergence, the lowest weighted cost kept;
-        devices also send each local cluster's scatter (``run_log_.warnings``)
-        and get the final centers back. ``"farthest-lloyd1"`` is the paper's
+        by their counts, 10 to 100 greedy weighted k-means++ starts (fewer on more
+        device centers) and the farthest-first start, weighted Lloyd to convergence,
+        the lowest weighted cost kept; its k-means++ draws are keyed by device id, so
+        that ``forget`` follows the fit's trace instead of running the step again
+        (:mod:`fedclust.kfed.keyed`, ``docs/unlearning.md``); devices also send each
+        local cluster's scatter (``run_log_.warnings``) and get the final centers back. ``"farthest-lloyd1"`` is the paper's
         server (farthest-point initialisation + one Lloyd round; every paper
         reproduction names it), ``"farthest-lloyd"`` Lloyd to convergence (the
         authors' code), ``"single-linkage"`` the poster's union-find merge,
-        ``"kmeans++"`` unweighted k-means++ restarts (``weighted=`` applies),
-        ``"weighted-kmeans++-keyed"`` the default's algorithm with k-means++ draws
-        keyed by device id, so that ``forget`` can follow the fit's trace instead of
-        running the step again (:mod:`fedclust.kfed.keyed`, ``docs/unlearning.md``).
+        ``"kmeans++"`` unweighted k-means++ restarts (``weighted=`` applies);
+        ``"weighted-kmeans++-keyed"`` is another name of the default.
         See ``docs/kfed.md`` for when to use which.
     weighted : bool, default=False
         Weight device centers by their point counts in the server's Lloyd.
     first_device : {"widest", "random"} or int, default="widest"
-        Which device's centers seed the farthest-point traversal.
+        Which device's centers seed the farthest-point traversal of the paper's
+        servers; the default server's farthest-first start always takes the widest
+        device (its forget follows the device ids, not their positions).
     max_iter, tol : int, float
         Server Lloyd limits (``farthest-lloyd``) and the Lloyd tolerance.
     local_max_iter : int, default=300

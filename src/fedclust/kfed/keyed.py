@@ -1,14 +1,13 @@
 """The weighted k-means++ server with removal-stable seeding, and its certified forget.
 
-``server="weighted-kmeans++-keyed"`` is the default server's algorithm with the start count
-it uses on large inputs (farthest-first start plus
-:data:`~fedclust.kfed.server.KMEANS_PP_INIT` weighted k-means++ starts,
-weighted Lloyd to convergence from each, the lowest weighted cost kept by strict ``<``)
-with one change: the k-means++ candidates are drawn so that removing a device moves
-no other device's draw. At step t of start s, device center i (device z, center j)
-gets the key ``-log(u) / p_i`` with ``u`` keyed by (run seed, z, j, s, t) and ``p_i``
+The default server, ``server="weighted-kmeans++"`` (also named
+``"weighted-kmeans++-keyed"``): :func:`~fedclust.kfed.server.weighted_starts` greedy
+weighted k-means++ starts, weighted
+Lloyd to convergence from each, the lowest weighted cost kept by strict ``<``; the
+k-means++ candidates are drawn so that removing a device moves no other device's draw.
+At step t of start s, device center i (device z, center j) gets the key ``-log(u) / p_i`` with ``u`` keyed by (run seed, z, j, s, t) and ``p_i``
 its weight times its squared distance to the chosen seeds; the ``2 + log k`` smallest
-keys are the candidates (sampling proportional to p without replacement) and the one
+keys (:data:`TRIALS`) are the candidates (sampling proportional to p without replacement) and the one
 that lowers the potential most is the seed.
 
 Forgetting devices follows the fit's trace instead of running the step again:
@@ -22,23 +21,32 @@ import numpy as np
 
 from ..core.kmeans import lloyd, squared_distances
 from ..core.random import key_uniforms, row_keys as _row_keys
-from .server import KEYED_SERVERS, KMEANS_PP_INIT, farthest_first, pick_first_device
+from .server import KEYED_SERVERS, farthest_first, pick_first_device, weighted_starts
 
-__all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER"]
+__all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER",
+           "KEYED_NAMES"]
 
-KEYED_SERVER = "weighted-kmeans++-keyed"
+KEYED_SERVER = "weighted-kmeans++"
+#: every name of this server
+KEYED_NAMES = (KEYED_SERVER, "weighted-kmeans++-keyed")
 _KEY_BRANCH = np.uint64(0x6B657965645F7070)   # the seeding's own stream
 #: candidates kept per k-means++ step beyond the L drawn: a leaving device's candidate is
 #: replaced by the next key
 SPARE = 4
 
 
-#: candidates per k-means++ step: 1 is plain k-means++ (one draw proportional to
-#: weight x D²), whose seeds change on a forget only where a leaving row was one; None
-#: is scikit-learn's greedy ``2 + log k`` (the pick among candidates whose potentials
-#: differ by less than one device's share moves on most forgets: measured 6 of 40 certified
-#: at 1,000 devices, against 26 of 40 with 1)
-TRIALS: int | None = 1
+#: candidates per k-means++ step: None is scikit-learn's greedy ``2 + log k``; 1 is plain
+#: k-means++ (one draw proportional to weight x D²), whose seeds change on a forget only
+#: where a leaving row was one, but whose starts found worse minima on the natural
+#: federations (``docs/kfed.md``); with the greedy pick a forget runs a start again where
+#: a leaving device's share changes which candidate lowers the potential most
+TRIALS: int | None = None
+
+
+#: whether the step adds the farthest-first start (from the widest device) to the keyed
+#: k-means++ starts: off, it won 3 of 540 fits on the natural federations, each by 0.01 %,
+#: and a forget followed its path (which moves on every forget) at 20-60 ms
+FARTHEST_START: bool = False
 
 
 def n_trials(k: int) -> int:
@@ -98,24 +106,31 @@ def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0):
 
 
 def keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
-    pos = pick_first_device(centers, "widest", None, stacked=C)
-    offsets = np.cumsum([0] + [len(c) for c in centers])
-    ff = farthest_first(C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
+    """``(seed device position, farthest-first rows, keyed starts)``; the first two None
+    where :data:`FARTHEST_START` is off."""
+    pos = ff = None
+    if FARTHEST_START:
+        pos = pick_first_device(centers, "widest", None, stacked=C)
+        offsets = np.cumsum([0] + [len(c) for c in centers])
+        ff = farthest_first(C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
     keys = row_keys(seed, owner, local_index)
-    pp = [keyed_kmeans_plusplus(C, k, w, c_sq, keys, s, spare) for s in range(KMEANS_PP_INIT)]
+    pp = [keyed_kmeans_plusplus(C, k, w, c_sq, keys, s, spare)
+          for s in range(weighted_starts(len(C), k))]
     return pos, ff, pp
 
 
 def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
-    """The server's step: the best of the farthest-first and keyed k-means++ starts."""
+    """The server's step: the best of the keyed k-means++ starts (and the farthest-first
+    start where :data:`FARTHEST_START` is on)."""
     owner = np.repeat(np.asarray(device_ids, dtype=np.int64), [len(c) for c in centers])
     local_index = np.concatenate([np.arange(len(c)) for c in centers])
     c_sq = (C * C).sum(axis=1)
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
     _, ff, pp = keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed)
     best, seen = None, []
-    for idx in [ff] + [p[0] if p is not None else None for p in pp]:
-        if idx is None:   # fewer distinct rows than k: the farthest-first start alone
+    starts = [ff] if FARTHEST_START else []
+    for idx in starts + [p[0] if p is not None else None for p in pp]:
+        if idx is None:   # fewer distinct rows than k: that start is not run
             continue
         res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
         # a start that ends in an earlier start's partition (its clusters numbered
@@ -163,5 +178,6 @@ def pick_start(parts, inertia, err=0.0) -> int | None:
     return b
 
 
-KEYED_SERVERS[KEYED_SERVER] = keyed_weighted_kmeans
+for _name in KEYED_NAMES:
+    KEYED_SERVERS[_name] = keyed_weighted_kmeans
 

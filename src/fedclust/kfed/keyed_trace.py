@@ -13,10 +13,10 @@ import numpy as np
 
 from ..core.kmeans import BLOCK, sum_by_label, update_centers
 from .downdate import CERTIFY_SLACK, plain_step
-from .keyed import KEYED_SERVER, SPARE, keyed_starts, canonical, pick_start, row_keys
+from .keyed import KEYED_NAMES, SPARE, keyed_starts, canonical, pick_start, row_keys
 from .server import POORLY_EXPLAINED_RADII, POORLY_EXPLAINED_SHARE, explanation_message
 
-__all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of"]
+__all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of", "stacked"]
 
 
 @dataclass
@@ -38,6 +38,24 @@ class RunTrace:
     runner_up: list = None   # per t (N,) int16: each row's second-nearest center under c_t
     margin3: list = None     # per t (N,): third-nearest minus nearest distance (inf: k < 3)
     rank: list = None        # per t (N,) int32: each row's position in ``order`` (for scrub)
+    #: (order, margin_sorted, runner_up, margin3) as (T+1, N) arrays whose rows the lists
+    #: above are (views: a scrub of the lists is seen here), and the moved rows flattened
+    #: with their iteration: :func:`stacked`
+    stack: tuple = None
+
+
+def stacked(run: RunTrace) -> tuple:
+    """``(order, margin_sorted, runner_up, margin3, moved rows, their t)``: the run's per-t
+    lists stacked once (the lists become rows of the stacks), for following every
+    iteration of the run at once."""
+    if run.stack is None:
+        o, m, r, m3 = (np.stack(x) for x in (run.order, run.margin_sorted, run.runner_up,
+                                              run.margin3))
+        run.order, run.margin_sorted, run.runner_up, run.margin3 = list(o), list(m), list(r), \
+            list(m3)
+        mv_t = np.repeat(np.arange(len(run.moved)), [len(x) for x in run.moved])
+        run.stack = (o, m, r, m3, np.concatenate(run.moved).astype(np.int64), mv_t)
+    return run.stack
 
 
 @dataclass
@@ -71,11 +89,15 @@ class KeyedTrace:
     seed: int = 0
     keys: np.ndarray | None = None   # (N0,) uint64 row keys of the keyed draws
     #: starts the last forget ran again in full over the remaining rows, with the reason
-    #: their trace could not be followed (0: the farthest-first start, s + 1: keyed start s)
+    #: their trace could not be followed (run index: with ``ff_start``, 0 is the
+    #: farthest-first start and s + 1 keyed start s; without, s is keyed start s)
     reruns: dict = None
     scatter: np.ndarray | None = None   # (N0,) each device center's scatter (its summary)
     expl: Any = None   # _Explained: the explanation warning's reference
     newly: np.ndarray | None = None   # rows the last forget removed (None: every dead row)
+    Cw: np.ndarray | None = None      # (N0, d) each row times its weight (exact final means)
+    #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
+    ff_start: bool = True
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -88,6 +110,8 @@ class KeyedTrace:
             return
         self.C[gone] = 0.0
         self.w[gone] = 0.0
+        if self.Cw is not None:
+            self.Cw[gone] = 0.0
         if self.keys is not None:
             self.keys[gone] = 0
         if self.scatter is not None:
@@ -227,12 +251,13 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
     run = RunTrace(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
                [m[o] for m, o in zip(mm, order)], reason, r2s, m3s)
+    stacked(run)
     return run
 
 
 def applies(protocol: Any) -> bool:
     """The protocol's server is the keyed one and nothing else changes its step."""
-    return plain_step(protocol, KEYED_SERVER)
+    return any(plain_step(protocol, name) for name in KEYED_NAMES)
 
 
 def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace | None:
@@ -258,7 +283,7 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
         return None
     Cw = C * w[:, None]
     runs = []
-    for idx in [ff] + [p[0] for p in pp]:
+    for idx in ([] if ff is None else [ff]) + [p[0] for p in pp]:
         run = traced_lloyd(C, C[idx], w, Cw, c_sq, c_var, protocol.max_iter, protocol.tol)
         if run is None:
             return None
@@ -266,14 +291,15 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
     scale2 = float(c_sq.max())
     return KeyedTrace(
         list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
-        np.ones(len(C), bool), int(ids[pos]), owner[ff],
+        np.ones(len(C), bool), -1 if ff is None else int(ids[pos]),
+        np.empty(0, np.int64) if ff is None else owner[ff],
         np.stack([p[0] for p in pp]), np.stack([p[1] for p in pp]),
         np.stack([p[2] for p in pp]), np.stack([p[3] for p in pp]), runs,
         C.sum(axis=0), (C * C).sum(axis=0), CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0)
         * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
         dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
         keys=row_keys(seed, owner, local_index), reruns={},
-        scatter=_stacked_scatter(replies, ids, len(C)))
+        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw, ff_start=ff is not None)
 
 
 def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndarray | None:

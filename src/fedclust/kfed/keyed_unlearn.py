@@ -13,12 +13,16 @@ running the step again, start by start:
   plus the largest shift, each plus :data:`~fedclust.kfed.downdate.CERTIFY_SLACK`'s
   allowance; the others are assigned again and the sums corrected. Lloyd's stop rules
   (labels unchanged, shift at most ``tol`` times the variance, ``max_iter``) are decided
-  again, each only with a margin over rounding;
+  again, each only with a margin over rounding. Where no remaining row changes label,
+  :func:`_follow` checks every iteration at once from the smallest margins of each
+  iteration (stacked at the trace), else :func:`_replay` goes iteration by iteration;
 * a start whose trace cannot be followed (a leaving seed or farthest-first pick, a near
   tie, a stop rule within rounding, a run that goes on where the fit's stopped) is run
   again in full over the remaining rows, stacked as a fresh step stacks them, so it
   gives the fresh step's bits; it is traced as it runs, for the next forget;
-* the lowest cost between starts by strict ``<``, only with a margin over rounding.
+* the lowest cost between starts by strict ``<``, only with a margin over rounding;
+  the kept start's last update is computed again over the remaining rows in the fresh
+  step's order (:func:`exact_means`), so the centers are the fresh step's bits.
 
 The explanation warning is worked out from the stacked summaries: a device center's
 flag (its final center farther than twice its RMS radius) is kept from a reference while its
@@ -34,13 +38,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import squared_distances
+from ..core.kmeans import squared_distances, sum_by_label
 from .downdate import forget_result
-from .keyed import KMEANS_PP_INIT, SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
-from .keyed_trace import KeyedTrace, RunTrace, run_inertia, labels_or_tie, traced_lloyd, forget_warning
-from .server import farthest_first, pick_first_device
+from .keyed import SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
+                          traced_lloyd, forget_warning)
+from .server import farthest_first, pick_first_device, weighted_starts
 
-__all__ = ["keyed_forget"]
+__all__ = ["keyed_forget", "exact_means"]
 
 #: a row is assigned again at most this share of the rows per iteration; beyond, the
 #: start runs again
@@ -86,6 +91,85 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
             "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
             else None) for s in range(S)]
     return pots, why
+
+
+#: the smallest margins of each iteration :func:`_follow` reads (besides the removed rows');
+#: where more rows could be in doubt at an iteration, :func:`_replay` follows the run
+PREFIX = 2048
+
+
+def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
+    """:func:`_replay` for its common case, every iteration at once: where no remaining row
+    changes its label at any iteration up to the run's stop, the run's centers at every
+    iteration are its downdated sums over its downdated weights. Returns :func:`_replay`'s
+    tuple, or None where that case is not certified (:func:`_replay` then decides); the
+    same certificates, stop rules and rounding allowances as :func:`_replay`."""
+    order, msort, runner, m3, mv_rows, mv_t = stacked(run)
+    alive = tr.alive
+    T = len(run.cs) - 1
+    k = run.cs.shape[1]
+    abs_tol = tr.tol * var
+    # every iteration's centers with every remaining row's labels those of the fit
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.concatenate([run.cs[:1], run.S[:T] / run.W[:T, :, None]])
+    low = (run.W[:T] <= 1e-2 * run.W0[:T]).any(axis=1)
+    shifts = ((c[1:] - c[:-1]) ** 2).reshape(T, -1).sum(axis=1)
+    moved_alive = np.bincount(mv_t[alive[mv_rows]], minlength=T + 1)
+    # Lloyd's stop rules as _replay decides them, for these centers
+    stop_now, t_f = False, -1
+    for t in range(T + 1):
+        if stop_now or (t >= 1 and moved_alive[t] == 0):
+            t_f = t
+            break
+        if t == T or low[t]:
+            return None
+        shift = float(shifts[t])
+        err = 2.0 * np.sqrt(shift) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
+            + tr.tol * var_err + SHIFT_RTOL * max(shift, abs_tol)
+        if abs(shift - abs_tol) <= err:
+            return None
+        new_stop = shift <= abs_tol
+        if t + 1 == T and run.reason == "shift" and not new_stop:
+            return None
+        stop_now = new_stop or t + 1 == tr.max_iter
+    # labels at iterations 0..t_f: the margin certificates of _replay, on the smallest
+    # margins of every iteration at once
+    tt = t_f + 1
+    diff = c[:tt] - run.cs[:tt]
+    sj = np.sqrt(np.einsum("tkd,tkd->tk", diff, diff))
+    s = sj.max(axis=1)
+    thr = 2.0 * s + tr.slack
+    # the removed rows' margins stay in the sorted arrays (a run traced again puts them
+    # first): PREFIX margins of remaining rows at least
+    P = min(PREFIX + len(alive) - int(alive.sum()), len(alive))
+    pm = msort[:tt, :P]
+    if P < len(alive) and (pm[:, -1] <= thr).any():
+        return None
+    ti, pi = np.nonzero(pm <= thr[:, None])
+    rows = order[ti, pi].astype(np.int64)
+    a = run.A[ti, rows].astype(np.int64)
+    r = runner[ti, rows].astype(np.int64)
+    sa = sj[ti, a]
+    third = m3[ti, rows] > sa + s[ti] + tr.slack
+    sure = (pm[ti, pi] > sa + sj[ti, r] + tr.slack) & third
+    keep = ~sure & alive[rows]
+    pair = np.flatnonzero(keep & third)
+    if len(pair):   # only the runner-up in doubt: two distances instead of k
+        X = tr.C[rows[pair]]
+        da = np.sqrt(((X - c[ti[pair], a[pair]]) ** 2).sum(axis=1))
+        dr = np.sqrt(((X - c[ti[pair], r[pair]]) ** 2).sum(axis=1))
+        keep[pair[dr - da > tr.slack]] = False
+    q = np.flatnonzero(keep)
+    if len(q) > _DOUBT_SHARE * int(alive.sum()) * tt:
+        return None
+    bounds = np.searchsorted(ti[q], np.arange(tt + 1))
+    for t in np.flatnonzero(np.diff(bounds)).tolist():   # the rest: every center
+        sel = q[bounds[t]:bounds[t + 1]]
+        lab, tie = labels_or_tie(tr.C[rows[sel]], c[t])
+        if tie or (lab != a[sel]).any():
+            return None
+    none = np.empty(0, np.int64)
+    return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q), (none, none)
 
 
 def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
@@ -152,7 +236,8 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
                 Qx = Qx + np.bincount(to, weights=np.concatenate([q, -q]), minlength=k)
         newS.append(Sx), newW.append(Wx), newQ.append(Qx)
         if stop_now:
-            return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
+            return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked, \
+                (prev_rows, prev_lab)
         if t >= 1:   # Lloyd's first stop rule: labels unchanged
             mv = run.moved[t]
             mv = mv[alive[mv]]
@@ -168,7 +253,8 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
             else:
                 moved_new = len(mv) > 0
             if not moved_new:
-                return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked
+                return c_t, (ov_rows, ov_lab), t, (newS, newW, newQ), rechecked, \
+                (prev_rows, prev_lab)
             if t == T:
                 raise _Full("the fit's run stopped with its labels, this one goes on")
         if t == T:
@@ -231,25 +317,28 @@ def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
         a[rows], b[rows] = r2, m3
         r2s.append(a)
         m3s.append(b)
-    return RunTrace(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
-                margin_sorted, run.reason, r2s, m3s)
+    out = RunTrace(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
+                   margin_sorted, run.reason, r2s, m3s)
+    stacked(out)
+    return out
 
 
 def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int]):
-    """Start ``start`` (0: farthest-first, s + 1: keyed k-means++ start s) run again in full
+    """Run ``start`` (the trace's run index, see ``KeyedTrace.reruns``) run again in full
     over the remaining rows, as a fresh step runs it: ``(run, seeding)`` with seeding None
     for the farthest-first start, else (seeds, cand, pots, pick) in the trace's rows; or
     raises _Full where no trace can follow it (an emptied cluster, too few rows); the
     farthest-first start also gives (its seed device, the owners of its picks)."""
     k = tr.runs[0].cs.shape[1]
-    if start == 0:
+    F = int(tr.ff_start)
+    if F and start == 0:
         centers = [tr.local_centers[z] for z in ids]
         pos = pick_first_device(centers, "widest", None, stacked=rem.C)
         offsets = np.cumsum([0] + [len(c) for c in centers])
         idx = farthest_first(rem.C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
         seeding = None
     else:
-        pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], start - 1,
+        pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], start - F,
                                    SPARE)
         if pp is None:
             raise _Full("fewer distinct rows than k")
@@ -260,13 +349,13 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
                         tr.tol)
     if run is None:
         raise _Full("a start run again emptied a cluster")
-    ff = (int(ids[pos]), tr.owner[rem.rows[idx]]) if start == 0 else None
+    ff = (int(ids[pos]), tr.owner[rem.rows[idx]]) if F and start == 0 else None
     return _expand(run, rem.rows, len(tr.C)), seeding, ff
 
 
 #: run the whole step again (every start) rather than follow the trace when more than this
-#: many starts cannot be followed
-MAX_RERUNS = KMEANS_PP_INIT + 1
+#: share of the starts cannot be followed
+MAX_RERUN_SHARE = 1.0
 
 
 def _downdated(run: RunTrace, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
@@ -280,7 +369,7 @@ def _downdated(run: RunTrace, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR
     Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
     return RunTrace(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
                 run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
-                run.margin3, run.rank)
+                run.margin3, run.rank, run.stack)
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
@@ -308,15 +397,21 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     k = trace.runs[0].cs.shape[1]
     if n < k:
         return None
+    F = int(trace.ff_start)
+    if weighted_starts(n, k) != len(trace.runs) - F:
+        # fewer device centers, more starts (a step of weighted_starts): the fresh step
+        # draws starts the trace lacks
+        trace.fallback = "the start count changes"
+        return None
     ids = [z for z in trace.ids if z not in gone]
     old_alive = trace.alive
     trace.alive = alive
     reruns: dict[int, str] = {}
     try:
-        if trace.seed_device in gone or gone & set(trace.ff_owners.tolist()):
+        if F and (trace.seed_device in gone or gone & set(trace.ff_owners.tolist())):
             reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
         pots, why = _seeds_stable(trace, R, alive)
-        reruns.update({s + 1: y for s, y in enumerate(why) if y is not None})
+        reruns.update({s + F: y for s, y in enumerate(why) if y is not None})
         xsum = trace.xsum - trace.C[R].sum(axis=0)
         xsq = trace.xsq - (trace.C[R] ** 2).sum(axis=0)
         var = float(np.mean(np.maximum(xsq / n - (xsum / n) ** 2, 0.0))) if n > 1 else 0.0
@@ -330,10 +425,12 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                 continue
             based[s] = _downdated(run, R, CwR, trace.w[R], qR, k)
             try:
-                outs[s] = _replay(trace, based[s], var, var_err)
+                outs[s] = _follow(trace, based[s], var, var_err)
+                if outs[s] is None:
+                    outs[s] = _replay(trace, based[s], var, var_err)
             except _Full as exc:
                 reruns[s] = exc.args[0] if exc.args else "uncertified"
-        if len(reruns) > MAX_RERUNS:
+        if len(reruns) > MAX_RERUN_SHARE * len(trace.runs):
             raise _Full(f"{len(reruns)} starts cannot be followed")
         rem = _remaining(trace, alive) if reruns else None
         new_runs: dict[int, tuple] = {}
@@ -342,14 +439,14 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             run = new_runs[s][0]
             T = len(run.cs) - 1
             outs[s] = (run.cs[-1], (np.empty(0, np.int64),) * 2, T, (run.S, run.W, run.Q),
-                       n * (T + 1))
+                       n * (T + 1), (np.empty(0, np.int64),) * 2)
         order = range(len(trace.runs))
         inert = [run_inertia(outs[s][0], outs[s][3][0][outs[s][2]], outs[s][3][1][outs[s][2]],
                           outs[s][3][2][outs[s][2]]) for s in order]
         err = 1e-10 * max(float(sum(outs[s][3][2][outs[s][2]].sum() for s in order)), 1e-300)
         finals = []
         for s in order:
-            _, over, t, _, _ = outs[s]
+            _, over, t, _, _, _ = outs[s]
             run = new_runs[s][0] if s in new_runs else trace.runs[s]
             lab = run.A[t].astype(np.int64)
             lab[over[0]] = over[1]
@@ -367,14 +464,19 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         return None
     finally:
         trace.alive = old_alive
-    centers, _, t_f, _, _ = outs[b]
+    centers, _, t_f, _, _, prev = outs[b]
     labels = finals[b]
+    if t_f >= 1 and trace.Cw is not None:   # the fresh step's bits: its last update again
+        run = new_runs[b][0] if b in new_runs else trace.runs[b]
+        lab = run.A[t_f - 1].astype(np.int64)
+        lab[prev[0]] = prev[1]
+        centers = exact_means(trace.Cw, trace.w, lab, alive, k)
     local_centers = {z: trace.local_centers[z] for z in ids}
     local_counts = {z: trace.local_counts[z] for z in ids}
     center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
                      for z in ids}
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
-    if 0 in new_runs:
+    if F and 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
     warning, expl = forget_warning(trace, alive, centers, labels) if protocol.summarise \
         else (False, None)
@@ -386,15 +488,29 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     # starts run again as they ran now
     runs = [new_runs[s][0] if s in new_runs else based[s] for s in range(len(trace.runs))]
     seeds, cand, pick = trace.seeds, trace.cand, trace.pick
-    if any(s > 0 for s in new_runs):
+    if any(s >= F for s in new_runs):
         seeds, cand, pots, pick = seeds.copy(), cand.copy(), pots.copy(), pick.copy()
         for s, (_, seeding, _) in new_runs.items():
-            if s > 0:
-                seeds[s - 1], cand[s - 1], pots[s - 1], pick[s - 1] = seeding
+            if s >= F:
+                seeds[s - F], cand[s - F], pots[s - F], pick[s - F] = seeding
     new = KeyedTrace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
                      seed_device, ff_owners, seeds, cand, pots, pick, runs, xsum, xsq,
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
-                     expl=expl, newly=R)
+                     expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start)
     return result, new
+
+
+def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,
+                k: int) -> np.ndarray:
+    """The weighted means of the remaining rows by label with the bits of
+    :func:`~fedclust.core.kmeans.update_centers` over the remaining rows stacked alone:
+    the same one-hot product and weighted count, each cluster summed in row order (the
+    removed rows go to a k-th cluster that is dropped, so they add nothing, not even a
+    rounding). ``Cw`` (N, d): the rows times their weights."""
+    lab = np.where(alive, labels, k)
+    sums = np.zeros((k + 1, Cw.shape[1]))
+    sum_by_label(Cw, lab, k + 1, sums)
+    counts = np.bincount(lab, weights=w, minlength=k + 1)
+    return sums[:k] / counts[:k, None]

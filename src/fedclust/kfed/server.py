@@ -18,20 +18,17 @@ Methods (``method=``):
     memory is O(N) for N = Σ k_z centers; no N x N matrix is ever built.
 ``"weighted-kmeans++"`` (ours, the default of :class:`fedclust.KFed`)
     Weighted k-means on the device centers, each weighted by its count (the
-    points behind it): :func:`weighted_starts` (10 to 100) weighted k-means++ starts
-    from the server's stream plus the farthest-first start, weighted Lloyd to
-    convergence from each, the lowest weighted cost kept. The weighted cost of
+    points behind it): :func:`weighted_starts` (10 to 100) greedy weighted k-means++
+    starts, weighted Lloyd to convergence from each, the lowest weighted cost kept. The weighted cost of
     the device centers plus their within-cluster scatter is the pooled data's
     k-means cost when every local cluster goes to one final center, so this
     minimises (locally) the pooled cost that one round can see. Unlike the
     paper's server it does not give an outlying center or a small device a
-    final cluster of its own, and it does not stop after one Lloyd step.
-``"weighted-kmeans++-keyed"`` (ours)
-    The same, with ``KMEANS_PP_INIT`` (10) k-means++ starts whose candidates are keyed
-    by (seed, device id, center, start, step) so that a device's removal moves no other
-    draw: a forget follows the fit's trace instead of running the step again
-    (:mod:`fedclust.kfed.keyed`); every further start is one more chance that a leaving
-    device's center was a seed or candidate, which makes a forget run the step in full.
+    final cluster of its own, and it does not stop after one Lloyd step. The
+    k-means++ candidates are drawn by keys of (seed, device id, center, start, step),
+    so that a device's removal moves no other draw: a forget follows the fit's trace
+    instead of running the step again (:mod:`fedclust.kfed.keyed`).
+    ``"weighted-kmeans++-keyed"`` names the same server.
 ``"kmeans++"`` (ours, not in the paper)
     ``KMEANS_PP_INIT`` k-means++ starts drawn from the server's stream, Lloyd to
     convergence from each, the lowest inertia kept. Farthest-first gives an
@@ -136,8 +133,9 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
     rng : Generator, optional
         The server's stream (only ``first_device="random"`` draws from it).
     device_ids, seed : the devices' ids (one per array of ``centers``) and the run's seed;
-        ``"weighted-kmeans++-keyed"`` keys its k-means++ draws by them
-        (:mod:`fedclust.kfed.keyed`).
+        ``"weighted-kmeans++"`` keys its k-means++ draws by them
+        (:mod:`fedclust.kfed.keyed`; without them: the devices' positions and a seed
+        drawn from ``rng``).
     trim : float in [0, 0.5), default=0
         Fraction of devices that may be Byzantine: uncorroborated centers are
         left out and final centers are trimmed means
@@ -203,15 +201,14 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
                 if best is None or res.inertia < best.inertia:
                     best = res
         final, labels, n_iter = best.centers, best.labels, best.n_iter
-    elif method == "weighted-kmeans++":
-        if rng is None:
-            raise ValidationError("method='weighted-kmeans++' needs the server's random stream")
-        res = _best_weighted_kmeans(C, n_clusters, w, rng, centers, first_device,
-                                    max_iter=max_iter, tol=tol)
-        final, labels, n_iter = res.centers, res.labels, res.n_iter
     elif method in KEYED_SERVERS:
-        if device_ids is None or seed is None:
-            raise ValidationError(f"method={method!r} needs the device ids and the run's seed")
+        if device_ids is None:   # a direct call: the devices' positions key the draws
+            device_ids = list(range(len(centers)))
+        if seed is None:
+            if rng is None:
+                raise ValidationError(f"method={method!r} needs the run's seed or the server's "
+                                      "random stream (rng)")
+            seed = int(rng.integers(0, 2**63 - 1))
         res = KEYED_SERVERS[method](C, n_clusters, w, centers, device_ids, seed,
                                     max_iter=max_iter, tol=tol)
         final, labels, n_iter = res.centers, res.labels, res.n_iter
@@ -222,26 +219,6 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
     else:
         center_labels = [labels[offsets[z]:offsets[z + 1]].copy() for z in range(len(sizes))]
     return AggregationResult(final, center_labels, seed_device, n_iter)
-
-
-def _best_weighted_kmeans(C, k, w, rng, centers, first_device, *, max_iter, tol):
-    """Lowest weighted cost of weighted Lloyd from k-means++ starts and the farthest-first one."""
-    seed_device = pick_first_device(centers, first_device if first_device != "random"
-                                     else "widest", None)
-    offsets = np.cumsum([0] + [len(c) for c in centers])
-    starts = [farthest_first(C, k, start=np.arange(offsets[seed_device],
-                                                   offsets[seed_device + 1]))]
-    # the same center matrix every start: its squared norms and variance once (same bits)
-    c_sq = (C * C).sum(axis=1)
-    c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
-    starts += [kmeans_plusplus(C, k, rng, weights=w, x_sq=c_sq)
-               for _ in range(weighted_starts(len(C), k))]
-    best = None
-    for idx in starts:
-        res = lloyd(C, C[idx], weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq, x_var=c_var)
-        if best is None or res.inertia < best.inertia:
-            best = res
-    return best
 
 
 def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_device, rng,
