@@ -64,6 +64,12 @@ def _warnings(model, devices):
     return [] if w is None else [w]
 
 
+def _kind(warning):
+    if "merged groups" in warning:
+        return "merged"
+    return "unsettled" if "settled" in warning else "too few"
+
+
 def fits(devices, k, seeds):
     X = np.concatenate(devices)
     out = []
@@ -75,8 +81,7 @@ def fits(devices, k, seeds):
                 kz = kp if kp == "auto" else [min(kp, max(1, len(D) // 2)) for D in devices]
                 m = KFed(k, kz, server=server, random_state=seed).fit(devices)
                 cost = R._cost(X, m.cluster_centers_) / pooled
-                kinds = [("merged" if "likely poor" in w else "too few")
-                         for w in _warnings(m, devices) if w.startswith("k-FED")]
+                kinds = [_kind(w) for w in _warnings(m, devices) if w.startswith("k-FED")]
                 out.append({"k_local": kp, "server": server, "seed": seed, "cost": cost,
                             "flag": kinds[0] if kinds else ""})
     return out
@@ -112,9 +117,11 @@ def main():
                           f"{sum(bool(r['flag']) for r in good)} / {len(good)}",
                           f"{sum(bool(r['flag']) for r in mid)} / {len(mid)}",
                           f"{sum(bool(r['flag']) for r in poor)} / {len(poor)}",
-                          sum(r["flag"] == "too few" for r in sel)])
+                          " / ".join(str(sum(r["flag"] == f for r in sel))
+                                     for f in ("merged", "unsettled", "too few"))])
     C.print_table(["data", "server", "fits", "flagged among good (≤ 1.05)",
-                   "flagged in between", "flagged among poor (≥ 1.15)", "of them 'too few'"],
+                   "flagged in between", "flagged among poor (≥ 1.15)",
+                   "merged / unsettled / too few"],
                   table, title=f"k-FED's warning, {len(seeds)} seeds, k' in {{k, 2k, 8k, auto}}")
     missed = [r for r in rows if r["cost"] >= POOR and not r["flag"]]
     false = [r for r in rows if r["cost"] <= GOOD and r["flag"]]

@@ -5,20 +5,23 @@ each piece's final label.
 Each final center's pieces are a weighted set whose k-means cost about their mean is exact
 from the summaries (scatter plus count times squared distance). Two checks:
 
-* **A cheaper answer with the same k.** Split one final center's pieces in two (a weighted
-  2-means on the pieces) and remove another center, merging its pieces into the nearest
-  remaining group (or one of the halves). That is another k-center answer, built from the
-  same pieces, whose cost is exact; any k-center answer costs at least the optimal one. When
+* **A cheaper answer with the same k.** Move every final center to the mean of its
+  pieces; or split one final center's pieces in two (a weighted 2-means on the pieces) and
+  remove another center, merging its pieces into the nearest remaining group (or one of
+  the halves). Each is another k-center answer, built from the same pieces, whose cost is
+  exact; any k-center answer costs at least the optimal one. When
   the answer costs more than :data:`POOR_ANSWER_RATIO` times the best such move, it is at
   least that far from the optimum (on the pieces): the server merged two groups and spent a
-  center elsewhere, the failure of a farthest-first start with one Lloyd step.
-* **One center holding two groups.** A center whose best split removes more than
-  :data:`ONE_GROUP_SPLIT_SHARE` of its own cost is not one group: a symmetric unimodal group
-  loses at most 3/4 of its cost to a split (the uniform's value; ``Var X ≤ 4/3 (E|X|)²``
-  for symmetric unimodal X, and a split through the mean removes ``(E|X|)²`` per point
-  along one axis, less in proportion over the others). It is reported when that split
-  would also cut the whole answer's cost by more than ``POOR_ANSWER_RATIO - 1`` (k is
-  likely too small for the data).
+  center elsewhere, or stopped before its centers settled, the failures of a
+  farthest-first start with one Lloyd step.
+* **One center holding several groups.** A split's gain, ``n1 n2 / n ‖m1 − m2‖²``, is the
+  same partition's gain in the projection on u = m1 − m2, and a 2-partition of a 1-D
+  symmetric unimodal group removes at most 3/4 of its cost there (the uniform's value;
+  ``Var X ≤ 4/3 (E|X|)²``). So a center whose best split removes more than
+  :data:`ONE_GROUP_SPLIT_SHARE` of its cost along u (counted high: each piece's whole
+  scatter) holds more than one group. It is reported when that split would also cut the
+  whole answer's cost by more than ``POOR_ANSWER_RATIO - 1`` (k is likely too small for
+  the data).
 
 Neither depends on how finely the devices cut their data: a piece-level split is a split of
 the points, so finer pieces only bring the measured gains closer to the points' own; the
@@ -41,9 +44,9 @@ __all__ = ["CenterSplit", "center_split", "poor_answer", "explanation_warning",
 #: from the same pieces (the tolerance a one-shot answer is held to: 10 % above pooled
 #: k-means; a good answer, within 5 % of it, cannot be this far above any k-center answer)
 POOR_ANSWER_RATIO = 1.10
-#: ... or when one center's best split removes more than this share of its own cost (more
-#: than a split of any symmetric unimodal group can) and more than POOR_ANSWER_RATIO - 1
-#: of the whole cost
+#: ... or when one center's best split removes more than this share of its cost along the
+#: split's direction (more than a split of any symmetric unimodal group can) and more than
+#: POOR_ANSWER_RATIO - 1 of the whole cost
 ONE_GROUP_SPLIT_SHARE = 0.75
 #: 2-means steps on a center's pieces after the best cut along their principal axis
 SPLIT_STEPS = 10
@@ -61,6 +64,9 @@ class CenterSplit:
     halves: np.ndarray
     half_means: np.ndarray
     gain: float
+    #: the cost along the split's direction u = the halves' mean difference, at most:
+    #: ``Σ n_i (u·(c_i − mean))² + Σ S_i`` (the pieces' own scatter counted in full)
+    along: float = 0.0
 
 
 def center_split(C: np.ndarray, w: np.ndarray, S: np.ndarray) -> CenterSplit:
@@ -100,14 +106,19 @@ def center_split(C: np.ndarray, w: np.ndarray, S: np.ndarray) -> CenterSplit:
         side = new
     h = np.array([w[side].sum(), w[~side].sum()])
     hm = np.stack([wc[side].sum(axis=0) / h[0], wc[~side].sum(axis=0) / h[1]])
-    gain = float(h[0] * h[1] / n * ((hm[0] - hm[1]) ** 2).sum())
-    return CenterSplit(n, mean, cost, h, hm, gain)
+    diff = hm[0] - hm[1]
+    gain = float(h[0] * h[1] / n * (diff ** 2).sum())
+    u2 = float((diff ** 2).sum())
+    along = float(np.maximum(S, 0.0).sum() + (w * (D * diff).sum(axis=1) ** 2).sum() / u2) \
+        if u2 > 0 else cost
+    return CenterSplit(n, mean, cost, h, hm, gain, along)
 
 
 def poor_answer(splits: Sequence[CenterSplit | None],
                 final: np.ndarray) -> tuple[str, int, float] | None:
     """``(kind, center, value)`` when the answer is likely poor, else None: kind ``"merged"``
-    (value: the answer's cost ÷ the cheapest split-and-remove answer's) or ``"too few"``
+    (value: the answer's cost ÷ the cheapest split-and-remove answer's), ``"unsettled"``
+    (value: the answer's cost ÷ its groups' cost about their pieces' means) or ``"too few"``
     (value: the share of the whole cost splitting ``center`` removes). ``splits[j]``: final
     center j's :func:`center_split` (None: no piece). The answer's cost counts each piece
     about its final center."""
@@ -142,9 +153,12 @@ def poor_answer(splits: Sequence[CenterSplit | None],
         alt = own - s.gain + float(loss.min())
         if alt < best:
             best, best_j = alt, j
-    if best_j >= 0 and cost > POOR_ANSWER_RATIO * best:
-        return "merged", best_j, cost / best if best > 0 else np.inf
-    gains = np.array([s.gain if s is not None and s.gain > ONE_GROUP_SPLIT_SHARE * s.cost
+    if cost > POOR_ANSWER_RATIO * min(best, own):
+        if best_j >= 0 and best < own:
+            return "merged", best_j, cost / best if best > 0 else np.inf
+        moved = [splits[j].n * float(((final[j] - splits[j].mean) ** 2).sum()) for j in live]
+        return "unsettled", live[int(np.argmax(moved))], cost / own if own > 0 else np.inf
+    gains = np.array([s.gain if s is not None and s.gain > ONE_GROUP_SPLIT_SHARE * s.along
                       else 0.0 for s in splits])
     j = int(np.argmax(gains))
     if gains[j] > (POOR_ANSWER_RATIO - 1.0) * cost:
@@ -157,6 +171,12 @@ def poor_answer_message(kind: str, center: int, value: float, devs: Sequence[int
     """The warning's text for :func:`poor_answer`'s verdict; ``devs`` the devices holding
     pieces of ``center`` (sorted)."""
     listed = ", ".join(map(str, devs[:10])) + (", ..." if len(devs) > 10 else "")
+    if kind == "unsettled":
+        return (f"k-FED: the one-shot answer is likely poor: its {n_final} centers cost "
+                f"{value:.2f}x the same groups' pieces about their own means (final center "
+                f"{center}, devices {listed}, lies farthest from its pieces): the server "
+                "stopped before its centers settled. Try the default server, or refine with "
+                "KFed(refine_rounds=r) or DistributedLloyd(init='kfed')")
     if kind == "merged":
         return (f"k-FED: the one-shot answer is likely poor: its {n_final} centers cost "
                 f"{value:.2f}x a {n_final}-center answer built from the same device summaries, "
