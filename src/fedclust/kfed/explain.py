@@ -100,7 +100,8 @@ def center_split(C: np.ndarray, w: np.ndarray, S: np.ndarray) -> CenterSplit:
     for _ in range(SPLIT_STEPS):
         m1 = wc[side].sum(axis=0) / w[side].sum()
         m2 = wc[~side].sum(axis=0) / w[~side].sum()
-        new = ((C - m1) ** 2).sum(axis=1) <= ((C - m2) ** 2).sum(axis=1)
+        # nearer m1 than m2: (c − (m1 + m2) / 2) · (m1 − m2) >= 0, one pass over the pieces
+        new = ((C - (m1 + m2) / 2) * (m1 - m2)).sum(axis=1) >= 0
         if new.all() or not new.any() or np.array_equal(new, side):
             break
         side = new
