@@ -138,6 +138,19 @@ def _check_kfed_summary_basins(doc):
     assert rows["default"]["bytes_up_per_site"] <= 8192
 
 
+def _check_kfed_warning(doc):
+    # without the data folder: scikit-learn's diabetes federation and the generated ones
+    rows = doc["rows"]
+    assert {r["data"] for r in rows if r["family"] == "natural"} == {"diabetes-sex", "diabetes-age"}
+    assert {3, 6, 24, "auto"} <= {r["k_local"] for r in rows}   # k, 2k, 8k, auto at k = 3
+    for r in rows:
+        assert r["cost"] >= 0.99 and r["flag"] in ("", "merged", "unsettled", "too few")
+        if r["server"] == "weighted-kmeans++" and r["cost"] <= doc["good"]:
+            assert not r["flag"]   # the default server's good answers: no false alarm
+    poor = [r for r in rows if r["cost"] >= doc["poor"]]
+    assert poor and sum(bool(r["flag"]) for r in poor) >= 0.8 * len(poor)
+
+
 def _check_unlearning(doc):
     assert {r["case"] for r in doc["rows"]} == {"kfed", "kfed-paper", "gauss", "gauss-tree"}
     for row in doc["rows"]:
@@ -165,6 +178,7 @@ CASES = {
     "secagg": (["--repeats", "1"], _check_secagg),
     "real_federations": ([], _check_real_federations),
     "kfed_summary_basins": ([], _check_kfed_summary_basins),
+    "kfed_warning": ([], _check_kfed_warning),
     "unlearning": ([], _check_unlearning),
 }
 

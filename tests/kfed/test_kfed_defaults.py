@@ -18,7 +18,7 @@ from fedclust.flower.results import log_from_json, log_to_json
 from fedclust.kfed.local import (auto_range, kmeans_bic, local_kmeans_auto, summary_ladder,
                                  summary_size)
 from fedclust.kfed.messages import LocalSummary
-from fedclust.kfed.server import poorly_explained
+from fedclust.kfed.explain import center_split
 
 
 def _overlapping_federation(seed, k=4, d=6, n_sites=14, spread=2.5):
@@ -152,20 +152,9 @@ def test_warning_fires_when_final_centers_miss_local_clusters_and_not_otherwise(
     assert good.run_log_.warnings == []
     bad = KFed(2, random_state=0).fit(devices)   # k too small: two groups share a center
     assert len(bad.run_log_.warnings) == 1
-    assert "explain these devices poorly" in bad.run_log_.warnings[0]
+    assert "holds more than one group" in bad.run_log_.warnings[0]
     # the log's JSON form (Flower results) keeps it
     assert log_from_json(log_to_json(bad.run_log_)).warnings == bad.run_log_.warnings
-
-
-def test_poorly_explained_hand_case():
-    # one device, two local clusters of radius 1 (scatter n * 1): final center at distance 0.5
-    # from the first (explained) and 3 from the second (outside it)
-    centers = [np.array([[0.0, 0.0], [10.0, 0.0]])]
-    counts = [np.array([4, 4])]
-    scatter = [np.array([4.0, 4.0])]
-    final = np.array([[0.5, 0.0], [7.0, 0.0]])
-    bad = poorly_explained(centers, counts, scatter, final, [np.array([0, 1])])
-    assert bad[0].tolist() == [False, True]
 
 
 def test_local_summary_rejects_bad_scatter_and_reads_negative_as_zero():
@@ -177,11 +166,9 @@ def test_local_summary_rejects_bad_scatter_and_reads_negative_as_zero():
     with pytest.raises(IncompatibleMessageError, match="scatter"):
         LocalSummary.from_arrays({**ok, "scatter": np.array([0.0, np.nan])}, sender="device 3")
     # scatter only feeds the warning: a negative (lying) value counts as 0
-    centers, counts, final = [np.array([[0.0, 0.0], [4.0, 0.0]])], [np.array([2, 2])], \
-        np.array([[1.0, 0.0]])
-    neg = poorly_explained(centers, counts, [np.array([-5.0, 2.0])], final, [np.array([0, 0])])
-    zero = poorly_explained(centers, counts, [np.array([0.0, 2.0])], final, [np.array([0, 0])])
-    assert neg[0].tolist() == zero[0].tolist() == [True, True]
+    C, w = np.array([[0.0, 0.0], [4.0, 0.0]]), np.array([2.0, 2.0])
+    neg, zero = (center_split(C, w, np.array([s, 2.0])) for s in (-5.0, 0.0))
+    assert neg.cost == zero.cost == 2.0 + 2 * 2 * 2.0 ** 2 and neg.gain == zero.gain
 
 
 def test_auto_is_refused_with_a_clear_error_for_other_strings():

@@ -1,68 +1,158 @@
-"""The k-FED warning about local clusters their final center explains poorly, on hand
-cases: ‖c_j − μ‖² against 4 S_j / n_j, twice the RMS radius (a one-point cluster: the
-median over the others)."""
+"""k-FED's warning that the one-shot answer is likely poor: hand cases, a brute-force
+reference for a center's split, and fits of one data set summarised at several
+finenesses."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
+from sklearn.datasets import make_blobs
 
-from fedclust.kfed.server import explanation_warning, poorly_explained
+from fedclust import KFed
+from fedclust.core.kmeans import assign
+from fedclust.kfed.explain import center_split, explanation_warning, poor_answer
 
-# local clusters (device, mean, n, scatter S):
-#   A dev 0 (0, 0)   n 4  S 8   4S/n 8     final 0 at (0, 0): ‖·‖² 0     explained
-#   B dev 0 (10, 0)  n 1  S 0   4 median 4 final 1 at (10, y): ‖·‖² y²   see below
-#   C dev 1 (0, 2)   n 3  S 3   4S/n 4     final 0: ‖·‖² 4, equal        explained
-#   D dev 1 (1.2, 0) n 2  S 0.5 4S/n 1     final 0: ‖·‖² 1.44            outside
-CENTERS = [np.array([[0.0, 0.0], [10.0, 0.0]]), np.array([[0.0, 2.0], [1.2, 0.0]])]
-COUNTS = [np.array([4, 1]), np.array([3, 2])]
-SCATTER = [np.array([8.0, 0.0]), np.array([3.0, 0.5])]
-LABELS = [np.array([0, 1]), np.array([0, 0])]
-
-
-def _final(y):
-    return np.array([[0.0, 0.0], [10.0, y]])
+# 1-D groups at 0, 10 and 20, each as two pieces of 5 points one unit either side, with
+# scatter 5 (every point 1 from its piece's mean)
+PIECES = np.array([[-1.0], [1.0], [9.0], [11.0], [19.0], [21.0]])
+COUNTS = np.full(6, 5.0)
+SCATTER = np.full(6, 5.0)
 
 
-@pytest.mark.parametrize("y,b_bad", [(1.9, False),    # 3.61 <= 4 median(2, 1, 0.25) = 4
-                                     (2.1, True)])    # 4.41 > 4
-def test_poorly_explained_by_hand(y, b_bad):
-    bad = poorly_explained(CENTERS, COUNTS, SCATTER, _final(y), LABELS)
-    assert [b.tolist() for b in bad] == [[False, b_bad], [False, True]]
+def _warn(final, labels, device_of=(0, 0, 1, 1, 2, 2)):
+    devs = sorted(set(device_of))
+    pick = [np.flatnonzero(np.asarray(device_of) == z) for z in devs]
+    return explanation_warning([PIECES[p] for p in pick], [COUNTS[p] for p in pick],
+                               [SCATTER[p] for p in pick], np.asarray(final, float),
+                               [np.asarray(labels)[p] for p in pick], devs)
 
 
-def test_the_warning_counts_points_and_fires_above_the_share():
-    args = (CENTERS, COUNTS, SCATTER, _final(1.9), LABELS, [7, 9])
-    # D's 2 of the 10 points: 20 %
-    assert explanation_warning(*args) is None                 # default 25 %
-    assert explanation_warning(*args, share=0.2) is None      # not above it
-    assert explanation_warning(*args, share=0.19) == (
-        "k-FED: 20% of the points are in local clusters whose final center lies outside "
-        "them (farther than twice their RMS radius; devices 9): the 2 final centers explain "
-        "these devices poorly. Try more clusters, n_local_clusters='auto', or refine with "
-        "DistributedLloyd(init='kfed')")
-    # B and D: 3 of 10 points on both devices
-    got = explanation_warning(CENTERS, COUNTS, SCATTER, _final(2.1), LABELS, [7, 9])
-    assert got.startswith("k-FED: 30% of the points are in local clusters whose final center "
-                          "lies outside them (farther than twice their RMS radius; devices 7, "
-                          "9): ")
+def test_merged_groups_by_hand():
+    # center 0 at 5 covers the groups at 0 and 10; centers 1, 2 cut the group at 20 in two.
+    # Cost: 5 (36 + 16 + 16 + 36) + 4 * 5 = 540 for center 0, 5 + 5 for the others: 550.
+    # Splitting center 0 into {-1, 1} and {9, 11} removes 10 * 10 / 20 * 10² = 500, merging
+    # the pieces at 19 and 21 adds 5 * 5 / 10 * 2² = 10: a 3-center answer costing 60
+    got = _warn([[5.0], [19.0], [21.0]], [0, 0, 0, 0, 1, 2])
+    assert got == ("k-FED: the one-shot answer is likely poor: its 3 centers cost 9.17x a "
+                   "3-center answer built from the same device summaries, which splits final "
+                   "center 0 (devices 0, 1) and merges two others: the server merged groups. "
+                   "Try the default server, or refine with KFed(refine_rounds=r) or "
+                   "DistributedLloyd(init='kfed')")
+    # the right answer: any split gains 10 and any merge costs at least 500
+    assert _warn([[0.0], [10.0], [20.0]], [0, 0, 1, 1, 2, 2]) is None
 
 
-def test_a_lone_point_far_from_its_center_is_warned_about():
-    got = explanation_warning([np.array([[1.0, 0.0]])], [np.array([1])], [np.array([0.0])],
-                              np.array([[0.0, 0.0]]), [np.array([0])], [3])
-    assert got is not None and got.startswith("k-FED: 100% of the points") and "devices 3)" in got
+def test_a_final_center_away_from_its_pieces_mean_is_unsettled():
+    # the right groups, but center 2 at 23 instead of 20: 10 * 3² = 90 more than the 60 at
+    # the pieces' means, 150 > 1.10 * 60; at 20.7 only 10 * 0.49 more, 64.9 <= 66
+    kind, center, value = poor_answer(_splits([0, 0, 1, 1, 2, 2]),
+                                      np.array([[0.0], [10.0], [23.0]]))
+    assert (kind, center) == ("unsettled", 2) and value == pytest.approx(150 / 60)
+    assert poor_answer(_splits([0, 0, 1, 1, 2, 2]), np.array([[0.0], [10.0], [20.7]])) is None
+    got = _warn([[0.0], [10.0], [23.0]], [0, 0, 1, 1, 2, 2])
+    assert got.startswith("k-FED: the one-shot answer is likely poor: its 3 centers cost "
+                          "2.50x the same groups' pieces about their own means (final center "
+                          "2, devices 2, lies farthest")
 
 
-@pytest.mark.parametrize("n_bad,listed", [(10, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10"),
-                                          (11, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...")])
+def _splits(labels):
+    labels = np.asarray(labels)
+    return [center_split(PIECES[labels == j], COUNTS[labels == j], SCATTER[labels == j])
+            for j in range(labels.max() + 1)]
+
+
+def test_one_center_over_two_groups_is_too_few_clusters():
+    # k = 1 over the groups at 0 and 10 (pieces 0-3): splitting removes 500 of 540
+    got = explanation_warning([PIECES[:4]], [COUNTS[:4]], [SCATTER[:4]], np.array([[5.0]]),
+                              [np.zeros(4, int)], [4])
+    assert got == ("k-FED: final center 0 holds more than one group (devices 4): splitting it "
+                   "would cut the cost by 93%. 1 clusters may be too few for the data; try "
+                   "more clusters")
+    # one group as two pieces: the split removes 10 of 30, a third (a single group)
+    assert explanation_warning([PIECES[:2]], [COUNTS[:2]], [SCATTER[:2]],
+                               np.array([[0.0]]), [np.zeros(2, int)], [4]) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_center_split_against_every_two_way_partition(seed):
+    # the pieces' summary against the points themselves, and the split's gain against the
+    # best of all 2-partitions of the pieces (the cut and 2-means steps find it on these
+    # small sets; they never report more than it)
+    rng = np.random.default_rng(seed)
+    m, d = 7, 3
+    pts = [rng.normal(size=(int(rng.integers(1, 6)), d)) + rng.normal(scale=3, size=d)
+           for _ in range(m)]
+    C = np.stack([p.mean(axis=0) for p in pts])
+    w = np.array([len(p) for p in pts], float)
+    S = np.array([((p - p.mean(axis=0)) ** 2).sum() for p in pts])
+    X = np.concatenate(pts)
+    s = center_split(C, w, S)
+    assert s.n == len(X)
+    np.testing.assert_allclose(s.mean, X.mean(axis=0))
+    np.testing.assert_allclose(s.cost, ((X - X.mean(axis=0)) ** 2).sum())
+    best = 0.0
+    for r in range(1, m):
+        for side in itertools.combinations(range(m), r):
+            a = np.concatenate([pts[i] for i in side])
+            b = np.concatenate([pts[i] for i in range(m) if i not in side])
+            cost = ((a - a.mean(0)) ** 2).sum() + ((b - b.mean(0)) ** 2).sum()
+            best = max(best, s.cost - cost)
+    assert s.gain <= best * (1 + 1e-12)
+    assert s.gain >= 0.9 * best
+    assert s.halves.sum() == pytest.approx(s.n)
+
+
+def test_a_negative_scatter_counts_as_zero():
+    a = center_split(PIECES[:3], COUNTS[:3], np.array([-5.0, 5.0, 5.0]))
+    b = center_split(PIECES[:3], COUNTS[:3], np.array([0.0, 5.0, 5.0]))
+    assert a.cost == b.cost and a.gain == b.gain
+
+
+@pytest.mark.parametrize("n_bad,listed", [(10, "0, 1, 2, 3, 4, 5, 6, 7, 8, 9"),
+                                          (11, "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, ...")])
 def test_the_warning_lists_at_most_ten_devices(n_bad, listed):
-    # device 0 sits on its final center, devices 1.. lie 1 away with no spread
-    n = n_bad + 1
-    centers = [np.array([[float(z > 0), 0.0]]) for z in range(n)]
-    counts = [np.array([5]) for _ in range(n)]
-    scatter = [np.array([0.5]) for _ in range(n)]
-    got = explanation_warning(centers, counts, scatter, np.array([[0.0, 0.0]]),
-                              [np.array([0])] * n, list(range(n)))
-    assert f"(farther than twice their RMS radius; devices {listed}): the 1 final centers" \
-        in got
+    # every device holds one piece at 0 and one at 10; one final center over all of them
+    centers = [np.array([[0.0], [10.0]]) for _ in range(n_bad)]
+    got = explanation_warning(centers, [np.array([4.0, 4.0])] * n_bad,
+                              [np.array([4.0, 4.0])] * n_bad, np.array([[5.0]]),
+                              [np.array([0, 0])] * n_bad, list(range(n_bad)))
+    assert f"(devices {listed}): splitting it" in got
+
+
+def _federation(seed=3):
+    X, y = make_blobs(1200, centers=[[0, 0, 0], [6, 0, 0], [0, 6, 0], [6, 6, 6]],
+                      cluster_std=1.3, random_state=seed)
+    rng = np.random.default_rng(seed)
+    sites = []
+    for z in range(16):   # every site holds two or three of the four groups
+        held = rng.choice(4, size=2 + z % 2, replace=False)
+        sites.append(X[rng.choice(np.flatnonzero(np.isin(y, held)), 60, replace=False)])
+    return sites, X, y
+
+
+@pytest.mark.parametrize("n_local", [8, "auto", 32])   # 2k pieces, the ladder, 8k pieces
+def test_quiet_on_a_good_fit_and_fires_on_merged_groups_at_any_fineness(n_local):
+    sites, X, y = _federation()
+    model = KFed(4, n_local, random_state=0).fit(sites)
+    assert model.run_log_.warnings == []          # the default server's answer is right
+    # the same pieces under a merged answer: groups 0 and 1 share a center, group 3 is cut
+    # in two along its first axis
+    means = np.stack([X[y == g].mean(axis=0) for g in range(4)])
+    final = np.stack([(means[0] + means[1]) / 2, means[2], means[3] - [1, 0, 0],
+                      means[3] + [1, 0, 0]])
+    scatter, counts, labels = [], [], []
+    for D, c in zip(sites, model.local_centers_):
+        lab, d2 = assign(D, c)
+        scatter.append(np.bincount(lab, weights=d2, minlength=len(c)))
+        counts.append(np.bincount(lab, minlength=len(c)).astype(float))
+        labels.append(assign(c, final)[0])
+    got = explanation_warning(model.local_centers_, counts, scatter, final, labels,
+                              list(range(16)))
+    assert got is not None and "likely poor" in got and "splits final center 0" in got
+    right = explanation_warning(model.local_centers_, counts, scatter, means,
+                                [assign(c, means)[0] for c in model.local_centers_],
+                                list(range(16)))
+    assert right is None
+

@@ -92,8 +92,8 @@ class RunLog:
     #: clusters out, a cluster cap), and samples the server removed; absent: none
     removed: dict[int, int] = field(default_factory=dict)
     removed_by_server: int = 0
-    #: the server's diagnostics: reasons to doubt the answer (e.g. k-FED's final centers
-    #: explaining the devices' local clusters poorly)
+    #: the server's diagnostics: reasons to doubt the answer (e.g. k-FED's answer costing
+    #: well above another answer built from the devices' summaries)
     warnings: list[str] = field(default_factory=list)
     #: private runs with a write-ahead ledger: rounds released, releases lost to a crash
     #: and redone, and the true ε (:class:`fedclust.core.checkpoint.PrivacyLedger`)

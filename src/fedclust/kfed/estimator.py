@@ -147,9 +147,9 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         Lloyd round broadcast (the first is the k-FED centers' cost).
     run_log_ : RunLog
         Participants, dropped, late, failed and rejected devices; ``warnings``:
-        the default server's diagnostic (local clusters holding over a quarter
-        of the points lie outside their final center's reach,
-        :func:`fedclust.kfed.server.explanation_warning`).
+        the default server's diagnostic (the answer costs over 1.10 times another
+        k-center answer built from the devices' summaries, or one final center
+        holds several groups: :mod:`fedclust.kfed.explain`).
     seed_ : int
         The root seed actually used (reproduces the run when ``random_state=None``).
     privacy_ : dict or None

@@ -14,7 +14,7 @@ import numpy as np
 from ..core.kmeans import BLOCK, sum_by_label, update_centers
 from .downdate import CERTIFY_SLACK, plain_step
 from .keyed import KEYED_NAMES, SPARE, keyed_starts, canonical, pick_start, row_keys
-from .server import POORLY_EXPLAINED_RADII, POORLY_EXPLAINED_SHARE, explanation_message
+from .explain import center_split, poor_answer, poor_answer_message
 
 __all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of", "stacked"]
 
@@ -125,13 +125,8 @@ class KeyedTrace:
                 _wipe_sorted(m, np.sort(rank[gone]), o, dead)
                 r2[gone] = 0
                 m3[gone] = 0.0
-        ex = self.expl
-        if ex is not None:
-            ex.labels[gone] = 0
-            ex.bad[gone] = False
-            if ex.rank is None:
-                ex.rank = _rank(ex.order)
-            _wipe_sorted(ex.gap_sorted, np.sort(ex.rank[gone]), ex.order, dead)
+        if self.expl is not None:
+            self.expl.labels[gone] = 0
 
 
 def _rank(order: np.ndarray) -> np.ndarray:
@@ -312,66 +307,43 @@ def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndar
 
 @dataclass
 class _Explained:
-    """Which device centers their final center explained poorly at a reference (centers
-    ``ref``, labels ``labels``), with each row's gap ``sqrt(delta2) - sqrt(r2)`` sorted by
-    size: a row whose label stays keeps its flag while ``|gap|`` exceeds its center's shift
-    since the reference plus the rounding slack."""
+    """The explanation warning's reference: each row's final label and liveness when it was
+    worked out, and each final center's :class:`~fedclust.kfed.explain.CenterSplit` then (a
+    center whose rows are the same again keeps it: the same rows in the same order give
+    the same bits)."""
 
-    ref: np.ndarray
     labels: np.ndarray
-    bad: np.ndarray
-    order: np.ndarray
-    gap_sorted: np.ndarray
-    rank: np.ndarray | None = None
-
-
-def _poorly(tr: KeyedTrace, rows: np.ndarray, r2: np.ndarray, final: np.ndarray,
-            labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`~fedclust.kfed.server.poorly_explained`'s flag (the same per-row arithmetic)
-    and the gap of the rows ``rows``."""
-    delta2 = ((tr.C[rows] - final[labels[rows]]) ** 2).sum(axis=1)
-    return delta2 > r2, np.sqrt(delta2) - np.sqrt(r2)
+    alive: np.ndarray
+    splits: list
 
 
 def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray):
-    """``(warning, reference)``: :func:`~fedclust.kfed.server.explanation_warning` over the
-    remaining rows, from the stacked summaries (its sums are of integer counts, exact in any
-    order), the flags of rows far from the threshold kept from the reference; warning False
-    where the trace lacks the scatter."""
+    """``(warning, reference)``: :func:`~fedclust.kfed.explain.explanation_warning` over the
+    remaining rows, bit for bit: a final center's split is worked out again only when a row
+    of it left or changed label since the reference; warning False where the trace lacks
+    the scatter."""
     if tr.scatter is None:
         return False, None
-    n = tr.w
-    multi = n > 1
-    r2 = np.maximum(tr.scatter, 0.0) / np.where(n > 0, n, 1.0)
-    spread = alive & multi
-    single = np.flatnonzero(alive & ~multi)
-    if len(single) and spread.any():   # the median of the others' r2 stands in for theirs
-        r2 = np.where(multi, r2, np.median(r2[spread]))
-    r2 = POORLY_EXPLAINED_RADII ** 2 * r2   # the threshold's squared radius, as the server's
+    k = len(final)
     ex = tr.expl
-    if ex is None:   # the reference: every row once (a single's gap -inf: always again)
-        rows = np.flatnonzero(alive)
-        bad_rows, gap = _poorly(tr, rows, r2[rows], final, labels)
-        bad = np.zeros(len(alive), bool)
-        bad[rows] = bad_rows
-        full = np.full(len(alive), -np.inf)
-        full[rows] = np.where(multi[rows], np.abs(gap), -np.inf)
-        order = np.argsort(full, kind="stable")
-        ex = _Explained(final.copy(), labels.copy(), bad, order, full[order])
+    if ex is None or len(ex.splits) != k:
+        touched = range(k)
+        splits = [None] * k
     else:
-        shift = np.sqrt(((final - ex.ref) ** 2).sum(axis=1))
-        cut = int(np.searchsorted(ex.gap_sorted, float(shift.max()) + tr.slack, side="right"))
-        rows = np.union1d(np.union1d(ex.order[:cut], np.flatnonzero(labels != ex.labels)),
-                          single)
-        rows = rows[alive[rows]]
-        bad = ex.bad.copy()
-        bad[rows] = _poorly(tr, rows, r2[rows], final, labels)[0]
-    keep = bad & alive
-    n_bad, n_all = float(n[keep].sum()), float(n[alive].sum())
-    if n_all <= 0 or n_bad <= POORLY_EXPLAINED_SHARE * n_all:
+        changed = (labels != ex.labels) | (alive != ex.alive)
+        touched = np.union1d(labels[changed & alive], ex.labels[changed & ex.alive])
+        splits = list(ex.splits)
+    for j in touched:
+        rows = np.flatnonzero(alive & (labels == j))
+        splits[int(j)] = center_split(tr.C[rows], tr.w[rows], tr.scatter[rows]) \
+            if len(rows) else None
+    ex = _Explained(labels.copy(), alive.copy(), splits)
+    verdict = poor_answer(splits, final)
+    if verdict is None:
         return None, ex
-    devs = np.unique(tr.owner[keep])   # ids are sorted: the fit's device order
-    return explanation_message(n_bad, n_all, devs.tolist(), len(final)), ex
+    kind, j, value = verdict
+    devs = np.unique(tr.owner[alive & (labels == j)])   # ids are sorted: the fit's order
+    return poor_answer_message(kind, j, value, devs.tolist(), k), ex
 
 
 def best_of(runs) -> int | None:

@@ -24,9 +24,9 @@ running the step again, start by start:
   the kept start's last update is computed again over the remaining rows in the fresh
   step's order (:func:`exact_means`), so the centers are the fresh step's bits.
 
-The explanation warning is worked out from the stacked summaries: a device center's
-flag (its final center farther than twice its RMS radius) is kept from a reference while its
-gap to the threshold exceeds its center's shift since then. A near tie between two
+The explanation warning is worked out from the stacked summaries: a final center keeps its
+split (:func:`fedclust.kfed.explain.center_split`) from a reference while none of its rows
+left or changed label since then (:func:`fedclust.kfed.keyed_trace.forget_warning`). A near tie between two
 starts' costs (or a start that cannot be traced) returns None: the server's step then
 runs in full.
 """

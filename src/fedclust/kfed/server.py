@@ -57,9 +57,10 @@ from scipy.cluster.hierarchy import DisjointSet
 from ..core.exceptions import ValidationError
 from ..core.kmeans import assign, kmeans_plusplus, lloyd, weighted_kmeans
 from ..core.threads import one_blas_thread
+from .explain import explanation_warning
 from .robust_server import Distrust, distrusted_centers, relabel, robust_means
 
-__all__ = ["AggregationResult", "aggregate_centers", "explanation_warning", "poorly_explained",
+__all__ = ["AggregationResult", "aggregate_centers", "explanation_warning",
            "weighted_starts",
            "farthest_first", "assign_to_centers", "pick_first_device",
            "single_linkage", "SERVER_METHODS"]
@@ -260,70 +261,6 @@ def _aggregate_robust(centers, n_clusters, *, counts, method, weighted, first_de
     seed = None if plain.seed_device is None else kept_devices[plain.seed_device]
     return AggregationResult(final, [labels[offsets[z]:offsets[z + 1]] for z in range(len(sizes))],
                              seed, plain.n_iter, distrust)
-
-
-#: the warning fires when local clusters holding more than this share of the points are
-#: poorly explained by their final center (see :func:`poorly_explained`)
-POORLY_EXPLAINED_SHARE = 0.25
-#: ... poorly explained: their final center lies farther than this many RMS radii from them.
-#: A device sends up to 2k local clusters, so a local cluster is often a piece of one group
-#: and its mean sits about one piece radius from the group's center: 1 would flag correct
-#: fits; a center merging two groups lies many radii away.
-POORLY_EXPLAINED_RADII = 2.0
-
-
-def poorly_explained(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray],
-                     scatter: Sequence[np.ndarray], final: np.ndarray,
-                     center_labels: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Which local clusters their final center explains poorly, per device (bool (k_z,)).
-
-    A local cluster of n_j points, mean c_j and scatter S_j costs ``S_j`` around its
-    own mean and ``S_j + n_j ‖c_j − μ‖²`` around its final center μ. It is poorly
-    explained when μ lies farther from the local mean than
-    :data:`POORLY_EXPLAINED_RADII` (2) times the local points' RMS radius,
-    ``‖c_j − μ‖² > 4 S_j / n_j`` (the final center at least quintuples its cost): well
-    outside the local cluster, not at the edge of a piece of one group. Local clusters of
-    one point (no scatter) use the median ``S_j / n_j`` of the others. O(Σ k_z d), from
-    what the server already holds.
-    """
-    n = np.concatenate([np.asarray(c, dtype=np.float64) for c in counts])
-    S = np.maximum(np.concatenate([np.asarray(s, dtype=np.float64) for s in scatter]), 0.0)
-    C = np.concatenate(centers, axis=0).astype(np.float64)
-    lab = np.concatenate(center_labels)
-    r2 = S / n
-    spread = r2[n > 1]
-    if spread.size:
-        r2 = np.where(n > 1, r2, np.median(spread))
-    delta2 = ((C - np.asarray(final, dtype=np.float64)[lab]) ** 2).sum(axis=1)
-    bad = delta2 > POORLY_EXPLAINED_RADII ** 2 * r2
-    offsets = np.cumsum([0] + [len(c) for c in centers])
-    return [bad[offsets[z]:offsets[z + 1]] for z in range(len(centers))]
-
-
-def explanation_warning(centers: Sequence[np.ndarray], counts: Sequence[np.ndarray],
-                        scatter: Sequence[np.ndarray], final: np.ndarray,
-                        center_labels: Sequence[np.ndarray], device_ids: Sequence[int],
-                        share: float = POORLY_EXPLAINED_SHARE) -> str | None:
-    """A warning when the local clusters :func:`poorly_explained` holds more than ``share``
-    of the points (``None`` otherwise): the final centers then leave out structure the
-    devices saw (k too small for the data, or groups merged by the server)."""
-    bad = poorly_explained(centers, counts, scatter, final, center_labels)
-    n_bad = sum(float(np.asarray(c, dtype=np.float64)[b].sum()) for c, b in zip(counts, bad))
-    n_all = sum(float(np.asarray(c, dtype=np.float64).sum()) for c in counts)
-    if n_all <= 0 or n_bad <= share * n_all:
-        return None
-    devs = [int(z) for z, b in zip(device_ids, bad) if b.any()]
-    return explanation_message(n_bad, n_all, devs, len(final))
-
-
-def explanation_message(n_bad: float, n_all: float, devs: Sequence[int], n_final: int) -> str:
-    """:func:`explanation_warning`'s text: ``devs`` the devices with a poorly explained
-    local cluster, in order."""
-    listed = ", ".join(map(str, devs[:10])) + (", ..." if len(devs) > 10 else "")
-    return (f"k-FED: {n_bad / n_all:.0%} of the points are in local clusters whose final "
-            f"center lies outside them (farther than twice their RMS radius; devices "
-            f"{listed}): the {n_final} final centers explain these devices poorly. Try more clusters, "
-            "n_local_clusters='auto', or refine with DistributedLloyd(init='kfed')")
 
 
 def assign_to_centers(local_centers: np.ndarray, final_centers: np.ndarray) -> np.ndarray:
