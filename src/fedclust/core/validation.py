@@ -311,25 +311,33 @@ def _finite_float_devices(devices: list[Any], chunk: int = 4096
         if shape[0] * shape[1] == 0:   # nothing to test, nothing to range
             ok[members] = True
             continue
-        for s in range(0, len(members), chunk):
-            part = members[s:s + chunk]
+        # chunks of about a core's cache: the copy is still there for the reductions
+        step = max(1, min(chunk, _CHECK_CHUNK_VALUES // (shape[0] * shape[1])))
+        for s in range(0, len(members), step):
+            part = members[s:s + step]
             flat = np.concatenate([devices[p] for p in part]).reshape(len(part), -1)
-            good = np.isfinite(flat).all(axis=1)
-            ok[part] = good
-            if good.all():
+            # per-feature range: min over the devices' rows, then over each device's points
+            # (long rows reduce faster than (n, d) blocks; min and max are exact either way).
+            # NaN and inf reach the min or the max: finite ones clear the whole chunk
+            lo, hi = flat.min(axis=0), flat.max(axis=0)
+            if np.isfinite(lo).all() and np.isfinite(hi).all():
+                ok[part] = True
                 part_good = part
-            elif good.any():
+            else:
+                good = np.isfinite(flat).all(axis=1)
+                ok[part] = good
+                if not good.any():
+                    continue
                 flat = flat[good]
                 part_good = np.asarray(part)[good].tolist()
-            else:
-                continue
-            # per-feature range: min over the devices' rows, then over each device's points
-            # (long rows reduce faster than (n, d) blocks; min and max are exact either way)
-            pair = (flat.min(axis=0).reshape(shape).min(axis=0),
-                    flat.max(axis=0).reshape(shape).max(axis=0))
+                lo, hi = flat.min(axis=0), flat.max(axis=0)
+            pair = (lo.reshape(shape).min(axis=0), hi.reshape(shape).max(axis=0))
             ranges.update(dict.fromkeys(part_good, pair))
     return ok, ranges
 
+
+#: values per stacked chunk of small devices tested for finite values (1 MiB of float64)
+_CHECK_CHUNK_VALUES = 1 << 17
 
 _SHAPE = attrgetter("shape")
 _DTYPE = attrgetter("dtype")
