@@ -137,7 +137,8 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     d0 = None
     if ids is not None and len(ids) != len(devices):
         raise ValidationError(f"device_ids has {len(ids)} entries for {len(devices)} devices")
-    finite, ranges = _finite_float_devices(devices)
+    one_shape = _one_shape(devices)   # read once: 10^5 small devices take milliseconds
+    finite, ranges = _finite_float_devices(devices, shape=one_shape)
     # large float devices: their per-feature min and max test finiteness (NaN and inf reach
     # them) and are the scale check's input, so each such device is read twice, not three times
     for pos, X in enumerate(devices):
@@ -148,7 +149,7 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
                 finite[pos] = True
                 ranges[pos] = (lo, hi)
     finite_list = finite.tolist()   # python bools: one lookup per device
-    shape = _one_shape(devices) if finite.all() else None
+    shape = one_shape if finite.all() else None
     if shape is not None and len(shape) == 2 and shape[0] >= min_points and shape[1] > 0:
         out = list(devices)   # finite float arrays of one valid shape: nothing to convert
         finite_list = []
@@ -275,7 +276,8 @@ def check_device_ids(device_ids: Any, n: int) -> list[int]:
     return ids
 
 
-def _finite_float_devices(devices: list[Any], chunk: int = 4096
+def _finite_float_devices(devices: list[Any], chunk: int = 4096, *,
+                          shape: tuple[int, ...] | None | str = "unknown"
                           ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """Which devices are already finite 2-D float arrays, tested in stacked chunks, and the
     per-feature (min, max) of each finite chunk (position -> the chunk's shared pair).
@@ -290,7 +292,8 @@ def _finite_float_devices(devices: list[Any], chunk: int = 4096
     ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     groups: dict[tuple, list[int]] = {}
     ndarray = np.ndarray
-    shape = _one_shape(devices)
+    if shape == "unknown":   # ``shape``: :func:`_one_shape` of the devices, if at hand
+        shape = _one_shape(devices)
     if shape is not None and len(shape) == 2 and shape[0] * shape[1] <= _SMALL_DEVICE:
         dtypes = set(map(_DTYPE, devices))
         if len(dtypes) == 1:   # one shape, one dtype (many small devices): one group
