@@ -65,8 +65,9 @@ the rows and the stacking copy; on ``tiny-5e4x20`` about 8 µs of batched maths 
 device (projection 3 µs, seeds 2 µs, Lloyd 2.5 µs), the input checks, the server step
 on 10^5 device centers (~0.11 s) and the per-device Python of messages, states, labels
 and the byte meter. Measured (2-core machine shared with other jobs, one thread, CPU
-seconds): large-1000x1000 k-FED 1.25 s against scikit-learn's 22.8 s (0.055x, cost
-0.7779), tiny-5e4x20 0.82 s against 2.88 s (0.283x, cost 1.0000).
+seconds, minimum of 3 repeats): large-1000x1000 k-FED 1.33 s against scikit-learn's
+24.6 s (0.054x, cost 0.7779), tiny-5e4x20 0.83 s against 3.17 s (0.261x, cost 1.0000);
+the medians give 0.058x and 0.261x.
 
 Checks: k-FED end to end no slower than scikit-learn on the
 pooled data, k-means cost within 5% of it; server step for 10^5 devices'

@@ -171,6 +171,21 @@ def test_cut_off_runs_say_they_did_not_converge():
     assert full.converged is True and full.n_iter > 1
 
 
+def test_one_round_converged_flag_matches_the_eager_tolerance():
+    # max_iter=1 works out the variance only when ``converged`` is read: same verdict and
+    # same centers as with the variance given up front
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(300, 3))
+    var = X.var(axis=0).mean()
+    for init, tol in [(X[:4].copy(), 1e-4), (X[:4].copy(), 1e3), (X[:1].copy(), 0.0)]:
+        lazy = lloyd(X, init, max_iter=1, tol=tol)
+        eager = lloyd(X, init, max_iter=1, tol=tol, x_var=var)
+        shift = ((eager.centers - init) ** 2).sum()
+        assert lazy.converged is eager.converged is bool(shift <= tol * var)
+        np.testing.assert_array_equal(lazy.centers, eager.centers)
+        np.testing.assert_array_equal(lazy.labels, eager.labels)
+
+
 def test_float32_data_with_float64_start_stays_float32():
     X = np.random.default_rng(7).normal(size=(40, 3)).astype(np.float32)
     res = lloyd(X, X[:3].astype(np.float64))

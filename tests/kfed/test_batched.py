@@ -212,6 +212,31 @@ def test_large_devices_non_finite_one_gets_its_own_error_and_the_others_their_st
         np.testing.assert_allclose(out[z].centers, ref.message.centers, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("d,bad", [(20, np.nan), (20, -np.inf), (2, np.nan)])
+def test_tiny_devices_non_finite_one_gets_its_own_error_and_the_others_their_steps(d, bad):
+    # tiny devices are stacked into one array; with a Gram matrix to compute (d > k' and
+    # n >= d) its diagonal tests the copy for finite values, else a separate pass does:
+    # either way the bad device gets its own error and the others the same step as alone
+    from fedclust.core.exceptions import ValidationError
+    from fedclust.core.protocol import Request
+    from fedclust.kfed.protocol import ACTION, KFedProtocol
+
+    devs = _devices(40, 20, d, 2, seed=5)
+    devs[7] = devs[7].copy()
+    devs[7][3, 1] = bad
+    proto = KFedProtocol(4, 2)
+    states = {z: {} for z in range(40)}
+    batches, out = proto.client_steps_stacked(Request(round=0, action=ACTION),
+                                              dict(enumerate(devs)), seed=3, states=states)
+    assert batches == [] and isinstance(out[7], ValidationError) and "device 7" in str(out[7])
+    assert "non-finite" in str(out[7])
+    for z in (0, 6, 8, 39):
+        ref = local_kmeans(devs[z], 2, device_rng(3, z, 0),
+                           uniforms=device_uniforms(3, [z], 0, n_uniforms(2))[0])
+        np.testing.assert_array_equal(out[z].centers, ref.message.centers)
+        np.testing.assert_array_equal(states[z]["local_labels"], ref.labels)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 7])
 def test_nearest_center_helpers_match_argmin_and_bincount(k):
     from fedclust.kfed.batched import _argmin_last, _counts

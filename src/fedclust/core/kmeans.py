@@ -68,7 +68,7 @@ def assign(X: np.ndarray, C: np.ndarray, x_sq: np.ndarray | None = None
 class LloydResult:
     """Centers, labels, per-center weight, inertia and iteration count of a Lloyd run."""
 
-    __slots__ = ("centers", "labels", "counts", "inertia", "n_iter", "converged")
+    __slots__ = ("centers", "labels", "counts", "inertia", "n_iter", "_converged")
 
     def __init__(self, centers, labels, counts, inertia, n_iter, converged):
         self.centers = centers
@@ -76,7 +76,14 @@ class LloydResult:
         self.counts = counts
         self.inertia = inertia
         self.n_iter = n_iter
-        self.converged = converged
+        self._converged = converged   # a bool, or a zero-argument callable giving it
+
+    @property
+    def converged(self) -> bool:
+        """Whether the run stopped by its own rules (not cut off by ``max_iter``)."""
+        if callable(self._converged):   # worked out at the first read
+            self._converged = bool(self._converged())
+        return self._converged
 
 
 def update_centers(X, labels, k, weights, old_centers, Xw=None):
@@ -140,8 +147,14 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
         Xw = X * weights[:, None]   # the same every iteration
     if x_sq is None:
         x_sq = (X * X).sum(axis=1)
-    var = x_var if x_var is not None else X.var(axis=0).mean() if X.shape[0] > 1 else 0.0
-    abs_tol = tol * var
+    # one round (k-FED's server step): the variance only feeds the ``converged`` flag, which
+    # callers seldom read; it is worked out when read (a full pass over X saved otherwise)
+    lazy_tol = x_var is None and max_iter == 1
+
+    def feature_var() -> float:
+        return x_var if x_var is not None else X.var(axis=0).mean() if X.shape[0] > 1 else 0.0
+
+    abs_tol = None if lazy_tol else tol * feature_var()
     labels = None
     converged = False
     final = None   # (labels, mind) of the current centers, when already computed
@@ -159,7 +172,9 @@ def lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None = None,
             new_centers, labels, counts = relocate_empty_centers(X, labels, new_centers, counts, mind, weights)
         shift = ((new_centers - centers) ** 2).sum()
         centers = new_centers
-        if shift <= abs_tol:
+        if lazy_tol:   # the only round
+            converged = lambda shift=shift: bool(shift <= tol * feature_var())  # noqa: E731
+        elif shift <= abs_tol:
             converged = True
             break
     labels, mind = assign(X, centers, x_sq) if final is None else final

@@ -137,7 +137,8 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     d0 = None
     if ids is not None and len(ids) != len(devices):
         raise ValidationError(f"device_ids has {len(ids)} entries for {len(devices)} devices")
-    finite, ranges = _finite_float_devices(devices)
+    one_shape = _one_shape(devices)   # read once: 10^5 small devices take milliseconds
+    finite, ranges = _finite_float_devices(devices, shape=one_shape)
     # large float devices: their per-feature min and max test finiteness (NaN and inf reach
     # them) and are the scale check's input, so each such device is read twice, not three times
     for pos, X in enumerate(devices):
@@ -148,7 +149,7 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
                 finite[pos] = True
                 ranges[pos] = (lo, hi)
     finite_list = finite.tolist()   # python bools: one lookup per device
-    shape = _one_shape(devices) if finite.all() else None
+    shape = one_shape if finite.all() else None
     if shape is not None and len(shape) == 2 and shape[0] >= min_points and shape[1] > 0:
         out = list(devices)   # finite float arrays of one valid shape: nothing to convert
         finite_list = []
@@ -275,7 +276,8 @@ def check_device_ids(device_ids: Any, n: int) -> list[int]:
     return ids
 
 
-def _finite_float_devices(devices: list[Any], chunk: int = 4096
+def _finite_float_devices(devices: list[Any], chunk: int = 4096, *,
+                          shape: tuple[int, ...] | None | str = "unknown"
                           ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """Which devices are already finite 2-D float arrays, tested in stacked chunks, and the
     per-feature (min, max) of each finite chunk (position -> the chunk's shared pair).
@@ -290,7 +292,8 @@ def _finite_float_devices(devices: list[Any], chunk: int = 4096
     ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     groups: dict[tuple, list[int]] = {}
     ndarray = np.ndarray
-    shape = _one_shape(devices)
+    if shape == "unknown":   # ``shape``: :func:`_one_shape` of the devices, if at hand
+        shape = _one_shape(devices)
     if shape is not None and len(shape) == 2 and shape[0] * shape[1] <= _SMALL_DEVICE:
         dtypes = set(map(_DTYPE, devices))
         if len(dtypes) == 1:   # one shape, one dtype (many small devices): one group
@@ -311,25 +314,33 @@ def _finite_float_devices(devices: list[Any], chunk: int = 4096
         if shape[0] * shape[1] == 0:   # nothing to test, nothing to range
             ok[members] = True
             continue
-        for s in range(0, len(members), chunk):
-            part = members[s:s + chunk]
+        # chunks of about a core's cache: the copy is still there for the reductions
+        step = max(1, min(chunk, _CHECK_CHUNK_VALUES // (shape[0] * shape[1])))
+        for s in range(0, len(members), step):
+            part = members[s:s + step]
             flat = np.concatenate([devices[p] for p in part]).reshape(len(part), -1)
-            good = np.isfinite(flat).all(axis=1)
-            ok[part] = good
-            if good.all():
+            # per-feature range: min over the devices' rows, then over each device's points
+            # (long rows reduce faster than (n, d) blocks; min and max are exact either way).
+            # NaN and inf reach the min or the max: finite ones clear the whole chunk
+            lo, hi = flat.min(axis=0), flat.max(axis=0)
+            if np.isfinite(lo).all() and np.isfinite(hi).all():
+                ok[part] = True
                 part_good = part
-            elif good.any():
+            else:
+                good = np.isfinite(flat).all(axis=1)
+                ok[part] = good
+                if not good.any():
+                    continue
                 flat = flat[good]
                 part_good = np.asarray(part)[good].tolist()
-            else:
-                continue
-            # per-feature range: min over the devices' rows, then over each device's points
-            # (long rows reduce faster than (n, d) blocks; min and max are exact either way)
-            pair = (flat.min(axis=0).reshape(shape).min(axis=0),
-                    flat.max(axis=0).reshape(shape).max(axis=0))
+                lo, hi = flat.min(axis=0), flat.max(axis=0)
+            pair = (lo.reshape(shape).min(axis=0), hi.reshape(shape).max(axis=0))
             ranges.update(dict.fromkeys(part_good, pair))
     return ok, ranges
 
+
+#: values per stacked chunk of small devices tested for finite values (1 MiB of float64)
+_CHECK_CHUNK_VALUES = 1 << 17
 
 _SHAPE = attrgetter("shape")
 _DTYPE = attrgetter("dtype")

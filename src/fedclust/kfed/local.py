@@ -214,8 +214,7 @@ def local_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
         V = None
         if gram:
             G = Xb.transpose(0, 2, 1) @ Xb                     # as projection_batch
-            if not isinstance(Xs, np.ndarray) and not np.isfinite(
-                    np.einsum("bii->bi", G)).all():
+            if not np.isfinite(np.einsum("bii->bi", G)).all():
                 stack.check(Xb, s)   # names the device with a non-finite value
             V = top_eigvecs(G, k)
             del G

@@ -536,7 +536,12 @@ class KFedProtocol(Protocol):
         for (shape, _, k), ids in groups.items():
             if shape[0] * shape[1] <= _STACK_MAX:   # many tiny devices: one copy, one check
                 batch = np.concatenate([devices[z] for z in ids]).reshape((len(ids),) + shape)
-                finite = np.isfinite(batch).all(axis=(1, 2))
+                # local_kmeans_stacked's Gram matrix tests the copy for finite values (its
+                # diagonal; a non-finite device raises and the group runs one by one below)
+                gram_checks = (not self.summarise and not self.local_auto
+                               and shape[1] > k and shape[0] >= shape[1])
+                finite = (np.ones(len(ids), dtype=bool) if gram_checks
+                          else np.isfinite(batch).all(axis=(1, 2)))
             else:   # large devices: local_kmeans_many stacks them in bounded chunks and
                 # tests each copied chunk for finite values (a non-finite device raises, and
                 # its group runs one by one below, where the device gets its own error)
