@@ -98,6 +98,7 @@ class KeyedTrace:
     Cw: np.ndarray | None = None      # (N0, d) each row times its weight (exact final means)
     #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
     ff_start: bool = True
+    c_sq: np.ndarray | None = None    # (N0,) each row's squared norm (a start run again)
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -300,7 +301,8 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
         * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
         dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
         keys=row_keys(seed, owner, local_index), reruns={},
-        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw, ff_start=ff is not None)
+        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw, ff_start=ff is not None,
+        c_sq=c_sq)
 
 
 def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndarray | None:

@@ -303,8 +303,10 @@ def _remaining(tr: KeyedTrace, alive: np.ndarray) -> _Remaining:
     rows = np.flatnonzero(alive)
     C = tr.C[rows]
     w = tr.w[rows]
-    return _Remaining(rows, C, w, (C * C).sum(axis=1),
-                      C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, C * w[:, None])
+    # squared norms and weighted rows are per row: the trace's are the fresh step's bits
+    c_sq = (C * C).sum(axis=1) if tr.c_sq is None else tr.c_sq[rows]
+    Cw = C * w[:, None] if tr.Cw is None else tr.Cw[rows]
+    return _Remaining(rows, C, w, c_sq, C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, Cw)
 
 
 def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
@@ -523,7 +525,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
-                     expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start)
+                     expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
+                     c_sq=trace.c_sq)
     return result, new
 
 
