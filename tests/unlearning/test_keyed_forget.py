@@ -505,3 +505,45 @@ def test_a_start_whose_later_pick_is_in_doubt_goes_on_from_that_step(first, monk
         _check(model, Xs, ids, gone)
         assert model.verify().ok
     assert first in known_lengths
+
+
+def test_assign_margin_matches_a_full_sort_of_the_distances():
+    # labels, runner-up and the second/third margins against a full sort of every row's
+    # distances to every center (rows with exact ties included: duplicated centers)
+    rng = np.random.default_rng(21)
+    X = rng.normal(size=(700, 4))
+    centers = np.vstack([rng.normal(size=(5, 4)), X[:1]])
+    centers = np.vstack([centers, centers[:1]])   # a duplicated center: margin 0 rows
+    x_sq = (X * X).sum(axis=1)
+    lab, margin, runner, margin3 = keyed_trace._assign_margin(X, centers, x_sq)
+    D = np.maximum(x_sq[:, None] - 2.0 * (X @ centers.T) + (centers ** 2).sum(axis=1), 0.0)
+    dist = np.sqrt(D)
+    srt = np.sort(dist, axis=1)
+    assert np.array_equal(lab, D.argmin(axis=1))
+    assert np.array_equal(margin, srt[:, 1] - srt[:, 0])
+    assert np.array_equal(margin3, srt[:, 2] - srt[:, 0])
+    assert (runner != lab).all()
+    assert np.array_equal(dist[np.arange(len(X)), runner], srt[:, 1])
+    assert (margin == 0).any()
+
+
+def test_expanding_a_run_over_the_remaining_rows_keeps_the_stable_sort():
+    # a run traced over the remaining rows, put back at the trace's row indices: its
+    # sorted margins and order equal a stable sort of the full margins (others at -inf)
+    rng = np.random.default_rng(22)
+    Xs = _federation(rng, 40)
+    model = _make().fit(Xs, device_ids=list(range(40)))
+    trace = model._unlearning_.trace
+    n0 = len(trace.C)
+    rows = np.sort(rng.choice(n0, size=n0 - 30, replace=False))
+    C, w = trace.C[rows], trace.w[rows]
+    c_sq = (C * C).sum(axis=1)
+    run = keyed_trace.traced_lloyd(C, C[:K], w, C * w[:, None], c_sq, C.var(axis=0).mean(),
+                                   trace.max_iter, trace.tol)
+    out = keyed_unlearn._expand(run, rows, n0)
+    for t in range(len(run.cs)):
+        full = np.full(n0, -np.inf)
+        full[rows[run.order[t]]] = run.margin_sorted[t]
+        ref = np.argsort(full, kind="stable")
+        assert np.array_equal(out.order[t], ref)
+        assert np.array_equal(out.margin_sorted[t], full[ref])
