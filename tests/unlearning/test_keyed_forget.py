@@ -469,3 +469,102 @@ def test_a_forget_that_changes_the_start_count_takes_the_full_step(monkeypatch):
     assert model.forget_log_[-1].path == "replay"
     assert model._unlearning_.trace is None or len(model._unlearning_.trace.runs) == 15
     _check(model, Xs, ids, [z])
+
+
+@pytest.mark.parametrize("d", [3, 50])
+def test_keyed_seeding_goes_on_from_known_seeds_bit_for_bit(d):
+    # a run given its first j seeds draws the steps j.. as the whole run drew them: the
+    # same seeds, candidates, potentials (to the bit) and picks
+    rng = np.random.default_rng(40 + d)
+    C = rng.normal(size=(600, d))
+    w = rng.uniform(1, 5, size=600)
+    owner, j = np.repeat(np.arange(150), 4), np.tile(np.arange(4), 150)
+    keys = keyed.row_keys(3, owner, j)
+    c_sq = (C * C).sum(axis=1)
+    seeds, cand, pots, pick = keyed.keyed_kmeans_plusplus(C, 12, w, c_sq, keys, 1, spare=4)
+    for first in range(1, 12):
+        got = keyed.keyed_kmeans_plusplus(C, 12, w, c_sq, keys, 1, spare=4,
+                                          known=seeds[:first])
+        assert np.array_equal(got[0], seeds)
+        assert np.array_equal(got[1][first:], cand[first:])
+        assert np.array_equal(got[2][first:], pots[first:])
+        assert np.array_equal(got[3][first:], pick[first:])
+
+
+@pytest.mark.parametrize("first", [2, 3])
+def test_a_start_whose_later_pick_is_in_doubt_goes_on_from_that_step(first, monkeypatch):
+    # forced certificate failures: every start's pick at step ``first`` counts as possibly
+    # changed; each start runs again from that step with its earlier seeds kept, and the
+    # forget equals a retrain bit for bit
+    rng = np.random.default_rng(13)
+    Xs = _federation(rng, 120)
+    ids = [int(z) for z in rng.choice(5000, size=120, replace=False)]
+    model = _make().fit(Xs, device_ids=ids)
+    stable = keyed_unlearn._seeds_stable
+
+    def doubtful(tr, R, alive):
+        pots, why, at = stable(tr, R, alive)
+        forced = np.minimum(at, first)
+        return pots, [y or "forced" for y in why], forced
+
+    known_lengths = []
+    plusplus = keyed_unlearn.keyed_kmeans_plusplus
+
+    def recording(*a, known=None, **kw):
+        known_lengths.append(0 if known is None else len(known))
+        return plusplus(*a, known=known, **kw)
+
+    monkeypatch.setattr(keyed_unlearn, "_seeds_stable", doubtful)
+    monkeypatch.setattr(keyed_unlearn, "keyed_kmeans_plusplus", recording)
+    gone = []
+    for z in [z for z in ids if z not in _seed_holders(model._unlearning_.trace)][:3]:
+        model.forget(devices=[z])
+        gone.append(z)
+        assert model.forget_log_[-1].path == "downdate"
+        trace = model._unlearning_.trace
+        assert len(trace.reruns) == len(trace.runs)
+        _check(model, Xs, ids, gone)
+        assert model.verify().ok
+    assert first in known_lengths
+
+
+def test_assign_margin_matches_a_full_sort_of_the_distances():
+    # labels, runner-up and the second/third margins against a full sort of every row's
+    # distances to every center (rows with exact ties included: duplicated centers)
+    rng = np.random.default_rng(21)
+    X = rng.normal(size=(700, 4))
+    centers = np.vstack([rng.normal(size=(5, 4)), X[:1]])
+    centers = np.vstack([centers, centers[:1]])   # a duplicated center: margin 0 rows
+    x_sq = (X * X).sum(axis=1)
+    lab, margin, runner, margin3 = keyed_trace._assign_margin(X, centers, x_sq)
+    D = np.maximum(x_sq[:, None] - 2.0 * (X @ centers.T) + (centers ** 2).sum(axis=1), 0.0)
+    dist = np.sqrt(D)
+    srt = np.sort(dist, axis=1)
+    assert np.array_equal(lab, D.argmin(axis=1))
+    assert np.array_equal(margin, srt[:, 1] - srt[:, 0])
+    assert np.array_equal(margin3, srt[:, 2] - srt[:, 0])
+    assert (runner != lab).all()
+    assert np.array_equal(dist[np.arange(len(X)), runner], srt[:, 1])
+    assert (margin == 0).any()
+
+
+def test_expanding_a_run_over_the_remaining_rows_keeps_the_stable_sort():
+    # a run traced over the remaining rows, put back at the trace's row indices: its
+    # sorted margins and order equal a stable sort of the full margins (others at -inf)
+    rng = np.random.default_rng(22)
+    Xs = _federation(rng, 40)
+    model = _make().fit(Xs, device_ids=list(range(40)))
+    trace = model._unlearning_.trace
+    n0 = len(trace.C)
+    rows = np.sort(rng.choice(n0, size=n0 - 30, replace=False))
+    C, w = trace.C[rows], trace.w[rows]
+    c_sq = (C * C).sum(axis=1)
+    run = keyed_trace.traced_lloyd(C, C[:K], w, C * w[:, None], c_sq, C.var(axis=0).mean(),
+                                   trace.max_iter, trace.tol)
+    out = keyed_unlearn._expand(run, rows, n0)
+    for t in range(len(run.cs)):
+        full = np.full(n0, -np.inf)
+        full[rows[run.order[t]]] = run.margin_sorted[t]
+        ref = np.argsort(full, kind="stable")
+        assert np.array_equal(out.order[t], ref)
+        assert np.array_equal(out.margin_sorted[t], full[ref])

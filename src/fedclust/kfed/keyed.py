@@ -72,23 +72,34 @@ def _smallest(keys: np.ndarray, L: int) -> np.ndarray:
     return sel[:L]
 
 
-def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0):
+def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0, known=None):
     """Greedy weighted k-means++ with keyed candidates. Returns ``(seeds (k,), cand (k, M),
     pots (k, M), pick (k,))`` with M = L + ``spare``: per step the M smallest keys in key
     order (-1 padded; row 0 holds the first seed), the potential after adding each, and
     the position of the pick (among the first L), or None where every row coincides with
-    a seed before k are chosen."""
+    a seed before k are chosen.
+
+    ``known`` (j,), j >= 1: the first j seeds, already known to be this run's (a forget
+    that certified those picks): the run goes on from step j, its distances to them
+    measured as the steps measure them (:func:`_to_seed`); rows ``1..j-1`` of cand, pots
+    and pick are left unset for the caller."""
     L = n_trials(k)
     M = L + spare
     seeds = np.empty(k, dtype=np.int64)
     cand = np.full((k, M), -1, dtype=np.int64)
     pots = np.full((k, M), np.inf)
     pick = np.zeros(k, dtype=np.int64)
-    with np.errstate(divide="ignore"):
-        first = _smallest(-np.log(key_uniforms(keys, start, 0)) / w, 1)
-    seeds[0] = cand[0, 0] = first[0]
-    closest = squared_distances(C, C[first[:1]], c_sq)[:, 0]
-    for t in range(1, k):
+    if known is None or len(known) == 0:
+        with np.errstate(divide="ignore"):
+            first = _smallest(-np.log(key_uniforms(keys, start, 0)) / w, 1)
+        known = first[:1]
+    j = len(known)
+    seeds[:j] = known
+    cand[0, 0] = known[0]
+    closest = _to_seed(C, known[0], c_sq)
+    for r in known[1:]:
+        closest = np.minimum(closest, _to_seed(C, r, c_sq))
+    for t in range(j, k):
         p = closest * w
         if not (p > 0).any():
             return None
@@ -101,8 +112,15 @@ def keyed_kmeans_plusplus(C, k, w, c_sq, keys, start, spare=0):
         b = int(np.argmin(pt[:L]))
         cand[t, :len(c)], pots[t, :len(c)], pick[t] = c, pt, b
         seeds[t] = c[b]
-        closest = d_cand[:, b]
+        closest = np.minimum(closest, _to_seed(C, c[b], c_sq))
     return seeds, cand, pots, pick
+
+
+def _to_seed(C, row, c_sq):
+    """Every row's squared distance to the row ``row`` alone: a product's bits can depend
+    on how many columns it has and where the column sits, so each seed's distances come
+    from a product of their own, the same wherever the seeding runs from."""
+    return squared_distances(C, C[row:row + 1], c_sq)[:, 0]
 
 
 def keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):

@@ -98,6 +98,7 @@ class KeyedTrace:
     Cw: np.ndarray | None = None      # (N0, d) each row times its weight (exact final means)
     #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
     ff_start: bool = True
+    c_sq: np.ndarray | None = None    # (N0,) each row's squared norm (a start run again)
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -184,20 +185,21 @@ def _assign_margin(X, centers, x_sq):
         lab = D.argmin(axis=1)
         labels[start:start + BLOCK] = lab
         if k > 1:
+            # the nearest, second- and third-nearest clipped distances by masking the
+            # nearest found so far (three argmin passes, cheaper than a partial sort); the
+            # runner-up is the nearest center other than the label (on a tie for second
+            # place either serves: the third-nearest certificate covers the other)
             np.maximum(D, 0.0, out=D)
-            m = min(k, 3)
-            idx = np.argpartition(D, m - 1, axis=1)[:, :m]
-            val = np.take_along_axis(D, idx, axis=1)
-            o = np.argsort(val, axis=1, kind="stable")
-            idx = np.take_along_axis(idx, o, axis=1)
-            val = np.sqrt(np.take_along_axis(val, o, axis=1))
             block = slice(start, start + len(D))
-            margin[block] = val[:, 1] - val[:, 0]
-            # the runner-up: the nearer of the two first that is not the label (with a
-            # tie for nearest the margin is 0 and the row is always assigned again)
-            runner[block] = np.where(idx[:, 0] == lab, idx[:, 1], idx[:, 0])
-            if m == 3:
-                margin3[block] = val[:, 2] - val[:, 0]
+            at = np.arange(len(D))
+            d0 = np.sqrt(D[at, lab])
+            D[at, lab] = np.inf
+            r = D.argmin(axis=1)
+            runner[block] = r
+            margin[block] = np.sqrt(D[at, r]) - d0
+            if k > 2:
+                D[at, r] = np.inf
+                margin3[block] = np.sqrt(D.min(axis=1)) - d0
     return labels, margin, runner, margin3
 
 
@@ -294,7 +296,8 @@ def keyed_trace(protocol: Any, replies: dict[int, Any], seed: int) -> KeyedTrace
         * np.sqrt(scale2), scale2, protocol.max_iter, protocol.tol,
         dict(zip(ids, centers)), dict(zip(ids, counts)), {}, seed=int(seed),
         keys=row_keys(seed, owner, local_index), reruns={},
-        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw, ff_start=ff is not None)
+        scatter=_stacked_scatter(replies, ids, len(C)), Cw=Cw, ff_start=ff is not None,
+        c_sq=c_sq)
 
 
 def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndarray | None:

@@ -61,8 +61,10 @@ class _Full(Exception):
 
 
 def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
-    """The keyed starts' potentials less the rows ``R``'s exact share, and per start why
-    its seeds could change (None where they cannot). ``alive``: the rows that remain."""
+    """The keyed starts' potentials less the rows ``R``'s exact share, per start why its
+    seeds could change (None where they cannot), and per start its first step whose pick
+    could change (k where none; a start run again goes on from there, its earlier seeds
+    kept). ``alive``: the rows that remain."""
     S, k, M = tr.cand.shape
     L = n_trials(k)
     CR, wR = tr.C[R], tr.w[R]
@@ -84,13 +86,20 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
     np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
     slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
         + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
-    near = (cmp.min(axis=2) <= b + slack).any(axis=1)
-    held = ~alive[tr.seeds].all(axis=1)
+    near_t = cmp.min(axis=2) <= b + slack
+    near = near_t.any(axis=1)
+    held_t = ~alive[tr.seeds]
+    held = held_t.any(axis=1)
+    # a step with a single candidate measured its distances alone (another product):
+    # a start goes on from there at the latest
+    changed = held_t.copy()
+    changed[:, 1:] |= near_t | (left.sum(axis=2) < L)[:, 1:] | (tr.cand[:, 1:, 1] < 0)
+    first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
     why = [("a leaving device holds a k-means++ seed" if held[s] else
             "a leaving candidate and no spare key left" if short[s] else
             "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
             else None) for s in range(S)]
-    return pots, why
+    return pots, why, first
 
 
 #: the smallest margins of each iteration :func:`_follow` reads (besides the removed rows');
@@ -294,8 +303,10 @@ def _remaining(tr: KeyedTrace, alive: np.ndarray) -> _Remaining:
     rows = np.flatnonzero(alive)
     C = tr.C[rows]
     w = tr.w[rows]
-    return _Remaining(rows, C, w, (C * C).sum(axis=1),
-                      C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, C * w[:, None])
+    # squared norms and weighted rows are per row: the trace's are the fresh step's bits
+    c_sq = (C * C).sum(axis=1) if tr.c_sq is None else tr.c_sq[rows]
+    Cw = C * w[:, None] if tr.Cw is None else tr.Cw[rows]
+    return _Remaining(rows, C, w, c_sq, C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, Cw)
 
 
 def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
@@ -304,13 +315,15 @@ def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
     T1 = len(run.cs)
     A = np.zeros((T1, n0), dtype=run.A.dtype)
     A[:, rows] = run.A
-    order, margin_sorted = [], []
-    for o, m in zip(run.order, run.margin_sorted):
-        full = np.full(n0, -np.inf)
-        full[rows[o]] = m
-        oo = np.argsort(full, kind="stable").astype(np.int32)
-        order.append(oo)
-        margin_sorted.append(full[oo])
+    # the other rows (margin -inf) first in index order, then the remaining rows in their
+    # order (a stable sort of their margins, ``rows`` increasing): the stable sort of the
+    # full margins, without sorting again
+    other = np.ones(n0, bool)
+    other[rows] = False
+    other = np.flatnonzero(other)
+    head = np.full(len(other), -np.inf)
+    order = [np.concatenate([other, rows[o]]).astype(np.int32) for o in run.order]
+    margin_sorted = [np.concatenate([head, m]) for m in run.margin_sorted]
     r2s, m3s = [], []
     for r2, m3 in zip(run.runner_up, run.margin3):
         a, b = np.zeros(n0, dtype=r2.dtype), np.zeros(n0)
@@ -323,10 +336,13 @@ def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
     return out
 
 
-def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int]):
+def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int],
+           first: int = 0, pots: np.ndarray | None = None):
     """Run ``start`` (the trace's run index, see ``KeyedTrace.reruns``) run again in full
     over the remaining rows, as a fresh step runs it: ``(run, seeding)`` with seeding None
-    for the farthest-first start, else (seeds, cand, pots, pick) in the trace's rows; or
+    for the farthest-first start, else (seeds, cand, pots, pick) in the trace's rows. The
+    k-means++ steps before ``first`` (certified unchanged by :func:`_seeds_stable`, whose
+    downdated potentials ``pots`` they keep) are not drawn again; or
     raises _Full where no trace can follow it (an emptied cluster, too few rows); the
     farthest-first start also gives (its seed device, the owners of its picks)."""
     k = tr.runs[0].cs.shape[1]
@@ -338,13 +354,23 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
         idx = farthest_first(rem.C, k, start=np.arange(offsets[pos], offsets[pos + 1]))
         seeding = None
     else:
-        pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], start - F,
-                                   SPARE)
-        if pp is None:
-            raise _Full("fewer distinct rows than k")
-        idx = pp[0]
-        seeding = (rem.rows[pp[0]], np.where(pp[1] >= 0, rem.rows[np.maximum(pp[1], 0)], -1),
-                   pp[2], pp[3])
+        s = start - F
+        if first >= k:   # every pick certified: the seeds are the fit's
+            idx = np.searchsorted(rem.rows, tr.seeds[s])
+            seeding = (tr.seeds[s], tr.cand[s], pots[s], tr.pick[s])
+        else:
+            known = np.searchsorted(rem.rows, tr.seeds[s, :first]) if first else None
+            pp = keyed_kmeans_plusplus(rem.C, k, rem.w, rem.c_sq, tr.keys[rem.rows], s,
+                                       SPARE, known=known)
+            if pp is None:
+                raise _Full("fewer distinct rows than k")
+            idx = pp[0]
+            cand = np.where(pp[1] >= 0, rem.rows[np.maximum(pp[1], 0)], -1)
+            pp_pots, pick = pp[2], pp[3]
+            if first > 1:   # the kept steps' candidates as the trace holds them
+                cand[1:first], pp_pots[1:first] = tr.cand[s, 1:first], pots[s, 1:first]
+                pick[1:first] = tr.pick[s, 1:first]
+            seeding = (rem.rows[pp[0]], cand, pp_pots, pick)
     run = traced_lloyd(rem.C, rem.C[idx], rem.w, rem.Cw, rem.c_sq, rem.c_var, tr.max_iter,
                         tr.tol)
     if run is None:
@@ -410,7 +436,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     try:
         if F and (trace.seed_device in gone or gone & set(trace.ff_owners.tolist())):
             reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
-        pots, why = _seeds_stable(trace, R, alive)
+        pots, why, first = _seeds_stable(trace, R, alive)
         reruns.update({s + F: y for s, y in enumerate(why) if y is not None})
         xsum = trace.xsum - trace.C[R].sum(axis=0)
         xsq = trace.xsq - (trace.C[R] ** 2).sum(axis=0)
@@ -435,7 +461,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         rem = _remaining(trace, alive) if reruns else None
         new_runs: dict[int, tuple] = {}
         for s in sorted(reruns):
-            new_runs[s] = _rerun(protocol, trace, rem, s, ids)
+            new_runs[s] = _rerun(protocol, trace, rem, s, ids,
+                                 int(first[s - F]) if s >= F else 0, pots)
             run = new_runs[s][0]
             T = len(run.cs) - 1
             outs[s] = (run.cs[-1], (np.empty(0, np.int64),) * 2, T, (run.S, run.W, run.Q),
@@ -498,7 +525,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
-                     expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start)
+                     expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
+                     c_sq=trace.c_sq)
     return result, new
 
 
