@@ -311,3 +311,50 @@ def test_regroup_leaves_a_right_partition_alone(seed, gap):
     assert changed == 0 and cs.C == 3
     np.testing.assert_array_equal(cs.n[:3], n_before)
     np.testing.assert_array_equal(cs.mu[:3], mu_before)
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_the_group_score_matches_the_mixture_likelihood_of_its_rows(full):
+    """One-row pieces: the group score is the change of the mixture BIC over the group's
+    rows, the log-likelihoods from scikit-learn's GaussianMixture.score_samples (the
+    group's components, then their pooled Gaussian, the other component unchanged)."""
+    from sklearn.mixture import GaussianMixture
+
+    from fedclust.gauss.consolidate import _soft_group_score
+
+    rng = np.random.default_rng(11)
+    D = 3
+    centers = np.array([[0.0, 0, 0], [1.2, 0, 0], [0.6, 1.0, 0], [1.8, 1.2, 0.5]])
+    sizes = [120, 90, 70, 150]
+    X = np.vstack([c + rng.normal(size=(s, D)) * 0.7 for c, s in zip(centers, sizes)])
+    z = np.repeat(np.arange(4), sizes)
+    cs = ClusterSet(D, Settings(), 0)
+    cs.set_global(*moments(X))
+    mk = np.array([X[z == k].mean(0) for k in range(4)])
+    Sk = np.stack([(X[z == k] - mk[k]).T @ (X[z == k] - mk[k]) for k in range(4)])
+    nk = np.array(sizes, float)
+    cs.add(mk, Sk, nk, np.zeros(4, np.int64), np.zeros(4, np.int64))
+    G = [0, 1, 2]
+    score = _soft_group_score(cs, G, z, np.ones(len(X)), X,
+                              np.zeros((len(X), D, D)), full)
+
+    def mixture(n, m, S):
+        covs = (S + np.diag(cs.s0_rule)) / n[:, None, None]
+        gm = GaussianMixture(len(n), covariance_type="full" if full else "diag")
+        gm.weights_, gm.means_ = n / nk.sum(), m
+        gm.covariances_ = covs if full else np.diagonal(covs, axis1=1, axis2=2)
+        gm.precisions_cholesky_ = (np.linalg.cholesky(np.linalg.inv(covs)) if full
+                                   else 1 / np.sqrt(gm.covariances_))
+        return gm.score_samples(X[np.isin(z, G)]).sum()
+
+    nG = nk[G].sum()
+    mG = (nk[G, None] * mk[G]).sum(0) / nG
+    SG = Sk[G].sum(0) + sum(nk[k] * np.outer(mk[k] - mG, mk[k] - mG) for k in G)
+    if not full:   # the diagonal family: every scatter's diagonal
+        Sk, SG = Sk * np.eye(D), SG * np.eye(D)
+    before = mixture(nk, mk, Sk)
+    after = mixture(np.r_[nG, nk[3]], np.vstack([mG, mk[3]]), np.stack([SG, Sk[3]]))
+    npar = D + (D * (D + 1) // 2 if full else D) + 1
+    want = ((-2 * (after - before) - 2 * npar * np.log(nk.sum())) / (2 * nG)
+            - cs.s.merge_tol)
+    assert score == pytest.approx(want, rel=1e-9, abs=1e-9)

@@ -45,7 +45,7 @@ import numpy as np
 from .lazy_merge import merge_all_lazy
 from .model import ClusterSet
 from .piece_stats import (diagonals, own_loglik, piece_loglik, pool_pieces, ridged_params,
-                          tied_loglik, write_back)
+                          tied_from_loglik, write_back)
 from .regroup import regroup
 
 __all__ = ["consolidate", "snapshot"]
@@ -192,20 +192,28 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
         Sk = cs.S[idx] if (full or not cs.full) else np.diagonal(cs.S[idx], axis1=1, axis2=2)
         return cs.n[idx], cs.mu[idx], Sk
 
-    def bound(nk, mk, Sk):
-        return float(tied_loglik(n[rows], mu[rows], SS[rows], nk, mk, Sk, cs.s0_rule, N,
-                                 full).sum())
+    nr, mr, Sr = n[rows], mu[rows], SS[rows]
 
+    def loglik(nk, mk, Sk):
+        P, ld = ridged_params(nk, Sk, cs.s0_rule, full)
+        return piece_loglik(nr, mr, Sr, nk, mk, P, ld, N, full)
+
+    # the other components' columns are the same before and after: computed once
     nk, mk, Sk = stats(np.r_[G, rest])
-    before = bound(nk, mk, Sk)
+    others = loglik(nk[G.size:], mk[G.size:], Sk[G.size:])
+
+    def bound(nk, mk, Sk):
+        own = loglik(nk, mk, Sk)
+        return float(tied_from_loglik(nr, np.hstack([own, others])).sum())
+
+    before = bound(nk[:G.size], mk[:G.size], Sk[:G.size])
     m = (nk[:G.size, None] * mk[:G.size]).sum(axis=0) / nG
     d = mk[:G.size] - m
     if full:
         P = Sk[:G.size].sum(axis=0) + np.einsum("k,kd,ke->de", nk[:G.size], d, d)
     else:
         P = Sk[:G.size].sum(axis=0) + (nk[:G.size, None] * d ** 2).sum(axis=0)
-    after = bound(np.r_[nG, nk[G.size:]], np.vstack([m, mk[G.size:]]),
-                  np.concatenate([P[None], Sk[G.size:]]))
+    after = bound(np.array([nG]), m[None], P[None])
     D = cs.D
     npar = D + (D * (D + 1) // 2 if full else D) + 1
     return (-2.0 * (after - before) - (G.size - 1) * npar * np.log(N)) / (2.0 * nG) \

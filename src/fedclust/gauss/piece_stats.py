@@ -13,7 +13,7 @@ import numpy as np
 from .model import ARRAYS, ClusterSet
 
 __all__ = ["pool_pieces", "ridged_params", "piece_loglik", "own_loglik", "tied_loglik",
-           "diagonals", "write_back"]
+           "tied_from_loglik", "diagonals", "write_back"]
 
 
 def pool_pieces(Z: np.ndarray, n: np.ndarray, mu: np.ndarray, T: np.ndarray, full: bool):
@@ -70,7 +70,13 @@ def tied_loglik(n, mu, S, nk, mk, Sk, ridge, N, full) -> np.ndarray:
     responsibilities are shared by a piece's rows (equal to the mixture log-likelihood
     for one-row pieces). Additive constant -n_i D log(2 pi) / 2 dropped."""
     P, ld = ridged_params(nk, Sk, ridge, full)
-    a = piece_loglik(n, mu, S, nk, mk, P, ld, N, full) / n[:, None]
+    return tied_from_loglik(n, piece_loglik(n, mu, S, nk, mk, P, ld, N, full))
+
+
+def tied_from_loglik(n, loglik) -> np.ndarray:
+    """:func:`tied_loglik` from the (m, K) :func:`piece_loglik` of the pieces (a caller
+    that scores several mixtures sharing components computes their columns once)."""
+    a = loglik / n[:, None]
     top = a.max(axis=1)
     return n * (top + np.log(np.exp(a - top[:, None]).sum(axis=1)))
 
