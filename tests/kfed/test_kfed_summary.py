@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score
 
 import fedclust.kfed.local as local
 from fedclust import KFed
@@ -86,6 +87,37 @@ def test_ladder_and_cap_by_hand():
     assert summary_ladder(100, 13, 3) == [6, 12, 20]
     assert summary_ladder(20, 13, 3) == [4]          # n // 5 below 2k: one rung
     assert summary_ladder(1000, 13, 3, start=50) == [50, 68]
+
+
+def test_first_rung_by_hand():
+    # 2k centers unless they take more than 8 KiB; then 8 KiB worth (never above n // 5)
+    assert local.summary_size(1000, 3) == local.summary_size(1000, 3, 100) == 6
+    assert local.summary_size(1000, 50, 100) == 10 == 8192 // (102 * 8)
+    assert local.summary_size(1000, 50) == 100
+    assert local.summary_size(30, 50, 13) == 6
+    assert summary_ladder(1000, 100, 50) == [10, 20, 40, 80, 100]
+
+
+def test_many_final_clusters_few_per_device_send_8_kib_not_2k_centers():
+    # 40 separated groups in 60-D, each device holding 4 of them: the first rung (8 KiB,
+    # 16 centers) already hides almost nothing, so no device climbs to 2k = 80 centers,
+    # and the answer is as good as pooled k-means'.
+    rng = np.random.default_rng(5)
+    k, d = 40, 60
+    means = 20 * rng.normal(size=(k, d))
+    devices, groups = [], []
+    for z in range(30):
+        g = rng.choice(k, size=4, replace=False)[rng.integers(0, 4, size=400)]
+        devices.append(means[g] + rng.normal(size=(400, d)))
+        groups.append(g)
+    model = KFed(k, random_state=3).fit(devices)
+    per_device = 8192 // ((d + 2) * 8)
+    assert per_device == 16
+    assert all(len(c) == per_device for c in model.local_centers_)
+    X, g = np.vstack(devices), np.concatenate(groups)
+    pooled = KMeans(k, n_init=10, random_state=0).fit(X)
+    assert _cost(X, model.cluster_centers_) <= 1.01 * pooled.inertia_
+    assert adjusted_rand_score(g, model.labels_) >= adjusted_rand_score(g, pooled.labels_) - 0.01
 
 
 @pytest.mark.parametrize("n", [40, 150])

@@ -52,10 +52,11 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     n_local_clusters : "auto", int or sequence of int, default="auto"
         k' for every device, or one k_z per device (devices may differ); with
         the default server a device sends at least ``min(2k, n_z // 5)``
-        centers whatever k_z says (its labels come from the final centers, and
+        centers (2k capped at 8 KiB worth) whatever k_z says (its labels come from the final centers, and
         a coarser summary can merge groups the server cannot split again).
         ``"auto"``: with the default server every device starts at
-        ``min(2k, n_z // 5)`` centers (:func:`fedclust.kfed.local.summary_size`)
+        ``min(2k, n_z // 5)`` centers, 2k capped at 8 KiB worth
+        (:func:`fedclust.kfed.local.summary_size`)
         and doubles them until its local clusters hide at most a quarter of its
         scatter, at most 8 KiB (:func:`fedclust.kfed.local.summary_ladder`,
         :func:`fedclust.kfed.local.summary_kmeans_stacked`);

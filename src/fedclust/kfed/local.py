@@ -345,15 +345,22 @@ SUMMARY_HIDDEN_SHARE = 0.25
 SUMMARY_MAX_BYTES = 8192
 
 
-def summary_size(n: int, n_clusters: int) -> int:
-    """The fewest local centers a device of n points sends to the default server.
+def summary_size(n: int, n_clusters: int, d: int | None = None) -> int:
+    """The fewest local centers a device of n points (in d dimensions) sends to the default
+    server.
 
     ``min(n // MIN_POINTS_PER_LOCAL_CLUSTER, SUMMARY_CENTERS_PER_CLUSTER * k)`` (at least
     1, below n): the first rung of :func:`summary_ladder` and the top of
     :func:`auto_range`. A summary coarser than 2k can merge groups the server cannot split.
+    Given d, at most :data:`SUMMARY_MAX_BYTES` worth of centers where 2k take more (many
+    final clusters, few held per device: the ladder refines from there while the device's
+    local clusters hide more than a quarter of its scatter).
     """
     cap = max(1, min(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER))
-    return min(cap, SUMMARY_CENTERS_PER_CLUSTER * n_clusters)
+    per_cluster = SUMMARY_CENTERS_PER_CLUSTER * n_clusters
+    if d is not None:
+        per_cluster = min(per_cluster, max(1, SUMMARY_MAX_BYTES // ((d + 2) * 8)))
+    return min(cap, per_cluster)
 
 
 def summary_cap(n: int, d: int, n_clusters: int) -> int:
@@ -369,7 +376,7 @@ def summary_ladder(n: int, d: int, n_clusters: int, start: int | None = None) ->
     """The k_z a device tries for the default server, in order: ``start`` (default
     :func:`summary_size`), doubled until :func:`summary_cap`, the cap last."""
     cap = summary_cap(n, d, n_clusters)
-    k = summary_size(n, n_clusters) if start is None else start
+    k = summary_size(n, n_clusters, d) if start is None else start
     if k >= cap:
         return [k]
     ladder = []

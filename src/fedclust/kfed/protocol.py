@@ -222,7 +222,7 @@ class KFedProtocol(Protocol):
                 f"no n_local_clusters given for device {device_id}; "
                 f"known devices: {sorted(self.n_local_clusters)[:10]}") from None
 
-    def k_sent(self, k_z: int, n_z: int) -> int:
+    def k_sent(self, k_z: int, n_z: int, d: int | None = None) -> int:
         """The fewest centers a device of n_z points sends: k_z, and with the default server
         at least :func:`fedclust.kfed.local.summary_size` ``min(n_z // 5, 2k)`` (``"auto"``:
         that many, the top of its BIC range): a coarser summary can merge groups the server
@@ -232,7 +232,7 @@ class KFedProtocol(Protocol):
         centers, not from its local clusters."""
         if not self.summarise:
             return k_z
-        return max(0 if self.auto else k_z, summary_size(n_z, self.n_clusters))
+        return max(0 if self.auto else k_z, summary_size(n_z, self.n_clusters, d))
 
     @property
     def local_auto(self) -> bool:
@@ -430,7 +430,7 @@ class KFedProtocol(Protocol):
         k = self.k_local(device_id)
         if self.plan is not None:
             return self._private_step(request, X, k, device_id, seed, state)
-        k = self.k_sent(k, len(X))
+        k = self.k_sent(k, len(X), X.shape[1] if np.ndim(X) == 2 else None)
         if self.local_auto:
             res = local_kmeans_auto(X, self.n_clusters, device_rng(seed, device_id, request.round),
                                     max_iter=self.local_max_iter, tol=self.tol,
@@ -505,7 +505,7 @@ class KFedProtocol(Protocol):
         # k_z sent depends on (k_z, n_z) only: worked out once per pair, not per device
         same_k = None if self.auto or isinstance(self.n_local_clusters, Mapping) \
             else self.n_local_clusters
-        sent: dict[tuple[int, int], int] = {}
+        sent: dict[tuple[int, int, int], int] = {}
         items = devices.items()
         if same_k is not None and len(devices) > 1 \
                 and set(map(type, devices.values())) == {np.ndarray}:
@@ -515,7 +515,7 @@ class KFedProtocol(Protocol):
             if len(shapes) == 1 and len(dtypes) == 1:
                 (shape,), (dtype,) = shapes, dtypes
                 if len(shape) == 2 and dtype.kind == "f":
-                    k = self.k_sent(same_k, shape[0])
+                    k = self.k_sent(same_k, shape[0], shape[1])
                     if shape[0] > k:
                         groups[(shape, dtype, k)] = list(devices)
                         items = ()
@@ -523,7 +523,7 @@ class KFedProtocol(Protocol):
             if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f":
                 shape = X.shape
                 key = (same_k if same_k is not None else 0 if self.auto else self.k_local(z),
-                       shape[0])
+                       shape[0], shape[1])
                 k = sent.get(key)
                 if k is None:   # the auto k_z range depends only on n: one batch per shape
                     k = sent[key] = (auto_range(key[1], self.n_clusters)[1] if self.local_auto
