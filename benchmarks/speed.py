@@ -46,6 +46,11 @@ this machine's timings are noisy):
   which other jobs on a shared machine inflate less); ``--no-one-thread`` skips
   them; the other columns let
   both use every core (scikit-learn's OpenMP Lloyd, k-FED's device threads);
+* ``kfed_default_fit_1thread``: ``KFed(k, k')`` with the default server (keyed weighted
+  k-means++ starts over each device's summary ladder) on one thread, once per case
+  (``--no-default-server`` skips it): the timed fits above name the paper's server
+  ``farthest-lloyd1``, which the time goals are stated for; this table says what a user
+  who changes nothing gets at these scales (CPU time, cost, bytes up per device);
 * ``authors``: :mod:`authors_kfed`, a re-creation of the authors' design (a
   per-device loop around scikit-learn ``KMeans``). On the many-small case its
   device loop runs on a random sample of ``--authors-devices`` devices and is
@@ -170,7 +175,7 @@ class Phase:
 
 
 def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None,
-             one_thread: bool = True) -> dict:
+             one_thread: bool = True, default_server: bool = True) -> dict:
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
@@ -226,6 +231,11 @@ def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None,
                 with Phase() as ph:
                     KMeans(case.k, n_init=1, random_state=seed).fit(X)
                 rec("sklearn_1thread", ph)
+                if default_server and rep == 0:   # the default server, once: what KFed() does
+                    with Phase() as ph:
+                        dflt = KFed(case.k, case.k_local, random_state=seed).fit(
+                            devices, transport=InProcessTransport(n_jobs=1))
+                    rec("kfed_default_fit_1thread", ph)
         if authors:
             if case.authors_devices is None or case.authors_devices >= len(devices):
                 with Phase() as ph:
@@ -258,6 +268,10 @@ def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None,
         acost = kmeans_cost(X, a_final)
         q.update(authors_cost=acost, authors_cost_ratio=acost / ref,
                  authors_accuracy=matched_accuracy(y, np.concatenate(a_labels)))
+    if "kfed_default_fit_1thread" in T:
+        q["kfed_default_cost_ratio"] = kmeans_cost(X, dflt.cluster_centers_) / ref
+        q["kfed_default_bytes_up_per_device"] = dflt.communication_["bytes_up"] / len(devices)
+        q["kfed_default_device_centers"] = int(sum(len(c) for c in dflt.local_centers_))
     agg2 = aggregate_centers(model.local_centers_, case.k, method="farthest-lloyd")
     q["kfed_server_farthest_lloyd_cost_ratio"] = kmeans_cost(X, agg2.centers) / ref
     del X
@@ -272,6 +286,9 @@ def run_case(case: Case, repeats: int, seed: int, authors: bool, data_dir=None,
         ratios["kfed_fit_over_sklearn_1thread"] = best["kfed_fit_1thread"] / best["sklearn_1thread"]
         ratios["kfed_fit_over_sklearn_1thread_cpu"] = (best["kfed_fit_1thread_cpu"]
                                                        / best["sklearn_1thread_cpu"])
+    if "kfed_default_fit_1thread" in best:
+        ratios["kfed_default_over_sklearn_1thread_cpu"] = (best["kfed_default_fit_1thread_cpu"]
+                                                           / best["sklearn_1thread_cpu"])
     if "authors" in best:
         ratios["authors_over_kfed_fit"] = best["authors"] / best["kfed_fit"]
         ratios["authors_over_sklearn"] = best["authors"] / best["sklearn"]
@@ -311,6 +328,9 @@ def main(argv=None) -> dict:
     p.add_argument("--authors-devices", type=int, default=None,
                    help="devices the authors' design runs on in the many-small case "
                         "(extrapolated; default 2000, quick 100)")
+    p.add_argument("--no-default-server", action="store_true",
+                   help="skip the one-thread fit with the default server (KFed() as a user "
+                        "gets it; one repeat)")
     args = C.finish_args(p.parse_args(argv))
     cases = QUICK if args.quick else FULL
     if args.cases == "none":
@@ -344,7 +364,8 @@ def main(argv=None) -> dict:
                     continue
             reps = args.repeats or case.repeats or (2 if args.quick else 3)
             rows.append(run_case(case, reps, args.seed, authors=not args.no_authors,
-                                 data_dir=args.data_dir, one_thread=not args.no_one_thread))
+                                 data_dir=args.data_dir, one_thread=not args.no_one_thread,
+                                 default_server=not args.no_default_server))
     curve = []
     cmax = int(args.curve_max if args.curve_max is not None else (1e5 if args.quick else 1e7))
     if cmax:
@@ -393,6 +414,18 @@ def main(argv=None) -> dict:
     C.print_table(["case", "device centers", "farthest-lloyd1 s", "farthest-lloyd s",
                    "farthest-lloyd cost/sk", "server +MiB"], srv,
                   title="Server step alone (bound: < 2 s for 10^5 devices' centers)")
+    dflt_rows = [[r["case"], r["quality"]["kfed_default_device_centers"],
+                  f"{r['quality']['kfed_default_bytes_up_per_device']:.0f}",
+                  f"{r['time_s']['kfed_default_fit_1thread_cpu']['min']:.2f}",
+                  f"{r['time_s']['sklearn_1thread_cpu']['min']:.2f}",
+                  f"{r['ratios']['kfed_default_over_sklearn_1thread_cpu']:.3f}",
+                  f"{r['quality']['kfed_default_cost_ratio']:.4f}"]
+                 for r in rows if "kfed_default_over_sklearn_1thread_cpu" in r["ratios"]]
+    if dflt_rows:
+        C.print_table(["case", "device centers", "bytes up/device", "KFed() CPU s",
+                       "sklearn CPU s", "ratio", "cost/sk"], dflt_rows,
+                      title="The default server (weighted k-means++ with keyed starts, the "
+                            "summary ladder), one thread, one run")
     if curve:
         C.print_table(["devices", "points", "fit s", "peak +MiB", "centers MiB",
                        "cost / generating means"],

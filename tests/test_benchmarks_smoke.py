@@ -71,6 +71,12 @@ def _check_speed(doc):
         assert all(v["min"] > 0 for v in t.values())
         assert 0.0 < row["quality"]["kfed_cost_ratio"] < 10.0
         assert 0.0 <= row["quality"]["kfed_accuracy"] <= 1.0
+        # the default server's run: a cost no worse than the paper server's on separated data,
+        # and a summary of at most 8 KiB per device unless 2k centers take more
+        q = row["quality"]
+        assert q["kfed_default_cost_ratio"] <= q["kfed_cost_ratio"] * 1.05
+        assert q["kfed_default_bytes_up_per_device"] <= max(8192, 2 * row["k"] * (row["d"] + 2) * 8)
+        assert row["ratios"]["kfed_default_over_sklearn_1thread_cpu"] > 0
     curve = doc["streamed_curve"]
     assert [c["n_devices"] for c in curve] == [1000, 10000]
     for c in curve:
