@@ -69,6 +69,14 @@ def _seed_holders(trace):
             *trace.owner[trace.seeds.ravel()].tolist()}
 
 
+def _fewest_starts_to_rerun(trace, ids):
+    """A device holding no first seed and the fewest k-means++ seeds: the fewest starts to
+    run again when it leaves."""
+    held = trace.owner[trace.seeds.ravel()].tolist()
+    return min((z for z in ids if z != trace.seed_device and z not in trace.ff_owners),
+               key=held.count)
+
+
 @pytest.mark.parametrize("trial", range(2))
 def test_random_forget_sequences_equal_a_retrain(trial):
     rng = np.random.default_rng(70 + trial)
@@ -412,9 +420,7 @@ def test_a_start_the_stacked_follow_cannot_certify_is_followed_per_iteration(mon
     ids = list(range(60))
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
-    held = trace.owner[trace.seeds.ravel()].tolist()
-    z = min((z for z in ids if z != trace.seed_device and z not in trace.ff_owners),
-            key=held.count)   # the fewest starts to run again
+    z = _fewest_starts_to_rerun(trace, ids)
     follows: list = []
     _spy(monkeypatch, "_follow", follows)
     monkeypatch.setattr(keyed_unlearn, "PREFIX", 4)
@@ -455,9 +461,7 @@ def test_a_forget_that_changes_the_start_count_takes_the_full_step(monkeypatch):
     ids = list(range(40))
     model = _make().fit(Xs, device_ids=ids)
     trace = model._unlearning_.trace
-    held = trace.owner[trace.seeds.ravel()].tolist()
-    z = min((z for z in ids if z != trace.seed_device and z not in trace.ff_owners),
-            key=held.count)   # the fewest starts to run again
+    z = _fewest_starts_to_rerun(trace, ids)
     n, n_z = len(trace.C), len(model.local_centers_[ids.index(z)])
     # a start budget where N k gives 14 starts and N k less z's centers 15
     budget = (n - n_z) * K * 15

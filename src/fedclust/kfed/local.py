@@ -359,8 +359,14 @@ def summary_size(n: int, n_clusters: int, d: int | None = None) -> int:
     cap = max(1, min(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER))
     per_cluster = SUMMARY_CENTERS_PER_CLUSTER * n_clusters
     if d is not None:
-        per_cluster = min(per_cluster, max(1, SUMMARY_MAX_BYTES // ((d + 2) * 8)))
+        per_cluster = min(per_cluster, _centers_in_budget(d))
     return min(cap, per_cluster)
+
+
+def _centers_in_budget(d: int) -> int:
+    """How many ``(d + 2) 8``-byte centers (float64 center, int64 count, float64 scatter)
+    :data:`SUMMARY_MAX_BYTES` holds, at least 1."""
+    return max(1, SUMMARY_MAX_BYTES // ((d + 2) * 8))
 
 
 def summary_cap(n: int, d: int, n_clusters: int) -> int:
@@ -368,7 +374,7 @@ def summary_cap(n: int, d: int, n_clusters: int) -> int:
     server: ``SUMMARY_MAX_BYTES`` worth of ``(d + 2) 8``-byte centers, at least
     :func:`summary_size` ``(2**62, k)`` (2k), and never more than ``n // 5`` (a local
     cluster averages at least :data:`MIN_POINTS_PER_LOCAL_CLUSTER` points)."""
-    per_bytes = max(SUMMARY_CENTERS_PER_CLUSTER * n_clusters, SUMMARY_MAX_BYTES // ((d + 2) * 8))
+    per_bytes = max(SUMMARY_CENTERS_PER_CLUSTER * n_clusters, _centers_in_budget(d))
     return min(per_bytes, max(1, min(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER)))
 
 

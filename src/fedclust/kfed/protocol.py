@@ -224,7 +224,8 @@ class KFedProtocol(Protocol):
 
     def k_sent(self, k_z: int, n_z: int, d: int | None = None) -> int:
         """The fewest centers a device of n_z points sends: k_z, and with the default server
-        at least :func:`fedclust.kfed.local.summary_size` ``min(n_z // 5, 2k)`` (``"auto"``:
+        at least :func:`fedclust.kfed.local.summary_size` ``min(n_z // 5, 2k)``, the 2k at
+        most 8 KiB worth of centers in d dimensions (``"auto"``:
         that many, the top of its BIC range): a coarser summary can merge groups the server
         cannot split again. With the default server the device then refines its summary up
         the :func:`fedclust.kfed.local.summary_ladder` (its local clusters' scatter at most a
@@ -502,7 +503,7 @@ class KFedProtocol(Protocol):
             return [], super().client_steps(request, devices, seed=seed, states=states)
         groups: dict[tuple, list[int]] = defaultdict(list)
         single: dict[int, np.ndarray] = {}
-        # k_z sent depends on (k_z, n_z) only: worked out once per pair, not per device
+        # k_z sent depends on (k_z, n_z, d) only: worked out once per triple, not per device
         same_k = None if self.auto or isinstance(self.n_local_clusters, Mapping) \
             else self.n_local_clusters
         sent: dict[tuple[int, int, int], int] = {}
