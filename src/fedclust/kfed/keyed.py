@@ -167,8 +167,9 @@ def keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
 def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
     """The server's step: the best of the keyed k-means++ starts (and the farthest-first
     start where :data:`FARTHEST_START` is on)."""
-    owner = np.repeat(np.asarray(device_ids, dtype=np.int64), [len(c) for c in centers])
-    local_index = np.concatenate([np.arange(len(c)) for c in centers])
+    sizes = np.fromiter(map(len, centers), dtype=np.int64, count=len(centers))
+    owner = np.repeat(np.asarray(device_ids, dtype=np.int64), sizes)
+    local_index = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     c_sq = (C * C).sum(axis=1)
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
     m = sample_size(len(C), k)
