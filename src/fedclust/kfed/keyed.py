@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.kmeans import lloyd, squared_distances
+from ..core.kmeans import blocked_lloyd, lloyd, squared_distances
 from ..core.random import key_uniforms, row_keys as _row_keys
-from .server import KEYED_SERVERS, farthest_first, pick_first_device, weighted_starts
+from .server import (KEYED_SERVERS, LARGE_N, farthest_first, pick_first_device,
+                     weighted_starts)
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER",
            "KEYED_NAMES", "keyed_coreset", "sample_size", "sampled_weighted_kmeans",
@@ -170,14 +171,14 @@ def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
     sizes = np.fromiter(map(len, centers), dtype=np.int64, count=len(centers))
     owner = np.repeat(np.asarray(device_ids, dtype=np.int64), sizes)
     local_index = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    c_sq = (C * C).sum(axis=1)
-    c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
     m = sample_size(len(C), k)
     if m is not None:
         res = sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, max_iter=max_iter,
-                                      tol=tol, c_sq=c_sq, c_var=c_var)
+                                      tol=tol)
         if res is not None:
             return res
+    c_sq = (C * C).sum(axis=1)
+    c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
     _, ff, pp = keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed)
     best, seen = None, []
     starts = [ff] if FARTHEST_START else []
@@ -228,8 +229,7 @@ def keyed_coreset(C, w, c_sq, owner, local_index, seed, m):
     return rows, w[rows] / pi[rows]
 
 
-def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, tol,
-                            c_sq=None, c_var=None):
+def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, tol):
     """The server's step on many device centers: keyed greedy k-means++ starts
     (:func:`keyed_kmeans_plusplus`, :func:`~fedclust.kfed.server.weighted_starts` of
     them for the coreset's size) and weighted Lloyd on a keyed coreset of about ``m``
@@ -239,11 +239,11 @@ def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, t
 
     Time: O(N d) for the coreset, the starts as on m centers, then O(N k d) per round
     of the final Lloyd. Lloyd never raises the cost, so the result costs at most what
-    the best coreset solution costs on all centers."""
-    if c_sq is None:
-        c_sq = (C * C).sum(axis=1)
-    if c_var is None:
-        c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
+    the best coreset solution costs on all centers. Above
+    :data:`~fedclust.kfed.server.LARGE_N` centers the final Lloyd runs in row blocks
+    (:func:`~fedclust.core.kmeans.blocked_lloyd`: no weighted copy of the centers, so
+    millions of streamed devices' centers fit in memory)."""
+    c_sq = np.einsum("ij,ij->i", C, C)   # no (N, d) temporary
     rows, ws = keyed_coreset(C, w, c_sq, owner, local_index, seed, m)
     if len(rows) < k:
         return None
@@ -261,8 +261,10 @@ def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, t
             best = res
     if best is None:
         return None
+    if len(C) > LARGE_N:
+        return blocked_lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol)
     return lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq,
-                 x_var=c_var)
+                 x_var=C.var(axis=0).mean())
 
 
 def canonical(labels: np.ndarray) -> np.ndarray:
