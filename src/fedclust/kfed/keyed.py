@@ -262,7 +262,9 @@ def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, t
     if best is None:
         return None
     if len(C) > LARGE_N:
-        return blocked_lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol)
+        res = blocked_lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol)
+        res.centers = res.centers.astype(C.dtype, copy=False)   # float32 devices: float32
+        return res
     return lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq,
                  x_var=C.var(axis=0).mean())
 
