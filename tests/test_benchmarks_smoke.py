@@ -63,6 +63,13 @@ def _check_fig3(doc):
             assert v["cost"] > 0 and 0.0 <= v["accuracy"] <= 1.0
 
 
+def _check_kfed_sampled_server(doc):
+    assert len(doc["rows"]) == 2
+    for row in doc["rows"]:
+        assert row["device_centers"] > 2 * row["coreset_expected"]   # the coreset path ran
+        assert 0 < row["all_cost"] <= 1.05 and row["coreset_over_all"] <= 1.01
+
+
 def _check_speed(doc):
     assert len(doc["rows"]) == 3
     for row in doc["rows"]:
@@ -186,6 +193,7 @@ CASES = {
     "kfed_summary_basins": ([], _check_kfed_summary_basins),
     "kfed_warning": ([], _check_kfed_warning),
     "unlearning": ([], _check_unlearning),
+    "kfed_sampled_server": ([], _check_kfed_sampled_server),
 }
 
 

@@ -466,7 +466,13 @@ def _downdate_trace(u: Any) -> Any:
     if len(u.store.rounds) != 1 or not u.store.complete:
         return None
     if keyed_applies(u.protocol):
-        trace = keyed_trace(u.protocol, u.store.rounds[0].replies, u.seed)
+        from .keyed import sample_size
+
+        replies = u.store.rounds[0].replies
+        if sample_size(sum(len(r.centers) for r in replies.values()),
+                       u.protocol.n_clusters) is not None:
+            return None   # the starts ran on a coreset: a forget runs the step again
+        trace = keyed_trace(u.protocol, replies, u.seed)
         if trace is None:
             return None
         b = best_of(trace.runs)

@@ -13,23 +13,32 @@ that lowers the potential most is the seed.
 Forgetting devices follows the fit's trace instead of running the step again:
 :mod:`fedclust.kfed.keyed_trace` records it, :mod:`fedclust.kfed.keyed_unlearn` follows it
 (:func:`~fedclust.kfed.keyed_unlearn.keyed_forget`).
+
+Above :data:`SAMPLED_ABOVE` device centers (cross-device federations) the starts run on a
+keyed lightweight coreset of the device centers (:func:`keyed_coreset`, about
+:func:`sample_size` of them) and weighted Lloyd runs on all device centers from the best
+start only (:func:`sampled_weighted_kmeans`); a forget of such a fit runs the step again
+from the kept summaries.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..core.kmeans import lloyd, squared_distances
+from ..core.kmeans import blocked_lloyd, lloyd, squared_distances
 from ..core.random import key_uniforms, row_keys as _row_keys
-from .server import KEYED_SERVERS, farthest_first, pick_first_device, weighted_starts
+from .server import (KEYED_SERVERS, LARGE_N, farthest_first, pick_first_device,
+                     weighted_starts)
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER",
-           "KEYED_NAMES"]
+           "KEYED_NAMES", "keyed_coreset", "sample_size", "sampled_weighted_kmeans",
+           "SAMPLED_ABOVE"]
 
 KEYED_SERVER = "weighted-kmeans++"
 #: every name of this server
 KEYED_NAMES = (KEYED_SERVER, "weighted-kmeans++-keyed")
 _KEY_BRANCH = np.uint64(0x6B657965645F7070)   # the seeding's own stream
+_SAMPLE_BRANCH = np.uint64(0x6B657965645F636F)   # the coreset's inclusion draws
 #: candidates kept per k-means++ step beyond the L drawn: a leaving device's candidate is
 #: replaced by the next key
 SPARE = 4
@@ -47,6 +56,25 @@ TRIALS: int | None = None
 #: k-means++ starts: off, it won 3 of 540 fits on the natural federations, each by 0.01 %,
 #: and a forget followed its path (which moves on every forget) at 20-60 ms
 FARTHEST_START: bool = False
+
+
+#: above this many device centers the starts run on a keyed coreset of them
+#: (:func:`sampled_weighted_kmeans`): there 10 starts over all of them cost several times
+#: scikit-learn's k-means on the pooled rows, while below it every start runs on all of
+#: them (the natural federations hold < 5,000 and the unlearning benchmark 19,000)
+SAMPLED_ABOVE = 50_000
+#: the coreset's expected size: this many device centers per final cluster ...
+SAMPLE_PER_CLUSTER = 200
+#: ... and never fewer than this
+SAMPLE_MIN = 10_000
+
+
+def sample_size(n_centers: int, k: int) -> int | None:
+    """The coreset's expected size m on ``n_centers`` device centers, or None where every
+    start runs on all of them: ``m = max(SAMPLE_MIN, SAMPLE_PER_CLUSTER k)``, sampled only
+    above :data:`SAMPLED_ABOVE` centers and where they are more than ``2 m``."""
+    m = max(SAMPLE_MIN, SAMPLE_PER_CLUSTER * int(k))
+    return m if n_centers > max(SAMPLED_ABOVE, 2 * m) else None
 
 
 def n_trials(k: int) -> int:
@@ -140,8 +168,15 @@ def keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
 def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
     """The server's step: the best of the keyed k-means++ starts (and the farthest-first
     start where :data:`FARTHEST_START` is on)."""
-    owner = np.repeat(np.asarray(device_ids, dtype=np.int64), [len(c) for c in centers])
-    local_index = np.concatenate([np.arange(len(c)) for c in centers])
+    sizes = np.fromiter(map(len, centers), dtype=np.int64, count=len(centers))
+    owner = np.repeat(np.asarray(device_ids, dtype=np.int64), sizes)
+    local_index = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    m = sample_size(len(C), k)
+    if m is not None:
+        res = sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, max_iter=max_iter,
+                                      tol=tol)
+        if res is not None:
+            return res
     c_sq = (C * C).sum(axis=1)
     c_var = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
     _, ff, pp = keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed)
@@ -160,6 +195,78 @@ def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
         if best is None or res.inertia < best.inertia:
             best = res
     return best
+
+
+def keyed_coreset(C, w, c_sq, owner, local_index, seed, m):
+    """Rows and weights of a lightweight coreset of the weighted device centers, drawn by
+    keys: ``(rows (n_s,), weights (n_s,))``.
+
+    Bachem, Lucic & Krause (KDD 2018): center i (weight w_i) has the importance
+    ``q_i = ½ w_i / W + ½ w_i ‖c_i − μ‖² / Σ_j w_j ‖c_j − μ‖²`` (μ the weighted mean,
+    W = Σ w). Each center is kept on its own with probability ``π_i = min(1, m q_i)``,
+    by a uniform keyed by (run seed, device id, center index) — Poisson sampling, so
+    whether a device's center is in does not depend on its position or on the other
+    devices' draws — and weighted ``w_i / π_i``. About m centers are kept (their number
+    is a sum of independent draws: m ± 2√m).
+
+    Guarantee (the paper's, for m independent draws by q): with
+    ``m ≥ c (d k log k + log 1/δ) / ε²``, with probability ≥ 1 − δ every set Q of k
+    centers costs on the coreset within ``ε/2 cost(Q) + ε/2 cost({μ})`` of its weighted
+    cost on all centers. Poisson sampling keeps what that rests on: for every Q the
+    coreset's cost is an unbiased sum of independent terms, each center's term at most
+    its term under the paper's draws (``π_i ≥`` its draw rate ``m q_i`` or it is always
+    kept, contributing no variance).
+    """
+    W = float(w.sum())
+    mu = (w @ C) / W
+    d2 = np.maximum(c_sq - 2.0 * (C @ mu) + float(mu @ mu), 0.0)
+    wd = w * d2
+    total = float(wd.sum())
+    q = 0.5 * w / W + (0.5 * wd / total if total > 0 else 0.5 * w / W)
+    pi = np.minimum(1.0, m * q)
+    u = key_uniforms(_row_keys(seed, owner, local_index, _SAMPLE_BRANCH), 0, 0)
+    rows = np.flatnonzero(u < pi)
+    return rows, w[rows] / pi[rows]
+
+
+def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, tol):
+    """The server's step on many device centers: keyed greedy k-means++ starts
+    (:func:`keyed_kmeans_plusplus`, :func:`~fedclust.kfed.server.weighted_starts` of
+    them for the coreset's size) and weighted Lloyd on a keyed coreset of about ``m``
+    centers (:func:`keyed_coreset`), the lowest coreset cost kept by strict ``<``, then
+    weighted Lloyd on all centers from its centers. None where no start could run
+    (fewer distinct sampled centers than k).
+
+    Time: O(N d) for the coreset, the starts as on m centers, then O(N k d) per round
+    of the final Lloyd. Lloyd never raises the cost, so the result costs at most what
+    the best coreset solution costs on all centers. Above
+    :data:`~fedclust.kfed.server.LARGE_N` centers the final Lloyd runs in row blocks
+    (:func:`~fedclust.core.kmeans.blocked_lloyd`: no weighted copy of the centers, so
+    millions of streamed devices' centers fit in memory)."""
+    c_sq = np.einsum("ij,ij->i", C, C)   # no (N, d) temporary
+    rows, ws = keyed_coreset(C, w, c_sq, owner, local_index, seed, m)
+    if len(rows) < k:
+        return None
+    S, s_sq = C[rows], c_sq[rows]
+    s_var = S.var(axis=0).mean() if len(rows) > 1 else 0.0
+    keys = row_keys(seed, owner[rows], local_index[rows])   # the all-centers seeding keys
+    best = None
+    for s in range(weighted_starts(len(rows), k)):
+        pp = keyed_kmeans_plusplus(S, k, ws, s_sq, keys, s)
+        if pp is None:
+            continue
+        res = lloyd(S, S[pp[0]], weights=ws, max_iter=max_iter, tol=tol, x_sq=s_sq,
+                    x_var=s_var)
+        if best is None or res.inertia < best.inertia:
+            best = res
+    if best is None:
+        return None
+    if len(C) > LARGE_N:
+        res = blocked_lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol)
+        res.centers = res.centers.astype(C.dtype, copy=False)   # float32 devices: float32
+        return res
+    return lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq,
+                 x_var=C.var(axis=0).mean())
 
 
 def canonical(labels: np.ndarray) -> np.ndarray:

@@ -46,6 +46,10 @@ __all__ = ["KFedProtocol", "KFedResult"]
 ACTION = "local_centers"
 #: devices with at most this many values are stacked into one array per batch
 _STACK_MAX = 4096
+#: the final centers label devices of fewer rows than this stacked together ...
+SHARED_FINISH_ROWS = 256
+#: ... in chunks of about this many rows (a few MB at d = 100)
+SHARED_FINISH_CHUNK = 16_384
 _SHAPE = attrgetter("shape")
 _DTYPE = attrgetter("dtype")
 
@@ -648,6 +652,46 @@ class KFedProtocol(Protocol):
             for o, s in zip(out, states):
                 if "n_clipped" in s:
                     o["n_clipped"] = s["n_clipped"]
+        return out
+
+    def client_finish_shared(self, message: Message | None, devices: Sequence[np.ndarray],
+                             states: Sequence[dict[str, np.ndarray]]
+                             ) -> list[dict[str, np.ndarray]]:
+        """:meth:`client_finish` of one final message that every device of ``devices`` got
+        (row i to ``devices[i]``, ``states[i]``): the final centers label the rows of small
+        devices stacked in chunks, one BLAS pass per chunk split back per device (the
+        labels of :meth:`client_finish`, without one call per device)."""
+        if (not isinstance(message, FinalCenters)
+                or type(self).client_finish is not KFedProtocol.client_finish):
+            return [self.client_finish(message, X, s) for X, s in zip(devices, states)]
+        C = np.asarray(message.centers)
+        out: list[dict[str, np.ndarray]] = [{} for _ in states]
+        chunk: list[tuple[int, np.ndarray]] = []
+        rows = 0
+
+        def label_chunk() -> None:
+            labels = assign(np.concatenate([X for _, X in chunk]), C)[0]
+            ends = np.cumsum([len(X) for _, X in chunk])
+            for (i, _), lab in zip(chunk, np.split(labels, ends[:-1])):
+                out[i]["labels"] = lab
+            chunk.clear()
+
+        for i, (X, s) in enumerate(zip(devices, states)):
+            if "local_labels" not in s:
+                continue
+            X = np.asarray(X, dtype=C.dtype)
+            if X.ndim != 2 or len(X) >= SHARED_FINISH_ROWS:   # large devices: alone
+                out[i]["labels"] = assign(X, C)[0]
+            else:
+                chunk.append((i, X))
+                rows += len(X)
+                if rows >= SHARED_FINISH_CHUNK:
+                    label_chunk()
+                    rows = 0
+            if "n_clipped" in s:
+                out[i]["n_clipped"] = s["n_clipped"]
+        if chunk:
+            label_chunk()
         return out
 
     def client_finish(self, message: Message | None, X: np.ndarray,

@@ -223,11 +223,21 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
                 memory.update(zip(zs, states))
         return finish_stacked(batch, datas, states)
 
+    finish_shared = getattr(protocol, "client_finish_shared", None)
+
+    def recorded_finish_shared(message: Any, datas: list, states: list) -> list:
+        if memory is not None:
+            memory.update((z, st) for z, st in zip(map(by_data.get, map(id, datas)), states)
+                          if z is not None)
+        return finish_shared(message, datas, states)
+
     protocol.start = recorded_start
     protocol.server_step = recorded_step
     protocol.client_finish = recorded_finish
     if finish_stacked is not None:
         protocol.client_finish_stacked = recorded_finish_stacked
+    if finish_shared is not None:
+        protocol.client_finish_shared = recorded_finish_shared
     protocol.kept_summaries = store   # a checkpointing transport saves and restores it
     try:
         yield store
@@ -237,4 +247,6 @@ def recording(protocol: Any, store: SummaryStore, memory: dict[int, Any] | None 
         del protocol.client_finish
         if finish_stacked is not None:
             del protocol.client_finish_stacked
+        if finish_shared is not None:
+            del protocol.client_finish_shared
         del protocol.kept_summaries
