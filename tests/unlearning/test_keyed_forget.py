@@ -53,6 +53,8 @@ def _splits_are_the_remaining_rows(tr):
     ex = tr.expl
     assert np.array_equal(ex.alive, tr.alive)
     for j, got in enumerate(ex.splits):
+        if got is keyed_trace.STALE:   # not worked out since its rows changed
+            continue
         rows = np.flatnonzero(ex.alive & (ex.labels == j))
         if not len(rows):
             assert got is None

@@ -14,7 +14,7 @@ import numpy as np
 from ..core.kmeans import BLOCK, sum_by_label, update_centers
 from .downdate import CERTIFY_SLACK, plain_step
 from .keyed import KEYED_NAMES, SPARE, keyed_starts, canonical, pick_start, row_keys
-from .explain import center_split, poor_answer, poor_answer_message
+from .explain import center_split, poor_answer, poor_answer_message, surely_quiet
 
 __all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of", "stacked"]
 
@@ -308,39 +308,58 @@ def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndar
     return out if len(out) == n else None
 
 
+#: a split not worked out since its center's rows changed (:func:`forget_warning`)
+STALE = "stale"
+
+
 @dataclass
 class _Explained:
-    """The explanation warning's reference: each row's final label and liveness when it was
-    worked out, and each final center's :class:`~fedclust.kfed.explain.CenterSplit` then (a
-    center whose rows are the same again keeps it: the same rows in the same order give
-    the same bits)."""
+    """The explanation warning's reference: each row's final label and liveness at the
+    last forget, and each final center's :class:`~fedclust.kfed.explain.CenterSplit` over
+    those rows (None: no row; :data:`STALE`: not worked out since its rows changed). A
+    center whose rows are the same again keeps its split: the same rows in the same order
+    give the same bits."""
 
     labels: np.ndarray
     alive: np.ndarray
     splits: list
 
 
-def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray):
+def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray,
+                   stats: tuple | None = None):
     """``(warning, reference)``: :func:`~fedclust.kfed.explain.explanation_warning` over the
-    remaining rows, bit for bit: a final center's split is worked out again only when a row
-    of it left or changed label since the reference; warning False where the trace lacks
-    the scatter."""
+    remaining rows, bit for bit; warning False where the trace lacks the scatter.
+
+    ``stats``: the final clusters' weighted sums (k, d), weights (k,) and weighted squared
+    norms (k,) over the remaining rows. Where they certify the warning quiet whatever the
+    splits (:func:`~fedclust.kfed.explain.surely_quiet`), no split is worked out: the
+    centers whose rows changed are marked stale. Otherwise every stale split, and every
+    split of a center a row of which left or changed label since the reference, is
+    worked out again over its remaining rows."""
     if tr.scatter is None:
         return False, None
     k = len(final)
     ex = tr.expl
     if ex is None or len(ex.splits) != k:
-        touched = range(k)
-        splits = [None] * k
+        splits = [STALE] * k
     else:
         changed = (labels != ex.labels) | (alive != ex.alive)
         touched = np.union1d(labels[changed & alive], ex.labels[changed & ex.alive])
         splits = list(ex.splits)
-    for j in touched:
-        rows = np.flatnonzero(alive & (labels == j))
-        splits[int(j)] = center_split(tr.C[rows], tr.w[rows], tr.scatter[rows]) \
-            if len(rows) else None
+        for j in touched.tolist():
+            splits[j] = STALE
     ex = _Explained(labels.copy(), alive.copy(), splits)
+    if stats is not None:
+        sums, n, sq = stats
+        scatter = np.bincount(labels[alive], weights=np.maximum(tr.scatter[alive], 0.0),
+                              minlength=k)
+        if surely_quiet(n, sums, sq, scatter, final):
+            return None, ex
+    for j in range(k):
+        if splits[j] is STALE:
+            rows = np.flatnonzero(alive & (labels == j))
+            splits[j] = center_split(tr.C[rows], tr.w[rows], tr.scatter[rows]) \
+                if len(rows) else None
     verdict = poor_answer(splits, final)
     if verdict is None:
         return None, ex

@@ -24,9 +24,12 @@ running the step again, start by start:
   the kept start's last update is computed again over the remaining rows in the fresh
   step's order (:func:`exact_means`), so the centers are the fresh step's bits.
 
-The explanation warning is worked out from the stacked summaries: a final center keeps its
-split (:func:`fedclust.kfed.explain.center_split`) from a reference while none of its rows
-left or changed label since then (:func:`fedclust.kfed.keyed_trace.forget_warning`). A near tie between two
+The explanation warning is worked out from the stacked summaries
+(:func:`fedclust.kfed.keyed_trace.forget_warning`): where the kept start's final cluster
+sums certify it quiet whatever the splits (:func:`fedclust.kfed.explain.surely_quiet`), no
+split is worked out; otherwise a final center keeps its split
+(:func:`fedclust.kfed.explain.center_split`) from a reference while none of its rows left
+or changed label since then, and the others are worked out again. A near tie between two
 starts' costs (or a start that cannot be traced) returns None: the server's step then
 runs in full.
 """
@@ -505,8 +508,9 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
     if F and 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
-    warning, expl = forget_warning(trace, alive, centers, labels) if protocol.summarise \
-        else (False, None)
+    Sb, Wb, Qb = (x[t_f] for x in outs[b][3])
+    warning, expl = forget_warning(trace, alive, centers, labels, (Sb, Wb, Qb)) \
+        if protocol.summarise else (False, None)
     if trace.expl is None:   # the reference serves any later forget of this trace too
         trace.expl = expl
     result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
