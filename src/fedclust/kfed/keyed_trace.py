@@ -99,6 +99,9 @@ class KeyedTrace:
     #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
     ff_start: bool = True
     c_sq: np.ndarray | None = None    # (N0,) each row's squared norm (a start run again)
+    #: per run, ``(t, name)`` where the last forget kept its labels at iteration t
+    #: unchanged: starts with one name partitioned the remaining rows alike (None: unknown)
+    parts: list | None = None
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..core.kmeans import squared_distances, sum_by_label
 from .downdate import forget_result
-from .keyed import SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed import SPARE, keyed_kmeans_plusplus, n_trials, pick_start
 from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
                           traced_lloyd, forget_warning)
 from .server import farthest_first, pick_first_device, weighted_starts
@@ -478,15 +478,21 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         for s in order:
             _, over, t, _, _, _ = outs[s]
             run = new_runs[s][0] if s in new_runs else trace.runs[s]
-            lab = run.A[t].astype(np.int64)
-            lab[over[0]] = over[1]
+            lab = run.A[t]
+            if len(over[0]):
+                lab = lab.copy()
+                lab[over[0]] = over[1]
             finals.append(lab)
         # two runs can end in one partition only with the same cluster weights (sums of
-        # integer counts: exact in any order); only those are numbered and compared
+        # integer counts: exact in any order); only those are compared
         sizes = [tuple(np.sort(outs[s][3][1][outs[s][2]]).tolist()) for s in order]
-        parts = [canonical(f[alive]) if sizes.count(sizes[s]) > 1 else np.array([-1 - s])
-                 for s, f in enumerate(finals)]
-        b = pick_start(parts, inert, err)
+        # a start followed with its labels as at the last forget (no label changed, the
+        # same final iteration) keeps its partition there, less the leaving rows
+        known = [None if trace.parts is None or s in new_runs or len(outs[s][1][0])
+                 or trace.parts[s] is None or trace.parts[s][0] != outs[s][2]
+                 else trace.parts[s][1] for s in order]
+        names = _partition_classes(finals, sizes, alive, k, known)
+        b = pick_start([np.array([z]) for z in names], inert, err)
         if b is None:
             raise _Full("two starts' costs within rounding")
     except _Full as exc:
@@ -494,8 +500,10 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         return None
     finally:
         trace.alive = old_alive
+    # each start's partition name, where its final labels are its run's at t (no change)
+    parts = [None if len(outs[s][1][0]) else (outs[s][2], names[s]) for s in order]
     centers, _, t_f, _, _, prev = outs[b]
-    labels = finals[b]
+    labels = finals[b].astype(np.int64)
     if t_f >= 1 and trace.Cw is not None:   # the fresh step's bits: its last update again
         run = new_runs[b][0] if b in new_runs else trace.runs[b]
         lab = run.A[t_f - 1].astype(np.int64)
@@ -530,8 +538,48 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
                      expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
-                     c_sq=trace.c_sq)
+                     c_sq=trace.c_sq, parts=parts)
     return result, new
+
+
+def _partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
+                       known: list) -> list:
+    """Per start the first start with its partition of the remaining rows (``names[s] ==
+    s``: a new partition), for :func:`pick_start`. Only starts with the same cluster
+    weights are compared: label by label, through the map from one start's labels to the
+    other's; two starts whose ``known`` names (their partition at the last forget, of
+    labels unchanged since) are equal share it without a comparison."""
+    rows = None
+    kept: dict[int, np.ndarray] = {}
+    names = []
+    for s, f in enumerate(finals):
+        name = s
+        for r in sorted(set(names)):
+            if sizes[r] != sizes[s]:
+                continue
+            if known[s] is not None and known[s] == known[r]:
+                name = r
+                break
+            if rows is None:
+                rows = np.flatnonzero(alive)
+            a = kept[r] if r in kept else kept.setdefault(r, finals[r][rows])
+            b = kept[s] if s in kept else kept.setdefault(s, f[rows])
+            if _same_partition(a, b, k):
+                name = r
+                break
+        names.append(name)
+    return names
+
+
+def _same_partition(a: np.ndarray, b: np.ndarray, k: int) -> bool:
+    """Whether labels ``a`` and ``b`` (values below k) group the rows alike: the map
+    a -> b is a function (each a-cluster lies in one b-cluster) and one-to-one."""
+    to = np.full(k, -1, np.int64)
+    to[a] = b
+    if not np.array_equal(to[a], b):
+        return False
+    hit = to[to >= 0]
+    return len(np.unique(hit)) == len(hit)
 
 
 def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,
