@@ -102,6 +102,9 @@ class KeyedTrace:
     #: per run, ``(t, name)`` where the last forget kept its labels at iteration t
     #: unchanged: starts with one name partitioned the remaining rows alike (None: unknown)
     parts: list | None = None
+    #: ``(labels, alive, centers)`` of the kept start's last update at the last forget
+    #: (:func:`fedclust.kfed.keyed_unlearn.exact_means`)
+    means_ref: tuple | None = None
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -131,6 +134,8 @@ class KeyedTrace:
                 m3[gone] = 0.0
         if self.expl is not None:
             self.expl.labels[gone] = 0
+        if self.means_ref is not None:
+            self.means_ref[0][gone] = 0
 
 
 def _rank(order: np.ndarray) -> np.ndarray:

@@ -508,7 +508,10 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         run = new_runs[b][0] if b in new_runs else trace.runs[b]
         lab = run.A[t_f - 1].astype(np.int64)
         lab[prev[0]] = prev[1]
-        centers = exact_means(trace.Cw, trace.w, lab, alive, k)
+        centers = exact_means(trace.Cw, trace.w, lab, alive, k, trace.means_ref)
+        means_ref = (lab, alive, centers)
+    else:
+        means_ref = None
     local_centers = {z: trace.local_centers[z] for z in ids}
     local_counts = {z: trace.local_counts[z] for z in ids}
     center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
@@ -538,7 +541,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
                      expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
-                     c_sq=trace.c_sq, parts=parts)
+                     c_sq=trace.c_sq, parts=parts, means_ref=means_ref)
     return result, new
 
 
@@ -583,12 +586,32 @@ def _same_partition(a: np.ndarray, b: np.ndarray, k: int) -> bool:
 
 
 def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,
-                k: int) -> np.ndarray:
+                k: int, ref: tuple | None = None) -> np.ndarray:
     """The weighted means of the remaining rows by label with the bits of
     :func:`~fedclust.core.kmeans.update_centers` over the remaining rows stacked alone:
     the same one-hot product and weighted count, each cluster summed in row order (the
     removed rows go to a k-th cluster that is dropped, so they add nothing, not even a
-    rounding). ``Cw`` (N, d): the rows times their weights."""
+    rounding). ``Cw`` (N, d): the rows times their weights.
+
+    ``ref``: ``(labels, alive, centers)`` of an earlier call. A cluster whose rows are
+    the same (none left, joined or changed label) sums the same rows in the same order,
+    so it keeps its mean from there; only the others are summed again, over their rows
+    alone (each cluster's sum and count in row order, as over all rows)."""
+    if ref is not None and len(ref[2]) == k:
+        lab0, alive0, centers0 = ref
+        diff = (alive != alive0) | (labels != lab0)
+        touched = np.union1d(labels[diff & alive], lab0[diff & alive0])
+        centers = centers0.copy()
+        if len(touched):
+            to = np.full(k, len(touched))
+            to[touched] = np.arange(len(touched))
+            rows = np.flatnonzero(alive & (to[labels] < len(touched)))
+            lab = to[labels[rows]]
+            sums = np.zeros((len(touched), Cw.shape[1]))
+            sum_by_label(Cw[rows], lab, len(touched), sums)
+            counts = np.bincount(lab, weights=w[rows], minlength=len(touched))
+            centers[touched] = sums / counts[:, None]
+        return centers
     lab = np.where(alive, labels, k)
     sums = np.zeros((k + 1, Cw.shape[1]))
     sum_by_label(Cw, lab, k + 1, sums)
