@@ -574,3 +574,96 @@ def test_expanding_a_run_over_the_remaining_rows_keeps_the_stable_sort():
         ref = np.argsort(full, kind="stable")
         assert np.array_equal(out.order[t], ref)
         assert np.array_equal(out.margin_sorted[t], full[ref])
+
+
+@pytest.mark.parametrize("certify", [True, False])
+def test_the_quiet_certificate_and_its_fallback_give_the_retrains_warning(certify,
+                                                                       monkeypatch):
+    # six groups well apart in 20 dimensions (the warning is quiet, each group's pieces
+    # spread little against the whole cost): with the certificate, forgets work out no
+    # split (stale entries); with it failing, every stale split is worked out again, bit
+    # for bit the remaining rows' own. The warning (none) is a fresh fit's either way
+    if not certify:
+        monkeypatch.setattr(keyed_trace, "surely_quiet", lambda *a: False)
+    rng = np.random.default_rng(41)
+    means = rng.normal(size=(6, 20)) * 4
+    Xs = []
+    for _ in range(40):
+        own = rng.choice(6, size=2, replace=False)
+        n = int(rng.integers(40, 70))
+        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 20)))
+    ids = list(range(40))
+
+    def make():
+        return KFed(6, 2, server="weighted-kmeans++-keyed", random_state=7)
+
+    model = make().fit(Xs, device_ids=ids)
+    assert not model.run_log_.warnings
+    gone = []
+    stale = []
+    for z in [int(z) for z in rng.permutation(ids)[:4]]:
+        model.forget(devices=[z])
+        gone.append(z)
+        keep = [i for i in ids if i not in gone]
+        fresh = make().fit([Xs[i] for i in keep], device_ids=keep)
+        assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
+        np.testing.assert_array_equal(model.cluster_centers_, fresh.cluster_centers_)
+        assert np.array_equal(np.concatenate(model.center_labels_),
+                              np.concatenate(fresh.center_labels_))
+        if model.forget_log_[-1].path == "downdate":
+            tr = model._unlearning_.trace
+            stale.append(sum(s is keyed_trace.STALE for s in tr.expl.splits))
+            _splits_are_the_remaining_rows(tr)
+    assert stale and (all(n > 0 for n in stale) if certify else not any(stale))
+
+
+def test_exact_means_from_a_reference_sums_only_the_changed_clusters():
+    from fedclust.core.kmeans import update_centers
+
+    rng = np.random.default_rng(29)
+    n, d, k = 400, 5, 7
+    C = rng.normal(size=(n, d)) * 1e2
+    w = rng.integers(1, 30, size=n).astype(float)
+    Cw = C * w[:, None]
+    labels = rng.integers(0, k, size=n)
+    alive = rng.random(n) > 0.2
+    first = keyed_unlearn.exact_means(Cw, w, labels, alive, k)
+    # a device's rows leave and a few rows change label: clusters 0 and 1 only
+    alive2 = alive.copy()
+    alive2[np.flatnonzero(labels == 0)[:5]] = False
+    labels2 = labels.copy()
+    move = np.flatnonzero(alive2 & (labels == 1))[:3]
+    labels2[move] = 0
+    marked = first.copy()
+    marked[2:] = 12345.0   # the untouched clusters' means come from the reference
+    got = keyed_unlearn.exact_means(Cw, w, labels2, alive2, k, (labels, alive, marked))
+    want, _ = update_centers(C[alive2], labels2[alive2], k, w[alive2], np.zeros((k, d)),
+                             Cw[alive2])
+    np.testing.assert_array_equal(got[:2], want[:2])   # summed again: the fresh bits
+    assert (got[2:] == 12345.0).all()
+    # with the true reference every mean is the fresh step's, bit for bit
+    np.testing.assert_array_equal(
+        keyed_unlearn.exact_means(Cw, w, labels2, alive2, k, (labels, alive, first)), want)
+
+
+def test_partition_classes_name_starts_that_group_the_remaining_rows_alike():
+    rng = np.random.default_rng(5)
+    n, k = 300, 6
+    a = rng.integers(0, k, size=n)
+    perm = rng.permutation(k)
+    b = perm[a]                                   # a relabelling: the same partition
+    c = a.copy()
+    c[7] = (a[7] + 1) % k                         # one row moved: another partition
+    alive = np.ones(n, bool)
+    sizes = [1, 1, 1, 2]
+    e = rng.integers(0, k, size=n)                # another partition with other sizes
+    none = [None] * 4
+    assert keyed_unlearn._partition_classes([a, b, c, e], sizes, alive, k, none) == [0, 0, 2, 3]
+    # row 7 gone: c groups the remaining rows as a does
+    alive[7] = False
+    assert keyed_unlearn._partition_classes([a, b, c, e], sizes, alive, k, none) == [0, 0, 0, 3]
+    # a merge of two clusters (a function, not one-to-one) is another partition
+    m = np.where(a == 1, 0, a)
+    assert keyed_unlearn._partition_classes([a, m], [1, 1], alive, k, [None] * 2) == [0, 1]
+    # names known from the last forget (labels unchanged since) are taken as they are
+    assert keyed_unlearn._partition_classes([a, e], [1, 1], alive, k, [3, 3]) == [0, 0]
