@@ -105,6 +105,8 @@ class KeyedTrace:
     #: ``(labels, alive, centers)`` of the kept start's last update at the last forget
     #: (:func:`fedclust.kfed.keyed_unlearn.exact_means`)
     means_ref: tuple | None = None
+    #: (N0,) the final labels at the last forget (``center_labels`` are slices of them)
+    labels: np.ndarray | None = None
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -136,6 +138,8 @@ class KeyedTrace:
             self.expl.labels[gone] = 0
         if self.means_ref is not None:
             self.means_ref[0][gone] = 0
+        if self.labels is not None:
+            self.labels[gone] = 0
 
 
 def _rank(order: np.ndarray) -> np.ndarray:

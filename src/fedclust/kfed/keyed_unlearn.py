@@ -514,8 +514,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         means_ref = None
     local_centers = {z: trace.local_centers[z] for z in ids}
     local_counts = {z: trace.local_counts[z] for z in ids}
-    center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
-                     for z in ids}
+    center_labels = _center_labels(trace, ids, labels, alive)
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
     if F and 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
@@ -541,8 +540,21 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
                      expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
-                     c_sq=trace.c_sq, parts=parts, means_ref=means_ref)
+                     c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels)
     return result, new
+
+
+def _center_labels(tr: KeyedTrace, ids: list[int], labels: np.ndarray,
+                   alive: np.ndarray) -> dict:
+    """Each remaining device's slice of ``labels``; a device none of whose rows changed
+    label since the last forget keeps its array from there (the same values)."""
+    off, row_of = tr.offsets, tr.row_of
+    prev = tr.center_labels
+    if tr.labels is None or not prev:
+        return {z: labels[off[row_of[z]]:off[row_of[z] + 1]] for z in ids}
+    moved = set(np.unique(tr.owner[alive & (labels != tr.labels)]).tolist())
+    return {z: labels[off[row_of[z]]:off[row_of[z] + 1]] if z in moved else prev[z]
+            for z in ids}
 
 
 def _partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
