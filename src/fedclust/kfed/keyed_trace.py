@@ -125,6 +125,8 @@ class KeyedTrace:
             self.keys[gone] = 0
         if self.scatter is not None:
             self.scatter[gone] = 0.0
+        if self.c_sq is not None:
+            self.c_sq[gone] = 0.0
         for r in self.runs:
             r.A[:, gone] = 0
             if r.rank is None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+from scipy.sparse import csr_matrix
 
 from ..core.kmeans import squared_distances, sum_by_label
 from .downdate import forget_result
@@ -71,12 +72,18 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
     S, k, M = tr.cand.shape
     L = n_trials(k)
     CR, wR = tr.C[R], tr.w[R]
-    Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()]).reshape(len(R), S, k)
+    x_sq = None if tr.c_sq is None else tr.c_sq[R]
+    Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()], x_sq).reshape(len(R), S, k)
     before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
     before = np.concatenate([np.full((len(R), S, 1), np.inf), before[:, :, :-1]], axis=2)
     valid = tr.cand >= 0
     cand = np.where(valid, tr.cand, 0)
-    Dc = squared_distances(CR, tr.C[cand.ravel()]).reshape(len(R), S, k, M)
+    if tr.c_sq is None:
+        Dc = squared_distances(CR, tr.C[cand.ravel()])
+    else:   # the candidates' squared norms as kept (a certificate: any rounding serves)
+        Dc = x_sq[:, None] - 2.0 * (CR @ tr.C[cand.ravel()].T) + tr.c_sq[cand.ravel()]
+        np.maximum(Dc, 0.0, out=Dc)
+    Dc = Dc.reshape(len(R), S, k, M)
     share = np.einsum("r,rskm->skm", wR, np.minimum(before[..., None], Dc))
     pots = np.where(valid, tr.pots - share, np.inf)
     # the new candidates: the first L remaining of the kept key order
@@ -615,14 +622,18 @@ def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.nda
         touched = np.union1d(labels[diff & alive], lab0[diff & alive0])
         centers = centers0.copy()
         if len(touched):
-            to = np.full(k, len(touched))
-            to[touched] = np.arange(len(touched))
-            rows = np.flatnonzero(alive & (to[labels] < len(touched)))
+            # the touched clusters' one-hot rows over all rows (the others' columns
+            # empty): each cluster summed in row order by the same product
+            t = len(touched)
+            to = np.full(k, t)
+            to[touched] = np.arange(t)
+            rows = np.flatnonzero(alive & (to[labels] < t))
             lab = to[labels[rows]]
-            sums = np.zeros((len(touched), Cw.shape[1]))
-            sum_by_label(Cw[rows], lab, len(touched), sums)
-            counts = np.bincount(lab, weights=w[rows], minlength=len(touched))
-            centers[touched] = sums / counts[:, None]
+            by = np.argsort(lab, kind="stable")
+            indptr = np.concatenate([[0], np.cumsum(np.bincount(lab, minlength=t))])
+            onehot = csr_matrix((np.ones(len(rows)), rows[by], indptr), shape=(t, len(Cw)))
+            counts = np.bincount(lab, weights=w[rows], minlength=t)
+            centers[touched] = (onehot @ Cw) / counts[:, None]
         return centers
     lab = np.where(alive, labels, k)
     sums = np.zeros((k + 1, Cw.shape[1]))
