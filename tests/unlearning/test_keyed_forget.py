@@ -105,6 +105,8 @@ def test_random_forget_sequences_equal_a_retrain(trial):
             tr = model._unlearning_.trace
             dead = ~tr.alive
             assert dead.sum() >= 2 and not tr.C[dead].any() and not tr.w[dead].any()
+            assert not tr.c_sq[dead].any() and not tr.labels[dead].any()
+            assert tr.means_ref is None or not tr.means_ref[0][dead].any()
             for run in tr.runs:
                 assert not run.A[:, dead].any()
                 for order, m in zip(run.order, run.margin_sorted):
