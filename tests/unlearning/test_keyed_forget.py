@@ -50,8 +50,14 @@ def _check(model, Xs, ids, gone):
 def _splits_are_the_remaining_rows(tr):
     """The warning's kept per-center splits are those of the remaining rows, bit for bit
     (nothing of a forgotten row stays in them)."""
+    from fedclust.kfed.explain import split_bound
+
     ex = tr.expl
     assert np.array_equal(ex.alive, tr.alive)
+    for j, got in enumerate(ex.bounds):   # kept bounds: those of the remaining rows
+        if got is not keyed_trace.STALE:
+            rows = np.flatnonzero(ex.alive & (ex.labels == j))
+            assert got == split_bound(tr.C[rows], tr.w[rows])
     for j, got in enumerate(ex.splits):
         if got is keyed_trace.STALE:   # not worked out since its rows changed
             continue
@@ -578,14 +584,20 @@ def test_expanding_a_run_over_the_remaining_rows_keeps_the_stable_sort():
         assert np.array_equal(out.margin_sorted[t], full[ref])
 
 
-@pytest.mark.parametrize("certify", [True, False])
+@pytest.mark.parametrize("certify", ["sums", "bounds", "none"])
 def test_the_quiet_certificate_and_its_fallback_give_the_retrains_warning(certify,
                                                                        monkeypatch):
     # six groups well apart in 20 dimensions (the warning is quiet, each group's pieces
-    # spread little against the whole cost): with the certificate, forgets work out no
-    # split (stale entries); with it failing, every stale split is worked out again, bit
-    # for bit the remaining rows' own. The warning (none) is a fresh fit's either way
-    if not certify:
+    # spread little against the whole cost): with the certificate from the sums, forgets
+    # work out no split (stale entries); from the per-center bounds (the sums' forced to
+    # fail), no split either; with both failing, every stale split is worked out again,
+    # bit for bit the remaining rows' own. The warning (none) is a fresh fit's each time
+    from fedclust.kfed.explain import surely_quiet
+
+    if certify == "bounds":
+        monkeypatch.setattr(keyed_trace, "surely_quiet",
+                            lambda *a: len(a) == 6 and surely_quiet(*a))
+    elif certify == "none":
         monkeypatch.setattr(keyed_trace, "surely_quiet", lambda *a: False)
     rng = np.random.default_rng(41)
     means = rng.normal(size=(6, 20)) * 4
@@ -616,7 +628,7 @@ def test_the_quiet_certificate_and_its_fallback_give_the_retrains_warning(certif
             tr = model._unlearning_.trace
             stale.append(sum(s is keyed_trace.STALE for s in tr.expl.splits))
             _splits_are_the_remaining_rows(tr)
-    assert stale and (all(n > 0 for n in stale) if certify else not any(stale))
+    assert stale and (all(n > 0 for n in stale) if certify != "none" else not any(stale))
 
 
 def test_exact_means_from_a_reference_sums_only_the_changed_clusters():

@@ -14,7 +14,8 @@ import numpy as np
 from ..core.kmeans import BLOCK, sum_by_label, update_centers
 from .downdate import CERTIFY_SLACK, plain_step
 from .keyed import KEYED_NAMES, SPARE, keyed_starts, canonical, pick_start, row_keys
-from .explain import center_split, poor_answer, poor_answer_message, surely_quiet
+from .explain import (center_split, poor_answer, poor_answer_message, split_bound,
+                      surely_quiet)
 
 __all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of", "stacked"]
 
@@ -337,6 +338,9 @@ class _Explained:
     labels: np.ndarray
     alive: np.ndarray
     splits: list
+    #: per center :func:`~fedclust.kfed.explain.split_bound` over those rows (STALE: not
+    #: worked out since its rows changed)
+    bounds: list = None
 
 
 def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray,
@@ -347,33 +351,47 @@ def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels:
     ``stats``: the final clusters' weighted sums (k, d), weights (k,) and weighted squared
     norms (k,) over the remaining rows. Where they certify the warning quiet whatever the
     splits (:func:`~fedclust.kfed.explain.surely_quiet`), no split is worked out: the
-    centers whose rows changed are marked stale. Otherwise every stale split, and every
-    split of a center a row of which left or changed label since the reference, is
-    worked out again over its remaining rows."""
+    centers whose rows changed are marked stale. Where they do not, each center's
+    :func:`~fedclust.kfed.explain.split_bound` (kept while its rows stay the same) may
+    certify it; otherwise every stale split, and every split of a center a row of which
+    left or changed label since the reference, is worked out again over its remaining
+    rows."""
     if tr.scatter is None:
         return False, None
     k = len(final)
     ex = tr.expl
-    if ex is None or len(ex.splits) != k:
-        splits = [STALE] * k
+    if ex is None or len(ex.splits) != k or ex.bounds is None:
+        splits, bounds = [STALE] * k, [STALE] * k
     else:
         changed = (labels != ex.labels) | (alive != ex.alive)
         touched = np.union1d(labels[changed & alive], ex.labels[changed & ex.alive])
-        splits = list(ex.splits)
+        splits, bounds = list(ex.splits), list(ex.bounds)
         for j in touched.tolist():
-            splits[j] = STALE
-    ex = _Explained(labels.copy(), alive.copy(), splits)
+            splits[j] = bounds[j] = STALE
+    ex = _Explained(labels.copy(), alive.copy(), splits, bounds)
+    rows_of = {}
+
+    def rows(j):
+        if j not in rows_of:
+            rows_of[j] = np.flatnonzero(alive & (labels == j))
+        return rows_of[j]
+
     if stats is not None:
         sums, n, sq = stats
         scatter = np.bincount(labels[alive], weights=np.maximum(tr.scatter[alive], 0.0),
                               minlength=k)
         if surely_quiet(n, sums, sq, scatter, final):
             return None, ex
+        for j in range(k):
+            if bounds[j] is STALE:
+                r = rows(j)
+                bounds[j] = split_bound(tr.C[r], tr.w[r])
+        if surely_quiet(n, sums, sq, scatter, final, np.array(bounds)):
+            return None, ex
     for j in range(k):
         if splits[j] is STALE:
-            rows = np.flatnonzero(alive & (labels == j))
-            splits[j] = center_split(tr.C[rows], tr.w[rows], tr.scatter[rows]) \
-                if len(rows) else None
+            r = rows(j)
+            splits[j] = center_split(tr.C[r], tr.w[r], tr.scatter[r]) if len(r) else None
     verdict = poor_answer(splits, final)
     if verdict is None:
         return None, ex
