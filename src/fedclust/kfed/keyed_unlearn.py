@@ -117,7 +117,8 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
 PREFIX = 2048
 
 
-def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
+def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
+            n_alive: int | None = None):
     """:func:`_replay` for its common case, every iteration at once: where no remaining row
     changes its label at any iteration up to the run's stop, the run's centers at every
     iteration are its downdated sums over its downdated weights. Returns :func:`_replay`'s
@@ -125,6 +126,8 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     same certificates, stop rules and rounding allowances as :func:`_replay`."""
     order, msort, runner, m3, mv_rows, mv_t = stacked(run)
     alive = tr.alive
+    if n_alive is None:
+        n_alive = int(alive.sum())
     T = len(run.cs) - 1
     k = run.cs.shape[1]
     abs_tol = tr.tol * var
@@ -160,7 +163,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     thr = 2.0 * s + tr.slack
     # the removed rows' margins stay in the sorted arrays (a run traced again puts them
     # first): PREFIX margins of remaining rows at least
-    P = min(PREFIX + len(alive) - int(alive.sum()), len(alive))
+    P = min(PREFIX + len(alive) - n_alive, len(alive))
     pm = msort[:tt, :P]
     if P < len(alive) and (pm[:, -1] <= thr).any():
         return None
@@ -179,7 +182,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
         dr = np.sqrt(((X - c[ti[pair], r[pair]]) ** 2).sum(axis=1))
         keep[pair[dr - da > tr.slack]] = False
     q = np.flatnonzero(keep)
-    if len(q) > _DOUBT_SHARE * int(alive.sum()) * tt:
+    if len(q) > _DOUBT_SHARE * n_alive * tt:
         return None
     bounds = np.searchsorted(ti[q], np.arange(tt + 1))
     for t in np.flatnonzero(np.diff(bounds)).tolist():   # the rest: every center
@@ -461,7 +464,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                 continue
             based[s] = _downdated(run, R, CwR, trace.w[R], qR, k)
             try:
-                outs[s] = _follow(trace, based[s], var, var_err)
+                outs[s] = _follow(trace, based[s], var, var_err, n)
                 if outs[s] is None:
                     outs[s] = _replay(trace, based[s], var, var_err)
             except _Full as exc:
