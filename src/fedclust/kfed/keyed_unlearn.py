@@ -397,18 +397,32 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
 MAX_RERUN_SHARE = 1.0
 
 
-def _downdated(run: RunTrace, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
-               k: int) -> RunTrace:
-    """The run's statistics at every iteration less the rows R (their labels unchanged)."""
-    T1, d = len(run.cs), run.S.shape[2]
-    idx = (np.arange(T1)[:, None] * k + run.A[:, R].astype(np.int64)).ravel()
-    S = run.S.reshape(T1 * k, d).copy()
-    np.subtract.at(S, idx, np.tile(CwR, (T1, 1)))
-    W = run.W.ravel() - np.bincount(idx, weights=np.tile(wR, T1), minlength=T1 * k)
-    Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
-    return RunTrace(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
-                run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
-                run.margin3, run.rank, run.stack)
+def _downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
+               k: int) -> dict:
+    """Each run's statistics at every iteration less the rows R (their labels unchanged),
+    for all the runs ``{start: run}`` at once: each (run, iteration, cluster) loses its
+    rows of R in R's order, as run by run."""
+    if not runs:
+        return {}
+    d = next(iter(runs.values())).S.shape[2]
+    T1s = [len(r.cs) for r in runs.values()]
+    base = np.cumsum([0] + [t * k for t in T1s])
+    idx = np.concatenate([(b + np.arange(t)[:, None] * k + r.A[:, R].astype(np.int64)).ravel()
+                          for b, t, r in zip(base, T1s, runs.values())])
+    S = np.concatenate([r.S.reshape(-1, d) for r in runs.values()])
+    np.subtract.at(S, idx, np.tile(CwR, (sum(T1s), 1)))
+    W = np.concatenate([r.W.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(wR, sum(T1s)), minlength=len(S))
+    Q = np.concatenate([r.Q.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(qR, sum(T1s)), minlength=len(S))
+    out = {}
+    for (s, run), b, t in zip(runs.items(), base, T1s):
+        part = slice(b, b + t * k)
+        out[s] = RunTrace(run.cs, run.A, S[part].reshape(t, k, d), W[part].reshape(t, k),
+                          Q[part].reshape(t, k), run.W0, run.moved, run.order,
+                          run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
+                          run.stack)
+    return out
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
@@ -458,11 +472,9 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         outs: dict[int, tuple] = {}
         CwR = trace.C[R] * trace.w[R][:, None]
         qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
-        based: dict[int, RunTrace] = {}
-        for s, run in enumerate(trace.runs):
-            if s in reruns:
-                continue
-            based[s] = _downdated(run, R, CwR, trace.w[R], qR, k)
+        based = _downdated({s: run for s, run in enumerate(trace.runs) if s not in reruns},
+                           R, CwR, trace.w[R], qR, k)
+        for s in based:
             try:
                 outs[s] = _follow(trace, based[s], var, var_err, n)
                 if outs[s] is None:
