@@ -113,6 +113,11 @@ def test_random_forget_sequences_equal_a_retrain(trial):
             assert dead.sum() >= 2 and not tr.C[dead].any() and not tr.w[dead].any()
             assert not tr.c_sq[dead].any() and not tr.labels[dead].any()
             assert tr.means_ref is None or not tr.means_ref[0][dead].any()
+            if tr.cand_rows is not None:   # the candidates' gathered rows
+                slot = tr.cand_rows[0].ravel()
+                gone_slot = (slot >= 0) & dead[np.maximum(slot, 0)]
+                assert not tr.cand_rows[1][gone_slot].any()
+                assert not tr.cand_rows[2][gone_slot].any()
             for run in tr.runs:
                 assert not run.A[:, dead].any()
                 for order, m in zip(run.order, run.margin_sorted):

@@ -108,6 +108,9 @@ class KeyedTrace:
     means_ref: tuple | None = None
     #: (N0,) the final labels at the last forget (``center_labels`` are slices of them)
     labels: np.ndarray | None = None
+    #: ``(cand, rows, squared norms)``: the device centers at the candidates' slots of
+    #: ``cand`` (S * k * L, d), gathered once for the seeds' certificate
+    cand_rows: tuple | None = None
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -143,6 +146,11 @@ class KeyedTrace:
             self.means_ref[0][gone] = 0
         if self.labels is not None:
             self.labels[gone] = 0
+        if self.cand_rows is not None:
+            cand = self.cand_rows[0].ravel()
+            dead_slot = (cand >= 0) & dead[np.maximum(cand, 0)]
+            self.cand_rows[1][dead_slot] = 0.0
+            self.cand_rows[2][dead_slot] = 0.0
 
 
 def _rank(order: np.ndarray) -> np.ndarray:

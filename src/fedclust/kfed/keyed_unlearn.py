@@ -78,11 +78,16 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
     before = np.concatenate([np.full((len(R), S, 1), np.inf), before[:, :, :-1]], axis=2)
     valid = tr.cand >= 0
     cand = np.where(valid, tr.cand, 0)
-    if tr.c_sq is None:
-        Dc = squared_distances(CR, tr.C[cand.ravel()])
-    else:   # the candidates' squared norms as kept (a certificate: any rounding serves)
-        Dc = x_sq[:, None] - 2.0 * (CR @ tr.C[cand.ravel()].T) + tr.c_sq[cand.ravel()]
-        np.maximum(Dc, 0.0, out=Dc)
+    if tr.cand_rows is None or tr.cand_rows[0] is not tr.cand:   # gathered once per trace
+        Y = tr.C[cand.ravel()]
+        tr.cand_rows = (tr.cand, Y, (Y * Y).sum(axis=1) if tr.c_sq is None
+                        else tr.c_sq[cand.ravel()])
+    _, Y, y_sq = tr.cand_rows
+    if x_sq is None:
+        x_sq = (CR * CR).sum(axis=1)
+    # a certificate: any rounding of the distances serves
+    Dc = x_sq[:, None] - 2.0 * (CR @ Y.T) + y_sq
+    np.maximum(Dc, 0.0, out=Dc)
     Dc = Dc.reshape(len(R), S, k, M)
     share = np.einsum("r,rskm->skm", wR, np.minimum(before[..., None], Dc))
     pots = np.where(valid, tr.pots - share, np.inf)
@@ -562,7 +567,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
                      expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
-                     c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels)
+                     c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
+                     cand_rows=trace.cand_rows if cand is trace.cand else None)
     return result, new
 
 
