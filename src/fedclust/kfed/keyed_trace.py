@@ -165,6 +165,17 @@ def _wipe_sorted(m: np.ndarray, pos: np.ndarray, order: np.ndarray, dead: np.nda
     just above them, the value of the nearest lower remaining row (-inf at the head): the
     array stays sorted and holds nothing of the removed rows."""
     n = len(m)
+    if not len(pos):
+        return
+    # runs of consecutive positions take the value below their first; where no run is
+    # followed by an earlier wiped position, that is all (the loop below gives the same)
+    cut = np.flatnonzero(np.diff(pos) != 1) + 1
+    first, last = pos[np.r_[0, cut]], pos[np.r_[cut - 1, len(pos) - 1]]
+    after = last[last + 1 < n] + 1
+    if not dead[order[after]].any():
+        below = np.where(first > 0, m[np.maximum(first - 1, 0)], -np.inf)
+        m[pos] = np.repeat(below, np.diff(np.r_[0, cut, len(pos)]))
+        return
     for p in pos.tolist():
         v = m[p - 1] if p else -np.inf
         m[p] = v
