@@ -169,12 +169,13 @@ def _wipe_sorted(m: np.ndarray, pos: np.ndarray, order: np.ndarray, dead: np.nda
         return
     # runs of consecutive positions take the value below their first; where no run is
     # followed by an earlier wiped position, that is all (the loop below gives the same)
-    cut = np.flatnonzero(np.diff(pos) != 1) + 1
-    first, last = pos[np.r_[0, cut]], pos[np.r_[cut - 1, len(pos) - 1]]
-    after = last[last + 1 < n] + 1
-    if not dead[order[after]].any():
+    starts = np.flatnonzero(np.diff(pos, prepend=-2) != 1)   # each run's first index
+    ends = np.append(starts[1:], len(pos))                     # and one past its last
+    after = pos[ends - 1] + 1
+    if not dead[order[after[after < n]]].any():
+        first = pos[starts]
         below = np.where(first > 0, m[np.maximum(first - 1, 0)], -np.inf)
-        m[pos] = np.repeat(below, np.diff(np.r_[0, cut, len(pos)]))
+        m[pos] = np.repeat(below, ends - starts)
         return
     for p in pos.tolist():
         v = m[p - 1] if p else -np.inf
