@@ -165,18 +165,6 @@ def _wipe_sorted(m: np.ndarray, pos: np.ndarray, order: np.ndarray, dead: np.nda
     just above them, the value of the nearest lower remaining row (-inf at the head): the
     array stays sorted and holds nothing of the removed rows."""
     n = len(m)
-    if not len(pos):
-        return
-    # runs of consecutive positions take the value below their first; where no run is
-    # followed by an earlier wiped position, that is all (the loop below gives the same)
-    starts = np.flatnonzero(np.diff(pos, prepend=-2) != 1)   # each run's first index
-    ends = np.append(starts[1:], len(pos))                     # and one past its last
-    after = pos[ends - 1] + 1
-    if not dead[order[after[after < n]]].any():
-        first = pos[starts]
-        below = np.where(first > 0, m[np.maximum(first - 1, 0)], -np.inf)
-        m[pos] = np.repeat(below, ends - starts)
-        return
     for p in pos.tolist():
         v = m[p - 1] if p else -np.inf
         m[p] = v
