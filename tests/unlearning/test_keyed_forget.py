@@ -686,3 +686,36 @@ def test_partition_classes_name_starts_that_group_the_remaining_rows_alike():
     assert keyed_unlearn._partition_classes([a, m], [1, 1], alive, k, [None] * 2) == [0, 1]
     # names known from the last forget (labels unchanged since) are taken as they are
     assert keyed_unlearn._partition_classes([a, e], [1, 1], alive, k, [3, 3]) == [0, 0]
+
+
+def test_traced_lloyd_from_a_variance_estimate_gives_the_exact_runs_bits():
+    # the stop rule decided from an estimate with an error bound: the exact variance is
+    # worked out only where a shift lies within the bound, and the run is the same
+    rng = np.random.default_rng(8)
+    means = rng.normal(size=(5, 4)) * 3
+    C = means[rng.integers(5, size=600)] + rng.normal(size=(600, 4))
+    w = rng.integers(1, 20, size=600).astype(float)
+    c_sq, Cw = (C * C).sum(axis=1), C * w[:, None]
+    var = C.var(axis=0).mean()
+    init = C[rng.choice(600, size=5, replace=False)]
+    for tol in (1e-4, 1e-2, 0.3):
+        want = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, var, 100, tol)
+        for err in (var * 1e-11, np.inf):   # a close estimate; none at all
+            calls = []
+
+            def exact():
+                calls.append(1)
+                return var
+
+            got = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq,
+                                           (var * (1 + 1e-12), err, exact), 100, tol)
+            assert got.reason == want.reason
+            np.testing.assert_array_equal(got.cs, want.cs)
+            np.testing.assert_array_equal(got.A, want.A)
+            if err == np.inf:   # every shift in doubt: worked out once, at the first
+                assert len(calls) == (len(want.cs) > 1)
+    # far from every stop by shift, the exact variance is never asked for
+    never = (var, var * 1e-11, lambda: 1 / 0)
+    run = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, never, 100, 1e-12)
+    np.testing.assert_array_equal(
+        run.cs, keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, var, 100, 1e-12).cs)

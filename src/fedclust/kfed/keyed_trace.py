@@ -228,10 +228,22 @@ def _assign_margin(X, centers, x_sq):
 
 def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     """:func:`lloyd`'s loop (same kernels, same bits) keeping what a forget needs; None
-    where it relocated an emptied cluster."""
+    where it relocated an emptied cluster. ``c_var``: the rows' mean feature variance, or
+    ``(estimate, error bound, exact)`` with ``exact()`` giving it: worked out only where a
+    shift lies within ``tol`` times the bound of ``tol`` times the estimate (elsewhere
+    the stop rule decides alike)."""
     k = len(init)
     centers = np.array(init, dtype=C.dtype, copy=True)
-    abs_tol = tol * c_var
+    hint = c_var if isinstance(c_var, tuple) else None
+    abs_tol = None if hint else tol * c_var
+
+    def stops(shift):
+        nonlocal abs_tol
+        if abs_tol is None:
+            if abs(shift - tol * hint[0]) > tol * hint[1]:
+                return shift <= tol * hint[0]
+            abs_tol = tol * hint[2]()
+        return shift <= abs_tol
     cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
     r2s, m3s = [], []
     for _ in range(max_iter):
@@ -250,7 +262,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
         shift = ((new_centers - centers) ** 2).sum()
         centers = new_centers
         cs.append(centers)
-        if shift <= abs_tol:
+        if stops(shift):
             reason = "shift"
             break
     if reason != "labels":

@@ -313,18 +313,27 @@ class _Remaining:
     C: np.ndarray
     w: np.ndarray
     c_sq: np.ndarray
-    c_var: float
+    c_var: tuple   # (estimate, error bound, exact()): see traced_lloyd
     Cw: np.ndarray
 
 
-def _remaining(tr: KeyedTrace, alive: np.ndarray) -> _Remaining:
+def _remaining(tr: KeyedTrace, alive: np.ndarray, var: float, var_err: float) -> _Remaining:
     rows = np.flatnonzero(alive)
     C = tr.C[rows]
     w = tr.w[rows]
     # squared norms and weighted rows are per row: the trace's are the fresh step's bits
     c_sq = (C * C).sum(axis=1) if tr.c_sq is None else tr.c_sq[rows]
     Cw = C * w[:, None] if tr.Cw is None else tr.Cw[rows]
-    return _Remaining(rows, C, w, c_sq, C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, Cw)
+    # the fresh step's variance (its bits) is worked out only where a stop rule needs it;
+    # elsewhere the downdated one decides alike (traced_lloyd)
+    exact = {}
+
+    def c_var() -> float:
+        if "v" not in exact:
+            exact["v"] = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
+        return exact["v"]
+
+    return _Remaining(rows, C, w, c_sq, (var, var_err, c_var), Cw)
 
 
 def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
@@ -488,7 +497,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                 reruns[s] = exc.args[0] if exc.args else "uncertified"
         if len(reruns) > MAX_RERUN_SHARE * len(trace.runs):
             raise _Full(f"{len(reruns)} starts cannot be followed")
-        rem = _remaining(trace, alive) if reruns else None
+        rem = _remaining(trace, alive, var, var_err) if reruns else None
         new_runs: dict[int, tuple] = {}
         for s in sorted(reruns):
             new_runs[s] = _rerun(protocol, trace, rem, s, ids,
