@@ -156,3 +156,118 @@ def test_quiet_on_a_good_fit_and_fires_on_merged_groups_at_any_fineness(n_local)
                                 list(range(16)))
     assert right is None
 
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_surely_quiet_holds_for_every_split_of_the_pieces(seed):
+    # small sets of 1-D and 2-D pieces under k final centers: where surely_quiet says
+    # quiet, poor_answer is None for every choice of each center's 2-way partition of its
+    # pieces (not only center_split's), enumerated in full; and it says quiet on some
+    from fedclust.kfed.explain import CenterSplit, split_bound, surely_quiet
+
+    rng = np.random.default_rng(seed)
+    d, k = 1 + seed % 2, 3
+    quiet_seen = 0
+    for trial in range(12):
+        spread = [0.3, 1.0, 4.0][trial % 3]
+        means = rng.normal(size=(k, d)) * 10
+        lab = np.repeat(np.arange(k), 4)
+        C = means[lab] + rng.normal(size=(len(lab), d)) * spread
+        w = rng.integers(1, 9, size=len(lab)).astype(float)
+        S = rng.random(len(lab)) * w * d
+        final = np.stack([(C[lab == j] * w[lab == j, None]).sum(0) / w[lab == j].sum()
+                          for j in range(k)]) + rng.normal(size=(k, d)) * 0.1 * (trial % 2)
+        n = np.bincount(lab, weights=w, minlength=k)
+        sums = np.stack([(C[lab == j] * w[lab == j, None]).sum(0) for j in range(k)])
+        sq = np.bincount(lab, weights=w * (C * C).sum(1), minlength=k)
+        sc = np.bincount(lab, weights=S, minlength=k)
+        bound = np.array([split_bound(C[lab == j], w[lab == j]) for j in range(k)])
+        plain = surely_quiet(n, sums, sq, sc, final)
+        assert not plain or surely_quiet(n, sums, sq, sc, final, bound)   # tighter
+        if not surely_quiet(n, sums, sq, sc, final, bound):
+            continue
+        quiet_seen += 1
+        options = []
+        for j in range(k):
+            Cj, wj, Sj = C[lab == j], w[lab == j], S[lab == j]
+            base = center_split(Cj, wj, Sj)
+            opts = []
+            for mask in itertools.product([True, False], repeat=len(Cj)):
+                side = np.array(mask)
+                if side.all() or not side.any():
+                    continue
+                h = np.array([wj[side].sum(), wj[~side].sum()])
+                hm = np.stack([(Cj[side] * wj[side, None]).sum(0) / h[0],
+                               (Cj[~side] * wj[~side, None]).sum(0) / h[1]])
+                diff = hm[0] - hm[1]
+                gain = float(h[0] * h[1] / base.n * (diff ** 2).sum())
+                assert gain <= bound[j]   # every split's gain is within the bound
+                # along: its least (the pieces' scatter alone) makes the one-group test
+                # as easy to pass as it can be
+                opts.append(CenterSplit(base.n, base.mean, base.cost, h, hm, gain,
+                                        float(Sj.sum())))
+            options.append(opts)
+        for combo in itertools.product(*options):
+            assert poor_answer(list(combo), final) is None
+    assert quiet_seen >= 1
+
+
+def test_surely_quiet_is_not_claimed_where_the_warning_fires():
+    # the hand cases above that warn: merged groups, an unsettled center, one center over
+    # two groups; with the per-center bounds too
+    from fedclust.kfed.explain import split_bound, surely_quiet
+
+    def stats(labels, k, P=PIECES):
+        labels = np.asarray(labels)
+        n = np.bincount(labels, weights=COUNTS, minlength=k)
+        sums = np.stack([(P[labels == j] * COUNTS[labels == j, None]).sum(0)
+                         for j in range(k)])
+        sq = np.bincount(labels, weights=COUNTS * (P ** 2).sum(1), minlength=k)
+        return n, sums, sq, np.bincount(labels, weights=SCATTER, minlength=k)
+
+    def bounds(labels, k):
+        labels = np.asarray(labels)
+        return np.array([split_bound(PIECES[labels == j], COUNTS[labels == j])
+                         for j in range(k)])
+
+    for lab, final in (([0, 0, 0, 0, 1, 2], [[5.0], [19.0], [21.0]]),
+                       ([0, 0, 1, 1, 2, 2], [[0.0], [10.0], [23.0]])):
+        assert not surely_quiet(*stats(lab, 3), np.array(final))
+        assert not surely_quiet(*stats(lab, 3), np.array(final), bounds(lab, 3))
+    n, sums, sq, sc = stats([0, 0, 0, 0, 1, 1], 2)
+    assert not surely_quiet(n[:1], sums[:1], sq[:1], sc[:1], np.array([[5.0]]))
+    assert not surely_quiet(n[:1], sums[:1], sq[:1], sc[:1], np.array([[5.0]]),
+                            bounds([0, 0, 0, 0, 1, 1], 2)[:1])
+    # the right answer with tight groups (pieces 0.2 apart) is certified quiet
+    tight = np.array([[-0.1], [0.1], [9.9], [10.1], [19.9], [20.1]])
+    assert surely_quiet(*stats([0, 0, 1, 1, 2, 2], 3, tight), np.array([[0.0], [10.0], [20.0]]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_split_bound_covers_every_two_way_partition(seed):
+    # the largest eigenvalue of the pieces' weighted scatter is at least every 2-way
+    # partition's gain (enumerated), at most their whole spread, and nearly reached by
+    # the best partition of pieces lying on a line
+    from fedclust.kfed.explain import split_bound
+
+    rng = np.random.default_rng(seed)
+    C = rng.normal(size=(8, 3)) * [5.0, 1.0, 0.2]
+    w = rng.integers(1, 9, size=8).astype(float)
+    n = w.sum()
+    mean = (C * w[:, None]).sum(0) / n
+    spread = float((w * ((C - mean) ** 2).sum(1)).sum())
+    b = split_bound(C, w)
+    best = 0.0
+    for mask in itertools.product([True, False], repeat=8):
+        side = np.array(mask)
+        if side.all() or not side.any():
+            continue
+        h0, h1 = w[side].sum(), w[~side].sum()
+        m0 = (C[side] * w[side, None]).sum(0) / h0
+        m1 = (C[~side] * w[~side, None]).sum(0) / h1
+        best = max(best, h0 * h1 / n * float(((m0 - m1) ** 2).sum()))
+    assert best <= b <= spread * (1 + 1e-8)
+    line = np.outer(np.sign(rng.normal(size=8)), [1.0, 0.0, 0.0])   # two points, weighted
+    assert split_bound(line, w) == pytest.approx(
+        w[line[:, 0] > 0].sum() * w[line[:, 0] < 0].sum() / n * 4.0, rel=1e-8)
+    assert split_bound(C[:1], w[:1]) == 0.0

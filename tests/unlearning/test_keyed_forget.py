@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedclust import KFed
-from fedclust.kfed import keyed, keyed_trace, keyed_unlearn
+from fedclust.kfed import keyed, keyed_result, keyed_trace, keyed_unlearn
 from fedclust.kfed.explain import center_split
 from fedclust.unlearning.forget import results_close
 
@@ -50,9 +50,17 @@ def _check(model, Xs, ids, gone):
 def _splits_are_the_remaining_rows(tr):
     """The warning's kept per-center splits are those of the remaining rows, bit for bit
     (nothing of a forgotten row stays in them)."""
+    from fedclust.kfed.explain import split_bound
+
     ex = tr.expl
     assert np.array_equal(ex.alive, tr.alive)
+    for j, got in enumerate(ex.bounds):   # kept bounds: those of the remaining rows
+        if got is not keyed_trace.STALE:
+            rows = np.flatnonzero(ex.alive & (ex.labels == j))
+            assert got == split_bound(tr.C[rows], tr.w[rows])
     for j, got in enumerate(ex.splits):
+        if got is keyed_trace.STALE:   # not worked out since its rows changed
+            continue
         rows = np.flatnonzero(ex.alive & (ex.labels == j))
         if not len(rows):
             assert got is None
@@ -103,6 +111,13 @@ def test_random_forget_sequences_equal_a_retrain(trial):
             tr = model._unlearning_.trace
             dead = ~tr.alive
             assert dead.sum() >= 2 and not tr.C[dead].any() and not tr.w[dead].any()
+            assert not tr.c_sq[dead].any() and not tr.labels[dead].any()
+            assert tr.means_ref is None or not tr.means_ref[0][dead].any()
+            if tr.cand_rows is not None:   # the candidates' gathered rows
+                slot = tr.cand_rows[0].ravel()
+                gone_slot = (slot >= 0) & dead[np.maximum(slot, 0)]
+                assert not tr.cand_rows[1][gone_slot].any()
+                assert not tr.cand_rows[2][gone_slot].any()
             for run in tr.runs:
                 assert not run.A[:, dead].any()
                 for order, m in zip(run.order, run.margin_sorted):
@@ -396,7 +411,7 @@ def test_the_stacked_follow_equals_the_per_iteration_replay(monkeypatch):
     def both(*a):   # at each call, the per-iteration replay of the same start beside it
         out = real(*a)
         if out is not None:
-            pairs.append((out, keyed_unlearn._replay(*a)))
+            pairs.append((out, keyed_unlearn._replay(*a[:4])))
         return out
 
     monkeypatch.setattr(keyed_unlearn, "_follow", both)
@@ -666,3 +681,135 @@ def test_keyed_coreset_cost_is_unbiased():
     est = np.array(est)
     assert abs(est.mean() - full) <= 4 * est.std() / np.sqrt(len(est))
     assert est.std() < 0.25 * full   # and the estimate is informative at m = 100
+
+
+@pytest.mark.parametrize("certify", ["sums", "bounds", "none"])
+def test_the_quiet_certificate_and_its_fallback_give_the_retrains_warning(certify,
+                                                                       monkeypatch):
+    # six groups well apart in 20 dimensions (the warning is quiet, each group's pieces
+    # spread little against the whole cost): with the certificate from the sums, forgets
+    # work out no split (stale entries); from the per-center bounds (the sums' forced to
+    # fail), no split either; with both failing, every stale split is worked out again,
+    # bit for bit the remaining rows' own. The warning (none) is a fresh fit's each time
+    from fedclust.kfed.explain import surely_quiet
+
+    if certify == "bounds":
+        monkeypatch.setattr(keyed_trace, "surely_quiet",
+                            lambda *a: len(a) == 6 and surely_quiet(*a))
+    elif certify == "none":
+        monkeypatch.setattr(keyed_trace, "surely_quiet", lambda *a: False)
+    rng = np.random.default_rng(41)
+    means = rng.normal(size=(6, 20)) * 4
+    Xs = []
+    for _ in range(40):
+        own = rng.choice(6, size=2, replace=False)
+        n = int(rng.integers(40, 70))
+        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 20)))
+    ids = list(range(40))
+
+    def make():
+        return KFed(6, 2, server="weighted-kmeans++-keyed", random_state=7)
+
+    model = make().fit(Xs, device_ids=ids)
+    assert not model.run_log_.warnings
+    gone = []
+    stale = []
+    for z in [int(z) for z in rng.permutation(ids)[:4]]:
+        model.forget(devices=[z])
+        gone.append(z)
+        keep = [i for i in ids if i not in gone]
+        fresh = make().fit([Xs[i] for i in keep], device_ids=keep)
+        assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
+        np.testing.assert_array_equal(model.cluster_centers_, fresh.cluster_centers_)
+        assert np.array_equal(np.concatenate(model.center_labels_),
+                              np.concatenate(fresh.center_labels_))
+        if model.forget_log_[-1].path == "downdate":
+            tr = model._unlearning_.trace
+            stale.append(sum(s is keyed_trace.STALE for s in tr.expl.splits))
+            _splits_are_the_remaining_rows(tr)
+    assert stale and (all(n > 0 for n in stale) if certify != "none" else not any(stale))
+
+
+def test_exact_means_from_a_reference_sums_only_the_changed_clusters():
+    from fedclust.core.kmeans import update_centers
+
+    rng = np.random.default_rng(29)
+    n, d, k = 400, 5, 7
+    C = rng.normal(size=(n, d)) * 1e2
+    w = rng.integers(1, 30, size=n).astype(float)
+    Cw = C * w[:, None]
+    labels = rng.integers(0, k, size=n)
+    alive = rng.random(n) > 0.2
+    first = keyed_unlearn.exact_means(Cw, w, labels, alive, k)
+    # a device's rows leave and a few rows change label: clusters 0 and 1 only
+    alive2 = alive.copy()
+    alive2[np.flatnonzero(labels == 0)[:5]] = False
+    labels2 = labels.copy()
+    move = np.flatnonzero(alive2 & (labels == 1))[:3]
+    labels2[move] = 0
+    marked = first.copy()
+    marked[2:] = 12345.0   # the untouched clusters' means come from the reference
+    got = keyed_unlearn.exact_means(Cw, w, labels2, alive2, k, (labels, alive, marked))
+    want, _ = update_centers(C[alive2], labels2[alive2], k, w[alive2], np.zeros((k, d)),
+                             Cw[alive2])
+    np.testing.assert_array_equal(got[:2], want[:2])   # summed again: the fresh bits
+    assert (got[2:] == 12345.0).all()
+    # with the true reference every mean is the fresh step's, bit for bit
+    np.testing.assert_array_equal(
+        keyed_unlearn.exact_means(Cw, w, labels2, alive2, k, (labels, alive, first)), want)
+
+
+def test_partition_classes_name_starts_that_group_the_remaining_rows_alike():
+    rng = np.random.default_rng(5)
+    n, k = 300, 6
+    a = rng.integers(0, k, size=n)
+    perm = rng.permutation(k)
+    b = perm[a]                                   # a relabelling: the same partition
+    c = a.copy()
+    c[7] = (a[7] + 1) % k                         # one row moved: another partition
+    alive = np.ones(n, bool)
+    sizes = [1, 1, 1, 2]
+    e = rng.integers(0, k, size=n)                # another partition with other sizes
+    none = [None] * 4
+    assert keyed_result.partition_classes([a, b, c, e], sizes, alive, k, none) == [0, 0, 2, 3]
+    # row 7 gone: c groups the remaining rows as a does
+    alive[7] = False
+    assert keyed_result.partition_classes([a, b, c, e], sizes, alive, k, none) == [0, 0, 0, 3]
+    # a merge of two clusters (a function, not one-to-one) is another partition
+    m = np.where(a == 1, 0, a)
+    assert keyed_result.partition_classes([a, m], [1, 1], alive, k, [None] * 2) == [0, 1]
+    # names known from the last forget (labels unchanged since) are taken as they are
+    assert keyed_result.partition_classes([a, e], [1, 1], alive, k, [3, 3]) == [0, 0]
+
+
+def test_traced_lloyd_from_a_variance_estimate_gives_the_exact_runs_bits():
+    # the stop rule decided from an estimate with an error bound: the exact variance is
+    # worked out only where a shift lies within the bound, and the run is the same
+    rng = np.random.default_rng(8)
+    means = rng.normal(size=(5, 4)) * 3
+    C = means[rng.integers(5, size=600)] + rng.normal(size=(600, 4))
+    w = rng.integers(1, 20, size=600).astype(float)
+    c_sq, Cw = (C * C).sum(axis=1), C * w[:, None]
+    var = C.var(axis=0).mean()
+    init = C[rng.choice(600, size=5, replace=False)]
+    for tol in (1e-4, 1e-2, 0.3):
+        want = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, var, 100, tol)
+        for err in (var * 1e-11, np.inf):   # a close estimate; none at all
+            calls = []
+
+            def exact():
+                calls.append(1)
+                return var
+
+            got = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq,
+                                           (var * (1 + 1e-12), err, exact), 100, tol)
+            assert got.reason == want.reason
+            np.testing.assert_array_equal(got.cs, want.cs)
+            np.testing.assert_array_equal(got.A, want.A)
+            if err == np.inf:   # every shift in doubt: worked out once, at the first
+                assert len(calls) == (len(want.cs) > 1)
+    # far from every stop by shift, the exact variance is never asked for
+    never = (var, var * 1e-11, lambda: 1 / 0)
+    run = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, never, 100, 1e-12)
+    np.testing.assert_array_equal(
+        run.cs, keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, var, 100, 1e-12).cs)

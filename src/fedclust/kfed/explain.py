@@ -37,8 +37,9 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["CenterSplit", "center_split", "poor_answer", "explanation_warning",
-           "POOR_ANSWER_RATIO", "ONE_GROUP_SPLIT_SHARE"]
+__all__ = ["CenterSplit", "center_split", "poor_answer", "surely_quiet", "split_bound",
+           "explanation_warning",
+           "POOR_ANSWER_RATIO", "ONE_GROUP_SPLIT_SHARE", "QUIET_RTOL"]
 
 #: the warning fires when the answer costs more than this times a k-center answer built
 #: from the same pieces (the tolerance a one-shot answer is held to: 10 % above pooled
@@ -165,6 +166,54 @@ def poor_answer(splits: Sequence[CenterSplit | None],
     if gains[j] > (POOR_ANSWER_RATIO - 1.0) * cost:
         return "too few", j, gains[j] / cost
     return None
+
+
+#: rounding allowance of :func:`surely_quiet`, times the summed squared norms and scatters:
+#: its sums (downdated or not) and :func:`center_split`'s differ from exact ones by far less
+QUIET_RTOL = 1e-9
+
+
+def split_bound(C: np.ndarray, w: np.ndarray) -> float:
+    """At least the gain of any split of one final center's pieces (centers ``C`` (m, d),
+    weights ``w`` (m,)): the largest eigenvalue of their weighted scatter about their mean,
+    plus a rounding allowance. A split's gain ``n1 n2 / n |m1 - m2|^2`` is the spread of
+    its halves' means along u = m1 - m2, at most the pieces' spread along u."""
+    if len(C) < 2:
+        return 0.0
+    D = C - (C * w[:, None]).sum(axis=0) / float(w.sum())
+    M = (D * w[:, None]).T @ D
+    return float(np.linalg.eigvalsh(M)[-1]) + QUIET_RTOL * float(np.trace(M))
+
+
+def surely_quiet(n: np.ndarray, sums: np.ndarray, sq: np.ndarray, scatter: np.ndarray,
+                 final: np.ndarray, bound: np.ndarray | None = None) -> bool:
+    """Whether :func:`poor_answer` is None whatever split :func:`center_split` finds, from
+    each final center's pieces' total weight ``n`` (k,), weighted sum ``sums`` (k, d),
+    weighted squared norms ``sq`` (k,) and summed scatter ``scatter`` (k,; each piece's
+    clipped at 0 as the split clips it), for the final centers ``final`` (k, d).
+
+    A split of a center's pieces removes at most their spread about its mean,
+    ``B_j = sq_j - |sums_j|^2 / n_j`` (a 2-partition's gain is part of it), and every
+    split-and-remove answer then costs at least ``own - max_j B_j`` (a merge adds cost).
+    So the answer is quiet when it costs at most ``POOR_ANSWER_RATIO`` times that and no
+    ``B_j`` reaches ``POOR_ANSWER_RATIO - 1`` of its cost, each with :data:`QUIET_RTOL`'s
+    allowance; False where that is not certain (the splits then decide). ``bound`` (k,):
+    a tighter bound per center where known (:func:`split_bound`)."""
+    live = n > 0
+    if not live.any():
+        return True
+    n, sums, sq, scatter, final = n[live], sums[live], sq[live], scatter[live], final[live]
+    spread = np.maximum(sq - np.einsum("kd,kd->k", sums, sums) / n, 0.0)
+    gains = spread if bound is None else np.minimum(spread, np.asarray(bound)[live])
+    cost = float((scatter + sq - 2.0 * np.einsum("kd,kd->k", final, sums)
+                  + n * np.einsum("kd,kd->k", final, final)).sum())
+    own = float((scatter + spread).sum())
+    err = QUIET_RTOL * float(np.abs(sq).sum() + np.abs(scatter).sum())
+    top = float(gains.max()) + err
+    if cost <= err:
+        return False
+    return (cost + err < POOR_ANSWER_RATIO * (own - err - top)
+            and top < (POOR_ANSWER_RATIO - 1.0) * (cost - err))
 
 
 def poor_answer_message(kind: str, center: int, value: float, devs: Sequence[int],

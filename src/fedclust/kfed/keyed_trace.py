@@ -14,7 +14,8 @@ import numpy as np
 from ..core.kmeans import BLOCK, sum_by_label, update_centers
 from .downdate import CERTIFY_SLACK, plain_step
 from .keyed import KEYED_NAMES, SPARE, keyed_starts, canonical, pick_start, row_keys
-from .explain import center_split, poor_answer, poor_answer_message
+from .explain import (center_split, poor_answer, poor_answer_message, split_bound,
+                      surely_quiet)
 
 __all__ = ["KeyedTrace", "keyed_trace", "applies", "best_of", "stacked"]
 
@@ -99,6 +100,17 @@ class KeyedTrace:
     #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
     ff_start: bool = True
     c_sq: np.ndarray | None = None    # (N0,) each row's squared norm (a start run again)
+    #: per run, ``(t, name)`` where the last forget kept its labels at iteration t
+    #: unchanged: starts with one name partitioned the remaining rows alike (None: unknown)
+    parts: list | None = None
+    #: ``(labels, alive, centers)`` of the kept start's last update at the last forget
+    #: (:func:`fedclust.kfed.keyed_unlearn.exact_means`)
+    means_ref: tuple | None = None
+    #: (N0,) the final labels at the last forget (``center_labels`` are slices of them)
+    labels: np.ndarray | None = None
+    #: ``(cand, rows, squared norms)``: the device centers at the candidates' slots of
+    #: ``cand`` (S * k * L, d), gathered once for the seeds' certificate
+    cand_rows: tuple | None = None
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -117,6 +129,8 @@ class KeyedTrace:
             self.keys[gone] = 0
         if self.scatter is not None:
             self.scatter[gone] = 0.0
+        if self.c_sq is not None:
+            self.c_sq[gone] = 0.0
         for r in self.runs:
             r.A[:, gone] = 0
             if r.rank is None:
@@ -128,6 +142,15 @@ class KeyedTrace:
                 m3[gone] = 0.0
         if self.expl is not None:
             self.expl.labels[gone] = 0
+        if self.means_ref is not None:
+            self.means_ref[0][gone] = 0
+        if self.labels is not None:
+            self.labels[gone] = 0
+        if self.cand_rows is not None:
+            cand = self.cand_rows[0].ravel()
+            dead_slot = (cand >= 0) & dead[np.maximum(cand, 0)]
+            self.cand_rows[1][dead_slot] = 0.0
+            self.cand_rows[2][dead_slot] = 0.0
 
 
 def _rank(order: np.ndarray) -> np.ndarray:
@@ -205,10 +228,22 @@ def _assign_margin(X, centers, x_sq):
 
 def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     """:func:`lloyd`'s loop (same kernels, same bits) keeping what a forget needs; None
-    where it relocated an emptied cluster."""
+    where it relocated an emptied cluster. ``c_var``: the rows' mean feature variance, or
+    ``(estimate, error bound, exact)`` with ``exact()`` giving it: worked out only where a
+    shift lies within ``tol`` times the bound of ``tol`` times the estimate (elsewhere
+    the stop rule decides alike)."""
     k = len(init)
     centers = np.array(init, dtype=C.dtype, copy=True)
-    abs_tol = tol * c_var
+    hint = c_var if isinstance(c_var, tuple) else None
+    abs_tol = None if hint else tol * c_var
+
+    def stops(shift):
+        nonlocal abs_tol
+        if abs_tol is None:
+            if abs(shift - tol * hint[0]) > tol * hint[1]:
+                return shift <= tol * hint[0]
+            abs_tol = tol * hint[2]()
+        return shift <= abs_tol
     cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
     r2s, m3s = [], []
     for _ in range(max_iter):
@@ -227,7 +262,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
         shift = ((new_centers - centers) ** 2).sum()
         centers = new_centers
         cs.append(centers)
-        if shift <= abs_tol:
+        if stops(shift):
             reason = "shift"
             break
     if reason != "labels":
@@ -308,39 +343,75 @@ def _stacked_scatter(replies: dict[int, Any], ids: list[int], n: int) -> np.ndar
     return out if len(out) == n else None
 
 
+#: a split not worked out since its center's rows changed (:func:`forget_warning`)
+STALE = "stale"
+
+
 @dataclass
 class _Explained:
-    """The explanation warning's reference: each row's final label and liveness when it was
-    worked out, and each final center's :class:`~fedclust.kfed.explain.CenterSplit` then (a
-    center whose rows are the same again keeps it: the same rows in the same order give
-    the same bits)."""
+    """The explanation warning's reference: each row's final label and liveness at the
+    last forget, and each final center's :class:`~fedclust.kfed.explain.CenterSplit` over
+    those rows (None: no row; :data:`STALE`: not worked out since its rows changed). A
+    center whose rows are the same again keeps its split: the same rows in the same order
+    give the same bits."""
 
     labels: np.ndarray
     alive: np.ndarray
     splits: list
+    #: per center :func:`~fedclust.kfed.explain.split_bound` over those rows (STALE: not
+    #: worked out since its rows changed)
+    bounds: list = None
 
 
-def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray):
+def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray,
+                   stats: tuple | None = None):
     """``(warning, reference)``: :func:`~fedclust.kfed.explain.explanation_warning` over the
-    remaining rows, bit for bit: a final center's split is worked out again only when a row
-    of it left or changed label since the reference; warning False where the trace lacks
-    the scatter."""
+    remaining rows, bit for bit; warning False where the trace lacks the scatter.
+
+    ``stats``: the final clusters' weighted sums (k, d), weights (k,) and weighted squared
+    norms (k,) over the remaining rows. Where they certify the warning quiet whatever the
+    splits (:func:`~fedclust.kfed.explain.surely_quiet`), no split is worked out: the
+    centers whose rows changed are marked stale. Where they do not, each center's
+    :func:`~fedclust.kfed.explain.split_bound` (kept while its rows stay the same) may
+    certify it; otherwise every stale split, and every split of a center a row of which
+    left or changed label since the reference, is worked out again over its remaining
+    rows."""
     if tr.scatter is None:
         return False, None
     k = len(final)
     ex = tr.expl
-    if ex is None or len(ex.splits) != k:
-        touched = range(k)
-        splits = [None] * k
+    if ex is None or len(ex.splits) != k or ex.bounds is None:
+        splits, bounds = [STALE] * k, [STALE] * k
     else:
         changed = (labels != ex.labels) | (alive != ex.alive)
         touched = np.union1d(labels[changed & alive], ex.labels[changed & ex.alive])
-        splits = list(ex.splits)
-    for j in touched:
-        rows = np.flatnonzero(alive & (labels == j))
-        splits[int(j)] = center_split(tr.C[rows], tr.w[rows], tr.scatter[rows]) \
-            if len(rows) else None
-    ex = _Explained(labels.copy(), alive.copy(), splits)
+        splits, bounds = list(ex.splits), list(ex.bounds)
+        for j in touched.tolist():
+            splits[j] = bounds[j] = STALE
+    ex = _Explained(labels.copy(), alive.copy(), splits, bounds)
+    rows_of = {}
+
+    def rows(j):
+        if j not in rows_of:
+            rows_of[j] = np.flatnonzero(alive & (labels == j))
+        return rows_of[j]
+
+    if stats is not None:
+        sums, n, sq = stats
+        scatter = np.bincount(labels[alive], weights=np.maximum(tr.scatter[alive], 0.0),
+                              minlength=k)
+        if surely_quiet(n, sums, sq, scatter, final):
+            return None, ex
+        for j in range(k):
+            if bounds[j] is STALE:
+                r = rows(j)
+                bounds[j] = split_bound(tr.C[r], tr.w[r])
+        if surely_quiet(n, sums, sq, scatter, final, np.array(bounds)):
+            return None, ex
+    for j in range(k):
+        if splits[j] is STALE:
+            r = rows(j)
+            splits[j] = center_split(tr.C[r], tr.w[r], tr.scatter[r]) if len(r) else None
     verdict = poor_answer(splits, final)
     if verdict is None:
         return None, ex

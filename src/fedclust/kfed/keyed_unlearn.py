@@ -24,9 +24,12 @@ running the step again, start by start:
   the kept start's last update is computed again over the remaining rows in the fresh
   step's order (:func:`exact_means`), so the centers are the fresh step's bits.
 
-The explanation warning is worked out from the stacked summaries: a final center keeps its
-split (:func:`fedclust.kfed.explain.center_split`) from a reference while none of its rows
-left or changed label since then (:func:`fedclust.kfed.keyed_trace.forget_warning`). A near tie between two
+The explanation warning is worked out from the stacked summaries
+(:func:`fedclust.kfed.keyed_trace.forget_warning`): where the kept start's final cluster
+sums certify it quiet whatever the splits (:func:`fedclust.kfed.explain.surely_quiet`), no
+split is worked out; otherwise a final center keeps its split
+(:func:`fedclust.kfed.explain.center_split`) from a reference while none of its rows left
+or changed label since then, and the others are worked out again. A near tie between two
 starts' costs (or a start that cannot be traced) returns None: the server's step then
 runs in full.
 """
@@ -38,9 +41,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import squared_distances, sum_by_label
+from ..core.kmeans import squared_distances
 from .downdate import forget_result
-from .keyed import SPARE, canonical, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed import SPARE, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed_result import center_labels as kept_center_labels
+from .keyed_result import exact_means, partition_classes
 from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
                           traced_lloyd, forget_warning)
 from .server import farthest_first, pick_first_device, weighted_starts
@@ -68,12 +73,23 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
     S, k, M = tr.cand.shape
     L = n_trials(k)
     CR, wR = tr.C[R], tr.w[R]
-    Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()]).reshape(len(R), S, k)
+    x_sq = None if tr.c_sq is None else tr.c_sq[R]
+    Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()], x_sq).reshape(len(R), S, k)
     before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
     before = np.concatenate([np.full((len(R), S, 1), np.inf), before[:, :, :-1]], axis=2)
     valid = tr.cand >= 0
     cand = np.where(valid, tr.cand, 0)
-    Dc = squared_distances(CR, tr.C[cand.ravel()]).reshape(len(R), S, k, M)
+    if tr.cand_rows is None or tr.cand_rows[0] is not tr.cand:   # gathered once per trace
+        Y = tr.C[cand.ravel()]
+        tr.cand_rows = (tr.cand, Y, (Y * Y).sum(axis=1) if tr.c_sq is None
+                        else tr.c_sq[cand.ravel()])
+    _, Y, y_sq = tr.cand_rows
+    if x_sq is None:
+        x_sq = (CR * CR).sum(axis=1)
+    # a certificate: any rounding of the distances serves
+    Dc = x_sq[:, None] - 2.0 * (CR @ Y.T) + y_sq
+    np.maximum(Dc, 0.0, out=Dc)
+    Dc = Dc.reshape(len(R), S, k, M)
     share = np.einsum("r,rskm->skm", wR, np.minimum(before[..., None], Dc))
     pots = np.where(valid, tr.pots - share, np.inf)
     # the new candidates: the first L remaining of the kept key order
@@ -107,7 +123,8 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
 PREFIX = 2048
 
 
-def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
+def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
+            n_alive: int | None = None):
     """:func:`_replay` for its common case, every iteration at once: where no remaining row
     changes its label at any iteration up to the run's stop, the run's centers at every
     iteration are its downdated sums over its downdated weights. Returns :func:`_replay`'s
@@ -115,6 +132,8 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     same certificates, stop rules and rounding allowances as :func:`_replay`."""
     order, msort, runner, m3, mv_rows, mv_t = stacked(run)
     alive = tr.alive
+    if n_alive is None:
+        n_alive = int(alive.sum())
     T = len(run.cs) - 1
     k = run.cs.shape[1]
     abs_tol = tr.tol * var
@@ -150,7 +169,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     thr = 2.0 * s + tr.slack
     # the removed rows' margins stay in the sorted arrays (a run traced again puts them
     # first): PREFIX margins of remaining rows at least
-    P = min(PREFIX + len(alive) - int(alive.sum()), len(alive))
+    P = min(PREFIX + len(alive) - n_alive, len(alive))
     pm = msort[:tt, :P]
     if P < len(alive) and (pm[:, -1] <= thr).any():
         return None
@@ -169,7 +188,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
         dr = np.sqrt(((X - c[ti[pair], r[pair]]) ** 2).sum(axis=1))
         keep[pair[dr - da > tr.slack]] = False
     q = np.flatnonzero(keep)
-    if len(q) > _DOUBT_SHARE * int(alive.sum()) * tt:
+    if len(q) > _DOUBT_SHARE * n_alive * tt:
         return None
     bounds = np.searchsorted(ti[q], np.arange(tt + 1))
     for t in np.flatnonzero(np.diff(bounds)).tolist():   # the rest: every center
@@ -295,18 +314,27 @@ class _Remaining:
     C: np.ndarray
     w: np.ndarray
     c_sq: np.ndarray
-    c_var: float
+    c_var: tuple   # (estimate, error bound, exact()): see traced_lloyd
     Cw: np.ndarray
 
 
-def _remaining(tr: KeyedTrace, alive: np.ndarray) -> _Remaining:
+def _remaining(tr: KeyedTrace, alive: np.ndarray, var: float, var_err: float) -> _Remaining:
     rows = np.flatnonzero(alive)
     C = tr.C[rows]
     w = tr.w[rows]
     # squared norms and weighted rows are per row: the trace's are the fresh step's bits
     c_sq = (C * C).sum(axis=1) if tr.c_sq is None else tr.c_sq[rows]
     Cw = C * w[:, None] if tr.Cw is None else tr.Cw[rows]
-    return _Remaining(rows, C, w, c_sq, C.var(axis=0).mean() if C.shape[0] > 1 else 0.0, Cw)
+    # the fresh step's variance (its bits) is worked out only where a stop rule needs it;
+    # elsewhere the downdated one decides alike (traced_lloyd)
+    exact = {}
+
+    def c_var() -> float:
+        if "v" not in exact:
+            exact["v"] = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
+        return exact["v"]
+
+    return _Remaining(rows, C, w, c_sq, (var, var_err, c_var), Cw)
 
 
 def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
@@ -384,18 +412,32 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
 MAX_RERUN_SHARE = 1.0
 
 
-def _downdated(run: RunTrace, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
-               k: int) -> RunTrace:
-    """The run's statistics at every iteration less the rows R (their labels unchanged)."""
-    T1, d = len(run.cs), run.S.shape[2]
-    idx = (np.arange(T1)[:, None] * k + run.A[:, R].astype(np.int64)).ravel()
-    S = run.S.reshape(T1 * k, d).copy()
-    np.subtract.at(S, idx, np.tile(CwR, (T1, 1)))
-    W = run.W.ravel() - np.bincount(idx, weights=np.tile(wR, T1), minlength=T1 * k)
-    Q = run.Q.ravel() - np.bincount(idx, weights=np.tile(qR, T1), minlength=T1 * k)
-    return RunTrace(run.cs, run.A, S.reshape(T1, k, d), W.reshape(T1, k), Q.reshape(T1, k),
-                run.W0, run.moved, run.order, run.margin_sorted, run.reason, run.runner_up,
-                run.margin3, run.rank, run.stack)
+def _downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
+               k: int) -> dict:
+    """Each run's statistics at every iteration less the rows R (their labels unchanged),
+    for all the runs ``{start: run}`` at once: each (run, iteration, cluster) loses its
+    rows of R in R's order, as run by run."""
+    if not runs:
+        return {}
+    d = next(iter(runs.values())).S.shape[2]
+    T1s = [len(r.cs) for r in runs.values()]
+    base = np.cumsum([0] + [t * k for t in T1s])
+    idx = np.concatenate([(b + np.arange(t)[:, None] * k + r.A[:, R].astype(np.int64)).ravel()
+                          for b, t, r in zip(base, T1s, runs.values())])
+    S = np.concatenate([r.S.reshape(-1, d) for r in runs.values()])
+    np.subtract.at(S, idx, np.tile(CwR, (sum(T1s), 1)))
+    W = np.concatenate([r.W.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(wR, sum(T1s)), minlength=len(S))
+    Q = np.concatenate([r.Q.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(qR, sum(T1s)), minlength=len(S))
+    out = {}
+    for (s, run), b, t in zip(runs.items(), base, T1s):
+        part = slice(b, b + t * k)
+        out[s] = RunTrace(run.cs, run.A, S[part].reshape(t, k, d), W[part].reshape(t, k),
+                          Q[part].reshape(t, k), run.W0, run.moved, run.order,
+                          run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
+                          run.stack)
+    return out
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
@@ -445,20 +487,18 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         outs: dict[int, tuple] = {}
         CwR = trace.C[R] * trace.w[R][:, None]
         qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
-        based: dict[int, RunTrace] = {}
-        for s, run in enumerate(trace.runs):
-            if s in reruns:
-                continue
-            based[s] = _downdated(run, R, CwR, trace.w[R], qR, k)
+        based = _downdated({s: run for s, run in enumerate(trace.runs) if s not in reruns},
+                           R, CwR, trace.w[R], qR, k)
+        for s in based:
             try:
-                outs[s] = _follow(trace, based[s], var, var_err)
+                outs[s] = _follow(trace, based[s], var, var_err, n)
                 if outs[s] is None:
                     outs[s] = _replay(trace, based[s], var, var_err)
             except _Full as exc:
                 reruns[s] = exc.args[0] if exc.args else "uncertified"
         if len(reruns) > MAX_RERUN_SHARE * len(trace.runs):
             raise _Full(f"{len(reruns)} starts cannot be followed")
-        rem = _remaining(trace, alive) if reruns else None
+        rem = _remaining(trace, alive, var, var_err) if reruns else None
         new_runs: dict[int, tuple] = {}
         for s in sorted(reruns):
             new_runs[s] = _rerun(protocol, trace, rem, s, ids,
@@ -475,15 +515,21 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         for s in order:
             _, over, t, _, _, _ = outs[s]
             run = new_runs[s][0] if s in new_runs else trace.runs[s]
-            lab = run.A[t].astype(np.int64)
-            lab[over[0]] = over[1]
+            lab = run.A[t]
+            if len(over[0]):
+                lab = lab.copy()
+                lab[over[0]] = over[1]
             finals.append(lab)
         # two runs can end in one partition only with the same cluster weights (sums of
-        # integer counts: exact in any order); only those are numbered and compared
+        # integer counts: exact in any order); only those are compared
         sizes = [tuple(np.sort(outs[s][3][1][outs[s][2]]).tolist()) for s in order]
-        parts = [canonical(f[alive]) if sizes.count(sizes[s]) > 1 else np.array([-1 - s])
-                 for s, f in enumerate(finals)]
-        b = pick_start(parts, inert, err)
+        # a start followed with its labels as at the last forget (no label changed, the
+        # same final iteration) keeps its partition there, less the leaving rows
+        known = [None if trace.parts is None or s in new_runs or len(outs[s][1][0])
+                 or trace.parts[s] is None or trace.parts[s][0] != outs[s][2]
+                 else trace.parts[s][1] for s in order]
+        names = partition_classes(finals, sizes, alive, k, known)
+        b = pick_start([np.array([z]) for z in names], inert, err)
         if b is None:
             raise _Full("two starts' costs within rounding")
     except _Full as exc:
@@ -491,22 +537,27 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         return None
     finally:
         trace.alive = old_alive
+    # each start's partition name, where its final labels are its run's at t (no change)
+    parts = [None if len(outs[s][1][0]) else (outs[s][2], names[s]) for s in order]
     centers, _, t_f, _, _, prev = outs[b]
-    labels = finals[b]
+    labels = finals[b].astype(np.int64)
     if t_f >= 1 and trace.Cw is not None:   # the fresh step's bits: its last update again
         run = new_runs[b][0] if b in new_runs else trace.runs[b]
         lab = run.A[t_f - 1].astype(np.int64)
         lab[prev[0]] = prev[1]
-        centers = exact_means(trace.Cw, trace.w, lab, alive, k)
+        centers = exact_means(trace.Cw, trace.w, lab, alive, k, trace.means_ref)
+        means_ref = (lab, alive, centers)
+    else:
+        means_ref = None
     local_centers = {z: trace.local_centers[z] for z in ids}
     local_counts = {z: trace.local_counts[z] for z in ids}
-    center_labels = {z: labels[trace.offsets[trace.row_of[z]]:trace.offsets[trace.row_of[z] + 1]]
-                     for z in ids}
+    center_labels = kept_center_labels(trace, ids, labels, alive)
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
     if F and 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
-    warning, expl = forget_warning(trace, alive, centers, labels) if protocol.summarise \
-        else (False, None)
+    Sb, Wb, Qb = (x[t_f] for x in outs[b][3])
+    warning, expl = forget_warning(trace, alive, centers, labels, (Sb, Wb, Qb)) \
+        if protocol.summarise else (False, None)
     if trace.expl is None:   # the reference serves any later forget of this trace too
         trace.expl = expl
     result = forget_result(protocol, replies, ids, centers.copy(), local_centers, local_counts,
@@ -526,19 +577,6 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
                      expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
-                     c_sq=trace.c_sq)
+                     c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
+                     cand_rows=trace.cand_rows if cand is trace.cand else None)
     return result, new
-
-
-def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,
-                k: int) -> np.ndarray:
-    """The weighted means of the remaining rows by label with the bits of
-    :func:`~fedclust.core.kmeans.update_centers` over the remaining rows stacked alone:
-    the same one-hot product and weighted count, each cluster summed in row order (the
-    removed rows go to a k-th cluster that is dropped, so they add nothing, not even a
-    rounding). ``Cw`` (N, d): the rows times their weights."""
-    lab = np.where(alive, labels, k)
-    sums = np.zeros((k + 1, Cw.shape[1]))
-    sum_by_label(Cw, lab, k + 1, sums)
-    counts = np.bincount(lab, weights=w, minlength=k + 1)
-    return sums[:k] / counts[:k, None]

@@ -1,0 +1,104 @@
+"""What a followed forget of the keyed server (:mod:`fedclust.kfed.keyed_unlearn`) leaves,
+each worked out from the last forget's where the rows it sums are the same: the kept
+start's exact final means, the starts' partition names and each device's center labels."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.sparse import csr_matrix
+
+from ..core.kmeans import sum_by_label
+from .keyed_trace import KeyedTrace
+
+__all__ = ["exact_means", "center_labels", "partition_classes"]
+
+
+def center_labels(tr: KeyedTrace, ids: list[int], labels: np.ndarray,
+                   alive: np.ndarray) -> dict:
+    """Each remaining device's slice of ``labels``; a device none of whose rows changed
+    label since the last forget keeps its array from there (the same values)."""
+    off, row_of = tr.offsets, tr.row_of
+    prev = tr.center_labels
+    if tr.labels is None or not prev:
+        return {z: labels[off[row_of[z]]:off[row_of[z] + 1]] for z in ids}
+    moved = set(np.unique(tr.owner[alive & (labels != tr.labels)]).tolist())
+    return {z: labels[off[row_of[z]]:off[row_of[z] + 1]] if z in moved else prev[z]
+            for z in ids}
+
+
+def partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
+                       known: list) -> list:
+    """Per start the first start with its partition of the remaining rows (``names[s] ==
+    s``: a new partition), for :func:`pick_start`. Only starts with the same cluster
+    weights are compared: label by label, through the map from one start's labels to the
+    other's; two starts whose ``known`` names (their partition at the last forget, of
+    labels unchanged since) are equal share it without a comparison."""
+    rows = None
+    kept: dict[int, np.ndarray] = {}
+    names = []
+    for s, f in enumerate(finals):
+        name = s
+        for r in sorted(set(names)):
+            if sizes[r] != sizes[s]:
+                continue
+            if known[s] is not None and known[s] == known[r]:
+                name = r
+                break
+            if rows is None:
+                rows = np.flatnonzero(alive)
+            a = kept[r] if r in kept else kept.setdefault(r, finals[r][rows])
+            b = kept[s] if s in kept else kept.setdefault(s, f[rows])
+            if _same_partition(a, b, k):
+                name = r
+                break
+        names.append(name)
+    return names
+
+
+def _same_partition(a: np.ndarray, b: np.ndarray, k: int) -> bool:
+    """Whether labels ``a`` and ``b`` (values below k) group the rows alike: the map
+    a -> b is a function (each a-cluster lies in one b-cluster) and one-to-one."""
+    to = np.full(k, -1, np.int64)
+    to[a] = b
+    if not np.array_equal(to[a], b):
+        return False
+    hit = to[to >= 0]
+    return len(np.unique(hit)) == len(hit)
+
+
+def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,
+                k: int, ref: tuple | None = None) -> np.ndarray:
+    """The weighted means of the remaining rows by label with the bits of
+    :func:`~fedclust.core.kmeans.update_centers` over the remaining rows stacked alone:
+    the same one-hot product and weighted count, each cluster summed in row order (the
+    removed rows go to a k-th cluster that is dropped, so they add nothing, not even a
+    rounding). ``Cw`` (N, d): the rows times their weights.
+
+    ``ref``: ``(labels, alive, centers)`` of an earlier call. A cluster whose rows are
+    the same (none left, joined or changed label) sums the same rows in the same order,
+    so it keeps its mean from there; only the others are summed again, over their rows
+    alone (each cluster's sum and count in row order, as over all rows)."""
+    if ref is not None and len(ref[2]) == k:
+        lab0, alive0, centers0 = ref
+        diff = (alive != alive0) | (labels != lab0)
+        touched = np.union1d(labels[diff & alive], lab0[diff & alive0])
+        centers = centers0.copy()
+        if len(touched):
+            # the touched clusters' one-hot rows over all rows (the others' columns
+            # empty): each cluster summed in row order by the same product
+            t = len(touched)
+            to = np.full(k, t)
+            to[touched] = np.arange(t)
+            rows = np.flatnonzero(alive & (to[labels] < t))
+            lab = to[labels[rows]]
+            by = np.argsort(lab, kind="stable")
+            indptr = np.concatenate([[0], np.cumsum(np.bincount(lab, minlength=t))])
+            onehot = csr_matrix((np.ones(len(rows)), rows[by], indptr), shape=(t, len(Cw)))
+            counts = np.bincount(lab, weights=w[rows], minlength=t)
+            centers[touched] = (onehot @ Cw) / counts[:, None]
+        return centers
+    lab = np.where(alive, labels, k)
+    sums = np.zeros((k + 1, Cw.shape[1]))
+    sum_by_label(Cw, lab, k + 1, sums)
+    counts = np.bincount(lab, weights=w, minlength=k + 1)
+    return sums[:k] / counts[:k, None]
