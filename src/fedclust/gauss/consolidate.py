@@ -76,6 +76,9 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
     D = cs.D
     K0 = cs.C
     z = slot.copy()
+    splits = _SplitCache(cs, n, mu, S, T, ridge)
+    idle_groups: set[bytes] = set()    # states on which the group merge merged nothing
+    idle_regroup: set[bytes] = set()   # and the regrouping changed nothing
     for _ in range(max_rounds):
         changed = False
         K = cs.C
@@ -105,7 +108,7 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
                 continue
             if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol):
                 changed = True
-        if split and _split(cs, z, n, mu, S, T, ridge, center) > 0:
+        if split and _split(cs, z, center, splits) > 0:
             changed = True
             Z = np.zeros((n.size, cs.C))
             Z[np.arange(n.size), z] = 1.0
@@ -116,11 +119,22 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
         merged = merge_all_lazy(cs)   # cs.merge_all(), bit for bit, faster
         z = cs.row_clusters(uz)
         if split:
-            grouped = _merge_groups(cs, z, n, mu, S, T, ridge, center, fam)
+            # a step that changed nothing on this very state before changes nothing now
+            # (both are functions of the state and of this call's fixed pieces)
+            state = _state(cs, z, fam)
+            grouped = 0 if state in idle_groups else _merge_groups(
+                cs, z, n, mu, S, center, fam, splits)
             if grouped:
                 z = cs.row_clusters(uz)
                 merged += grouped
-            moved, z = regroup(cs, z, n, mu, S, T, ridge, center, fam)
+                state = _state(cs, z, fam)
+            else:
+                idle_groups.add(state)
+            moved = 0
+            if state not in idle_regroup:
+                moved, z = regroup(cs, z, n, mu, S, T, ridge, center, fam)
+                if not moved:
+                    idle_regroup.add(state)
             merged += moved
         changed = changed or merged > 0
         if not changed:
@@ -130,23 +144,54 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
     return K0 - cs.C
 
 
-def _split(cs: ClusterSet, z, n, mu, S, T, ridge, center, max_iter: int = 25) -> int:
+def _state(cs: ClusterSet, z: np.ndarray, fam: bool) -> bytes:
+    """The exact state the group merge and the regrouping act on: the components'
+    classes and statistics (their bits), every piece's component and the family."""
+    C = cs.C
+    return b"".join([bytes([fam]), np.int64(C).tobytes(), cs.cls[:C].tobytes(),
+                     cs.n[:C].tobytes(), cs.mu[:C].tobytes(), cs.S[:C].tobytes(),
+                     np.asarray(z, np.int64).tobytes()])
+
+
+class _SplitCache:
+    """:func:`_best_split` of groups of pieces, kept for the rest of one :func:`consolidate`
+    call. Within a call the pieces (n, centred mu, S, T), the ridge and the settings do
+    not change, so a group of pieces, named by their indices in increasing order (the
+    order :func:`_best_split` sees them in), determines the result bit for bit: a
+    component that no step changed since the last round, or a group merge's candidate
+    seen before, is not split again."""
+
+    def __init__(self, cs: ClusterSet, n, mu, S, T, ridge):
+        self.cs, self.n, self.mu, self.S, self.T, self.ridge = cs, n, mu, S, T, ridge
+        self._kept: dict[bytes, tuple] = {}
+
+    def __call__(self, rows: np.ndarray) -> tuple:
+        """:func:`_best_split` of the pieces ``rows`` (increasing piece indices)."""
+        key = np.asarray(rows, np.int64).tobytes()
+        out = self._kept.get(key)
+        if out is None:
+            out = _best_split(self.cs, self.n[rows], self.mu[rows], self.S[rows],
+                              self.T[rows], self.ridge)
+            self._kept[key] = out
+        return out
+
+
+def _split(cs: ClusterSet, z, center, splits: _SplitCache) -> int:
     """Split every component in two where a two-Gaussian classification EM over its
     pieces finds halves that the pairwise merge test keeps apart; the second half becomes
     a new cluster of ``cs`` (its statistics are written back by the caller) and z is
     updated in place. Returns the number of splits."""
-    splits = 0
+    count = 0
     for k in range(cs.C):
         mine = np.flatnonzero(z == k)
-        h, score, halves = _best_split(cs, n[mine], mu[mine], S[mine], T[mine], ridge,
-                                        max_iter)
+        h, score, halves = splits(mine)
         if h is None or not score >= 0.0:
             continue
         nh, mh, Sh = halves
         cs.add(mh[1:] + center, Sh[1:], nh[1:], cs.cls[[k]], cs.last[[k]])
         z[mine[~h]] = cs.C - 1
-        splits += 1
-    return splits
+        count += 1
+    return count
 
 
 def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
@@ -220,7 +265,7 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
         - cs.s.merge_tol
 
 
-def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam,
+def _merge_groups(cs: ClusterSet, z, n, mu, S, center, fam, splits: _SplitCache,
                   max_group: int = 5) -> int:
     """Merge groups of 3 to ``max_group`` components that one Gaussian describes better
     than the group's components (:func:`_soft_group_score` < 0), although no pair of them
@@ -254,8 +299,7 @@ def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam,
             if (len(G) < _MIN_GROUP
                     or not _soft_group_score(cs, G, z, n, mu + center, S, fam) < 0.0):
                 continue
-            rows = np.isin(z, G)
-            _, split_score, _ = _best_split(cs, n[rows], mu[rows], S[rows], T[rows], ridge)
+            _, split_score, _ = splits(np.flatnonzero(np.isin(z, G)))
             if split_score < 0.0:
                 groups.append([int(cs.uid[g]) for g in G])
                 done[G] = True
