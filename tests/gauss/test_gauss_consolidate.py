@@ -360,10 +360,11 @@ def test_the_group_score_matches_the_mixture_likelihood_of_its_rows(full):
     assert score == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
-def test_a_reused_best_split_is_the_one_computed_again(monkeypatch):
+def test_reused_splits_and_group_columns_are_the_ones_computed_again(monkeypatch):
     """The split step and the group merge reuse a group of pieces' best split within one
-    consolidation: every answer of the cache, checked against :func:`_best_split`
-    computed again on the same pieces, is equal bit for bit, and the reuse is taken."""
+    consolidation, and the group merge the other components' likelihood columns of a set
+    of components it scored before: every reused answer, checked against the same
+    computation done again, is equal bit for bit, and the reuse is taken."""
     from fedclust.gauss import consolidate as cons
 
     seed = 61   # the trie server: consolidations at its leaves and at the nodes above
@@ -384,8 +385,19 @@ def test_a_reused_best_split_is_the_one_computed_again(monkeypatch):
             assert all(np.array_equal(x, y) for x, y in zip(halves, halves2))
         return h, score, halves
 
+    group_score = cons._soft_group_score
+    reused = []
+
+    def checked_group(cs, G, z, n, mu, S, fam, kept=None):
+        reused.append(kept is not None and tuple(sorted(G)) in kept)
+        score = group_score(cs, G, z, n, mu, S, fam, kept)
+        assert np.array_equal(score, group_score(cs, G, z, n, mu, S, fam))
+        return score
+
+    monkeypatch.setattr(cons, "_soft_group_score", checked_group)
     monkeypatch.setattr(cons._SplitCache, "__call__", checked)
     monkeypatch.setattr(cons, "_best_split",
                         lambda *a, **kw: computed.append(1) or real(*a, **kw))
     FedGaussClustering(random_state=seed, server="tree").fit([X[p] for p in parts])
     assert 0 < len(computed) < len(asked)   # some groups were answered from the cache
+    assert any(reused) and not all(reused)

@@ -103,11 +103,15 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
             changed = True
         # dissolve: smallest first, each against the current mixture
         nk = Z.T @ n
+        pooled = None   # the components' statistics, pooled again only after a dissolve
         for k in np.argsort(nk, kind="stable"):
             if nk[k] == 0 or (Z.sum(axis=0) > 0).sum() < 2:
                 continue
-            if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol):
+            if pooled is None:
+                pooled = pool_pieces(Z, n, mu, TT, fam)
+            if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol, pooled):
                 changed = True
+                pooled = None
         if split and _split(cs, z, center, splits) > 0:
             changed = True
             Z = np.zeros((n.size, cs.C))
@@ -216,14 +220,18 @@ def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
 _MIN_GROUP = 3
 
 
-def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
+def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam,
+                      kept: dict | None = None) -> float:
     """Change of the mixture BIC, per sample of the group G, when the components G become
     one Gaussian (their pooled statistics), less ``merge_tol``: merge while < 0. The
     mixture log-likelihood of a piece's rows is bounded below by
     n_i log sum_k exp(l_ik / n_i) (l_ik: the log-likelihood of its rows under component k
     with its weight; the bound is exact for responsibilities shared by the piece's rows),
     so, unlike the classification likelihood, overlapping components keep the rows they
-    share. Evaluated on the pieces of G's components; the other components stay."""
+    share. Evaluated on the pieces of G's components; the other components stay.
+    ``kept``: the other components' likelihood columns by the set of G, for a caller that
+    scores groups of the same cluster set again (they depend on the set alone, not on the
+    order of G: the same rows, the same other components in increasing order)."""
     full = fam
     SS = S if full else diagonals(S)
     C = cs.C
@@ -245,7 +253,12 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
 
     # the other components' columns are the same before and after: computed once
     nk, mk, Sk = stats(np.r_[G, rest])
-    others = loglik(nk[G.size:], mk[G.size:], Sk[G.size:])
+    key = tuple(sorted(int(g) for g in G))
+    others = None if kept is None else kept.get(key)
+    if others is None:
+        others = loglik(nk[G.size:], mk[G.size:], Sk[G.size:])
+        if kept is not None:
+            kept[key] = others
 
     def bound(nk, mk, Sk):
         own = loglik(nk, mk, Sk)
@@ -284,6 +297,8 @@ def _merge_groups(cs: ClusterSet, z, n, mu, S, center, fam, splits: _SplitCache,
     R[q[same], p[same]] = sc
     done = np.zeros(C, bool)
     groups = []
+    columns: dict = {}   # cs is not changed until the merges below: reused by G's set
+    mu_abs = mu + center
     for k in np.argsort(cs.n[:C], kind="stable"):
         if done[k]:
             continue
@@ -297,7 +312,7 @@ def _merge_groups(cs: ClusterSet, z, n, mu, S, center, fam, splits: _SplitCache,
                 break
             G.append(j)
             if (len(G) < _MIN_GROUP
-                    or not _soft_group_score(cs, G, z, n, mu + center, S, fam) < 0.0):
+                    or not _soft_group_score(cs, G, z, n, mu_abs, S, fam, columns) < 0.0):
                 continue
             _, split_score, _ = splits(np.flatnonzero(np.isin(z, G)))
             if split_score < 0.0:
@@ -357,12 +372,13 @@ def _family(Z, n, mu, T, ridge, full, N) -> bool:
     return bool(bic[True] <= bic[False])
 
 
-def _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, tol) -> bool:
+def _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, tol, pooled) -> bool:
     """Hand the pieces of component k to their best other components if the mixture BIC
-    loses less than ``tol`` nats per affected sample; updates z and Z in place."""
+    loses less than ``tol`` nats per affected sample; updates z and Z in place.
+    ``pooled``: the components' (n, mean, scatter) under Z (:func:`pool_pieces`)."""
     TT = T if fam else diagonals(T)
     SS = S if fam else diagonals(S)
-    nk, mk, Sk = pool_pieces(Z, n, mu, TT, fam)
+    nk, mk, Sk = pooled
     others = np.flatnonzero((nk > 0) & (np.arange(nk.size) != k))
     mine = np.flatnonzero(z == k)
     P, ld = ridged_params(nk[others], Sk[others], ridge, fam)
