@@ -123,7 +123,7 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
         merged = merge_all_lazy(cs)   # cs.merge_all(), bit for bit, faster
         z = cs.row_clusters(uz)
         if split:
-            # a step that changed nothing on this very state before changes nothing now
+            # a step that changed nothing on this very state changes nothing on it again
             # (both are functions of the state and of this call's fixed pieces)
             state = _state(cs, z, fam)
             grouped = 0 if state in idle_groups else _merge_groups(
