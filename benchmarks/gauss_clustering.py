@@ -32,7 +32,9 @@ Mechanisms (``--ablation``): the default with one piece removed at a time, one s
 
 Servers (``--servers``): the flat server against ``server="tree"`` on S2, S4, R15, A1 and
 D31 split at random over 3, 10, 30 and 100 owners (one split, ``--seed``): ARI of each,
-and the clusters found where they differ (``--quick``: two generated sets, 3 to 30 owners).
+and the clusters found where they differ (``--quick``: two generated sets, 3 to 30 owners);
+the natural federations of ``real_federations.py`` with more than 8 sites (3 seeds); one
+Gaussian (2-D and 10-D) over 3 to 30 owners.
 
 Stream: Birch1 (100,000 x 2, 100 clusters; rows shuffled once) learnt by one
 :class:`~fedclust.EvolvingGaussians` in blocks of 1,000 rows; the time per
@@ -359,6 +361,55 @@ def servers(args, names, owner_counts):
     return out
 
 
+def servers_one_gaussian(args, owner_counts=(3, 10, 30)):
+    """Clusters found by the flat and the trie server on one Gaussian (5,000 rows, 2-D and
+    10-D) split at random over 3 to 30 owners."""
+    rows, out = [], {}
+    rng = np.random.default_rng(args.seed)
+    for D in (2, 10):
+        X = rng.normal(size=(5000, D))
+        row = [f"one Gaussian {D}-D"]
+        for m in owner_counts:
+            parts = np.array_split(np.random.default_rng(args.seed).permutation(len(X)), m)
+            ks = [FedGaussClustering(random_state=args.seed, server=server).fit(
+                [X[p] for p in parts]).n_clusters_ for server in ("flat", "tree")]
+            out[f"{D}-D/{m}"] = ks
+            row.append(f"{ks[0]} / {ks[1]}")
+        rows.append(row)
+    C.print_table(["data"] + [f"{m} owners: flat / tree clusters" for m in owner_counts],
+                  rows, title="One Gaussian, flat / tree server")
+    return out
+
+
+def servers_natural(args, seeds):
+    """Mean ARI / clusters of the flat and the trie server on the natural federations
+    of ``real_federations.py`` with more sites than a trie leaf holds (8)."""
+    import real_federations as R
+
+    rows, out = [], {}
+    for name, load_fed in R.FEDERATIONS.items():
+        try:
+            devices, ys = load_fed(args.data_dir)
+        except FileNotFoundError:
+            continue
+        if ys is None or len(devices) <= 8:   # up to 8 sites the trie is one leaf: flat
+            continue
+        y = np.concatenate(ys)
+        res = {}
+        for server in ("flat", "tree"):
+            fits = [FedGaussClustering(random_state=s, server=server).fit(devices)
+                    for s in seeds]
+            res[server] = {"ari": [float(adjusted_rand_score(y, f.labels_)) for f in fits],
+                           "clusters": [f.n_clusters_ for f in fits]}
+        out[name] = res
+        rows.append([name, len(devices)] + [
+            f"{np.mean(res[k]['ari']):.3f} / {np.mean(res[k]['clusters']):.1f}"
+            for k in ("flat", "tree")])
+    C.print_table(["federation", "sites", "flat: ARI / clusters", "tree: ARI / clusters"],
+                  rows, title=f"Natural federations over 8 sites ({len(seeds)} seeds)")
+    return out
+
+
 def stream(args, X, block=1000, stretch=10000, passes=3):
     """Median over ``passes`` fresh passes of the wall and CPU time per sample of every stretch."""
     walls, cpus = [], []
@@ -416,6 +467,8 @@ def main() -> None:
             payload["servers"] = (servers(args, ["s2", "s4", "r15", "a1", "d31"],
                                           [3, 10, 30, 100]) if have_data else
                                   servers(args, ["gen_15_2_3", "gen_20_3_4"], [3, 10, 30]))
+            payload["servers_natural"] = servers_natural(args, seeds)
+            payload["servers_one_gaussian"] = servers_one_gaussian(args)
             C.write_json(args, "gauss_clustering_servers", payload)
             return
         if args.ablation_only:
