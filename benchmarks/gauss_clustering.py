@@ -30,6 +30,12 @@ true k, GaussianMixture with BIC-chosen k, the oracle GaussianMixture.
 
 Mechanisms (``--ablation``): the default with one piece removed at a time, one split.
 
+Servers (``--servers``): the flat server against ``server="tree"`` on S2, S4, R15, A1 and
+D31 split at random over 3, 10, 30 and 100 owners (one split, ``--seed``): ARI of each,
+and the clusters found where they differ (``--quick``: two generated sets, 3 to 30 owners);
+the natural federations of ``real_federations.py`` with more than 8 sites (3 seeds); one
+Gaussian (2-D and 10-D) over 3 to 30 owners.
+
 Stream: Birch1 (100,000 x 2, 100 clusters; rows shuffled once) learnt by one
 :class:`~fedclust.EvolvingGaussians` in blocks of 1,000 rows; the time per
 sample of every 10,000-row stretch should stay flat as the stream grows
@@ -271,7 +277,9 @@ def references(args, names):
 
 def ablation(args, names):
     """The default with one mechanism removed at a time (one owner split)."""
+    from fedclust.gauss import consolidate as CO
     from fedclust.gauss import estimator as E
+    from fedclust.gauss import lazy_merge as LM
     from fedclust.gauss import model as M
     from fedclust.gauss import server as SV
 
@@ -280,7 +288,10 @@ def ablation(args, names):
         "no neighbour birth scale": {"patch": ("set_birth_scale", lambda self, X: None)},
         "no owner split": {"patch": ("split_by_rows", lambda self, X, labels, **kw: 0)},
         "BIC with full covariances only": {"patch": (
-            "_bic_logdets", lambda self, n, S, f=M.ClusterSet._bic_logdets: f(self, n, S)[-1:])},
+            "_bic_logdets", lambda self, n, S, f=M.ClusterSet._bic_logdets: f(self, n, S)[-1:]),
+            # the server's merge scores every pair exactly (its bounds assume both families)
+            "exact_merge": True},
+        "no regrouping": {"regroup": True},
         "no piece consolidation": {"module_patch": "consolidate"},
         "plain BIC (merge_tol=0)": {"kw": {"merge_tol": 0.0}},
         "paper's volume rule instead of BIC": {"kw": {"merge_test": "volume"}},
@@ -302,9 +313,15 @@ def ablation(args, names):
                 old_fn = getattr(SV, fn)
                 setattr(SV, fn, lambda cs, pieces: 0)
                 setattr(E, fn, lambda cs, pieces: 0)
+            old_regroup, old_scores = CO.regroup, LM._scores
+            if v.get("exact_merge"):
+                LM._scores = lambda cs, bound, p, q: cs._merge_scores(p, q)[0]
+            if v.get("regroup"):   # the consolidation's regrouping step changes nothing
+                CO.regroup = lambda cs, z, *a, **kw: (0, z)
             try:
                 aris, ks, _ = run_set(X, y, [args.seed], **v.get("kw", {}))
             finally:
+                CO.regroup, LM._scores = old_regroup, old_scores
                 if patch:
                     setattr(M.ClusterSet, patch[0], old)
                 if fn:
@@ -315,6 +332,81 @@ def ablation(args, names):
         rows.append(row)
     C.print_table(["set"] + [f"{k}: ARI / clusters" for k in variants], rows,
                   title="Mechanisms of the default, one removed at a time (one split)")
+    return out
+
+
+def servers(args, names, owner_counts):
+    """ARI / clusters of the flat and the trie server, one random split per owner count."""
+    rows, out = [], {}
+    for name in names:
+        data = load(args, name)
+        if data is None:
+            continue
+        X, y = data
+        row = [name]
+        for m in owner_counts:
+            parts = np.array_split(np.random.default_rng(args.seed).permutation(len(X)), m)
+            res = {}
+            for server in ("flat", "tree"):
+                fc = FedGaussClustering(random_state=args.seed, server=server).fit(
+                    [X[p] for p in parts])
+                res[server] = (float(adjusted_rand_score(y, fc.predict(X))), fc.n_clusters_)
+            out.setdefault(name, {})[str(m)] = {k: {"ari": a, "clusters": c}
+                                                for k, (a, c) in res.items()}
+            (af, kf), (at, kt) = res["flat"], res["tree"]
+            row.append(f"{af:.3f} / {at:.3f}" + (f" ({kf} / {kt})" if kf != kt else ""))
+        rows.append(row)
+    C.print_table(["set"] + [f"{m} owners: flat / tree" for m in owner_counts], rows,
+                  title="ARI, flat / tree server (clusters where they differ; one split)")
+    return out
+
+
+def servers_one_gaussian(args, owner_counts=(3, 10, 30)):
+    """Clusters found by the flat and the trie server on one Gaussian (5,000 rows, 2-D and
+    10-D) split at random over 3 to 30 owners."""
+    rows, out = [], {}
+    rng = np.random.default_rng(args.seed)
+    for D in (2, 10):
+        X = rng.normal(size=(5000, D))
+        row = [f"one Gaussian {D}-D"]
+        for m in owner_counts:
+            parts = np.array_split(np.random.default_rng(args.seed).permutation(len(X)), m)
+            ks = [FedGaussClustering(random_state=args.seed, server=server).fit(
+                [X[p] for p in parts]).n_clusters_ for server in ("flat", "tree")]
+            out[f"{D}-D/{m}"] = ks
+            row.append(f"{ks[0]} / {ks[1]}")
+        rows.append(row)
+    C.print_table(["data"] + [f"{m} owners: flat / tree clusters" for m in owner_counts],
+                  rows, title="One Gaussian, flat / tree server")
+    return out
+
+
+def servers_natural(args, seeds):
+    """Mean ARI / clusters of the flat and the trie server on the natural federations
+    of ``real_federations.py`` with more sites than a trie leaf holds (8)."""
+    import real_federations as R
+
+    rows, out = [], {}
+    for name, load_fed in R.FEDERATIONS.items():
+        try:
+            devices, ys = load_fed(args.data_dir)
+        except FileNotFoundError:
+            continue
+        if ys is None or len(devices) <= 8:   # up to 8 sites the trie is one leaf: flat
+            continue
+        y = np.concatenate(ys)
+        res = {}
+        for server in ("flat", "tree"):
+            fits = [FedGaussClustering(random_state=s, server=server).fit(devices)
+                    for s in seeds]
+            res[server] = {"ari": [float(adjusted_rand_score(y, f.labels_)) for f in fits],
+                           "clusters": [f.n_clusters_ for f in fits]}
+        out[name] = res
+        rows.append([name, len(devices)] + [
+            f"{np.mean(res[k]['ari']):.3f} / {np.mean(res[k]['clusters']):.1f}"
+            for k in ("flat", "tree")])
+    C.print_table(["federation", "sites", "flat: ARI / clusters", "tree: ARI / clusters"],
+                  rows, title=f"Natural federations over 8 sites ({len(seeds)} seeds)")
     return out
 
 
@@ -360,6 +452,10 @@ def main() -> None:
     parser = C.make_parser(__doc__.splitlines()[0])
     parser.add_argument("--ablation", action="store_true",
                         help="also run the default with one mechanism removed at a time")
+    parser.add_argument("--ablation-only", action="store_true",
+                        help="only the mechanisms' table (--ablation without the rest)")
+    parser.add_argument("--servers", action="store_true",
+                        help="only the flat server against server='tree' at 3 to 100 owners")
     parser.add_argument("--plain-only", action="store_true",
                         help="only the plain-data block and the reference methods")
     args = C.finish_args(parser.parse_args())
@@ -367,8 +463,19 @@ def main() -> None:
     payload = {}
     with C.blas_limit(args):
         have_data = load(args, "s1") is not None and not args.quick
-        payload["plain"] = plain(args, args.quick)
-        if have_data:
+        if args.servers:
+            payload["servers"] = (servers(args, ["s2", "s4", "r15", "a1", "d31"],
+                                          [3, 10, 30, 100]) if have_data else
+                                  servers(args, ["gen_15_2_3", "gen_20_3_4"], [3, 10, 30]))
+            payload["servers_natural"] = servers_natural(args, seeds)
+            payload["servers_one_gaussian"] = servers_one_gaussian(args)
+            C.write_json(args, "gauss_clustering_servers", payload)
+            return
+        if args.ablation_only:
+            args.ablation, args.plain_only = True, True
+        else:
+            payload["plain"] = plain(args, args.quick)
+        if have_data and not args.ablation_only:
             payload["references"] = references(args, ["aggregation", "s4"])
         if args.ablation and have_data:
             payload["ablation"] = ablation(args, ["s1", "s2", "r15", "a1", "a3", "d31", "s4",
@@ -376,7 +483,8 @@ def main() -> None:
                                                   "mb_40_10_2",
                                                   "gen_30_10_2", "dim_16_64_1"])
         if args.plain_only:
-            C.write_json(args, "gauss_clustering", payload)
+            C.write_json(args, "gauss_clustering_ablation" if args.ablation_only
+                         else "gauss_clustering", payload)
             return
         if have_data:
             payload["fig2"], figs = clustering(args, FIG2, seeds, "Figure 2 sets (3 owners, one round, defaults)")

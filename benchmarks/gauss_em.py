@@ -15,9 +15,11 @@ early when nothing changes), on:
 * the pooled GaussianMixture's own BIC over k = 13..20 on S2 and S4 (6 starts each,
   ``max_iter=500``, ``tol=1e-6``): what a row-level BIC prefers, and the ARI there.
 
-EM rounds used and bytes up are reported. ``--quick``: S2/S4 and the natural
-federations only, 2 seeds, the BIC curve over k = 14..17 with 2 starts. Without the
-SIPU files, the generated ``blobs_15_3_4`` and ``gen_15_3_3`` stand in for S2 / S4.
+EM rounds used and bytes up are reported. ``--icl``: S2 / S4 (5 owner splits) and the
+natural federations with ``em_criterion="icl"`` instead (the other blocks left out).
+``--quick``: S2/S4 and the natural federations only, 2 seeds, the BIC curve over
+k = 14..17 with 2 starts. Without the SIPU files, the generated ``blobs_15_3_4`` and
+``gen_15_3_3`` stand in for S2 / S4.
 """
 
 from __future__ import annotations
@@ -39,9 +41,14 @@ HELD_OUT = ["a1", "d31", "r15", "s1", "s3", "aggregation", "unbalance", "blobs_2
             "gen_15_8_4"]
 
 
+#: the EM rounds' model criterion (``--icl``: "icl")
+CRITERION = "bic"
+
+
 def _pair(devices, seed):
     a = FedGaussClustering(random_state=seed).fit(devices)
-    b = FedGaussClustering(random_state=seed, em_rounds=EM_ROUNDS).fit(devices)
+    b = FedGaussClustering(random_state=seed, em_rounds=EM_ROUNDS,
+                           em_criterion=CRITERION).fit(devices)
     return a, b
 
 
@@ -135,8 +142,13 @@ def _mm(v):
 
 
 def main():
+    global CRITERION
     p = C.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--icl", action="store_true",
+                   help="S2 / S4 and the natural federations with em_criterion='icl'")
     args = C.finish_args(p.parse_args())
+    if args.icl:
+        CRITERION = "icl"
     seeds = [args.seed + r for r in range(2 if args.quick else 5)]
     out = {}
     with warnings.catch_warnings():
@@ -146,12 +158,12 @@ def main():
         out["s2_s4"] = owner_splits(args, ["s2", "s4"] if have_data
                                     else ["blobs_15_3_4", "gen_15_3_3"], seeds)
         out["natural"] = natural(args, seeds)
-        if not args.quick:
+        if not args.quick and not args.icl:
             out["held_out"] = owner_splits(args, HELD_OUT, seeds[:3])
             out["plain"] = plain()
-        out["bic_curve"] = bic_curve(args, ["s2", "s4"],
-                                     range(14, 18) if args.quick else range(13, 21),
-                                     2 if args.quick else 6)
+        out["bic_curve"] = [] if args.icl else bic_curve(
+            args, ["s2", "s4"], range(14, 18) if args.quick else range(13, 21),
+            2 if args.quick else 6)
     for key, title in (("s2_s4", f"S2 / S4, 3 owners, {len(seeds)} owner splits"),
                        ("held_out", "Held-out sets, 3 owners, 3 owner splits")):
         if key in out:
@@ -162,7 +174,7 @@ def main():
                   f"{np.mean(r['k']):.1f} ({_mm(r['k'])})", C.fmt(np.mean(r["ari_em"]), 3),
                   f"{np.mean(r['k_em']):.1f} ({_mm(r['k_em'])})",
                   f"{np.mean(r['em_rounds']):.1f}"] for r in out[key]],
-                title=f"{title}: default vs em_rounds={EM_ROUNDS}")
+                title=f"{title}: default vs em_rounds={EM_ROUNDS}, {CRITERION}")
     C.print_table(
         ["federation", "sites", "ARI", "clusters", "ARI, EM", "clusters, EM", "GMM-BIC ARI",
          "bytes up/site", "bytes up/site, EM", "EM rounds used"],
@@ -171,7 +183,11 @@ def main():
           C.fmt(np.mean(r["gmm_bic_ari"]), 3), int(np.mean(r["bytes"])),
           int(np.mean(r["bytes_em"])), f"{np.mean(r['em_rounds']):.1f}"]
          for r in out["natural"]],
-        title=f"Natural federations ({len(seeds)} seeds): default vs em_rounds={EM_ROUNDS}")
+        title=f"Natural federations ({len(seeds)} seeds): default vs em_rounds={EM_ROUNDS}, "
+              f"{CRITERION}")
+    if args.icl:
+        C.write_json(args, "gauss_em_icl", out)
+        return
     if "plain" in out:
         C.print_table(["data", "clusters", "clusters, EM", "EM rounds used"],
                       [[r["data"], r["k"], r["k_em"], r["em_rounds"]] for r in out["plain"]],

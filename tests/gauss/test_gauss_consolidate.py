@@ -358,3 +358,46 @@ def test_the_group_score_matches_the_mixture_likelihood_of_its_rows(full):
     want = ((-2 * (after - before) - 2 * npar * np.log(nk.sum())) / (2 * nG)
             - cs.s.merge_tol)
     assert score == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+def test_reused_splits_and_group_columns_are_the_ones_computed_again(monkeypatch):
+    """The split step and the group merge reuse a group of pieces' best split within one
+    consolidation, and the group merge the other components' likelihood columns of a set
+    of components it scored before: every reused answer, checked against the same
+    computation done again, is equal bit for bit, and the reuse is taken."""
+    from fedclust.gauss import consolidate as cons
+
+    seed = 61   # the trie server: consolidations at its leaves and at the nodes above
+    X, _ = separated_blobs(seed, 9, 2, separation=1.5)
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(X)), 12)
+    cached = cons._SplitCache.__call__
+    asked, computed = [], []
+    real = cons._best_split
+
+    def checked(self, rows):
+        asked.append(1)
+        h, score, halves = cached(self, rows)
+        h2, score2, halves2 = real(self.cs, self.n[rows], self.mu[rows], self.S[rows],
+                                   self.T[rows], self.ridge)
+        assert (h is None) == (h2 is None) and np.array_equal(score, score2)
+        if h is not None:
+            assert np.array_equal(h, h2)
+            assert all(np.array_equal(x, y) for x, y in zip(halves, halves2))
+        return h, score, halves
+
+    group_score = cons._soft_group_score
+    reused = []
+
+    def checked_group(cs, G, z, n, mu, S, fam, kept=None):
+        reused.append(kept is not None and tuple(sorted(G)) in kept)
+        score = group_score(cs, G, z, n, mu, S, fam, kept)
+        assert np.array_equal(score, group_score(cs, G, z, n, mu, S, fam))
+        return score
+
+    monkeypatch.setattr(cons, "_soft_group_score", checked_group)
+    monkeypatch.setattr(cons._SplitCache, "__call__", checked)
+    monkeypatch.setattr(cons, "_best_split",
+                        lambda *a, **kw: computed.append(1) or real(*a, **kw))
+    FedGaussClustering(random_state=seed, server="tree").fit([X[p] for p in parts])
+    assert 0 < len(computed) < len(asked)   # some groups were answered from the cache
+    assert any(reused) and not all(reused)

@@ -35,7 +35,11 @@ regrouping of adjacent components into one fewer, as many or one more
 whole pieces and every sample stays in a component. Maximum-likelihood covariances are ridged by the
 volume-rule Sigma_0 as one pseudo-sample, as in the pairwise BIC; full or diagonal,
 whichever gives the current mixture the lower BIC. Work per round O(m K D^2 + K D^3) for
-m pieces and K components.
+m pieces and K components. Within one call the pieces do not change, so nothing is
+computed twice on the same input: a group of pieces' best split (:class:`_SplitCache`),
+the other components' likelihood columns of a group scored before, the pooled statistics
+between dissolves, and a group merge or regrouping on a state it left unchanged; the
+result is bit for bit that of computing them again (tested).
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
     D = cs.D
     K0 = cs.C
     z = slot.copy()
+    splits = _SplitCache(cs, n, mu, S, T, ridge)
+    idle_groups: set[bytes] = set()    # states on which the group merge merged nothing
+    idle_regroup: set[bytes] = set()   # and the regrouping changed nothing
     for _ in range(max_rounds):
         changed = False
         K = cs.C
@@ -100,12 +107,16 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
             changed = True
         # dissolve: smallest first, each against the current mixture
         nk = Z.T @ n
+        pooled = None   # the components' statistics, pooled again only after a dissolve
         for k in np.argsort(nk, kind="stable"):
             if nk[k] == 0 or (Z.sum(axis=0) > 0).sum() < 2:
                 continue
-            if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol):
+            if pooled is None:
+                pooled = pool_pieces(Z, n, mu, TT, fam)
+            if _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, cs.s.merge_tol, pooled):
                 changed = True
-        if split and _split(cs, z, n, mu, S, T, ridge, center) > 0:
+                pooled = None
+        if split and _split(cs, z, center, splits) > 0:
             changed = True
             Z = np.zeros((n.size, cs.C))
             Z[np.arange(n.size), z] = 1.0
@@ -116,11 +127,22 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
         merged = merge_all_lazy(cs)   # cs.merge_all(), bit for bit, faster
         z = cs.row_clusters(uz)
         if split:
-            grouped = _merge_groups(cs, z, n, mu, S, T, ridge, center, fam)
+            # a step that changed nothing on this very state changes nothing on it again
+            # (both are functions of the state and of this call's fixed pieces)
+            state = _state(cs, z, fam)
+            grouped = 0 if state in idle_groups else _merge_groups(
+                cs, z, n, mu, S, center, fam, splits)
             if grouped:
                 z = cs.row_clusters(uz)
                 merged += grouped
-            moved, z = regroup(cs, z, n, mu, S, T, ridge, center, fam)
+                state = _state(cs, z, fam)
+            else:
+                idle_groups.add(state)
+            moved = 0
+            if state not in idle_regroup:
+                moved, z = regroup(cs, z, n, mu, S, T, ridge, center, fam)
+                if not moved:
+                    idle_regroup.add(state)
             merged += moved
         changed = changed or merged > 0
         if not changed:
@@ -130,23 +152,54 @@ def consolidate(cs: ClusterSet, pieces: dict, max_rounds: int = 10, split: bool 
     return K0 - cs.C
 
 
-def _split(cs: ClusterSet, z, n, mu, S, T, ridge, center, max_iter: int = 25) -> int:
+def _state(cs: ClusterSet, z: np.ndarray, fam: bool) -> bytes:
+    """The exact state the group merge and the regrouping act on: the components'
+    classes and statistics (their bits), every piece's component and the family."""
+    C = cs.C
+    return b"".join([bytes([fam]), np.int64(C).tobytes(), cs.cls[:C].tobytes(),
+                     cs.n[:C].tobytes(), cs.mu[:C].tobytes(), cs.S[:C].tobytes(),
+                     np.asarray(z, np.int64).tobytes()])
+
+
+class _SplitCache:
+    """:func:`_best_split` of groups of pieces, kept for the rest of one :func:`consolidate`
+    call. Within a call the pieces (n, centred mu, S, T), the ridge and the settings do
+    not change, so a group of pieces, named by their indices in increasing order (the
+    order :func:`_best_split` sees them in), determines the result bit for bit: a
+    component that no step changed since the last round, or a group merge's candidate
+    seen before, is not split again."""
+
+    def __init__(self, cs: ClusterSet, n, mu, S, T, ridge):
+        self.cs, self.n, self.mu, self.S, self.T, self.ridge = cs, n, mu, S, T, ridge
+        self._kept: dict[bytes, tuple] = {}
+
+    def __call__(self, rows: np.ndarray) -> tuple:
+        """:func:`_best_split` of the pieces ``rows`` (increasing piece indices)."""
+        key = np.asarray(rows, np.int64).tobytes()
+        out = self._kept.get(key)
+        if out is None:
+            out = _best_split(self.cs, self.n[rows], self.mu[rows], self.S[rows],
+                              self.T[rows], self.ridge)
+            self._kept[key] = out
+        return out
+
+
+def _split(cs: ClusterSet, z, center, splits: _SplitCache) -> int:
     """Split every component in two where a two-Gaussian classification EM over its
     pieces finds halves that the pairwise merge test keeps apart; the second half becomes
     a new cluster of ``cs`` (its statistics are written back by the caller) and z is
     updated in place. Returns the number of splits."""
-    splits = 0
+    count = 0
     for k in range(cs.C):
         mine = np.flatnonzero(z == k)
-        h, score, halves = _best_split(cs, n[mine], mu[mine], S[mine], T[mine], ridge,
-                                        max_iter)
+        h, score, halves = splits(mine)
         if h is None or not score >= 0.0:
             continue
         nh, mh, Sh = halves
         cs.add(mh[1:] + center, Sh[1:], nh[1:], cs.cls[[k]], cs.last[[k]])
         z[mine[~h]] = cs.C - 1
-        splits += 1
-    return splits
+        count += 1
+    return count
 
 
 def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
@@ -171,14 +224,18 @@ def _best_split(cs: ClusterSet, n, mu, S, T, ridge, max_iter: int = 25):
 _MIN_GROUP = 3
 
 
-def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
+def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam,
+                      kept: dict | None = None) -> float:
     """Change of the mixture BIC, per sample of the group G, when the components G become
     one Gaussian (their pooled statistics), less ``merge_tol``: merge while < 0. The
     mixture log-likelihood of a piece's rows is bounded below by
     n_i log sum_k exp(l_ik / n_i) (l_ik: the log-likelihood of its rows under component k
     with its weight; the bound is exact for responsibilities shared by the piece's rows),
     so, unlike the classification likelihood, overlapping components keep the rows they
-    share. Evaluated on the pieces of G's components; the other components stay."""
+    share. Evaluated on the pieces of G's components; the other components stay.
+    ``kept``: the other components' likelihood columns by the set of G, for a caller that
+    scores groups of the same cluster set again (they depend on the set alone, not on the
+    order of G: the same rows, the same other components in increasing order)."""
     full = fam
     SS = S if full else diagonals(S)
     C = cs.C
@@ -200,7 +257,12 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
 
     # the other components' columns are the same before and after: computed once
     nk, mk, Sk = stats(np.r_[G, rest])
-    others = loglik(nk[G.size:], mk[G.size:], Sk[G.size:])
+    key = tuple(sorted(int(g) for g in G))
+    others = None if kept is None else kept.get(key)
+    if others is None:
+        others = loglik(nk[G.size:], mk[G.size:], Sk[G.size:])
+        if kept is not None:
+            kept[key] = others
 
     def bound(nk, mk, Sk):
         own = loglik(nk, mk, Sk)
@@ -220,7 +282,7 @@ def _soft_group_score(cs: ClusterSet, G: list[int], z, n, mu, S, fam) -> float:
         - cs.s.merge_tol
 
 
-def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam,
+def _merge_groups(cs: ClusterSet, z, n, mu, S, center, fam, splits: _SplitCache,
                   max_group: int = 5) -> int:
     """Merge groups of 3 to ``max_group`` components that one Gaussian describes better
     than the group's components (:func:`_soft_group_score` < 0), although no pair of them
@@ -239,6 +301,8 @@ def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam,
     R[q[same], p[same]] = sc
     done = np.zeros(C, bool)
     groups = []
+    columns: dict = {}   # cs is not changed until the merges below: reused by G's set
+    mu_abs = mu + center
     for k in np.argsort(cs.n[:C], kind="stable"):
         if done[k]:
             continue
@@ -252,10 +316,9 @@ def _merge_groups(cs: ClusterSet, z, n, mu, S, T, ridge, center, fam,
                 break
             G.append(j)
             if (len(G) < _MIN_GROUP
-                    or not _soft_group_score(cs, G, z, n, mu + center, S, fam) < 0.0):
+                    or not _soft_group_score(cs, G, z, n, mu_abs, S, fam, columns) < 0.0):
                 continue
-            rows = np.isin(z, G)
-            _, split_score, _ = _best_split(cs, n[rows], mu[rows], S[rows], T[rows], ridge)
+            _, split_score, _ = splits(np.flatnonzero(np.isin(z, G)))
             if split_score < 0.0:
                 groups.append([int(cs.uid[g]) for g in G])
                 done[G] = True
@@ -313,12 +376,13 @@ def _family(Z, n, mu, T, ridge, full, N) -> bool:
     return bool(bic[True] <= bic[False])
 
 
-def _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, tol) -> bool:
+def _dissolve(k, z, Z, n, mu, S, T, ridge, fam, N, npar, tol, pooled) -> bool:
     """Hand the pieces of component k to their best other components if the mixture BIC
-    loses less than ``tol`` nats per affected sample; updates z and Z in place."""
+    loses less than ``tol`` nats per affected sample; updates z and Z in place.
+    ``pooled``: the components' (n, mean, scatter) under Z (:func:`pool_pieces`)."""
     TT = T if fam else diagonals(T)
     SS = S if fam else diagonals(S)
-    nk, mk, Sk = pool_pieces(Z, n, mu, TT, fam)
+    nk, mk, Sk = pooled
     others = np.flatnonzero((nk > 0) & (np.arange(nk.size) != k))
     mine = np.flatnonzero(z == k)
     P, ld = ridged_params(nk[others], Sk[others], ridge, fam)
