@@ -75,6 +75,14 @@ PAPER = {"s1": "good", "s2": "good", "s4": "good", "r15": "good",
          "jain": "idem", "spiral": "idem"}
 
 
+def loaded(args, names):
+    """``(name, X, y)`` for each set of ``names`` that :func:`load` finds."""
+    for name in names:
+        data = load(args, name)
+        if data is not None:
+            yield (name, *data)
+
+
 def load(args, name):
     if name.startswith(("mb_", "dim_")):
         from sklearn.datasets import make_blobs
@@ -137,11 +145,7 @@ def run_set(X, y, seeds, **kw):
 
 def clustering(args, names, seeds, title):
     out, rows, figs = {}, [], {}
-    for name in names:
-        data = load(args, name)
-        if data is None:
-            continue
-        X, y = data
+    for name, X, y in loaded(args, names):
         k_ref = len(np.unique(y[y > 0]))
         aris, ks, models = run_set(X, y, seeds)
         old_aris, old_ks, _ = run_set(X, y, seeds, merge_test="volume")  # the paper's rule
@@ -255,11 +259,7 @@ def references(args, names):
     from sklearn.cluster import KMeans
 
     rows, out = [], {}
-    for name in names:
-        data = load(args, name)
-        if data is None:
-            continue
-        X, y = data
+    for name, X, y in loaded(args, names):
         k = len(np.unique(y[y > 0]))
         km = KMeans(k, n_init=10, random_state=args.seed).fit_predict(X)
         fits = [GaussianMixture(j, random_state=args.seed).fit(X) for j in range(1, 31)]
@@ -297,11 +297,7 @@ def ablation(args, names):
         "paper's volume rule instead of BIC": {"kw": {"merge_test": "volume"}},
     }
     rows, out = [], {}
-    for name in names:
-        data = load(args, name)
-        if data is None:
-            continue
-        X, y = data
+    for name, X, y in loaded(args, names):
         row = [name]
         for label, v in variants.items():
             patch = v.get("patch")
@@ -338,11 +334,7 @@ def ablation(args, names):
 def servers(args, names, owner_counts):
     """ARI / clusters of the flat and the trie server, one random split per owner count."""
     rows, out = [], {}
-    for name in names:
-        data = load(args, name)
-        if data is None:
-            continue
-        X, y = data
+    for name, X, y in loaded(args, names):
         row = [name]
         for m in owner_counts:
             parts = np.array_split(np.random.default_rng(args.seed).permutation(len(X)), m)
