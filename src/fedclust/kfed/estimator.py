@@ -325,6 +325,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.local_counts_ = Ragged(fit.local_counts, fit.offsets)
         self.center_labels_ = Ragged(fit.center_labels, fit.offsets)
         up = int(fit.local_centers.nbytes + fit.local_counts.nbytes)
+        if protocol.summarise:   # the default server's message also carries each scatter
+            up += 8 * len(fit.local_counts)   # (float64; the stream does not keep them)
         down = int(len(fit.center_labels) * 8)
         self.communication_ = {"rounds": 1, "bytes_up": up, "bytes_down": down,
                                "bytes_total": up + down, "messages_up": Z, "messages_down": Z,
