@@ -147,3 +147,19 @@ def test_default_server_streamed_on_the_stack_equals_the_list_fit(monkeypatch, l
     cost = ((X[:, None] - b.cluster_centers_[None]) ** 2).sum(-1).min(1).sum()
     ref = ((X[:, None] - means[None]) ** 2).sum(-1).min(1).sum()
     assert cost <= 1.05 * ref
+
+
+def test_default_kfed_streams_with_auto_summaries(fed):
+    # KFed()'s defaults (n_local_clusters="auto", the default server) stream: each device
+    # sizes its summary from its own shape, as in the list fit
+    a = KFed(6, random_state=5).fit(fed)
+    b = KFed(6, random_state=5).fit(X for X in fed)
+    assert all(lab is None for lab in b.device_labels_)   # streamed: rows not kept
+    assert np.array_equal(a.cluster_centers_, b.cluster_centers_)
+    for z in range(len(fed)):
+        assert np.array_equal(a.local_centers_[z], b.local_centers_[z])
+        assert np.array_equal(a.center_labels_[z], b.center_labels_[z])
+    assert b.communication_["bytes_up"] == a.communication_["bytes_up"]
+    # a one-row device would send its raw point: named, as in the list fit
+    with pytest.raises(ValidationError, match="device 3 has n_z=1"):
+        KFed(6, random_state=5).fit(iter(list(fed[:3]) + [fed[3][:1]]))

@@ -142,12 +142,11 @@ def _local_steps(protocol: KFedProtocol, chunk: list[Any], ids: list[int], d: in
               and (d is None or X.shape[1] == d))
         k_i = protocol.k_local(ids[i]) if ok else 0
         if ok and protocol.summarise:   # the default server's summary ladder from k_sent
-            k_i = protocol.k_sent(k_i, X.shape[0], X.shape[1])
-            if X.shape[0] > k_i:
-                groups.setdefault((X.shape, X.dtype.str), []).append(i)
-                continue
-        elif ok and X.shape[0] > k_i and not (X.shape[1] > k_i and use_randomized_svd(
-                X.shape[0], X.shape[1], k_i)):
+            ok = X.shape[0] > protocol.k_sent(k_i, X.shape[0], X.shape[1])
+        elif ok:
+            ok = X.shape[0] > k_i and not (X.shape[1] > k_i and use_randomized_svd(
+                X.shape[0], X.shape[1], k_i))
+        if ok:
             groups.setdefault((X.shape, X.dtype.str), []).append(i)
         else:
             groups.setdefault(("single", i), []).append(i)
