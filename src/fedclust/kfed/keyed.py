@@ -275,6 +275,7 @@ def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, t
     if best is None:
         return None
     if len(C) > LARGE_N:
+        del c_sq   # the blocked Lloyd keeps its own row norms: one (N,) array, not two
         res = blocked_lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol)
         res.centers = res.centers.astype(C.dtype, copy=False)   # float32 devices: float32
         return res
