@@ -4,8 +4,10 @@ Devices come from a generator (20 points, d = 20, k = 50, k' = 2): device z
 belongs to group ``z mod ⌈k/k'⌉`` and holds ``n/k'`` points of each of its
 group's k' components (unit-variance Gaussians around means drawn N(0, 10² I),
 so the components are ≈ 63 σ apart). Nothing but the current chunk of rows
-exists at any time: ``KFed(k, k', server="kmeans++").fit(generator)`` keeps
-only device centers and counts (:mod:`fedclust.kfed.stream`). The cost of the
+exists at any time: ``KFed(k, k', server="kmeans++").fit(generator)`` (or, with
+``server="default"``, ``KFed(k).fit(generator)``: the default server, each device
+sending its summary ladder's centers) keeps only device centers and counts
+(:mod:`fedclust.kfed.stream`). The cost of the
 final centers is compared with the cost of the generating means on the same
 rows (a second, regenerated pass over the first ``COST_DEVICES`` devices,
 which hold every component).
@@ -63,13 +65,17 @@ def costs(n_devices: int, seed: int, centers: np.ndarray) -> tuple[float, float]
     return got, ref
 
 
-def run_point(n_devices: int, seed: int, phase) -> dict:
+def run_point(n_devices: int, seed: int, phase, server: str = "kmeans++") -> dict:
+    """One point of the curve; ``server="default"``: ``KFed(K)`` as a user writes it (the
+    default server, each device's summary sized by the ladder)."""
     with phase() as ph:
-        model = KFed(K, K_LOCAL, server="kmeans++", random_state=seed).fit(
+        model = (KFed(K, random_state=seed) if server == "default" else
+                 KFed(K, K_LOCAL, server=server, random_state=seed)).fit(
             devices(n_devices, seed))
     t0 = time.perf_counter()
     got, ref = costs(min(n_devices, COST_DEVICES), seed, model.cluster_centers_)
     return {"n_devices": n_devices, "n_points": n_devices * N_PER, "fit_s": ph.time,
+            "server": server, "device_centers": len(model.local_centers_.data),
             "peak_extra_mib": ph.mem, "centers_mib": model.local_centers_.data.nbytes / 2**20,
             "cost_over_generating_means": got / ref,
             "cost_devices": min(n_devices, COST_DEVICES), "cost_check_s": time.perf_counter() - t0}

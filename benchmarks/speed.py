@@ -327,6 +327,10 @@ def main(argv=None) -> dict:
     p.add_argument("--curve-max", type=float, default=None,
                    help="largest device count of the streamed curve (default 1e7; quick 1e5; "
                         "0 skips the curve)")
+    p.add_argument("--curve-server", default="kmeans++",
+                   help="the streamed curve's server: 'kmeans++' (KFed(k, k', "
+                        "server='kmeans++')) or 'default' (KFed(k): the default server and "
+                        "its summary ladder)")
     p.add_argument("--curve-min", type=float, default=1e3,
                    help="smallest device count of the streamed curve (default 1e3)")
     p.add_argument("--authors-devices", type=int, default=None,
@@ -377,7 +381,7 @@ def main(argv=None) -> dict:
 
         with C.blas_limit(args):
             for z in S.points(cmax, int(args.curve_min)):
-                curve.append(S.run_point(z, args.seed, Phase))
+                curve.append(S.run_point(z, args.seed, Phase, server=args.curve_server))
                 print(f"  streamed curve: {z:,} devices in {curve[-1]['fit_s']:.1f} s", flush=True)
     table = []
     for r in rows:
@@ -438,7 +442,7 @@ def main(argv=None) -> dict:
                         f"{c['centers_mib']:.0f}", f"{c['cost_over_generating_means']:.4f}"]
                        for c in curve],
                       title="Streamed k-FED (generator; 20 points, d=20, k=50, k'=2, "
-                            "server kmeans++)")
+                            f"server {args.curve_server})")
     out = {"streamed_curve": curve,
            "params": {"separation": 100.0, "cases": [vars(c) for c in cases],
                       "memory": "VmHWM after reset minus RSS before the phase (MiB)"},

@@ -57,3 +57,22 @@ def test_float32_centers_stay_float32_on_the_blocked_kernel(monkeypatch):
     monkeypatch.setattr(keyed, "LARGE_N", 0)
     got = aggregate_centers(centers, 4, counts=counts, method="weighted-kmeans++", seed=1)
     assert got.centers.dtype == np.float32 and np.isfinite(got.centers).all()
+
+
+def test_coreset_draws_in_key_blocks_are_the_whole_draw(monkeypatch):
+    # each center's keyed uniform is its own hash: drawn in row blocks (a partial last one)
+    # the coreset keeps the same centers with the same weights as in one pass
+    from fedclust.kfed import keyed as kd
+    rng = np.random.default_rng(8)
+    C = rng.normal(size=(5003, 3)) * rng.uniform(0.1, 5, size=(5003, 1))
+    w = rng.integers(1, 9, 5003).astype(float)
+    c_sq = np.einsum("ij,ij->i", C, C)
+    owner = np.repeat(np.arange(1700) * 11 + 2, 3)[:5003]
+    local_index = np.tile(np.arange(3), 1700)[:5003]
+    whole = kd.keyed_coreset(C, w, c_sq, owner, local_index, 5, 600)
+    monkeypatch.setattr(kd, "_KEY_BLOCK", 1000)
+    rows, ws = kd.keyed_coreset(C, w, c_sq, owner, local_index, 5, 600)
+    assert np.array_equal(rows, whole[0]) and np.array_equal(ws, whole[1])
+    assert 400 < len(rows) < 800 and np.all(np.diff(rows) > 0)   # about m, each row once
+    # the weights are unbiased: they add up to the total weight within sampling error
+    assert abs(ws.sum() - w.sum()) < 0.15 * w.sum()

@@ -17,7 +17,8 @@ def fed():
     return devices
 
 
-@pytest.mark.parametrize("server", ["farthest-lloyd1", "kmeans++", "single-linkage"])
+@pytest.mark.parametrize("server", ["farthest-lloyd1", "kmeans++", "single-linkage",
+                                    "weighted-kmeans++"])
 def test_generator_gives_the_list_result(fed, server):
     a = KFed(6, 2, server=server, random_state=2).fit(fed)
     b = KFed(6, 2, server=server, random_state=2).fit(X for X in fed)
@@ -118,3 +119,47 @@ def test_threads_over_chunks_give_the_one_thread_result(fed, monkeypatch, server
     for jobs in (1, 4):
         with pytest.raises(ValidationError, match="device 9"):
             stream.fit_stream(proto, iter(bad), 123, n_jobs=jobs)
+
+
+@pytest.mark.parametrize("large_n", [100_000, 100])   # final Lloyd whole, or in row blocks
+def test_default_server_streamed_on_the_stack_equals_the_list_fit(monkeypatch, large_n):
+    # the default (keyed coreset) server runs on the stacked centers in place: never the
+    # per-device list and its concatenation, and the list fit's result bit for bit
+    from fedclust.kfed import keyed
+    monkeypatch.setattr(keyed, "SAMPLED_ABOVE", 0)
+    monkeypatch.setattr(keyed, "SAMPLE_MIN", 100)
+    monkeypatch.setattr(keyed, "SAMPLE_PER_CLUSTER", 20)
+    monkeypatch.setattr(keyed, "LARGE_N", large_n)
+    rng = np.random.default_rng(4)
+    means = rng.normal(scale=30, size=(5, 4))
+    devs = [means[[z % 5, (z + 2) % 5]].repeat(10, axis=0) + rng.normal(size=(20, 4))
+            for z in range(400)]
+    ids = list(range(1000, 1400))
+    a = KFed(5, 2, random_state=3).fit(devs, device_ids=ids)
+    called = []
+    monkeypatch.setattr(stream, "aggregate_centers", lambda *x, **kw: called.append(1))
+    b = KFed(5, 2, random_state=3).fit(iter(devs), device_ids=iter(ids))
+    assert not called
+    assert np.array_equal(a.cluster_centers_, b.cluster_centers_)
+    for z in range(len(devs)):
+        assert np.array_equal(a.center_labels_[z], b.center_labels_[z])
+    X = np.concatenate(devs)
+    cost = ((X[:, None] - b.cluster_centers_[None]) ** 2).sum(-1).min(1).sum()
+    ref = ((X[:, None] - means[None]) ** 2).sum(-1).min(1).sum()
+    assert cost <= 1.05 * ref
+
+
+def test_default_kfed_streams_with_auto_summaries(fed):
+    # KFed()'s defaults (n_local_clusters="auto", the default server) stream: each device
+    # sizes its summary from its own shape, as in the list fit
+    a = KFed(6, random_state=5).fit(fed)
+    b = KFed(6, random_state=5).fit(X for X in fed)
+    assert all(lab is None for lab in b.device_labels_)   # streamed: rows not kept
+    assert np.array_equal(a.cluster_centers_, b.cluster_centers_)
+    for z in range(len(fed)):
+        assert np.array_equal(a.local_centers_[z], b.local_centers_[z])
+        assert np.array_equal(a.center_labels_[z], b.center_labels_[z])
+    assert b.communication_["bytes_up"] == a.communication_["bytes_up"]
+    # a one-row device would send its raw point: named, as in the list fit
+    with pytest.raises(ValidationError, match="device 3 has n_z=1"):
+        KFed(6, random_state=5).fit(iter(list(fed[:3]) + [fed[3][:1]]))

@@ -144,3 +144,24 @@ def test_a_device_with_few_distinct_rows_keeps_its_last_feasible_rung(monkeypatc
             assert len(C) == 6 and N.sum() == len(X) and (N > 0).all()
             labels = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(1)
             np.testing.assert_allclose(C, [X[labels == j].mean(0) for j in range(6)])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_stacked_scatters_add_the_same_terms_as_each_device_alone(monkeypatch, dtype):
+    # the ladder's scatter about each device's mean, stacked in blocks, and its local
+    # clusters' scatter: the per-device numpy sums bit for bit (they decide the rung)
+    monkeypatch.setattr(local, "_SCATTER_BLOCK", 7)   # several blocks and a partial one
+    rng = np.random.default_rng(5)
+    X = (rng.normal(size=(30, 20, 6)) * rng.uniform(0.1, 50, size=(30, 1, 1))
+         + rng.normal(scale=40, size=(30, 1, 6))).astype(dtype)
+    want = np.array([float(((x - x.mean(axis=0)) ** 2).sum()) for x in X])
+    assert np.array_equal(local._total_scatter(X), want)
+    ref = np.stack([((x - x.mean(axis=0)).astype(np.float64) ** 2).sum() for x in X])
+    np.testing.assert_allclose(local._total_scatter(X), ref, rtol=1e-5)
+    C = rng.normal(size=(30, 3, 6)).astype(dtype)
+    lab = rng.integers(0, 3, size=(30, 20))
+    one = np.stack([local.local_scatter(x, c, la) for x, c, la in zip(X, C, lab)])
+    assert np.array_equal(local.local_scatter_stacked(X, C, lab), one)
+    hand = np.array([[((x[la == j] - c[j]).astype(np.float64) ** 2).sum() for j in range(3)]
+                     for x, c, la in zip(X, C, lab)])
+    np.testing.assert_allclose(one, hand, rtol=1e-5)

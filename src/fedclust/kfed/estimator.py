@@ -253,7 +253,10 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if is_stream(X):
             # a generator / lazy reader: streamed when nothing needs the rows twice
             if (transport is None and groups is None and self.privacy is None
-                    and not self.trim and not refine and isinstance(self.n_local_clusters, (int, np.integer))):
+                    and not self.trim and not refine
+                    and (isinstance(self.n_local_clusters, (int, np.integer))
+                         # the default server's devices size their summary themselves
+                         or (self.n_local_clusters == "auto" and self.server in WEIGHTED_SERVERS))):
                 return self._fit_stream(X, device_ids)
             X = list(X)
         fed = split_federation(X, groups=groups, device_ids=device_ids)
@@ -309,7 +312,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         from .stream import Ragged, fit_stream
 
         n_clusters = check_int(self.n_clusters, "n_clusters", min_value=1)
-        k_local = check_int(self.n_local_clusters, "n_local_clusters", min_value=1)
+        k_local = ("auto" if isinstance(self.n_local_clusters, str) else
+                   check_int(self.n_local_clusters, "n_local_clusters", min_value=1))
         protocol = KFedProtocol(
             n_clusters, k_local, server=self.server, weighted=self.weighted,
             first_device=self.first_device, max_iter=self.max_iter, tol=self.tol,
@@ -325,6 +329,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.local_counts_ = Ragged(fit.local_counts, fit.offsets)
         self.center_labels_ = Ragged(fit.center_labels, fit.offsets)
         up = int(fit.local_centers.nbytes + fit.local_counts.nbytes)
+        if protocol.summarise:   # the default server's message also carries each scatter
+            up += 8 * len(fit.local_counts)   # (float64; the stream does not keep them)
         down = int(len(fit.center_labels) * 8)
         self.communication_ = {"rounds": 1, "bytes_up": up, "bytes_down": down,
                                "bytes_total": up + down, "messages_up": Z, "messages_down": Z,

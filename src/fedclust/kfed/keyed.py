@@ -221,12 +221,25 @@ def keyed_coreset(C, w, c_sq, owner, local_index, seed, m):
     mu = (w @ C) / W
     d2 = np.maximum(c_sq - 2.0 * (C @ mu) + float(mu @ mu), 0.0)
     wd = w * d2
+    del d2
     total = float(wd.sum())
     q = 0.5 * w / W + (0.5 * wd / total if total > 0 else 0.5 * w / W)
+    del wd
     pi = np.minimum(1.0, m * q)
-    u = key_uniforms(_row_keys(seed, owner, local_index, _SAMPLE_BRANCH), 0, 0)
-    rows = np.flatnonzero(u < pi)
+    del q
+    # the keys and their uniforms in row blocks (each row's own hash: the same bits), so
+    # their temporaries stay small beside tens of millions of centers
+    rows = []
+    for s in range(0, len(pi), _KEY_BLOCK):
+        e = min(s + _KEY_BLOCK, len(pi))
+        u = key_uniforms(_row_keys(seed, owner[s:e], local_index[s:e], _SAMPLE_BRANCH), 0, 0)
+        rows.append(np.flatnonzero(u < pi[s:e]) + s)
+    rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     return rows, w[rows] / pi[rows]
+
+
+#: rows per block of :func:`keyed_coreset`'s keyed uniforms
+_KEY_BLOCK = 1 << 18
 
 
 def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, tol):
@@ -262,6 +275,7 @@ def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, t
     if best is None:
         return None
     if len(C) > LARGE_N:
+        del c_sq   # the blocked Lloyd keeps its own row norms: one (N,) array, not two
         res = blocked_lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol)
         res.centers = res.centers.astype(C.dtype, copy=False)   # float32 devices: float32
         return res

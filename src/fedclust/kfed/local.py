@@ -422,7 +422,7 @@ def summary_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, ladder: list[int],
     names = devices or [f"device {i}" for i in range(B)]
     rng_of = rngs if callable(rngs) else rngs.__getitem__
     hidden_share = SUMMARY_HIDDEN_SHARE if hidden_share is None else hidden_share
-    total = np.array([float(((X - X.mean(axis=0)) ** 2).sum()) for X in Xs])
+    total = _total_scatter(Xs)
     active, prev = np.arange(B), None
     out = []
     for r, k in enumerate(ladder):
@@ -438,13 +438,33 @@ def summary_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, ladder: list[int],
             C, N, L = C[ok], N[ok], L[ok]
             if len(active) == 0:
                 break
-        S = np.stack([local_scatter(X, c, lab) for X, c, lab in zip(part, C, L)])
+        S = (local_scatter_stacked(part, C, L) if isinstance(part, np.ndarray) else
+             np.stack([local_scatter(X, c, lab) for X, c, lab in zip(part, C, L)]))
         done = (S.sum(axis=1) <= hidden_share * total[active]) | (r == len(ladder) - 1)
         if done.any():
             out.append((active[done], C[done], N[done], L[done], S[done]))
         active, prev = active[~done], (active[~done], C[~done], N[~done], L[~done], S[~done])
         if len(active) == 0:
             break
+    return out
+
+
+#: devices per block of :func:`_total_scatter` (bounds its temporaries)
+_SCATTER_BLOCK = 4096
+
+
+def _total_scatter(Xs: list[np.ndarray] | np.ndarray) -> np.ndarray:
+    """Every device's scatter about its own mean, (B,): ``((X - X.mean(axis=0)) ** 2).sum()``
+    of each device, stacked devices in blocks (the same sums in the same order: the mean
+    adds the rows one after another, the total pairwise over the device's n·d values)."""
+    if not isinstance(Xs, np.ndarray):
+        return np.array([float(((X - X.mean(axis=0)) ** 2).sum()) for X in Xs])
+    out = np.empty(len(Xs))
+    for s in range(0, len(Xs), _SCATTER_BLOCK):
+        Xb = Xs[s:s + _SCATTER_BLOCK]
+        R = Xb - Xb.mean(axis=1, keepdims=True)
+        R *= R
+        out[s:s + len(Xb)] = R.sum(axis=(1, 2))
     return out
 
 

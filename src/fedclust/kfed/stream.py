@@ -6,11 +6,16 @@ same-shaped devices of a chunk run the local step as one batch
 (:func:`fedclust.kfed.batched.spectral_kmeans_batch`, with the same per-device
 random streams as the protocol's ``client_steps``), and the chunk's rows are
 dropped. Memory grows with Σ k_z · d (the device centers), not with the rows.
+With the default server each device refines its summary up the
+:func:`~fedclust.kfed.local.summary_ladder` exactly as the protocol's devices do
+(its scatters are not kept, so no explanation warning is raised).
 The server step then runs on all device centers: the protocol's own
 :func:`~fedclust.kfed.server.aggregate_centers` while the centers are few,
-else — for ``server="kmeans++"`` — directly on the stacked centers
-(:func:`fedclust.core.kmeans.weighted_kmeans`: coreset seeding, blocked Lloyd)
-so no per-device object is built.
+else directly on the stacked centers, so no per-device object and no second
+copy of the centers is built — ``server="kmeans++"`` by
+:func:`fedclust.core.kmeans.weighted_kmeans` (coreset seeding, blocked Lloyd),
+the default server by :func:`fedclust.kfed.keyed.sampled_weighted_kmeans`
+(keyed coreset, blocked Lloyd; the list fit's result bit for bit).
 
 Row labels are not kept (the rows are gone): ``center_labels_[z]`` maps each of
 device z's centers to its cluster, and ``predict`` labels any rows.
@@ -27,16 +32,17 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..core.exceptions import ValidationError
+from ..core.exceptions import FedClustError, ValidationError
 from ..core.kmeans import weighted_kmeans
 from ..core.protocol import Request
-from ..core.random import device_uniforms, server_rng
+from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.threads import one_blas_thread
 from ..core.validation import check_devices
 from .batched import n_uniforms, spectral_kmeans_batch
 from .protocol import ACTION, KFedProtocol
-from .local import use_randomized_svd
-from .server import LARGE_N, aggregate_centers
+from .local import summary_kmeans_stacked, summary_ladder, use_randomized_svd
+from .keyed import sample_size, sampled_weighted_kmeans
+from .server import KEYED_SERVERS, LARGE_N, aggregate_centers
 
 __all__ = ["is_stream", "fit_stream", "StreamFit", "Ragged"]
 
@@ -135,8 +141,12 @@ def _local_steps(protocol: KFedProtocol, chunk: list[Any], ids: list[int], d: in
         ok = (isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f"
               and (d is None or X.shape[1] == d))
         k_i = protocol.k_local(ids[i]) if ok else 0
-        if ok and X.shape[0] > k_i and not (X.shape[1] > k_i and use_randomized_svd(
-                X.shape[0], X.shape[1], k_i)):
+        if ok and protocol.summarise:   # the default server's summary ladder from k_sent
+            ok = X.shape[0] > protocol.k_sent(k_i, X.shape[0], X.shape[1])
+        elif ok:
+            ok = X.shape[0] > k_i and not (X.shape[1] > k_i and use_randomized_svd(
+                X.shape[0], X.shape[1], k_i))
+        if ok:
             groups.setdefault((X.shape, X.dtype.str), []).append(i)
         else:
             groups.setdefault(("single", i), []).append(i)
@@ -150,7 +160,24 @@ def _local_steps(protocol: KFedProtocol, chunk: list[Any], ids: list[int], d: in
                 batch = np.stack([chunk[i] for i in members])
                 if not np.isfinite(batch).all():
                     batch = None
-        if batch is not None:
+        if batch is not None and protocol.summarise:
+            n, d_ = batch.shape[1:]
+            mids = [ids[i] for i in members]
+            ladder = summary_ladder(n, d_, protocol.n_clusters,
+                                    start=protocol.k_sent(k, n, d_))
+            try:   # as the protocol's client_steps: the same uniforms, streams and rungs
+                rungs = summary_kmeans_stacked(
+                    batch, ladder, device_uniforms(seed, mids, 0, n_uniforms(ladder[-1])),
+                    lambda j: device_rng(seed, mids[j], 0), max_iter=protocol.local_max_iter,
+                    tol=protocol.tol, devices=[f"device {z}" for z in mids])
+            except FedClustError:   # one by one below, each device its own error
+                rungs = []
+            else:
+                for idx, C, N, _, _ in rungs:
+                    for j, c, cnt in zip(idx, C, N):
+                        C_out[members[j]], N_out[members[j]] = c, cnt.astype(np.int64)
+                members = []
+        elif batch is not None:
             mids = [ids[i] for i in members]
             U = device_uniforms(seed, mids, 0, n_uniforms(k))
             C, _, N, _ = spectral_kmeans_batch(batch, k, U, max_iter=protocol.local_max_iter,
@@ -168,6 +195,22 @@ def _local_steps(protocol: KFedProtocol, chunk: list[Any], ids: list[int], d: in
             msg = protocol.client_step(request, X, device_id=ids[i], seed=seed, state={})
             C_out[i], N_out[i] = msg.centers, msg.counts
     return C_out, N_out
+
+
+def _sampled_on_stack(C_all: np.ndarray, N_all: np.ndarray, offsets: np.ndarray,
+                      ids: Sequence, k: int, seed: int, protocol: KFedProtocol):
+    """:func:`~fedclust.kfed.keyed.sampled_weighted_kmeans` on the stacked device centers
+    (C_all (N, d), N_all (N,), device z's rows ``offsets[z]:offsets[z + 1]``), keyed by the
+    device ids as the protocol's server keys them; None where it cannot run (then the
+    caller takes :func:`~fedclust.kfed.server.aggregate_centers`)."""
+    sizes = np.diff(offsets).astype(np.int64)
+    owner = np.repeat(np.asarray(ids, dtype=np.int64), sizes)
+    local_index = np.arange(len(owner), dtype=np.int64)
+    local_index -= np.repeat(offsets[:-1].astype(np.int64), sizes)
+    w = N_all.astype(C_all.dtype)
+    return sampled_weighted_kmeans(C_all, k, w, owner, local_index, seed,
+                                   sample_size(len(C_all), k), max_iter=protocol.max_iter,
+                                   tol=protocol.tol)
 
 
 def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
@@ -234,10 +277,17 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
         raise ValidationError(f"the devices sent {total} local centers in all but "
                               f"n_clusters={k}; need sum k_z >= k")
     rng = server_rng(seed)
+    ids_out: Sequence = range(n_dev) if ids_iter is None else ids_seen
+    res = None
     if protocol.server == "kmeans++" and total > LARGE_N:
         w = N_all.astype(np.float64) if protocol.weighted else None
         res = weighted_kmeans(C_all, k, rng, weights=w, max_iter=protocol.max_iter,
                               tol=protocol.tol)
+    elif protocol.server in KEYED_SERVERS and sample_size(total, k) is not None:
+        # the default server on the stacked centers in place (no per-device list, no second
+        # copy): what aggregate_centers runs on their concatenation, the same bits
+        res = _sampled_on_stack(C_all, N_all, offsets, ids_out, k, seed, protocol)
+    if res is not None:
         final, labels, n_iter, seed_dev = res.centers, res.labels, res.n_iter, None
     else:
         first = protocol.first_device
@@ -254,7 +304,6 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
                                 device_ids=list(range(n_dev)) if ids_iter is None else ids_seen)
         final, n_iter, seed_dev = agg.centers, agg.n_iter, agg.seed_device
         labels = np.concatenate(agg.center_labels) if agg.center_labels else np.zeros(0, int)
-    ids_out: Sequence = range(n_dev) if ids_iter is None else ids_seen
     return StreamFit(final, C_all, N_all, labels, offsets, ids_out,
                      None if seed_dev is None else ids_out[seed_dev], n_iter, n_points)
 
