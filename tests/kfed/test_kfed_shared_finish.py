@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from fedclust import KFed
-from fedclust.kfed import protocol as kp
+from fedclust.kfed import protocol as kp, stacked_steps
 from fedclust.kfed.messages import FinalCenters
 
 
 def test_shared_finish_equals_one_call_per_device(monkeypatch):
-    monkeypatch.setattr(kp, "SHARED_FINISH_CHUNK", 50)   # several chunks
+    monkeypatch.setattr(stacked_steps, "SHARED_FINISH_CHUNK", 50)   # several chunks
     rng = np.random.default_rng(3)
     sizes = [int(n) for n in rng.integers(0, 40, size=300)] + [300, 1000, 7]
     devices = [rng.normal(size=(n, 6)) for n in sizes]

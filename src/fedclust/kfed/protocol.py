@@ -17,21 +17,20 @@ from __future__ import annotations
 from collections import defaultdict
 import math
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.validation import check_array, check_choice, check_float, check_int
-from ..core.exceptions import (FedClustError, IncompatibleMessageError, TooFewReplies,
-                               ValidationError)
+from ..core.exceptions import IncompatibleMessageError, TooFewReplies, ValidationError
 from .batched import n_uniforms
-from .local import (auto_range, local_kmeans, local_kmeans_auto, local_kmeans_auto_many,
-                    local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked,
-                    summary_cap, summary_kmeans_stacked, summary_ladder, summary_size)
+from .local import (local_kmeans, local_kmeans_auto, local_scatter, summary_cap,
+                    summary_kmeans_stacked, summary_ladder, summary_size)
 from ..core.kmeans import assign
 from ..core.messages import Message, StackedReplies
+from .stacked_steps import (ACTION, gather_label_maps, label_by_centers,
+                            stacked_steps)
 from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
 from .server import (SERVER_METHODS, WEIGHTED_SERVERS, aggregate_centers, assign_to_centers,
                      explanation_warning)
@@ -43,15 +42,6 @@ from ..privacy.mechanisms import DEVICE
 
 __all__ = ["KFedProtocol", "KFedResult"]
 
-ACTION = "local_centers"
-#: devices with at most this many values are stacked into one array per batch
-_STACK_MAX = 4096
-#: the final centers label devices of fewer rows than this stacked together ...
-SHARED_FINISH_ROWS = 256
-#: ... in chunks of about this many rows (a few MB at d = 100)
-SHARED_FINISH_CHUNK = 16_384
-_SHAPE = attrgetter("shape")
-_DTYPE = attrgetter("dtype")
 
 
 
@@ -73,23 +63,6 @@ def refine_bytes_per_round(n_clusters: int, n_features: int, itemsize: int = 8) 
     ``k (d + 1) 8 + 8`` for float64 data), down ``k d 8`` (the float64 centers)."""
     k, d = int(n_clusters), int(n_features)
     return {"up": k * d * int(itemsize) + k * 8 + 8, "down": k * d * 8}
-
-class _DeviceNames(Sequence):
-    """``"device <id>"`` for each id, made when asked for (only an error names a device)."""
-
-    __slots__ = ("ids",)
-
-    def __init__(self, ids: Sequence[int]):
-        self.ids = ids
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [f"device {z}" for z in self.ids[i]]
-        return f"device {self.ids[i]}"
-
 
 @dataclass
 class KFedResult:
@@ -442,7 +415,7 @@ class KFedProtocol(Protocol):
                                     allow_raw_points=self.allow_raw_points,
                                     device=f"device {device_id}")
             state["local_labels"] = res.labels
-            return self._summary(res.message, X, res.labels)
+            return self.summary_reply(res.message, X, res.labels)
         if self.summarise and len(X) > k:   # the default server's summary, refined per device
             X = check_array(X, f"device {device_id}")
             ladder = summary_ladder(len(X), X.shape[1], self.n_clusters, start=k)
@@ -459,9 +432,9 @@ class KFedProtocol(Protocol):
                            uniforms=device_uniforms(seed, [device_id], request.round,
                                                     n_uniforms(k))[0])
         state["local_labels"] = res.labels
-        return self._summary(res.message, X, res.labels)
+        return self.summary_reply(res.message, X, res.labels)
 
-    def _summary(self, msg: LocalCenters, X: np.ndarray, labels: np.ndarray) -> LocalCenters:
+    def summary_reply(self, msg: LocalCenters, X: np.ndarray, labels: np.ndarray) -> LocalCenters:
         """The reply: with the default server, the centers plus each local cluster's scatter."""
         if not self.summarise:
             return msg
@@ -503,119 +476,12 @@ class KFedProtocol(Protocol):
 
     def _steps_stacked(self, request: Request, devices: Mapping[int, np.ndarray], *,
                        seed: int, states: Mapping[int, dict[str, np.ndarray]]):
+        one_by_one = lambda devs: super(KFedProtocol, self).client_steps(   # noqa: E731
+            request, devs, seed=seed, states=states)
         if request.action != ACTION or self.plan is not None:
-            return [], super().client_steps(request, devices, seed=seed, states=states)
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        single: dict[int, np.ndarray] = {}
-        # k_z sent depends on (k_z, n_z, d) only: worked out once per triple, not per device
-        same_k = None if self.auto or isinstance(self.n_local_clusters, Mapping) \
-            else self.n_local_clusters
-        sent: dict[tuple[int, int, int], int] = {}
-        items = devices.items()
-        if same_k is not None and len(devices) > 1 \
-                and set(map(type, devices.values())) == {np.ndarray}:
-            # one shape and dtype for all (many small devices): one group, found at C speed
-            shapes = set(map(_SHAPE, devices.values()))
-            dtypes = set(map(_DTYPE, devices.values()))
-            if len(shapes) == 1 and len(dtypes) == 1:
-                (shape,), (dtype,) = shapes, dtypes
-                if len(shape) == 2 and dtype.kind == "f":
-                    k = self.k_sent(same_k, shape[0], shape[1])
-                    if shape[0] > k:
-                        groups[(shape, dtype, k)] = list(devices)
-                        items = ()
-        for z, X in items:
-            if isinstance(X, np.ndarray) and X.ndim == 2 and X.dtype.kind == "f":
-                shape = X.shape
-                key = (same_k if same_k is not None else 0 if self.auto else self.k_local(z),
-                       shape[0], shape[1])
-                k = sent.get(key)
-                if k is None:   # the auto k_z range depends only on n: one batch per shape
-                    k = sent[key] = (auto_range(key[1], self.n_clusters)[1] if self.local_auto
-                                     else self.k_sent(*key))
-                if shape[0] > k:
-                    groups[(shape, X.dtype, k)].append(z)
-                    continue
-            single[z] = X   # the single path gives the precise error or the raw-points case
-        batches = []
-        for (shape, _, k), ids in groups.items():
-            if shape[0] * shape[1] <= _STACK_MAX:   # many tiny devices: one copy, one check
-                batch = np.concatenate([devices[z] for z in ids]).reshape((len(ids),) + shape)
-                # local_kmeans_stacked's Gram matrix tests the copy for finite values (its
-                # diagonal; a non-finite device raises and the group runs one by one below)
-                gram_checks = (not self.summarise and not self.local_auto
-                               and shape[1] > k and shape[0] >= shape[1])
-                finite = (np.ones(len(ids), dtype=bool) if gram_checks
-                          else np.isfinite(batch).all(axis=(1, 2)))
-            else:   # large devices: local_kmeans_many stacks them in bounded chunks and
-                # tests each copied chunk for finite values (a non-finite device raises, and
-                # its group runs one by one below, where the device gets its own error)
-                batch = [devices[z] for z in ids]
-                finite = np.ones(len(ids), dtype=bool)
-            if len(ids) == 1 or not finite.all():  # non-finite devices get their own error
-                single.update({z: devices[z] for z in ids})
-                continue
-            batches.append((k, ids, batch))
-        out = super().client_steps(request, single, seed=seed, states=states) if single else {}
-        stacked: list[StackedReplies] = []
-        for k, ids, batch in batches:
-            try:
-                if self.summarise:
-                    n, d = devices[ids[0]].shape
-                    ladder = summary_ladder(n, d, self.n_clusters, start=k)
-                    results = summary_kmeans_stacked(
-                        batch, ladder,
-                        device_uniforms(seed, ids, request.round, n_uniforms(ladder[-1])),
-                        lambda i, ids=ids: device_rng(seed, ids[i], request.round),
-                        max_iter=self.local_max_iter, tol=self.tol,
-                        devices=[f"device {z}" for z in ids])
-                elif self.local_auto:
-                    results = local_kmeans_auto_many(
-                        batch, self.n_clusters,
-                        lambda i, ids=ids: device_rng(seed, ids[i], request.round),
-                        max_iter=self.local_max_iter, tol=self.tol,
-                        allow_raw_points=self.allow_raw_points,
-                        devices=_DeviceNames(ids))
-                else:
-                    results = local_kmeans_stacked(
-                        batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
-                        uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
-                        max_iter=self.local_max_iter, tol=self.tol,
-                        devices=_DeviceNames(ids))
-                    if results is None:   # large devices, one randomized SVD each
-                        results = local_kmeans_many(
-                            batch, k, lambda i, ids=ids: device_rng(seed, ids[i], request.round),
-                            uniforms=device_uniforms(seed, ids, request.round, n_uniforms(k)),
-                            max_iter=self.local_max_iter, tol=self.tol,
-                            devices=_DeviceNames(ids))
-            except FedClustError:  # e.g. a device with too few distinct points: name it singly
-                out.update(super().client_steps(request, {z: devices[z] for z in ids}, seed=seed,
-                                                states=states))
-                continue
-            if self.summarise:   # one stacked batch per rung the devices stopped at
-                for idx, C, N, L, S in results:
-                    rung_ids = [ids[i] for i in idx]
-                    for z, labels in zip(rung_ids, L):
-                        states[z]["local_labels"] = labels
-                    stacked.append(StackedReplies(self.reply_types[ACTION], rung_ids, {
-                        "centers": C, "counts": N.astype(np.int64), "scatter": S}))
-                continue
-            if isinstance(results, tuple):   # (B, k, d) centers, (B, k) counts, (B, n) labels
-                C, N, L, _ = results
-                for z, labels in zip(ids, L):
-                    states[z]["local_labels"] = labels
-                arrays = {"centers": C, "counts": N}
-                if self.summarise:
-                    arrays["scatter"] = (local_scatter_stacked(batch, C, L)
-                                         if isinstance(batch, np.ndarray) else
-                                         np.stack([local_scatter(devices[z], c, lab)
-                                                   for z, c, lab in zip(ids, C, L)]))
-                stacked.append(StackedReplies(self.reply_types[ACTION], list(ids), arrays))
-                continue
-            for z, res in zip(ids, results):
-                states[z]["local_labels"] = res.labels
-                out[z] = self._summary(res.message, devices[z], res.labels)
-        return stacked, out
+            return [], one_by_one(devices)
+        return stacked_steps(self, request, devices, seed=seed, states=states,
+                             one_by_one=one_by_one)
 
     def check_batch(self, state: KFedState, request: Request, batch: StackedReplies,
                     messages) -> dict[int, IncompatibleMessageError]:
@@ -644,15 +510,7 @@ class KFedProtocol(Protocol):
                 or len({lab.shape for lab in local}) != 1 or local[0].ndim != 1):
             return [self.client_finish(m, X, s)
                     for m, X, s in zip(batch.messages(), devices, states)]
-        # one copy of every device's labels (np.stack costs a Python step per array)
-        labels = np.take_along_axis(np.asarray(batch.arrays["global_labels"]),
-                                    np.concatenate(local).reshape(len(local), -1), axis=1)
-        out = [{"labels": row} for row in labels]
-        if any("n_clipped" in s for s in states):
-            for o, s in zip(out, states):
-                if "n_clipped" in s:
-                    o["n_clipped"] = s["n_clipped"]
-        return out
+        return gather_label_maps(batch.arrays["global_labels"], local, states)
 
     def client_finish_shared(self, message: Message | None, devices: Sequence[np.ndarray],
                              states: Sequence[dict[str, np.ndarray]]
@@ -664,35 +522,7 @@ class KFedProtocol(Protocol):
         if (not isinstance(message, FinalCenters)
                 or type(self).client_finish is not KFedProtocol.client_finish):
             return [self.client_finish(message, X, s) for X, s in zip(devices, states)]
-        C = np.asarray(message.centers)
-        out: list[dict[str, np.ndarray]] = [{} for _ in states]
-        chunk: list[tuple[int, np.ndarray]] = []
-        rows = 0
-
-        def label_chunk() -> None:
-            labels = assign(np.concatenate([X for _, X in chunk]), C)[0]
-            ends = np.cumsum([len(X) for _, X in chunk])
-            for (i, _), lab in zip(chunk, np.split(labels, ends[:-1])):
-                out[i]["labels"] = lab
-            chunk.clear()
-
-        for i, (X, s) in enumerate(zip(devices, states)):
-            if "local_labels" not in s:
-                continue
-            X = np.asarray(X, dtype=C.dtype)
-            if X.ndim != 2 or len(X) >= SHARED_FINISH_ROWS:   # large devices: alone
-                out[i]["labels"] = assign(X, C)[0]
-            else:
-                chunk.append((i, X))
-                rows += len(X)
-                if rows >= SHARED_FINISH_CHUNK:
-                    label_chunk()
-                    rows = 0
-            if "n_clipped" in s:
-                out[i]["n_clipped"] = s["n_clipped"]
-        if chunk:
-            label_chunk()
-        return out
+        return label_by_centers(np.asarray(message.centers), devices, states)
 
     def client_finish(self, message: Message | None, X: np.ndarray,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
