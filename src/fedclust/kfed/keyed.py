@@ -165,12 +165,18 @@ def keyed_starts(C, k, w, c_sq, centers, owner, local_index, seed, spare=0):
     return pos, ff, pp
 
 
+def center_keys(device_ids, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each stacked device center's key parts: its device's id and its index on that
+    device, ``(owner (N,), local_index (N,))`` for devices of ``sizes`` (Z,) centers."""
+    owner = np.repeat(np.asarray(device_ids, dtype=np.int64), sizes)
+    return owner, np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+
 def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
     """The server's step: the best of the keyed k-means++ starts (and the farthest-first
     start where :data:`FARTHEST_START` is on)."""
-    sizes = np.fromiter(map(len, centers), dtype=np.int64, count=len(centers))
-    owner = np.repeat(np.asarray(device_ids, dtype=np.int64), sizes)
-    local_index = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    owner, local_index = center_keys(
+        device_ids, np.fromiter(map(len, centers), dtype=np.int64, count=len(centers)))
     m = sample_size(len(C), k)
     if m is not None:
         res = sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, max_iter=max_iter,

@@ -41,7 +41,7 @@ from ..core.validation import check_devices
 from .batched import n_uniforms, spectral_kmeans_batch
 from .protocol import ACTION, KFedProtocol
 from .local import summary_kmeans_stacked, summary_ladder, use_randomized_svd
-from .keyed import sample_size, sampled_weighted_kmeans
+from .keyed import center_keys, sample_size, sampled_weighted_kmeans
 from .server import KEYED_SERVERS, LARGE_N, aggregate_centers
 
 __all__ = ["is_stream", "fit_stream", "StreamFit", "Ragged"]
@@ -203,10 +203,7 @@ def _sampled_on_stack(C_all: np.ndarray, N_all: np.ndarray, offsets: np.ndarray,
     (C_all (N, d), N_all (N,), device z's rows ``offsets[z]:offsets[z + 1]``), keyed by the
     device ids as the protocol's server keys them; None where it cannot run (then the
     caller takes :func:`~fedclust.kfed.server.aggregate_centers`)."""
-    sizes = np.diff(offsets).astype(np.int64)
-    owner = np.repeat(np.asarray(ids, dtype=np.int64), sizes)
-    local_index = np.arange(len(owner), dtype=np.int64)
-    local_index -= np.repeat(offsets[:-1].astype(np.int64), sizes)
+    owner, local_index = center_keys(ids, np.diff(offsets).astype(np.int64))
     w = N_all.astype(C_all.dtype)
     return sampled_weighted_kmeans(C_all, k, w, owner, local_index, seed,
                                    sample_size(len(C_all), k), max_iter=protocol.max_iter,
@@ -301,7 +298,7 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
                                 method=protocol.server, weighted=protocol.weighted,
                                 first_device=first, rng=rng, max_iter=protocol.max_iter,
                                 tol=protocol.tol, seed=seed,
-                                device_ids=list(range(n_dev)) if ids_iter is None else ids_seen)
+                                device_ids=list(ids_out))
         final, n_iter, seed_dev = agg.centers, agg.n_iter, agg.seed_device
         labels = np.concatenate(agg.center_labels) if agg.center_labels else np.zeros(0, int)
     return StreamFit(final, C_all, N_all, labels, offsets, ids_out,
