@@ -268,7 +268,7 @@ def test_em_rounds_zero_leaves_the_default_untouched_and_refusals():
             1.0, 1e-6, data_bound=20.0)).fit(owners)
     with pytest.raises(ValidationError, match="em_rounds"):
         FedGaussClustering(em_rounds=-1).fit(owners)
-    from fedclust.gauss.protocol import GaussClassifierProtocol
+    from fedclust.gauss import GaussClassifierProtocol
 
     with pytest.raises(ValidationError, match="classifier has none"):
         GaussClassifierProtocol(classes=[0, 1], em_rounds=2)

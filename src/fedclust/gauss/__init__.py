@@ -15,7 +15,8 @@ from .evolving import EvolvingGaussians
 from .hooks import (GaussPredictor, fit_classifier, gauss_blobs, gauss_classifier_report,
                     gauss_export, gauss_report,
                     gauss_result_fields, plot_gauss)
-from .protocol import GaussClassifierProtocol, GaussProtocol, GaussResult
+from .classifier_protocol import GaussClassifierProtocol
+from .protocol import GaussProtocol, GaussResult
 from .private import PrivateGaussClassifierProtocol
 from .private_clustering import PrivateGaussProtocol
 

@@ -45,8 +45,8 @@ from .evolving import (PARAMS_DOC, ClusterScoring, EvolvingGaussians, cluster_at
                        estimator_settings)
 from .local import from_message
 from .model import MERGE_TOL, ClusterSet, one_thread
-from .protocol import (SETTING_NAMES, GaussClassifierProtocol, GaussProtocol, GaussResult,
-                       result_message)
+from .classifier_protocol import GaussClassifierProtocol
+from .protocol import SETTING_NAMES, GaussProtocol, GaussResult, result_message
 from .scoring import class_log_scores, proba
 
 __all__ = ["EvolvingGaussians", "FedGaussClustering", "FedGaussClassifier"]

@@ -53,7 +53,8 @@ from ..privacy import (DifferentialPrivacy, PrivacyPlan, clip_contribution, clip
 from ..privacy import kmeans as pk
 from ..privacy import gaussian, noise_rng
 from ..privacy.mechanisms import SERVER
-from .protocol import GaussClassifierProtocol, GaussResult
+from .classifier_protocol import GaussClassifierProtocol
+from .protocol import GaussResult
 
 __all__ = ["GaussClassMoments", "PrivateGaussClassifierProtocol", "repair_covariance",
            "repair_variances", "noise_level"]

@@ -11,12 +11,12 @@ counted once whatever the number of rounds, so the pooled statistics stay exact.
 One round is the paper's setting and the default.
 
 With ``em_rounds > 0`` (clustering only), up to that many federated EM rounds follow
-(``action="gauss_em"``, :mod:`fedclust.gauss.federated_em`): the server sends the
+(``action="gauss_em"``, :mod:`fedclust.gauss.em_rounds`): the server sends the
 current mixture and candidate merges, drops and splits, every owner returns the
 row-level log-likelihood (and responsibility entropy) of each and the E-step statistics,
 and the server keeps the model with the lowest BIC (or ICL) and takes one M-step.
 
-:class:`GaussClassifierProtocol` is the supervised variant (device data
+:class:`~fedclust.gauss.classifier_protocol.GaussClassifierProtocol` is the supervised variant (device data
 ``(X, y)``; ``classes`` travel in the config, so a label seen only at predict
 time is impossible and a label missing on some owners is fine).
 """
@@ -34,19 +34,19 @@ from ..core.exceptions import IncompatibleMessageError, TooFewReplies, Validatio
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
 from ..core.validation import check_array, check_choice, check_float, check_int
-from .federated_em import (CRITERIA, EM_TOL, Mixture, candidate_edits, choose_and_step,
-                           device_statistics, integer_counts)
+from .em_rounds import check_em_reply, em_payload, em_statistics, em_step
+from .federated_em import CRITERIA
 from .local import from_message, learn_local, to_message
 from .messages import (GaussClassStats, GaussClassSums, GaussClusters, GaussEMStats,
-                       GaussFeatures, GaussMixture, GaussModel)
+                       GaussFeatures, GaussModel)
 from .model import MERGE_TESTS, PREDICT_RULES, VOLUMES, ClusterSet, Settings, one_thread
 from .server import merge_messages
 from .stats import (class_moments, fisher_mask, fisher_scores, merge_class_moments, moments,
-                    pack_scatter, unpack_scatter)
+                    pack_scatter)
 from .tree_merge import TreeMerge
 
-__all__ = ["GaussProtocol", "GaussClassifierProtocol", "GaussResult", "check_settings",
-           "model_message"]
+__all__ = ["GaussProtocol", "GaussResult", "check_settings", "model_message", "result_message",
+           "predict_labels"]
 
 ACTION = "gauss_clusters"
 STATS = "gauss_class_stats"  # the classifier's feature-selection round
@@ -247,36 +247,12 @@ class GaussProtocol(Protocol):
         if (not self.em_rounds or state.em_done or state.em_round >= self.em_rounds
                 or state.model is None or self.n_classes):
             return None
-        if state.mix is None:
-            cs = from_message(state.model, self.settings, 0)
-            C = cs.C
-            ridge = cs.s0_rule
-            S, n = cs.S[:C], cs.n[:C]
-            covs = ((S + np.diag(ridge)) / n[:, None, None] if cs.full
-                    else (S + ridge) / n[:, None])
-            state.mix, state.ridge = Mixture(n / n.sum(), cs.mu[:C].copy(), covs), ridge
-        state.edits = candidate_edits(state.mix)
-        mix = state.mix
         return Request(round=self.n_rounds + int(self.selects) + state.em_round, action=EM,
-                       payload=GaussMixture(weights=mix.weights, means=mix.means,
-                                            covs=pack_scatter(mix.covs) if mix.full
-                                            else mix.covs.copy(),
-                                            edits=state.edits.copy()))
+                       payload=em_payload(state, self.settings))
 
     def check_reply(self, state: _State, request: Request, device_id: int, reply: Message) -> None:
         if request.action == EM:
-            if not isinstance(reply, GaussEMStats):
-                raise IncompatibleMessageError(
-                    f"device {device_id}: expected {EM}, got {type(reply).__name__}")
-            mix, c = state.mix, len(state.edits)  # type: ignore[union-attr, arg-type]
-            K, D = mix.means.shape  # type: ignore[union-attr]
-            w = D * (D + 1) // 2 if mix.full else D  # type: ignore[union-attr]
-            if reply.first.shape != (K, D) or reply.second.shape != (K, w) \
-                    or reply.loglik.shape != (c + 1,) or reply.entropy.shape != (c + 1,):
-                raise IncompatibleMessageError(
-                    f"device {device_id}: EM statistics have shapes {reply.first.shape}, "
-                    f"{reply.second.shape}, {reply.loglik.shape}; the mixture needs ({K}, {D}), "
-                    f"({K}, {w}), ({c + 1},)")
+            check_em_reply(state, device_id, reply)
             return
         if request.action == STATS:
             if not isinstance(reply, self.reply_types[STATS]):
@@ -311,57 +287,14 @@ class GaussProtocol(Protocol):
                 f"device {device_id}: classes have {reply.classes.shape[1]} columns but the "
                 f"federation has {self.n_classes} classes")
 
-    def _em_step(self, state: _State, replies: Mapping[int, Message]) -> None:
-        """Sum the owners' EM statistics, keep the lowest-BIC model, one M-step."""
-        mix = state.mix
-        assert mix is not None and state.edits is not None and state.ridge is not None
-        msgs = [replies[z] for z in sorted(replies)]
-        state.em_round += 1
-        if not msgs:
-            state.em_done = True
-            return
-        D = mix.means.shape[1]
-        ll = sum(m.loglik for m in msgs)
-        ent = sum(m.entropy for m in msgs) if self.em_criterion == "icl" else None
-        N = sum(m.resp for m in msgs)
-        first = sum(m.first for m in msgs)
-        second = sum((unpack_scatter(m.second, D) if mix.full else m.second) for m in msgs)
-        if (N <= 0).any():  # a component no row supports: only drop it this round
-            keep = N > 0
-            mix = Mixture(mix.weights[keep] / mix.weights[keep].sum(), mix.means[keep],
-                          mix.covs[keep])
-            new, S = choose_and_step(mix, np.zeros((0, 2), np.int64), ll[:1], N[keep],
-                                     first[keep], second[keep], state.ridge)[:2]
-            kept, bic = 0, np.zeros(0)
-        else:
-            new, S, kept, bic = choose_and_step(mix, state.edits, ll, N, first, second,
-                                                state.ridge, ent)
-        rows = float(N.sum())
-        state.em_trace.append({"round": state.em_round, "components": mix.K,
-                               "kept": "none" if not kept else
-                               [int(v) for v in state.edits[kept - 1]],
-                               "loglik": float(ll[0]), "criterion": self.em_criterion,
-                               "scores": [float(b) for b in bic]})
-        if kept == 0 and float(ll[0]) - state.em_ll < EM_TOL * rows:
-            state.em_done = True
-        state.em_ll = float(ll[0]) if kept == 0 else -np.inf
-        state.mix = new
-        m = state.model
-        assert m is not None
-        counts = integer_counts(new.weights, int(m.global_count))
-        live = counts >= 1  # a component rounding to no row goes (its share is < half a row)
-        with one_thread():
-            cs = ClusterSet(D, self.settings, 0)
-            cs.set_global(float(m.global_count), m.global_mean, m.global_m2)
-            cs.add(new.means[live], S[live], counts[live].astype(float),
-                   np.full(int(live.sum()), -1, np.int64), np.zeros(int(live.sum()), np.int64))
-            state.model = model_message(cs, state.features)
-        state.removed_by_owner = {z: 0 for z in state.removed_by_owner}  # EM covers all rows
-        state.removed_by_server = 0
-
     def server_step(self, state: _State, request: Request, replies: Mapping[int, Message]) -> None:
         if request.action == EM:
-            self._em_step(state, replies)
+            cs = em_step(state, replies, self.settings, self.em_criterion)
+            if cs is not None:
+                state.model = model_message(cs, state.features)
+                # EM covers all rows
+                state.removed_by_owner = {z: 0 for z in state.removed_by_owner}
+                state.removed_by_server = 0
             return
         if request.action == STATS:
             msgs = list(replies.values())
@@ -448,7 +381,8 @@ class GaussProtocol(Protocol):
     def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
                     state: dict[str, np.ndarray]) -> Message:
         if request.action == EM:
-            return self._em_client(request, X, device_id)
+            return em_statistics(request.payload, self._device_data(X, device_id)[0], device_id,
+                                 self.settings)
         if request.action not in (ACTION, STATS):
             raise ValidationError(f"gauss has no client action {request.action!r}")
         Xd, y = self._device_data(X, device_id)
@@ -496,25 +430,6 @@ class GaussProtocol(Protocol):
             cs = learn_local(Xr, yr, self.settings, self.n_classes, prior)
         return to_message(cs, self.kappa_n, own, own_class_moments=own_cls)
 
-    def _em_client(self, request: Request, X: Any, device_id: int) -> GaussEMStats:
-        """One federated EM round on all the owner's rows (:mod:`fedclust.gauss.federated_em`)."""
-        msg = request.payload
-        if not isinstance(msg, GaussMixture):
-            raise ValidationError(f"device {device_id}: an EM round needs a GaussMixture, got "
-                                  f"{type(msg).__name__}")
-        Xd, _ = self._device_data(X, device_id)
-        K, D = msg.means.shape
-        if Xd.shape[1] != D:
-            raise ValidationError(f"device {device_id} has {Xd.shape[1]} features but the "
-                                  f"mixture has {D}")
-        full = self.settings.covariance == "full"
-        covs = unpack_scatter(msg.covs, D) if full else msg.covs
-        mix = Mixture(msg.weights, msg.means, covs)
-        with one_thread():
-            ll, N, first, second, ent = device_statistics(Xd, mix, msg.edits)
-        return GaussEMStats(loglik=ll, entropy=ent, resp=N, first=first,
-                            second=pack_scatter(second) if full else second)
-
     def client_finish(self, message: Message | None, X: Any,
                       state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if message is None:
@@ -534,7 +449,7 @@ def result_message(result: GaussResult, settings: Settings) -> GaussModel:
     return GaussModel(
         means=result.means, scatters=pack_scatter(S) if S.ndim == 3 else S,
         counts=result.counts.astype(np.int64), ages=result.ages.astype(np.int64),
-        classes=_onehot(result.classes, onehot_cols),
+        classes=onehot(result.classes, onehot_cols),
         global_count=np.asarray(int(result.global_count), np.int64),
         global_mean=result.global_mean, global_m2=result.global_m2,
         class_count=result.class_count.astype(np.int64),
@@ -544,7 +459,7 @@ def result_message(result: GaussResult, settings: Settings) -> GaussModel:
                   else np.ones(result.means.shape[1], np.int64)))
 
 
-def _onehot(classes: np.ndarray, M: int) -> np.ndarray:
+def onehot(classes: np.ndarray, M: int) -> np.ndarray:
     out = np.zeros((classes.size, M), dtype=np.int64)
     if M:
         out[np.arange(classes.size), classes] = 1
@@ -558,83 +473,3 @@ def predict_labels(cs: ClusterSet, X: np.ndarray, rule: str) -> np.ndarray:
     if cs.n_classes:
         return np.argmax(class_log_scores(cs, X, rule), axis=1).astype(np.int64)
     return np.argmax(cs.log_scores(X, rule), axis=1).astype(np.int64)
-
-
-class GaussClassifierProtocol(GaussProtocol):
-    """Supervised variant: device data is ``(X, y)`` with y among ``classes``."""
-
-    name = "gauss-classifier"
-    supervised = True
-    not_summable_reason = ("the server merges each owner's evolving clusters, which a sum cannot "
-                           "carry; with kappa_f > 0 the feature-selection round is summed, and "
-                           "FedGaussClassifier(privacy=...) sends per-class sums only")
-
-    def __init__(self, *, classes: Sequence[Any], kappa_f: float = 0.0,
-                 summed_stats: bool = False, **kw: Any):
-        super().__init__(**kw)
-        self.kappa_f = check_float(kappa_f, "kappa_f", min_value=0.0, max_value=1.0)
-        self.selects = self.kappa_f > 0
-        # the feature-selection round as plain per-class sums (secure aggregation)
-        self.summed_stats = bool(summed_stats) and self.selects
-        if self.summed_stats:
-            self.summed_actions = frozenset({STATS})
-            self.reply_types = {**type(self).reply_types, STATS: GaussClassSums}
-        if self.em_rounds:
-            raise ValidationError(f"em_rounds={self.em_rounds}: the federated EM rounds are for "
-                                  "clustering; the classifier has none")
-        classes = list(classes)
-        if not classes:
-            raise ValidationError("classes is empty: a classifier needs at least one class")
-        self.classes = classes
-        self._classes_arr = np.asarray(classes)
-
-    @property
-    def n_classes(self) -> int:
-        return len(self.classes)
-
-    def config(self) -> dict[str, Any]:
-        cfg = super().config()
-        cfg["kappa_f"] = self.kappa_f
-        if self.summed_stats:
-            cfg["summed_stats"] = True
-        cfg["classes"] = [c.item() if isinstance(c, np.generic) else c for c in self.classes]
-        return cfg
-
-    def secure_form(self) -> "GaussClassifierProtocol":
-        """Under secure aggregation: the feature-selection round as per-class sums (the
-        server gets their sum; the cluster rounds are sent as before)."""
-        if not self.selects or self.summed_stats:
-            return self
-        return type(self).from_config({**self.config(), "summed_stats": True})
-
-    def final_message(self, result: GaussResult, device_id: int) -> Message | None:
-        msg = result_message(result, self.settings)
-        M = self.n_classes
-        return dataclasses.replace(msg, classes=_onehot(result.classes, M))
-
-    def _device_data(self, data: Any, device_id: int) -> tuple[np.ndarray, np.ndarray | None]:
-        if not (isinstance(data, tuple) and len(data) == 2):
-            raise ValidationError(f"device {device_id}: supervised data must be a tuple (X, y)")
-        X, y = data
-        Xd, _ = super()._device_data(X, device_id)
-        y = np.asarray(y)
-        if y.ndim != 1 or y.shape[0] != Xd.shape[0]:
-            raise ValidationError(f"device {device_id}: y has shape {y.shape} but X has "
-                                  f"{Xd.shape[0]} rows")
-        return Xd, encode_labels(y, self._classes_arr, f"device {device_id}")
-
-
-def encode_labels(y: np.ndarray, classes: np.ndarray, owner: str) -> np.ndarray:
-    """Class indices of y in the sorted ``classes``; an unknown label is named."""
-    try:
-        idx = np.searchsorted(classes, y)
-    except TypeError:
-        raise ValidationError(f"{owner}: labels of type {y.dtype} cannot be compared with the "
-                              f"classes {classes.tolist()[:10]}") from None
-    idx = np.clip(idx, 0, len(classes) - 1)
-    bad = classes[idx] != y
-    if np.any(bad):
-        # the row, never the value: this message can reach the server
-        raise ValidationError(f"{owner}: the label of row {int(np.argmax(bad))} is not one of "
-                              f"the {len(classes)} classes")
-    return idx.astype(np.int64)
