@@ -318,6 +318,26 @@ def test_plain_values_refuse_what_needs_pickle():
         from_plain({"__dc__": "os:system", "attrs": {}}, {})
 
 
+def test_a_checkpoint_naming_a_class_by_its_former_module_still_loads():
+    # the evolving Gaussians' classifier and preprocessing's messages moved to modules of
+    # their own; a checkpoint written before names them by the old module
+    from fedclust.gauss import GaussClassifierProtocol
+    from fedclust.sites.preprocess_messages import ColumnMoments
+
+    proto = GaussClassifierProtocol(classes=[0, 1], n_features=2)
+    plain = {"__protocol__": "fedclust.gauss.protocol:GaussClassifierProtocol",
+             "config": to_plain(proto.config(), {}, "p")}
+    back = from_plain(plain, {})
+    assert type(back) is GaussClassifierProtocol and back.config() == proto.config()
+    msg = ColumnMoments(count=np.array([2]), total=np.array([3.0]), m2=np.array([0.5]),
+                        n_rows=np.array(2))
+    arrays: dict = {}
+    plain = to_plain(msg, arrays, "m")
+    plain["__dc__"] = "fedclust.sites.preprocess:ColumnMoments"
+    again = from_plain(plain, arrays)
+    assert type(again) is ColumnMoments and again.m2.tolist() == [0.5]
+
+
 @dataclass
 class _Holder:
     g: object
