@@ -479,7 +479,7 @@ def __getattr__(name: str) -> Any:
     # the classifier lives in :mod:`.classifier_protocol` (which imports this module); it
     # stays importable from here, e.g. for a checkpoint that names it by this module
     if name in ("GaussClassifierProtocol", "encode_labels"):
-        from . import classifier_protocol
+        from importlib import import_module
 
-        return getattr(classifier_protocol, name)
+        return getattr(import_module(".classifier_protocol", __package__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
