@@ -250,13 +250,9 @@ def explanation_warning(centers: Sequence[np.ndarray], counts: Sequence[np.ndarr
     lab = np.concatenate(center_labels).astype(np.int64)
     final = np.asarray(final, dtype=np.float64)
     owner = np.repeat(np.asarray(device_ids, dtype=np.int64), [len(c) for c in centers])
-    # every final center's rows in increasing order (as np.flatnonzero(lab == j) gives them),
-    # from one stable sort instead of one pass over all rows per final center
-    by_center = np.argsort(lab, kind="stable")
-    bounds = np.searchsorted(lab[by_center], np.arange(len(final) + 1)).tolist()
     splits = []
     for j in range(len(final)):
-        rows = by_center[bounds[j]:bounds[j + 1]]
+        rows = np.flatnonzero(lab == j)
         splits.append(center_split(C[rows], w[rows], S[rows]) if len(rows) else None)
     verdict = poor_answer(splits, final)
     if verdict is None:
