@@ -458,7 +458,7 @@ def _total_scatter(Xs: list[np.ndarray] | np.ndarray) -> np.ndarray:
     of each device, stacked devices in blocks (the same sums in the same order: the mean
     adds the rows one after another, the total pairwise over the device's n·d values)."""
     if not isinstance(Xs, np.ndarray):
-        return np.array([_scatter_about_mean(X) for X in Xs])
+        return np.array([float(((X - X.mean(axis=0)) ** 2).sum()) for X in Xs])
     out = np.empty(len(Xs))
     for s in range(0, len(Xs), _SCATTER_BLOCK):
         Xb = Xs[s:s + _SCATTER_BLOCK]
@@ -466,14 +466,6 @@ def _total_scatter(Xs: list[np.ndarray] | np.ndarray) -> np.ndarray:
         R *= R
         out[s:s + len(Xb)] = R.sum(axis=(1, 2))
     return out
-
-
-def _scatter_about_mean(X: np.ndarray) -> float:
-    """``((X - X.mean(axis=0)) ** 2).sum()`` with one temporary (squaring in place: the
-    same products, summed in the same order)."""
-    R = X - X.mean(axis=0)
-    R *= R
-    return float(R.sum())
 
 
 def _summary_rung(part, k, U, rng_of, names, max_iter, tol, max_batch_elements, *,
