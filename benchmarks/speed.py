@@ -51,10 +51,20 @@ this machine's timings are noisy):
   (``--no-default-server`` skips it): the timed fits above name the paper's server
   ``farthest-lloyd1``, which the time goals are stated for; this table says what a user
   who changes nothing gets at these scales (CPU time, cost, bytes up per device).
-  Measured (one run): large-1000x1000 4.27 s against scikit-learn's 25.56 s (0.167x),
-  tiny-5e4x20 4.95 s against 3.54 s (1.40x; its 200,000 device centers are above
-  ``fedclust.kfed.keyed.SAMPLED_ABOVE``, so the server's starts run on a keyed coreset
-  of about 10,000 of them: 0.5 s of server step, the devices' steps about 3.1 s);
+  Measured (one run, ``--cases 1,3 --no-authors --curve-max 0 --repeats 1``, 2-core
+  machine at load average 4, CPU s): large-1000x1000 6.97 s against scikit-learn's
+  35.44 s (0.197x), tiny-5e4x20 6.00 s against 3.97 s (1.51x). Where the CPU goes
+  (cProfile, one thread): on large-1000x1000 the server's 10 keyed k-means++ starts over
+  the 10,000 pieces (about 40%: every step one BLAS product of the pieces with its 6
+  candidates and one with its pick, about 1.9 ms together), the devices' steps (about
+  40%: Gram matrices, seeds, Lloyd, and the summary's two scatter passes over the rows)
+  and the final labelling of the 10^6 rows (about 15%); on tiny-5e4x20 (200,000 device
+  centers, above ``fedclust.kfed.keyed.SAMPLED_ABOVE``: the starts run on a keyed coreset
+  of about 10,000) the devices' steps (about half: LAPACK ``eigh`` of the 50,000 20 x 20
+  Gram matrices alone about 1.8 s, since subspace iteration, tried on each batch's first
+  64 devices, converges on none at k_z = 4 for devices of 2 groups), the server (about
+  15%), the explanation check of the final centers (about 10%) and the final labelling
+  (about 7%);
 * ``authors``: :mod:`authors_kfed`, a re-creation of the authors' design (a
   per-device loop around scikit-learn ``KMeans``). On the many-small case its
   device loop runs on a random sample of ``--authors-devices`` devices and is

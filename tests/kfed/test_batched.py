@@ -5,8 +5,9 @@ import pytest
 
 from fedclust import KFed
 from fedclust.core.random import device_rng, device_uniforms
-from fedclust.kfed.batched import (_cross, _labels_kept, _subspace_batch, kmeanspp_batch,
-                                   lloyd_batch, n_uniforms, projection_batch)
+from fedclust.kfed.batched import (_SUBSPACE_PROBE, _cross, _labels_kept, _subspace_batch,
+                                   kmeanspp_batch, lloyd_batch, n_uniforms, projection_batch,
+                                   top_eigvecs)
 from fedclust.kfed.local import local_kmeans, local_kmeans_many
 
 
@@ -80,6 +81,47 @@ def test_wide_subspace_projection_on_every_path_spans_top_subspace():
         Vt = np.linalg.svd(X[b], full_matrices=False)[2][:k].T
         np.testing.assert_allclose(V[b] @ V[b].T, Vt @ Vt.T, atol=1e-6)
         np.testing.assert_allclose(V[b].T @ V[b], np.eye(k), atol=1e-10)
+
+
+def _grams(B, groups, n=20, d=20, seed=0):
+    """Grams (B, d, d) of B devices of n points in ``groups`` separated groups."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(B, n, d))
+    for g in range(groups):
+        X[:, g::groups] += 100.0 * rng.normal(size=(B, 1, d))
+    return X.transpose(0, 2, 1) @ X
+
+
+def _iteration_then_eigh(G, k):
+    """The subspace iteration over the whole batch, eigh where it has not converged."""
+    Q, ok = _subspace_batch(G, k)
+    Q[~ok] = np.linalg.eigh(G[~ok])[1][:, :, ::-1][:, :, :k]
+    return Q, ok
+
+
+def test_top_eigvecs_when_the_probe_fails_equals_eigh_bit_for_bit():
+    # k = 4 on devices of 2 groups: the iteration converges on none of them, and the
+    # whole batch gets LAPACK's basis, exactly as the iteration's fallback gives it
+    G = _grams(3 * _SUBSPACE_PROBE, groups=2)
+    ref, ok = _iteration_then_eigh(G, 4)
+    assert not ok.any()
+    Q = top_eigvecs(G, 4)
+    np.testing.assert_array_equal(Q, np.linalg.eigh(G)[1][:, :, ::-1][:, :, :4])
+    np.testing.assert_array_equal(Q, ref)
+
+
+def test_top_eigvecs_after_a_converging_probe_equals_the_whole_batch_iteration():
+    # devices of 4 groups at k = 4 converge; noise devices (no eigengap) after the probe fall
+    # back to eigh: splitting the batch at the probe changes no device's bits
+    G = np.concatenate([_grams(2 * _SUBSPACE_PROBE, groups=4, seed=1),
+                        _grams(40, groups=1, seed=2)])
+    ref, ok = _iteration_then_eigh(G, 4)
+    assert ok[:_SUBSPACE_PROBE].any() and not ok.all()
+    Q = top_eigvecs(G, 4)
+    np.testing.assert_array_equal(Q, ref)
+    # and each basis spans the top-4 eigenspace
+    W = np.linalg.eigh(G)[1][:, :, ::-1][:, :, :4]
+    np.testing.assert_allclose(Q @ Q.transpose(0, 2, 1), W @ W.transpose(0, 2, 1), atol=1e-6)
 
 
 def test_projection_matches_svd_both_shapes():

@@ -85,6 +85,12 @@ _SUBSPACE_MIN_BATCH_WIDE = 4
 #: gap after its k-th eigenvalue), not on (n, d, k): a device asked for more centers than
 #: it holds groups fails, one holding k separated groups converges.
 _SUBSPACE_MAX_K_FRACTION = 0.25
+#: Batches of at least twice this many devices run the iteration on this many first; when none
+#: of them converges (a rung asking every device for more centers than it holds groups, as
+#: k_z = 4 on devices of 2 groups), the batch's other devices take eigh without trying it.
+#: A later device that would have converged then gets eigh's basis of the same subspace
+#: (a rotation of it, up to rounding) instead of the iteration's.
+_SUBSPACE_PROBE = 64
 #: A basis Q is accepted when ‖G Q − Q (QᵀGQ)‖_F <= this × ‖G‖_F.
 _SUBSPACE_RTOL = 1e-9
 
@@ -95,7 +101,17 @@ def top_eigvecs(G: np.ndarray, k: int) -> np.ndarray:
     min_batch = _SUBSPACE_MIN_BATCH if m < _SUBSPACE_WIDE else _SUBSPACE_MIN_BATCH_WIDE
     if B < min_batch or k > _SUBSPACE_MAX_K_FRACTION * m:
         return np.linalg.eigh(G)[1][:, :, ::-1][:, :, :k]
-    Q, ok = _subspace_batch(G, k)
+    if B >= 2 * _SUBSPACE_PROBE:
+        # the iteration on the first devices alone (each device's basis is computed on its
+        # own, so splitting the batch changes no bits): when none of them converges, the
+        # rest of the batch goes straight to eigh
+        Qp, okp = _subspace_batch(G[:_SUBSPACE_PROBE], k)
+        if not okp.any():
+            return np.linalg.eigh(G)[1][:, :, ::-1][:, :, :k]
+        Qr, okr = _subspace_batch(G[_SUBSPACE_PROBE:], k)
+        Q, ok = np.concatenate([Qp, Qr]), np.concatenate([okp, okr])
+    else:
+        Q, ok = _subspace_batch(G, k)
     if not ok.all():
         bad = np.flatnonzero(~ok)
         Q[bad] = np.linalg.eigh(G[bad])[1][:, :, ::-1][:, :, :k]
