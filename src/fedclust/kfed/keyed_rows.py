@@ -115,11 +115,15 @@ def share(tr: KeyedTrace, X: np.ndarray, wX: np.ndarray, x_sq: np.ndarray, Y: np
 KEY_RTOL = 1e-9
 
 
-def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, inset: np.ndarray
+def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarray
                  ) -> np.ndarray:
-    """(S, k) bool: the steps whose candidates a new piece could join (or, at step 0, be the
-    first seed), given each new piece's distance to the seeds before each step
-    ``before`` (n, S, k) and the kept candidates ``inset`` (S, k, M) bool."""
+    """(S, k) bool: the steps whose kept candidates a new piece could join (or, at step 0,
+    be the first seed), given each new piece's distance to the seeds before each step
+    ``before`` (n, S, k) and the kept candidates that remain ``left`` (S, k, M) bool.
+
+    A new piece is checked against every remaining kept candidate, not only the first L:
+    the kept list must stay the smallest keys of the remaining rows, as later forgets
+    take the next candidates from it."""
     S, k, M = tr.cand.shape
     L = n_trials(k)
     out = np.zeros((S, k), bool)
@@ -134,7 +138,7 @@ def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, inset: np.ndar
         rows = np.where(cand >= 0, cand, 0)
         Dc = squared_distances(tr.C[rows.ravel()], tr.C[seeds[s]]).reshape(k, M, k)
         for t in range(1, k):
-            m = inset[s, t]
+            m = left[s, t]
             if m.sum() < L:   # every remaining row with weight on it is a candidate
                 out[s, t] = True
                 continue

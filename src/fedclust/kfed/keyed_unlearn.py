@@ -116,13 +116,15 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
     changed = held_t.copy()
     changed[:, 1:] |= near_t | (left.sum(axis=2) < L)[:, 1:] | (tr.cand[:, 1:, 1] < 0)
     if e is not None:   # a step whose candidates a new piece could join
-        joins = seed_entries(tr, e, before, inset)
+        joins = seed_entries(tr, e, before, left)
         changed |= joins
-        near |= joins.any(axis=1)
+    else:
+        joins = np.zeros_like(changed)
     first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
     why = [("a leaving device holds a k-means++ seed" if held[s] else
             "a leaving candidate and no spare key left" if short[s] else
             "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
+            else "a new piece could join a k-means++ step's candidates" if joins[s].any()
             else None) for s in range(S)]
     return pots, why, first
 

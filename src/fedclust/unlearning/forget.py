@@ -295,6 +295,8 @@ class ForgetMixin:
             Rows to delete from a device's data (indices into its current rows).
             The device runs its step again without them; the server then
             aggregates once. If its summary does not change, nothing else runs.
+            Deleting every row of a device forgets the device (a fit has no empty
+            device).
         data : mapping device -> array (or (X, y)), optional
             A device's current data, where the model does not hold it (a model
             fitted on another transport, or read from a file); in-process fits
@@ -330,6 +332,13 @@ class ForgetMixin:
             if z in drop or idx.size == 0:
                 continue
             deleted[z] = idx
+        held = {**u.data, **given}
+        for z, idx in list(deleted.items()):   # every row of a device: the device leaves
+            X = held.get(z)
+            n = None if X is None else len(X[0] if isinstance(X, tuple) else X)
+            if n == idx.size and idx[0] == 0 and idx[-1] == n - 1:
+                del deleted[z]
+                drop = sorted({*drop, z})
         replied = {self._resolve(u, z): m for z, m in (summaries or {}).items()}
         replied = {z: m for z, m in replied.items() if z not in drop and z not in deleted}
         if not drop and not deleted and not replied:
