@@ -521,8 +521,8 @@ def test_a_start_whose_later_pick_is_in_doubt_goes_on_from_that_step(first, monk
     model = _make().fit(Xs, device_ids=ids)
     stable = keyed_unlearn._seeds_stable
 
-    def doubtful(tr, R, alive):
-        pots, why, at = stable(tr, R, alive)
+    def doubtful(tr, R, alive, *more):
+        pots, why, at = stable(tr, R, alive, *more)
         forced = np.minimum(at, first)
         return pots, [y or "forced" for y in why], forced
 
@@ -921,5 +921,5 @@ def test_a_new_piece_that_would_join_a_pick_s_candidates_is_caught():
     cand = np.maximum(tr.cand, 0).ravel()
     _, before = keyed_rows.share(tr, e.C, e.w, e.c_sq, tr.C[cand], tr.c_sq[cand])
     left = (tr.cand >= 0) & alive[np.maximum(tr.cand, 0)]
-    joins = keyed_rows.seed_entries(tr, e, before, left)
+    joins, _ = keyed_rows.seed_entries(tr, e, before, left)
     assert joins[s, t]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..core.kmeans import squared_distances
-from ..core.random import key_uniforms
+from ..core.random import key_uniforms_steps
 from .keyed import n_trials
 from .keyed_trace import KeyedTrace, RunTrace
 
@@ -116,43 +116,58 @@ KEY_RTOL = 1e-9
 
 
 def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarray
-                 ) -> np.ndarray:
-    """(S, k) bool: the steps whose kept candidates a new piece could join (or, at step 0,
-    be the first seed), given each new piece's distance to the seeds before each step
-    ``before`` (n, S, k) and the kept candidates that remain ``left`` (S, k, M) bool.
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(joins (S, k), cut (S, k, M))``: the steps whose first L remaining candidates a
+    new piece could join (or, at step 0, whose first seed it could be), given each new
+    piece's distance to the seeds before each step ``before`` (n, S, k) and the kept
+    candidates that remain ``left`` (S, k, M) bool; and, elsewhere, the kept candidates
+    whose keys a new piece could precede (beyond the first L: the pick stays, but the kept
+    list is cut there, so that it stays the smallest keys of the remaining rows, in order,
+    as later forgets take the next candidates from it).
 
-    A new piece is checked against every remaining kept candidate, not only the first L:
-    the kept list must stay the smallest keys of the remaining rows, as later forgets
-    take the next candidates from it."""
+    Keys are bounded with the rounding of the distances behind them (``1e-12`` times the
+    largest squared norm) and :data:`KEY_RTOL`: a new piece's from below, a candidate's
+    from above."""
     S, k, M = tr.cand.shape
     L = n_trials(k)
-    out = np.zeros((S, k), bool)
+    joins = np.zeros((S, k), bool)
+    cut = np.zeros((S, k, M), bool)
     tol = 1e-12 * tr.scale2
-    seeds = tr.seeds
+    steps = np.arange(k)
+    lower = np.tril(np.ones((k, k), bool), -1)   # lower[t, j]: seed j chosen before step t
     for s in range(S):
+        seeds = tr.seeds[s]
         # step 0: the first seed is the smallest -log(u) / w
-        e0 = -np.log(key_uniforms(tr.keys[e.new], s, 0))
-        s0 = -np.log(key_uniforms(tr.keys[seeds[s, :1]], s, 0))[0] / tr.w[seeds[s, 0]]
-        out[s, 0] = bool((e0 / e.w <= s0 * (1 + KEY_RTOL)).any())
+        e0 = -np.log(key_uniforms_steps(tr.keys[e.new], s, steps[:1])[0]) / e.w
+        s0 = -np.log(key_uniforms_steps(tr.keys[seeds[:1]], s, steps[:1])[0, 0]) \
+            / tr.w[seeds[0]]
+        joins[s, 0] = bool((e0 <= s0 * (1 + KEY_RTOL)).any())
         cand = tr.cand[s]
         rows = np.where(cand >= 0, cand, 0)
-        Dc = squared_distances(tr.C[rows.ravel()], tr.C[seeds[s]]).reshape(k, M, k)
-        for t in range(1, k):
-            m = left[s, t]
-            if m.sum() < L:   # every remaining row with weight on it is a candidate
-                out[s, t] = True
-                continue
-            c = rows[t][m]
-            closest = Dc[t][m][:, :t].min(axis=1)
-            lo = closest - tol
-            if (lo <= 0).any():
-                out[s, t] = True
-                continue
-            kc = -np.log(key_uniforms(tr.keys[c], s, t)) / (lo * tr.w[c])
-            pn = before[:, s, t] * e.w + tol * e.w
-            kn = -np.log(key_uniforms(tr.keys[e.new], s, t)) / pn
-            out[s, t] = bool((kn <= kc.max() * (1 + KEY_RTOL)).any())
-    return out
+        D = squared_distances(tr.C[rows.ravel()], tr.C[seeds]).reshape(k, M, k)
+        lo = np.where(lower[:, None, :], D, np.inf).min(axis=2) - tol   # (k, M)
+        m = left[s]
+        # each step's candidates' uniforms at that step: the diagonal blocks
+        u = key_uniforms_steps(tr.keys[rows.ravel()], s, steps).reshape(k, k, M)[steps, steps]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kc = np.where(m & (lo > 0), -np.log(u) / (np.maximum(lo, 1e-300) * tr.w[rows]),
+                          np.inf)
+        un = key_uniforms_steps(tr.keys[e.new], s, steps)   # (k, n)
+        pn = before[:, s, :].T * e.w + tol * e.w
+        with np.errstate(divide="ignore"):
+            kn = (-np.log(un) / pn).min(axis=1)   # the smallest new key per step
+        nl = m.sum(axis=1)
+        bad = (m & (lo <= 0)).any(axis=1) | (nl < L)
+        rank = np.cumsum(m, axis=1)
+        Lth = np.where(m & (rank == L), kc, -np.inf).max(axis=1)
+        j = bad | (kn <= Lth * (1 + KEY_RTOL))
+        joins[s, 1:] = j[1:] & np.isfinite(kn[1:])
+        # beyond the first L: the kept list cut from the first key a new piece could precede
+        after = m & ~(kc < kn[:, None] * (1 - KEY_RTOL))
+        c = np.logical_or.accumulate(after, axis=1)
+        c[j | ~np.isfinite(kn)] = False
+        cut[s, 1:] = c[1:]
+    return joins, cut
 
 
 def enter_runs(runs: dict, e: Entering, k: int) -> None:

@@ -101,7 +101,8 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
     left = valid & ~gone[cand]
     rank = np.cumsum(left, axis=2)
     inset = left & (rank <= L)
-    short = ((left.sum(axis=2) < L) & (valid.sum(axis=2) == M))[:, 1:].any(axis=1)
+    # a full list (its last slot taken, or cut short by a new piece: -2) may miss rows
+    short = ((left.sum(axis=2) < L) & (tr.cand[:, :, -1] != -1))[:, 1:].any(axis=1)
     cmp = np.where(inset, pots, np.inf)[:, 1:]
     b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
     np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
@@ -115,9 +116,14 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
     # a start goes on from there at the latest
     changed = held_t.copy()
     changed[:, 1:] |= near_t | (left.sum(axis=2) < L)[:, 1:] | (tr.cand[:, 1:, 1] < 0)
+    cand_out = tr.cand
     if e is not None:   # a step whose candidates a new piece could join
-        joins = seed_entries(tr, e, before, left)
+        joins, cut = seed_entries(tr, e, before, left)
         changed |= joins
+        # a rewritten slot's old value leaves the kept lists for good (its new piece is
+        # checked as a new piece); -2: the list is no longer known to hold every row
+        cut |= valid & gone[cand] & alive[cand]
+        cand_out = np.where(cut, -2, tr.cand)
     else:
         joins = np.zeros_like(changed)
     first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
@@ -126,6 +132,8 @@ def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
             "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
             else "a new piece could join a k-means++ step's candidates" if joins[s].any()
             else None) for s in range(S)]
+    if e is not None:   # and the kept candidate lists, cut where a new piece could join
+        return pots, why, first, cand_out
     return pots, why, first
 
 
@@ -524,7 +532,10 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     try:
         if F and (trace.seed_device in gone or gone & set(trace.ff_owners.tolist())):
             reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
-        pots, why, first = _seeds_stable(trace, R, alive, old, e)
+        got = _seeds_stable(trace, R, alive, old, e)
+        pots, why, first = got[:3]
+        if e is not None:
+            trace.cand = got[3]
         reruns.update({s + F: y for s, y in enumerate(why) if y is not None})
         CR, wR, _ = old
         xsum = trace.xsum - CR.sum(axis=0)
