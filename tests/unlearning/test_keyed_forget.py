@@ -907,7 +907,7 @@ def test_a_new_piece_that_would_join_a_pick_s_candidates_is_caught():
     ids = list(range(40))
     model = _make().fit(Xs, device_ids=ids)
     tr = model._unlearning_.trace
-    from fedclust.kfed import keyed_rows
+    from fedclust.kfed import keyed_rows, keyed_seeding
 
     s, t = 0, 2
     pick = tr.seeds[s, t]
@@ -919,7 +919,7 @@ def test_a_new_piece_that_would_join_a_pick_s_candidates_is_caught():
     e.w[:] = 1e6   # a heavy piece at the pick: its key is the smallest at that step
     alive = tr.alive.copy()
     cand = np.maximum(tr.cand, 0).ravel()
-    _, before = keyed_rows.share(tr, e.C, e.w, e.c_sq, tr.C[cand], tr.c_sq[cand])
+    _, before = keyed_seeding.share(tr, e.C, e.w, e.c_sq, tr.C[cand], tr.c_sq[cand])
     left = (tr.cand >= 0) & alive[np.maximum(tr.cand, 0)]
-    joins, _ = keyed_rows.seed_entries(tr, e, before, left)
+    joins, _ = keyed_seeding.seed_entries(tr, e, before, left)
     assert joins[s, t]

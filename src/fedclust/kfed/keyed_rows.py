@@ -26,11 +26,9 @@ from typing import Any
 import numpy as np
 
 from ..core.kmeans import squared_distances
-from ..core.random import key_uniforms_steps
-from .keyed import n_trials
 from .keyed_trace import KeyedTrace, RunTrace
 
-__all__ = ["Entering", "entering", "seed_entries", "enter_runs"]
+__all__ = ["Entering", "entering", "write", "enter_runs", "downdated"]
 
 
 @dataclass
@@ -93,83 +91,6 @@ def write(tr: KeyedTrace, e: Entering) -> None:
     tr.cand_rows = None
 
 
-def share(tr: KeyedTrace, X: np.ndarray, wX: np.ndarray, x_sq: np.ndarray, Y: np.ndarray,
-          y_sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(share (S, k, M), before (n, S, k))``: the rows X's weighted share of each
-    candidate's potential (their distance to the seeds before the step, or to the
-    candidate where nearer), and each row's distance to the seeds before each step.
-    ``Y``, ``y_sq``: the candidates' rows (S k M, d) and squared norms."""
-    S, k, M = tr.cand.shape
-    Dseed = squared_distances(X, tr.C[tr.seeds.ravel()], x_sq).reshape(len(X), S, k)
-    before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
-    before = np.concatenate([np.full((len(X), S, 1), np.inf), before[:, :, :-1]], axis=2)
-    # a certificate: any rounding of the distances serves
-    Dc = x_sq[:, None] - 2.0 * (X @ Y.T) + y_sq
-    np.maximum(Dc, 0.0, out=Dc)
-    Dc = Dc.reshape(len(X), S, k, M)
-    return np.einsum("r,rskm->skm", wX, np.minimum(before[..., None], Dc)), before
-
-
-#: keys closer than this share may order otherwise in a fresh step (the distances behind
-#: them are rounded otherwise there)
-KEY_RTOL = 1e-9
-
-
-def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(joins (S, k), cut (S, k, M))``: the steps whose first L remaining candidates a
-    new piece could join (or, at step 0, whose first seed it could be), given each new
-    piece's distance to the seeds before each step ``before`` (n, S, k) and the kept
-    candidates that remain ``left`` (S, k, M) bool; and, elsewhere, the kept candidates
-    whose keys a new piece could precede (beyond the first L: the pick stays, but the kept
-    list is cut there, so that it stays the smallest keys of the remaining rows, in order,
-    as later forgets take the next candidates from it).
-
-    Keys are bounded with the rounding of the distances behind them (``1e-12`` times the
-    largest squared norm) and :data:`KEY_RTOL`: a new piece's from below, a candidate's
-    from above."""
-    S, k, M = tr.cand.shape
-    L = n_trials(k)
-    joins = np.zeros((S, k), bool)
-    cut = np.zeros((S, k, M), bool)
-    tol = 1e-12 * tr.scale2
-    steps = np.arange(k)
-    lower = np.tril(np.ones((k, k), bool), -1)   # lower[t, j]: seed j chosen before step t
-    for s in range(S):
-        seeds = tr.seeds[s]
-        # step 0: the first seed is the smallest -log(u) / w
-        e0 = -np.log(key_uniforms_steps(tr.keys[e.new], s, steps[:1])[0]) / e.w
-        s0 = -np.log(key_uniforms_steps(tr.keys[seeds[:1]], s, steps[:1])[0, 0]) \
-            / tr.w[seeds[0]]
-        joins[s, 0] = bool((e0 <= s0 * (1 + KEY_RTOL)).any())
-        cand = tr.cand[s]
-        rows = np.where(cand >= 0, cand, 0)
-        D = squared_distances(tr.C[rows.ravel()], tr.C[seeds]).reshape(k, M, k)
-        lo = np.where(lower[:, None, :], D, np.inf).min(axis=2) - tol   # (k, M)
-        m = left[s]
-        # each step's candidates' uniforms at that step: the diagonal blocks
-        u = key_uniforms_steps(tr.keys[rows.ravel()], s, steps).reshape(k, k, M)[steps, steps]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kc = np.where(m & (lo > 0), -np.log(u) / (np.maximum(lo, 1e-300) * tr.w[rows]),
-                          np.inf)
-        un = key_uniforms_steps(tr.keys[e.new], s, steps)   # (k, n)
-        pn = before[:, s, :].T * e.w + tol * e.w
-        with np.errstate(divide="ignore"):
-            kn = (-np.log(un) / pn).min(axis=1)   # the smallest new key per step
-        nl = m.sum(axis=1)
-        bad = (m & (lo <= 0)).any(axis=1) | (nl < L)
-        rank = np.cumsum(m, axis=1)
-        Lth = np.where(m & (rank == L), kc, -np.inf).max(axis=1)
-        j = bad | (kn <= Lth * (1 + KEY_RTOL))
-        joins[s, 1:] = j[1:] & np.isfinite(kn[1:])
-        # beyond the first L: the kept list cut from the first key a new piece could precede
-        after = m & ~(kc < kn[:, None] * (1 - KEY_RTOL))
-        c = np.logical_or.accumulate(after, axis=1)
-        c[j | ~np.isfinite(kn)] = False
-        cut[s, 1:] = c[1:]
-    return joins, cut
-
-
 def enter_runs(runs: dict, e: Entering, k: int) -> None:
     """Each followed run with the new pieces in their slots: labelled at every iteration
     by the fit's centers there (nearest, any rounding: they are assigned again anyway),
@@ -197,3 +118,30 @@ def enter_runs(runs: dict, e: Entering, k: int) -> None:
         mv_t = np.repeat(np.arange(T1), [len(x) for x in moved])
         run.stack = (o, m, r2, m3, np.concatenate(moved).astype(np.int64), mv_t)
 
+
+def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
+               k: int) -> dict:
+    """Each run's statistics at every iteration less the rows R (their labels unchanged),
+    for all the runs ``{start: run}`` at once: each (run, iteration, cluster) loses its
+    rows of R in R's order, as run by run."""
+    if not runs:
+        return {}
+    d = next(iter(runs.values())).S.shape[2]
+    T1s = [len(r.cs) for r in runs.values()]
+    base = np.cumsum([0] + [t * k for t in T1s])
+    idx = np.concatenate([(b + np.arange(t)[:, None] * k + r.A[:, R].astype(np.int64)).ravel()
+                          for b, t, r in zip(base, T1s, runs.values())])
+    S = np.concatenate([r.S.reshape(-1, d) for r in runs.values()])
+    np.subtract.at(S, idx, np.tile(CwR, (sum(T1s), 1)))
+    W = np.concatenate([r.W.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(wR, sum(T1s)), minlength=len(S))
+    Q = np.concatenate([r.Q.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(qR, sum(T1s)), minlength=len(S))
+    out = {}
+    for (s, run), b, t in zip(runs.items(), base, T1s):
+        part = slice(b, b + t * k)
+        out[s] = RunTrace(run.cs, run.A, S[part].reshape(t, k, d), W[part].reshape(t, k),
+                          Q[part].reshape(t, k), run.W0, run.moved, run.order,
+                          run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
+                          run.stack)
+    return out

@@ -1,5 +1,8 @@
-"""Forgetting devices under the keyed weighted k-means++ server (:mod:`fedclust.kfed.keyed`)
-without running its step again.
+"""Forgetting devices, or rows of a device, under the keyed weighted k-means++ server
+(:mod:`fedclust.kfed.keyed`) without running its step again. After a row deletion the
+device's old pieces leave as a leaving device's do and its new pieces enter their slots
+(:mod:`fedclust.kfed.keyed_rows`; the seeds' certificate with both:
+:mod:`fedclust.kfed.keyed_seeding`).
 
 :func:`keyed_forget` follows the fit's trace (:mod:`fedclust.kfed.keyed_trace`) instead of
 running the step again, start by start:
@@ -41,14 +44,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import squared_distances
 from .downdate import forget_result
-from .keyed import SPARE, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed import SPARE, keyed_kmeans_plusplus, pick_start
 from .keyed_result import center_labels as kept_center_labels
 from .keyed_result import exact_means, partition_classes
 from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
                           traced_lloyd, forget_warning)
-from .keyed_rows import Entering, enter_runs, entering, seed_entries, share, write
+from .keyed_rows import downdated as _downdated, enter_runs, entering, write
+from .keyed_seeding import seeds_stable as _seeds_stable
 from .server import farthest_first, pick_first_device, weighted_starts
 
 __all__ = ["keyed_forget", "exact_means"]
@@ -64,77 +67,6 @@ SHIFT_RTOL = 1e-12
 
 class _Full(Exception):
     """The forget cannot be certified: the server's step runs in full."""
-
-
-def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
-                  old: tuple | None = None, e: Entering | None = None):
-    """The keyed starts' potentials less the rows ``R``'s exact share, per start why its
-    seeds could change (None where they cannot), and per start its first step whose pick
-    could change (k where none; a start run again goes on from there, its earlier seeds
-    kept). ``alive``: the rows that remain. ``old``: R's values ``(C, w, squared norms)``
-    where the trace holds new ones (a row deletion's slots); ``e``: the pieces entering
-    them, whose share each potential gains."""
-    S, k, M = tr.cand.shape
-    L = n_trials(k)
-    if old is None:
-        old = (tr.C[R], tr.w[R], None if tr.c_sq is None else tr.c_sq[R])
-    CR, wR, x_sq = old
-    valid = tr.cand >= 0
-    cand = np.where(valid, tr.cand, 0)
-    if tr.cand_rows is None or tr.cand_rows[0] is not tr.cand:   # gathered once per trace
-        Y = tr.C[cand.ravel()]
-        tr.cand_rows = (tr.cand, Y, (Y * Y).sum(axis=1) if tr.c_sq is None
-                        else tr.c_sq[cand.ravel()])
-    _, Y, y_sq = tr.cand_rows
-    if x_sq is None:
-        x_sq = (CR * CR).sum(axis=1)
-    out_share, _ = share(tr, CR, wR, x_sq, Y, y_sq)
-    pots = tr.pots - out_share
-    gone = ~alive
-    if e is not None:
-        in_share, before = share(tr, e.C, e.w, e.c_sq, Y, y_sq)
-        pots = pots + in_share
-        gone = gone.copy()
-        gone[e.old] = True   # a rewritten slot's old value leaves the candidates and seeds
-    pots = np.where(valid, pots, np.inf)
-    # the new candidates: the first L remaining of the kept key order
-    left = valid & ~gone[cand]
-    rank = np.cumsum(left, axis=2)
-    inset = left & (rank <= L)
-    # a full list (its last slot taken, or cut short by a new piece: -2) may miss rows
-    short = ((left.sum(axis=2) < L) & (tr.cand[:, :, -1] != -1))[:, 1:].any(axis=1)
-    cmp = np.where(inset, pots, np.inf)[:, 1:]
-    b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
-    np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
-    slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
-        + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
-    near_t = cmp.min(axis=2) <= b + slack
-    near = near_t.any(axis=1)
-    held_t = gone[tr.seeds]
-    held = held_t.any(axis=1)
-    # a step with a single candidate measured its distances alone (another product):
-    # a start goes on from there at the latest
-    changed = held_t.copy()
-    changed[:, 1:] |= near_t | (left.sum(axis=2) < L)[:, 1:] | (tr.cand[:, 1:, 1] < 0)
-    cand_out = tr.cand
-    if e is not None:   # a step whose candidates a new piece could join
-        joins, cut = seed_entries(tr, e, before, left)
-        changed |= joins
-        # a rewritten slot's old value leaves the kept lists for good (its new piece is
-        # checked as a new piece); -2: the list is no longer known to hold every row
-        cut |= valid & gone[cand] & alive[cand]
-        cand_out = np.where(cut, -2, tr.cand)
-    else:
-        joins = np.zeros_like(changed)
-    first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
-    why = [("a leaving device holds a k-means++ seed" if held[s] else
-            "a leaving candidate and no spare key left" if short[s] else
-            "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
-            else "a new piece could join a k-means++ step's candidates" if joins[s].any()
-            else None) for s in range(S)]
-    if e is not None:   # and the kept candidate lists, cut where a new piece could join
-        return pots, why, first, cand_out
-    return pots, why, first
 
 
 #: the smallest margins of each iteration :func:`_follow` reads (besides the removed rows');
@@ -443,34 +375,6 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
 #: run the whole step again (every start) rather than follow the trace when more than this
 #: share of the starts cannot be followed
 MAX_RERUN_SHARE = 1.0
-
-
-def _downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
-               k: int) -> dict:
-    """Each run's statistics at every iteration less the rows R (their labels unchanged),
-    for all the runs ``{start: run}`` at once: each (run, iteration, cluster) loses its
-    rows of R in R's order, as run by run."""
-    if not runs:
-        return {}
-    d = next(iter(runs.values())).S.shape[2]
-    T1s = [len(r.cs) for r in runs.values()]
-    base = np.cumsum([0] + [t * k for t in T1s])
-    idx = np.concatenate([(b + np.arange(t)[:, None] * k + r.A[:, R].astype(np.int64)).ravel()
-                          for b, t, r in zip(base, T1s, runs.values())])
-    S = np.concatenate([r.S.reshape(-1, d) for r in runs.values()])
-    np.subtract.at(S, idx, np.tile(CwR, (sum(T1s), 1)))
-    W = np.concatenate([r.W.ravel() for r in runs.values()]) \
-        - np.bincount(idx, weights=np.tile(wR, sum(T1s)), minlength=len(S))
-    Q = np.concatenate([r.Q.ravel() for r in runs.values()]) \
-        - np.bincount(idx, weights=np.tile(qR, sum(T1s)), minlength=len(S))
-    out = {}
-    for (s, run), b, t in zip(runs.items(), base, T1s):
-        part = slice(b, b + t * k)
-        out[s] = RunTrace(run.cs, run.A, S[part].reshape(t, k, d), W[part].reshape(t, k),
-                          Q[part].reshape(t, k), run.W0, run.moved, run.order,
-                          run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
-                          run.stack)
-    return out
 
 
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
