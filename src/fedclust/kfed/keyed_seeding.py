@@ -148,7 +148,7 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
         joins, cut = seed_entries(tr, e, before, left)
         changed |= joins
         # a rewritten slot's old value leaves the kept lists for good (its new piece is
-        # checked as a new piece); -2: the list is no longer known to hold every row
+        # checked as a new piece); -2: a list that may miss rows
         cut |= valid & gone[cand] & alive[cand]
         cand_out = np.where(cut, -2, tr.cand)
     else:
