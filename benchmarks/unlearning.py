@@ -30,8 +30,11 @@ Measured in one process, per case:
   device's kept summaries and runs its step again over the rest (the devices
   stay offline); ``forget+relabel`` adds every remaining device's pass over its
   own rows to relabel them (in a deployment each device does its own, in parallel);
-* ``rows``: ``model.forget(rows={z: 10 rows})``: that device's step again plus one
-  server step; ``local step``: the same device's step alone, for comparison.
+* ``rows``: ``model.forget(rows={z: 10 rows})``: that device's step again, then its
+  new summary enters the server's result (the keyed server follows its trace, ``rows
+  path`` downdate; the other servers run their step again, replay); ``rows speedup``
+  against a fresh fit without those rows; ``local step``: the same device's step alone,
+  for comparison.
 
 Times are CPU seconds of this process (``OMP_NUM_THREADS=1``: every step runs on one
 thread), so that other jobs on a shared machine inflate them less than the wall clock
@@ -40,7 +43,8 @@ thread), so that other jobs on a shared machine inflate them less than the wall 
 starts run again are in the JSON); ``first forget`` is a model's first one (checked
 against the retrain), which under the paper's server also works out what its downdates
 need (a farthest-first pass and every device center's label margin), as does the first
-forget after a full server step. Row deletions and local steps: the median over 3 devices.
+forget after a full server step. Row deletions and local steps: the median over
+``--repeats`` devices for k-FED, 3 for the Gaussians (one row deletion each, 10 rows).
 
 Every forget is checked against the retrain (``exact`` column): bit for bit after the
 server's step in full (``path`` replay); after a downdate of the paper's server
@@ -156,6 +160,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
     pos = ids.index(rows_id)
     rows = np.random.default_rng(seed).choice(len(devices[pos]), size=n_rows, replace=False)
     _, rows_s = _timed(lambda: model.forget(rows={rows_id: rows}, relabel=False))
+    rows_paths = [model.forget_log_[-1].path]
     reduced = [np.delete(devices[i], rows, axis=0) if ids[i] == rows_id else devices[i]
                for i in keep]
     retrained_rows, retrain_rows_s = _timed(
@@ -186,6 +191,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
     for z in [z for z in ids if z not in (forget_id, rows_id) and z not in others][:repeats - 1]:
         X = devices[ids.index(z)]
         rows_times.append(_timed(lambda: model.forget(rows={z: rows}, relabel=False))[1])
+        rows_paths.append(model.forget_log_[-1].path)
         request = proto.next_request(proto.start([z], model.seed_))
         local_times.append(_timed(lambda: proto.client_steps(
             request, {z: np.delete(X, rows, axis=0)}, seed=model.seed_, states={z: {}}))[1])
@@ -214,6 +220,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
         "server_work": [r.server_work for r in model.forget_log_],
         "server_nodes": _nodes(proto),
         "rows_times_s": rows_times, "local_step_times_s": local_times,
+        "rows_paths": rows_paths,
     }
 
 
@@ -244,11 +251,13 @@ def main(argv=None) -> int:
     rows = []
     if "kfed" in cases:
         rows.append(run_case("kfed", lambda: KFed(k, k_local, random_state=args.seed),
-                             devices, ids, 10, args.seed, later=args.repeats))
+                             devices, ids, 10, args.seed, repeats=args.repeats,
+                             later=args.repeats))
     if "kfed-paper" in cases:
         rows.append(run_case("kfed-paper", lambda: KFed(k, k_local, server="farthest-lloyd1",
                                                         random_state=args.seed),
-                             devices, ids, 10, args.seed, later=args.repeats))
+                             devices, ids, 10, args.seed, repeats=args.repeats,
+                             later=args.repeats))
     g = args.gauss_devices
     if "gauss" in cases:
         rows.append(run_case("gauss", lambda: FedGaussClustering(random_state=args.seed),
@@ -259,7 +268,8 @@ def main(argv=None) -> int:
     print_table(
         ["case", "devices", "retrain CPU s", "forget s", "speedup", "first forget", "path",
          "rechecked", "server nodes", "full-step forget",
-         "+relabel", "rows s", "local step s", "rows/local", "exact", "MUFC", "DC-k-means"],
+         "+relabel", "rows s", "rows path", "rows speedup", "local step s", "rows/local",
+         "exact", "MUFC", "DC-k-means"],
         [(r["case"], r["devices"], f"{r['retrain_s']:.3f}", f"{r['forget_s']:.4f}",
           f"{r['speedup']:.0f}x", f"{r['first_forget_speedup']:.0f}x",
           "/".join(sorted(set(r["forget_paths"]))),
@@ -269,7 +279,8 @@ def main(argv=None) -> int:
           f"{len(r['server_work'][0])}/{r['server_nodes']}",
           "-" if r["fallback_speedup"] is None else f"{r['fallback_speedup']:.0f}x",
           f"{r['speedup_with_relabel']:.0f}x",
-          f"{r['forget_rows_s']:.4f}", f"{r['local_step_s']:.4f}",
+          f"{r['forget_rows_s']:.4f}", "/".join(sorted(set(r["rows_paths"]))),
+          f"{r['rows_speedup']:.0f}x", f"{r['local_step_s']:.4f}",
           f"{r['rows_over_local_step']:.2f}",
           str(r["exact_device"] and r["exact_rows"] and r["exact_labels"]),
           f"{MUFC_SPEEDUP:.0f}x", f"{GINART_SPEEDUP:.0f}x") for r in rows],

@@ -32,9 +32,9 @@ def _make():
     return KFed(K, 2, server="weighted-kmeans++-keyed", random_state=7)
 
 
-def _check(model, Xs, ids, gone):
+def _check(model, Xs, ids, gone, make=None):
     keep = [i for i, z in enumerate(ids) if z not in gone]
-    fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
+    fresh = (make or _make)().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
     # bit for bit after the step in full and after following the trace alike
     assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
     assert model.device_ids_ == fresh.device_ids_
@@ -521,8 +521,8 @@ def test_a_start_whose_later_pick_is_in_doubt_goes_on_from_that_step(first, monk
     model = _make().fit(Xs, device_ids=ids)
     stable = keyed_unlearn._seeds_stable
 
-    def doubtful(tr, R, alive):
-        pots, why, at = stable(tr, R, alive)
+    def doubtful(tr, R, alive, *more):
+        pots, why, at = stable(tr, R, alive, *more)
         forced = np.minimum(at, first)
         return pots, [y or "forced" for y in why], forced
 
@@ -813,3 +813,113 @@ def test_traced_lloyd_from_a_variance_estimate_gives_the_exact_runs_bits():
     run = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, never, 100, 1e-12)
     np.testing.assert_array_equal(
         run.cs, keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, var, 100, 1e-12).cs)
+
+
+def _make_auto():
+    # the default server with each device sizing its own summary ("auto"): a row deletion
+    # can change how many pieces a device sends
+    return KFed(K, random_state=11)
+
+
+def _fresh_seeds_match(tr, model, Xs, ids, gone):
+    """Every start's seeds in the trace after a forget are a fresh step's, row for row."""
+    keep = [i for i, z in enumerate(ids) if z not in gone]
+    fresh = _make_auto().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
+    ft = fresh._unlearning_.trace
+    rows = np.flatnonzero(tr.alive)   # the stacked rows of a fresh step, in its order
+    assert np.array_equal(tr.C[rows], ft.C)
+    assert np.array_equal(rows[ft.seeds], tr.seeds)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_row_deletions_follow_the_trace_and_equal_a_retrain(trial):
+    # interleaved device forgets and row deletions on devices that size their own summary:
+    # deletions that change a device's number of pieces, that change a k-means++ pick, and
+    # one that empties a device; each state against a fresh fit on what remains
+    rng = np.random.default_rng(500 + trial)
+    n_dev = 70
+    Xs = _federation(rng, n_dev)
+    ids = [int(z) for z in rng.choice(10_000, size=n_dev, replace=False)]
+    model = _make_auto().fit(Xs, device_ids=ids)
+    gone: list[int] = []
+    seen = {"row": 0, "pieces": 0, "pick": 0, "emptied": 0}
+    for step in range(9):
+        left = [z for z in ids if z not in gone]
+        z = left[int(rng.integers(len(left)))]
+        i = ids.index(z)
+        if step == 4:   # every row of a device: the device leaves
+            model.forget(rows={z: list(range(len(Xs[i])))})
+            assert model.forget_log_[-1].devices == [z] and z not in model.device_ids_
+            gone.append(z)
+            seen["emptied"] += 1
+        elif step % 3 == 2:
+            model.forget(devices=[z])
+            gone.append(z)
+        else:
+            before = len(model.local_centers_[model.device_ids_.index(z)])
+            rows = rng.choice(len(Xs[i]), size=int(rng.integers(1, 10)), replace=False)
+            model.forget(rows={z: rows.tolist()}, relabel=True)
+            Xs[i] = np.delete(Xs[i], rows, axis=0)
+            rec = model.forget_log_[-1]
+            assert rec.recomputed == [(0, z)] and not rec.retrained
+            if rec.path == "downdate":
+                seen["row"] += 1
+                tr = model._unlearning_.trace
+                after = len(model.local_centers_[model.device_ids_.index(z)])
+                seen["pieces"] += after != before
+                seen["pick"] += any("pick" in y or "seed" in y or "join" in y
+                                    for y in tr.reruns.values())
+                _fresh_seeds_match(tr, model, Xs, ids, gone)
+                _splits_are_the_remaining_rows(tr)
+        _check(model, Xs, ids, gone, _make_auto)
+        assert model.verify().ok
+    assert seen["row"] >= 3 and seen["pieces"] >= 1 and seen["pick"] >= 1
+    assert seen["emptied"] == 1
+
+
+def test_a_new_summary_with_more_pieces_than_slots_takes_the_full_step():
+    from dataclasses import replace
+
+    rng = np.random.default_rng(41)
+    Xs = _federation(rng, 30)
+    ids = list(range(30))
+    model = _make().fit(Xs, device_ids=ids)
+    u = model._unlearning_
+    tr = u.trace
+    replies = dict(u.store.rounds[0].replies)
+    old = replies[5]
+    grown = replace(old, centers=np.vstack([old.centers, old.centers[:1] + 0.5]),
+                    counts=np.append(old.counts, 1), scatter=np.append(old.scatter, 0.0))
+    replies[5] = grown
+    assert keyed_unlearn.keyed_forget(u.protocol, tr, replies, [], {5: grown}) is None
+    assert tr.fallback == "a device's new summary does not fit its slots"
+    # the same model forgets rows by the full step and still equals a retrain
+    model.forget(rows={7: [0, 3]}, relabel=True)
+    Xs[7] = np.delete(Xs[7], [0, 3], axis=0)
+    _check(model, Xs, ids, [])
+
+
+def test_a_new_piece_that_would_join_a_pick_s_candidates_is_caught():
+    # the insertion certificate of the seeding against the fit's own keys: a piece placed
+    # on a step's pick (its key then the smallest there) counts as joining that step
+    rng = np.random.default_rng(43)
+    Xs = _federation(rng, 40)
+    ids = list(range(40))
+    model = _make().fit(Xs, device_ids=ids)
+    tr = model._unlearning_.trace
+    from fedclust.kfed import keyed_rows, keyed_seeding
+
+    s, t = 0, 2
+    pick = tr.seeds[s, t]
+    z = next(x for x in ids if x != tr.owner[pick] and x not in tr.owner[tr.seeds[s]])
+    msg = model._unlearning_.store.rounds[0].replies[z]
+    e = keyed_rows.entering(tr, {z: msg})
+    e.C[:] = tr.C[pick]
+    e.c_sq[:] = tr.c_sq[pick]
+    e.w[:] = 1e6   # a heavy piece at the pick: its key is the smallest at that step
+    alive = tr.alive.copy()
+    cand = np.maximum(tr.cand, 0).ravel()
+    _, before = keyed_seeding.share(tr, e.C, e.w, e.c_sq, tr.C[cand], tr.c_sq[cand])
+    left = (tr.cand >= 0) & alive[np.maximum(tr.cand, 0)]
+    joins, _ = keyed_seeding.seed_entries(tr, e, before, left)
+    assert joins[s, t]

@@ -103,6 +103,16 @@ def key_uniforms(keys: np.ndarray, start: int, step: int) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def key_uniforms_steps(keys: np.ndarray, start: int, steps: np.ndarray) -> np.ndarray:
+    """:func:`key_uniforms` for every step of ``steps`` (m,) at once: (m, len(keys)), row i
+    the uniforms of draw ``steps[i]`` of run ``start`` (the same bits)."""
+    with np.errstate(over="ignore"):
+        code = _splitmix64((np.uint64(start << 20) + np.asarray(steps, dtype=np.uint64)
+                            + np.uint64(1)) * _M2)
+        bits = _splitmix64(np.asarray(keys, dtype=np.uint64)[None, :] ^ code[:, None])
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 def server_rng(seed: int, round_index: int = 0) -> np.random.Generator:
     """The random stream of the server in one round."""
     return np.random.default_rng(

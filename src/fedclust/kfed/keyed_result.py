@@ -14,16 +14,22 @@ __all__ = ["exact_means", "center_labels", "partition_classes"]
 
 
 def center_labels(tr: KeyedTrace, ids: list[int], labels: np.ndarray,
-                   alive: np.ndarray) -> dict:
-    """Each remaining device's slice of ``labels``; a device none of whose rows changed
-    label since the last forget keeps its array from there (the same values)."""
+                   alive: np.ndarray, rewritten: set = frozenset()) -> dict:
+    """Each remaining device's alive slice of ``labels``; a device none of whose rows
+    changed label since the last forget (and not ``rewritten`` by a row deletion) keeps its
+    array from there (the same values)."""
     off, row_of = tr.offsets, tr.row_of
     prev = tr.center_labels
+    def own(z):
+        lo, hi = off[row_of[z]], off[row_of[z] + 1]
+        seg = labels[lo:hi]
+        # a row deletion that shrank the summary leaves the segment's tail dead
+        return seg if alive[hi - 1] else seg[alive[lo:hi]]
+
     if tr.labels is None or not prev:
-        return {z: labels[off[row_of[z]]:off[row_of[z] + 1]] for z in ids}
-    moved = set(np.unique(tr.owner[alive & (labels != tr.labels)]).tolist())
-    return {z: labels[off[row_of[z]]:off[row_of[z] + 1]] if z in moved else prev[z]
-            for z in ids}
+        return {z: own(z) for z in ids}
+    moved = set(np.unique(tr.owner[alive & (labels != tr.labels)]).tolist()) | set(rewritten)
+    return {z: own(z) if z in moved else prev[z] for z in ids}
 
 
 def partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
@@ -67,7 +73,8 @@ def _same_partition(a: np.ndarray, b: np.ndarray, k: int) -> bool:
 
 
 def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,
-                k: int, ref: tuple | None = None) -> np.ndarray:
+                k: int, ref: tuple | None = None, rewritten: np.ndarray | None = None
+                ) -> np.ndarray:
     """The weighted means of the remaining rows by label with the bits of
     :func:`~fedclust.core.kmeans.update_centers` over the remaining rows stacked alone:
     the same one-hot product and weighted count, each cluster summed in row order (the
@@ -77,10 +84,13 @@ def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.nda
     ``ref``: ``(labels, alive, centers)`` of an earlier call. A cluster whose rows are
     the same (none left, joined or changed label) sums the same rows in the same order,
     so it keeps its mean from there; only the others are summed again, over their rows
-    alone (each cluster's sum and count in row order, as over all rows)."""
+    alone (each cluster's sum and count in row order, as over all rows). ``rewritten``:
+    rows whose values changed since ``ref`` (a row deletion's new pieces)."""
     if ref is not None and len(ref[2]) == k:
         lab0, alive0, centers0 = ref
         diff = (alive != alive0) | (labels != lab0)
+        if rewritten is not None:
+            diff[rewritten] = True
         touched = np.union1d(labels[diff & alive], lab0[diff & alive0])
         centers = centers0.copy()
         if len(touched):

@@ -111,6 +111,12 @@ class KeyedTrace:
     #: ``(cand, rows, squared norms)``: the device centers at the candidates' slots of
     #: ``cand`` (S * k * L, d), gathered once for the seeds' certificate
     cand_rows: tuple | None = None
+    #: rows whose pieces entered after the runs were traced (a row deletion's new pieces,
+    #: :mod:`fedclust.kfed.keyed_rows`): no margin certifies them, every forget assigns
+    #: them again at every iteration
+    extra: np.ndarray | None = None
+    #: rows the last forget rewrote with a device's new pieces: their old margins are wiped
+    rewritten: np.ndarray | None = None
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels
@@ -119,6 +125,16 @@ class KeyedTrace:
         dead = ~self.alive
         gone = np.flatnonzero(dead) if self.newly is None else self.newly
         self.newly = np.empty(0, np.int64)
+        new = np.empty(0, np.int64) if self.rewritten is None else self.rewritten
+        self.rewritten = None
+        if len(new):   # the old pieces' margins: the sorted arrays' lower neighbour
+            wiped = dead.copy()
+            wiped[new] = True
+            for r in self.runs:
+                if r.rank is None:
+                    r.rank = [_rank(o) for o in r.order]
+                for m, o, rank in zip(r.margin_sorted, r.order, r.rank):
+                    _wipe_sorted(m, np.sort(rank[new]), o, wiped)
         if not len(gone):
             return
         self.C[gone] = 0.0
@@ -364,9 +380,11 @@ class _Explained:
 
 
 def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels: np.ndarray,
-                   stats: tuple | None = None):
+                   stats: tuple | None = None, rewritten: np.ndarray | None = None):
     """``(warning, reference)``: :func:`~fedclust.kfed.explain.explanation_warning` over the
     remaining rows, bit for bit; warning False where the trace lacks the scatter.
+    ``rewritten``: rows whose values changed since the reference (a row deletion's new
+    pieces).
 
     ``stats``: the final clusters' weighted sums (k, d), weights (k,) and weighted squared
     norms (k,) over the remaining rows. Where they certify the warning quiet whatever the
@@ -384,6 +402,8 @@ def forget_warning(tr: KeyedTrace, alive: np.ndarray, final: np.ndarray, labels:
         splits, bounds = [STALE] * k, [STALE] * k
     else:
         changed = (labels != ex.labels) | (alive != ex.alive)
+        if rewritten is not None:
+            changed[rewritten] = True
         touched = np.union1d(labels[changed & alive], ex.labels[changed & ex.alive])
         splits, bounds = list(ex.splits), list(ex.bounds)
         for j in touched.tolist():

@@ -1,5 +1,8 @@
-"""Forgetting devices under the keyed weighted k-means++ server (:mod:`fedclust.kfed.keyed`)
-without running its step again.
+"""Forgetting devices, or rows of a device, under the keyed weighted k-means++ server
+(:mod:`fedclust.kfed.keyed`) without running its step again. After a row deletion the
+device's old pieces leave as a leaving device's do and its new pieces enter their slots
+(:mod:`fedclust.kfed.keyed_rows`; the seeds' certificate with both:
+:mod:`fedclust.kfed.keyed_seeding`).
 
 :func:`keyed_forget` follows the fit's trace (:mod:`fedclust.kfed.keyed_trace`) instead of
 running the step again, start by start:
@@ -41,13 +44,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.kmeans import squared_distances
 from .downdate import forget_result
-from .keyed import SPARE, keyed_kmeans_plusplus, n_trials, pick_start
+from .keyed import SPARE, keyed_kmeans_plusplus, pick_start
 from .keyed_result import center_labels as kept_center_labels
 from .keyed_result import exact_means, partition_classes
 from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
                           traced_lloyd, forget_warning)
+from .keyed_rows import downdated as _downdated, enter_runs, entering, write
+from .keyed_seeding import seeds_stable as _seeds_stable
 from .server import farthest_first, pick_first_device, weighted_starts
 
 __all__ = ["keyed_forget", "exact_means"]
@@ -63,59 +67,6 @@ SHIFT_RTOL = 1e-12
 
 class _Full(Exception):
     """The forget cannot be certified: the server's step runs in full."""
-
-
-def _seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray):
-    """The keyed starts' potentials less the rows ``R``'s exact share, per start why its
-    seeds could change (None where they cannot), and per start its first step whose pick
-    could change (k where none; a start run again goes on from there, its earlier seeds
-    kept). ``alive``: the rows that remain."""
-    S, k, M = tr.cand.shape
-    L = n_trials(k)
-    CR, wR = tr.C[R], tr.w[R]
-    x_sq = None if tr.c_sq is None else tr.c_sq[R]
-    Dseed = squared_distances(CR, tr.C[tr.seeds.ravel()], x_sq).reshape(len(R), S, k)
-    before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
-    before = np.concatenate([np.full((len(R), S, 1), np.inf), before[:, :, :-1]], axis=2)
-    valid = tr.cand >= 0
-    cand = np.where(valid, tr.cand, 0)
-    if tr.cand_rows is None or tr.cand_rows[0] is not tr.cand:   # gathered once per trace
-        Y = tr.C[cand.ravel()]
-        tr.cand_rows = (tr.cand, Y, (Y * Y).sum(axis=1) if tr.c_sq is None
-                        else tr.c_sq[cand.ravel()])
-    _, Y, y_sq = tr.cand_rows
-    if x_sq is None:
-        x_sq = (CR * CR).sum(axis=1)
-    # a certificate: any rounding of the distances serves
-    Dc = x_sq[:, None] - 2.0 * (CR @ Y.T) + y_sq
-    np.maximum(Dc, 0.0, out=Dc)
-    Dc = Dc.reshape(len(R), S, k, M)
-    share = np.einsum("r,rskm->skm", wR, np.minimum(before[..., None], Dc))
-    pots = np.where(valid, tr.pots - share, np.inf)
-    # the new candidates: the first L remaining of the kept key order
-    left = valid & alive[cand]
-    rank = np.cumsum(left, axis=2)
-    inset = left & (rank <= L)
-    short = ((left.sum(axis=2) < L) & (valid.sum(axis=2) == M))[:, 1:].any(axis=1)
-    cmp = np.where(inset, pots, np.inf)[:, 1:]
-    b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
-    np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
-    slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
-        + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
-    near_t = cmp.min(axis=2) <= b + slack
-    near = near_t.any(axis=1)
-    held_t = ~alive[tr.seeds]
-    held = held_t.any(axis=1)
-    # a step with a single candidate measured its distances alone (another product):
-    # a start goes on from there at the latest
-    changed = held_t.copy()
-    changed[:, 1:] |= near_t | (left.sum(axis=2) < L)[:, 1:] | (tr.cand[:, 1:, 1] < 0)
-    first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
-    why = [("a leaving device holds a k-means++ seed" if held[s] else
-            "a leaving candidate and no spare key left" if short[s] else
-            "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
-            else None) for s in range(S)]
-    return pots, why, first
 
 
 #: the smallest margins of each iteration :func:`_follow` reads (besides the removed rows');
@@ -175,11 +126,20 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
         return None
     ti, pi = np.nonzero(pm <= thr[:, None])
     rows = order[ti, pi].astype(np.int64)
+    mg = pm[ti, pi]
+    if tr.extra is not None and len(tr.extra):   # pieces with no margin: every iteration
+        ex = tr.extra
+        other = ~np.isin(rows, ex)
+        ti = np.concatenate([ti[other], np.repeat(np.arange(tt), len(ex))])
+        by = np.argsort(ti, kind="stable")
+        ti = ti[by]
+        rows = np.concatenate([rows[other], np.tile(ex, tt)])[by]
+        mg = np.concatenate([mg[other], np.full(tt * len(ex), -np.inf)])[by]
     a = run.A[ti, rows].astype(np.int64)
     r = runner[ti, rows].astype(np.int64)
     sa = sj[ti, a]
     third = m3[ti, rows] > sa + s[ti] + tr.slack
-    sure = (pm[ti, pi] > sa + sj[ti, r] + tr.slack) & third
+    sure = (mg > sa + sj[ti, r] + tr.slack) & third
     keep = ~sure & alive[rows]
     pair = np.flatnonzero(keep & third)
     if len(pair):   # only the runner-up in doubt: two distances instead of k
@@ -225,10 +185,15 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
         s = float(sj.max())
         cut = int(np.searchsorted(run.margin_sorted[t], 2.0 * s + tr.slack, side="right"))
         doubt = run.order[t][:cut].astype(np.int64)
+        mg = run.margin_sorted[t][:cut]
+        if tr.extra is not None and len(tr.extra):   # pieces with no margin: always
+            other = ~np.isin(doubt, tr.extra)
+            doubt = np.concatenate([doubt[other], tr.extra])
+            mg = np.concatenate([mg[other], np.full(len(tr.extra), -np.inf)])
         a = run.A[t, doubt].astype(np.int64)
         r = run.runner_up[t][doubt].astype(np.int64)
         third = run.margin3[t][doubt] > sj[a] + s + tr.slack
-        sure = (run.margin_sorted[t][:cut] > sj[a] + sj[r] + tr.slack) & third
+        sure = (mg > sj[a] + sj[r] + tr.slack) & third
         keep = ~sure & alive[doubt]
         # where only the runner-up is in doubt, its distance and the label's are measured
         # at the current centers (two distances instead of k)
@@ -412,55 +377,48 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
 MAX_RERUN_SHARE = 1.0
 
 
-def _downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
-               k: int) -> dict:
-    """Each run's statistics at every iteration less the rows R (their labels unchanged),
-    for all the runs ``{start: run}`` at once: each (run, iteration, cluster) loses its
-    rows of R in R's order, as run by run."""
-    if not runs:
-        return {}
-    d = next(iter(runs.values())).S.shape[2]
-    T1s = [len(r.cs) for r in runs.values()]
-    base = np.cumsum([0] + [t * k for t in T1s])
-    idx = np.concatenate([(b + np.arange(t)[:, None] * k + r.A[:, R].astype(np.int64)).ravel()
-                          for b, t, r in zip(base, T1s, runs.values())])
-    S = np.concatenate([r.S.reshape(-1, d) for r in runs.values()])
-    np.subtract.at(S, idx, np.tile(CwR, (sum(T1s), 1)))
-    W = np.concatenate([r.W.ravel() for r in runs.values()]) \
-        - np.bincount(idx, weights=np.tile(wR, sum(T1s)), minlength=len(S))
-    Q = np.concatenate([r.Q.ravel() for r in runs.values()]) \
-        - np.bincount(idx, weights=np.tile(qR, sum(T1s)), minlength=len(S))
-    out = {}
-    for (s, run), b, t in zip(runs.items(), base, T1s):
-        part = slice(b, b + t * k)
-        out[s] = RunTrace(run.cs, run.A, S[part].reshape(t, k, d), W[part].reshape(t, k),
-                          Q[part].reshape(t, k), run.W0, run.moved, run.order,
-                          run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
-                          run.stack)
-    return out
-
-
 def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
-                 drop: Sequence[int]):
+                 drop: Sequence[int], enter: dict[int, Any] | None = None):
     """``(KFedResult, new trace)`` of the keyed server without the devices ``drop``, or
-    None where the step must run in full.
+    None where the step must run in full. ``enter``: {device: its new reply} after a row
+    deletion there (:mod:`fedclust.kfed.keyed_rows`; ``replies`` holds the new replies):
+    its old pieces leave and the new ones take their slots. A forget with ``enter``
+    writes the new pieces into ``trace`` whatever comes of it: where it returns None the
+    caller drops the trace.
 
     Each start follows its trace where it can be certified; a start that cannot (a leaving
     seed or farthest-first pick, a run that goes on where the fit's stopped, a near tie) is
     run again in full over the remaining rows, exactly as a fresh step runs it, and traced
     for the next forget (``new.reruns``)."""
     gone = {int(z) for z in drop}
+    enter = enter or {}
     trace.fallback = None
-    if not gone:
+    if not gone and not enter:
         return None
-    if replies.keys() != trace.local_centers.keys() or not gone <= set(trace.ids):
+    if replies.keys() != trace.local_centers.keys() or not gone | set(enter) <= set(trace.ids):
         return None
-    if trace.keys is None:
+    if trace.keys is None or (enter and (gone or trace.ff_start)):
         return None
-    R = np.concatenate([np.arange(trace.offsets[trace.row_of[z]],
-                                  trace.offsets[trace.row_of[z] + 1]) for z in sorted(gone)])
+    R = np.concatenate([np.empty(0, np.int64)] + [
+        np.arange(trace.offsets[trace.row_of[z]], trace.offsets[trace.row_of[z] + 1])
+        for z in sorted(gone)])
+    R = R[trace.alive[R]]
+    e = entering(trace, enter) if enter else None
+    if enter and e is None:
+        trace.fallback = "a device's new summary does not fit its slots"
+        return None
+    if e is not None:
+        R = e.old
+    old = (trace.C[R].copy(), trace.w[R].copy(), None if trace.c_sq is None
+           else trace.c_sq[R].copy())
     alive = trace.alive.copy()
     alive[R] = False
+    extra = trace.extra
+    if e is not None:
+        alive[e.new] = True
+        extra = np.union1d(e.new, np.empty(0, np.int64) if extra is None
+                           else extra[alive[extra]])
+        write(trace, e)
     n = int(alive.sum())
     k = trace.runs[0].cs.shape[1]
     if n < k:
@@ -472,23 +430,31 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         trace.fallback = "the start count changes"
         return None
     ids = [z for z in trace.ids if z not in gone]
-    old_alive = trace.alive
-    trace.alive = alive
+    old_alive, old_extra = trace.alive, trace.extra
+    trace.alive, trace.extra = alive, extra
     reruns: dict[int, str] = {}
     try:
         if F and (trace.seed_device in gone or gone & set(trace.ff_owners.tolist())):
             reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
-        pots, why, first = _seeds_stable(trace, R, alive)
+        got = _seeds_stable(trace, R, alive, old, e)
+        pots, why, first = got[:3]
+        if e is not None:
+            trace.cand = got[3]
         reruns.update({s + F: y for s, y in enumerate(why) if y is not None})
-        xsum = trace.xsum - trace.C[R].sum(axis=0)
-        xsq = trace.xsq - (trace.C[R] ** 2).sum(axis=0)
+        CR, wR, _ = old
+        xsum = trace.xsum - CR.sum(axis=0)
+        xsq = trace.xsq - (CR ** 2).sum(axis=0)
+        if e is not None:
+            xsum, xsq = xsum + e.C.sum(axis=0), xsq + (e.C ** 2).sum(axis=0)
         var = float(np.mean(np.maximum(xsq / n - (xsum / n) ** 2, 0.0))) if n > 1 else 0.0
         var_err = 1e-10 * float(np.mean(np.abs(xsq))) / n
         outs: dict[int, tuple] = {}
-        CwR = trace.C[R] * trace.w[R][:, None]
-        qR = trace.w[R] * (trace.C[R] ** 2).sum(axis=1)
+        CwR = CR * wR[:, None]
+        qR = wR * (CR ** 2).sum(axis=1)
         based = _downdated({s: run for s, run in enumerate(trace.runs) if s not in reruns},
-                           R, CwR, trace.w[R], qR, k)
+                           R, CwR, wR, qR, k)
+        if e is not None:
+            enter_runs(based, e, k)
         for s in based:
             try:
                 outs[s] = _follow(trace, based[s], var, var_err, n)
@@ -525,7 +491,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         sizes = [tuple(np.sort(outs[s][3][1][outs[s][2]]).tolist()) for s in order]
         # a start followed with its labels as at the last forget (no label changed, the
         # same final iteration) keeps its partition there, less the leaving rows
-        known = [None if trace.parts is None or s in new_runs or len(outs[s][1][0])
+        known = [None if trace.parts is None or e is not None or s in new_runs or len(outs[s][1][0])
                  or trace.parts[s] is None or trace.parts[s][0] != outs[s][2]
                  else trace.parts[s][1] for s in order]
         names = partition_classes(finals, sizes, alive, k, known)
@@ -536,7 +502,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         trace.fallback = exc.args[0] if exc.args else "uncertified"
         return None
     finally:
-        trace.alive = old_alive
+        trace.alive, trace.extra = old_alive, old_extra
     # each start's partition name, where its final labels are its run's at t (no change)
     parts = [None if len(outs[s][1][0]) else (outs[s][2], names[s]) for s in order]
     centers, _, t_f, _, _, prev = outs[b]
@@ -545,18 +511,23 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         run = new_runs[b][0] if b in new_runs else trace.runs[b]
         lab = run.A[t_f - 1].astype(np.int64)
         lab[prev[0]] = prev[1]
-        centers = exact_means(trace.Cw, trace.w, lab, alive, k, trace.means_ref)
+        centers = exact_means(trace.Cw, trace.w, lab, alive, k, trace.means_ref,
+                              None if e is None else e.new)
         means_ref = (lab, alive, centers)
     else:
         means_ref = None
     local_centers = {z: trace.local_centers[z] for z in ids}
     local_counts = {z: trace.local_counts[z] for z in ids}
-    center_labels = kept_center_labels(trace, ids, labels, alive)
+    if e is not None:
+        local_centers.update(e.centers)
+        local_counts.update(e.counts)
+    center_labels = kept_center_labels(trace, ids, labels, alive, set(enter))
     seed_device, ff_owners = trace.seed_device, trace.ff_owners
     if F and 0 in new_runs:
         seed_device, ff_owners = new_runs[0][2]
     Sb, Wb, Qb = (x[t_f] for x in outs[b][3])
-    warning, expl = forget_warning(trace, alive, centers, labels, (Sb, Wb, Qb)) \
+    warning, expl = forget_warning(trace, alive, centers, labels, (Sb, Wb, Qb),
+                                   None if e is None else e.new) \
         if protocol.summarise else (False, None)
     if trace.expl is None:   # the reference serves any later forget of this trace too
         trace.expl = expl
@@ -576,7 +547,8 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      trace.slack, trace.scale2, trace.max_iter, trace.tol, local_centers,
                      local_counts, center_labels, sum(o[4] for o in outs.values()),
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
-                     expl=expl, newly=R, Cw=trace.Cw, ff_start=trace.ff_start,
+                     expl=expl, newly=R[~alive[R]], Cw=trace.Cw, ff_start=trace.ff_start,
                      c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
-                     cand_rows=trace.cand_rows if cand is trace.cand else None)
+                     cand_rows=trace.cand_rows if cand is trace.cand else None,
+                     extra=extra, rewritten=None if e is None else e.new)
     return result, new

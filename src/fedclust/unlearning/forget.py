@@ -295,6 +295,8 @@ class ForgetMixin:
             Rows to delete from a device's data (indices into its current rows).
             The device runs its step again without them; the server then
             aggregates once. If its summary does not change, nothing else runs.
+            Deleting every row of a device forgets the device (a fit has no empty
+            device).
         data : mapping device -> array (or (X, y)), optional
             A device's current data, where the model does not hold it (a model
             fitted on another transport, or read from a file); in-process fits
@@ -330,6 +332,13 @@ class ForgetMixin:
             if z in drop or idx.size == 0:
                 continue
             deleted[z] = idx
+        held = {**u.data, **given}
+        for z, idx in list(deleted.items()):   # every row of a device: the device leaves
+            X = held.get(z)
+            n = None if X is None else len(X[0] if isinstance(X, tuple) else X)
+            if n == idx.size and idx[0] == 0 and idx[-1] == n - 1:
+                del deleted[z]
+                drop = sorted({*drop, z})
         replied = {self._resolve(u, z): m for z, m in (summaries or {}).items()}
         replied = {z: m for z, m in replied.items() if z not in drop and z not in deleted}
         if not drop and not deleted and not replied:
@@ -364,14 +373,27 @@ class ForgetMixin:
         changing = sorted({*deleted, *replied})
         path = "replay"
         fast, rechecked = None, None
+        entering = {z: answers[z][1] for z in changing
+                    if z in answers and z not in unchanged}
+        store = kept
         if drop and not changing and protocol is u.protocol:
             with one_blas_thread():   # the server maths round as the fit's did
                 fast = self._downdate(u, drop, kept)
+        elif (not drop and entering and protocol is u.protocol and len(kept.rounds) == 1
+              and len(entering) + len(unchanged) == len(changing)):
+            # the devices' new summaries enter the previous result (their old ones leave)
+            store = kept.without(set())
+            for z, msg in entering.items():
+                store.rounds[0].replies[z] = msg
+                store.rounds[0].digests[z] = digest_message(msg)
+            with one_blas_thread():
+                fast = self._replace(u, entering, store)
         if not drop and unchanged and len(unchanged) == len(changing):
             out, path = None, "none"
         elif fast is not None:
             fast, rechecked = fast
-            out, path = ReplayOutput(fast, kept, fast.log), "downdate"
+            out, path = ReplayOutput(fast, store, fast.log, [(0, z) for z in changing],
+                                     {z: answers[z][2] for z in changing}), "downdate"
         else:
             avail = {z: devices_data[z] for z in kept.device_ids if z in devices_data}
             avail.update(new_data)
@@ -430,6 +452,12 @@ class ForgetMixin:
         """``(result, rechecked)``: the server's result without the devices ``drop``
         computed from the previous one (not its step in full) and how many kept summaries
         it looked at again, or None; an estimator whose server allows it overrides."""
+        return None
+
+    def _replace(self, u: Unlearning, entering: dict[int, Any], store: SummaryStore) -> Any:
+        """``(result, rechecked)``: the server's result with the devices' new summaries
+        ``entering`` (after row deletions there; ``store`` holds them) computed from the
+        previous one, or None; an estimator whose server allows it overrides."""
         return None
 
     def _forget_protocol(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]

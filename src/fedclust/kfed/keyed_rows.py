@@ -1,0 +1,147 @@
+"""A device's new summary entering the keyed server's trace (:mod:`fedclust.kfed.keyed_trace`)
+after a row deletion on that device, for :func:`fedclust.kfed.keyed_unlearn.keyed_forget`.
+
+The device's new pieces take the slots of its old ones (same device id, same index on the
+device: the same row keys, the same place in the stacked rows, so a start run again and
+the exact final means sum the rows in the fresh step's order). Its old pieces leave as a
+forgotten device's do; the new ones enter:
+
+* seeds: each candidate's potential gains the new pieces' exact share; a step whose
+  candidates a new piece could join (its key within rounding of the last candidate's, or
+  of the first seed's) counts as changed, and the start goes on from there;
+* Lloyd: a new piece enters every iteration of every start labelled by the fit's
+  centers there, its statistics added; it is assigned again at every iteration (it has
+  no margin certificate: :attr:`KeyedTrace.extra`), so a label that differs at the
+  downdated centers is corrected as any other row's.
+
+A device whose new summary has more pieces than it has slots is not followed (the server's
+step runs in full).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.kmeans import squared_distances
+from .keyed_trace import KeyedTrace, RunTrace
+
+__all__ = ["Entering", "entering", "write", "enter_runs", "downdated"]
+
+
+@dataclass
+class Entering:
+    """The rows a row deletion rewrites: ``old`` the device's current slots (their old
+    values leave), ``new`` the slots its new pieces take (a prefix of its segment), with
+    their values ``C`` (n, d), weights ``w``, squared norms ``c_sq``, weighted rows ``Cw``
+    and scatters (None where the trace keeps none); ``centers``/``counts`` per device."""
+
+    old: np.ndarray
+    new: np.ndarray
+    C: np.ndarray
+    w: np.ndarray
+    c_sq: np.ndarray
+    Cw: np.ndarray
+    scatter: np.ndarray | None
+    centers: dict
+    counts: dict
+
+
+def entering(tr: KeyedTrace, enter: dict[int, Any]) -> Entering | None:
+    """The slots and values of the devices' new replies ``enter`` {device: reply}; None
+    where a device's new summary does not fit its slots or its dtype differs."""
+    old, new, C, w, sc = [], [], [], [], []
+    for z in sorted(enter):
+        msg = enter[z]
+        c = np.asarray(msg.centers)
+        if c.dtype != np.float64 or c.ndim != 2 or c.shape[1] != tr.C.shape[1]:
+            return None
+        lo, hi = int(tr.offsets[tr.row_of[z]]), int(tr.offsets[tr.row_of[z] + 1])
+        if len(c) > hi - lo or len(c) == 0:
+            return None
+        seg = np.arange(lo, hi)
+        old.append(seg[tr.alive[seg]])
+        new.append(seg[:len(c)])
+        C.append(c)
+        w.append(np.asarray(msg.counts).astype(np.float64))
+        if tr.scatter is not None:
+            s = getattr(msg, "scatter", None)
+            if s is None or len(s) != len(c):
+                return None
+            sc.append(np.asarray(s, dtype=np.float64))
+    C = np.concatenate(C)
+    w = np.concatenate(w)
+    return Entering(np.concatenate(old), np.concatenate(new), C, w, (C * C).sum(axis=1),
+                    C * w[:, None], np.concatenate(sc) if tr.scatter is not None else None,
+                    {z: enter[z].centers for z in enter}, {z: enter[z].counts for z in enter})
+
+
+def write(tr: KeyedTrace, e: Entering) -> None:
+    """The new pieces into their slots (the old values leave the trace)."""
+    tr.C[e.new] = e.C
+    tr.w[e.new] = e.w
+    if tr.c_sq is not None:
+        tr.c_sq[e.new] = e.c_sq
+    if tr.Cw is not None:
+        tr.Cw[e.new] = e.Cw
+    if tr.scatter is not None:
+        tr.scatter[e.new] = e.scatter
+    tr.cand_rows = None
+
+
+def enter_runs(runs: dict, e: Entering, k: int) -> None:
+    """Each followed run with the new pieces in their slots: labelled at every iteration
+    by the fit's centers there (nearest, any rounding: they are assigned again anyway),
+    their statistics added, the moved rows and certificates of the slots renewed (no
+    margin: :attr:`KeyedTrace.extra` rows are assigned again at every iteration)."""
+    slots = np.union1d(e.old, e.new)
+    for run in runs.values():
+        T1 = len(run.cs)
+        lab = np.stack([squared_distances(e.C, c, e.c_sq).argmin(axis=1) for c in run.cs])
+        run.A[:, e.new] = lab
+        idx = (np.arange(T1)[:, None] * k + lab).ravel()
+        d = run.S.shape[2]
+        S = run.S.reshape(-1, d)
+        np.add.at(S, idx, np.tile(e.Cw, (T1, 1)))
+        run.W += np.bincount(idx, weights=np.tile(e.w, T1), minlength=T1 * k).reshape(T1, k)
+        run.Q += np.bincount(idx, weights=np.tile(e.w * e.c_sq, T1),
+                             minlength=T1 * k).reshape(T1, k)
+        moved = [np.setdiff1d(m, slots, assume_unique=True) for m in run.moved]
+        for t in range(1, T1):
+            moved[t] = np.union1d(moved[t], e.new[lab[t] != lab[t - 1]])
+        run.moved = moved
+        o, m, r2, m3, _, _ = run.stack
+        r2[:, e.new] = 0
+        m3[:, e.new] = -np.inf
+        mv_t = np.repeat(np.arange(T1), [len(x) for x in moved])
+        run.stack = (o, m, r2, m3, np.concatenate(moved).astype(np.int64), mv_t)
+
+
+def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
+               k: int) -> dict:
+    """Each run's statistics at every iteration less the rows R (their labels unchanged),
+    for all the runs ``{start: run}`` at once: each (run, iteration, cluster) loses its
+    rows of R in R's order, as run by run."""
+    if not runs:
+        return {}
+    d = next(iter(runs.values())).S.shape[2]
+    T1s = [len(r.cs) for r in runs.values()]
+    base = np.cumsum([0] + [t * k for t in T1s])
+    idx = np.concatenate([(b + np.arange(t)[:, None] * k + r.A[:, R].astype(np.int64)).ravel()
+                          for b, t, r in zip(base, T1s, runs.values())])
+    S = np.concatenate([r.S.reshape(-1, d) for r in runs.values()])
+    np.subtract.at(S, idx, np.tile(CwR, (sum(T1s), 1)))
+    W = np.concatenate([r.W.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(wR, sum(T1s)), minlength=len(S))
+    Q = np.concatenate([r.Q.ravel() for r in runs.values()]) \
+        - np.bincount(idx, weights=np.tile(qR, sum(T1s)), minlength=len(S))
+    out = {}
+    for (s, run), b, t in zip(runs.items(), base, T1s):
+        part = slice(b, b + t * k)
+        out[s] = RunTrace(run.cs, run.A, S[part].reshape(t, k, d), W[part].reshape(t, k),
+                          Q[part].reshape(t, k), run.W0, run.moved, run.order,
+                          run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
+                          run.stack)
+    return out

@@ -1,0 +1,164 @@
+"""The seeding's certificate of a forget under the keyed server
+(:func:`fedclust.kfed.keyed_unlearn.keyed_forget`): which k-means++ picks of each start
+hold once the leaving rows' exact share of every candidate's potential is taken off and
+a row deletion's new pieces' share is added, and which steps a new piece could join."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.kmeans import squared_distances
+from ..core.random import key_uniforms_steps
+from .keyed import n_trials
+from .keyed_rows import Entering
+from .keyed_trace import KeyedTrace
+
+__all__ = ["seeds_stable", "seed_entries", "share", "KEY_RTOL"]
+
+
+def share(tr: KeyedTrace, X: np.ndarray, wX: np.ndarray, x_sq: np.ndarray, Y: np.ndarray,
+          y_sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(share (S, k, M), before (n, S, k))``: the rows X's weighted share of each
+    candidate's potential (their distance to the seeds before the step, or to the
+    candidate where nearer), and each row's distance to the seeds before each step.
+    ``Y``, ``y_sq``: the candidates' rows (S k M, d) and squared norms."""
+    S, k, M = tr.cand.shape
+    Dseed = squared_distances(X, tr.C[tr.seeds.ravel()], x_sq).reshape(len(X), S, k)
+    before = np.minimum.accumulate(Dseed, axis=2)   # min over seeds 0..t
+    before = np.concatenate([np.full((len(X), S, 1), np.inf), before[:, :, :-1]], axis=2)
+    # a certificate: any rounding of the distances serves
+    Dc = x_sq[:, None] - 2.0 * (X @ Y.T) + y_sq
+    np.maximum(Dc, 0.0, out=Dc)
+    Dc = Dc.reshape(len(X), S, k, M)
+    return np.einsum("r,rskm->skm", wX, np.minimum(before[..., None], Dc)), before
+
+
+#: keys closer than this share may order otherwise in a fresh step (the distances behind
+#: them are rounded otherwise there)
+KEY_RTOL = 1e-9
+
+
+def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(joins (S, k), cut (S, k, M))``: the steps whose first L remaining candidates a
+    new piece could join (or, at step 0, whose first seed it could be), given each new
+    piece's distance to the seeds before each step ``before`` (n, S, k) and the kept
+    candidates that remain ``left`` (S, k, M) bool; and, elsewhere, the kept candidates
+    whose keys a new piece could precede (beyond the first L: the pick stays, but the kept
+    list is cut there, so that it stays the smallest keys of the remaining rows, in order,
+    as later forgets take the next candidates from it).
+
+    Keys are bounded with the rounding of the distances behind them (``1e-12`` times the
+    largest squared norm) and :data:`KEY_RTOL`: a new piece's from below, a candidate's
+    from above."""
+    S, k, M = tr.cand.shape
+    L = n_trials(k)
+    joins = np.zeros((S, k), bool)
+    cut = np.zeros((S, k, M), bool)
+    tol = 1e-12 * tr.scale2
+    steps = np.arange(k)
+    lower = np.tril(np.ones((k, k), bool), -1)   # lower[t, j]: seed j chosen before step t
+    for s in range(S):
+        seeds = tr.seeds[s]
+        # step 0: the first seed is the smallest -log(u) / w
+        e0 = -np.log(key_uniforms_steps(tr.keys[e.new], s, steps[:1])[0]) / e.w
+        s0 = -np.log(key_uniforms_steps(tr.keys[seeds[:1]], s, steps[:1])[0, 0]) \
+            / tr.w[seeds[0]]
+        joins[s, 0] = bool((e0 <= s0 * (1 + KEY_RTOL)).any())
+        cand = tr.cand[s]
+        rows = np.where(cand >= 0, cand, 0)
+        D = squared_distances(tr.C[rows.ravel()], tr.C[seeds]).reshape(k, M, k)
+        lo = np.where(lower[:, None, :], D, np.inf).min(axis=2) - tol   # (k, M)
+        m = left[s]
+        # each step's candidates' uniforms at that step: the diagonal blocks
+        u = key_uniforms_steps(tr.keys[rows.ravel()], s, steps).reshape(k, k, M)[steps, steps]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kc = np.where(m & (lo > 0), -np.log(u) / (np.maximum(lo, 1e-300) * tr.w[rows]),
+                          np.inf)
+        un = key_uniforms_steps(tr.keys[e.new], s, steps)   # (k, n)
+        pn = before[:, s, :].T * e.w + tol * e.w
+        with np.errstate(divide="ignore"):
+            kn = (-np.log(un) / pn).min(axis=1)   # the smallest new key per step
+        nl = m.sum(axis=1)
+        bad = (m & (lo <= 0)).any(axis=1) | (nl < L)
+        rank = np.cumsum(m, axis=1)
+        Lth = np.where(m & (rank == L), kc, -np.inf).max(axis=1)
+        j = bad | (kn <= Lth * (1 + KEY_RTOL))
+        joins[s, 1:] = j[1:] & np.isfinite(kn[1:])
+        # beyond the first L: the kept list cut from the first key a new piece could precede
+        after = m & ~(kc < kn[:, None] * (1 - KEY_RTOL))
+        c = np.logical_or.accumulate(after, axis=1)
+        c[j | ~np.isfinite(kn)] = False
+        cut[s, 1:] = c[1:]
+    return joins, cut
+
+
+def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
+                  old: tuple | None = None, e: Entering | None = None):
+    """The keyed starts' potentials less the rows ``R``'s exact share, per start why its
+    seeds could change (None where they cannot), and per start its first step whose pick
+    could change (k where none; a start run again goes on from there, its earlier seeds
+    kept). ``alive``: the rows that remain. ``old``: R's values ``(C, w, squared norms)``
+    where the trace holds new ones (a row deletion's slots); ``e``: the pieces entering
+    them, whose share each potential gains."""
+    S, k, M = tr.cand.shape
+    L = n_trials(k)
+    if old is None:
+        old = (tr.C[R], tr.w[R], None if tr.c_sq is None else tr.c_sq[R])
+    CR, wR, x_sq = old
+    valid = tr.cand >= 0
+    cand = np.where(valid, tr.cand, 0)
+    if tr.cand_rows is None or tr.cand_rows[0] is not tr.cand:   # gathered once per trace
+        Y = tr.C[cand.ravel()]
+        tr.cand_rows = (tr.cand, Y, (Y * Y).sum(axis=1) if tr.c_sq is None
+                        else tr.c_sq[cand.ravel()])
+    _, Y, y_sq = tr.cand_rows
+    if x_sq is None:
+        x_sq = (CR * CR).sum(axis=1)
+    out_share, _ = share(tr, CR, wR, x_sq, Y, y_sq)
+    pots = tr.pots - out_share
+    gone = ~alive
+    if e is not None:
+        in_share, before = share(tr, e.C, e.w, e.c_sq, Y, y_sq)
+        pots = pots + in_share
+        gone = gone.copy()
+        gone[e.old] = True   # a rewritten slot's old value leaves the candidates and seeds
+    pots = np.where(valid, pots, np.inf)
+    # the new candidates: the first L remaining of the kept key order
+    left = valid & ~gone[cand]
+    rank = np.cumsum(left, axis=2)
+    inset = left & (rank <= L)
+    # a full list (its last slot taken, or cut short by a new piece: -2) may miss rows
+    short = ((left.sum(axis=2) < L) & (tr.cand[:, :, -1] != -1))[:, 1:].any(axis=1)
+    cmp = np.where(inset, pots, np.inf)[:, 1:]
+    b = np.take_along_axis(cmp, tr.pick[:, 1:, None], axis=2)[..., 0]
+    np.put_along_axis(cmp, tr.pick[:, 1:, None], np.inf, axis=2)
+    slack = 1e-9 * np.abs(np.where(valid, tr.pots, 0.0)[:, 1:]).max(initial=0.0) \
+        + 1e-13 * (tr.C.shape[1] + 4) * tr.scale2 * float(tr.w.sum())
+    near_t = cmp.min(axis=2) <= b + slack
+    near = near_t.any(axis=1)
+    held_t = gone[tr.seeds]
+    held = held_t.any(axis=1)
+    # a step with a single candidate measured its distances alone (another product):
+    # a start goes on from there at the latest
+    changed = held_t.copy()
+    changed[:, 1:] |= near_t | (left.sum(axis=2) < L)[:, 1:] | (tr.cand[:, 1:, 1] < 0)
+    cand_out = tr.cand
+    if e is not None:   # a step whose candidates a new piece could join
+        joins, cut = seed_entries(tr, e, before, left)
+        changed |= joins
+        # a rewritten slot's old value leaves the kept lists for good (its new piece is
+        # checked as a new piece); -2: a list that may miss rows
+        cut |= valid & gone[cand] & alive[cand]
+        cand_out = np.where(cut, -2, tr.cand)
+    else:
+        joins = np.zeros_like(changed)
+    first = np.where(changed.any(axis=1), changed.argmax(axis=1), k)
+    why = [("a leaving device holds a k-means++ seed" if held[s] else
+            "a leaving candidate and no spare key left" if short[s] else
+            "a leaving device's share changes or nearly changes a k-means++ pick" if near[s]
+            else "a new piece could join a k-means++ step's candidates" if joins[s].any()
+            else None) for s in range(S)]
+    if e is not None:   # and the kept candidate lists, cut where a new piece could join
+        return pots, why, first, cand_out
+    return pots, why, first
