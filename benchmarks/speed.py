@@ -174,6 +174,7 @@ class Phase:
         self.time = time.perf_counter() - self._t0
         self.cpu = time.process_time() - self._c0
         hwm = C.vm_hwm_mb() if self._ok else None
+        self.hwm = hwm   # the process's peak RSS in the phase (MiB)
         self.mem = None if hwm is None else max(hwm - self._base, 0.0)
         return False
 
@@ -435,10 +436,12 @@ def main(argv=None) -> dict:
                       title="The default server (weighted k-means++ with keyed starts, the "
                             "summary ladder), one thread, one run")
     if curve:
-        C.print_table(["devices", "points", "fit s", "peak +MiB", "centers MiB",
-                       "cost / generating means"],
+        C.print_table(["devices", "points", "fit s", "fit CPU s", "peak +MiB", "peak RSS MiB",
+                       "centers MiB", "cost / generating means"],
                       [[f"{c['n_devices']:,}", f"{c['n_points']:,}", f"{c['fit_s']:.1f}",
+                        f"{c['fit_cpu_s']:.1f}",
                         "-" if c["peak_extra_mib"] is None else f"{c['peak_extra_mib']:.0f}",
+                        "-" if c["peak_rss_mib"] is None else f"{c['peak_rss_mib']:.0f}",
                         f"{c['centers_mib']:.0f}", f"{c['cost_over_generating_means']:.4f}"]
                        for c in curve],
                       title="Streamed k-FED (generator; 20 points, d=20, k=50, k'=2, "
