@@ -75,6 +75,7 @@ def run_point(n_devices: int, seed: int, phase, server: str = "kmeans++") -> dic
     t0 = time.perf_counter()
     got, ref = costs(min(n_devices, COST_DEVICES), seed, model.cluster_centers_)
     return {"n_devices": n_devices, "n_points": n_devices * N_PER, "fit_s": ph.time,
+            "fit_cpu_s": ph.cpu, "peak_rss_mib": getattr(ph, "hwm", None),
             "server": server, "device_centers": len(model.local_centers_.data),
             "peak_extra_mib": ph.mem, "centers_mib": model.local_centers_.data.nbytes / 2**20,
             "cost_over_generating_means": got / ref,

@@ -88,6 +88,14 @@ seconds, minimum of 3 repeats): large-1000x1000 k-FED 1.33 s against scikit-lear
 24.6 s (0.054x, cost 0.7779), tiny-5e4x20 0.83 s against 3.17 s (0.261x, cost 1.0000);
 the medians give 0.058x and 0.261x.
 
+Streamed curve (``--cases none``; :mod:`_stream_curve`): ``KFed(k).fit(generator)``
+over 10^3..10^7 devices of 20 points, d=20, k=50; ``--curve-server default``. Measured
+on the shared 2-core machine: 10^3..10^6 devices with ``--curve-max 1e6`` (0.4 s, 6.9 s,
+4.7 s, 43.7 s; cost / generating means 0.9975..1.0000), 10^7 devices alone with
+``--curve-min 1e7 --curve-max 1e7`` (load average 4-6 from other jobs): fit 1376.3 s
+wall, 1176.3 s CPU, peak RSS 7666 MiB for 4 x 10^7 device centers (6104 MiB), cost
+1.0000 (docs/kfed.md has the tables).
+
 Checks: k-FED end to end no slower than scikit-learn on the
 pooled data, k-means cost within 5% of it; server step for 10^5 devices'
 centers under 2 s; memory linear in the data.
@@ -184,6 +192,7 @@ class Phase:
         self.time = time.perf_counter() - self._t0
         self.cpu = time.process_time() - self._c0
         hwm = C.vm_hwm_mb() if self._ok else None
+        self.hwm = hwm   # the process's peak RSS in the phase (MiB)
         self.mem = None if hwm is None else max(hwm - self._base, 0.0)
         return False
 
@@ -445,10 +454,12 @@ def main(argv=None) -> dict:
                       title="The default server (weighted k-means++ with keyed starts, the "
                             "summary ladder), one thread, one run")
     if curve:
-        C.print_table(["devices", "points", "fit s", "peak +MiB", "centers MiB",
-                       "cost / generating means"],
+        C.print_table(["devices", "points", "fit s", "fit CPU s", "peak +MiB", "peak RSS MiB",
+                       "centers MiB", "cost / generating means"],
                       [[f"{c['n_devices']:,}", f"{c['n_points']:,}", f"{c['fit_s']:.1f}",
+                        f"{c['fit_cpu_s']:.1f}",
                         "-" if c["peak_extra_mib"] is None else f"{c['peak_extra_mib']:.0f}",
+                        "-" if c["peak_rss_mib"] is None else f"{c['peak_rss_mib']:.0f}",
                         f"{c['centers_mib']:.0f}", f"{c['cost_over_generating_means']:.4f}"]
                        for c in curve],
                       title="Streamed k-FED (generator; 20 points, d=20, k=50, k'=2, "

@@ -243,3 +243,20 @@ def test_kmeans_plusplus_all_points_equal_takes_unused_rows_in_order():
     X = np.ones((5, 2))
     idx = kmeans_plusplus(X, 4, ScriptedRng(2, []))
     np.testing.assert_array_equal(idx, [2, 0, 1, 3])
+
+
+def test_blocked_lloyd_on_integer_counts_is_its_float_weights_run():
+    from fedclust.core.kmeans import blocked_lloyd, lloyd
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(5000, 3)) + rng.integers(0, 4, size=(5000, 1)) * 6.0
+    counts = rng.integers(1, 30, size=5000)
+    a = blocked_lloyd(X, X[:4], weights=counts, max_iter=50, block=333)
+    b = blocked_lloyd(X, X[:4], weights=counts.astype(np.float64), max_iter=50, block=333)
+    assert np.array_equal(a.centers, b.centers) and np.array_equal(a.labels, b.labels)
+    assert a.inertia == b.inertia and a.labels.dtype == np.int8
+    # and the whole-array Lloyd's partition and cost (an independent implementation)
+    c = lloyd(X, X[:4], weights=counts.astype(np.float64), max_iter=50)
+    assert np.array_equal(a.labels, c.labels)
+    assert np.isclose(a.inertia, c.inertia, rtol=1e-10)
+    d2 = ((X - a.centers[a.labels]) ** 2).sum(1)
+    assert np.isclose(a.inertia, d2 @ counts, rtol=1e-10)

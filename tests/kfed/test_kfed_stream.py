@@ -163,3 +163,43 @@ def test_default_kfed_streams_with_auto_summaries(fed):
     # a one-row device would send its raw point: named, as in the list fit
     with pytest.raises(ValidationError, match="device 3 has n_z=1"):
         KFed(6, random_state=5).fit(iter(list(fed[:3]) + [fed[3][:1]]))
+
+
+def test_default_server_on_thousands_of_streamed_devices_is_the_list_fit(monkeypatch):
+    # 3,000 devices (12,000 device centers): the keyed coreset's keys and weights made per
+    # block from the offsets (blocks cut through devices), the final Lloyd in row blocks
+    # on integer counts: the list fit's centers and center labels bit for bit
+    from fedclust.kfed import keyed
+    monkeypatch.setattr(keyed, "SAMPLED_ABOVE", 0)
+    monkeypatch.setattr(keyed, "SAMPLE_MIN", 500)
+    monkeypatch.setattr(keyed, "LARGE_N", 1000)
+    monkeypatch.setattr(keyed, "_KEY_BLOCK", 777)
+    rng = np.random.default_rng(8)
+    means = rng.normal(scale=20, size=(12, 5))
+    devs = [means[[z % 12, (z + 5) % 12]].repeat(10, axis=0) + rng.normal(size=(20, 5))
+            for z in range(3000)]
+    ids = [7 * z + 3 for z in range(3000)]
+    a = KFed(12, random_state=6).fit(devs, device_ids=ids)
+    b = KFed(12, random_state=6).fit(iter(devs), device_ids=iter(ids))
+    assert len(b.local_centers_.data) == 12_000   # every device sent 4 centers
+    assert b.center_labels_.data.dtype == np.int8   # the smallest type that holds k
+    assert np.array_equal(a.cluster_centers_, b.cluster_centers_)
+    for z in range(len(devs)):
+        assert np.array_equal(a.local_counts_[z], b.local_counts_[z])
+        assert np.array_equal(a.center_labels_[z], b.center_labels_[z])
+    X = np.concatenate(devs)
+    cost = ((X[:, None] - b.cluster_centers_[None]) ** 2).sum(-1).min(1).sum()
+    ref = ((X[:, None] - means[None]) ** 2).sum(-1).min(1).sum()
+    assert cost <= 1.05 * ref
+
+
+def test_stacked_keys_are_center_keys():
+    from fedclust.kfed.keyed import StackedKeys, center_keys
+    sizes = np.array([3, 1, 4, 2, 5], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    for ids in (range(5), [40, 7, 19, 3, 11]):
+        owner, local = center_keys(ids, sizes)
+        keys = StackedKeys(ids, offsets)
+        for rows in (slice(0, 15), slice(2, 9), np.array([0, 3, 4, 14, 8])):
+            o, li = keys[rows]
+            assert np.array_equal(o, owner[rows]) and np.array_equal(li, local[rows])

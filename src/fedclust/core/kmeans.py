@@ -309,30 +309,40 @@ def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None
     """Weighted Lloyd for many rows: BLAS distances in row blocks, no copy of X.
 
     The same stopping rules as :func:`lloyd` (labels unchanged, or total squared
-    shift ≤ ``tol`` times the mean per-feature variance). Memory beyond X:
-    O(n) for labels and row norms plus O(block · k) per block; time
+    shift ≤ ``tol`` times the mean per-feature variance). Memory beyond X and
+    the weights: the row norms (n,) float64 and the labels (n,) in the smallest
+    signed integer type that holds k, plus O(block · k) per block (the rows'
+    distances to their centers, (n,) float64, only for the last pass); integer
+    weights (counts) are taken as they are and made float64 per block. Time
     O(n k d) per round, in BLAS matrix products. An emptied cluster keeps its
     center (it has weight 0).
     """
     n, d = X.shape
     k = init.shape[0]
     centers = np.array(init, dtype=np.float64, copy=True)
-    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    w = None if weights is None else np.asarray(weights)
+    if w is not None and w.dtype.kind not in "iu":   # float weights: float64 as a whole
+        w = w.astype(np.float64, copy=False)
+
+    def w_at(s: int) -> np.ndarray | None:
+        return None if w is None else w[s:s + block].astype(np.float64, copy=False)
+
     x_sq = _row_sq(X, block)
-    W = float(n if w is None else w.sum())
+    # integer weights sum exactly in float64 (< 2**53): the same W as their float64 sum
+    W = float(n if w is None else (int(w.sum()) if w.dtype.kind in "iu" else w.sum()))
     mean = np.zeros(d)
     for s in range(0, n, block):
-        mean += (X[s:s + block].sum(axis=0) if w is None else w[s:s + block] @ X[s:s + block])
+        mean += (X[s:s + block].sum(axis=0) if w is None else w_at(s) @ X[s:s + block])
     mean /= W
-    total_sq = float(x_sq.sum() if w is None else x_sq @ w)
+    total_sq = float(x_sq.sum() if w is None else x_sq @ w.astype(np.float64, copy=False))
     abs_tol = tol * max(total_sq / W - float(mean @ mean), 0.0) / d
-    labels = np.full(n, -1, dtype=np.int32)
-    mind = np.empty(n, dtype=np.float64)
+    labels = np.full(n, -1, dtype=np.min_scalar_type(-max(k, 1)))
     col = np.arange(d)
     converged = False
     n_iter = 0
 
-    def assign_all(C: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    def assign_all(C: np.ndarray, mind: np.ndarray | None = None
+                   ) -> tuple[int, np.ndarray, np.ndarray]:
         changed = 0
         sums = np.zeros(k * d)
         wsum = np.zeros(k)
@@ -343,10 +353,11 @@ def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None
             D *= -2.0
             D += c_sq
             lab = D.argmin(axis=1)
-            mind[s:s + block] = D[np.arange(len(lab)), lab] + x_sq[s:s + block]
+            if mind is not None:
+                mind[s:s + block] = D[np.arange(len(lab)), lab] + x_sq[s:s + block]
             changed += int((labels[s:s + block] != lab).sum())
             labels[s:s + block] = lab
-            wb = None if w is None else w[s:s + block]
+            wb = w_at(s)
             vals = Xb if wb is None else Xb * wb[:, None]
             sums += np.bincount((lab[:, None] * d + col).ravel(), weights=vals.ravel(),
                                 minlength=k * d)
@@ -367,11 +378,15 @@ def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None
         if shift <= abs_tol:
             converged = True
             break
-    _, _, wsum = assign_all(centers)
+    mind = np.empty(n, dtype=np.float64)
+    _, _, wsum = assign_all(centers, mind)
     np.maximum(mind, 0.0, out=mind)
-    inertia = float(mind.sum() if w is None else mind @ w)
-    return LloydResult(centers, labels.astype(np.int64), wsum, inertia, max(n_iter, 1),
-                       converged)
+    if w is None:
+        inertia = float(mind.sum())
+    else:   # the row norms are spent: their buffer takes the float64 weights
+        x_sq[:] = w
+        inertia = float(mind @ x_sq)
+    return LloydResult(centers, labels, wsum, inertia, max(n_iter, 1), converged)
 
 
 def weighted_kmeans(X: np.ndarray, k: int, rng: np.random.Generator, *,

@@ -31,7 +31,7 @@ from .server import (KEYED_SERVERS, LARGE_N, farthest_first, pick_first_device,
                      weighted_starts)
 
 __all__ = ["keyed_kmeans_plusplus", "keyed_weighted_kmeans", "keyed_starts", "KEYED_SERVER",
-           "KEYED_NAMES", "keyed_coreset", "sample_size", "sampled_weighted_kmeans",
+           "KEYED_NAMES", "keyed_coreset", "StackedKeys", "sample_size", "sampled_weighted_kmeans",
            "SAMPLED_ABOVE"]
 
 KEYED_SERVER = "weighted-kmeans++"
@@ -172,6 +172,34 @@ def center_keys(device_ids, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
 
+class StackedKeys:
+    """:func:`center_keys` of stacked device centers, made for the rows asked only.
+
+    Device z (id ``device_ids[z]``) holds rows ``offsets[z]:offsets[z + 1]``; ``keys[rows]``
+    (a slice or an index array) is ``(owner, local_index)`` of those rows, so tens of
+    millions of centers need no (N,) key arrays (16 B a center)."""
+
+    def __init__(self, device_ids, offsets: np.ndarray):
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.ids = (None if isinstance(device_ids, range) and device_ids.start == 0
+                    and device_ids.step == 1 else np.asarray(device_ids, dtype=np.int64))
+
+    def __getitem__(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(rows, slice):
+            rows = np.arange(*rows.indices(int(self.offsets[-1])))
+        pos = np.searchsorted(self.offsets, rows, side="right") - 1
+        owner = pos if self.ids is None else self.ids[pos]
+        return owner.astype(np.int64, copy=False), rows - self.offsets[pos]
+
+
+def _key_parts(owner, local_index, rows) -> tuple[np.ndarray, np.ndarray]:
+    """``(owner, local_index)`` at ``rows``: from the arrays, or from a :class:`StackedKeys`
+    given as ``owner`` (``local_index`` None)."""
+    if isinstance(owner, StackedKeys):
+        return owner[rows]
+    return owner[rows], local_index[rows]
+
+
 def keyed_weighted_kmeans(C, k, w, centers, device_ids, seed, *, max_iter, tol):
     """The server's step: the best of the keyed k-means++ starts (and the farthest-first
     start where :data:`FARTHEST_START` is on)."""
@@ -222,26 +250,39 @@ def keyed_coreset(C, w, c_sq, owner, local_index, seed, m):
     coreset's cost is an unbiased sum of independent terms, each center's term at most
     its term under the paper's draws (``π_i ≥`` its draw rate ``m q_i`` or it is always
     kept, contributing no variance).
+
+    ``owner`` may be a :class:`StackedKeys` (``local_index`` None) and ``c_sq`` None
+    (each row's squared norm made in its block): then beside C and w only one (N,)
+    array is held, the weighted squared distances to μ, whose sum needs them all.
     """
     W = float(w.sum())
     mu = (w @ C) / W
-    d2 = np.maximum(c_sq - 2.0 * (C @ mu) + float(mu @ mu), 0.0)
-    wd = w * d2
-    del d2
+    mu_sq = float(mu @ mu)
+    n = len(C)
+    # row by row in blocks (each row's value is the same bits in any block), so their
+    # temporaries stay small beside tens of millions of centers
+    wd = np.empty(n, dtype=np.float64)
+    for s in range(0, n, _KEY_BLOCK):
+        e = min(s + _KEY_BLOCK, n)
+        Cb = C[s:e]
+        sq = np.einsum("ij,ij->i", Cb, Cb) if c_sq is None else c_sq[s:e]
+        np.multiply(w[s:e], np.maximum(sq - 2.0 * (Cb @ mu) + mu_sq, 0.0), out=wd[s:e])
     total = float(wd.sum())
-    q = 0.5 * w / W + (0.5 * wd / total if total > 0 else 0.5 * w / W)
+    rows, ws = [], []
+    for s in range(0, n, _KEY_BLOCK):
+        e = min(s + _KEY_BLOCK, n)
+        wb = w[s:e]
+        q = 0.5 * wb / W + (0.5 * wd[s:e] / total if total > 0 else 0.5 * wb / W)
+        pi = np.minimum(1.0, m * q)
+        u = key_uniforms(_row_keys(seed, *_key_parts(owner, local_index, slice(s, e)),
+                                   _SAMPLE_BRANCH), 0, 0)
+        hit = np.flatnonzero(u < pi)
+        rows.append(hit + s)
+        ws.append(wb[hit] / pi[hit])
     del wd
-    pi = np.minimum(1.0, m * q)
-    del q
-    # the keys and their uniforms in row blocks (each row's own hash: the same bits), so
-    # their temporaries stay small beside tens of millions of centers
-    rows = []
-    for s in range(0, len(pi), _KEY_BLOCK):
-        e = min(s + _KEY_BLOCK, len(pi))
-        u = key_uniforms(_row_keys(seed, owner[s:e], local_index[s:e], _SAMPLE_BRANCH), 0, 0)
-        rows.append(np.flatnonzero(u < pi[s:e]) + s)
-    rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-    return rows, w[rows] / pi[rows]
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    return np.concatenate(rows), np.concatenate(ws)
 
 
 #: rows per block of :func:`keyed_coreset`'s keyed uniforms
@@ -256,19 +297,27 @@ def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, t
     weighted Lloyd on all centers from its centers. None where no start could run
     (fewer distinct sampled centers than k).
 
+    ``w`` (N,): the weights, float or integer counts (the same bits: integer counts are
+    exact in float64); ``owner`` may be a :class:`StackedKeys` (``local_index`` None).
+
     Time: O(N d) for the coreset, the starts as on m centers, then O(N k d) per round
     of the final Lloyd. Lloyd never raises the cost, so the result costs at most what
     the best coreset solution costs on all centers. Above
-    :data:`~fedclust.kfed.server.LARGE_N` centers the final Lloyd runs in row blocks
-    (:func:`~fedclust.core.kmeans.blocked_lloyd`: no weighted copy of the centers, so
-    millions of streamed devices' centers fit in memory)."""
-    c_sq = np.einsum("ij,ij->i", C, C)   # no (N, d) temporary
-    rows, ws = keyed_coreset(C, w, c_sq, owner, local_index, seed, m)
+    :data:`~fedclust.kfed.server.LARGE_N` centers the coreset's row norms are made per
+    block and the final Lloyd runs in row blocks
+    (:func:`~fedclust.core.kmeans.blocked_lloyd`, on integer counts as given): no (N,)
+    array beyond the counts outlives the coreset, so millions of streamed devices'
+    centers fit in memory."""
+    large = len(C) > LARGE_N
+    wf = w if w.dtype.kind == "f" else w.astype(C.dtype)
+    c_sq = None if large else np.einsum("ij,ij->i", C, C)   # no (N, d) temporary
+    rows, ws = keyed_coreset(C, wf, c_sq, owner, local_index, seed, m)
     if len(rows) < k:
         return None
-    S, s_sq = C[rows], c_sq[rows]
+    S = C[rows]
+    s_sq = np.einsum("ij,ij->i", S, S) if c_sq is None else c_sq[rows]
     s_var = S.var(axis=0).mean() if len(rows) > 1 else 0.0
-    keys = row_keys(seed, owner[rows], local_index[rows])   # the all-centers seeding keys
+    keys = row_keys(seed, *_key_parts(owner, local_index, rows))   # the all-centers keys
     best = None
     for s in range(weighted_starts(len(rows), k)):
         pp = keyed_kmeans_plusplus(S, k, ws, s_sq, keys, s)
@@ -280,12 +329,12 @@ def sampled_weighted_kmeans(C, k, w, owner, local_index, seed, m, *, max_iter, t
             best = res
     if best is None:
         return None
-    if len(C) > LARGE_N:
-        del c_sq   # the blocked Lloyd keeps its own row norms: one (N,) array, not two
+    if large:
+        del wf, S   # the blocked Lloyd converts the counts per block
         res = blocked_lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol)
         res.centers = res.centers.astype(C.dtype, copy=False)   # float32 devices: float32
         return res
-    return lloyd(C, best.centers, weights=w, max_iter=max_iter, tol=tol, x_sq=c_sq,
+    return lloyd(C, best.centers, weights=wf, max_iter=max_iter, tol=tol, x_sq=c_sq,
                  x_var=C.var(axis=0).mean())
 
 

@@ -41,7 +41,7 @@ from ..core.validation import check_devices
 from .batched import n_uniforms, spectral_kmeans_batch
 from .protocol import ACTION, KFedProtocol
 from .local import summary_kmeans_stacked, summary_ladder, use_randomized_svd
-from .keyed import center_keys, sample_size, sampled_weighted_kmeans
+from .keyed import StackedKeys, sample_size, sampled_weighted_kmeans
 from .server import KEYED_SERVERS, LARGE_N, aggregate_centers
 
 __all__ = ["is_stream", "fit_stream", "StreamFit", "Ragged"]
@@ -201,11 +201,11 @@ def _sampled_on_stack(C_all: np.ndarray, N_all: np.ndarray, offsets: np.ndarray,
                       ids: Sequence, k: int, seed: int, protocol: KFedProtocol):
     """:func:`~fedclust.kfed.keyed.sampled_weighted_kmeans` on the stacked device centers
     (C_all (N, d), N_all (N,), device z's rows ``offsets[z]:offsets[z + 1]``), keyed by the
-    device ids as the protocol's server keys them; None where it cannot run (then the
-    caller takes :func:`~fedclust.kfed.server.aggregate_centers`)."""
-    owner, local_index = center_keys(ids, np.diff(offsets).astype(np.int64))
-    w = N_all.astype(C_all.dtype)
-    return sampled_weighted_kmeans(C_all, k, w, owner, local_index, seed,
+    device ids as the protocol's server keys them (:class:`~fedclust.kfed.keyed.StackedKeys`:
+    each block's keys made from the offsets, no (N,) key arrays; the counts as weights,
+    made float per block); None where it cannot run (then the caller takes
+    :func:`~fedclust.kfed.server.aggregate_centers`)."""
+    return sampled_weighted_kmeans(C_all, k, N_all, StackedKeys(ids, offsets), None, seed,
                                    sample_size(len(C_all), k), max_iter=protocol.max_iter,
                                    tol=protocol.tol)
 
@@ -266,9 +266,11 @@ def fit_stream(protocol: KFedProtocol, devices: Iterable[Any], seed: int, *,
         raise ValidationError("the stream of devices was empty: nothing to fit")
     # one array for all device centers, freeing each block as it is copied
     total = kept_c.rows
+    offsets = np.zeros(n_dev + 1, dtype=np.int64)   # before the stack: its temporaries are small
+    np.cumsum(np.concatenate(sizes), out=offsets[1:])
+    del sizes
     C_all = kept_c.stack((d,))
     N_all = kept_n.stack(())
-    offsets = np.concatenate([[0], np.cumsum(np.concatenate(sizes))])
     k = protocol.n_clusters
     if total < k:
         raise ValidationError(f"the devices sent {total} local centers in all but "
