@@ -215,6 +215,8 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         final, labels, n_iter = res.centers, res.labels, res.n_iter
     else:
         raise ValidationError(f"method={method!r} is not supported; choose one of {list(SERVER_METHODS)}")
+    # int64 whatever k: these travel to the devices, and the blocked Lloyd gives the smallest type
+    labels = labels.astype(np.int64, copy=False)
     if len(set(sizes)) == 1:   # every device sent as many: one copy, its rows
         center_labels = list(labels.reshape(len(sizes), sizes[0]).copy())
     else:
