@@ -310,10 +310,10 @@ def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None
 
     The same stopping rules as :func:`lloyd` (labels unchanged, or total squared
     shift ≤ ``tol`` times the mean per-feature variance). Memory beyond X and
-    the weights: the row norms (n,) float64 and the labels (n,) in the smallest
-    signed integer type that holds k, plus O(block · k) per block (the rows'
-    distances to their centers, (n,) float64, only for the last pass); integer
-    weights (counts) are taken as they are and made float64 per block. Time
+    the weights: the labels (n,) in the smallest signed integer type that holds
+    k, plus O(block · k) per block (the row norms are held only while the
+    total variance is summed, and made again per block for the inertia);
+    integer weights (counts) are taken as they are and made float64 per block. Time
     O(n k d) per round, in BLAS matrix products. An emptied cluster keeps its
     center (it has weight 0).
     """
@@ -335,14 +335,16 @@ def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None
         mean += (X[s:s + block].sum(axis=0) if w is None else w_at(s) @ X[s:s + block])
     mean /= W
     total_sq = float(x_sq.sum() if w is None else x_sq @ w.astype(np.float64, copy=False))
+    del x_sq   # (n,): made again per block, with the same bits, for the inertia
     abs_tol = tol * max(total_sq / W - float(mean @ mean), 0.0) / d
     labels = np.full(n, -1, dtype=np.min_scalar_type(-max(k, 1)))
     col = np.arange(d)
     converged = False
     n_iter = 0
+    inertia = 0.0
 
-    def assign_all(C: np.ndarray, mind: np.ndarray | None = None
-                   ) -> tuple[int, np.ndarray, np.ndarray]:
+    def assign_all(C: np.ndarray, last: bool = False) -> tuple[int, np.ndarray, np.ndarray]:
+        nonlocal inertia
         changed = 0
         sums = np.zeros(k * d)
         wsum = np.zeros(k)
@@ -353,8 +355,11 @@ def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None
             D *= -2.0
             D += c_sq
             lab = D.argmin(axis=1)
-            if mind is not None:
-                mind[s:s + block] = D[np.arange(len(lab)), lab] + x_sq[s:s + block]
+            if last:   # the rows' squared distances to their centers, this block's share
+                mind = D[np.arange(len(lab)), lab] + np.einsum("ij,ij->i", Xb, Xb)
+                np.maximum(mind, 0.0, out=mind)
+                wl = w_at(s)
+                inertia += float(mind.sum() if wl is None else mind @ wl)
             changed += int((labels[s:s + block] != lab).sum())
             labels[s:s + block] = lab
             wb = w_at(s)
@@ -378,14 +383,7 @@ def blocked_lloyd(X: np.ndarray, init: np.ndarray, *, weights: np.ndarray | None
         if shift <= abs_tol:
             converged = True
             break
-    mind = np.empty(n, dtype=np.float64)
-    _, _, wsum = assign_all(centers, mind)
-    np.maximum(mind, 0.0, out=mind)
-    if w is None:
-        inertia = float(mind.sum())
-    else:   # the row norms are spent: their buffer takes the float64 weights
-        x_sq[:] = w
-        inertia = float(mind @ x_sq)
+    _, _, wsum = assign_all(centers, last=True)
     return LloydResult(centers, labels, wsum, inertia, max(n_iter, 1), converged)
 
 
