@@ -102,9 +102,15 @@ def to_plain(value: Any, arrays: dict[str, np.ndarray], where: str = "state") ->
         "numpy arrays and fedclust dataclasses only)")
 
 
+#: classes that moved to another module, by the ``module:qualname`` an older checkpoint
+#: names them with
+_MOVED = {"fedclust.gauss.protocol:GaussClassifierProtocol":
+          "fedclust.gauss.classifier_protocol:GaussClassifierProtocol"}
+
+
 def _fedclust_class(name: str, protocol: bool = False) -> type:
     """The fedclust dataclass (or protocol class) ``module:qualname`` names."""
-    module, _, qual = name.partition(":")
+    module, _, qual = _MOVED.get(name, name).partition(":")
     if not module.startswith("fedclust.") or not qual:
         raise CheckpointError(f"checkpoint names a class outside fedclust: {name!r}")
     obj: Any = importlib.import_module(module)

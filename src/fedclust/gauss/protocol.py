@@ -473,13 +473,3 @@ def predict_labels(cs: ClusterSet, X: np.ndarray, rule: str) -> np.ndarray:
     if cs.n_classes:
         return np.argmax(class_log_scores(cs, X, rule), axis=1).astype(np.int64)
     return np.argmax(cs.log_scores(X, rule), axis=1).astype(np.int64)
-
-
-def __getattr__(name: str) -> Any:
-    # the classifier lives in :mod:`.classifier_protocol` (which imports this module); it
-    # stays importable from here, e.g. for a checkpoint that names it by this module
-    if name in ("GaussClassifierProtocol", "encode_labels"):
-        from importlib import import_module
-
-        return getattr(import_module(".classifier_protocol", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
