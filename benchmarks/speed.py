@@ -90,10 +90,10 @@ the medians give 0.058x and 0.261x.
 
 Streamed curve (``--cases none``; :mod:`_stream_curve`): ``KFed(k).fit(generator)``
 over 10^3..10^7 devices of 20 points, d=20, k=50; ``--curve-server default``. Measured
-on the shared 2-core machine: 10^3..10^6 devices with ``--curve-max 1e6`` (0.4 s, 6.9 s,
-4.7 s, 43.7 s; cost / generating means 0.9975..1.0000), 10^7 devices alone with
-``--curve-min 1e7 --curve-max 1e7`` (load average 4-6 from other jobs): fit 1376.3 s
-wall, 1176.3 s CPU, peak RSS 7666 MiB for 4 x 10^7 device centers (6104 MiB), cost
+on the shared 2-core machine: 10^3..10^6 devices with ``--curve-max 1e6`` (0.4 s, 2.4 s,
+5.4 s, 53.1 s; cost / generating means 0.9975..1.0000), 10^7 devices alone with
+``--curve-min 1e7 --curve-max 1e7`` under ``nice -n 19`` beside a test run: fit 844.2 s
+wall, 817.8 s CPU, peak RSS 7628 MiB for 4 x 10^7 device centers (6104 MiB), cost
 1.0000 (docs/kfed.md has the tables).
 
 Checks: k-FED end to end no slower than scikit-learn on the
