@@ -97,10 +97,7 @@ def row_keys(seed: int, owner: np.ndarray, local_index: np.ndarray,
 def key_uniforms(keys: np.ndarray, start: int, step: int) -> np.ndarray:
     """One uniform in [0, 1) per key for draw ``step`` of run ``start`` (counter-based:
     the same key gives the same number in any batch)."""
-    with np.errstate(over="ignore"):
-        code = _splitmix64(np.array([(start << 20) + step + 1], dtype=np.uint64) * _M2)
-        bits = _splitmix64(keys ^ code[0])
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return key_uniforms_steps(keys, start, np.array([step]))[0]
 
 
 def key_uniforms_steps(keys: np.ndarray, start: int, steps: np.ndarray) -> np.ndarray:
