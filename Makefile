@@ -25,9 +25,11 @@ $(VENV_TEST)/.installed: pyproject.toml
 demo: $(VENV_DEMO)/.installed
 	$(VENV_DEMO)/bin/fedclust demo --out $(OUT)
 
-## make test: the unit and fast integration tests (not the ones marked slow)
+## make test: the unit and fast integration tests (not the ones marked slow), one worker per core
+## (pytest-xdist; TEST_WORKERS=0 runs them in this process)
+TEST_WORKERS ?= auto
 test: $(VENV_TEST)/.installed
-	$(VENV_TEST)/bin/python -m pytest -q -m "not slow and not loopback and not deploy"
+	$(VENV_TEST)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not loopback and not deploy"
 
 ## make test-slow: the slower end-to-end checks (Flower simulation, benchmark runs, full audit)
 test-slow: $(VENV_TEST)/.installed
