@@ -83,10 +83,11 @@ projection and filtered seeds 0.25 ms, Lloyd 0.4 ms), plus the input checks' rea
 the rows and the stacking copy; on ``tiny-5e4x20`` about 8 µs of batched maths per
 device (projection 3 µs, seeds 2 µs, Lloyd 2.5 µs), the input checks, the server step
 on 10^5 device centers (~0.11 s) and the per-device Python of messages, states, labels
-and the byte meter. Measured (2-core machine shared with other jobs, one thread, CPU
-seconds, minimum of 3 repeats): large-1000x1000 k-FED 1.33 s against scikit-learn's
-24.6 s (0.054x, cost 0.7779), tiny-5e4x20 0.83 s against 3.17 s (0.261x, cost 1.0000);
-the medians give 0.058x and 0.261x.
+and the byte meter. Measured (``--cases 1,3 --no-authors --no-default-server
+--curve-max 0 --repeats 3``, 2-core machine shared with other jobs at load average
+0.6-1.1, one thread, CPU seconds, minimum of 3 repeats): large-1000x1000 k-FED 1.60 s
+against scikit-learn's 26.9 s (0.060x, cost 0.7779), tiny-5e4x20 1.03 s against 3.70 s
+(0.277x, cost 1.0000); the medians give 0.057x and 0.273x.
 
 Streamed curve (``--cases none``; :mod:`_stream_curve`): ``KFed(k).fit(generator)``
 over 10^3..10^7 devices of 20 points, d=20, k=50; ``--curve-server default``. Measured

@@ -141,7 +141,7 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     finite, ranges = _finite_float_devices(devices, shape=one_shape)
     # large float devices: their per-feature min and max test finiteness (NaN and inf reach
     # them) and are the scale check's input, so each such device is read twice, not three times
-    for pos, X in enumerate(devices):
+    for pos, X in enumerate(() if finite.all() else devices):
         if (type(X) is np.ndarray and X.ndim == 2 and X.size > _SMALL_DEVICE
                 and X.dtype.kind == "f" and X.shape[0] > 0 and not finite[pos]):
             lo, hi = _feature_range(X)
@@ -316,15 +316,20 @@ def _finite_float_devices(devices: list[Any], chunk: int = 4096, *,
             continue
         # chunks of about a core's cache: the copy is still there for the reductions
         step = max(1, min(chunk, _CHECK_CHUNK_VALUES // (shape[0] * shape[1])))
+        every = len(members) == len(devices)   # the one group of all devices: read by slices
         for s in range(0, len(members), step):
             part = members[s:s + step]
-            flat = np.concatenate([devices[p] for p in part]).reshape(len(part), -1)
+            flat = np.concatenate(devices[s:s + step] if every else
+                                  [devices[p] for p in part]).reshape(len(part), -1)
             # per-feature range: min over the devices' rows, then over each device's points
             # (long rows reduce faster than (n, d) blocks; min and max are exact either way).
             # NaN and inf reach the min or the max: finite ones clear the whole chunk
             lo, hi = flat.min(axis=0), flat.max(axis=0)
             if np.isfinite(lo).all() and np.isfinite(hi).all():
-                ok[part] = True
+                if every:
+                    ok[s:s + step] = True
+                else:
+                    ok[part] = True
                 part_good = part
             else:
                 good = np.isfinite(flat).all(axis=1)

@@ -232,7 +232,10 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray, *, nearest: bool
     T = n_trials(k)
     rows = np.arange(B)
     idx = np.empty((B, k), dtype=np.int64)
-    idx[:, 0] = _inverse_cdf(np.ones((B, n)), uniforms[:, :1])[:, 0]
+    # the first pick is uniform: _inverse_cdf on weights 1 counts the running sums 1..n
+    # (exact integers) at most u n, i.e. floor(u n)
+    idx[:, 0] = np.minimum(np.floor(np.asarray(uniforms[:, 0], dtype=np.float64) * n),
+                           n - 1).astype(np.int64)
     # candidates' distances laid out (B, T, n): the potential is a sum along the last axis.
     # One product gives them whole: rows [−2 Pᵀ; ‖p‖²; 1] against [c, 1, ‖c‖²] (scaling by
     # a power of two is exact; the scale check keeps products far from overflow and
@@ -257,9 +260,12 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray, *, nearest: bool
     chosen[rows, idx[:, 0]] = True
     near = np.zeros((B, n), dtype=np.int64)
     second = np.full((B, n), np.inf, dtype=closest.dtype)
+    # the potential (sum of the non-negative distances) is 0 only when every distance is:
+    # after the first step the candidates' sums below give it without another pass
+    potential = closest.max(axis=1) if k > 1 else None
     for c in range(1, k):
         p = closest
-        flat = p.sum(axis=1) <= 0  # every point sits on a center: pick among unchosen rows
+        flat = potential <= 0  # every point sits on a center: pick among unchosen rows
         if flat.any():
             p = closest.copy()
             p[flat] = (~chosen[flat]).astype(p.dtype)
@@ -267,12 +273,15 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray, *, nearest: bool
         cand = _inverse_cdf(p, u)                                  # (B, T)
         D = sqdist_to(cand)
         d_cand = np.minimum(closest[:, None, :], D)                # (B, T, n)
-        best = d_cand.sum(axis=2).argmin(axis=1)
+        sums = d_cand.sum(axis=2)
+        best = sums.argmin(axis=1)
+        potential = sums[rows, best]
         idx[:, c] = cand[rows, best]
         if nearest:   # the new seed's distances: update the two nearest
             new = D[rows, best]
             closer = new < closest
-            np.minimum(second, np.where(closer, closest, new), out=second)
+            # the farther of the old nearest and the new seed competes for second nearest
+            np.minimum(second, np.maximum(closest, new), out=second)
             near[closer] = c
         closest = d_cand[rows, best]
         chosen[rows, idx[:, c]] = True
@@ -282,11 +291,13 @@ def kmeanspp_batch(P: np.ndarray, k: int, uniforms: np.ndarray, *, nearest: bool
 
 
 def _means(X: np.ndarray, labels: np.ndarray, k: int, mask: np.ndarray | None = None):
-    """Per-device sums (B, k, d) and counts (B, k) of the points with each label."""
-    onehot = (labels[:, :, None] == np.arange(k)[None, None, :]).astype(X.dtype)
+    """Per-device sums (B, k, d) and counts (B, k) of the points with each label (those of
+    ``mask`` only, when given)."""
     if mask is not None:
-        onehot *= mask[:, :, None]
-        labels = np.where(mask, labels, k)   # counted in a spare bin
+        labels = np.where(mask, labels, k)   # counted in a spare bin, a row of zeros below
+    # the comparison writes 1.0 / 0.0 straight into the float one-hot (one pass, no bool copy)
+    onehot = np.empty(labels.shape + (k,), dtype=X.dtype)
+    np.equal(labels[:, :, None], np.arange(k)[None, None, :], out=onehot)
     return onehot.transpose(0, 2, 1) @ X, _counts(labels, k).astype(X.dtype)
 
 

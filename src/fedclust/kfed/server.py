@@ -182,10 +182,13 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
         # add wake-ups here (measured 3-4x slower with 2 threads on a busy 2-core machine)
         with one_blas_thread():
             seed_device = pick_first_device(centers, first_device, rng, stacked=C)
+            c_sq = (C * C).sum(axis=1)   # the rows' squared norms, as assign and lloyd take them
             init_idx = farthest_first(C, n_clusters, start=np.arange(offsets[seed_device],
-                                                                     offsets[seed_device + 1]))
+                                                                     offsets[seed_device + 1]),
+                                      x_sq=c_sq)
             res = lloyd(C, C[init_idx], weights=w,
-                        max_iter=1 if method == "farthest-lloyd1" else max_iter, tol=tol)
+                        max_iter=1 if method == "farthest-lloyd1" else max_iter, tol=tol,
+                        x_sq=c_sq)
         final, labels, n_iter = res.centers, res.labels, res.n_iter
     elif method == "kmeans++":
         if rng is None:
@@ -302,11 +305,13 @@ def pick_first_device(centers: Sequence[np.ndarray], first_device: Any,
     return int(top[int(np.argmax(D.min(axis=(1, 2))))])
 
 
-def farthest_first(C: np.ndarray, k: int, *, start: np.ndarray) -> np.ndarray:
+def farthest_first(C: np.ndarray, k: int, *, start: np.ndarray,
+                   x_sq: np.ndarray | None = None) -> np.ndarray:
     """Farthest-first traversal (Gonzalez) seeded with the rows ``start``.
 
     Returns k row indices: ``start`` (or its first k farthest-first points if it
     has more than k) followed by, repeatedly, the row farthest from the chosen set.
+    ``x_sq`` (N,): ``(C * C).sum(axis=1)``, when the caller has it (same bits).
     """
     start = np.asarray(start, dtype=np.int64)
     if len(start) >= k:
@@ -316,7 +321,7 @@ def farthest_first(C: np.ndarray, k: int, *, start: np.ndarray) -> np.ndarray:
         sub = farthest_first(C[start], k, start=np.zeros(1, dtype=np.int64))
         return start[sub]
     chosen = list(start)
-    mind = assign(C, C[start])[1]
+    mind = assign(C, C[start], x_sq)[1]
     mind[start] = -1.0
     sq = np.einsum("ij,ij->i", C, C)
     dist = np.empty_like(mind)
