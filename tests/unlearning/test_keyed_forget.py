@@ -922,5 +922,67 @@ def test_a_new_piece_that_would_join_a_pick_s_candidates_is_caught():
     cand = np.maximum(tr.cand, 0).ravel()
     _, before = keyed_seeding.share(tr, e.C, e.w, e.c_sq, tr.C[cand], tr.c_sq[cand])
     left = (tr.cand >= 0) & alive[np.maximum(tr.cand, 0)]
-    joins, _ = keyed_seeding.seed_entries(tr, e, before, left)
+    joins, _, _ = keyed_seeding.seed_entries(tr, e, before, left)
     assert joins[s, t]
+
+
+def _fresh_candidates_match(tr, model, Xs, ids, gone):
+    """Every step's first L remaining candidates in the trace are a fresh step's, in key
+    order, with their potentials within rounding (the seeds and picks row for row)."""
+    keep = [i for i, z in enumerate(ids) if z not in gone]
+    fresh = _make_auto().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
+    ft = fresh._unlearning_.trace
+    rows = np.flatnonzero(tr.alive)
+    assert np.array_equal(rows[ft.seeds], tr.seeds)
+    L = keyed.n_trials(K)
+    for s in range(tr.cand.shape[0]):
+        for t in range(1, K):
+            ok = (tr.cand[s, t] >= 0) & tr.alive[np.maximum(tr.cand[s, t], 0)]
+            mine = tr.cand[s, t][ok][:L]
+            fc = ft.cand[s, t][ft.cand[s, t] >= 0][:L]
+            assert np.array_equal(mine, rows[fc])
+            np.testing.assert_allclose(tr.pots[s, t][ok][:L], ft.pots[s, t][:len(fc)],
+                                       rtol=1e-9)
+            assert tr.cand[s, t][tr.pick[s, t]] == tr.seeds[s, t]
+
+
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_a_new_piece_enters_a_candidate_list_and_the_pick_is_decided_again(trial):
+    # row deletions whose new pieces enter a k-means++ step's first candidates: the step
+    # keeps its pick where the new piece's potential does not win (no start runs again)
+    # and goes on from that step where it does; device forgets between them; each state
+    # against a fresh fit on what remains
+    rng = np.random.default_rng(trial)
+    n_dev = 40
+    Xs = _federation(rng, n_dev)
+    ids = [int(z) for z in rng.choice(10_000, size=n_dev, replace=False)]
+    model = _make_auto().fit(Xs, device_ids=ids)
+    gone: list[int] = []
+    seen = {"kept": 0, "changed": 0}
+    for step in range(6):
+        left = [z for z in ids if z not in gone]
+        z = left[int(rng.integers(len(left)))]
+        i = ids.index(z)
+        if step % 4 == 3:
+            model.forget(devices=[z])
+            gone.append(z)
+        else:
+            rows = rng.choice(len(Xs[i]), size=int(rng.integers(1, 10)), replace=False)
+            old_seeds = model._unlearning_.trace.seeds.copy()
+            model.forget(rows={z: rows.tolist()}, relabel=True)
+            Xs[i] = np.delete(Xs[i], rows, axis=0)
+            assert model.forget_log_[-1].path == "downdate"
+            tr = model._unlearning_.trace
+            changed = {s for s, y in tr.reruns.items()
+                       if y == "a new piece changes a k-means++ pick"}
+            for s in changed:   # a genuine change: the fresh step's seeds differ
+                assert not np.array_equal(old_seeds[s], tr.seeds[s])
+            for s, _ in tr.entered:
+                if s not in tr.reruns:
+                    assert np.array_equal(old_seeds[s], tr.seeds[s])
+            seen["kept"] += any(s not in tr.reruns for s, _ in tr.entered)
+            seen["changed"] += len(changed)
+            _fresh_candidates_match(tr, model, Xs, ids, gone)
+        _check(model, Xs, ids, gone, _make_auto)
+        assert model.verify().ok
+    assert seen["kept"] >= 1 and seen["changed"] >= 1

@@ -438,8 +438,9 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
         got = _seeds_stable(trace, R, alive, old, e)
         pots, why, first = got[:3]
+        entered = []
         if e is not None:
-            trace.cand = got[3]
+            trace.cand, trace.pick, entered = got[3]
         reruns.update({s + F: y for s, y in enumerate(why) if y is not None})
         CR, wR, _ = old
         xsum = trace.xsum - CR.sum(axis=0)
@@ -550,5 +551,5 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      expl=expl, newly=R[~alive[R]], Cw=trace.Cw, ff_start=trace.ff_start,
                      c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
                      cand_rows=trace.cand_rows if cand is trace.cand else None,
-                     extra=extra, rewritten=None if e is None else e.new)
+                     extra=extra, rewritten=None if e is None else e.new, entered=entered)
     return result, new
