@@ -107,7 +107,7 @@ def test_random_forget_sequences_equal_a_retrain(trial):
             model.forget(devices=zs)
             gone.extend(zs)
         paths.append(model.forget_log_[-1].path)
-        if paths[-1] == "downdate":   # nothing of the forgotten rows stays in the trace
+        if paths[-1] == "trace":   # nothing of the forgotten rows stays in the trace
             tr = model._unlearning_.trace
             dead = ~tr.alive
             assert dead.sum() >= 2 and not tr.C[dead].any() and not tr.w[dead].any()
@@ -130,7 +130,7 @@ def test_random_forget_sequences_equal_a_retrain(trial):
                 _splits_are_the_remaining_rows(tr)
         _check(model, Xs, ids, gone)
         assert model.verify().ok
-    assert "downdate" in paths   # the trace was followed at least once
+    assert "trace" in paths   # the trace was followed at least once
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -166,7 +166,7 @@ def test_overlapping_small_devices_rows_and_devices_interleaved(trial):
         paths.append(model.forget_log_[-1].path)
         _check(model, Xs, ids, gone)
         assert model.verify().ok
-    assert "downdate" in paths
+    assert "trace" in paths
 
 
 def _twin_free(trace, Xs, ids):
@@ -200,7 +200,7 @@ def test_a_seed_holder_runs_its_start_again(holder, monkeypatch):
     else:
         z, start = trace.seed_device, 0
     model.forget(devices=[z])
-    assert model.forget_log_[-1].path == "downdate"
+    assert model.forget_log_[-1].path == "trace"
     assert start in model._unlearning_.trace.reruns
     _check(model, Xs, ids, [z])
     # the start run again is traced: the next forgets follow it
@@ -233,7 +233,7 @@ def test_each_uncertified_run_is_run_again(force, monkeypatch):
         monkeypatch.setattr(keyed_unlearn, "SHIFT_RTOL", np.inf)
         why = "shift within rounding"
     model.forget(devices=[z])
-    assert model.forget_log_[-1].path == "downdate"
+    assert model.forget_log_[-1].path == "trace"
     reruns = model._unlearning_.trace.reruns
     assert reruns and all(why in r for r in reruns.values())
     _check(model, Xs, ids, [z])
@@ -273,7 +273,7 @@ def test_every_start_run_again_gives_the_fresh_step_bit_for_bit(monkeypatch):
     for z in ids[5:8]:
         model.forget(devices=[z])
         gone.append(z)
-        assert model.forget_log_[-1].path == "downdate"
+        assert model.forget_log_[-1].path == "trace"
         assert len(model._unlearning_.trace.reruns) == len(model._unlearning_.trace.runs)
         keep = [i for i, y in enumerate(ids) if y not in gone]
         fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
@@ -309,7 +309,7 @@ def test_the_explanation_warning_after_random_forgets_is_the_retrains(rows, k):
         fresh = make().fit([Xs[i] for i in keep], device_ids=keep)
         assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
         seen.append(bool(fresh.run_log_.warnings))
-        if model.forget_log_[-1].path == "downdate":
+        if model.forget_log_[-1].path == "trace":
             assert model._unlearning_.trace.expl is not None
             _splits_are_the_remaining_rows(model._unlearning_.trace)
         assert np.array_equal(np.concatenate(model.center_labels_),
@@ -419,7 +419,7 @@ def test_the_stacked_follow_equals_the_per_iteration_replay(monkeypatch):
     for z in [z for z in ids if z not in _seed_holders(trace)][:3]:
         model.forget(devices=[z])
         gone.append(z)
-        assert model.forget_log_[-1].path == "downdate"
+        assert model.forget_log_[-1].path == "trace"
         _check(model, Xs, ids, gone)
     assert pairs   # the stacked follow served some starts
     for out, again in pairs:   # the same centers, stop and rows assigned again
@@ -444,7 +444,7 @@ def test_a_start_the_stacked_follow_cannot_certify_is_followed_per_iteration(mon
         run.stack[1][:] = np.minimum(run.stack[1], 0.0)
     model.forget(devices=[z])
     assert follows and all(out is None for _, out, _ in follows)
-    assert model.forget_log_[-1].path == "downdate"
+    assert model.forget_log_[-1].path == "trace"
     assert model._unlearning_.trace.rechecked >= len(trace.C) - 40
     _check(model, Xs, ids, [z])
 
@@ -539,7 +539,7 @@ def test_a_start_whose_later_pick_is_in_doubt_goes_on_from_that_step(first, monk
     for z in [z for z in ids if z not in _seed_holders(model._unlearning_.trace)][:3]:
         model.forget(devices=[z])
         gone.append(z)
-        assert model.forget_log_[-1].path == "downdate"
+        assert model.forget_log_[-1].path == "trace"
         trace = model._unlearning_.trace
         assert len(trace.reruns) == len(trace.runs)
         _check(model, Xs, ids, gone)
@@ -723,7 +723,7 @@ def test_the_quiet_certificate_and_its_fallback_give_the_retrains_warning(certif
         np.testing.assert_array_equal(model.cluster_centers_, fresh.cluster_centers_)
         assert np.array_equal(np.concatenate(model.center_labels_),
                               np.concatenate(fresh.center_labels_))
-        if model.forget_log_[-1].path == "downdate":
+        if model.forget_log_[-1].path == "trace":
             tr = model._unlearning_.trace
             stale.append(sum(s is keyed_trace.STALE for s in tr.expl.splits))
             _splits_are_the_remaining_rows(tr)
@@ -863,7 +863,7 @@ def test_row_deletions_follow_the_trace_and_equal_a_retrain(trial):
             Xs[i] = np.delete(Xs[i], rows, axis=0)
             rec = model.forget_log_[-1]
             assert rec.recomputed == [(0, z)] and not rec.retrained
-            if rec.path == "downdate":
+            if rec.path == "trace":
                 seen["row"] += 1
                 tr = model._unlearning_.trace
                 after = len(model.local_centers_[model.device_ids_.index(z)])
@@ -971,7 +971,7 @@ def test_a_new_piece_enters_a_candidate_list_and_the_pick_is_decided_again(trial
             old_seeds = model._unlearning_.trace.seeds.copy()
             model.forget(rows={z: rows.tolist()}, relabel=True)
             Xs[i] = np.delete(Xs[i], rows, axis=0)
-            assert model.forget_log_[-1].path == "downdate"
+            assert model.forget_log_[-1].path == "trace"
             tr = model._unlearning_.trace
             changed = {s for s, y in tr.reruns.items()
                        if y == "a new piece changes a k-means++ pick"}
@@ -986,3 +986,32 @@ def test_a_new_piece_enters_a_candidate_list_and_the_pick_is_decided_again(trial
         _check(model, Xs, ids, gone, _make_auto)
         assert model.verify().ok
     assert seen["kept"] >= 1 and seen["changed"] >= 1
+
+
+def test_a_followed_trace_is_recorded_exact_and_verified_bit_for_bit():
+    # a row deletion and a device forget that follow the keyed trace give the server step's
+    # bits: the record says "trace", and verify compares bit for bit (one ulp off fails),
+    # where a downdate would compare within DOWNDATE_RTOL
+    from fedclust.unlearning.forget import ForgetRecord
+
+    rng = np.random.default_rng(3)
+    Xs = _federation(rng, 30)
+    ids = list(range(30))
+    model = _make_auto().fit(Xs, device_ids=ids)
+    for request in ({"rows": {4: [0, 5, 9]}}, {"devices": [11]}):
+        model.forget(**request, relabel=True)
+        rec = model.forget_log_[-1]
+        assert rec.path == "trace" and model._unlearning_.exact
+        assert ForgetRecord.from_json(rec.to_json()).path == "trace"
+        assert model.verify().ok
+    u = model._unlearning_
+    kept = u.result.centers.copy()
+    u.result.centers[0, 0] = np.nextafter(kept[0, 0], np.inf)
+    report = model.verify()
+    assert not report.summaries and report.retrain is False
+    Xs[4] = np.delete(Xs[4], [0, 5, 9], axis=0)
+    keep = [z for z in ids if z != 11]
+    fresh = _make_auto().fit([Xs[z] for z in keep], device_ids=keep)
+    assert results_close(u.result, fresh._unlearning_.result)   # one ulp: within 1e-12
+    u.result.centers[:] = kept
+    assert model.verify().ok

@@ -401,7 +401,8 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if got is None:
             return None
         result, self._next_trace = got
-        return result, self._next_trace.rechecked
+        return result, self._next_trace.rechecked, bool(getattr(self._next_trace, "exact",
+                                                                False))
 
     def _replace(self, u: Any, entering: dict[int, Any], store: Any) -> Any:
         """The default server after row deletions: the devices' new summaries enter its
@@ -417,7 +418,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             u.trace = None   # it may hold the new pieces already: traced again when read
             return None
         result, self._next_trace = got
-        return result, self._next_trace.rechecked
+        return result, self._next_trace.rechecked, self._next_trace.exact
 
     def assign_device(self, X_new: Any, n_local_clusters: int | None = None, *,
                       device_id: int | None = None) -> np.ndarray:

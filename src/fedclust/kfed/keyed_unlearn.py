@@ -551,5 +551,6 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      expl=expl, newly=R[~alive[R]], Cw=trace.Cw, ff_start=trace.ff_start,
                      c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
                      cand_rows=trace.cand_rows if cand is trace.cand else None,
-                     extra=extra, rewritten=None if e is None else e.new, entered=entered)
+                     extra=extra, rewritten=None if e is None else e.new, entered=entered,
+                     exact=means_ref is not None)
     return result, new
