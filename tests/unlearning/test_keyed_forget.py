@@ -1015,3 +1015,29 @@ def test_a_followed_trace_is_recorded_exact_and_verified_bit_for_bit():
     assert results_close(u.result, fresh._unlearning_.result)   # one ulp: within 1e-12
     u.result.centers[:] = kept
     assert model.verify().ok
+
+
+@pytest.mark.parametrize("t", [1, 2, 3])
+def test_a_new_piece_s_potential_is_the_weighted_sum_over_the_remaining_rows(t):
+    # the pruned potential (the potential before the step less what the piece lowers, over
+    # the rows nearer to it than to its nearest seed) against the plain sum over all rows
+    from fedclust.kfed import keyed_seeding
+
+    rng = np.random.default_rng(50 + t)
+    Xs = _federation(rng, 30)
+    model = _make().fit(Xs, device_ids=list(range(30)))
+    tr = model._unlearning_.trace
+    alive = tr.alive.copy()
+    alive[rng.choice(len(alive), size=20, replace=False)] = False
+    tr.alive = alive
+    X = tr.C[rng.choice(np.flatnonzero(alive), size=4)] + rng.normal(scale=0.3, size=(4, 3))
+    s = 1
+    seeds = tr.seeds[s, :t]
+    D = ((tr.C[:, None, :] - tr.C[seeds][None]) ** 2).sum(axis=2).min(axis=1)
+    base = float(tr.w[alive] @ D[alive])
+    Dp = ((tr.C[:, None, :] - X[None]) ** 2).sum(axis=2)
+    want = tr.w[alive] @ np.minimum(D[alive, None], Dp[alive])
+    got = keyed_seeding.piece_potentials(tr, s, t, X, (X * X).sum(axis=1),
+                                         None if t == 1 else base)
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert (got < base).all()

@@ -96,7 +96,7 @@ def enter_runs(runs: dict, e: Entering, k: int) -> None:
     by the fit's centers there (nearest, any rounding: they are assigned again anyway),
     their statistics added, the moved rows and certificates of the slots renewed (no
     margin: :attr:`KeyedTrace.extra` rows are assigned again at every iteration)."""
-    slots = np.union1d(e.old, e.new)
+    is_slot = None
     for run in runs.values():
         T1 = len(run.cs)
         lab = np.stack([squared_distances(e.C, c, e.c_sq).argmin(axis=1) for c in run.cs])
@@ -108,15 +108,21 @@ def enter_runs(runs: dict, e: Entering, k: int) -> None:
         run.W += np.bincount(idx, weights=np.tile(e.w, T1), minlength=T1 * k).reshape(T1, k)
         run.Q += np.bincount(idx, weights=np.tile(e.w * e.c_sq, T1),
                              minlength=T1 * k).reshape(T1, k)
-        moved = [np.setdiff1d(m, slots, assume_unique=True) for m in run.moved]
-        for t in range(1, T1):
-            moved[t] = np.union1d(moved[t], e.new[lab[t] != lab[t - 1]])
-        run.moved = moved
-        o, m, r2, m3, _, _ = run.stack
+        # the moved rows less the slots' old values, plus the new pieces that moved
+        o, m, r2, m3, mv_rows, mv_t = run.stack
+        if is_slot is None:
+            is_slot = np.zeros(len(run.A[0]), bool)
+            is_slot[e.old] = is_slot[e.new] = True
+        keep = ~is_slot[mv_rows]
+        ch_t, ch_i = np.nonzero(lab[1:] != lab[:-1])
+        mv_t = np.concatenate([mv_t[keep], ch_t + 1])
+        by = np.argsort(mv_t, kind="stable")
+        mv_rows = np.concatenate([mv_rows[keep], e.new[ch_i]])[by]
+        mv_t = mv_t[by]
+        run.moved = np.split(mv_rows, np.cumsum(np.bincount(mv_t, minlength=T1))[:-1])
         r2[:, e.new] = 0
         m3[:, e.new] = -np.inf
-        mv_t = np.repeat(np.arange(T1), [len(x) for x in moved])
-        run.stack = (o, m, r2, m3, np.concatenate(moved).astype(np.int64), mv_t)
+        run.stack = (o, m, r2, m3, mv_rows, mv_t)
 
 
 def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,

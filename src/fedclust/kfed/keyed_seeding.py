@@ -13,7 +13,8 @@ from .keyed import n_trials
 from .keyed_rows import Entering
 from .keyed_trace import KeyedTrace
 
-__all__ = ["seeds_stable", "seed_entries", "share", "insert_pieces", "KEY_RTOL"]
+__all__ = ["seeds_stable", "seed_entries", "share", "insert_pieces", "piece_potentials",
+           "KEY_RTOL"]
 
 
 def share(tr: KeyedTrace, X: np.ndarray, wX: np.ndarray, x_sq: np.ndarray, Y: np.ndarray,
@@ -111,7 +112,7 @@ def _key_bounds(u: np.ndarray, dist: np.ndarray, w: np.ndarray, tol: float):
 
 
 def insert_pieces(tr: KeyedTrace, e: Entering, s: int, t: int, before_st: np.ndarray,
-                  m: np.ndarray, pots_st: np.ndarray, closest, slack: float):
+                  m: np.ndarray, pots_st: np.ndarray, base: float | None, slack: float):
     """Step ``t`` of start ``s`` with the new pieces put into its kept candidate list:
     ``(cand (M,), pots (M,), pick, entered)`` where the step's pick holds (``entered``:
     whether a new piece is among the first L candidates), ``"same"`` where every new
@@ -121,10 +122,9 @@ def insert_pieces(tr: KeyedTrace, e: Entering, s: int, t: int, before_st: np.nda
 
     ``before_st`` (n,): each new piece's distance to the seeds before the step; ``m``
     (M,): the kept candidates that remain; ``pots_st`` (M,): their potentials less the
-    leaving rows' share, plus the new pieces'; ``closest``: ``(rows, distances before
-    step t)`` of every remaining row, for ``closest(t)``. A new piece's potential is its weighted share over
-    the remaining rows, one product of them with the piece; the pick is decided by the
-    same rounding slack as a kept pick (:func:`seeds_stable`)."""
+    leaving rows' share, plus the new pieces'; ``base``: the potential before the step
+    (:func:`piece_potentials`). The pick is decided by the same rounding slack as a kept
+    pick (:func:`seeds_stable`)."""
     M = tr.cand.shape[2]
     L = n_trials(tr.cand.shape[1])
     tol = 1e-12 * tr.scale2
@@ -154,11 +154,9 @@ def insert_pieces(tr: KeyedTrace, e: Entering, s: int, t: int, before_st: np.nda
     same = pos[1:] == pos[:-1]
     if (same & (kn_hi[pieces[:-1]] >= kn_lo[pieces[1:]])).any():
         return None   # two new pieces in one place, their order not certain
-    # the new pieces' potentials as candidates of this step
-    rem, dist = closest(t)
-    Dp = squared_distances(tr.C[rem], e.C[pieces], tr.c_sq[rem] if tr.c_sq is not None
-                           else None)
-    pp = tr.w[rem] @ np.minimum(dist[:, None], Dp)
+    pp = piece_potentials(tr, s, t, e.C[pieces], e.c_sq[pieces], base)
+    if pp is None:
+        return None
     merged = np.insert(rows, pos, e.new[pieces])
     mpots = np.insert(pots_st[cols], pos, pp)
     first = mpots[:L]
@@ -242,13 +240,12 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
             ch = changed[s] | (np.arange(k) == 0) & joins[s]
             start_at = int(ch.argmax()) if ch.any() else k
             got = None
-            steps = np.flatnonzero(joins[s, 1:]) + 1
-            closest = _closest(tr, s, int(steps[-1]))
-            for t in steps:
+            for t in np.flatnonzero(joins[s, 1:]) + 1:
                 if t >= start_at:
                     break
+                base = pots[s, t - 1, pick_out[s, t - 1]] if t >= 2 else None
                 got = insert_pieces(tr, e, s, int(t), before[:, s, t], left[s, t], pots[s, t],
-                                    closest, slack_pick)
+                                    base, slack_pick)
                 if got == "same":
                     joins[s, t] = False
                     continue
@@ -272,17 +269,30 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
     return pots, why, first
 
 
-def _closest(tr: KeyedTrace, s: int, upto: int):
-    """``closest(t)``, t <= ``upto``, for :func:`insert_pieces`: the remaining rows and
-    their distances to start ``s``'s seeds before step t (one product with its first
-    ``upto`` seeds, made at the first call)."""
-    memo = {}
-
-    def closest(t: int):
-        if "D" not in memo:
-            rem = np.flatnonzero(tr.alive)
-            D = squared_distances(tr.C[rem], tr.C[tr.seeds[s, :upto]],
-                                  None if tr.c_sq is None else tr.c_sq[rem])
-            memo["rem"], memo["D"] = rem, np.minimum.accumulate(D, axis=1)
-        return memo["rem"], memo["D"][:, t - 1]
-    return closest
+def piece_potentials(tr: KeyedTrace, s: int, t: int, X: np.ndarray, x_sq: np.ndarray,
+                     base: float | None) -> np.ndarray | None:
+    """The potential of start ``s`` after step ``t`` picks each row of X (n, d) in turn,
+    over the remaining rows: ``base`` (the potential before the step, that is after step
+    t - 1's pick; None at t = 1, where it is measured) less what each row lowers. A
+    remaining row i can come nearer to a piece p than to its nearest seed only where
+    it is nearer to p than to the seed q nearest to p, so one product of every row with
+    the pieces and their q's finds the few rows whose distances to the seeds are
+    measured. None where ``base`` is not finite."""
+    n = len(X)
+    tol = 1e-12 * tr.scale2
+    seeds = tr.seeds[s, :t]
+    q = seeds[squared_distances(X, tr.C[seeds], x_sq).argmin(axis=1)]
+    alive = tr.alive
+    D = squared_distances(tr.C, np.vstack([X, tr.C[q]]), tr.c_sq)
+    Dp, Dq = D[:, :n], D[:, n:]
+    wa = np.where(alive, tr.w, 0.0)
+    if t == 1:   # one seed: every row's distance to it is Dq
+        return wa @ np.minimum(Dq, Dp)
+    if base is None or not np.isfinite(base):
+        return None
+    near = (Dp < Dq + 2 * tol) & alive[:, None]
+    rows = np.flatnonzero(near.any(axis=1))
+    cl = squared_distances(tr.C[rows], tr.C[seeds],
+                           None if tr.c_sq is None else tr.c_sq[rows]).min(axis=1)
+    gain = np.where(near[rows], np.maximum(cl[:, None] - Dp[rows], 0.0), 0.0)
+    return base - tr.w[rows] @ gain

@@ -129,7 +129,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
     mg = pm[ti, pi]
     if tr.extra is not None and len(tr.extra):   # pieces with no margin: every iteration
         ex = tr.extra
-        other = ~np.isin(rows, ex)
+        other = ~_mask(len(tr.alive), ex)[rows]
         ti = np.concatenate([ti[other], np.repeat(np.arange(tt), len(ex))])
         by = np.argsort(ti, kind="stable")
         ti = ti[by]
@@ -160,6 +160,12 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
     return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q), (none, none)
 
 
+def _mask(n: int, rows: np.ndarray) -> np.ndarray:
+    out = np.zeros(n, bool)
+    out[rows] = True
+    return out
+
+
 def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     """The start's Lloyd without the forgotten rows: ``(centers, (rows, labels) whose label
     differs from the fit's, t_final, (S, W, Q) per t, rechecked)``; raises _Full where not
@@ -187,7 +193,7 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
         doubt = run.order[t][:cut].astype(np.int64)
         mg = run.margin_sorted[t][:cut]
         if tr.extra is not None and len(tr.extra):   # pieces with no margin: always
-            other = ~np.isin(doubt, tr.extra)
+            other = ~_mask(len(tr.alive), tr.extra)[doubt]
             doubt = np.concatenate([doubt[other], tr.extra])
             mg = np.concatenate([mg[other], np.full(len(tr.extra), -np.inf)])
         a = run.A[t, doubt].astype(np.int64)
