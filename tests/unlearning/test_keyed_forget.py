@@ -922,7 +922,7 @@ def test_a_new_piece_that_would_join_a_pick_s_candidates_is_caught():
     cand = np.maximum(tr.cand, 0).ravel()
     _, before = keyed_seeding.share(tr, e.C, e.w, e.c_sq, tr.C[cand], tr.c_sq[cand])
     left = (tr.cand >= 0) & alive[np.maximum(tr.cand, 0)]
-    joins, _, _ = keyed_seeding.seed_entries(tr, e, before, left)
+    joins, _, _ = keyed_seeding.seed_entries(tr, e, before, left, tr.C[cand], tr.c_sq[cand])
     assert joins[s, t]
 
 

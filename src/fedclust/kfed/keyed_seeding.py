@@ -42,12 +42,13 @@ KEY_RTOL = 1e-9
 FIRST_RTOL = 1e-12
 
 
-def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarray,
+                 Y: np.ndarray, y_sq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(joins (S, k), cut (S, k, M), first_new (S,))``: the steps whose first L remaining candidates a
     new piece could join (or, at step 0, whose first seed it could be), given each new
     piece's distance to the seeds before each step ``before`` (n, S, k) and the kept
-    candidates that remain ``left`` (S, k, M) bool; and, elsewhere, the kept candidates
+    candidates that remain ``left`` (S, k, M) bool (``Y``, ``y_sq``: the candidates' rows
+    and squared norms, as :func:`share`); and, elsewhere, the kept candidates
     whose keys a new piece could precede (beyond the first L: the pick stays, but the kept
     list is cut there, so that it stays the smallest keys of the remaining rows, in order,
     as later forgets take the next candidates from it); and the starts whose first seed a
@@ -58,46 +59,48 @@ def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarr
     from above."""
     S, k, M = tr.cand.shape
     L = n_trials(k)
-    joins = np.zeros((S, k), bool)
-    first_new = np.zeros(S, bool)
-    cut = np.zeros((S, k, M), bool)
     tol = 1e-12 * tr.scale2
     steps = np.arange(k)
+    rows = np.where(tr.cand >= 0, tr.cand, 0)   # (S, k, M)
+    # every start's candidates and the new pieces keyed at every step: one draw per start;
+    # the candidates' own step is the diagonal block
+    U = np.stack([key_uniforms_steps(np.concatenate([tr.keys[rows[s].ravel()],
+                                                      tr.keys[e.new], tr.keys[tr.seeds[s, :1]]]),
+                                     s, steps)
+                  for s in range(S)])   # (S, k, k M + n + 1)
+    u = U[:, :, :k * M].reshape(S, k, k, M)[:, steps, steps]   # (S, k, M)
+    un = U[:, :, k * M:-1]   # (S, k, n)
+    # step 0: the first seed is the smallest -log(u) / w; no distance behind the keys,
+    # only the logarithm's rounding
+    with np.errstate(divide="ignore"):
+        e0 = -np.log(un[:, 0, :]) / e.w
+    s0 = (-np.log(U[:, 0, -1]) / tr.w[tr.seeds[:, 0]])[:, None]
+    joins = np.zeros((S, k), bool)
+    joins[:, 0] = (e0 <= s0 * (1 + FIRST_RTOL)).any(axis=1)
+    first_new = (e0 < s0 * (1 - FIRST_RTOL)).any(axis=1)
+    # each candidate's distance to the seeds before its step (any rounding within tol)
+    Y, y_sq = Y.reshape(S, k * M, -1), y_sq.reshape(S, k * M)
+    Z = tr.C[tr.seeds]   # (S, k, d)
+    D = y_sq[:, :, None] - 2.0 * (Y @ Z.transpose(0, 2, 1)) + (Z * Z).sum(axis=2)[:, None, :]
+    D = np.maximum(D, 0.0).reshape(S, k, M, k)
     lower = np.tril(np.ones((k, k), bool), -1)   # lower[t, j]: seed j chosen before step t
-    for s in range(S):
-        seeds = tr.seeds[s]
-        # step 0: the first seed is the smallest -log(u) / w
-        e0 = -np.log(key_uniforms_steps(tr.keys[e.new], s, steps[:1])[0]) / e.w
-        s0 = -np.log(key_uniforms_steps(tr.keys[seeds[:1]], s, steps[:1])[0, 0]) \
-            / tr.w[seeds[0]]
-        # no distance behind them: only the logarithm's rounding
-        joins[s, 0] = bool((e0 <= s0 * (1 + FIRST_RTOL)).any())
-        first_new[s] = bool((e0 < s0 * (1 - FIRST_RTOL)).any())
-        cand = tr.cand[s]
-        rows = np.where(cand >= 0, cand, 0)
-        D = squared_distances(tr.C[rows.ravel()], tr.C[seeds]).reshape(k, M, k)
-        lo = np.where(lower[:, None, :], D, np.inf).min(axis=2) - tol   # (k, M)
-        m = left[s]
-        # each step's candidates' uniforms at that step: the diagonal blocks
-        u = key_uniforms_steps(tr.keys[rows.ravel()], s, steps).reshape(k, k, M)[steps, steps]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kc = np.where(m & (lo > 0), -np.log(u) / (np.maximum(lo, 1e-300) * tr.w[rows]),
-                          np.inf)
-        un = key_uniforms_steps(tr.keys[e.new], s, steps)   # (k, n)
-        pn = before[:, s, :].T * e.w + tol * e.w
-        with np.errstate(divide="ignore"):
-            kn = (-np.log(un) / pn).min(axis=1)   # the smallest new key per step
-        nl = m.sum(axis=1)
-        bad = (m & (lo <= 0)).any(axis=1) | (nl < L)
-        rank = np.cumsum(m, axis=1)
-        Lth = np.where(m & (rank == L), kc, -np.inf).max(axis=1)
-        j = bad | (kn <= Lth * (1 + KEY_RTOL))
-        joins[s, 1:] = j[1:] & np.isfinite(kn[1:])
-        # beyond the first L: the kept list cut from the first key a new piece could precede
-        after = m & ~(kc < kn[:, None] * (1 - KEY_RTOL))
-        c = np.logical_or.accumulate(after, axis=1)
-        c[j | ~np.isfinite(kn)] = False
-        cut[s, 1:] = c[1:]
+    lo = np.where(lower[None, :, None, :], D, np.inf).min(axis=3) - tol   # (S, k, M)
+    m = left
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kc = np.where(m & (lo > 0), -np.log(u) / (np.maximum(lo, 1e-300) * tr.w[rows]),
+                      np.inf)
+        pn = before.transpose(1, 2, 0) * e.w + tol * e.w   # (S, k, n)
+        kn = (-np.log(un) / pn).min(axis=2)   # the smallest new key per step
+    bad = (m & (lo <= 0)).any(axis=2) | (m.sum(axis=2) < L)
+    rank = np.cumsum(m, axis=2)
+    Lth = np.where(m & (rank == L), kc, -np.inf).max(axis=2)
+    j = bad | (kn <= Lth * (1 + KEY_RTOL))
+    joins[:, 1:] = (j & np.isfinite(kn))[:, 1:]
+    # beyond the first L: the kept list cut from the first key a new piece could precede
+    after = m & ~(kc < kn[:, :, None] * (1 - KEY_RTOL))
+    cut = np.logical_or.accumulate(after, axis=2)
+    cut[j | ~np.isfinite(kn)] = False
+    cut[:, 0] = False
     return joins, cut, first_new
 
 
@@ -229,7 +232,7 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
     joins = np.zeros_like(changed)
     flips = np.zeros(S, bool)
     if e is not None:   # a step whose candidates a new piece could join
-        joins, cut, flips = seed_entries(tr, e, before, left)
+        joins, cut, flips = seed_entries(tr, e, before, left, Y, y_sq)
         # a rewritten slot's old value leaves the kept lists for good (its new piece is
         # checked as a new piece); -2: a list that may miss rows
         cut |= valid & gone[cand] & alive[cand]
