@@ -6,9 +6,12 @@ device: the same row keys, the same place in the stacked rows, so a start run ag
 the exact final means sum the rows in the fresh step's order). Its old pieces leave as a
 forgotten device's do; the new ones enter:
 
-* seeds: each candidate's potential gains the new pieces' exact share; a step whose
-  candidates a new piece could join (its key within rounding of the last candidate's, or
-  of the first seed's) counts as changed, and the start goes on from there;
+* seeds: each candidate's potential gains the new pieces' exact share; a new piece whose
+  key comes before one of a step's first L candidates is put into that step's list, its
+  potential measured, and the pick decided again
+  (:func:`fedclust.kfed.keyed_seeding.insert_pieces`): the start goes on from that step
+  only where the pick changes, or where the keys' order or the pick is within rounding
+  (a new first seed is decided by its exact key);
 * Lloyd: a new piece enters every iteration of every start labelled by the fit's
   centers there, its statistics added; it is assigned again at every iteration (it has
   no margin certificate: :attr:`KeyedTrace.extra`), so a label that differs at the

@@ -1,7 +1,8 @@
 """The seeding's certificate of a forget under the keyed server
 (:func:`fedclust.kfed.keyed_unlearn.keyed_forget`): which k-means++ picks of each start
 hold once the leaving rows' exact share of every candidate's potential is taken off and
-a row deletion's new pieces' share is added, and which steps a new piece could join."""
+a row deletion's new pieces' share is added; which steps a new piece joins, and whether
+their picks hold with it among the candidates."""
 
 from __future__ import annotations
 
