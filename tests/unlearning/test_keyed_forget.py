@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedclust import KFed
-from fedclust.kfed import keyed, keyed_result, keyed_trace, keyed_unlearn
+from fedclust.kfed import keyed, keyed_remaining, keyed_result, keyed_trace, keyed_unlearn
 from fedclust.kfed.explain import center_split
 from fedclust.unlearning.forget import results_close
 
@@ -580,7 +580,7 @@ def test_expanding_a_run_over_the_remaining_rows_keeps_the_stable_sort():
     c_sq = (C * C).sum(axis=1)
     run = keyed_trace.traced_lloyd(C, C[:K], w, C * w[:, None], c_sq, C.var(axis=0).mean(),
                                    trace.max_iter, trace.tol)
-    out = keyed_unlearn._expand(run, rows, n0)
+    out = keyed_remaining.expand(run, rows, n0)
     for t in range(len(run.cs)):
         full = np.full(n0, -np.inf)
         full[rows[run.order[t]]] = run.margin_sorted[t]

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..core.kmeans import assign, sum_by_label
 from ..core.threads import one_blas_thread
+from .downdate_rows import entering, margins, write
 from .server import PAPER_SERVER, pick_first_device, explanation_warning, farthest_first
 
 __all__ = ["Lloyd1Trace", "lloyd1_trace", "downdate", "CERTIFY_SLACK", "REFRESH_SHARE"]
@@ -142,21 +143,6 @@ def forget_result(protocol: Any, replies: dict[int, Any], ids: list[int], center
                       log=log)
 
 
-def _margins(C: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(labels, margin)``: nearest center of each row (as :func:`assign` picks it) and
-    the distance to the second-nearest minus the nearest (non-squared)."""
-    k = len(centers)
-    labels = assign(C, centers)[0]
-    if k == 1:
-        return labels, np.full(len(C), np.inf)
-    D = ((C * C).sum(axis=1)[:, None] - 2.0 * (C @ centers.T)
-         + (centers * centers).sum(axis=1)[None, :])
-    np.maximum(D, 0.0, out=D)
-    near = np.sqrt(D[np.arange(len(C)), labels])
-    D[np.arange(len(C)), labels] = np.inf
-    return labels, np.sqrt(D.min(axis=1)) - near
-
-
 def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     """The trace of the server step over ``replies`` (device id -> LocalCenters), or None
     where a downdate cannot follow it (another server, float32, an emptied cluster)."""
@@ -183,7 +169,7 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     sums = sum_by_label(C * w[:, None], labels0, k, np.zeros((k, C.shape[1])))
     final = sums / weights[:, None]
     with one_blas_thread():
-        labels, margin = _margins(C, final)
+        labels, margin = margins(C, final)
     order = np.argsort(margin, kind="stable")
     owner = np.repeat(np.asarray(ids), np.diff(offsets))
     scale = float(np.sqrt((C * C).sum(axis=1).max()))
@@ -219,8 +205,6 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     the leaving ones included (their rows are subtracted). ``enter``: {device: its new
     reply} after a row deletion there (:mod:`fedclust.kfed.downdate_rows`): its old
     pieces leave and the new ones take their slots."""
-    from .downdate_rows import entering
-
     gone = {int(z) for z in drop}
     if not gone and not enter or trace.seed in gone or gone & set(trace.picked.tolist()):
         return None
@@ -252,8 +236,6 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
                                                    trace.margin_sorted, trace.rank)
     labels0, C, w = trace.labels0, trace.C, trace.w
     if e is not None:   # the new pieces into their slots, with their margins at ref
-        from .downdate_rows import write
-
         labels0, ref_labels, order, margin_sorted, rank = write(trace, e)
     final = sums / weights[:, None]
     # labels: certified by margin > 2 x the largest shift since the reference (+ slack)
@@ -264,7 +246,7 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     if len(doubt) > REFRESH_SHARE * alive.sum():   # the reference is stale: renew it
         rows = np.flatnonzero(alive)
         with one_blas_thread():
-            lab, margin = _margins(trace.C[rows], final)
+            lab, margin = margins(trace.C[rows], final)
         ref, ref_labels = final, ref_labels.copy()
         ref_labels[rows] = lab
         full_margin = np.full(len(alive), np.inf)   # gone rows are never in doubt

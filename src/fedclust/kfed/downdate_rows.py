@@ -1,6 +1,6 @@
 """A row deletion under the paper's server (``server="farthest-lloyd1"``) without its step
 in full: the device's new summary enters the downdate trace
-(:class:`~fedclust.kfed.downdate.Lloyd1Trace`) in the slots of its old one, for
+(:class:`~fedclust.kfed.downdate.Lloyd1Trace`; ``tr`` below) in the slots of its old one, for
 :func:`fedclust.kfed.downdate.downdate`.
 
 The new pieces take the old pieces' slots (the same place among the stacked centers, so
@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.kmeans import squared_distances
-from .downdate import Lloyd1Trace, _margins
+from ..core.kmeans import assign, squared_distances
 
-__all__ = ["Entering", "entering", "write"]
+__all__ = ["Entering", "entering", "write", "margins"]
 
 #: a farthest-first distance or a nearest-center margin within this share (plus
 #: ``1e-12`` times the largest squared norm) of another could order otherwise in a
@@ -61,7 +60,7 @@ def _width(c: np.ndarray) -> float:
     return float(D.min())
 
 
-def entering(tr: Lloyd1Trace, enter: dict[int, Any], gone: set, weighted: bool = True
+def entering(tr: Any, enter: dict[int, Any], gone: set, weighted: bool = True
              ) -> Entering | None:
     """The new pieces of the devices ``enter`` {device: new reply} with their certificates,
     or None where the paper's step must run in full (see the module)."""
@@ -105,7 +104,22 @@ def entering(tr: Lloyd1Trace, enter: dict[int, Any], gone: set, weighted: bool =
     return Entering(rows, C, w, lab)
 
 
-def write(tr: Lloyd1Trace, e: Entering) -> tuple:
+def margins(C: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(labels, margin)``: nearest center of each row (as :func:`assign` picks it) and
+    the distance to the second-nearest minus the nearest (non-squared)."""
+    k = len(centers)
+    labels = assign(C, centers)[0]
+    if k == 1:
+        return labels, np.full(len(C), np.inf)
+    D = ((C * C).sum(axis=1)[:, None] - 2.0 * (C @ centers.T)
+         + (centers * centers).sum(axis=1)[None, :])
+    np.maximum(D, 0.0, out=D)
+    near = np.sqrt(D[np.arange(len(C)), labels])
+    D[np.arange(len(C)), labels] = np.inf
+    return labels, np.sqrt(D.min(axis=1)) - near
+
+
+def write(tr: Any, e: Entering) -> tuple:
     """The new pieces into their slots of ``tr`` (its stacked rows, shared with the new
     trace): ``(labels0, ref_labels, order, margin_sorted, rank)`` with the slots' start
     labels, their labels and margins at the reference centers in the sorted order."""
@@ -113,7 +127,7 @@ def write(tr: Lloyd1Trace, e: Entering) -> tuple:
     tr.w[e.rows] = e.w
     labels0 = tr.labels0.copy()
     labels0[e.rows] = e.labels0
-    lab, mg = _margins(e.C, tr.ref)
+    lab, mg = margins(e.C, tr.ref)
     ref_labels = tr.ref_labels.copy()
     ref_labels[e.rows] = lab
     keep = np.ones(len(tr.order), bool)
