@@ -120,6 +120,13 @@ def _timed(fn):
 WALL: list[float] = []
 
 
+def _starts_again(model):
+    """The keyed server's starts the last forget ran again, and why (None: another server)."""
+    tr = model._unlearning_.trace
+    return (None if tr is None or getattr(tr, "reruns", None) is None
+            else {str(s): why for s, why in tr.reruns.items()})
+
+
 def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
              later: int = 7):
     forget_id, rows_id = ids[len(ids) // 2], ids[len(ids) // 3]
@@ -161,6 +168,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
     rows = np.random.default_rng(seed).choice(len(devices[pos]), size=n_rows, replace=False)
     _, rows_s = _timed(lambda: model.forget(rows={rows_id: rows}, relabel=False))
     rows_paths = [model.forget_log_[-1].path]
+    rows_again = [_starts_again(model)]
     reduced = [np.delete(devices[i], rows, axis=0) if ids[i] == rows_id else devices[i]
                for i in keep]
     retrained_rows, retrain_rows_s = _timed(
@@ -184,14 +192,13 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
         forget_times.append(_timed(lambda: model.forget(devices=[z], relabel=False))[1])
         paths.append(model.forget_log_[-1].path)
         rechecked.append(model.forget_log_[-1].rechecked)
-        tr = model._unlearning_.trace   # the keyed server: the starts it ran again, and why
-        starts_again.append(None if tr is None or getattr(tr, "reruns", None) is None
-                            else {str(s): why for s, why in tr.reruns.items()})
+        starts_again.append(_starts_again(model))
     rows_times, local_times = [rows_s], [local_s]
     for z in [z for z in ids if z not in (forget_id, rows_id) and z not in others][:repeats - 1]:
         X = devices[ids.index(z)]
         rows_times.append(_timed(lambda: model.forget(rows={z: rows}, relabel=False))[1])
         rows_paths.append(model.forget_log_[-1].path)
+        rows_again.append(_starts_again(model))
         request = proto.next_request(proto.start([z], model.seed_))
         local_times.append(_timed(lambda: proto.client_steps(
             request, {z: np.delete(X, rows, axis=0)}, seed=model.seed_, states={z: {}}))[1])
@@ -220,7 +227,7 @@ def run_case(name, make, devices, ids, n_rows: int, seed: int, repeats: int = 3,
         "server_work": [r.server_work for r in model.forget_log_],
         "server_nodes": _nodes(proto),
         "rows_times_s": rows_times, "local_step_times_s": local_times,
-        "rows_paths": rows_paths,
+        "rows_paths": rows_paths, "rows_starts_again": rows_again,
     }
 
 

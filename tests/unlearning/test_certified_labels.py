@@ -69,7 +69,8 @@ def test_interleaved_forget_sequences_equal_a_retrain(weighted, trial):
             rows = rng.choice(len(data[z]), size=2, replace=False)
             model.forget(rows={z: rows})
             data[z] = np.delete(data[z], rows, axis=0)
-            assert model.forget_log_[-1].path == "replay"
+            # its new summary enters the trace, or the step runs in full
+            assert model.forget_log_[-1].path in ("downdate", "replay")
         else:
             model.forget(devices=[z])
             del data[z]

@@ -76,20 +76,22 @@ def test_random_device_forgets_downdate_or_replay_and_equal_a_retrain(weighted, 
     assert paths[:2] == ["downdate", "replay"]
 
 
-def test_a_row_deletion_runs_the_full_step_and_the_record_keeps_its_path():
+def test_a_row_deletion_on_the_seed_device_runs_the_full_step_and_the_record_keeps_its_path():
     rng = np.random.default_rng(7)
     Xs = _federation(rng, 8)
     ids = list(range(10, 18))
     model = _paper().fit(Xs, device_ids=ids)
-    unpicked = [z for z in ids if z not in set(model._unlearning_.trace.picked.tolist())]
+    tr = model._unlearning_.trace
+    unpicked = [z for z in ids if z not in set(tr.picked.tolist())]
     model.forget(devices=[unpicked[0]])
     assert model.forget_log_[-1].path == "downdate"
     assert not model._unlearning_.exact
-    model.forget(rows={unpicked[1]: [0, 3]})
+    seed = tr.seed   # its centers start the traversal: its new ones could start another
+    model.forget(rows={seed: [0, 3]})
     assert model.forget_log_[-1].path == "replay" and model._unlearning_.exact
     doc = json.loads(json.dumps(model.forget_log_[0].to_json()))
     assert doc["path"] == "downdate" and ForgetRecord.from_json(doc).path == "downdate"
-    remaining = [Xs[i] if z != unpicked[1] else np.delete(Xs[i], [0, 3], axis=0)
+    remaining = [Xs[i] if z != seed else np.delete(Xs[i], [0, 3], axis=0)
                  for i, z in enumerate(ids) if z != unpicked[0]]
     fresh = _paper().fit(remaining, device_ids=[z for z in ids if z != unpicked[0]])
     assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
@@ -122,3 +124,82 @@ def test_verify_after_a_downdate_compares_within_the_stated_tolerance():
     # a result off by more than the tolerance is caught
     model._unlearning_.result.centers = model._unlearning_.result.centers * (1 + 1e-9)
     assert not model.verify().summaries
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_row_deletions_enter_the_downdate_trace_and_equal_a_retrain(weighted, trial):
+    # interleaved device forgets and row deletions under the paper's server: a deletion on
+    # a device that holds no pick enters the trace (its new pieces take their slots, the
+    # farthest-first start certified unchanged); one on the seed device runs the step in
+    # full; each state against a fresh fit (centers within 1e-12, labels, summaries and
+    # the explanation warning equal)
+    rng = np.random.default_rng(70 + trial)
+    Xs = _federation(rng, 16)
+    ids = [int(z) for z in rng.choice(500, size=16, replace=False)]
+    make = lambda: _paper(weighted=weighted)   # noqa: E731
+    model = make().fit(Xs, device_ids=ids)
+    gone: list[int] = []
+    paths = {"rows": [], "devices": []}
+    for step in range(7):
+        tr = model._unlearning_.trace
+        seed = tr.seed
+        left = [z for z in ids if z not in gone]
+        free = [z for z in left if tr is not None and z != tr.seed
+                and z not in set(tr.picked.tolist())]
+        if step == 3:   # the seed device's rows: its step in full
+            z = seed
+        else:
+            z = free[int(rng.integers(len(free)))] if free else left[0]
+        i = ids.index(z)
+        if step % 3 == 2 and z != seed:
+            model.forget(devices=[z])
+            gone.append(z)
+            paths["devices"].append(model.forget_log_[-1].path)
+        else:
+            rows = rng.choice(len(Xs[i]), size=int(rng.integers(1, 6)), replace=False)
+            model.forget(rows={z: rows.tolist()}, relabel=True)
+            Xs[i] = np.delete(Xs[i], rows, axis=0)
+            rec = model.forget_log_[-1]
+            assert rec.recomputed == [(0, z)] and not rec.retrained
+            paths["rows"].append(rec.path)
+            if z == seed:
+                assert rec.path == "replay"
+        fresh = _check_against_fresh(model, Xs, ids, gone, make)
+        assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
+        assert model.verify().ok
+    assert paths["rows"].count("downdate") >= 2
+    assert not model._unlearning_.exact or model.forget_log_[-1].path == "replay"
+
+
+def test_a_new_piece_farther_than_a_farthest_first_step_takes_the_full_step():
+    # the certificate against the fit's own farthest-first distances: a device's new
+    # summary as it was passes; one center moved beyond every other row would be picked
+    # (the fresh step's start changes) and one spread wider than the seed device would
+    # seed the traversal: both take the full step, and the model still equals a retrain
+    from dataclasses import replace
+
+    from fedclust.kfed import downdate_rows
+
+    rng = np.random.default_rng(5)
+    Xs = _federation(rng, 12)
+    ids = list(range(12))
+    model = _paper().fit(Xs, device_ids=ids)
+    tr = model._unlearning_.trace
+    z = next(x for x in ids if x != tr.seed and x not in set(tr.picked.tolist()))
+    msg = model._unlearning_.store.rounds[0].replies[z]
+    assert downdate_rows.entering(tr, {z: msg}, set()) is not None
+    far = msg.centers.copy()
+    far[0] = far[0] + 10 * np.abs(tr.C).max()
+    assert downdate_rows.entering(tr, {z: replace(msg, centers=far)}, set()) is None
+    wide = msg.centers * 1e3
+    assert downdate_rows.entering(tr, {z: replace(msg, centers=wide)}, set()) is None
+    # the fresh step on the moved center does pick it: the certificate refused a real change
+    from fedclust.kfed.server import farthest_first
+
+    C = tr.C.copy()
+    lo = tr.offsets[tr.row_of[z]]
+    C[lo] = far[0]
+    seed_rows = np.arange(tr.offsets[tr.row_of[tr.seed]], tr.offsets[tr.row_of[tr.seed] + 1])
+    assert lo in farthest_first(C, len(tr.init), start=seed_rows)
+    assert lo not in farthest_first(tr.C, len(tr.init), start=seed_rows)

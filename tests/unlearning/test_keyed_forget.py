@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedclust import KFed
-from fedclust.kfed import keyed, keyed_result, keyed_trace, keyed_unlearn
+from fedclust.kfed import keyed, keyed_remaining, keyed_result, keyed_trace, keyed_unlearn
 from fedclust.kfed.explain import center_split
 from fedclust.unlearning.forget import results_close
 
@@ -107,7 +107,7 @@ def test_random_forget_sequences_equal_a_retrain(trial):
             model.forget(devices=zs)
             gone.extend(zs)
         paths.append(model.forget_log_[-1].path)
-        if paths[-1] == "downdate":   # nothing of the forgotten rows stays in the trace
+        if paths[-1] == "trace":   # nothing of the forgotten rows stays in the trace
             tr = model._unlearning_.trace
             dead = ~tr.alive
             assert dead.sum() >= 2 and not tr.C[dead].any() and not tr.w[dead].any()
@@ -130,7 +130,7 @@ def test_random_forget_sequences_equal_a_retrain(trial):
                 _splits_are_the_remaining_rows(tr)
         _check(model, Xs, ids, gone)
         assert model.verify().ok
-    assert "downdate" in paths   # the trace was followed at least once
+    assert "trace" in paths   # the trace was followed at least once
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -166,7 +166,7 @@ def test_overlapping_small_devices_rows_and_devices_interleaved(trial):
         paths.append(model.forget_log_[-1].path)
         _check(model, Xs, ids, gone)
         assert model.verify().ok
-    assert "downdate" in paths
+    assert "trace" in paths
 
 
 def _twin_free(trace, Xs, ids):
@@ -200,7 +200,7 @@ def test_a_seed_holder_runs_its_start_again(holder, monkeypatch):
     else:
         z, start = trace.seed_device, 0
     model.forget(devices=[z])
-    assert model.forget_log_[-1].path == "downdate"
+    assert model.forget_log_[-1].path == "trace"
     assert start in model._unlearning_.trace.reruns
     _check(model, Xs, ids, [z])
     # the start run again is traced: the next forgets follow it
@@ -233,7 +233,7 @@ def test_each_uncertified_run_is_run_again(force, monkeypatch):
         monkeypatch.setattr(keyed_unlearn, "SHIFT_RTOL", np.inf)
         why = "shift within rounding"
     model.forget(devices=[z])
-    assert model.forget_log_[-1].path == "downdate"
+    assert model.forget_log_[-1].path == "trace"
     reruns = model._unlearning_.trace.reruns
     assert reruns and all(why in r for r in reruns.values())
     _check(model, Xs, ids, [z])
@@ -273,7 +273,7 @@ def test_every_start_run_again_gives_the_fresh_step_bit_for_bit(monkeypatch):
     for z in ids[5:8]:
         model.forget(devices=[z])
         gone.append(z)
-        assert model.forget_log_[-1].path == "downdate"
+        assert model.forget_log_[-1].path == "trace"
         assert len(model._unlearning_.trace.reruns) == len(model._unlearning_.trace.runs)
         keep = [i for i, y in enumerate(ids) if y not in gone]
         fresh = _make().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
@@ -309,7 +309,7 @@ def test_the_explanation_warning_after_random_forgets_is_the_retrains(rows, k):
         fresh = make().fit([Xs[i] for i in keep], device_ids=keep)
         assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
         seen.append(bool(fresh.run_log_.warnings))
-        if model.forget_log_[-1].path == "downdate":
+        if model.forget_log_[-1].path == "trace":
             assert model._unlearning_.trace.expl is not None
             _splits_are_the_remaining_rows(model._unlearning_.trace)
         assert np.array_equal(np.concatenate(model.center_labels_),
@@ -419,7 +419,7 @@ def test_the_stacked_follow_equals_the_per_iteration_replay(monkeypatch):
     for z in [z for z in ids if z not in _seed_holders(trace)][:3]:
         model.forget(devices=[z])
         gone.append(z)
-        assert model.forget_log_[-1].path == "downdate"
+        assert model.forget_log_[-1].path == "trace"
         _check(model, Xs, ids, gone)
     assert pairs   # the stacked follow served some starts
     for out, again in pairs:   # the same centers, stop and rows assigned again
@@ -444,7 +444,7 @@ def test_a_start_the_stacked_follow_cannot_certify_is_followed_per_iteration(mon
         run.stack[1][:] = np.minimum(run.stack[1], 0.0)
     model.forget(devices=[z])
     assert follows and all(out is None for _, out, _ in follows)
-    assert model.forget_log_[-1].path == "downdate"
+    assert model.forget_log_[-1].path == "trace"
     assert model._unlearning_.trace.rechecked >= len(trace.C) - 40
     _check(model, Xs, ids, [z])
 
@@ -539,7 +539,7 @@ def test_a_start_whose_later_pick_is_in_doubt_goes_on_from_that_step(first, monk
     for z in [z for z in ids if z not in _seed_holders(model._unlearning_.trace)][:3]:
         model.forget(devices=[z])
         gone.append(z)
-        assert model.forget_log_[-1].path == "downdate"
+        assert model.forget_log_[-1].path == "trace"
         trace = model._unlearning_.trace
         assert len(trace.reruns) == len(trace.runs)
         _check(model, Xs, ids, gone)
@@ -580,7 +580,7 @@ def test_expanding_a_run_over_the_remaining_rows_keeps_the_stable_sort():
     c_sq = (C * C).sum(axis=1)
     run = keyed_trace.traced_lloyd(C, C[:K], w, C * w[:, None], c_sq, C.var(axis=0).mean(),
                                    trace.max_iter, trace.tol)
-    out = keyed_unlearn._expand(run, rows, n0)
+    out = keyed_remaining.expand(run, rows, n0)
     for t in range(len(run.cs)):
         full = np.full(n0, -np.inf)
         full[rows[run.order[t]]] = run.margin_sorted[t]
@@ -723,7 +723,7 @@ def test_the_quiet_certificate_and_its_fallback_give_the_retrains_warning(certif
         np.testing.assert_array_equal(model.cluster_centers_, fresh.cluster_centers_)
         assert np.array_equal(np.concatenate(model.center_labels_),
                               np.concatenate(fresh.center_labels_))
-        if model.forget_log_[-1].path == "downdate":
+        if model.forget_log_[-1].path == "trace":
             tr = model._unlearning_.trace
             stale.append(sum(s is keyed_trace.STALE for s in tr.expl.splits))
             _splits_are_the_remaining_rows(tr)
@@ -863,7 +863,7 @@ def test_row_deletions_follow_the_trace_and_equal_a_retrain(trial):
             Xs[i] = np.delete(Xs[i], rows, axis=0)
             rec = model.forget_log_[-1]
             assert rec.recomputed == [(0, z)] and not rec.retrained
-            if rec.path == "downdate":
+            if rec.path == "trace":
                 seen["row"] += 1
                 tr = model._unlearning_.trace
                 after = len(model.local_centers_[model.device_ids_.index(z)])
@@ -922,5 +922,122 @@ def test_a_new_piece_that_would_join_a_pick_s_candidates_is_caught():
     cand = np.maximum(tr.cand, 0).ravel()
     _, before = keyed_seeding.share(tr, e.C, e.w, e.c_sq, tr.C[cand], tr.c_sq[cand])
     left = (tr.cand >= 0) & alive[np.maximum(tr.cand, 0)]
-    joins, _ = keyed_seeding.seed_entries(tr, e, before, left)
+    joins, _, _ = keyed_seeding.seed_entries(tr, e, before, left, tr.C[cand], tr.c_sq[cand])
     assert joins[s, t]
+
+
+def _fresh_candidates_match(tr, model, Xs, ids, gone):
+    """Every step's first L remaining candidates in the trace are a fresh step's, in key
+    order, with their potentials within rounding (the seeds and picks row for row)."""
+    keep = [i for i, z in enumerate(ids) if z not in gone]
+    fresh = _make_auto().fit([Xs[i] for i in keep], device_ids=[ids[i] for i in keep])
+    ft = fresh._unlearning_.trace
+    rows = np.flatnonzero(tr.alive)
+    assert np.array_equal(rows[ft.seeds], tr.seeds)
+    L = keyed.n_trials(K)
+    for s in range(tr.cand.shape[0]):
+        for t in range(1, K):
+            ok = (tr.cand[s, t] >= 0) & tr.alive[np.maximum(tr.cand[s, t], 0)]
+            mine = tr.cand[s, t][ok][:L]
+            fc = ft.cand[s, t][ft.cand[s, t] >= 0][:L]
+            assert np.array_equal(mine, rows[fc])
+            np.testing.assert_allclose(tr.pots[s, t][ok][:L], ft.pots[s, t][:len(fc)],
+                                       rtol=1e-9)
+            assert tr.cand[s, t][tr.pick[s, t]] == tr.seeds[s, t]
+
+
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_a_new_piece_enters_a_candidate_list_and_the_pick_is_decided_again(trial):
+    # row deletions whose new pieces enter a k-means++ step's first candidates: the step
+    # keeps its pick where the new piece's potential does not win (no start runs again)
+    # and goes on from that step where it does; device forgets between them; each state
+    # against a fresh fit on what remains
+    rng = np.random.default_rng(trial)
+    n_dev = 40
+    Xs = _federation(rng, n_dev)
+    ids = [int(z) for z in rng.choice(10_000, size=n_dev, replace=False)]
+    model = _make_auto().fit(Xs, device_ids=ids)
+    gone: list[int] = []
+    seen = {"kept": 0, "changed": 0}
+    for step in range(6):
+        left = [z for z in ids if z not in gone]
+        z = left[int(rng.integers(len(left)))]
+        i = ids.index(z)
+        if step % 4 == 3:
+            model.forget(devices=[z])
+            gone.append(z)
+        else:
+            rows = rng.choice(len(Xs[i]), size=int(rng.integers(1, 10)), replace=False)
+            old_seeds = model._unlearning_.trace.seeds.copy()
+            model.forget(rows={z: rows.tolist()}, relabel=True)
+            Xs[i] = np.delete(Xs[i], rows, axis=0)
+            assert model.forget_log_[-1].path == "trace"
+            tr = model._unlearning_.trace
+            changed = {s for s, y in tr.reruns.items()
+                       if y == "a new piece changes a k-means++ pick"}
+            for s in changed:   # a genuine change: the fresh step's seeds differ
+                assert not np.array_equal(old_seeds[s], tr.seeds[s])
+            for s, _ in tr.entered:
+                if s not in tr.reruns:
+                    assert np.array_equal(old_seeds[s], tr.seeds[s])
+            seen["kept"] += any(s not in tr.reruns for s, _ in tr.entered)
+            seen["changed"] += len(changed)
+            _fresh_candidates_match(tr, model, Xs, ids, gone)
+        _check(model, Xs, ids, gone, _make_auto)
+        assert model.verify().ok
+    assert seen["kept"] >= 1 and seen["changed"] >= 1
+
+
+def test_a_followed_trace_is_recorded_exact_and_verified_bit_for_bit():
+    # a row deletion and a device forget that follow the keyed trace give the server step's
+    # bits: the record says "trace", and verify compares bit for bit (one ulp off fails),
+    # where a downdate would compare within DOWNDATE_RTOL
+    from fedclust.unlearning.forget import ForgetRecord
+
+    rng = np.random.default_rng(3)
+    Xs = _federation(rng, 30)
+    ids = list(range(30))
+    model = _make_auto().fit(Xs, device_ids=ids)
+    for request in ({"rows": {4: [0, 5, 9]}}, {"devices": [11]}):
+        model.forget(**request, relabel=True)
+        rec = model.forget_log_[-1]
+        assert rec.path == "trace" and model._unlearning_.exact
+        assert ForgetRecord.from_json(rec.to_json()).path == "trace"
+        assert model.verify().ok
+    u = model._unlearning_
+    kept = u.result.centers.copy()
+    u.result.centers[0, 0] = np.nextafter(kept[0, 0], np.inf)
+    report = model.verify()
+    assert not report.summaries and report.retrain is False
+    Xs[4] = np.delete(Xs[4], [0, 5, 9], axis=0)
+    keep = [z for z in ids if z != 11]
+    fresh = _make_auto().fit([Xs[z] for z in keep], device_ids=keep)
+    assert results_close(u.result, fresh._unlearning_.result)   # one ulp: within 1e-12
+    u.result.centers[:] = kept
+    assert model.verify().ok
+
+
+@pytest.mark.parametrize("t", [1, 2, 3])
+def test_a_new_piece_s_potential_is_the_weighted_sum_over_the_remaining_rows(t):
+    # the pruned potential (the potential before the step less what the piece lowers, over
+    # the rows nearer to it than to its nearest seed) against the plain sum over all rows
+    from fedclust.kfed import keyed_seeding
+
+    rng = np.random.default_rng(50 + t)
+    Xs = _federation(rng, 30)
+    model = _make().fit(Xs, device_ids=list(range(30)))
+    tr = model._unlearning_.trace
+    alive = tr.alive.copy()
+    alive[rng.choice(len(alive), size=20, replace=False)] = False
+    tr.alive = alive
+    X = tr.C[rng.choice(np.flatnonzero(alive), size=4)] + rng.normal(scale=0.3, size=(4, 3))
+    s = 1
+    seeds = tr.seeds[s, :t]
+    D = ((tr.C[:, None, :] - tr.C[seeds][None]) ** 2).sum(axis=2).min(axis=1)
+    base = float(tr.w[alive] @ D[alive])
+    Dp = ((tr.C[:, None, :] - X[None]) ** 2).sum(axis=2)
+    want = tr.w[alive] @ np.minimum(D[alive, None], Dp[alive])
+    got = keyed_seeding.piece_potentials(tr, s, t, X, (X * X).sum(axis=1),
+                                         None if t == 1 else base)
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert (got < base).all()

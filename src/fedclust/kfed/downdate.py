@@ -38,6 +38,7 @@ import numpy as np
 
 from ..core.kmeans import assign, sum_by_label
 from ..core.threads import one_blas_thread
+from .downdate_rows import entering, margins, write
 from .server import PAPER_SERVER, pick_first_device, explanation_warning, farthest_first
 
 __all__ = ["Lloyd1Trace", "lloyd1_trace", "downdate", "CERTIFY_SLACK", "REFRESH_SHARE"]
@@ -86,6 +87,11 @@ class Lloyd1Trace:
     rechecked: int = 0
     #: row ranges of the devices the last downdate removed, wiped by :meth:`scrub`
     pending: list[tuple[int, int]] = field(default_factory=list)
+    #: (k,) the farthest-first rows, and (k,) each step's largest distance to the rows
+    #: chosen before it (the pick's; -inf for the seed device's rows): a row deletion's
+    #: new pieces leave the start as it was while theirs stay below (:mod:`.downdate_rows`)
+    init: np.ndarray | None = None
+    ff_max: np.ndarray | None = None
 
     def scrub(self) -> None:
         """Wipe the removed devices' centers and weights (once this trace is the model's:
@@ -137,21 +143,6 @@ def forget_result(protocol: Any, replies: dict[int, Any], ids: list[int], center
                       log=log)
 
 
-def _margins(C: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(labels, margin)``: nearest center of each row (as :func:`assign` picks it) and
-    the distance to the second-nearest minus the nearest (non-squared)."""
-    k = len(centers)
-    labels = assign(C, centers)[0]
-    if k == 1:
-        return labels, np.full(len(C), np.inf)
-    D = ((C * C).sum(axis=1)[:, None] - 2.0 * (C @ centers.T)
-         + (centers * centers).sum(axis=1)[None, :])
-    np.maximum(D, 0.0, out=D)
-    near = np.sqrt(D[np.arange(len(C)), labels])
-    D[np.arange(len(C)), labels] = np.inf
-    return labels, np.sqrt(D.min(axis=1)) - near
-
-
 def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     """The trace of the server step over ``replies`` (device id -> LocalCenters), or None
     where a downdate cannot follow it (another server, float32, an emptied cluster)."""
@@ -178,32 +169,58 @@ def lloyd1_trace(protocol: Any, replies: dict[int, Any]) -> Lloyd1Trace | None:
     sums = sum_by_label(C * w[:, None], labels0, k, np.zeros((k, C.shape[1])))
     final = sums / weights[:, None]
     with one_blas_thread():
-        labels, margin = _margins(C, final)
+        labels, margin = margins(C, final)
     order = np.argsort(margin, kind="stable")
     owner = np.repeat(np.asarray(ids), np.diff(offsets))
     scale = float(np.sqrt((C * C).sum(axis=1).max()))
-    return Lloyd1Trace(
+    return _with_start(Lloyd1Trace(
         list(ids), offsets, {z: i for i, z in enumerate(ids)}, owner, C, w,
         np.ones(len(C), bool), int(ids[seed_pos]), owner[init], C[init].copy(), labels0, sums,
         weights, final, labels, order, margin[order], np.argsort(order), labels.copy(),
         CERTIFY_SLACK * np.sqrt(C.shape[1] + 4.0) * scale,
         dict(zip(ids, centers)), dict(zip(ids, counts)),
-        {z: labels[offsets[i]:offsets[i + 1]] for i, z in enumerate(ids)})
+        {z: labels[offsets[i]:offsets[i + 1]] for i, z in enumerate(ids)}),
+        init, offsets[seed_pos + 1] - offsets[seed_pos])
+
+
+def _with_start(tr: Lloyd1Trace, init: np.ndarray, n_seed: int) -> Lloyd1Trace:
+    """``tr`` with its farthest-first rows and each step's largest distance (the pick's
+    distance to the rows chosen before it, up to rounding)."""
+    from ..core.kmeans import squared_distances
+
+    D = np.minimum.accumulate(squared_distances(tr.C, tr.C[init]), axis=1)
+    tr.init = np.asarray(init, np.int64)
+    tr.ff_max = np.full(len(init), -np.inf)
+    for t in range(min(int(n_seed), len(init)), len(init)):
+        tr.ff_max[t] = D[init[t], t - 1]
+    return tr
 
 
 def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
-             drop: Sequence[int]) -> tuple[Any, Lloyd1Trace] | None:
+             drop: Sequence[int], enter: dict[int, Any] | None = None
+             ) -> tuple[Any, Lloyd1Trace] | None:
     """``(KFedResult, new trace)`` of the server step without the devices ``drop``, or
     None where the full step must run (the seed device or a picked center leaves, a
     cluster empties). ``replies``: the kept replies of every device of the trace,
-    the leaving ones included (their rows are subtracted)."""
+    the leaving ones included (their rows are subtracted). ``enter``: {device: its new
+    reply} after a row deletion there (:mod:`fedclust.kfed.downdate_rows`): its old
+    pieces leave and the new ones take their slots."""
     gone = {int(z) for z in drop}
-    if not gone or trace.seed in gone or gone & set(trace.picked.tolist()):
+    if not gone and not enter or trace.seed in gone or gone & set(trace.picked.tolist()):
         return None
     if replies.keys() != trace.local_centers.keys():
         return None
     k = len(trace.weights)
     sums, weights, alive = trace.sums.copy(), trace.weights.copy(), trace.alive.copy()
+    e = None
+    if enter:
+        e = entering(trace, enter, gone, protocol.weighted)
+        if e is None:
+            return None
+        np.subtract.at(sums, trace.labels0[e.rows], trace.C[e.rows] * trace.w[e.rows, None])
+        weights -= np.bincount(trace.labels0[e.rows], weights=trace.w[e.rows], minlength=k)
+        np.add.at(sums, e.labels0, e.C * e.w[:, None])
+        weights += np.bincount(e.labels0, weights=e.w, minlength=k)
     for z in sorted(gone):
         i = trace.row_of[z]
         a, b = int(trace.offsets[i]), int(trace.offsets[i + 1])
@@ -215,19 +232,22 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     # emptied cluster, and a subtraction of almost everything would cost digits)
     if (weights < 1e-2 * trace.weights).any():
         return None
+    ref, ref_labels, order, margin_sorted, rank = (trace.ref, trace.ref_labels, trace.order,
+                                                   trace.margin_sorted, trace.rank)
+    labels0, C, w = trace.labels0, trace.C, trace.w
+    if e is not None:   # the new pieces into their slots, with their margins at ref
+        labels0, ref_labels, order, margin_sorted, rank = write(trace, e)
     final = sums / weights[:, None]
     # labels: certified by margin > 2 x the largest shift since the reference (+ slack)
     shift = float(np.sqrt(((final - trace.ref) ** 2).sum(axis=1).max()))
     cut = int(np.searchsorted(trace.margin_sorted, 2.0 * shift + trace.slack, side="right"))
-    doubt = trace.order[:cut]
+    doubt = order[:cut]
     doubt = doubt[alive[doubt]]
-    ref, ref_labels, order, margin_sorted = (trace.ref, trace.ref_labels, trace.order,
-                                             trace.margin_sorted)
     if len(doubt) > REFRESH_SHARE * alive.sum():   # the reference is stale: renew it
         rows = np.flatnonzero(alive)
         with one_blas_thread():
-            lab, margin = _margins(trace.C[rows], final)
-        ref, ref_labels = final, trace.ref_labels.copy()
+            lab, margin = margins(trace.C[rows], final)
+        ref, ref_labels = final, ref_labels.copy()
         ref_labels[rows] = lab
         full_margin = np.full(len(alive), np.inf)   # gone rows are never in doubt
         full_margin[rows] = margin
@@ -244,26 +264,32 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
         for z in gone:
             del table[z]
     local_centers, local_counts, center_labels = tables
-    rank = np.empty_like(order)
     if ref is trace.ref:
-        rank = trace.rank
         # the leaving rows' margins: the neighbour's (the order stays sorted; those rows
         # are never read again), so that nothing of the leaving devices stays here
         margin_sorted = margin_sorted.copy()
         for p in np.sort(rank[~alive & trace.alive]):
             margin_sorted[p] = margin_sorted[p - 1] if p else -np.inf
     else:
+        rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-    # only the devices whose centers changed label get new arrays
-    for z in np.unique(trace.owner[(labels != trace.labels) & alive]).tolist():
+    # only the devices whose centers changed label (or their values) get new arrays
+    moved = set(np.unique(trace.owner[(labels != trace.labels) & alive]).tolist())
+    if e is not None:
+        moved |= set(enter)
+        local_centers.update({z: enter[z].centers for z in enter})
+        local_counts.update({z: enter[z].counts for z in enter})
+    for z in sorted(moved):
         i = trace.row_of[z]
-        center_labels[z] = labels[trace.offsets[i]:trace.offsets[i + 1]]
+        lo, hi = trace.offsets[i], trace.offsets[i + 1]
+        center_labels[z] = labels[lo:hi][alive[lo:hi]]
     result = forget_result(protocol, replies, ids, final, local_centers, local_counts,
                            center_labels, trace.seed, 1)
     new = Lloyd1Trace(ids, trace.offsets, trace.row_of, trace.owner, trace.C, trace.w, alive,
-                      trace.seed, trace.picked, trace.start, trace.labels0, sums, weights, ref,
+                      trace.seed, trace.picked, trace.start, labels0, sums, weights, ref,
                       ref_labels, order, margin_sorted, rank, labels, trace.slack,
                       local_centers, local_counts, center_labels, rechecked,
                       [(int(trace.offsets[trace.row_of[z]]),
-                        int(trace.offsets[trace.row_of[z] + 1])) for z in gone])
+                        int(trace.offsets[trace.row_of[z] + 1])) for z in gone],
+                      trace.init, trace.ff_max)
     return result, new

@@ -401,23 +401,28 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if got is None:
             return None
         result, self._next_trace = got
-        return result, self._next_trace.rechecked
+        return result, self._next_trace.rechecked, bool(getattr(self._next_trace, "exact",
+                                                                False))
 
     def _replace(self, u: Any, entering: dict[int, Any], store: Any) -> Any:
-        """The default server after row deletions: the devices' new summaries enter its
-        trace (:mod:`fedclust.kfed.keyed_rows`), or None where its step must run in full."""
+        """After row deletions the devices' new summaries enter the server's trace (the
+        default server's: :mod:`fedclust.kfed.keyed_rows`; the paper's:
+        :mod:`fedclust.kfed.downdate_rows`), or None where its step must run in full."""
+        from .downdate import Lloyd1Trace, downdate
         from .keyed_trace import KeyedTrace
         from .keyed_unlearn import keyed_forget
 
         tr = u.trace
-        if not isinstance(tr, KeyedTrace) or len(store.rounds) != 1:
+        if not isinstance(tr, (KeyedTrace, Lloyd1Trace)) or len(store.rounds) != 1:
             return None
-        got = keyed_forget(u.protocol, tr, store.rounds[0].replies, [], entering)
+        forget = keyed_forget if isinstance(tr, KeyedTrace) else downdate
+        got = forget(u.protocol, tr, store.rounds[0].replies, [], entering)
         if got is None:
             u.trace = None   # it may hold the new pieces already: traced again when read
             return None
         result, self._next_trace = got
-        return result, self._next_trace.rechecked
+        return result, self._next_trace.rechecked, bool(getattr(self._next_trace, "exact",
+                                                                False))
 
     def assign_device(self, X_new: Any, n_local_clusters: int | None = None, *,
                       device_id: int | None = None) -> np.ndarray:

@@ -6,9 +6,12 @@ device: the same row keys, the same place in the stacked rows, so a start run ag
 the exact final means sum the rows in the fresh step's order). Its old pieces leave as a
 forgotten device's do; the new ones enter:
 
-* seeds: each candidate's potential gains the new pieces' exact share; a step whose
-  candidates a new piece could join (its key within rounding of the last candidate's, or
-  of the first seed's) counts as changed, and the start goes on from there;
+* seeds: each candidate's potential gains the new pieces' exact share; a new piece whose
+  key comes before one of a step's first L candidates is put into that step's list, its
+  potential measured, and the pick decided again
+  (:func:`fedclust.kfed.keyed_seeding.insert_pieces`): the start goes on from that step
+  only where the pick changes, or where the keys' order or the pick is within rounding
+  (a new first seed is decided by its exact key);
 * Lloyd: a new piece enters every iteration of every start labelled by the fit's
   centers there, its statistics added; it is assigned again at every iteration (it has
   no margin certificate: :attr:`KeyedTrace.extra`), so a label that differs at the
@@ -96,7 +99,7 @@ def enter_runs(runs: dict, e: Entering, k: int) -> None:
     by the fit's centers there (nearest, any rounding: they are assigned again anyway),
     their statistics added, the moved rows and certificates of the slots renewed (no
     margin: :attr:`KeyedTrace.extra` rows are assigned again at every iteration)."""
-    slots = np.union1d(e.old, e.new)
+    is_slot = None
     for run in runs.values():
         T1 = len(run.cs)
         lab = np.stack([squared_distances(e.C, c, e.c_sq).argmin(axis=1) for c in run.cs])
@@ -108,15 +111,21 @@ def enter_runs(runs: dict, e: Entering, k: int) -> None:
         run.W += np.bincount(idx, weights=np.tile(e.w, T1), minlength=T1 * k).reshape(T1, k)
         run.Q += np.bincount(idx, weights=np.tile(e.w * e.c_sq, T1),
                              minlength=T1 * k).reshape(T1, k)
-        moved = [np.setdiff1d(m, slots, assume_unique=True) for m in run.moved]
-        for t in range(1, T1):
-            moved[t] = np.union1d(moved[t], e.new[lab[t] != lab[t - 1]])
-        run.moved = moved
-        o, m, r2, m3, _, _ = run.stack
+        # the moved rows less the slots' old values, plus the new pieces that moved
+        o, m, r2, m3, mv_rows, mv_t = run.stack
+        if is_slot is None:
+            is_slot = np.zeros(len(run.A[0]), bool)
+            is_slot[e.old] = is_slot[e.new] = True
+        keep = ~is_slot[mv_rows]
+        ch_t, ch_i = np.nonzero(lab[1:] != lab[:-1])
+        mv_t = np.concatenate([mv_t[keep], ch_t + 1])
+        by = np.argsort(mv_t, kind="stable")
+        mv_rows = np.concatenate([mv_rows[keep], e.new[ch_i]])[by]
+        mv_t = mv_t[by]
+        run.moved = np.split(mv_rows, np.cumsum(np.bincount(mv_t, minlength=T1))[:-1])
         r2[:, e.new] = 0
         m3[:, e.new] = -np.inf
-        mv_t = np.repeat(np.arange(T1), [len(x) for x in moved])
-        run.stack = (o, m, r2, m3, np.concatenate(moved).astype(np.int64), mv_t)
+        run.stack = (o, m, r2, m3, mv_rows, mv_t)
 
 
 def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,

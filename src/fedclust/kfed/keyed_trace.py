@@ -117,6 +117,12 @@ class KeyedTrace:
     extra: np.ndarray | None = None
     #: rows the last forget rewrote with a device's new pieces: their old margins are wiped
     rewritten: np.ndarray | None = None
+    #: ``(start, step)`` where the last forget put a new piece among a k-means++ step's
+    #: first candidates and the step's pick held (:func:`~fedclust.kfed.keyed_seeding.insert_pieces`)
+    entered: list | None = None
+    #: the last forget's result is the server's step's bits (its final means recomputed
+    #: in the fresh step's order): the record's path ``"trace"``, else ``"downdate"``
+    exact: bool = False
 
     def scrub(self) -> None:
         """Wipe what the trace held of the forgotten rows: their centers, weights, labels

@@ -39,7 +39,6 @@ runs in full.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,6 +49,7 @@ from .keyed_result import center_labels as kept_center_labels
 from .keyed_result import exact_means, partition_classes
 from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
                           traced_lloyd, forget_warning)
+from .keyed_remaining import Remaining, expand, remaining
 from .keyed_rows import downdated as _downdated, enter_runs, entering, write
 from .keyed_seeding import seeds_stable as _seeds_stable
 from .server import farthest_first, pick_first_device, weighted_starts
@@ -129,7 +129,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
     mg = pm[ti, pi]
     if tr.extra is not None and len(tr.extra):   # pieces with no margin: every iteration
         ex = tr.extra
-        other = ~np.isin(rows, ex)
+        other = ~_mask(len(tr.alive), ex)[rows]
         ti = np.concatenate([ti[other], np.repeat(np.arange(tt), len(ex))])
         by = np.argsort(ti, kind="stable")
         ti = ti[by]
@@ -160,6 +160,12 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
     return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q), (none, none)
 
 
+def _mask(n: int, rows: np.ndarray) -> np.ndarray:
+    out = np.zeros(n, bool)
+    out[rows] = True
+    return out
+
+
 def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     """The start's Lloyd without the forgotten rows: ``(centers, (rows, labels) whose label
     differs from the fit's, t_final, (S, W, Q) per t, rechecked)``; raises _Full where not
@@ -187,7 +193,7 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
         doubt = run.order[t][:cut].astype(np.int64)
         mg = run.margin_sorted[t][:cut]
         if tr.extra is not None and len(tr.extra):   # pieces with no margin: always
-            other = ~np.isin(doubt, tr.extra)
+            other = ~_mask(len(tr.alive), tr.extra)[doubt]
             doubt = np.concatenate([doubt[other], tr.extra])
             mg = np.concatenate([mg[other], np.full(len(tr.extra), -np.inf)])
         a = run.A[t, doubt].astype(np.int64)
@@ -270,66 +276,7 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
     raise _Full("the fit's run ended")
 
 
-@dataclass
-class _Remaining:
-    """The remaining rows stacked as a fresh step stacks them (same values, same order):
-    a start run again over them gives the fresh step's bits."""
-
-    rows: np.ndarray
-    C: np.ndarray
-    w: np.ndarray
-    c_sq: np.ndarray
-    c_var: tuple   # (estimate, error bound, exact()): see traced_lloyd
-    Cw: np.ndarray
-
-
-def _remaining(tr: KeyedTrace, alive: np.ndarray, var: float, var_err: float) -> _Remaining:
-    rows = np.flatnonzero(alive)
-    C = tr.C[rows]
-    w = tr.w[rows]
-    # squared norms and weighted rows are per row: the trace's are the fresh step's bits
-    c_sq = (C * C).sum(axis=1) if tr.c_sq is None else tr.c_sq[rows]
-    Cw = C * w[:, None] if tr.Cw is None else tr.Cw[rows]
-    # the fresh step's variance (its bits) is worked out only where a stop rule needs it;
-    # elsewhere the downdated one decides alike (traced_lloyd)
-    exact = {}
-
-    def c_var() -> float:
-        if "v" not in exact:
-            exact["v"] = C.var(axis=0).mean() if C.shape[0] > 1 else 0.0
-        return exact["v"]
-
-    return _Remaining(rows, C, w, c_sq, (var, var_err, c_var), Cw)
-
-
-def _expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
-    """A run traced over the remaining rows, indexed by the trace's rows (the others:
-    label 0, margin -inf, never read)."""
-    T1 = len(run.cs)
-    A = np.zeros((T1, n0), dtype=run.A.dtype)
-    A[:, rows] = run.A
-    # the other rows (margin -inf) first in index order, then the remaining rows in their
-    # order (a stable sort of their margins, ``rows`` increasing): the stable sort of the
-    # full margins, without sorting again
-    other = np.ones(n0, bool)
-    other[rows] = False
-    other = np.flatnonzero(other)
-    head = np.full(len(other), -np.inf)
-    order = [np.concatenate([other, rows[o]]).astype(np.int32) for o in run.order]
-    margin_sorted = [np.concatenate([head, m]) for m in run.margin_sorted]
-    r2s, m3s = [], []
-    for r2, m3 in zip(run.runner_up, run.margin3):
-        a, b = np.zeros(n0, dtype=r2.dtype), np.zeros(n0)
-        a[rows], b[rows] = r2, m3
-        r2s.append(a)
-        m3s.append(b)
-    out = RunTrace(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
-                   margin_sorted, run.reason, r2s, m3s)
-    stacked(out)
-    return out
-
-
-def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list[int],
+def _rerun(protocol: Any, tr: KeyedTrace, rem: Remaining, start: int, ids: list[int],
            first: int = 0, pots: np.ndarray | None = None):
     """Run ``start`` (the trace's run index, see ``KeyedTrace.reruns``) run again in full
     over the remaining rows, as a fresh step runs it: ``(run, seeding)`` with seeding None
@@ -369,7 +316,7 @@ def _rerun(protocol: Any, tr: KeyedTrace, rem: _Remaining, start: int, ids: list
     if run is None:
         raise _Full("a start run again emptied a cluster")
     ff = (int(ids[pos]), tr.owner[rem.rows[idx]]) if F and start == 0 else None
-    return _expand(run, rem.rows, len(tr.C)), seeding, ff
+    return expand(run, rem.rows, len(tr.C)), seeding, ff
 
 
 #: run the whole step again (every start) rather than follow the trace when more than this
@@ -438,8 +385,9 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
             reruns[0] = "a leaving device holds the farthest-first start's seed or a pick"
         got = _seeds_stable(trace, R, alive, old, e)
         pots, why, first = got[:3]
+        entered = []
         if e is not None:
-            trace.cand = got[3]
+            trace.cand, trace.pick, entered = got[3]
         reruns.update({s + F: y for s, y in enumerate(why) if y is not None})
         CR, wR, _ = old
         xsum = trace.xsum - CR.sum(axis=0)
@@ -464,7 +412,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                 reruns[s] = exc.args[0] if exc.args else "uncertified"
         if len(reruns) > MAX_RERUN_SHARE * len(trace.runs):
             raise _Full(f"{len(reruns)} starts cannot be followed")
-        rem = _remaining(trace, alive, var, var_err) if reruns else None
+        rem = remaining(trace, alive, var, var_err) if reruns else None
         new_runs: dict[int, tuple] = {}
         for s in sorted(reruns):
             new_runs[s] = _rerun(protocol, trace, rem, s, ids,
@@ -550,5 +498,6 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      expl=expl, newly=R[~alive[R]], Cw=trace.Cw, ff_start=trace.ff_start,
                      c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
                      cand_rows=trace.cand_rows if cand is trace.cand else None,
-                     extra=extra, rewritten=None if e is None else e.new)
+                     extra=extra, rewritten=None if e is None else e.new, entered=entered,
+                     exact=means_ref is not None)
     return result, new

@@ -12,84 +12,21 @@ Every forget appends a :class:`ForgetRecord` to ``forget_log_``;
 
 from __future__ import annotations
 
-import hashlib
 import time
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..core.exceptions import NotFittedError, ValidationError
-from ..core.protocol import RunLog, RunOutput
+from ..core.protocol import RunOutput
 from ..core.threads import one_blas_thread
+from .digests import DOWNDATE_RTOL, digest_result, results_close
 from .replay import DevicesNeeded, ReplayOutput, replay
 from .store import SummaryStore, digest_message, recording
 
-__all__ = ["ForgetMixin", "ForgetRecord", "Unlearning", "VerifyReport", "digest_result",
-           "run_recorded"]
-
-
-def _feed(h: Any, value: Any) -> None:
-    if isinstance(value, RunLog) or value is None:
-        return
-    if isinstance(value, np.ndarray):
-        a = np.ascontiguousarray(value)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    elif is_dataclass(value) and not isinstance(value, type):
-        for f in fields(value):
-            h.update(f.name.encode())
-            _feed(h, getattr(value, f.name))
-    elif isinstance(value, Mapping):
-        for k in sorted(value, key=repr):
-            h.update(repr(k).encode())
-            _feed(h, value[k])
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _feed(h, v)
-    elif hasattr(value, "to_arrays"):
-        h.update(digest_message(value).encode())
-    else:
-        h.update(repr(value).encode())
-
-
-def digest_result(result: Any) -> str:
-    """SHA-256 of a protocol result: every array bit for bit (run logs left out)."""
-    h = hashlib.sha256()
-    _feed(h, result)
-    return h.hexdigest()
-
-
-#: a downdated result's floating-point arrays equal a fresh computation's within this
-#: relative tolerance (of each array's largest magnitude); everything else bit for bit
-DOWNDATE_RTOL = 1e-12
-
-
-def results_close(a: Any, b: Any) -> bool:
-    """``a`` and ``b`` (protocol results) are equal, float arrays within
-    :data:`DOWNDATE_RTOL` (run logs left out)."""
-    if isinstance(a, RunLog) or a is None:
-        return isinstance(b, RunLog) or b is None
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if a.dtype.kind != "f":
-            return bool(np.array_equal(a, b))
-        scale = max(float(np.max(np.abs(a), initial=0.0)), np.finfo(a.dtype).tiny)
-        return bool(np.max(np.abs(a - b), initial=0.0) <= DOWNDATE_RTOL * scale)
-    if is_dataclass(a) and not isinstance(a, type):
-        return type(a) is type(b) and all(results_close(getattr(a, f.name), getattr(b, f.name))
-                                          for f in fields(a))
-    if isinstance(a, Mapping):
-        return (isinstance(b, Mapping) and set(a) == set(b)
-                and all(results_close(a[k], b[k]) for k in a))
-    if isinstance(a, (list, tuple)):
-        return (isinstance(b, (list, tuple)) and len(a) == len(b)
-                and all(results_close(x, y) for x, y in zip(a, b)))
-    if hasattr(a, "to_arrays"):
-        return digest_message(a) == digest_message(b)
-    return a == b
+__all__ = ["DOWNDATE_RTOL", "ForgetMixin", "ForgetRecord", "Unlearning", "VerifyReport",
+           "digest_result", "results_close", "run_recorded"]
 
 
 @dataclass
@@ -108,8 +45,9 @@ class ForgetRecord:
     seconds: float
     _digest: str | None = field(default=None, repr=False)
     #: how the server's result was recomputed: ``"replay"`` (its step in full, bit for
-    #: bit) or ``"downdate"`` (the leaving devices' share subtracted; equal to a fresh
-    #: fit within :data:`DOWNDATE_RTOL`), ``"none"`` (no summary changed)
+    #: bit), ``"trace"`` (the step's trace followed, its doubtful decisions computed
+    #: again: bit for bit), ``"downdate"`` (the leaving devices' share subtracted; equal
+    #: to a fresh fit within :data:`DOWNDATE_RTOL`), ``"none"`` (no summary changed)
     path: str = "replay"
     _store: SummaryStore | None = field(default=None, repr=False, compare=False)
     #: after a downdate: how many remaining device centers were assigned to the new
@@ -391,9 +329,10 @@ class ForgetMixin:
         if not drop and unchanged and len(unchanged) == len(changing):
             out, path = None, "none"
         elif fast is not None:
-            fast, rechecked = fast
+            fast, rechecked, exact = fast
             out, path = ReplayOutput(fast, store, fast.log, [(0, z) for z in changing],
-                                     {z: answers[z][2] for z in changing}), "downdate"
+                                     {z: answers[z][2] for z in changing}), \
+                "trace" if exact else "downdate"
         else:
             avail = {z: devices_data[z] for z in kept.device_ids if z in devices_data}
             avail.update(new_data)
@@ -443,19 +382,20 @@ class ForgetMixin:
             any(z not in changing for _, z in recomputed), time.perf_counter() - t0,
             _store=u.store, path=path, rechecked=rechecked,
             server_work=getattr(protocol, "server_work", None) if path == "replay" else None))
-        if path != "none":   # a full step gives the server's result bit for bit again
-            u.exact = path == "replay"
+        if path != "none":   # a full step or a followed trace: the server's bits again
+            u.exact = path != "downdate"
         return self
 
     # -- pieces ------------------------------------------------------------------
     def _downdate(self, u: Unlearning, drop: list[int], kept: SummaryStore) -> Any:
-        """``(result, rechecked)``: the server's result without the devices ``drop``
-        computed from the previous one (not its step in full) and how many kept summaries
-        it looked at again, or None; an estimator whose server allows it overrides."""
+        """``(result, rechecked, exact)``: the server's result without the devices ``drop``
+        computed from the previous one (not its step in full), how many kept summaries
+        it looked at again and whether the result is its step's bits, or None; an
+        estimator whose server allows it overrides."""
         return None
 
     def _replace(self, u: Unlearning, entering: dict[int, Any], store: SummaryStore) -> Any:
-        """``(result, rechecked)``: the server's result with the devices' new summaries
+        """``(result, rechecked, exact)``: the server's result with the devices' new summaries
         ``entering`` (after row deletions there; ``store`` holds them) computed from the
         previous one, or None; an estimator whose server allows it overrides."""
         return None
