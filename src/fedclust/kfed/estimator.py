@@ -389,38 +389,40 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
     def _downdate(self, u: Any, drop: list[int], kept: Any) -> Any:
         """The paper's server: the result without ``drop`` from the previous one
         (:mod:`fedclust.kfed.downdate`), or None where its step must run in full."""
-        from .downdate import downdate
-
-        from .keyed_trace import KeyedTrace
-        from .keyed_unlearn import keyed_forget
-
         if u.trace is None or len(u.store.rounds) != 1:
             return None
-        forget = keyed_forget if isinstance(u.trace, KeyedTrace) else downdate
-        got = forget(u.protocol, u.trace, u.store.rounds[0].replies, drop)
-        if got is None:
-            return None
-        result, self._next_trace = got
-        return result, self._next_trace.rechecked, bool(getattr(self._next_trace, "exact",
-                                                                False))
+        return self._follow_trace(u, u.trace, u.store.rounds[0].replies, drop)
 
     def _replace(self, u: Any, entering: dict[int, Any], store: Any) -> Any:
         """After row deletions the devices' new summaries enter the server's trace (the
         default server's: :mod:`fedclust.kfed.keyed_rows`; the paper's:
         :mod:`fedclust.kfed.downdate_rows`), or None where its step must run in full."""
-        from .downdate import Lloyd1Trace, downdate
+        from .downdate import Lloyd1Trace
         from .keyed_trace import KeyedTrace
-        from .keyed_unlearn import keyed_forget
 
         tr = u.trace
         if not isinstance(tr, (KeyedTrace, Lloyd1Trace)) or len(store.rounds) != 1:
             return None
-        forget = keyed_forget if isinstance(tr, KeyedTrace) else downdate
-        got = forget(u.protocol, tr, store.rounds[0].replies, [], entering)
+        got = self._follow_trace(u, tr, store.rounds[0].replies, [], entering)
         if got is None:
             u.trace = None   # it may hold the new pieces already: traced again when read
+        return got
+
+    def _follow_trace(self, u: Any, tr: Any, replies: dict[int, Any], drop: list[int],
+                      entering: dict[int, Any] | None = None) -> Any:
+        """The server's trace ``tr`` without the devices ``drop`` and with the new
+        summaries ``entering``: ``(result, rechecked, exact)``, or None where its step must
+        run in full (the trace of the next forget is kept in ``_next_trace``)."""
+        from .downdate import downdate
+        from .keyed_trace import KeyedTrace
+        from .keyed_unlearn import keyed_forget
+
+        forget = keyed_forget if isinstance(tr, KeyedTrace) else downdate
+        got = forget(u.protocol, tr, replies, drop, entering)
+        if got is None:
             return None
         result, self._next_trace = got
+        # the paper server's trace is always a downdate (within 1e-12): it has no flag
         return result, self._next_trace.rechecked, bool(getattr(self._next_trace, "exact",
                                                                 False))
 
