@@ -18,7 +18,7 @@ for several per-device summary sizes:
 
 * ``default``: ``n_local_clusters="auto"``: 2k centers doubled until the local clusters'
   scatter is at most a quarter of the device's total scatter about its mean
-  (``fedclust.kfed.local.SUMMARY_HIDDEN_SHARE``), at most 8 KiB per device;
+  (``fedclust.kfed.summary.SUMMARY_HIDDEN_SHARE``), at most 8 KiB per device;
 * ``2k``: the same with the hidden share set to 1 (every device stops at 2k);
 * ``hidden<=1/4 32KiB``: the default's rule with a 32 KiB cap;
 * ``own-gap<=1%``: 2k doubled until the summary's cost at the device's own k centers
@@ -43,7 +43,7 @@ import real_federations as R
 from fedclust import KFed
 from fedclust.core.kmeans import assign
 from fedclust.core.random import device_rng
-import fedclust.kfed.local as local
+import fedclust.kfed.summary as summary
 from fedclust.kfed.local import local_kmeans, local_scatter
 
 K = R.K
@@ -79,7 +79,7 @@ def _auto(devs, seed):
     return "auto"
 
 
-#: rule -> (n_local_clusters for the devices, module settings of fedclust.kfed.local)
+#: rule -> (n_local_clusters for the devices, module settings of fedclust.kfed.summary)
 RULES = {
     "default": (_auto, {}),
     "2k": (_auto, {"SUMMARY_HIDDEN_SHARE": 1.0}),
@@ -93,14 +93,14 @@ RULES = {
 
 def _fit(devices, seed, rule):
     sizes, settings = RULES[rule]
-    old = {name: getattr(local, name) for name in settings}
+    old = {name: getattr(summary, name) for name in settings}
     try:
         for name, value in settings.items():
-            setattr(local, name, value)
+            setattr(summary, name, value)
         return KFed(K, sizes(devices, seed), random_state=seed).fit(devices)
     finally:
         for name, value in old.items():
-            setattr(local, name, value)
+            setattr(summary, name, value)
 
 
 def _summary_lloyd(LC, w, start, max_iter=300):

@@ -6,8 +6,9 @@ import pytest
 from fedclust import KFed
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.random import device_rng
-from fedclust.kfed.local import (auto_range, kmeans_bic, local_kmeans, local_kmeans_auto,
-                                 local_kmeans_auto_many)
+from fedclust.kfed.local import local_kmeans
+from fedclust.kfed.local_auto import (auto_range, kmeans_bic, local_kmeans_auto,
+                                      local_kmeans_auto_many)
 
 
 def _uneven_devices(n_dev, n, d, seed):

@@ -15,8 +15,8 @@ from sklearn.metrics import adjusted_rand_score
 from fedclust import KFed
 from fedclust.core.exceptions import IncompatibleMessageError
 from fedclust.flower.results import log_from_json, log_to_json
-from fedclust.kfed.local import (auto_range, kmeans_bic, local_kmeans_auto, summary_ladder,
-                                 summary_size)
+from fedclust.kfed.local_auto import auto_range, kmeans_bic, local_kmeans_auto
+from fedclust.kfed.summary import summary_ladder, summary_size
 from fedclust.kfed.messages import LocalSummary
 from fedclust.kfed.explain import center_split
 

@@ -75,7 +75,8 @@ def test_weighted_starts_follow_the_budget_by_hand():
 
 
 def test_auto_sends_the_summary_to_the_default_server_and_bic_to_the_others():
-    from fedclust.kfed.local import auto_range, summary_size
+    from fedclust.kfed.local_auto import auto_range
+    from fedclust.kfed.summary import summary_size
 
     rng = np.random.default_rng(1)
     # two well-separated groups per device: BIC keeps 2 local clusters, the summary 2k = 6

@@ -14,8 +14,9 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 import fedclust.kfed.local as local
+import fedclust.kfed.summary as summary
 from fedclust import KFed
-from fedclust.kfed.local import summary_cap, summary_ladder
+from fedclust.kfed.summary import summary_cap, summary_ladder
 
 
 def _cost(X, C):
@@ -47,7 +48,7 @@ def test_the_refined_summary_reaches_the_pooled_basin_where_2k_centers_do_not(mo
         fine.append(_cost(X, KFed(3, random_state=0).fit(devices).cluster_centers_)
                     / ref.inertia_)
         with monkeypatch.context() as m:   # hidden share 1: every device stops at 2k
-            m.setattr(local, "SUMMARY_HIDDEN_SHARE", 1.0)
+            m.setattr(summary, "SUMMARY_HIDDEN_SHARE", 1.0)
             coarse.append(_cost(X, KFed(3, random_state=0).fit(devices).cluster_centers_)
                           / ref.inertia_)
     # 2k centers per device: up to 1.4 % above pooled k-means (mean 0.7 %)
@@ -91,10 +92,10 @@ def test_ladder_and_cap_by_hand():
 
 def test_first_rung_by_hand():
     # 2k centers unless they take more than 8 KiB; then 8 KiB worth (never above n // 5)
-    assert local.summary_size(1000, 3) == local.summary_size(1000, 3, 100) == 6
-    assert local.summary_size(1000, 50, 100) == 10 == 8192 // (102 * 8)
-    assert local.summary_size(1000, 50) == 100
-    assert local.summary_size(30, 50, 13) == 6
+    assert summary.summary_size(1000, 3) == summary.summary_size(1000, 3, 100) == 6
+    assert summary.summary_size(1000, 50, 100) == 10 == 8192 // (102 * 8)
+    assert summary.summary_size(1000, 50) == 100
+    assert summary.summary_size(30, 50, 13) == 6
     assert summary_ladder(1000, 100, 50) == [10, 20, 40, 80, 100]
 
 
@@ -136,7 +137,7 @@ def test_a_device_with_few_distinct_rows_keeps_its_last_feasible_rung(monkeypatc
     distinct = rng.normal(size=(8, 3))            # 8 distinct rows, each 15 times
     devices = [distinct[rng.permutation(np.repeat(np.arange(8), 15))] for _ in range(2)]
     assert summary_ladder(120, 3, 3) == [6, 12, 24]
-    monkeypatch.setattr(local, "SUMMARY_HIDDEN_SHARE", 0.0)   # every device climbs the ladder
+    monkeypatch.setattr(summary, "SUMMARY_HIDDEN_SHARE", 0.0)   # every device climbs the ladder
     for fed in (devices, devices[:1]):            # batched and alone
         m = KFed(3, random_state=0).fit(fed)
         for X, C, N in zip(fed, m.local_centers_, m.local_counts_):
@@ -150,14 +151,14 @@ def test_a_device_with_few_distinct_rows_keeps_its_last_feasible_rung(monkeypatc
 def test_stacked_scatters_add_the_same_terms_as_each_device_alone(monkeypatch, dtype):
     # the ladder's scatter about each device's mean, stacked in blocks, and its local
     # clusters' scatter: the per-device numpy sums bit for bit (they decide the rung)
-    monkeypatch.setattr(local, "_SCATTER_BLOCK", 7)   # several blocks and a partial one
+    monkeypatch.setattr(summary, "_SCATTER_BLOCK", 7)   # several blocks and a partial one
     rng = np.random.default_rng(5)
     X = (rng.normal(size=(30, 20, 6)) * rng.uniform(0.1, 50, size=(30, 1, 1))
          + rng.normal(scale=40, size=(30, 1, 6))).astype(dtype)
     want = np.array([float(((x - x.mean(axis=0)) ** 2).sum()) for x in X])
-    assert np.array_equal(local._total_scatter(X), want)
+    assert np.array_equal(summary._total_scatter(X), want)
     ref = np.stack([((x - x.mean(axis=0)).astype(np.float64) ** 2).sum() for x in X])
-    np.testing.assert_allclose(local._total_scatter(X), ref, rtol=1e-5)
+    np.testing.assert_allclose(summary._total_scatter(X), ref, rtol=1e-5)
     C = rng.normal(size=(30, 3, 6)).astype(dtype)
     lab = rng.integers(0, 3, size=(30, 20))
     one = np.stack([local.local_scatter(x, c, la) for x, c, la in zip(X, C, lab)])

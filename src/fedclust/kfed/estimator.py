@@ -22,7 +22,7 @@ from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
                                check_n_local_clusters)
 from ..core.exceptions import ValidationError
-from .local import auto_range
+from .local_auto import auto_range
 from .messages import LocalCenters
 from .server import WEIGHTED_SERVERS, assign_to_centers
 from .protocol import (REFINED, KFedProtocol, KFedResult, check_refine_rounds,
@@ -56,13 +56,13 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         a coarser summary can merge groups the server cannot split again).
         ``"auto"``: with the default server every device starts at
         ``min(2k, n_z // 5)`` centers, 2k capped at 8 KiB worth
-        (:func:`fedclust.kfed.local.summary_size`)
+        (:func:`fedclust.kfed.summary.summary_size`)
         and doubles them until its local clusters hide at most a quarter of its
-        scatter, at most 8 KiB (:func:`fedclust.kfed.local.summary_ladder`,
-        :func:`fedclust.kfed.local.summary_kmeans_stacked`);
+        scatter, at most 8 KiB (:func:`fedclust.kfed.summary.summary_ladder`,
+        :func:`fedclust.kfed.summary.summary_kmeans_stacked`);
         with the other servers a device picks its own k_z from its data, between
         ``min(k, n_z // 5)`` and ``min(2k, n_z // 5)``, by the X-means BIC of
-        its local k-means (:func:`fedclust.kfed.local.local_kmeans_auto`):
+        its local k-means (:func:`fedclust.kfed.local_auto.local_kmeans_auto`):
         under-clustering cannot be undone by the server, over-clustering can.
         Under privacy ``"auto"`` is k on every device (a data-chosen k_z would
         be a release). The paper's server wants k_z = the number of groups a

@@ -25,8 +25,9 @@ from ..core.random import device_rng, device_uniforms, server_rng
 from ..core.validation import check_array, check_choice, check_float, check_int
 from ..core.exceptions import IncompatibleMessageError, TooFewReplies, ValidationError
 from .batched import n_uniforms
-from .local import (local_kmeans, local_kmeans_auto, local_scatter, summary_cap,
-                    summary_kmeans_stacked, summary_ladder, summary_size)
+from .local import local_kmeans, local_scatter
+from .local_auto import local_kmeans_auto
+from .summary import summary_cap, summary_kmeans_stacked, summary_ladder, summary_size
 from ..core.kmeans import assign
 from ..core.messages import Message, StackedReplies
 from .stacked_steps import (ACTION, gather_label_maps, label_by_centers,
@@ -201,11 +202,11 @@ class KFedProtocol(Protocol):
 
     def k_sent(self, k_z: int, n_z: int, d: int | None = None) -> int:
         """The fewest centers a device of n_z points sends: k_z, and with the default server
-        at least :func:`fedclust.kfed.local.summary_size` ``min(n_z // 5, 2k)``, the 2k at
+        at least :func:`fedclust.kfed.summary.summary_size` ``min(n_z // 5, 2k)``, the 2k at
         most 8 KiB worth of centers in d dimensions (``"auto"``:
         that many, the top of its BIC range): a coarser summary can merge groups the server
         cannot split again. With the default server the device then refines its summary up
-        the :func:`fedclust.kfed.local.summary_ladder` (its local clusters' scatter at most a
+        the :func:`fedclust.kfed.summary.summary_ladder` (its local clusters' scatter at most a
         quarter of its own, at most 8 KiB); the device's labels come from the final
         centers, not from its local clusters."""
         if not self.summarise:

@@ -18,8 +18,9 @@ from ..core.messages import StackedReplies
 from ..core.protocol import Request
 from ..core.random import device_rng, device_uniforms
 from .batched import n_uniforms
-from .local import (auto_range, local_kmeans_auto_many, local_kmeans_many, local_kmeans_stacked,
-                    local_scatter, local_scatter_stacked, summary_kmeans_stacked, summary_ladder)
+from .local import local_kmeans_many, local_kmeans_stacked, local_scatter, local_scatter_stacked
+from .local_auto import auto_range, local_kmeans_auto_many
+from .summary import summary_kmeans_stacked, summary_ladder
 
 __all__ = ["DeviceNames", "stacked_steps", "gather_label_maps", "label_by_centers", "ACTION"]
 

@@ -7,7 +7,7 @@ same-shaped devices of a chunk run the local step as one batch
 random streams as the protocol's ``client_steps``), and the chunk's rows are
 dropped. Memory grows with Σ k_z · d (the device centers), not with the rows.
 With the default server each device refines its summary up the
-:func:`~fedclust.kfed.local.summary_ladder` exactly as the protocol's devices do
+:func:`~fedclust.kfed.summary.summary_ladder` exactly as the protocol's devices do
 (its scatters are not kept, so no explanation warning is raised).
 The server step then runs on all device centers: the protocol's own
 :func:`~fedclust.kfed.server.aggregate_centers` while the centers are few,
@@ -40,7 +40,8 @@ from ..core.threads import one_blas_thread
 from ..core.validation import check_devices
 from .batched import n_uniforms, spectral_kmeans_batch
 from .protocol import ACTION, KFedProtocol
-from .local import summary_kmeans_stacked, summary_ladder, use_randomized_svd
+from .local import use_randomized_svd
+from .summary import summary_kmeans_stacked, summary_ladder
 from .keyed import StackedKeys, sample_size, sampled_weighted_kmeans
 from .server import KEYED_SERVERS, LARGE_N, aggregate_centers
 
