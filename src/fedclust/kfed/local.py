@@ -123,7 +123,7 @@ def local_kmeans(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
         return LocalKMeansResult(msg, np.arange(n, dtype=np.int64), 0, True)
     theta = _spectral_seed(X, k, rng, project=project, uniforms=uniforms)
     centers, labels, counts, n_iter = lloyd_batch(X[None], theta[None], max_iter=max_iter, tol=tol)
-    return _result(centers[0], labels[0], counts[0], int(n_iter[0]), k, X, device)
+    return checked_result(centers[0], labels[0], counts[0], int(n_iter[0]), k, X, device)
 
 
 def _spectral_seed(X: np.ndarray, k: int, rng: np.random.Generator, *,
@@ -141,7 +141,9 @@ def _spectral_seed(X: np.ndarray, k: int, rng: np.random.Generator, *,
     return spectral_seed_batch(X[None], k, uniforms, project=project, V=V)[0]
 
 
-def _result(centers, labels, counts, n_iter, k, X, device) -> LocalKMeansResult:
+def checked_result(centers, labels, counts, n_iter, k, X, device) -> LocalKMeansResult:
+    """One device's result of the batched step; a local cluster left empty (fewer than k
+    distinct points on the device) raises :class:`ValidationError` naming ``device``."""
     counts = counts.astype(np.int64)
     if (counts == 0).any():  # only when the device has fewer than k distinct points
         distinct = len(np.unique(X, axis=0))
@@ -200,7 +202,7 @@ def local_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
     # with a Gram matrix X^T X to compute, its diagonal (each feature's sum of squares) tests
     # the copied chunk for finite values: NaN and inf reach it, and no separate pass is needed
     gram = project and d > k and n >= d
-    stack = _Stacker(Xs, chunk, names, check_finite=not gram)
+    stack = DeviceStacker(Xs, chunk, names, check_finite=not gram)
     for s in range(0, len(Xs), chunk):
         Xb = stack(s)
         V = None
@@ -214,7 +216,7 @@ def local_kmeans_stacked(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
                                             project=project, V=V)
         N, L = N.astype(np.int64), L.astype(np.int64)
         for i in np.flatnonzero((N == 0).any(axis=1)):  # raises, naming the device
-            _result(C[i], L[i], N[i], int(it[i]), k, Xb[i], names[s + i])
+            checked_result(C[i], L[i], N[i], int(it[i]), k, Xb[i], names[s + i])
         parts.append((C, N, L, it))
     if len(parts) == 1:
         return parts[0]
@@ -237,7 +239,7 @@ def _chunk_size(per_device: int, max_batch_elements: int) -> int:
     return max(1, max_batch_elements // per_device)
 
 
-class _Stacker:
+class DeviceStacker:
     """Chunks of same-shaped devices as (B, n, d) arrays, copied into one reused buffer.
 
     A fresh stacked chunk of large devices is a fresh large allocation, and its

@@ -13,8 +13,8 @@ import numpy as np
 from ..core.exceptions import ValidationError
 from ..core.validation import check_array, check_int
 from .batched import n_uniforms, nested_projections, spectral_kmeans_batch
-from .local import (LocalKMeansResult, _result, _Stacker, local_kmeans, local_scatter,
-                    use_randomized_svd)
+from .local import (DeviceStacker, LocalKMeansResult, checked_result, local_kmeans,
+                    local_scatter, use_randomized_svd)
 from .messages import LocalCenters
 
 __all__ = ["MIN_POINTS_PER_LOCAL_CLUSTER", "kmeans_bic", "auto_range", "local_kmeans_auto",
@@ -144,7 +144,7 @@ def local_kmeans_auto_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
     offsets = np.cumsum([0] + [n_uniforms(k) for k in ks])
     chunk = max(1, max_batch_elements // (n * max(d, hi)))
     out: list[LocalKMeansResult] = []
-    stack = _Stacker(Xs, chunk, names)
+    stack = DeviceStacker(Xs, chunk, names)
     for s in range(0, len(Xs), chunk):
         Xb = stack(s)
         U = np.stack([rng_of(s + i).random(offsets[-1]) for i in range(len(Xb))])
@@ -167,7 +167,7 @@ def local_kmeans_auto_many(Xs: list[np.ndarray] | np.ndarray, n_clusters: int,
                 if (N[i] == 0).any():     # fewer distinct points than k: larger k cannot do better
                     searching[z] = False
                     if best[z] is None:   # as the reference: the device's own error
-                        _result(C[i], L[i], N[i], int(it[i]), k, Xa[i], names[s + z])
+                        checked_result(C[i], L[i], N[i], int(it[i]), k, Xa[i], names[s + z])
                     continue
                 sc = kmeans_bic(n, d, N[i], float(inertia[i]))
                 if best[z] is None or sc > score[z]:
