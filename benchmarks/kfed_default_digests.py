@@ -46,8 +46,9 @@ def delete_rows(m, devices: list, z: int, rows, make, gone: list) -> str:
     devices[z] = np.delete(devices[z], rows, axis=0)
     keep = [i for i in range(len(devices)) if i not in gone]
     fresh = make().fit([devices[i] for i in keep], device_ids=keep)
-    same = "" if dig(fresh) == dig(m) else "/differs-from-fresh"
-    return dig(m) + "/" + m.forget_log_[-1].path + same
+    mine = dig(m)
+    same = "" if dig(fresh) == mine else "/differs-from-fresh"
+    return mine + "/" + m.forget_log_[-1].path + same
 
 
 def main() -> None:
@@ -69,19 +70,19 @@ def main() -> None:
                     m = KFed(3, random_state=seed) if kp == "auto" else KFed(3, kp, random_state=seed)
                     m.fit(devices)
                     out[f"{name}/{kp}/{seed}"] = dig(m)
+                auto = m   # KFed(3): summaries sized by the devices
                 m = KFed(3, 3, random_state=seed).fit(devices)
                 m.forget([0])
                 out[f"{name}/forget/{seed}"] = dig(m) + "/" + m.forget_log_[-1].path
-                m = KFed(3, random_state=seed).fit(devices)   # summaries sized by the devices
                 try:
-                    m.forget([0])
+                    auto.forget([0])
                 except TooFewReplies:   # as a fresh fit: the rest send fewer than k centers
                     out[f"{name}/rows/{seed}"] = "too few centers after the forget"
                     continue
                 kept = list(devices)
                 rows = np.random.default_rng(7 + seed).choice(
                     len(kept[1]), size=max(1, len(kept[1]) // 10), replace=False)
-                out[f"{name}/rows/{seed}"] = delete_rows(m, kept, 1, rows, lambda: KFed(
+                out[f"{name}/rows/{seed}"] = delete_rows(auto, kept, 1, rows, lambda: KFed(
                     3, random_state=seed), gone=[0])
             print(name, flush=True)
         devs = ub.federation(1000, 1000, 50, 20, 5, 0)

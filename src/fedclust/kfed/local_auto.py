@@ -25,6 +25,7 @@ __all__ = ["MIN_POINTS_PER_LOCAL_CLUSTER", "kmeans_bic", "auto_range", "local_km
 #: close to individual rows.
 MIN_POINTS_PER_LOCAL_CLUSTER = 5
 
+
 def kmeans_bic(n: int, d: int, counts: np.ndarray, inertia: float) -> float:
     """BIC of a k-means solution read as spherical Gaussians with one shared variance.
 
@@ -42,7 +43,6 @@ def kmeans_bic(n: int, d: int, counts: np.ndarray, inertia: float) -> float:
     return loglik - (k * d + k) / 2 * np.log(n)
 
 
-
 def auto_range(n: int, n_clusters: int) -> tuple[int, int]:
     """The k_z that ``n_local_clusters="auto"`` tries on a device of n points: ``lo..hi``.
 
@@ -54,7 +54,6 @@ def auto_range(n: int, n_clusters: int) -> tuple[int, int]:
     """
     cap = max(1, min(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER))
     return max(1, min(n_clusters, cap)), max(1, min(2 * n_clusters, cap))
-
 
 
 def local_kmeans_auto(X: np.ndarray, n_clusters: int, rng: np.random.Generator, *,
