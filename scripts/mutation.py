@@ -54,15 +54,17 @@ ACCOUNTANT_TESTS: list[str] = [
     "tests/privacy/test_private_release.py::test_secure_sampled_dp_fedavg_asks_every_device_"
     "and_accounts_a_number"]
 
+#: distributed Lloyd's rounds (lloyd/protocol.py) and device steps (lloyd/device.py)
+LLOYD_TESTS = ["tests/lloyd", "tests/privacy/test_privacy.py", "tests/privacy/test_sensitivity.py",
+               "tests/privacy/test_lloyd_kfed_init.py", "tests/privacy/test_secure_dp.py"]
+
 #: module (under src/fedclust) -> the test files that guard it
 MODULES: dict[str, list[str]] = {
     "core/kmeans.py": ["tests/core/test_kmeans_kernels.py", "tests/core/test_kmeans_relocation.py",
                        "tests/lloyd",
                        "tests/kfed/test_local_kmeans.py", "tests/kfed/test_server_kfed.py"],
-    "lloyd/protocol.py": ["tests/lloyd", "tests/privacy/test_privacy.py",
-                          "tests/privacy/test_sensitivity.py",
-                          "tests/privacy/test_lloyd_kfed_init.py",
-                          "tests/privacy/test_secure_dp.py"],
+    "lloyd/protocol.py": LLOYD_TESTS,
+    "lloyd/device.py": LLOYD_TESTS,
     "kfed/server.py": ["tests/kfed/test_server_kfed.py", "tests/kfed/test_kfed_server_kmeanspp.py",
                        "tests/kfed/test_kfed.py", "tests/kfed/test_kfed_trim.py",
                        "tests/kfed/test_kfed_explanation.py"],
