@@ -43,12 +43,13 @@ import numpy as np
 from ..core.exceptions import IncompatibleMessageError, ValidationError
 from ..core.messages import Message
 from ..core.protocol import Protocol, Request, RunLog
-from ..core.random import device_rng, server_rng
+from ..core.random import server_rng
 from ..core.secure_sum import SUMMED
 from ..core.validation import check_choice, check_float, check_int
 from ..kfed.protocol import KFedProtocol
-from .client import LOCAL_MODES, choose_cluster, local_update
-from .messages import LossReport, ModelParams, ModelSet, ModelUpdate, NoisyUpdate, SummedUpdate
+from .client import LOCAL_MODES
+from .device import FEATURE_MAPS, KFED, LOSS, TRAIN, FLDeviceSteps, feature_map
+from .messages import ModelParams, ModelUpdate, NoisyUpdate, SummedUpdate
 from .models import MODEL_KINDS, Model, build_model
 from .server import AGGREGATORS, SELECTIONS, average_per_cluster, \
     cluster_local_centers, sample_candidates, select_by_loss, select_random
@@ -58,12 +59,10 @@ from ..privacy.mechanisms import SERVER, clip_contribution, gaussian
 
 __all__ = ["FLProtocol", "FedAvgProtocol", "FLResult", "FEATURE_MAPS", "feature_map"]
 
-TRAIN, LOSS, KFED = "fl_train", "fl_loss", "fl_kfed"
-FEATURE_MAPS = ("raw", "random-projection", "hidden")
-SELECT_BRANCH = 1000   # server_rng round index offset for selection draws
-INIT_BRANCH = 500      # ... for model initialisation
-PROJ_BRANCH = 499      # ... for the shared random projection
-KFED_BRANCH = 498      # ... for the k-means++ server step on the local centers
+# server_rng round index offsets (499, the shared random projection's, is in .device)
+SELECT_BRANCH = 1000   # selection draws
+INIT_BRANCH = 500      # model initialisation
+KFED_BRANCH = 498      # the k-means++ server step on the local centers
 #: privacy-noise stream keys of the secret Poisson sample and of a round nobody was sampled in
 POISSON_KEY = 1 << 21
 EMPTY_KEY = (1 << 21) + (1 << 20)
@@ -122,22 +121,7 @@ class _State:
     phase: str = "start"
 
 
-def feature_map(kind: str, X: np.ndarray, *, seed: int, dim: int,
-                model: Model | None = None) -> np.ndarray:
-    """The inputs k-FED clusters: raw X, X @ R for a shared Gaussian R (d, dim), or an MLP's
-    hidden layer (the first FedAvg round's model)."""
-    if kind == "raw":
-        return X
-    if kind == "random-projection":
-        R = server_rng(seed, PROJ_BRANCH).standard_normal((X.shape[1], dim)) / math.sqrt(dim)
-        return X @ R
-    if model is None or not hasattr(model, "hidden"):
-        raise ValidationError("feature_map='hidden' needs an MLP model and the first round's "
-                              "parameters")
-    return model.hidden(X)
-
-
-class FLProtocol(Protocol):
+class FLProtocol(FLDeviceSteps, Protocol):
     """Shared machinery of the FL protocols (not registered itself; see the subclasses).
 
     Parameters
@@ -537,57 +521,6 @@ class FLProtocol(Protocol):
             setup_bytes=[int(state.setup[0]), int(state.setup[1])],
             snapshots=dict(state.snapshots), log=log,
             restart_loss=np.asarray(getattr(state, "restart_loss", np.zeros(0)), dtype=float))
-
-    # -- client ---------------------------------------------------------------
-    def _device_data(self, data: Any, device_id: int) -> tuple[np.ndarray, np.ndarray]:
-        if not isinstance(data, tuple) or len(data) != 2:
-            raise ValidationError(f"device {device_id}: supervised protocol needs (X, y) data")
-        X, y = np.asarray(data[0], dtype=np.float64), np.asarray(data[1])
-        if X.shape[0] == 0:
-            raise ValidationError(f"device {device_id} has no samples")
-        if not np.isfinite(X).all():
-            raise ValidationError(f"device {device_id}: X contains NaN or inf")
-        self._scratch.check_data(X, y, f"device {device_id}")
-        return X, y
-
-    def client_step(self, request: Request, X: Any, *, device_id: int, seed: int,
-                    state: dict[str, np.ndarray]) -> Message:
-        X, y = self._device_data(X, device_id)
-        model = self._scratch
-        if request.action == LOSS:
-            if request.payload is None:
-                return LossReport(loss=np.float64(0.0), n_samples=np.int64(len(y)))
-            if isinstance(request.payload, ModelSet):  # IFCA: the loss of the best of k
-                loss = float(choose_cluster(model, request.payload.params, X, y)[1].min())
-                return LossReport(loss=np.float64(loss), n_samples=np.int64(len(y)))
-            model.set_params(request.payload.params)
-            return LossReport(loss=np.float64(model.loss(X, y)), n_samples=np.int64(len(y)))
-        if request.action == KFED:
-            if self.kfed_map == "hidden":
-                if request.payload is None:
-                    raise ValidationError(f"device {device_id}: feature_map='hidden' needs the "
-                                          "first round's model")
-                model.set_params(request.payload.params)
-            F = feature_map(self.kfed_map, X, seed=seed, dim=self.feature_dim, model=model)
-            return self._kfed().client_step(Request(request.round, "local_centers"), F,
-                                            device_id=device_id, seed=seed, state=state)
-        if request.action != TRAIN:
-            raise ValidationError(f"{self.name} has no client action {request.action!r}")
-        return self._train(request, X, y, device_id=device_id, seed=seed, state=state)
-
-    def _local(self, params, X, y, device_id, seed, round_index, cluster: int = 0,
-               loss: float | None = None) -> ModelUpdate:
-        new, n, loss = local_update(self._scratch, params, X, y, mode=self.local_mode,
-                                    epochs=self.local_epochs, batch_size=self.batch_size,
-                                    lr=self.lr, rng=device_rng(seed, device_id, round_index),
-                                    loss_before=loss)
-        if self.plan is not None and self.privacy.private:
-            loss, n = 0.0, 1   # neither is released under privacy: the device keeps them
-        return ModelUpdate(params=new, cluster=np.int64(cluster), n_samples=np.int64(n),
-                           loss=np.float64(loss))
-
-    def _train(self, request, X, y, *, device_id, seed, state) -> Message:
-        return self._local(request.payload.params, X, y, device_id, seed, request.round)
 
 
 # FedAvg, IFCA and k-FED + FedAvg live in their own modules (:mod:`.fedavg`, :mod:`.ifca`,
