@@ -166,7 +166,7 @@ def build_protocol(cfg: Mapping[str, Any], federation: Federation | None = None,
                               "(write each site's rows to its own file)")
         request = site_request(cfg["data"])
         if request is not None:
-            from .sites.deployed import deployed_protocol
+            from .sites.deployed_app import deployed_protocol
 
             return deployed_protocol(cfg, request, count_sites)
     fed = federation or build_federation(cfg)
