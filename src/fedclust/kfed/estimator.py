@@ -22,7 +22,7 @@ from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
                                check_n_local_clusters)
 from ..core.exceptions import ValidationError
-from .local_auto import auto_range
+from .fit_checks import check_local_clusters, sendable_centers
 from .messages import LocalCenters
 from .server import WEIGHTED_SERVERS, assign_to_centers
 from .protocol import (REFINED, KFedProtocol, KFedResult, check_refine_rounds,
@@ -271,24 +271,14 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         if auto and self.n_local_clusters != "auto":
             raise ValidationError(f"n_local_clusters={self.n_local_clusters!r} must be 'auto', "
                                   "an int or one int per device")
-        if auto:   # the most each device may send
-            k_locals = [n_clusters if self.privacy is not None
-                        else auto_range(len(X), n_clusters)[1] for X in devices]
-        else:
-            k_locals = check_n_local_clusters(self.n_local_clusters, len(devices))
-        if sum(k_locals) < n_clusters:
-            raise ValidationError(
-                f"the devices would send sum(n_local_clusters)={sum(k_locals)} centers but "
-                f"n_clusters={n_clusters}; need sum k_z >= k (raise n_local_clusters or add devices)")
-        if not self.allow_raw_points:
-            for pos, (X, k_z) in enumerate(zip(devices, k_locals)):
-                if auto and self.privacy is None:
-                    k_z = auto_range(len(X), n_clusters)[0]   # the fewest it may send
-                if X.shape[0] <= k_z:
-                    raise ValidationError(
-                        f"device {device_ids[pos]} has n_z={X.shape[0]} points but "
-                        f"n_local_clusters={k_z}: its centers would be its raw points. Lower "
-                        "n_local_clusters for it, drop it, or pass allow_raw_points=True")
+        sizes = [len(X) for X in devices]
+        k_locals = sendable_centers(
+            sizes, n_clusters,
+            None if auto else check_n_local_clusters(self.n_local_clusters, len(devices)),
+            private=self.privacy is not None)
+        check_local_clusters(sizes, device_ids, n_clusters, k_locals, auto=auto,
+                             private=self.privacy is not None,
+                             allow_raw_points=self.allow_raw_points)
         if self.privacy is not None and not isinstance(self.privacy, DifferentialPrivacy):
             raise ValidationError(f"privacy={self.privacy!r} must be a "
                                   "fedclust.privacy.DifferentialPrivacy or None")
@@ -385,6 +375,30 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
             nxt.scrub()
         if nxt is None:
             u.trace_of = _downdate_trace
+
+    def _check_remaining(self, u: Any, kept: Any, new_data: dict[int, Any]) -> None:
+        """The checks of :meth:`fit` on the federation a forget leaves (the devices' sizes
+        from their data where held, else from their kept counts)."""
+        proto = u.protocol
+        ids = list(kept.device_ids)
+        replies = kept.rounds[0].replies if kept.rounds else {}
+        sizes = []
+        for z in ids:
+            X = new_data.get(z, u.data.get(z))
+            if X is None and z not in replies:
+                return   # a size not known here: the server step decides
+            sizes.append(int(replies[z].counts.sum()) if X is None else len(X))
+        private = self.privacy is not None
+        k_locals = sendable_centers(sizes, proto.n_clusters,
+                                    None if proto.auto else [proto.k_local(z) for z in ids],
+                                    private=private)
+        try:
+            check_local_clusters(sizes, ids, proto.n_clusters, k_locals, auto=proto.auto,
+                                 private=private, allow_raw_points=proto.allow_raw_points,
+                                 raw_check=[z in new_data for z in ids])
+        except ValidationError as exc:
+            raise ValidationError(f"forget: a fresh fit on what would remain refuses: {exc}; "
+                                  "the model is unchanged") from None
 
     def _downdate(self, u: Any, drop: list[int], kept: Any) -> Any:
         """The paper's server: the result without ``drop`` from the previous one

@@ -298,6 +298,7 @@ class ForgetMixin:
         kept = u.store.without(set(drop))
         if not kept.device_ids:
             raise ValidationError("forget: no device would remain")
+        self._check_remaining(u, kept, new_data)
         protocol = self._forget_protocol(u, kept, new_data)
         if protocol is not u.protocol:   # the federation's settings change: every device again
             kept = SummaryStore(kept.device_ids, [], kept.complete)
@@ -399,6 +400,11 @@ class ForgetMixin:
         ``entering`` (after row deletions there; ``store`` holds them) computed from the
         previous one, or None; an estimator whose server allows it overrides."""
         return None
+
+    def _check_remaining(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
+                         ) -> None:
+        """Refuse, as a fresh ``fit`` on what remains would, a forget that leaves a federation
+        the estimator does not fit (an estimator with such checks overrides)."""
 
     def _forget_protocol(self, u: Unlearning, kept: SummaryStore, new_data: dict[int, Any]
                          ) -> Any:
