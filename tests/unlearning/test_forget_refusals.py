@@ -94,3 +94,29 @@ def test_auto_local_clusters_read_the_sizes_from_the_kept_counts_when_no_data_is
     model.forget(devices=[0])
     fresh = make().fit([Xs[1], Xs[2], Xs[3]], device_ids=[1, 2, 3])
     assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
+
+
+@pytest.mark.parametrize("request_, message", [
+    (dict(rows={0: [1.5]}), "device 0's row indices must be integers; got 1.5"),
+    (dict(rows={0: np.array([np.nan])}), "device 0's row indices must be integers; got nan"),
+    (dict(rows={0: ["3"]}), "device 0's row indices must be integers; got '3'"),
+    (dict(rows={0: [True]}), "device 0's row indices must be integers; got True"),
+    (dict(rows={0: [2, "x"]}), "device 0's row indices must be integers"),
+    (dict(rows=[1, 2]), "rows= must map each device to its row indices"),
+    (dict(devices=None), "devices= must be a device id, a site name or a sequence"),
+    (dict(devices=2.0), "devices= must be a device id, a site name or a sequence"),
+    (dict(rows={0: [30]}), "device 0 has 30 rows; row index 30 is out of range"),
+])
+def test_a_malformed_forget_request_is_refused_by_name_and_changes_nothing(request_, message):
+    rng = np.random.default_rng(6)
+    Xs = _federation(rng, [30, 30, 30])
+    model = KFed(3, 2, random_state=0).fit(Xs)
+    snap = _snapshot(model)
+    with pytest.raises(ValidationError) as info:
+        model.forget(**request_)
+    assert message in str(info.value)
+    assert _unchanged(model, snap)
+    model.forget(rows={0: np.array([3, 1], dtype=np.uint8)})   # any integer dtype, any order
+    assert model.forget_log_[-1].rows == {0: [1, 3]}
+    fresh = KFed(3, 2, random_state=0).fit([np.delete(Xs[0], [1, 3], axis=0), Xs[1], Xs[2]])
+    assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)

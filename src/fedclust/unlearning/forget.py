@@ -23,6 +23,7 @@ from ..core.protocol import RunOutput
 from ..core.threads import one_blas_thread
 from .digests import DOWNDATE_RTOL, digest_result, results_close
 from .replay import DevicesNeeded, ReplayOutput, replay
+from .requests import device_list, drop_rows, row_indices, row_requests
 from .store import SummaryStore, digest_message, recording
 
 __all__ = ["DOWNDATE_RTOL", "ForgetMixin", "ForgetRecord", "Unlearning", "VerifyReport",
@@ -173,19 +174,6 @@ def run_recorded(estimator: Any, transport: Any, protocol: Any, devices: Mapping
     return out
 
 
-def _drop_rows(data: Any, rows: np.ndarray, z: int) -> Any:
-    X = data[0] if isinstance(data, tuple) else data
-    n = len(X)
-    if rows.size and (rows.min() < 0 or rows.max() >= n):
-        bad = rows[(rows < 0) | (rows >= n)][0]
-        raise ValidationError(f"forget: device {z} has {n} rows; row index {bad} is out of range")
-    keep = np.ones(n, bool)
-    keep[rows] = False
-    if isinstance(data, tuple):
-        return tuple(np.asarray(a)[keep] for a in data)
-    return np.asarray(X)[keep]
-
-
 class ForgetMixin:
     """``forget`` / ``verify`` / ``forget_log_`` for an estimator fitted through
     :func:`run_recorded`; the estimator provides ``_apply_forget(out, ids)``."""
@@ -259,14 +247,12 @@ class ForgetMixin:
         """
         t0 = time.perf_counter()
         u = self._unlearner()
-        if isinstance(devices, (str, int, np.integer)):
-            devices = [devices]
-        drop = sorted({self._resolve(u, z) for z in devices})
+        drop = sorted({self._resolve(u, z) for z in device_list(devices)})
         given = {self._resolve(u, z): v for z, v in (data or {}).items()}
         deleted: dict[int, np.ndarray] = {}
-        for z, r in (rows or {}).items():
+        for z, r in row_requests(rows).items():
             z = self._resolve(u, z)
-            idx = np.unique(np.asarray(r, dtype=np.int64).reshape(-1))
+            idx = row_indices(r, z)
             if z in drop or idx.size == 0:
                 continue
             deleted[z] = idx
@@ -294,7 +280,7 @@ class ForgetMixin:
                 raise ValidationError(
                     f"forget: device {z} must run its step again without the rows, but the "
                     "model does not hold its data; pass data={device: its current rows}")
-            new_data[z] = _drop_rows(devices_data[z], idx, z)
+            new_data[z] = drop_rows(devices_data[z], idx, z)
         kept = u.store.without(set(drop))
         if not kept.device_ids:
             raise ValidationError("forget: no device would remain")
