@@ -96,6 +96,10 @@ def test_bad_graphs(devices):
         DistributedKMeans(4, 100, graph="grid").fit(devices, transport=InProcessTransport())
     with pytest.raises(ValidationError, match="directed"):
         check_graph(nx.DiGraph(nx.path_graph(3)), 3)
+    named = nx.relabel_nodes(nx.path_graph(3), {0: "a", 1: "b", 2: "c"})
+    with pytest.raises(ValidationError, match=r"positions 0\.\.2; got 'a', 'b', 'c' \(relabel"):
+        check_graph(named, 3)
+    check_graph(nx.convert_node_labels_to_integers(named), 3)   # the fix the message names
 
 
 def test_tampered_message_on_graph_is_rejected_by_name(devices):

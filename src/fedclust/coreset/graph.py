@@ -101,9 +101,15 @@ def check_graph(graph: Any, n_nodes: int) -> nx.Graph:
             raise ValidationError("graph must be undirected (got a directed networkx graph)")
         nodes = set(graph.nodes)
         if nodes != set(range(n_nodes)):
+            if len(nodes) != n_nodes:
+                raise ValidationError(
+                    f"graph has {graph.number_of_nodes()} nodes but there are {n_nodes} "
+                    f"devices; nodes must be 0..{n_nodes - 1}")
+            stray = sorted(map(repr, nodes - set(range(n_nodes))))
             raise ValidationError(
-                f"graph has {graph.number_of_nodes()} nodes but there are {n_nodes} devices; "
-                f"nodes must be 0..{n_nodes - 1}")
+                f"graph's nodes must be the devices' positions 0..{n_nodes - 1}; got "
+                f"{', '.join(stray[:5])}{' ...' if len(stray) > 5 else ''} (relabel them, e.g. "
+                "networkx.convert_node_labels_to_integers)")
         g = nx.Graph()
         g.add_nodes_from(range(n_nodes))
         g.add_edges_from((u, v) for u, v in graph.edges if u != v)
