@@ -120,3 +120,13 @@ def test_a_malformed_forget_request_is_refused_by_name_and_changes_nothing(reque
     assert model.forget_log_[-1].rows == {0: [1, 3]}
     fresh = KFed(3, 2, random_state=0).fit([np.delete(Xs[0], [1, 3], axis=0), Xs[1], Xs[2]])
     assert np.array_equal(model.cluster_centers_, fresh.cluster_centers_)
+
+
+def test_the_devices_auto_ranges_at_once_are_auto_range_device_by_device():
+    from fedclust.kfed.fit_checks import auto_ranges
+    from fedclust.kfed.local_auto import auto_range
+
+    sizes = list(range(1, 400)) + [10**6]
+    for k in (1, 2, 7, 50):
+        lo, hi = auto_ranges(sizes, k)
+        assert [(int(a), int(b)) for a, b in zip(lo, hi)] == [auto_range(n, k) for n in sizes]

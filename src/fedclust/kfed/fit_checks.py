@@ -6,10 +6,20 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..core.exceptions import ValidationError
-from .local_auto import auto_range
+import numpy as np
 
-__all__ = ["sendable_centers", "check_local_clusters"]
+from ..core.exceptions import ValidationError
+from .local_auto import MIN_POINTS_PER_LOCAL_CLUSTER
+
+__all__ = ["auto_ranges", "sendable_centers", "check_local_clusters"]
+
+
+def auto_ranges(sizes: Sequence[int], n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fedclust.kfed.local_auto.auto_range` of every device size at once: the fewest
+    and the most centers (lo, hi) each device may send with ``n_local_clusters="auto"``."""
+    n = np.asarray(sizes, dtype=np.int64)
+    cap = np.maximum(1, np.minimum(n - 1, n // MIN_POINTS_PER_LOCAL_CLUSTER))
+    return np.maximum(1, np.minimum(n_clusters, cap)), np.maximum(1, np.minimum(2 * n_clusters, cap))
 
 
 def sendable_centers(sizes: Sequence[int], n_clusters: int, k_locals: Sequence[int] | None,
@@ -18,7 +28,9 @@ def sendable_centers(sizes: Sequence[int], n_clusters: int, k_locals: Sequence[i
     "auto"`` (``k_locals`` None) the top of its :func:`auto_range` (k under privacy)."""
     if k_locals is not None:
         return list(k_locals)
-    return [n_clusters if private else auto_range(n, n_clusters)[1] for n in sizes]
+    if private:
+        return [n_clusters] * len(sizes)
+    return auto_ranges(sizes, n_clusters)[1].tolist()
 
 
 def check_local_clusters(sizes: Sequence[int], ids: Sequence[int], n_clusters: int,
@@ -29,19 +41,22 @@ def check_local_clusters(sizes: Sequence[int], ids: Sequence[int], n_clusters: i
     device whose local centers would be its raw points (``n_z <= k_z``) unless
     ``allow_raw_points``. ``k_locals``: :func:`sendable_centers`; ``raw_check``: which
     devices to test for raw points (default all)."""
-    if sum(k_locals) < n_clusters:
+    total = int(np.sum(k_locals, dtype=np.int64))
+    if total < n_clusters:
         raise ValidationError(
-            f"the devices would send sum(n_local_clusters)={sum(k_locals)} centers but "
+            f"the devices would send sum(n_local_clusters)={total} centers but "
             f"n_clusters={n_clusters}; need sum k_z >= k (raise n_local_clusters or add devices)")
     if allow_raw_points:
         return
-    for pos, (z, n, k_z) in enumerate(zip(ids, sizes, k_locals)):
-        if raw_check is not None and not raw_check[pos]:
-            continue
-        if auto and not private:
-            k_z = auto_range(n, n_clusters)[0]   # the fewest it may send
-        if n <= k_z:
-            raise ValidationError(
-                f"device {z} has n_z={n} points but n_local_clusters={k_z}: its centers would "
-                "be its raw points. Lower n_local_clusters for it, drop it, or pass "
-                "allow_raw_points=True")
+    n = np.asarray(sizes, dtype=np.int64)
+    # the fewest a device may send, under "auto" (without privacy); else its k_z
+    fewest = auto_ranges(n, n_clusters)[0] if auto and not private else np.asarray(k_locals)
+    raw = n <= fewest
+    if raw_check is not None:
+        raw &= np.asarray(raw_check, dtype=bool)
+    if raw.any():
+        pos = int(np.argmax(raw))
+        raise ValidationError(
+            f"device {ids[pos]} has n_z={n[pos]} points but n_local_clusters={fewest[pos]}: its "
+            "centers would be its raw points. Lower n_local_clusters for it, drop it, or pass "
+            "allow_raw_points=True")
