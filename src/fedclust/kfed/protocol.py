@@ -29,7 +29,7 @@ from .local import local_kmeans, local_scatter
 from .local_auto import local_kmeans_auto
 from .summary import summary_cap, summary_kmeans_stacked, summary_ladder, summary_size
 from ..core.kmeans import assign
-from ..core.messages import Message, StackedReplies
+from ..core.messages import Message, ReplyTable, StackedReplies
 from .stacked_steps import (ACTION, gather_label_maps, label_by_centers,
                             stacked_steps)
 from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
@@ -288,8 +288,22 @@ class KFedProtocol(Protocol):
                 f"device {device_id}: centers have {d} features but the federation has "
                 f"n_features={self.n_features}")
 
+    @property
+    def reads_stacked_replies(self) -> bool:
+        """Whether the server step takes a round's batches of replies column-wise (a
+        :class:`~fedclust.core.messages.ReplyTable`; a subclass with its own checks or
+        server maths gets messages)."""
+        cls = type(self)
+        return (cls.check_reply is KFedProtocol.check_reply
+                and cls.check_batch is KFedProtocol.check_batch
+                and cls.server_step is KFedProtocol.server_step
+                and cls.finish is KFedProtocol.finish)
+
     def server_step(self, state: KFedState, request: Request, replies: Mapping[int, Message]) -> None:
-        state.replies.update(replies)  # type: ignore[arg-type]
+        if isinstance(replies, ReplyTable) and not state.replies:
+            state.replies = replies.copy()   # kept column-wise
+        else:
+            state.replies.update(replies)  # type: ignore[arg-type]
         state.round += 1
 
     def finish(self, state: KFedState, log: RunLog) -> KFedResult:
@@ -298,14 +312,21 @@ class KFedProtocol(Protocol):
         if not ids:
             raise TooFewReplies(
                 "no device replied (all dropped, late, failed or rejected); nothing to aggregate")
-        replies = list(map(state.replies.__getitem__, ids))
-        centers = [r.centers for r in replies]
+        table = state.replies
+        if isinstance(table, ReplyTable) and table.columnar and table.ids == ids:
+            field = table.column   # the batches' rows, no message object per device
+        else:
+            replies = list(map(state.replies.__getitem__, ids))
+
+            def field(name: str) -> list[np.ndarray]:
+                return [getattr(r, name) for r in replies]
+        centers = field("centers")
         total = sum(map(len, centers))
         if total < self.n_clusters:
             raise TooFewReplies(
                 f"the {len(ids)} replying devices sent {total} local centers in all but "
                 f"n_clusters={self.n_clusters}; need sum k_z >= k")
-        counts = [r.counts for r in replies]
+        counts = field("counts")
         dtypes = {c.dtype for c in centers}   # all float32 stay, anything else is float64
         if dtypes != {np.dtype(np.float32)} and dtypes != {np.dtype(np.float64)}:
             centers = [c.astype(np.float64, copy=False) for c in centers]
@@ -330,7 +351,7 @@ class KFedProtocol(Protocol):
                         f"ball radius {agg.distrust.radius:.4g})")
         if self.summarise:
             warning = explanation_warning(
-                centers, counts, [r.scatter for r in replies], agg.centers,
+                centers, counts, field("scatter"), agg.centers,
                 agg.center_labels, ids)
             if warning is not None:
                 log.warnings.append(warning)
@@ -345,7 +366,11 @@ class KFedProtocol(Protocol):
     @staticmethod
     def _drop_minority_dimension(state: KFedState, log: RunLog) -> None:
         """Without a known d, keep the replies of the most common d and reject the rest."""
-        if len({r.centers.shape[1] for r in state.replies.values()}) <= 1:
+        table = state.replies
+        if isinstance(table, ReplyTable) and table.columnar:
+            if len({b.arrays["centers"].shape[2] for b in table.batches}) <= 1:
+                return
+        elif len({r.centers.shape[1] for r in state.replies.values()}) <= 1:
             return
         dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
         values, counts = np.unique(list(dims.values()), return_counts=True)
@@ -486,19 +511,24 @@ class KFedProtocol(Protocol):
 
     def check_batch(self, state: KFedState, request: Request, batch: StackedReplies,
                     messages) -> dict[int, IncompatibleMessageError]:
-        """:meth:`check_reply` over a batch's stacked arrays (same verdicts, one pass)."""
+        """:meth:`check_reply` over a batch's stacked arrays (same verdicts, one pass);
+        ``messages`` may be None (built from the batch where a device is refused)."""
+        def one_by_one() -> dict[int, IncompatibleMessageError]:
+            return super(KFedProtocol, self).check_batch(
+                state, request, batch, batch.messages() if messages is None else messages)
+
         if not issubclass(batch.message_type, LocalCenters):
-            return super().check_batch(state, request, batch, messages)
+            return one_by_one()
         sent, d = batch.arrays["centers"].shape[1:]
         if self.n_features is not None and d != self.n_features:
-            return super().check_batch(state, request, batch, messages)
+            return one_by_one()
         if isinstance(self.n_local_clusters, Mapping):
             over = [z for z in batch.ids if sent > self.max_sent(z, d)]
         else:
             over = batch.ids if sent > self.max_sent(batch.ids[0], d) else []
         if not over:
             return {}
-        return super().check_batch(state, request, batch, messages)
+        return one_by_one()
 
     def client_finish_stacked(self, batch: StackedReplies, devices: Sequence[np.ndarray],
                               states: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
@@ -537,3 +567,4 @@ class KFedProtocol(Protocol):
         if "n_clipped" in state:
             out["n_clipped"] = state["n_clipped"]
         return out
+
