@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
@@ -246,7 +247,7 @@ class ReplyTable(MutableMapping):
         """Field ``name`` of every device's reply in :attr:`ids` order (views of the rows)."""
         if self._messages is not None:
             return [getattr(m, name) for m in self._messages.values()]
-        return [row for b in self.batches for row in b.arrays[name]]
+        return list(chain.from_iterable(b.arrays[name] for b in self.batches))
 
     def _dict(self) -> dict[int, Message]:
         if self._messages is None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 import math
+from itertools import repeat
+from operator import attrgetter, is_, methodcaller
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -327,7 +329,7 @@ class KFedProtocol(Protocol):
                 f"the {len(ids)} replying devices sent {total} local centers in all but "
                 f"n_clusters={self.n_clusters}; need sum k_z >= k")
         counts = field("counts")
-        dtypes = {c.dtype for c in centers}   # all float32 stay, anything else is float64
+        dtypes = set(map(attrgetter("dtype"), centers))   # all float32 stay, else float64
         if dtypes != {np.dtype(np.float32)} and dtypes != {np.dtype(np.float64)}:
             centers = [c.astype(np.float64, copy=False) for c in centers]
         first = self.first_device
@@ -417,13 +419,18 @@ class KFedProtocol(Protocol):
             final = FinalCenters(centers=result.centers)
             return [], {z: final for z in device_ids if z in labels}
         by_size: dict[int, list[int]] = defaultdict(list)
-        for z in device_ids:
-            lab = labels.get(z)
-            if lab is not None:
-                by_size[len(lab)].append(z)
+        rows = list(map(labels.get, device_ids))
+        sizes = set(map(len, rows)) if not any(map(is_, rows, repeat(None))) else ()
+        if len(sizes) == 1:   # every device has a label map, all of one size: one batch
+            by_size[sizes.pop()] = list(device_ids)
+        else:
+            for z, lab in zip(device_ids, rows):
+                if lab is not None:
+                    by_size[len(lab)].append(z)
+            rows = None
         batches = [StackedReplies(LabelMap, zs, {"global_labels": np.concatenate(
-            [labels[z] for z in zs]).astype(np.int64).reshape(len(zs), size)})
-            for size, zs in by_size.items()]
+            rows if rows is not None else [labels[z] for z in zs]
+        ).astype(np.int64).reshape(len(zs), size)}) for size, zs in by_size.items()]
         return batches, {}
 
     # -- client ------------------------------------------------------------
@@ -534,11 +541,11 @@ class KFedProtocol(Protocol):
                               states: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """:meth:`client_finish` of every device of a checked batch of final messages (row i
         to ``devices[i]``, ``states[i]``): label maps gathered for all devices at once."""
-        local = [s.get("local_labels") for s in states]
+        local = list(map(methodcaller("get", "local_labels"), states))
         if (batch.message_type is not LabelMap
                 or type(self).client_finish is not KFedProtocol.client_finish
                 or set(map(type, local)) != {np.ndarray}
-                or len({lab.shape for lab in local}) != 1 or local[0].ndim != 1):
+                or len(set(map(attrgetter("shape"), local))) != 1 or local[0].ndim != 1):
             return [self.client_finish(m, X, s)
                     for m, X, s in zip(batch.messages(), devices, states)]
         return gather_label_maps(batch.arrays["global_labels"], local, states)

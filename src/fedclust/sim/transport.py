@@ -167,22 +167,26 @@ class InProcessTransport:
         absent, late = self._draw_faults(ids, seed)
         log.dropped = sorted(absent)
         log.late = sorted(late)
-        active = [z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
+        active = ([z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
+                  if absent or late else list(ids))
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         identities = make_identities(ids) if secure is not None and secure.signed else None
         self._policies = ({z: policy_for(self.policies, z) for z in ids}
                           if self.policies is not None else dict.fromkeys(ids))
         # whether any device has a policy: without one, every device is admitted as is
-        self._any_policy = any(p is not None for p in self._policies.values())
-        shared = [p for p in self._policies.values() if p is not None and p.ledger]
+        self._any_policy = self.policies is not None and any(
+            p is not None for p in self._policies.values())
+        shared = ([p for p in self._policies.values() if p is not None and p.ledger]
+                  if self._any_policy else [])
         if len(shared) > 1 and len({id(p) for p in shared}) == 1 \
                 and "{device}" not in shared[0].ledger:
             raise ValidationError(f"policies: devices share the ledger file {shared[0].ledger}; "
                                   "put {device} in its name (one ledger per device)")
-        if identities is not None:
+        if identities is not None and self._any_policy:
             self._policies = {z: p.at_least_signed() if p is not None else None
                               for z, p in self._policies.items()}
-        self._charged: dict[int, dict] = {z: {} for z in ids}  # the policy's own device state
+        # the policy's own device state (read only where a device has a policy)
+        self._charged: dict[int, dict] = {z: {} for z in ids} if self._any_policy else {}
         meter = CommunicationMeter()
         identity = run_identity(protocol, seed, ids, secure is not None)
         saved = ckpt.restore(identity) if ckpt is not None else None
@@ -235,7 +239,8 @@ class InProcessTransport:
             rounds_bar.close()
         if any(e["releases"] for e in ledger.entries + ledger.lost):
             log.privacy_ledger = ledger.summary(getattr(protocol, "plan", None))
-        log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
+        log.participants = ([z for z in active if z not in log.failed and z not in log.rejected]
+                            if log.failed or log.rejected else list(active))
         require_participants(log, last_round)
         with one_blas_thread(), naming_left_out(last_round, log):
             result = protocol.finish(state, log)
@@ -268,7 +273,8 @@ class InProcessTransport:
             if cls.check_stacked(batch.arrays) and finish_stacked is not None:
                 meter.record_down_many(batch.ids, batch.nbytes_each)
                 outputs.update(zip(batch.ids, finish_stacked(
-                    batch, [devices[z] for z in batch.ids], [states[z] for z in batch.ids])))
+                    batch, list(map(devices.__getitem__, batch.ids)),
+                    list(map(states.__getitem__, batch.ids)))))
                 continue
             if cls.check_stacked(batch.arrays):
                 decoded = batch.messages()
@@ -564,15 +570,17 @@ def draw_faults(ids: Sequence[int], seed: int, *, dropout: float = 0.0, late: fl
     ``dropout``/``late`` are fractions of ``ids``; ``dropped``/``late_devices``
     are explicit ids added to them. A device is never both.
     """
-    rng = server_rng(seed, _FAULT_BRANCH)
-    ids = sorted(int(z) for z in ids)  # the draw must not depend on the order ids come in
+    ids = sorted(map(int, ids))  # the draw must not depend on the order ids come in
     n = len(ids)
-    perm = rng.permutation(ids) if n else np.array([], dtype=int)
     n_drop = int(round(dropout * n))
     n_late = int(round(late * n))
+    # nobody drawn: the permutation would not be read
+    perm = (server_rng(seed, _FAULT_BRANCH).permutation(ids) if n and (n_drop or n_late)
+            else np.array([], dtype=int))
     absent = {int(z) for z in perm[:n_drop]} | {int(z) for z in dropped}
     late_set = {int(z) for z in perm[n_drop:n_drop + n_late]} | {int(z) for z in late_devices}
-    unknown = (set(dropped) | set(late_devices)) - set(ids)
+    named = set(dropped) | set(late_devices)
+    unknown = named - set(ids) if named else named
     if unknown:
         raise ValidationError(f"dropped/late device ids {sorted(unknown)} are not in the federation")
     return absent, late_set - absent
