@@ -188,7 +188,9 @@ class InProcessTransport:
         # the policy's own device state (read only where a device has a policy)
         self._charged: dict[int, dict] = {z: {} for z in ids} if self._any_policy else {}
         meter = CommunicationMeter()
-        identity = run_identity(protocol, seed, ids, secure is not None)
+        # what a checkpoint must match (only a checkpointing run needs it)
+        identity = (run_identity(protocol, seed, ids, secure is not None)
+                    if ckpt is not None else None)
         saved = ckpt.restore(identity) if ckpt is not None else None
         # what the server keeps to forget a device: recorded by the estimator
         # (fedclust.unlearning.recording), checkpointed with every round
