@@ -179,3 +179,30 @@ def test_per_device_counts_are_every_devices_sums():
     assert list(per) == ["1", "2", "3", "4"]
     assert per == {"1": {"up": 15, "down": 7}, "2": {"up": 10, "down": 0},
                    "3": {"up": 10, "down": 0}, "4": {"up": 0, "down": 7}}
+
+
+class _OwnCheck(KFedProtocol):
+    """A subclass with its own reply check: it must see every reply as a message."""
+
+    seen = None
+
+    def check_reply(self, state, request, device_id, reply):
+        type(self).seen = type(reply)
+        super().check_reply(state, request, device_id, reply)
+
+    def check_batch(self, state, request, batch, messages):
+        return super(KFedProtocol, self).check_batch(state, request, batch, messages)
+
+
+def test_a_subclass_with_its_own_checks_gets_messages():
+    from fedclust.lloyd.refine import RefinedKFedProtocol
+
+    assert KFedProtocol(K, 2).reads_stacked_replies
+    assert not _OwnCheck(K, 2).reads_stacked_replies
+    assert not RefinedKFedProtocol(K, 2, refine_rounds=1).reads_stacked_replies
+    devices = _federation(300)
+    out, store = _recorded_run(_OwnCheck(K, 2), devices)
+    assert _OwnCheck.seen is LocalCenters
+    assert type(store.rounds[0].replies) is dict
+    ref, ref_store = _recorded_run(KFedProtocol(K, 2), devices)
+    _assert_same_run(out, ref, store, ref_store)

@@ -91,7 +91,9 @@ class KFedState:
     device_ids: tuple[int, ...]
     seed: int
     round: int = 0
-    replies: dict[int, LocalCenters] = field(default_factory=dict)
+    #: device id -> reply (a :class:`~fedclust.core.messages.ReplyTable` when the round's
+    #: replies came in batches kept whole)
+    replies: dict[int, LocalCenters] | ReplyTable = field(default_factory=dict)
 
 
 class KFedProtocol(Protocol):
@@ -574,4 +576,3 @@ class KFedProtocol(Protocol):
         if "n_clipped" in state:
             out["n_clipped"] = state["n_clipped"]
         return out
-
