@@ -82,12 +82,13 @@ matrix 0.25 ms, subspace iteration 0.1 ms, k-means++ on the projection 0.22 ms,
 projection and filtered seeds 0.25 ms, Lloyd 0.4 ms), plus the input checks' reads of
 the rows and the stacking copy; on ``tiny-5e4x20`` about 8 µs of batched maths per
 device (projection 3 µs, seeds 2 µs, Lloyd 2.5 µs), the input checks, the server step
-on 10^5 device centers (~0.11 s) and the per-device Python of messages, states, labels
-and the byte meter. Measured (``--cases 1,3 --no-authors --no-default-server
---curve-max 0 --repeats 3``, 2-core machine shared with other jobs at load average
-0.6-1.1, one thread, CPU seconds, minimum of 3 repeats): large-1000x1000 k-FED 1.60 s
-against scikit-learn's 26.9 s (0.060x, cost 0.7779), tiny-5e4x20 1.03 s against 3.70 s
-(0.277x, cost 1.0000); the medians give 0.057x and 0.273x.
+on 10^5 device centers (0.11-0.2 s) and the per-device Python of states, labels and the
+byte meter (the server reads each batch of replies column-wise, with no message object
+per device). Measured (``--cases 1,3 --no-authors --no-default-server --curve-max 0
+--repeats 3``, 2-core machine shared with other jobs at load average 1.4-4.9, one
+thread, CPU seconds, minimum of 3 repeats): large-1000x1000 k-FED 1.53 s against
+scikit-learn's 26.06 s (0.059x, cost 0.7779), tiny-5e4x20 0.93 s against 3.97 s
+(0.234x, cost 1.0000); the medians give 0.063x and 0.234x.
 
 Streamed curve (``--cases none``; :mod:`_stream_curve`): ``KFed(k).fit(generator)``
 over 10^3..10^7 devices of 20 points, d=20, k=50; ``--curve-server default``. Measured

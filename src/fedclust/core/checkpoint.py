@@ -38,6 +38,7 @@ import numpy as np
 
 from .atomic import write_json_atomic, write_npz_atomic
 from .exceptions import FedClustError
+from .messages import ReplyTable
 from .protocol import Protocol
 
 __all__ = ["CheckpointError", "to_plain", "from_plain", "save_checkpoint", "load_checkpoint",
@@ -85,6 +86,8 @@ def to_plain(value: Any, arrays: dict[str, np.ndarray], where: str = "state") ->
         items = sorted(value, key=repr)
         return {"__set__": [to_plain(v, arrays, f"{where}{{}}") for v in items],
                 "frozen": isinstance(value, frozenset)}
+    if isinstance(value, ReplyTable):   # replies held column-wise: kept as a dictionary
+        value = dict(value)
     if isinstance(value, dict):
         if type(value) not in (dict, defaultdict):
             raise CheckpointError(f"{where}: {type(value).__name__} cannot be checkpointed")

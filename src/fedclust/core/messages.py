@@ -18,16 +18,18 @@ the papers count; transport framing (protobuf, HTTP/2) is not included.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
 from .exceptions import IncompatibleMessageError
 
 __all__ = ["Message", "FLOAT", "INT", "reject", "message_nbytes", "save_message", "load_message",
-           "MESSAGE_TYPES", "StackedReplies"]
+           "MESSAGE_TYPES", "StackedReplies", "ReplyTable"]
 
 #: dtype kinds a schema may ask for
 FLOAT = ("f",)
@@ -206,6 +208,87 @@ class StackedReplies:
             msg.__dict__.update(zip(names, row))
             out.append(msg)
         return out
+
+
+class ReplyTable(MutableMapping):
+    """A round's checked replies, device id -> message, held as stacked batches.
+
+    The mapping of :class:`StackedReplies` ``batches`` (each checked whole, device
+    ``batch.ids[i]`` owning row ``i``), in batch order. :attr:`ids` and
+    :meth:`column` read the batches without a message object per device (a server
+    that reads the replies column-wise); any other access builds every device's
+    message once (views of the batch rows, as :meth:`StackedReplies.messages`) and
+    from then on the table is a plain dictionary of them.
+    """
+
+    __slots__ = ("batches", "_ids", "_id_set", "_messages")
+
+    def __init__(self, batches: list[StackedReplies]):
+        self.batches = list(batches)
+        self._ids: list[int] | None = None
+        self._id_set: frozenset[int] | None = None
+        self._messages: dict[int, Message] | None = None
+
+    @property
+    def columnar(self) -> bool:
+        """Whether the batches still are the table (no device added, replaced or removed)."""
+        return self._messages is None
+
+    @property
+    def ids(self) -> list[int]:
+        """The devices, in order (batch by batch)."""
+        if self._messages is not None:
+            return list(self._messages)
+        if self._ids is None:
+            self._ids = [z for b in self.batches for z in b.ids]
+        return self._ids
+
+    def column(self, name: str) -> list[np.ndarray]:
+        """Field ``name`` of every device's reply in :attr:`ids` order (views of the rows)."""
+        if self._messages is not None:
+            return [getattr(m, name) for m in self._messages.values()]
+        return list(chain.from_iterable(b.arrays[name] for b in self.batches))
+
+    def _dict(self) -> dict[int, Message]:
+        if self._messages is None:
+            msgs: dict[int, Message] = {}
+            for b in self.batches:
+                msgs.update(zip(b.ids, b.messages()))
+            self._messages = msgs
+        return self._messages
+
+    def __getitem__(self, device_id: int) -> Message:
+        return self._dict()[device_id]
+
+    def __setitem__(self, device_id: int, message: Message) -> None:
+        self._dict()[device_id] = message
+
+    def __delitem__(self, device_id: int) -> None:
+        del self._dict()[device_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        if self._messages is not None:
+            return len(self._messages)
+        return sum(len(b.ids) for b in self.batches)
+
+    def __contains__(self, device_id: object) -> bool:
+        if self._messages is not None:
+            return device_id in self._messages
+        if self._id_set is None:
+            self._id_set = frozenset(self.ids)
+        return device_id in self._id_set
+
+    def copy(self) -> "ReplyTable | dict[int, Message]":
+        """A table over the same batches (a dictionary once messages are built)."""
+        if self._messages is not None:
+            return dict(self._messages)
+        return ReplyTable(self.batches)
+
+    def __repr__(self) -> str:
+        return f"ReplyTable({len(self)} replies in {len(self.batches)} batches)"
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

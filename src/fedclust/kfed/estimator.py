@@ -343,8 +343,12 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         self.cluster_centers_ = result.centers
         self.n_features_in_ = result.centers.shape[1]
         self.device_ids_ = list(device_ids)
-        self.device_labels_ = [outputs[z].get("labels") if z in outputs else None
-                               for z in device_ids]
+        try:
+            self.device_labels_ = [out.get("labels")
+                                   for out in map(outputs.__getitem__, device_ids)]
+        except KeyError:   # a device without outputs (dropped, late, failed)
+            self.device_labels_ = [outputs[z].get("labels") if z in outputs else None
+                                   for z in device_ids]
         self.local_centers_ = list(map(result.local_centers.get, device_ids))
         self.local_counts_ = list(map(result.local_counts.get, device_ids))
         self.center_labels_ = list(map(result.center_labels.get, device_ids))

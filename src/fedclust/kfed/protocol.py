@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 import math
+from itertools import repeat
+from operator import attrgetter, is_, methodcaller
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -29,7 +31,7 @@ from .local import local_kmeans, local_scatter
 from .local_auto import local_kmeans_auto
 from .summary import summary_cap, summary_kmeans_stacked, summary_ladder, summary_size
 from ..core.kmeans import assign
-from ..core.messages import Message, StackedReplies
+from ..core.messages import Message, ReplyTable, StackedReplies
 from .stacked_steps import (ACTION, gather_label_maps, label_by_centers,
                             stacked_steps)
 from .messages import FinalCenters, LabelMap, LocalCenters, LocalSummary
@@ -89,7 +91,9 @@ class KFedState:
     device_ids: tuple[int, ...]
     seed: int
     round: int = 0
-    replies: dict[int, LocalCenters] = field(default_factory=dict)
+    #: device id -> reply (a :class:`~fedclust.core.messages.ReplyTable` when the round's
+    #: replies came in batches kept whole)
+    replies: dict[int, LocalCenters] | ReplyTable = field(default_factory=dict)
 
 
 class KFedProtocol(Protocol):
@@ -288,8 +292,22 @@ class KFedProtocol(Protocol):
                 f"device {device_id}: centers have {d} features but the federation has "
                 f"n_features={self.n_features}")
 
+    @property
+    def reads_stacked_replies(self) -> bool:
+        """Whether the server step takes a round's batches of replies column-wise (a
+        :class:`~fedclust.core.messages.ReplyTable`; a subclass with its own checks or
+        server maths gets messages)."""
+        cls = type(self)
+        return (cls.check_reply is KFedProtocol.check_reply
+                and cls.check_batch is KFedProtocol.check_batch
+                and cls.server_step is KFedProtocol.server_step
+                and cls.finish is KFedProtocol.finish)
+
     def server_step(self, state: KFedState, request: Request, replies: Mapping[int, Message]) -> None:
-        state.replies.update(replies)  # type: ignore[arg-type]
+        if isinstance(replies, ReplyTable) and not state.replies:
+            state.replies = replies.copy()   # kept column-wise
+        else:
+            state.replies.update(replies)  # type: ignore[arg-type]
         state.round += 1
 
     def finish(self, state: KFedState, log: RunLog) -> KFedResult:
@@ -298,15 +316,22 @@ class KFedProtocol(Protocol):
         if not ids:
             raise TooFewReplies(
                 "no device replied (all dropped, late, failed or rejected); nothing to aggregate")
-        replies = list(map(state.replies.__getitem__, ids))
-        centers = [r.centers for r in replies]
+        table = state.replies
+        if isinstance(table, ReplyTable) and table.columnar and table.ids == ids:
+            field = table.column   # the batches' rows, no message object per device
+        else:
+            replies = list(map(state.replies.__getitem__, ids))
+
+            def field(name: str) -> list[np.ndarray]:
+                return [getattr(r, name) for r in replies]
+        centers = field("centers")
         total = sum(map(len, centers))
         if total < self.n_clusters:
             raise TooFewReplies(
                 f"the {len(ids)} replying devices sent {total} local centers in all but "
                 f"n_clusters={self.n_clusters}; need sum k_z >= k")
-        counts = [r.counts for r in replies]
-        dtypes = {c.dtype for c in centers}   # all float32 stay, anything else is float64
+        counts = field("counts")
+        dtypes = set(map(attrgetter("dtype"), centers))   # all float32 stay, else float64
         if dtypes != {np.dtype(np.float32)} and dtypes != {np.dtype(np.float64)}:
             centers = [c.astype(np.float64, copy=False) for c in centers]
         first = self.first_device
@@ -330,7 +355,7 @@ class KFedProtocol(Protocol):
                         f"ball radius {agg.distrust.radius:.4g})")
         if self.summarise:
             warning = explanation_warning(
-                centers, counts, [r.scatter for r in replies], agg.centers,
+                centers, counts, field("scatter"), agg.centers,
                 agg.center_labels, ids)
             if warning is not None:
                 log.warnings.append(warning)
@@ -345,7 +370,11 @@ class KFedProtocol(Protocol):
     @staticmethod
     def _drop_minority_dimension(state: KFedState, log: RunLog) -> None:
         """Without a known d, keep the replies of the most common d and reject the rest."""
-        if len({r.centers.shape[1] for r in state.replies.values()}) <= 1:
+        table = state.replies
+        if isinstance(table, ReplyTable) and table.columnar:
+            if len({b.arrays["centers"].shape[2] for b in table.batches}) <= 1:
+                return
+        elif len({r.centers.shape[1] for r in state.replies.values()}) <= 1:
             return
         dims = {z: r.centers.shape[1] for z, r in state.replies.items()}
         values, counts = np.unique(list(dims.values()), return_counts=True)
@@ -392,13 +421,18 @@ class KFedProtocol(Protocol):
             final = FinalCenters(centers=result.centers)
             return [], {z: final for z in device_ids if z in labels}
         by_size: dict[int, list[int]] = defaultdict(list)
-        for z in device_ids:
-            lab = labels.get(z)
-            if lab is not None:
-                by_size[len(lab)].append(z)
+        rows = list(map(labels.get, device_ids))
+        sizes = set(map(len, rows)) if not any(map(is_, rows, repeat(None))) else ()
+        if len(sizes) == 1:   # every device has a label map, all of one size: one batch
+            by_size[sizes.pop()] = list(device_ids)
+        else:
+            for z, lab in zip(device_ids, rows):
+                if lab is not None:
+                    by_size[len(lab)].append(z)
+            rows = None
         batches = [StackedReplies(LabelMap, zs, {"global_labels": np.concatenate(
-            [labels[z] for z in zs]).astype(np.int64).reshape(len(zs), size)})
-            for size, zs in by_size.items()]
+            rows if rows is not None else [labels[z] for z in zs]
+        ).astype(np.int64).reshape(len(zs), size)}) for size, zs in by_size.items()]
         return batches, {}
 
     # -- client ------------------------------------------------------------
@@ -486,29 +520,34 @@ class KFedProtocol(Protocol):
 
     def check_batch(self, state: KFedState, request: Request, batch: StackedReplies,
                     messages) -> dict[int, IncompatibleMessageError]:
-        """:meth:`check_reply` over a batch's stacked arrays (same verdicts, one pass)."""
+        """:meth:`check_reply` over a batch's stacked arrays (same verdicts, one pass);
+        ``messages`` may be None (built from the batch where a device is refused)."""
+        def one_by_one() -> dict[int, IncompatibleMessageError]:
+            return super(KFedProtocol, self).check_batch(
+                state, request, batch, batch.messages() if messages is None else messages)
+
         if not issubclass(batch.message_type, LocalCenters):
-            return super().check_batch(state, request, batch, messages)
+            return one_by_one()
         sent, d = batch.arrays["centers"].shape[1:]
         if self.n_features is not None and d != self.n_features:
-            return super().check_batch(state, request, batch, messages)
+            return one_by_one()
         if isinstance(self.n_local_clusters, Mapping):
             over = [z for z in batch.ids if sent > self.max_sent(z, d)]
         else:
             over = batch.ids if sent > self.max_sent(batch.ids[0], d) else []
         if not over:
             return {}
-        return super().check_batch(state, request, batch, messages)
+        return one_by_one()
 
     def client_finish_stacked(self, batch: StackedReplies, devices: Sequence[np.ndarray],
                               states: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """:meth:`client_finish` of every device of a checked batch of final messages (row i
         to ``devices[i]``, ``states[i]``): label maps gathered for all devices at once."""
-        local = [s.get("local_labels") for s in states]
+        local = list(map(methodcaller("get", "local_labels"), states))
         if (batch.message_type is not LabelMap
                 or type(self).client_finish is not KFedProtocol.client_finish
                 or set(map(type, local)) != {np.ndarray}
-                or len({lab.shape for lab in local}) != 1 or local[0].ndim != 1):
+                or len(set(map(attrgetter("shape"), local))) != 1 or local[0].ndim != 1):
             return [self.client_finish(m, X, s)
                     for m, X, s in zip(batch.messages(), devices, states)]
         return gather_label_maps(batch.arrays["global_labels"], local, states)

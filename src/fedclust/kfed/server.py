@@ -154,7 +154,7 @@ def aggregate_centers(centers: Sequence[np.ndarray], n_clusters: int, *,
     if isinstance(n_clusters, bool) or not isinstance(n_clusters, (int, np.integer)) \
             or n_clusters < 1:
         raise ValidationError(f"n_clusters={n_clusters!r} must be an integer >= 1")
-    sizes = [len(c) for c in centers]
+    sizes = list(map(len, centers))
     total = sum(sizes)
     if total < n_clusters:
         raise ValidationError(
@@ -290,7 +290,7 @@ def pick_first_device(centers: Sequence[np.ndarray], first_device: Any,
     if first_device != "widest":
         raise ValidationError(
             f"first_device={first_device!r} must be 'widest', 'random' or a device position")
-    sizes = np.array([len(c) for c in centers])
+    sizes = np.fromiter(map(len, centers), np.int64, n_dev)
     top = np.flatnonzero(sizes == sizes.max())
     if sizes.max() < 2:
         return int(top[0])

@@ -7,7 +7,8 @@ one :class:`~fedclust.kfed.protocol.KFedProtocol` gives it alone, bit for bit.
 from __future__ import annotations
 
 from collections import defaultdict
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, contains
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -98,7 +99,8 @@ def stacked_steps(protocol: Any, request: Request, devices: Mapping[int, np.ndar
     batches = []
     for (shape, _, k), ids in groups.items():
         if shape[0] * shape[1] <= STACK_MAX:   # many tiny devices: one copy, one check
-            batch = np.concatenate([devices[z] for z in ids]).reshape((len(ids),) + shape)
+            batch = np.concatenate(list(map(devices.__getitem__, ids))).reshape(
+                (len(ids),) + shape)
             # local_kmeans_stacked's Gram matrix tests the copy for finite values (its
             # diagonal; a non-finite device raises and the group runs one by one below)
             gram_checks = (not protocol.summarise and not protocol.local_auto
@@ -159,8 +161,8 @@ def stacked_steps(protocol: Any, request: Request, devices: Mapping[int, np.ndar
             continue
         if isinstance(results, tuple):   # (B, k, d) centers, (B, k) counts, (B, n) labels
             C, N, L, _ = results
-            for z, labels in zip(ids, L):
-                states[z]["local_labels"] = labels
+            for state, labels in zip(map(states.__getitem__, ids), L):
+                state["local_labels"] = labels
             arrays = {"centers": C, "counts": N}
             if protocol.summarise:
                 arrays["scatter"] = (local_scatter_stacked(batch, C, L)
@@ -183,7 +185,7 @@ def gather_label_maps(global_labels: np.ndarray, local: list[np.ndarray],
     labels = np.take_along_axis(np.asarray(global_labels),
                                 np.concatenate(local).reshape(len(local), -1), axis=1)
     out = [{"labels": row} for row in labels]
-    if any("n_clipped" in s for s in states):
+    if any(map(contains, states, repeat("n_clipped"))):
         for o, s in zip(out, states):
             if "n_clipped" in s:
                 o["n_clipped"] = s["n_clipped"]

@@ -25,7 +25,7 @@ import numpy as np
 from ..core.random import root_seed, server_rng
 from ..core.validation import check_float
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
-from ..core.messages import Message, StackedReplies, message_nbytes
+from ..core.messages import Message, ReplyTable, StackedReplies, message_nbytes
 from ..core.threads import one_blas_thread
 from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, naming_left_out,
                              require_participants, require_replies, round_targets)
@@ -167,24 +167,30 @@ class InProcessTransport:
         absent, late = self._draw_faults(ids, seed)
         log.dropped = sorted(absent)
         log.late = sorted(late)
-        active = [z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
+        active = ([z for z in ids if z not in absent and z not in late]  # sets: O(1) lookups
+                  if absent or late else list(ids))
         states: dict[int, dict[str, np.ndarray]] = {z: {} for z in ids}
         identities = make_identities(ids) if secure is not None and secure.signed else None
         self._policies = ({z: policy_for(self.policies, z) for z in ids}
                           if self.policies is not None else dict.fromkeys(ids))
         # whether any device has a policy: without one, every device is admitted as is
-        self._any_policy = any(p is not None for p in self._policies.values())
-        shared = [p for p in self._policies.values() if p is not None and p.ledger]
+        self._any_policy = self.policies is not None and any(
+            p is not None for p in self._policies.values())
+        shared = ([p for p in self._policies.values() if p is not None and p.ledger]
+                  if self._any_policy else [])
         if len(shared) > 1 and len({id(p) for p in shared}) == 1 \
                 and "{device}" not in shared[0].ledger:
             raise ValidationError(f"policies: devices share the ledger file {shared[0].ledger}; "
                                   "put {device} in its name (one ledger per device)")
-        if identities is not None:
+        if identities is not None and self._any_policy:
             self._policies = {z: p.at_least_signed() if p is not None else None
                               for z, p in self._policies.items()}
-        self._charged: dict[int, dict] = {z: {} for z in ids}  # the policy's own device state
+        # the policy's own device state (read only where a device has a policy)
+        self._charged: dict[int, dict] = {z: {} for z in ids} if self._any_policy else {}
         meter = CommunicationMeter()
-        identity = run_identity(protocol, seed, ids, secure is not None)
+        # what a checkpoint must match (only a checkpointing run needs it)
+        identity = (run_identity(protocol, seed, ids, secure is not None)
+                    if ckpt is not None else None)
         saved = ckpt.restore(identity) if ckpt is not None else None
         # what the server keeps to forget a device: recorded by the estimator
         # (fedclust.unlearning.recording), checkpointed with every round
@@ -235,7 +241,8 @@ class InProcessTransport:
             rounds_bar.close()
         if any(e["releases"] for e in ledger.entries + ledger.lost):
             log.privacy_ledger = ledger.summary(getattr(protocol, "plan", None))
-        log.participants = [z for z in active if z not in log.failed and z not in log.rejected]
+        log.participants = ([z for z in active if z not in log.failed and z not in log.rejected]
+                            if log.failed or log.rejected else list(active))
         require_participants(log, last_round)
         with one_blas_thread(), naming_left_out(last_round, log):
             result = protocol.finish(state, log)
@@ -268,7 +275,8 @@ class InProcessTransport:
             if cls.check_stacked(batch.arrays) and finish_stacked is not None:
                 meter.record_down_many(batch.ids, batch.nbytes_each)
                 outputs.update(zip(batch.ids, finish_stacked(
-                    batch, [devices[z] for z in batch.ids], [states[z] for z in batch.ids])))
+                    batch, list(map(devices.__getitem__, batch.ids)),
+                    list(map(states.__getitem__, batch.ids)))))
                 continue
             if cls.check_stacked(batch.arrays):
                 decoded = batch.messages()
@@ -354,6 +362,7 @@ class InProcessTransport:
         down = None if request.payloads is not None else message_nbytes(request.payload)
         reply_type = protocol.reply_types[request.action]
         replies: dict[int, Message] = {}
+        tables: list[StackedReplies] = []
         # Simulated devices are many small BLAS calls in a row: threading them
         # only adds contention (measured 5x slower on 2 cores), as scikit-learn's
         # KMeans also finds; one BLAS thread per call, as a real device would have.
@@ -396,9 +405,23 @@ class InProcessTransport:
                     for z in chunk:
                         meter.record_down(z, message_nbytes(request.payload_for(z)))
                 got: dict[int, Message] = {}
+                whole = []   # batches kept whole (a protocol that reads them column-wise)
                 for batch in batches:
-                    got.update(self._receive_batch(protocol, state, request, batch, reply_type,
-                                                   meter, log))
+                    kept = self._receive_batch(protocol, state, request, batch, reply_type,
+                                               meter, log)
+                    if isinstance(kept, StackedReplies):
+                        whole.append(kept)
+                    else:
+                        got.update(kept)
+                if whole and not got and not computed \
+                        and [z for b in whole for z in b.ids] == chunk:
+                    tables.extend(whole)   # the chunk's replies, in device order, no messages
+                    continue
+                for batch in whole:   # mixed with other replies: as messages
+                    got.update(zip(batch.ids, batch.messages()))
+                if tables:   # an earlier chunk's batches come first
+                    replies.update(ReplyTable(tables))
+                    tables = []
                 if not computed and sum(len(b.ids) for b in batches) == len(chunk) \
                         and len(got) == len(chunk):   # every reply came in a batch, all kept
                     replies.update(zip(chunk, map(got.__getitem__, chunk)))
@@ -430,22 +453,32 @@ class InProcessTransport:
                 for z in chunk:   # in device order, whichever way each reply came
                     if z in got:
                         replies[z] = got[z]
+        if tables:
+            if not replies:   # every reply in batches kept whole
+                return ReplyTable(tables)
+            replies.update(ReplyTable(tables))
         return replies
 
     def _receive_batch(self, protocol, state, request: Request, batch: StackedReplies,
-                       reply_type, meter, log) -> dict[int, Message]:
+                       reply_type, meter, log) -> dict[int, Message] | StackedReplies:
         """A batch of replies held column-wise: count every device's bytes, validate the
         stacked arrays at once, and check them; when any reply fails, decode them one by
-        one so that each error names its device."""
+        one so that each error names its device. A protocol that reads replies
+        column-wise (``reads_stacked_replies``) gets a batch that passes whole as it is,
+        without a message object per device."""
         meter.record_up_many(batch.ids, batch.nbytes_each)
         ids = batch.ids
         if batch.message_type is reply_type and reply_type.check_stacked(batch.arrays):
-            decoded = batch.messages()   # every reply valid: one check of the batch
+            # every reply valid: one check of the batch
+            columnar = getattr(protocol, "reads_stacked_replies", False)
+            decoded = None if columnar else batch.messages()
             refused = protocol.check_batch(state, request, batch, decoded)
+            if not refused:
+                return batch if columnar else dict(zip(ids, decoded))
             for z, exc in refused.items():
                 log.rejected[z] = str(exc)
-            if not refused:
-                return dict(zip(ids, decoded))
+            if decoded is None:
+                decoded = batch.messages()
             return {z: m for z, m in zip(ids, decoded) if z not in refused}
         decoded = reply_type.from_arrays_many(batch.wires(), [f"device {z}" for z in ids])
         good = [(z, m) for z, m in zip(ids, decoded) if not isinstance(m, Exception)]
@@ -539,15 +572,17 @@ def draw_faults(ids: Sequence[int], seed: int, *, dropout: float = 0.0, late: fl
     ``dropout``/``late`` are fractions of ``ids``; ``dropped``/``late_devices``
     are explicit ids added to them. A device is never both.
     """
-    rng = server_rng(seed, _FAULT_BRANCH)
-    ids = sorted(int(z) for z in ids)  # the draw must not depend on the order ids come in
+    ids = sorted(map(int, ids))  # the draw must not depend on the order ids come in
     n = len(ids)
-    perm = rng.permutation(ids) if n else np.array([], dtype=int)
     n_drop = int(round(dropout * n))
     n_late = int(round(late * n))
+    # nobody drawn: the permutation would not be read
+    perm = (server_rng(seed, _FAULT_BRANCH).permutation(ids) if n and (n_drop or n_late)
+            else np.array([], dtype=int))
     absent = {int(z) for z in perm[:n_drop]} | {int(z) for z in dropped}
     late_set = {int(z) for z in perm[n_drop:n_drop + n_late]} | {int(z) for z in late_devices}
-    unknown = (set(dropped) | set(late_devices)) - set(ids)
+    named = set(dropped) | set(late_devices)
+    unknown = named - set(ids) if named else named
     if unknown:
         raise ValidationError(f"dropped/late device ids {sorted(unknown)} are not in the federation")
     return absent, late_set - absent

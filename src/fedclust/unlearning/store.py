@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from ..core.exceptions import ValidationError
-from ..core.messages import MESSAGE_TYPES, Message
+from ..core.messages import MESSAGE_TYPES, Message, ReplyTable
 from ..core.secure_sum import SUMMED
 
 __all__ = ["RoundRecord", "SummaryStore", "digest_message", "record_round", "recording"]
@@ -164,9 +164,11 @@ def record_round(store: SummaryStore, request: Any, replies: Mapping[int, Any],
         payloads = dict.fromkeys(map(int, replies), payload_digest(request.payload))
     else:
         payloads = {int(z): payload_digest(request.payload_for(z)) for z in replies}
-    # reply digests: on first use
-    store.rounds.append(RoundRecord(request.round, request.action, payloads,
-                                    dict(zip(map(int, replies), replies.values()))))
+    # reply digests: on first use; a round's replies held column-wise stay so (the
+    # messages are built at the first read of one device's)
+    kept = (replies.copy() if isinstance(replies, ReplyTable)
+            else dict(zip(map(int, replies), replies.values())))
+    store.rounds.append(RoundRecord(request.round, request.action, payloads, kept))
 
 
 @contextlib.contextmanager
