@@ -16,7 +16,8 @@ from fedclust.core.registry import (Algorithm, DataSource, Federation, estimator
                                     register_algorithm, register_data_source, register_demo)
 from fedclust.experiment import build_protocol
 from fedclust.kfed import KFedProtocol
-from fedclust.sim.transport import InProcessTransport, draw_faults
+from fedclust.sim.faults import draw_faults
+from fedclust.sim.transport import InProcessTransport
 
 
 class _TwoStepLloyd(DistributedLloyd):

@@ -8,7 +8,8 @@ import pytest
 
 from fedclust import KFed
 from fedclust.core.exceptions import ValidationError
-from fedclust.sim.transport import InProcessTransport, cyclic_gc_paused
+from fedclust.sim.gc_pause import cyclic_gc_paused
+from fedclust.sim.transport import InProcessTransport
 
 
 def _devices(seed=0, n=30):

@@ -19,7 +19,8 @@ from ..core.messages import message_nbytes
 from ..core.protocol import (Request, RunLog, naming_left_out, require_participants,
                              require_replies, round_targets)
 from ..sim.meter import CommunicationMeter
-from ..sim.transport import RunOutput, draw_faults, late_request
+from ..sim.faults import draw_faults, late_request
+from ..sim.transport import RunOutput
 from ..core.secure_sum import SecureSumServer, check_summable
 from ..sim.secure import summed_replies
 from .codec import reply_failure as _reason

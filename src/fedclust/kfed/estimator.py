@@ -29,7 +29,8 @@ from .protocol import (REFINED, KFedProtocol, KFedResult, check_refine_rounds,
                        refine_bytes_per_round)
 from ..core.protocol import Request, Transport
 from ..core.registry import PROTOCOLS
-from ..sim.transport import InProcessTransport, cyclic_gc_paused
+from ..sim.gc_pause import cyclic_gc_paused
+from ..sim.transport import InProcessTransport
 from ..unlearning.forget import ForgetMixin, run_recorded
 
 __all__ = ["KFed"]

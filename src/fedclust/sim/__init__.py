@@ -2,7 +2,8 @@
 
 from .byzantine import ByzantineTamper, choose_byzantine, poison_devices
 from .meter import CommunicationMeter
-from .transport import InProcessTransport, RunOutput, draw_faults
+from .faults import draw_faults
+from .transport import InProcessTransport, RunOutput
 
 __all__ = ["InProcessTransport", "RunOutput", "draw_faults", "CommunicationMeter",
            "ByzantineTamper", "choose_byzantine", "poison_devices"]

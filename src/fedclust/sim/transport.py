@@ -11,18 +11,15 @@ failing clients are dropped and named.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.random import root_seed, server_rng
+from ..core.random import root_seed
 from ..core.validation import check_float
 from ..core.exceptions import FedClustError, IncompatibleMessageError, ValidationError
 from ..core.messages import Message, ReplyTable, StackedReplies, message_nbytes
@@ -31,49 +28,19 @@ from ..core.protocol import (DeviceData, Protocol, Request, RunLog, RunOutput, n
                              require_participants, require_replies, round_targets)
 from ..core.policy import PolicyRefusal, policy_for
 from ..core.secure_sum import SecureAggregation, check_summable, make_identities
+from .faults import draw_faults, late_request
+from .gc_pause import cyclic_gc_paused
 from .meter import CommunicationMeter
 from ..core.checkpoint import PrivacyLedger, round_releases
 from .resume import RunCheckpoint, run_identity
 from .secure import secure_round
 
-__all__ = ["InProcessTransport", "RunOutput", "Tamper", "draw_faults", "fit_transport"]
+__all__ = ["InProcessTransport", "RunOutput", "Tamper", "fit_transport"]
 
 #: ``tamper(device_id, round, arrays) -> arrays``: rewrite a reply on the wire (Byzantine / faulty clients).
 Tamper = Callable[[int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
-_FAULT_BRANCH = 7  # server-stream round index reserved for drawing faults
 _DEVICE_LOG = logging.getLogger("fedclust.device")
-
-_GC_LOCK = threading.Lock()
-_GC_HOLDERS = 0
-_GC_WAS_ENABLED = False
-
-
-@contextmanager
-def cyclic_gc_paused():
-    """Pause Python's cyclic garbage collector inside (nested and threaded uses count).
-
-    A cross-device run builds one reply, one state dict and one output per device
-    (10^5 small objects a round): each few hundred new objects start a collection
-    that walks the young ones, and every tenth one the older ones: 0.15-0.25 s of a
-    1.6 s k-FED fit on 50,000 devices. The run's objects hold no reference
-    cycles of their own, and reference counting frees them as before; the
-    collector resumes at the end, where any cycle left is collected as usual.
-    """
-    global _GC_HOLDERS, _GC_WAS_ENABLED
-    with _GC_LOCK:
-        if _GC_HOLDERS == 0:
-            _GC_WAS_ENABLED = gc.isenabled()
-            gc.disable()
-        _GC_HOLDERS += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _GC_HOLDERS -= 1
-            if _GC_HOLDERS == 0 and _GC_WAS_ENABLED:
-                gc.enable()
-
 
 @dataclass
 class InProcessTransport:
@@ -552,40 +519,6 @@ def _final_steps(protocol: Protocol):
     def finals(result, ids):
         return [], {z: f for z in ids if (f := protocol.final_message(result, z)) is not None}
     return finals
-
-
-def late_request(protocol: Protocol, result: Any) -> Request:
-    """What a late device is asked: the protocol's ``late_request(result)`` where it has one
-    (a request carrying what the late device missed), else its first action, no payload."""
-    hook = getattr(protocol, "late_request", None)
-    if hook is not None:
-        return hook(result)
-    return Request(round=0, action=next(iter(protocol.reply_types)))
-
-
-def draw_faults(ids: Sequence[int], seed: int, *, dropout: float = 0.0, late: float = 0.0,
-                dropped: Sequence[int] = (), late_devices: Sequence[int] = ()
-                ) -> tuple[set[int], set[int]]:
-    """The simulated faults of a run: ``(absent, late)`` device ids, drawn from the seed.
-
-    Every transport (in-process, Flower) calls this, so both drop the same devices.
-    ``dropout``/``late`` are fractions of ``ids``; ``dropped``/``late_devices``
-    are explicit ids added to them. A device is never both.
-    """
-    ids = sorted(map(int, ids))  # the draw must not depend on the order ids come in
-    n = len(ids)
-    n_drop = int(round(dropout * n))
-    n_late = int(round(late * n))
-    # nobody drawn: the permutation would not be read
-    perm = (server_rng(seed, _FAULT_BRANCH).permutation(ids) if n and (n_drop or n_late)
-            else np.array([], dtype=int))
-    absent = {int(z) for z in perm[:n_drop]} | {int(z) for z in dropped}
-    late_set = {int(z) for z in perm[n_drop:n_drop + n_late]} | {int(z) for z in late_devices}
-    named = set(dropped) | set(late_devices)
-    unknown = named - set(ids) if named else named
-    if unknown:
-        raise ValidationError(f"dropped/late device ids {sorted(unknown)} are not in the federation")
-    return absent, late_set - absent
 
 
 _CHUNK = 1024  # devices handed to the protocol at once (vectorised client steps)

@@ -192,7 +192,7 @@ def present_sites(cfg: Mapping[str, Any], fed: Federation) -> list[int]:
     sim = cfg.get("simulation", {})
     if not sim.get("dropout") and not sim.get("late"):
         return list(range(len(fed.devices)))
-    from ..sim.transport import draw_faults
+    from ..sim.faults import draw_faults
 
     # the seed the estimator hands its transport (the faults are drawn from it)
     probe = _placeholder(fed.devices[0].shape[1], [len(X) for X in fed.devices],
