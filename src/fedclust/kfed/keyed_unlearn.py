@@ -399,10 +399,10 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         outs: dict[int, tuple] = {}
         CwR = CR * wR[:, None]
         qR = wR * (CR ** 2).sum(axis=1)
-        based = _downdated({s: run for s, run in enumerate(trace.runs) if s not in reruns},
-                           R, CwR, wR, qR, k)
+        based, stats = _downdated({s: run for s, run in enumerate(trace.runs)
+                                   if s not in reruns}, R, CwR, wR, qR, k)
         if e is not None:
-            enter_runs(based, e, k)
+            enter_runs(based, e, k, stats)
         for s in based:
             try:
                 outs[s] = _follow(trace, based[s], var, var_err, n)

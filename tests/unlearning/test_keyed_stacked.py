@@ -1,0 +1,121 @@
+"""The keyed server's forget routines that work on every start at once, each against the
+per-start path it stands for: the same bits."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fedclust import KFed
+from fedclust.core.random import key_uniforms, key_uniforms_at
+from fedclust.kfed import keyed_result, keyed_rows
+
+K = 4
+
+
+def test_key_uniforms_at_each_start_and_step_are_the_per_draw_uniforms():
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 2**63, size=(3, 5, 7), dtype=np.uint64)
+    starts = np.arange(3)[:, None, None]
+    steps = np.array([0, 1, 2, 9, 30])[None, :, None]
+    got = key_uniforms_at(keys, starts, steps)
+    for s in range(3):
+        for j, t in enumerate(steps.ravel()):
+            assert np.array_equal(got[s, j], key_uniforms(keys[s, j], s, int(t)))
+
+
+def _same_partition(a, b, k):
+    """The reference: the map a -> b built label by label, a function and one-to-one."""
+    to = {}
+    for x, y in zip(a.tolist(), b.tolist()):
+        if to.setdefault(x, y) != y:
+            return False
+    return len(set(to.values())) == len(to)
+
+
+@pytest.mark.parametrize("n", [3, 40, 400])
+def test_same_partitions_against_a_label_by_label_map(n):
+    # small n with larger k takes the map; larger n the table of label pairs
+    rng = np.random.default_rng(n)
+    for _ in range(200):
+        k = int(rng.integers(1, 12))
+        a = rng.integers(0, k, n)
+        B = []
+        for _ in range(4):
+            b = rng.permutation(k)[a]   # the same partition, other names
+            kind = rng.integers(4)
+            if kind == 1:   # one row moved
+                b[rng.integers(n)] = rng.integers(k)
+            elif kind == 2:   # two clusters merged
+                b = np.where(b == b[0], b[-1], b)
+            elif kind == 3:
+                b = rng.integers(0, k, n)
+            B.append(b)
+        B = np.array(B, dtype=np.int16)
+        got = keyed_result.same_partitions(a.astype(np.int16), B, k)
+        assert got.tolist() == [_same_partition(a, b, k) for b in B]
+
+
+def test_partition_classes_names_each_start_by_its_first_equal_partition():
+    rng = np.random.default_rng(3)
+    k, n = 3, 60
+    base = rng.integers(0, k, n)
+    other = rng.integers(0, k, n)
+    finals = [base, rng.permutation(k)[other], rng.permutation(k)[base], other, base.copy()]
+    alive = np.ones(n, bool)
+    sizes = [0] * 5
+    names = keyed_result.partition_classes(finals, sizes, alive, k, [None] * 5)
+    assert names == [0, 1, 0, 1, 0]
+    # a removed row where two starts differ: they group the remaining rows alike
+    finals[4] = finals[4].copy()
+    finals[4][7] = (finals[4][7] + 1) % k
+    alive[7] = False
+    assert keyed_result.partition_classes(finals, sizes, alive, k, [None] * 5)[4] == 0
+    # other cluster weights: never compared
+    assert keyed_result.partition_classes(finals, [0, 0, 0, 0, 1], alive, k,
+                                          [None] * 5)[4] == 4
+
+
+def _trace_and_entering(seed):
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(K, 3)) * 6
+    Xs = [means[rng.choice(K, 2, replace=False)[rng.integers(2, size=40)]]
+          + rng.normal(size=(40, 3)) for _ in range(30)]
+    model = KFed(K, random_state=seed).fit(Xs)
+    tr = model._unlearning_.trace
+    z = tr.ids[seed % len(tr.ids)]
+    lo, hi = tr.offsets[tr.row_of[z]], tr.offsets[tr.row_of[z] + 1]
+    n_new = max(1, hi - lo - 1)
+    # new pieces near the old ones and a few far away: some labels change per iteration
+    C = tr.C[lo:lo + n_new] + rng.normal(size=(n_new, 3)) * 4
+    msg = SimpleNamespace(centers=C, counts=rng.integers(1, 9, n_new),
+                          scatter=rng.random(n_new))
+    e = keyed_rows.entering(tr, {z: msg})
+    assert e is not None
+    return tr, e
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_new_pieces_enter_every_run_at_once_as_run_by_run(seed):
+    tr, e = _trace_and_entering(seed)
+    k = tr.runs[0].cs.shape[1]
+    R = e.old
+    CR, wR = tr.C[R], tr.w[R]
+    args = (R, CR * wR[:, None], wR, wR * (CR ** 2).sum(axis=1), k)
+    runs_all = copy.deepcopy(dict(enumerate(tr.runs)))
+    together, stats = keyed_rows.downdated(runs_all, *args)
+    keyed_rows.enter_runs(together, e, k, stats)
+    for s, run in enumerate(tr.runs):
+        one, st = keyed_rows.downdated({s: copy.deepcopy(run)}, *args)
+        keyed_rows.enter_runs(one, e, k, st)
+        a, b = together[s], one[s]
+        for x in ("S", "W", "Q", "A"):
+            assert np.array_equal(getattr(a, x), getattr(b, x)), x
+        assert all(np.array_equal(x, y) for x, y in zip(a.moved, b.moved))
+        assert all(np.array_equal(x, y) for x, y in zip(a.stack, b.stack))
+        # the new pieces' labels are the nearest of the fit's centers at every iteration
+        D = ((e.C[None, :, None, :] - run.cs[:, None]) ** 2).sum(axis=3)
+        assert np.array_equal(a.A[:, e.new], D.argmin(axis=2))
