@@ -119,3 +119,42 @@ def test_new_pieces_enter_every_run_at_once_as_run_by_run(seed):
         # the new pieces' labels are the nearest of the fit's centers at every iteration
         D = ((e.C[None, :, None, :] - run.cs[:, None]) ** 2).sum(axis=3)
         assert np.array_equal(a.A[:, e.new], D.argmin(axis=2))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_every_run_s_centers_and_new_pieces_labels_at_once_as_run_by_run(seed, monkeypatch):
+    from fedclust.kfed import keyed_unlearn
+    from fedclust.kfed.keyed_trace import labels_or_tie
+
+    tr, e = _trace_and_entering(seed)
+    k = tr.runs[0].cs.shape[1]
+    R = e.old
+    CR, wR = tr.C[R], tr.w[R]
+    runs, stats = keyed_rows.downdated(copy.deepcopy(dict(enumerate(tr.runs))), R,
+                                       CR * wR[:, None], wR, wR * (CR ** 2).sum(axis=1), k)
+    keyed_rows.enter_runs(runs, e, k, stats)
+    keyed_rows.write(tr, e)   # the new pieces in their slots, as a forget writes them
+    pre = keyed_rows.run_centers(runs, stats, e.C)
+    alive = tr.alive.copy()
+    alive[R] = False
+    alive[e.new] = True
+    monkeypatch.setattr(tr, "alive", alive)
+    monkeypatch.setattr(tr, "extra", e.new)
+    followed = 0
+    for s, run in runs.items():
+        c, lab, tie = pre[s]
+        T = len(run.cs) - 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ref = np.concatenate([run.cs[:1], run.S[:T] / run.W[:T, :, None]])
+        assert np.array_equal(c, ref)
+        for t in range(T + 1):   # where no two centers tie, the labels of labels_or_tie
+            want, near = labels_or_tie(e.C, c[t])
+            assert np.array_equal(lab[t], want) or near or tie[t].any()
+        # the follow of the run with these inputs and with its own: the same answer
+        a = keyed_unlearn._follow(tr, run, 1.0, 1e-12, None, pre[s])
+        b = keyed_unlearn._follow(tr, run, 1.0, 1e-12)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert np.array_equal(a[0], b[0]) and a[2] == b[2] and a[4] == b[4]
+            followed += 1
+    assert followed   # some runs were followed with the new pieces in them

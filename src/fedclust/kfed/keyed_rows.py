@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from ..core.kmeans import squared_distances
-from .keyed_trace import KeyedTrace, RunTrace
+from .keyed_trace import TIE_RTOL, KeyedTrace, RunTrace
 
-__all__ = ["Entering", "entering", "write", "enter_runs", "downdated"]
+__all__ = ["Entering", "entering", "write", "enter_runs", "downdated", "run_centers"]
 
 
 @dataclass
@@ -162,3 +162,38 @@ def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np
                           run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
                           run.stack)
     return out, (S, W, Q)
+
+
+def run_centers(runs: dict, stats: tuple, X: np.ndarray | None = None) -> dict:
+    """``{start: (c, labels, tie)}`` for every run at once: its centers at every iteration
+    with the labels of the fit (c_0 the fit's, c_t its downdated sums over weights at
+    t - 1: (T+1, k, d), the bits of the same division run by run), and the rows X's nearest
+    of those centers (T+1, n) with whether the two nearest tie within rounding (T+1, n),
+    as :func:`~fedclust.kfed.keyed_trace.labels_or_tie` decides them (None without X).
+    ``stats``: :func:`downdated`'s buffers that the runs' statistics view."""
+    rs = list(runs.values())
+    k, d = rs[0].cs.shape[1:]
+    T1s = np.array([len(r.cs) for r in rs])
+    base = np.concatenate([[0], np.cumsum(T1s)])
+    S, W, _ = stats
+    with np.errstate(divide="ignore", invalid="ignore"):
+        SW = S.reshape(-1, k, d) / W.reshape(-1, k)[:, :, None]
+    # run by run, c_t for t >= 1 is the quotient at t - 1; c_0 the fit's
+    c = SW[np.maximum(np.arange(base[-1]) - 1, 0)]
+    c[base[:-1]] = np.stack([r.cs[0] for r in rs])
+    lab = tie = None
+    if X is not None and len(X):
+        x_sq = np.einsum("ij,ij->i", X, X)
+        c_sq = np.einsum("gkd,gkd->gk", c, c)
+        with np.errstate(invalid="ignore", over="ignore"):
+            D = x_sq[None, :, None] - 2.0 * np.matmul(X[None], c.transpose(0, 2, 1)) \
+                + c_sq[:, None, :]
+            lab = D.argmin(axis=2)
+            if k > 1:
+                two = np.partition(D, 1, axis=2)[..., :2]
+                scale = x_sq[None, :] + c_sq.max(axis=1)[:, None]
+                tie = two[..., 1] - two[..., 0] <= TIE_RTOL * scale
+            else:
+                tie = np.zeros(lab.shape, bool)
+    return {s: (c[b:e], None if lab is None else lab[b:e], None if tie is None else tie[b:e])
+            for s, b, e in zip(runs, base[:-1], base[1:])}
