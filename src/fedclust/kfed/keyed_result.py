@@ -74,8 +74,11 @@ def same_partitions(a: np.ndarray, B: np.ndarray, k: int) -> np.ndarray:
         srt = np.sort(to, axis=1)
         return (to[:, a] == B).all(axis=1) \
             & ~((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(axis=1)
-    pairs = (np.arange(m, dtype=np.int64)[:, None] * k + a.astype(np.int64)[None, :]) * k \
-        + B.astype(np.int64)
+    # the pair codes in the narrowest integer that holds them (int32 counts three times
+    # faster than int64)
+    it = np.int32 if m * k * k < 2 ** 31 else np.int64
+    pairs = (np.arange(m, dtype=it)[:, None] * (k * k) + a.astype(it)[None, :] * k) \
+        + B.astype(it)
     hit = np.bincount(pairs.ravel(), minlength=m * k * k).reshape(m, k, k) > 0
     return (hit.sum(axis=2) <= 1).all(axis=1) & (hit.sum(axis=1) <= 1).all(axis=1)
 
