@@ -23,7 +23,8 @@ _DEVICE_BRANCH = 0
 _SERVER_BRANCH = 1
 
 __all__ = ["RandomState", "root_seed", "device_rng", "server_rng", "sklearn_seed",
-           "device_uniforms", "row_keys", "key_uniforms", "named_device_id", "named_device_ids"]
+           "device_uniforms", "row_keys", "key_uniforms",
+           "key_uniforms_at", "named_device_id", "named_device_ids"]
 
 
 def root_seed(random_state: RandomState) -> int:
@@ -103,10 +104,17 @@ def key_uniforms(keys: np.ndarray, start: int, step: int) -> np.ndarray:
 def key_uniforms_steps(keys: np.ndarray, start: int, steps: np.ndarray) -> np.ndarray:
     """:func:`key_uniforms` for every step of ``steps`` (m,) at once: (m, len(keys)), row i
     the uniforms of draw ``steps[i]`` of run ``start`` (the same bits)."""
+    return key_uniforms_at(np.asarray(keys)[None, :], start,
+                           np.asarray(steps).reshape(-1, 1))
+
+
+def key_uniforms_at(keys: np.ndarray, starts, steps) -> np.ndarray:
+    """:func:`key_uniforms` of each key at its own run and step: ``keys``, ``starts`` and
+    ``steps`` broadcast together (the same bits as one call per run and step)."""
     with np.errstate(over="ignore"):
-        code = _splitmix64((np.uint64(start << 20) + np.asarray(steps, dtype=np.uint64)
-                            + np.uint64(1)) * _M2)
-        bits = _splitmix64(np.asarray(keys, dtype=np.uint64)[None, :] ^ code[:, None])
+        code = _splitmix64((np.left_shift(np.asarray(starts, dtype=np.uint64), np.uint64(20))
+                            + np.asarray(steps, dtype=np.uint64) + np.uint64(1)) * _M2)
+        bits = _splitmix64(np.asarray(keys, dtype=np.uint64) ^ code)
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 

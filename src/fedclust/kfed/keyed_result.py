@@ -10,7 +10,7 @@ from scipy.sparse import csr_matrix
 from ..core.kmeans import sum_by_label
 from .keyed_trace import KeyedTrace
 
-__all__ = ["exact_means", "center_labels", "partition_classes"]
+__all__ = ["exact_means", "center_labels", "partition_classes", "same_partitions"]
 
 
 def center_labels(tr: KeyedTrace, ids: list[int], labels: np.ndarray,
@@ -38,38 +38,49 @@ def partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
     s``: a new partition), for :func:`pick_start`. Only starts with the same cluster
     weights are compared: label by label, through the map from one start's labels to the
     other's; two starts whose ``known`` names (their partition at the last forget, of
-    labels unchanged since) are equal share it without a comparison."""
-    rows = None
-    kept: dict[int, np.ndarray] = {}
-    names = []
-    for s, f in enumerate(finals):
-        name = s
-        for r in sorted(set(names)):
-            if sizes[r] != sizes[s]:
-                continue
+    labels unchanged since) are equal share it without a comparison. Each new partition
+    is compared with every later start still unnamed in one call
+    (:func:`same_partitions`): a start takes the first earlier partition it matches."""
+    S = len(finals)
+    names: list = [None] * S
+    F = None
+    for r in range(S):
+        if names[r] is not None:
+            continue
+        names[r] = r
+        later = [s for s in range(r + 1, S) if names[s] is None and sizes[s] == sizes[r]]
+        for s in later:
             if known[s] is not None and known[s] == known[r]:
-                name = r
-                break
-            if rows is None:
-                rows = np.flatnonzero(alive)
-            a = kept[r] if r in kept else kept.setdefault(r, finals[r][rows])
-            b = kept[s] if s in kept else kept.setdefault(s, f[rows])
-            if _same_partition(a, b, k):
-                name = r
-                break
-        names.append(name)
+                names[s] = r
+        rest = [s for s in later if names[s] is None]
+        if rest:
+            if F is None:
+                F = np.stack(finals)[:, np.flatnonzero(alive)]
+            for s, same in zip(rest, same_partitions(F[r], F[rest], k).tolist()):
+                if same:
+                    names[s] = r
     return names
 
 
-def _same_partition(a: np.ndarray, b: np.ndarray, k: int) -> bool:
-    """Whether labels ``a`` and ``b`` (values below k) group the rows alike: the map
-    a -> b is a function (each a-cluster lies in one b-cluster) and one-to-one."""
-    to = np.full(k, -1, np.int64)
-    to[a] = b
-    if not np.array_equal(to[a], b):
-        return False
-    hit = to[to >= 0]
-    return len(np.unique(hit)) == len(hit)
+def same_partitions(a: np.ndarray, B: np.ndarray, k: int) -> np.ndarray:
+    """Whether labels ``a`` (n,) and each row of ``B`` (m, n) (values below k) group the
+    rows alike, (m,) bool: in the table of label pairs (a, b) every a-label meets one
+    b-label (a -> b is a function) and every b-label one a-label (one-to-one); one count
+    of the pairs for every row of B (for a large k, the map a -> b itself)."""
+    m = len(B)
+    if k * k > 8 * max(len(a), 1):   # the table would outgrow the labels: a map instead
+        to = np.full((m, k), -1, np.int64)
+        to[np.arange(m)[:, None], a[None, :]] = B
+        srt = np.sort(to, axis=1)
+        return (to[:, a] == B).all(axis=1) \
+            & ~((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(axis=1)
+    # the pair codes in the narrowest integer that holds them (int32 counts three times
+    # faster than int64)
+    it = np.int32 if m * k * k < 2 ** 31 else np.int64
+    pairs = (np.arange(m, dtype=it)[:, None] * (k * k) + a.astype(it)[None, :] * k) \
+        + B.astype(it)
+    hit = np.bincount(pairs.ravel(), minlength=m * k * k).reshape(m, k, k) > 0
+    return (hit.sum(axis=2) <= 1).all(axis=1) & (hit.sum(axis=1) <= 1).all(axis=1)
 
 
 def exact_means(Cw: np.ndarray, w: np.ndarray, labels: np.ndarray, alive: np.ndarray,

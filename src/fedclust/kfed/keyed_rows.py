@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from ..core.kmeans import squared_distances
-from .keyed_trace import KeyedTrace, RunTrace
+from .keyed_trace import TIE_RTOL, KeyedTrace, RunTrace
 
-__all__ = ["Entering", "entering", "write", "enter_runs", "downdated"]
+__all__ = ["Entering", "entering", "write", "enter_runs", "downdated", "run_centers"]
 
 
 @dataclass
@@ -94,28 +94,35 @@ def write(tr: KeyedTrace, e: Entering) -> None:
     tr.cand_rows = None
 
 
-def enter_runs(runs: dict, e: Entering, k: int) -> None:
+def enter_runs(runs: dict, e: Entering, k: int, stats: tuple) -> None:
     """Each followed run with the new pieces in their slots: labelled at every iteration
     by the fit's centers there (nearest, any rounding: they are assigned again anyway),
     their statistics added, the moved rows and certificates of the slots renewed (no
-    margin: :attr:`KeyedTrace.extra` rows are assigned again at every iteration)."""
-    is_slot = None
-    for run in runs.values():
-        T1 = len(run.cs)
-        lab = np.stack([squared_distances(e.C, c, e.c_sq).argmin(axis=1) for c in run.cs])
+    margin: :attr:`KeyedTrace.extra` rows are assigned again at every iteration).
+    ``stats``: :func:`downdated`'s ``(S, W, Q)`` buffers that the runs' statistics view
+    (every run's iterations in turn): the pieces enter every run with one call each."""
+    if not runs:
+        return
+    rs = list(runs.values())
+    T1s = np.array([len(r.cs) for r in rs])
+    cs = np.concatenate([r.cs for r in rs])   # (G, k, d): every run's iterations
+    G = len(cs)
+    lab_all = (e.c_sq[None, :, None] - 2.0 * np.matmul(e.C[None], cs.transpose(0, 2, 1))
+               + np.einsum("gkd,gkd->gk", cs, cs)[:, None, :]).argmin(axis=2)   # (G, n)
+    S, W, Q = stats
+    # each (iteration, cluster) gains the new pieces in their order, as run by run
+    idx = (np.arange(G)[:, None] * k + lab_all).ravel()
+    np.add.at(S, idx, np.tile(e.Cw, (G, 1)))
+    W += np.bincount(idx, weights=np.tile(e.w, G), minlength=G * k)
+    Q += np.bincount(idx, weights=np.tile(e.w * e.c_sq, G), minlength=G * k)
+    is_slot = np.zeros(rs[0].A.shape[1], bool)
+    is_slot[e.old] = is_slot[e.new] = True
+    base = np.concatenate([[0], np.cumsum(T1s)])
+    for run, b, T1 in zip(rs, base, T1s):
+        lab = lab_all[b:b + T1]
         run.A[:, e.new] = lab
-        idx = (np.arange(T1)[:, None] * k + lab).ravel()
-        d = run.S.shape[2]
-        S = run.S.reshape(-1, d)
-        np.add.at(S, idx, np.tile(e.Cw, (T1, 1)))
-        run.W += np.bincount(idx, weights=np.tile(e.w, T1), minlength=T1 * k).reshape(T1, k)
-        run.Q += np.bincount(idx, weights=np.tile(e.w * e.c_sq, T1),
-                             minlength=T1 * k).reshape(T1, k)
         # the moved rows less the slots' old values, plus the new pieces that moved
         o, m, r2, m3, mv_rows, mv_t = run.stack
-        if is_slot is None:
-            is_slot = np.zeros(len(run.A[0]), bool)
-            is_slot[e.old] = is_slot[e.new] = True
         keep = ~is_slot[mv_rows]
         ch_t, ch_i = np.nonzero(lab[1:] != lab[:-1])
         mv_t = np.concatenate([mv_t[keep], ch_t + 1])
@@ -129,12 +136,13 @@ def enter_runs(runs: dict, e: Entering, k: int) -> None:
 
 
 def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np.ndarray,
-               k: int) -> dict:
+               k: int) -> tuple[dict, tuple | None]:
     """Each run's statistics at every iteration less the rows R (their labels unchanged),
     for all the runs ``{start: run}`` at once: each (run, iteration, cluster) loses its
-    rows of R in R's order, as run by run."""
+    rows of R in R's order, as run by run. Also the buffers ``(S (G k, d), W (G k,),
+    Q (G k,))`` that the new runs' statistics view (None where no run)."""
     if not runs:
-        return {}
+        return {}, None
     d = next(iter(runs.values())).S.shape[2]
     T1s = [len(r.cs) for r in runs.values()]
     base = np.cumsum([0] + [t * k for t in T1s])
@@ -153,4 +161,39 @@ def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np
                           Q[part].reshape(t, k), run.W0, run.moved, run.order,
                           run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
                           run.stack)
-    return out
+    return out, (S, W, Q)
+
+
+def run_centers(runs: dict, stats: tuple, X: np.ndarray | None = None) -> dict:
+    """``{start: (c, labels, tie)}`` for every run at once: its centers at every iteration
+    with the labels of the fit (c_0 the fit's, c_t its downdated sums over weights at
+    t - 1: (T+1, k, d), the bits of the same division run by run), and the rows X's nearest
+    of those centers (T+1, n) with whether the two nearest tie within rounding (T+1, n),
+    as :func:`~fedclust.kfed.keyed_trace.labels_or_tie` decides them (None without X).
+    ``stats``: :func:`downdated`'s buffers that the runs' statistics view."""
+    rs = list(runs.values())
+    k, d = rs[0].cs.shape[1:]
+    T1s = np.array([len(r.cs) for r in rs])
+    base = np.concatenate([[0], np.cumsum(T1s)])
+    S, W, _ = stats
+    with np.errstate(divide="ignore", invalid="ignore"):
+        SW = S.reshape(-1, k, d) / W.reshape(-1, k)[:, :, None]
+    # run by run, c_t for t >= 1 is the quotient at t - 1; c_0 the fit's
+    c = SW[np.maximum(np.arange(base[-1]) - 1, 0)]
+    c[base[:-1]] = np.stack([r.cs[0] for r in rs])
+    lab = tie = None
+    if X is not None and len(X):
+        x_sq = np.einsum("ij,ij->i", X, X)
+        c_sq = np.einsum("gkd,gkd->gk", c, c)
+        with np.errstate(invalid="ignore", over="ignore"):
+            D = x_sq[None, :, None] - 2.0 * np.matmul(X[None], c.transpose(0, 2, 1)) \
+                + c_sq[:, None, :]
+            lab = D.argmin(axis=2)
+            if k > 1:
+                two = np.partition(D, 1, axis=2)[..., :2]
+                scale = x_sq[None, :] + c_sq.max(axis=1)[:, None]
+                tie = two[..., 1] - two[..., 0] <= TIE_RTOL * scale
+            else:
+                tie = np.zeros(lab.shape, bool)
+    return {s: (c[b:e], None if lab is None else lab[b:e], None if tie is None else tie[b:e])
+            for s, b, e in zip(runs, base[:-1], base[1:])}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.kmeans import squared_distances
-from ..core.random import key_uniforms_steps
+from ..core.random import key_uniforms_at, key_uniforms_steps
 from .keyed import n_trials
 from .keyed_rows import Entering
 from .keyed_trace import KeyedTrace
@@ -63,19 +63,18 @@ def seed_entries(tr: KeyedTrace, e: Entering, before: np.ndarray, left: np.ndarr
     tol = 1e-12 * tr.scale2
     steps = np.arange(k)
     rows = np.where(tr.cand >= 0, tr.cand, 0)   # (S, k, M)
-    # every start's candidates and the new pieces keyed at every step: one draw per start;
-    # the candidates' own step is the diagonal block
-    U = np.stack([key_uniforms_steps(np.concatenate([tr.keys[rows[s].ravel()],
-                                                      tr.keys[e.new], tr.keys[tr.seeds[s, :1]]]),
-                                     s, steps)
-                  for s in range(S)])   # (S, k, k M + n + 1)
-    u = U[:, :, :k * M].reshape(S, k, k, M)[:, steps, steps]   # (S, k, M)
-    un = U[:, :, k * M:-1]   # (S, k, n)
+    # every start's candidates keyed at their own step, the new pieces at every step and
+    # the first seeds at step 0: one draw each for all starts
+    starts = np.arange(S)
+    u = key_uniforms_at(tr.keys[rows], starts[:, None, None], steps[None, :, None])  # (S, k, M)
+    un = key_uniforms_at(tr.keys[e.new][None, None, :], starts[:, None, None],
+                         steps[None, :, None])   # (S, k, n)
     # step 0: the first seed is the smallest -log(u) / w; no distance behind the keys,
     # only the logarithm's rounding
     with np.errstate(divide="ignore"):
         e0 = -np.log(un[:, 0, :]) / e.w
-    s0 = (-np.log(U[:, 0, -1]) / tr.w[tr.seeds[:, 0]])[:, None]
+    s0 = (-np.log(key_uniforms_at(tr.keys[tr.seeds[:, 0]], starts, 0))
+          / tr.w[tr.seeds[:, 0]])[:, None]
     joins = np.zeros((S, k), bool)
     joins[:, 0] = (e0 <= s0 * (1 + FIRST_RTOL)).any(axis=1)
     first_new = (e0 < s0 * (1 - FIRST_RTOL)).any(axis=1)

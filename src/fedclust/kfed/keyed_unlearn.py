@@ -50,7 +50,7 @@ from .keyed_result import exact_means, partition_classes
 from .keyed_trace import (KeyedTrace, RunTrace, run_inertia, labels_or_tie, stacked,
                           traced_lloyd, forget_warning)
 from .keyed_remaining import Remaining, expand, remaining
-from .keyed_rows import downdated as _downdated, enter_runs, entering, write
+from .keyed_rows import downdated as _downdated, enter_runs, entering, run_centers, write
 from .keyed_seeding import seeds_stable as _seeds_stable
 from .server import farthest_first, pick_first_device, weighted_starts
 
@@ -75,12 +75,14 @@ PREFIX = 2048
 
 
 def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
-            n_alive: int | None = None):
+            n_alive: int | None = None, pre: tuple | None = None):
     """:func:`_replay` for its common case, every iteration at once: where no remaining row
     changes its label at any iteration up to the run's stop, the run's centers at every
     iteration are its downdated sums over its downdated weights. Returns :func:`_replay`'s
     tuple, or None where that case is not certified (:func:`_replay` then decides); the
-    same certificates, stop rules and rounding allowances as :func:`_replay`."""
+    same certificates, stop rules and rounding allowances as :func:`_replay`. ``pre``: the
+    run's :func:`~fedclust.kfed.keyed_rows.run_centers` with the labels of the rows
+    ``tr.extra`` (worked out for every run at once; here where not given)."""
     order, msort, runner, m3, mv_rows, mv_t = stacked(run)
     alive = tr.alive
     if n_alive is None:
@@ -88,9 +90,13 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
     T = len(run.cs) - 1
     k = run.cs.shape[1]
     abs_tol = tr.tol * var
+    ex = tr.extra if tr.extra is not None and len(tr.extra) else None
+    if pre is None:
+        d = run.cs.shape[2]
+        pre = run_centers({0: run}, (run.S.reshape(-1, d), run.W.ravel(), None),
+                          None if ex is None else tr.C[ex])[0]
     # every iteration's centers with every remaining row's labels those of the fit
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.concatenate([run.cs[:1], run.S[:T] / run.W[:T, :, None]])
+    c, ex_lab, ex_tie = pre
     low = (run.W[:T] <= 1e-2 * run.W0[:T]).any(axis=1)
     shifts = ((c[1:] - c[:-1]) ** 2).reshape(T, -1).sum(axis=1)
     moved_alive = np.bincount(mv_t[alive[mv_rows]], minlength=T + 1)
@@ -127,14 +133,24 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
     ti, pi = np.nonzero(pm <= thr[:, None])
     rows = order[ti, pi].astype(np.int64)
     mg = pm[ti, pi]
-    if tr.extra is not None and len(tr.extra):   # pieces with no margin: every iteration
-        ex = tr.extra
+    n_ex = 0
+    if ex is not None:   # pieces with no margin: every iteration, their labels in ``pre``
         other = ~_mask(len(tr.alive), ex)[rows]
-        ti = np.concatenate([ti[other], np.repeat(np.arange(tt), len(ex))])
-        by = np.argsort(ti, kind="stable")
-        ti = ti[by]
-        rows = np.concatenate([rows[other], np.tile(ex, tt)])[by]
-        mg = np.concatenate([mg[other], np.full(tt * len(ex), -np.inf)])[by]
+        ti, rows, mg = ti[other], rows[other], mg[other]
+        ea = run.A[:tt, ex].astype(np.int64)
+        keep_ex = np.repeat(alive[ex][None, :], tt, axis=0)
+        # the runner-up certificate as for any row (a piece traced with its margins)
+        pt, pc = np.nonzero(keep_ex & (m3[:tt, ex] > sj[np.arange(tt)[:, None], ea]
+                                       + s[:, None] + tr.slack))
+        if len(pt):
+            X = tr.C[ex[pc]]
+            da = np.sqrt(((X - c[pt, ea[pt, pc]]) ** 2).sum(axis=1))
+            dr = np.sqrt(((X - c[pt, runner[pt, ex[pc]].astype(np.int64)]) ** 2).sum(axis=1))
+            far = dr - da > tr.slack
+            keep_ex[pt[far], pc[far]] = False
+        n_ex = int(keep_ex.sum())
+        if (keep_ex & (ex_tie[:tt] | (ex_lab[:tt] != ea))).any():
+            return None
     a = run.A[ti, rows].astype(np.int64)
     r = runner[ti, rows].astype(np.int64)
     sa = sj[ti, a]
@@ -148,7 +164,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
         dr = np.sqrt(((X - c[ti[pair], r[pair]]) ** 2).sum(axis=1))
         keep[pair[dr - da > tr.slack]] = False
     q = np.flatnonzero(keep)
-    if len(q) > _DOUBT_SHARE * n_alive * tt:
+    if len(q) + n_ex > _DOUBT_SHARE * n_alive * tt:
         return None
     bounds = np.searchsorted(ti[q], np.arange(tt + 1))
     for t in np.flatnonzero(np.diff(bounds)).tolist():   # the rest: every center
@@ -157,7 +173,7 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
         if tie or (lab != a[sel]).any():
             return None
     none = np.empty(0, np.int64)
-    return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q), (none, none)
+    return c[t_f].copy(), (none, none), t_f, (run.S, run.W, run.Q), len(q) + n_ex, (none, none)
 
 
 def _mask(n: int, rows: np.ndarray) -> np.ndarray:
@@ -399,13 +415,15 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         outs: dict[int, tuple] = {}
         CwR = CR * wR[:, None]
         qR = wR * (CR ** 2).sum(axis=1)
-        based = _downdated({s: run for s, run in enumerate(trace.runs) if s not in reruns},
-                           R, CwR, wR, qR, k)
+        based, stats = _downdated({s: run for s, run in enumerate(trace.runs)
+                                   if s not in reruns}, R, CwR, wR, qR, k)
         if e is not None:
-            enter_runs(based, e, k)
+            enter_runs(based, e, k, stats)
+        pre = run_centers(based, stats, None if extra is None or not len(extra)
+                          else trace.C[extra]) if based else {}
         for s in based:
             try:
-                outs[s] = _follow(trace, based[s], var, var_err, n)
+                outs[s] = _follow(trace, based[s], var, var_err, n, pre[s])
                 if outs[s] is None:
                     outs[s] = _replay(trace, based[s], var, var_err)
             except _Full as exc:
