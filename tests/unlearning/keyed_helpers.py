@@ -79,3 +79,26 @@ def fewest_starts_to_rerun(trace, ids):
     held = trace.owner[trace.seeds.ravel()].tolist()
     return min((z for z in ids if z != trace.seed_device and z not in trace.ff_owners),
                key=held.count)
+
+
+def parts_agree_with_scratch(tr):
+    """Each start's kept partition name and code (``KeyedTrace.parts``) against the starts'
+    partitions of the remaining rows worked out from scratch: starts of one name group the
+    rows alike, their codes map their labels to the same labels row by row, and starts of
+    two names group them otherwise."""
+    from fedclust.kfed.keyed_result import same_partitions
+
+    alive = np.flatnonzero(tr.alive)
+    k = tr.runs[0].cs.shape[1]
+    known = [(s, p) for s, p in enumerate(tr.parts or []) if p is not None]
+    for s, (t, name, code) in known:
+        lab = tr.runs[s].A[t][alive].astype(np.int64)
+        assert (code[lab] >= 0).all()
+        for r, (t2, name2, code2) in known:
+            lab2 = tr.runs[r].A[t2][alive].astype(np.int64)
+            same = bool(same_partitions(lab, lab2[None, :], k)[0])
+            if name2 == name:
+                assert same and np.array_equal(code[lab], code2[lab2])
+            else:
+                assert not same
+    return len(known)

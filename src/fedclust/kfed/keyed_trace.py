@@ -100,8 +100,9 @@ class KeyedTrace:
     #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
     ff_start: bool = True
     c_sq: np.ndarray | None = None    # (N0,) each row's squared norm (a start run again)
-    #: per run, ``(t, name)`` where the last forget kept its labels at iteration t
-    #: unchanged: starts with one name partitioned the remaining rows alike (None: unknown)
+    #: per run, ``(t, name, code)`` where the last forget kept its labels at iteration t
+    #: unchanged: starts with one name partitioned the remaining rows alike, ``code`` (k,)
+    #: maps the run's labels to its class's common labels (None: unknown)
     parts: list | None = None
     #: ``(labels, alive, centers)`` of the kept start's last update at the last forget
     #: (:func:`fedclust.kfed.keyed_unlearn.exact_means`)

@@ -456,11 +456,13 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         # integer counts: exact in any order); only those are compared
         sizes = [tuple(np.sort(outs[s][3][1][outs[s][2]]).tolist()) for s in order]
         # a start followed with its labels as at the last forget (no label changed, the
-        # same final iteration) keeps its partition there, less the leaving rows
-        known = [None if trace.parts is None or e is not None or s in new_runs or len(outs[s][1][0])
+        # same final iteration) keeps its partition there, less the leaving rows; after a
+        # row deletion only the new pieces' labels are compared, through the codes
+        known = [None if trace.parts is None or s in new_runs or len(outs[s][1][0])
                  or trace.parts[s] is None or trace.parts[s][0] != outs[s][2]
-                 else trace.parts[s][1] for s in order]
-        names = partition_classes(finals, sizes, alive, k, known)
+                 else trace.parts[s][1:] for s in order]
+        names, codes = partition_classes(finals, sizes, alive, k, known,
+                                         None if e is None else e.new, with_codes=True)
         b = pick_start([np.array([z]) for z in names], inert, err)
         if b is None:
             raise _Full("two starts' costs within rounding")
@@ -470,7 +472,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     finally:
         trace.alive, trace.extra = old_alive, old_extra
     # each start's partition name, where its final labels are its run's at t (no change)
-    parts = [None if len(outs[s][1][0]) else (outs[s][2], names[s]) for s in order]
+    parts = [None if len(outs[s][1][0]) else (outs[s][2], names[s], codes[s]) for s in order]
     centers, _, t_f, _, _, prev = outs[b]
     labels = finals[b].astype(np.int64)
     if t_f >= 1 and trace.Cw is not None:   # the fresh step's bits: its last update again
