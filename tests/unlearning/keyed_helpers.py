@@ -102,3 +102,18 @@ def parts_agree_with_scratch(tr):
             else:
                 assert not same
     return len(known)
+
+
+def candidate_rows_agree(tr):
+    """The trace's kept candidate rows (gathered once, then refreshed slot by slot) against
+    a gather of every slot from scratch, bit for bit, before and after they are brought
+    up to the trace's current candidates."""
+    from fedclust.kfed.keyed_seeding import candidate_rows
+
+    if tr.cand_rows is not None:
+        slots, Y, y_sq = tr.cand_rows
+        assert np.array_equal(Y, tr.C[slots.ravel()])
+        assert np.array_equal(y_sq, tr.c_sq[slots.ravel()])
+    cand = np.where(tr.cand >= 0, tr.cand, 0)
+    Y, y_sq = candidate_rows(tr, cand)
+    assert np.array_equal(Y, tr.C[cand.ravel()]) and np.array_equal(y_sq, tr.c_sq[cand.ravel()])

@@ -13,7 +13,7 @@ from fedclust import KFed
 from fedclust.core.random import key_uniforms, key_uniforms_at
 from fedclust.kfed import keyed_result, keyed_rows
 
-from .keyed_helpers import parts_agree_with_scratch
+from .keyed_helpers import candidate_rows_agree, parts_agree_with_scratch
 
 K = 4
 
@@ -205,7 +205,10 @@ def _check(model, Xs, ids, gone):
         assert np.array_equal(a, b)
     assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
     tr = model._unlearning_.trace
-    return 0 if tr is None else parts_agree_with_scratch(tr)
+    if tr is None:
+        return 0
+    candidate_rows_agree(tr)
+    return parts_agree_with_scratch(tr)
 
 
 @pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow)])

@@ -31,7 +31,7 @@ import numpy as np
 from ..core.kmeans import squared_distances
 from .keyed_trace import TIE_RTOL, KeyedTrace, RunTrace
 
-__all__ = ["Entering", "entering", "write", "enter_runs", "downdated", "run_centers"]
+__all__ = ["Entering", "entering", "write", "refresh_rows", "enter_runs", "downdated", "run_centers"]
 
 
 @dataclass
@@ -91,7 +91,19 @@ def write(tr: KeyedTrace, e: Entering) -> None:
         tr.Cw[e.new] = e.Cw
     if tr.scatter is not None:
         tr.scatter[e.new] = e.scatter
-    tr.cand_rows = None
+    if tr.cand_rows is not None:   # the candidates' gathered rows at the rewritten slots
+        slots, Y, y_sq = tr.cand_rows
+        flat = slots.ravel()
+        refresh_rows(tr, Y, y_sq, flat, np.flatnonzero(np.isin(flat, e.new)))
+
+
+def refresh_rows(tr: KeyedTrace, Y: np.ndarray, y_sq: np.ndarray, flat: np.ndarray,
+                 idx: np.ndarray) -> None:
+    """Gather the rows ``flat[idx]`` of the trace again into ``Y[idx]`` and their squared
+    norms into ``y_sq[idx]`` (the bits of a gather of every slot)."""
+    if len(idx):
+        Y[idx] = tr.C[flat[idx]]
+        y_sq[idx] = (Y[idx] * Y[idx]).sum(axis=1) if tr.c_sq is None else tr.c_sq[flat[idx]]
 
 
 def enter_runs(runs: dict, e: Entering, k: int, stats: tuple) -> None:

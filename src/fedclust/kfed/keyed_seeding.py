@@ -11,10 +11,10 @@ import numpy as np
 from ..core.kmeans import squared_distances
 from ..core.random import key_uniforms_at, key_uniforms_steps
 from .keyed import n_trials
-from .keyed_rows import Entering
+from .keyed_rows import Entering, refresh_rows
 from .keyed_trace import KeyedTrace
 
-__all__ = ["seeds_stable", "seed_entries", "share", "insert_pieces", "piece_potentials",
+__all__ = ["seeds_stable", "candidate_rows", "seed_entries", "share", "insert_pieces", "piece_potentials",
            "KEY_RTOL"]
 
 
@@ -178,6 +178,24 @@ def insert_pieces(tr: KeyedTrace, e: Entering, s: int, t: int, before_st: np.nda
     return cand, pots, b, bool((np.isin(merged[:L], e.new)).any())
 
 
+def candidate_rows(tr: KeyedTrace, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Y (S k M, d), y_sq (S k M,))``: the device centers at the candidates' slots
+    ``cand`` (``tr.cand`` with row 0 at its empty slots) and their squared norms, kept in
+    ``tr.cand_rows``: gathered once per trace, then only the slots whose candidate changed
+    are gathered again (a rewritten row's slots are refreshed as it is written:
+    :func:`~fedclust.kfed.keyed_rows.write`)."""
+    flat = cand.ravel()
+    got = tr.cand_rows
+    if got is None or got[0].shape != cand.shape:
+        Y = tr.C[flat]
+        y_sq = (Y * Y).sum(axis=1) if tr.c_sq is None else tr.c_sq[flat]
+    else:
+        Y, y_sq = got[1], got[2]
+        refresh_rows(tr, Y, y_sq, flat, np.flatnonzero(got[0].ravel() != flat))
+    tr.cand_rows = (cand.copy(), Y, y_sq)
+    return Y, y_sq
+
+
 def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
                   old: tuple | None = None, e: Entering | None = None):
     """The keyed starts' potentials less the rows ``R``'s exact share, per start why its
@@ -193,11 +211,7 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
     CR, wR, x_sq = old
     valid = tr.cand >= 0
     cand = np.where(valid, tr.cand, 0)
-    if tr.cand_rows is None or tr.cand_rows[0] is not tr.cand:   # gathered once per trace
-        Y = tr.C[cand.ravel()]
-        tr.cand_rows = (tr.cand, Y, (Y * Y).sum(axis=1) if tr.c_sq is None
-                        else tr.c_sq[cand.ravel()])
-    _, Y, y_sq = tr.cand_rows
+    Y, y_sq = candidate_rows(tr, cand)
     if x_sq is None:
         x_sq = (CR * CR).sum(axis=1)
     out_share, _ = share(tr, CR, wR, x_sq, Y, y_sq)

@@ -109,8 +109,9 @@ class KeyedTrace:
     means_ref: tuple | None = None
     #: (N0,) the final labels at the last forget (``center_labels`` are slices of them)
     labels: np.ndarray | None = None
-    #: ``(cand, rows, squared norms)``: the device centers at the candidates' slots of
-    #: ``cand`` (S * k * L, d), gathered once for the seeds' certificate
+    #: ``(slots, rows, squared norms)``: the device centers at the candidates' slots
+    #: ``slots`` (``cand`` with row 0 at its empty slots) (S * k * L, d), gathered once for
+    #: the seeds' certificate and refreshed where a slot or its row changes
     cand_rows: tuple | None = None
     #: rows whose pieces entered after the runs were traced (a row deletion's new pieces,
     #: :mod:`fedclust.kfed.keyed_rows`): no margin certifies them, every forget assigns
@@ -170,8 +171,7 @@ class KeyedTrace:
         if self.labels is not None:
             self.labels[gone] = 0
         if self.cand_rows is not None:
-            cand = self.cand_rows[0].ravel()
-            dead_slot = (cand >= 0) & dead[np.maximum(cand, 0)]
+            dead_slot = dead[self.cand_rows[0].ravel()]
             self.cand_rows[1][dead_slot] = 0.0
             self.cand_rows[2][dead_slot] = 0.0
 

@@ -392,7 +392,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         # draws starts the trace lacks
         trace.fallback = "the start count changes"
         return None
-    ids = [z for z in trace.ids if z not in gone]
+    ids = [z for z in trace.ids if z not in gone] if gone else list(trace.ids)
     old_alive, old_extra = trace.alive, trace.extra
     trace.alive, trace.extra = alive, extra
     reruns: dict[int, str] = {}
@@ -484,8 +484,11 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         means_ref = (lab, alive, centers)
     else:
         means_ref = None
-    local_centers = {z: trace.local_centers[z] for z in ids}
-    local_counts = {z: trace.local_counts[z] for z in ids}
+    if gone:
+        local_centers = {z: trace.local_centers[z] for z in ids}
+        local_counts = {z: trace.local_counts[z] for z in ids}
+    else:   # a row deletion: every device stays
+        local_centers, local_counts = dict(trace.local_centers), dict(trace.local_counts)
     if e is not None:
         local_centers.update(e.centers)
         local_counts.update(e.counts)
@@ -517,7 +520,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
                      expl=expl, newly=R[~alive[R]], Cw=trace.Cw, ff_start=trace.ff_start,
                      c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
-                     cand_rows=trace.cand_rows if cand is trace.cand else None,
+                     cand_rows=trace.cand_rows,
                      extra=extra, rewritten=None if e is None else e.new, entered=entered,
                      exact=means_ref is not None)
     return result, new
