@@ -117,3 +117,17 @@ def candidate_rows_agree(tr):
     cand = np.where(tr.cand >= 0, tr.cand, 0)
     Y, y_sq = candidate_rows(tr, cand)
     assert np.array_equal(Y, tr.C[cand.ravel()]) and np.array_equal(y_sq, tr.c_sq[cand.ravel()])
+
+
+def seed_distances_agree(tr):
+    """Each run's kept ``d0`` (a row's squared distance to the seed it is labelled with at
+    the run's first assignment) against that distance measured from scratch, for every
+    remaining row, within rounding: ``piece_potentials`` bounds with it."""
+    rows = np.flatnonzero(tr.alive)
+    for run in tr.runs:
+        if run.d0 is None:
+            continue
+        seed = run.cs[0][run.A[0][rows].astype(np.int64)]
+        want = ((tr.C[rows] - seed) ** 2).sum(axis=1)
+        np.testing.assert_allclose(run.d0[rows], want, rtol=1e-9, atol=1e-9 * tr.scale2)
+        assert not run.d0[~tr.alive].any()

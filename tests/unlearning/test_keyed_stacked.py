@@ -13,7 +13,8 @@ from fedclust import KFed
 from fedclust.core.random import key_uniforms, key_uniforms_at
 from fedclust.kfed import keyed_result, keyed_rows
 
-from .keyed_helpers import candidate_rows_agree, parts_agree_with_scratch
+from .keyed_helpers import (candidate_rows_agree, parts_agree_with_scratch,
+                            seed_distances_agree)
 
 K = 4
 
@@ -208,6 +209,7 @@ def _check(model, Xs, ids, gone):
     if tr is None:
         return 0
     candidate_rows_agree(tr)
+    seed_distances_agree(tr)
     return parts_agree_with_scratch(tr)
 
 

@@ -157,7 +157,7 @@ def insert_pieces(tr: KeyedTrace, e: Entering, s: int, t: int, before_st: np.nda
     same = pos[1:] == pos[:-1]
     if (same & (kn_hi[pieces[:-1]] >= kn_lo[pieces[1:]])).any():
         return None   # two new pieces in one place, their order not certain
-    pp = piece_potentials(tr, s, t, e.C[pieces], e.c_sq[pieces], base)
+    pp = piece_potentials(tr, s, t, e.C[pieces], e.c_sq[pieces], base, e.new)
     if pp is None:
         return None
     merged = np.insert(rows, pos, e.new[pieces])
@@ -287,14 +287,17 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
 
 
 def piece_potentials(tr: KeyedTrace, s: int, t: int, X: np.ndarray, x_sq: np.ndarray,
-                     base: float | None) -> np.ndarray | None:
+                     base: float | None, stale: np.ndarray | None = None) -> np.ndarray | None:
     """The potential of start ``s`` after step ``t`` picks each row of X (n, d) in turn,
     over the remaining rows: ``base`` (the potential before the step, that is after step
     t - 1's pick; None at t = 1, where it is measured) less what each row lowers. A
     remaining row i can come nearer to a piece p than to its nearest seed only where
-    it is nearer to p than to the seed q nearest to p, so one product of every row with
-    the pieces and their q's finds the few rows whose distances to the seeds are
-    measured. None where ``base`` is not finite."""
+    it is nearer to p than to the seed q nearest to p, and, where the seed it is labelled
+    with at the start's first assignment (``RunTrace.d0``) was picked before step t,
+    nearer to p than to that seed; one product of every row with the pieces and their
+    q's finds the few rows whose distances to the seeds are measured. ``stale``: rows
+    whose values changed since the run was traced (their ``d0`` is not read). None where
+    ``base`` is not finite."""
     n = len(X)
     tol = 1e-12 * tr.scale2
     seeds = tr.seeds[s, :t]
@@ -308,6 +311,12 @@ def piece_potentials(tr: KeyedTrace, s: int, t: int, X: np.ndarray, x_sq: np.nda
     if base is None or not np.isfinite(base):
         return None
     near = (Dp < Dq + 2 * tol) & alive[:, None]
+    run = tr.runs[s + int(tr.ff_start)]
+    if run.d0 is not None:   # the rows whose labelled seed is nearer than p: no gain
+        picked = run.A[0] < t
+        if stale is not None:
+            picked[stale] = False
+        near &= ~(picked[:, None] & (Dp >= run.d0[:, None] + 2 * tol))
     rows = np.flatnonzero(near.any(axis=1))
     cl = squared_distances(tr.C[rows], tr.C[seeds],
                            None if tr.c_sq is None else tr.c_sq[rows]).min(axis=1)

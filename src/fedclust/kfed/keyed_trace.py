@@ -43,6 +43,11 @@ class RunTrace:
     #: above are (views: a scrub of the lists is seen here), and the moved rows flattened
     #: with their iteration: :func:`stacked`
     stack: tuple = None
+    #: (N,) each row's squared distance to its nearest seed (its label A_0 under c_0, the
+    #: start's seeds), any rounding: bounds a row's distance to the seeds before a
+    #: k-means++ step that picked its nearest seed already (:func:`~fedclust.kfed.
+    #: keyed_seeding.piece_potentials`)
+    d0: np.ndarray = None
 
 
 def stacked(run: RunTrace) -> tuple:
@@ -157,6 +162,8 @@ class KeyedTrace:
             self.c_sq[gone] = 0.0
         for r in self.runs:
             r.A[:, gone] = 0
+            if r.d0 is not None:
+                r.d0[gone] = 0.0
             if r.rank is None:
                 r.rank = [_rank(o) for o in r.order]
             for m, o, rank, r2, m3 in zip(r.margin_sorted, r.order, r.rank, r.runner_up,
@@ -221,6 +228,7 @@ def _assign_margin(X, centers, x_sq):
     the third-nearest minus nearest distance, from the same distances."""
     n, k = len(X), len(centers)
     labels = np.empty(n, dtype=np.int64)
+    nearest = np.empty(n)
     margin = np.full(n, np.inf)
     margin3 = np.full(n, np.inf)
     runner = np.zeros(n, dtype=np.int64)
@@ -230,6 +238,7 @@ def _assign_margin(X, centers, x_sq):
             + c_sq[None, :]
         lab = D.argmin(axis=1)
         labels[start:start + BLOCK] = lab
+        nearest[start:start + BLOCK] = np.maximum(D[np.arange(len(D)), lab], 0.0)
         if k > 1:
             # the nearest, second- and third-nearest clipped distances by masking the
             # nearest found so far (three argmin passes, cheaper than a partial sort); the
@@ -246,7 +255,7 @@ def _assign_margin(X, centers, x_sq):
             if k > 2:
                 D[at, r] = np.inf
                 margin3[block] = np.sqrt(D.min(axis=1)) - d0
-    return labels, margin, runner, margin3
+    return labels, margin, runner, margin3, nearest
 
 
 def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
@@ -268,9 +277,11 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
             abs_tol = tol * hint[2]()
         return shift <= abs_tol
     cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
-    r2s, m3s = [], []
+    r2s, m3s, d0 = [], [], None
     for _ in range(max_iter):
-        new_labels, margin, r2, m3 = _assign_margin(C, centers, c_sq)
+        new_labels, margin, r2, m3, near = _assign_margin(C, centers, c_sq)
+        if d0 is None:
+            d0 = near
         A.append(new_labels)
         mm.append(margin)
         r2s.append(r2.astype(np.int16))
@@ -289,7 +300,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
             reason = "shift"
             break
     if reason != "labels":
-        lab, margin, r2, m3 = _assign_margin(C, centers, c_sq)
+        lab, margin, r2, m3, _ = _assign_margin(C, centers, c_sq)
         A.append(lab)
         mm.append(margin)
         r2s.append(r2.astype(np.int16))
@@ -305,7 +316,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     moved = [np.empty(0, np.int64)] + [np.flatnonzero(A[t] != A[t - 1]) for t in range(1, T1)]
     order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
     run = RunTrace(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
-               [m[o] for m, o in zip(mm, order)], reason, r2s, m3s)
+               [m[o] for m, o in zip(mm, order)], reason, r2s, m3s, d0=d0)
     stacked(run)
     return run
 
