@@ -257,3 +257,38 @@ def test_interleaved_row_deletions_whose_pieces_change_label_equal_a_fresh_fit(
                 reruns += len(model._unlearning_.trace.reruns)
         named += _check(model, Xs, ids, gone)
     assert sum(relabelled) >= 1 and reruns >= 1 and named >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", [0, 1])
+def test_long_interleaved_sequences_keep_every_kept_structure_as_from_scratch(trial):
+    # 30 forgets, a device every fifth: every state against a fresh fit, and the trace's
+    # kept partition codes, candidate rows and seed distances against their recomputation
+    rng = np.random.default_rng(900 + trial)
+    means = rng.normal(size=(K, 3)) * 2.5
+    Xs = []
+    for _ in range(70):
+        own = rng.choice(K, size=2, replace=False)
+        n = int(rng.integers(10, 25))
+        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 3)))
+    ids = list(range(70))
+    model = KFed(K, random_state=5).fit(Xs, device_ids=ids)
+    gone: list[int] = []
+    reruns = entered = named = 0
+    for step in range(30):
+        left = [z for z in ids if z not in gone]
+        z = left[int(rng.integers(len(left)))]
+        i = ids.index(z)
+        if step % 5 == 4:
+            model.forget(devices=[z], relabel=False)
+            gone.append(z)
+        else:
+            rows = rng.choice(len(Xs[i]), size=int(rng.integers(1, 6)), replace=False)
+            model.forget(rows={z: rows.tolist()}, relabel=False)
+            Xs[i] = np.delete(Xs[i], rows, axis=0)
+        tr = model._unlearning_.trace
+        if model.forget_log_[-1].path == "trace":
+            reruns += len(tr.reruns)
+            entered += len(tr.entered or [])
+        named += _check(model, Xs, ids, gone)
+    assert reruns >= 1 and entered >= 1 and named >= 1
