@@ -31,7 +31,8 @@ import numpy as np
 from ..core.kmeans import squared_distances
 from .keyed_trace import TIE_RTOL, KeyedTrace, RunTrace
 
-__all__ = ["Entering", "entering", "write", "refresh_rows", "enter_runs", "downdated", "run_centers"]
+__all__ = ["Entering", "entering", "write", "refresh_rows", "enter_runs", "downdated",
+           "run_centers"]
 
 
 @dataclass

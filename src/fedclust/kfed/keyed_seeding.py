@@ -14,8 +14,8 @@ from .keyed import n_trials
 from .keyed_rows import Entering, refresh_rows
 from .keyed_trace import KeyedTrace
 
-__all__ = ["seeds_stable", "candidate_rows", "seed_entries", "share", "insert_pieces", "piece_potentials",
-           "KEY_RTOL"]
+__all__ = ["seeds_stable", "candidate_rows", "seed_entries", "share", "insert_pieces",
+           "piece_potentials", "KEY_RTOL"]
 
 
 def share(tr: KeyedTrace, X: np.ndarray, wX: np.ndarray, x_sq: np.ndarray, Y: np.ndarray,
