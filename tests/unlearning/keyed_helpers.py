@@ -79,3 +79,55 @@ def fewest_starts_to_rerun(trace, ids):
     held = trace.owner[trace.seeds.ravel()].tolist()
     return min((z for z in ids if z != trace.seed_device and z not in trace.ff_owners),
                key=held.count)
+
+
+def parts_agree_with_scratch(tr):
+    """Each start's kept partition name and code (``KeyedTrace.parts``) against the starts'
+    partitions of the remaining rows worked out from scratch: starts of one name group the
+    rows alike, their codes map their labels to the same labels row by row, and starts of
+    two names group them otherwise."""
+    from fedclust.kfed.keyed_result import same_partitions
+
+    alive = np.flatnonzero(tr.alive)
+    k = tr.runs[0].cs.shape[1]
+    known = [(s, p) for s, p in enumerate(tr.parts or []) if p is not None]
+    for s, (t, name, code) in known:
+        lab = tr.runs[s].A[t][alive].astype(np.int64)
+        assert (code[lab] >= 0).all()
+        for r, (t2, name2, code2) in known:
+            lab2 = tr.runs[r].A[t2][alive].astype(np.int64)
+            same = bool(same_partitions(lab, lab2[None, :], k)[0])
+            if name2 == name:
+                assert same and np.array_equal(code[lab], code2[lab2])
+            else:
+                assert not same
+    return len(known)
+
+
+def candidate_rows_agree(tr):
+    """The trace's kept candidate rows (gathered once, then refreshed slot by slot) against
+    a gather of every slot from scratch, bit for bit, before and after they are brought
+    up to the trace's current candidates."""
+    from fedclust.kfed.keyed_seeding import candidate_rows
+
+    if tr.cand_rows is not None:
+        slots, Y, y_sq = tr.cand_rows
+        assert np.array_equal(Y, tr.C[slots.ravel()])
+        assert np.array_equal(y_sq, tr.c_sq[slots.ravel()])
+    cand = np.where(tr.cand >= 0, tr.cand, 0)
+    Y, y_sq = candidate_rows(tr, cand)
+    assert np.array_equal(Y, tr.C[cand.ravel()]) and np.array_equal(y_sq, tr.c_sq[cand.ravel()])
+
+
+def seed_distances_agree(tr):
+    """Each run's kept ``d0`` (a row's squared distance to the seed it is labelled with at
+    the run's first assignment) against that distance measured from scratch, for every
+    remaining row, within rounding: ``piece_potentials`` bounds with it."""
+    rows = np.flatnonzero(tr.alive)
+    for run in tr.runs:
+        if run.d0 is None:
+            continue
+        seed = run.cs[0][run.A[0][rows].astype(np.int64)]
+        want = ((tr.C[rows] - seed) ** 2).sum(axis=1)
+        np.testing.assert_allclose(run.d0[rows], want, rtol=1e-9, atol=1e-9 * tr.scale2)
+        assert not run.d0[~tr.alive].any()

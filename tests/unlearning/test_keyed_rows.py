@@ -215,10 +215,12 @@ def test_a_followed_trace_is_recorded_exact_and_verified_bit_for_bit():
     assert model.verify().ok
 
 
-@pytest.mark.parametrize("t", [1, 2, 3])
+@pytest.mark.parametrize("t", [1, 2, 3, 4])
 def test_a_new_piece_s_potential_is_the_weighted_sum_over_the_remaining_rows(t):
     # the pruned potential (the potential before the step less what the piece lowers, over
-    # the rows nearer to it than to its nearest seed) against the plain sum over all rows
+    # the rows nearer to it than to its nearest seed and than to their labelled seed where
+    # it came before the step) against the plain sum over all rows; some rows rewritten
+    # since the runs were traced (their kept seed distances stale, not read)
     from fedclust.kfed import keyed_seeding
 
     rng = np.random.default_rng(50 + t)
@@ -228,6 +230,10 @@ def test_a_new_piece_s_potential_is_the_weighted_sum_over_the_remaining_rows(t):
     alive = tr.alive.copy()
     alive[rng.choice(len(alive), size=20, replace=False)] = False
     tr.alive = alive
+    stale = rng.choice(np.flatnonzero(alive & ~np.isin(np.arange(len(alive)), tr.seeds)),
+                       size=5, replace=False)
+    tr.C[stale] = tr.C[stale[::-1]] + rng.normal(scale=2.0, size=(5, 3))
+    tr.c_sq[stale] = (tr.C[stale] ** 2).sum(axis=1)
     X = tr.C[rng.choice(np.flatnonzero(alive), size=4)] + rng.normal(scale=0.3, size=(4, 3))
     s = 1
     seeds = tr.seeds[s, :t]
@@ -236,6 +242,6 @@ def test_a_new_piece_s_potential_is_the_weighted_sum_over_the_remaining_rows(t):
     Dp = ((tr.C[:, None, :] - X[None]) ** 2).sum(axis=2)
     want = tr.w[alive] @ np.minimum(D[alive, None], Dp[alive])
     got = keyed_seeding.piece_potentials(tr, s, t, X, (X * X).sum(axis=1),
-                                         None if t == 1 else base)
+                                         None if t == 1 else base, stale)
     np.testing.assert_allclose(got, want, rtol=1e-10)
     assert (got < base).all()

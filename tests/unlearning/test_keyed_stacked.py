@@ -13,6 +13,9 @@ from fedclust import KFed
 from fedclust.core.random import key_uniforms, key_uniforms_at
 from fedclust.kfed import keyed_result, keyed_rows
 
+from .keyed_helpers import (candidate_rows_agree, parts_agree_with_scratch,
+                            seed_distances_agree)
+
 K = 4
 
 
@@ -77,6 +80,39 @@ def test_partition_classes_names_each_start_by_its_first_equal_partition():
     # other cluster weights: never compared
     assert keyed_result.partition_classes(finals, [0, 0, 0, 0, 1], alive, k,
                                           [None] * 5)[4] == 4
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_partition_codes_after_changed_rows_name_starts_as_from_scratch(seed):
+    # starts grouped at a "last forget" keep their names and codes; then a few rows change
+    # value (a row deletion's new pieces) and take new labels in some starts: the names
+    # from the codes and the changed rows are the names worked out from scratch, and each
+    # start's code maps its labels to its class's labels row by row
+    rng = np.random.default_rng(seed)
+    k, n = 4, 80
+    base = [rng.integers(0, k, n) for _ in range(2)]
+    finals = [rng.permutation(k)[base[int(rng.integers(2))]] for _ in range(6)]
+    alive = np.ones(n, bool)
+    sizes = [0] * 6
+    names, codes = keyed_result.partition_classes(finals, sizes, alive, k, [None] * 6,
+                                                  with_codes=True)
+    assert names == keyed_result.partition_classes(finals, sizes, alive, k, [None] * 6)
+    for _ in range(4):
+        known = [(names[s], codes[s]) for s in range(6)]
+        check = rng.choice(n, size=3, replace=False)
+        alive[rng.integers(n)] = False
+        alive[check] = True
+        for s in range(6):
+            if rng.random() < 0.5:   # some starts label the changed rows otherwise
+                finals[s] = finals[s].copy()
+                finals[s][check] = rng.integers(0, k, 3)
+        names, codes = keyed_result.partition_classes(finals, sizes, alive, k, known, check,
+                                                      with_codes=True)
+        assert names == keyed_result.partition_classes(finals, sizes, alive, k, [None] * 6)
+        rows = np.flatnonzero(alive)
+        for s in range(6):
+            r = names[s]
+            assert np.array_equal(codes[s][finals[s][rows]], codes[r][finals[r][rows]])
 
 
 def _trace_and_entering(seed):
@@ -169,6 +205,12 @@ def _check(model, Xs, ids, gone):
     for a, b in zip(model.center_labels_, fresh.center_labels_):
         assert np.array_equal(a, b)
     assert model._unlearning_.result.log.warnings == fresh._unlearning_.result.log.warnings
+    tr = model._unlearning_.trace
+    if tr is None:
+        return 0
+    candidate_rows_agree(tr)
+    seed_distances_agree(tr)
+    return parts_agree_with_scratch(tr)
 
 
 @pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow)])
@@ -199,7 +241,7 @@ def test_interleaved_row_deletions_whose_pieces_change_label_equal_a_fresh_fit(
     ids = list(range(60))
     model = KFed(K, random_state=5).fit(Xs, device_ids=ids)
     gone: list[int] = []
-    reruns = 0
+    reruns = named = 0
     for step in range(10):
         left = [z for z in ids if z not in gone]
         z = left[int(rng.integers(len(left)))]
@@ -213,5 +255,40 @@ def test_interleaved_row_deletions_whose_pieces_change_label_equal_a_fresh_fit(
             Xs[i] = np.delete(Xs[i], rows, axis=0)
             if model.forget_log_[-1].path == "trace":
                 reruns += len(model._unlearning_.trace.reruns)
-        _check(model, Xs, ids, gone)
-    assert sum(relabelled) >= 1 and reruns >= 1
+        named += _check(model, Xs, ids, gone)
+    assert sum(relabelled) >= 1 and reruns >= 1 and named >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", [0, 1])
+def test_long_interleaved_sequences_keep_every_kept_structure_as_from_scratch(trial):
+    # 30 forgets, a device every fifth: every state against a fresh fit, and the trace's
+    # kept partition codes, candidate rows and seed distances against their recomputation
+    rng = np.random.default_rng(900 + trial)
+    means = rng.normal(size=(K, 3)) * 2.5
+    Xs = []
+    for _ in range(70):
+        own = rng.choice(K, size=2, replace=False)
+        n = int(rng.integers(10, 25))
+        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 3)))
+    ids = list(range(70))
+    model = KFed(K, random_state=5).fit(Xs, device_ids=ids)
+    gone: list[int] = []
+    reruns = entered = named = 0
+    for step in range(30):
+        left = [z for z in ids if z not in gone]
+        z = left[int(rng.integers(len(left)))]
+        i = ids.index(z)
+        if step % 5 == 4:
+            model.forget(devices=[z], relabel=False)
+            gone.append(z)
+        else:
+            rows = rng.choice(len(Xs[i]), size=int(rng.integers(1, 6)), replace=False)
+            model.forget(rows={z: rows.tolist()}, relabel=False)
+            Xs[i] = np.delete(Xs[i], rows, axis=0)
+        tr = model._unlearning_.trace
+        if model.forget_log_[-1].path == "trace":
+            reruns += len(tr.reruns)
+            entered += len(tr.entered or [])
+        named += _check(model, Xs, ids, gone)
+    assert reruns >= 1 and entered >= 1 and named >= 1

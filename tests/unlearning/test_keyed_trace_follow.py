@@ -179,11 +179,12 @@ def test_assign_margin_matches_a_full_sort_of_the_distances():
     centers = np.vstack([rng.normal(size=(5, 4)), X[:1]])
     centers = np.vstack([centers, centers[:1]])   # a duplicated center: margin 0 rows
     x_sq = (X * X).sum(axis=1)
-    lab, margin, runner, margin3 = keyed_trace._assign_margin(X, centers, x_sq)
+    lab, margin, runner, margin3, nearest = keyed_trace._assign_margin(X, centers, x_sq)
     D = np.maximum(x_sq[:, None] - 2.0 * (X @ centers.T) + (centers ** 2).sum(axis=1), 0.0)
     dist = np.sqrt(D)
     srt = np.sort(dist, axis=1)
     assert np.array_equal(lab, D.argmin(axis=1))
+    assert np.array_equal(nearest, D.min(axis=1))
     assert np.array_equal(margin, srt[:, 1] - srt[:, 0])
     assert np.array_equal(margin3, srt[:, 2] - srt[:, 0])
     assert (runner != lab).all()

@@ -66,7 +66,9 @@ def expand(run: RunTrace, rows: np.ndarray, n0: int) -> RunTrace:
         a[rows], b[rows] = r2, m3
         r2s.append(a)
         m3s.append(b)
+    d0 = np.zeros(n0)
+    d0[rows] = run.d0
     out = RunTrace(run.cs, A, run.S, run.W, run.Q, run.W0, [rows[m] for m in run.moved], order,
-                   margin_sorted, run.reason, r2s, m3s)
+                   margin_sorted, run.reason, r2s, m3s, d0=d0)
     stacked(out)
     return out

@@ -33,33 +33,65 @@ def center_labels(tr: KeyedTrace, ids: list[int], labels: np.ndarray,
 
 
 def partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
-                       known: list) -> list:
+                       known: list, check: np.ndarray | None = None,
+                       with_codes: bool = False):
     """Per start the first start with its partition of the remaining rows (``names[s] ==
     s``: a new partition), for :func:`pick_start`. Only starts with the same cluster
     weights are compared: label by label, through the map from one start's labels to the
     other's; two starts whose ``known`` names (their partition at the last forget, of
     labels unchanged since) are equal share it without a comparison. Each new partition
     is compared with every later start still unnamed in one call
-    (:func:`same_partitions`): a start takes the first earlier partition it matches."""
+    (:func:`same_partitions`): a start takes the first earlier partition it matches.
+
+    ``known[s]``: None, a name, or ``(name, code)`` with ``code`` (k,) the map from the
+    start's labels to its class's common labels (-1: a label no remaining row had).
+    ``check``: rows whose values changed since the last forget (a row deletion's new
+    pieces): two starts of one known name share it only where their codes agree on those
+    rows too (the other remaining rows kept their labels, and the codes agree there),
+    else they are compared. ``with_codes``: also return each start's code."""
     S = len(finals)
     names: list = [None] * S
+    codes: list = [None] * S
+    known = [(None, None) if x is None else x if isinstance(x, tuple) else (x, None)
+             for x in known]
+    if check is not None:   # rows changed: a known name holds only with its code
+        known = [(None, None) if c is None else (n, c) for n, c in known]
     F = None
     for r in range(S):
         if names[r] is not None:
             continue
         names[r] = r
+        name_r, code_r = known[r]
+        if code_r is None:
+            code_r = np.arange(k)   # a new class: the start's own labels
+        codes[r] = code_r
         later = [s for s in range(r + 1, S) if names[s] is None and sizes[s] == sizes[r]]
         for s in later:
-            if known[s] is not None and known[s] == known[r]:
-                names[s] = r
+            name_s, code_s = known[s]
+            if name_s is None or name_s != name_r:
+                continue
+            if check is not None:
+                a, b = code_r[finals[r][check]], code_s[finals[s][check]]
+                if (a < 0).any() or (a != b).any():
+                    continue
+            names[s], codes[s] = r, code_s
         rest = [s for s in later if names[s] is None]
         if rest:
             if F is None:
                 F = np.stack(finals)[:, np.flatnonzero(alive)]
-            for s, same in zip(rest, same_partitions(F[r], F[rest], k).tolist()):
-                if same:
+            same = same_partitions(F[r], F[rest], k)
+            if with_codes and same.any():
+                # the map from each matching start's labels to r's, then r's code
+                hit = np.array(rest)[same]
+                to = np.full((len(hit), k), -1, np.int64)
+                to[np.arange(len(hit))[:, None], F[hit]] = F[r][None, :]
+                cr = np.asarray(code_r, np.int64)
+                for s, t in zip(hit.tolist(), to):
+                    codes[s] = np.where(t >= 0, cr[np.maximum(t, 0)], -1)
+            for s, sm in zip(rest, same.tolist()):
+                if sm:
                     names[s] = r
-    return names
+    return (names, codes) if with_codes else names
 
 
 def same_partitions(a: np.ndarray, B: np.ndarray, k: int) -> np.ndarray:

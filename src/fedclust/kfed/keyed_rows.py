@@ -31,7 +31,8 @@ import numpy as np
 from ..core.kmeans import squared_distances
 from .keyed_trace import TIE_RTOL, KeyedTrace, RunTrace
 
-__all__ = ["Entering", "entering", "write", "enter_runs", "downdated", "run_centers"]
+__all__ = ["Entering", "entering", "write", "refresh_rows", "enter_runs", "downdated",
+           "run_centers"]
 
 
 @dataclass
@@ -91,7 +92,19 @@ def write(tr: KeyedTrace, e: Entering) -> None:
         tr.Cw[e.new] = e.Cw
     if tr.scatter is not None:
         tr.scatter[e.new] = e.scatter
-    tr.cand_rows = None
+    if tr.cand_rows is not None:   # the candidates' gathered rows at the rewritten slots
+        slots, Y, y_sq = tr.cand_rows
+        flat = slots.ravel()
+        refresh_rows(tr, Y, y_sq, flat, np.flatnonzero(np.isin(flat, e.new)))
+
+
+def refresh_rows(tr: KeyedTrace, Y: np.ndarray, y_sq: np.ndarray, flat: np.ndarray,
+                 idx: np.ndarray) -> None:
+    """Gather the rows ``flat[idx]`` of the trace again into ``Y[idx]`` and their squared
+    norms into ``y_sq[idx]`` (the bits of a gather of every slot)."""
+    if len(idx):
+        Y[idx] = tr.C[flat[idx]]
+        y_sq[idx] = (Y[idx] * Y[idx]).sum(axis=1) if tr.c_sq is None else tr.c_sq[flat[idx]]
 
 
 def enter_runs(runs: dict, e: Entering, k: int, stats: tuple) -> None:
@@ -107,8 +120,9 @@ def enter_runs(runs: dict, e: Entering, k: int, stats: tuple) -> None:
     T1s = np.array([len(r.cs) for r in rs])
     cs = np.concatenate([r.cs for r in rs])   # (G, k, d): every run's iterations
     G = len(cs)
-    lab_all = (e.c_sq[None, :, None] - 2.0 * np.matmul(e.C[None], cs.transpose(0, 2, 1))
-               + np.einsum("gkd,gkd->gk", cs, cs)[:, None, :]).argmin(axis=2)   # (G, n)
+    D = (e.c_sq[None, :, None] - 2.0 * np.matmul(e.C[None], cs.transpose(0, 2, 1))
+         + np.einsum("gkd,gkd->gk", cs, cs)[:, None, :])
+    lab_all = D.argmin(axis=2)   # (G, n)
     S, W, Q = stats
     # each (iteration, cluster) gains the new pieces in their order, as run by run
     idx = (np.arange(G)[:, None] * k + lab_all).ravel()
@@ -121,6 +135,8 @@ def enter_runs(runs: dict, e: Entering, k: int, stats: tuple) -> None:
     for run, b, T1 in zip(rs, base, T1s):
         lab = lab_all[b:b + T1]
         run.A[:, e.new] = lab
+        if run.d0 is not None:   # each new piece's distance to its nearest seed
+            run.d0[e.new] = np.maximum(D[b, np.arange(len(e.new)), lab[0]], 0.0)
         # the moved rows less the slots' old values, plus the new pieces that moved
         o, m, r2, m3, mv_rows, mv_t = run.stack
         keep = ~is_slot[mv_rows]
@@ -160,7 +176,7 @@ def downdated(runs: dict, R: np.ndarray, CwR: np.ndarray, wR: np.ndarray, qR: np
         out[s] = RunTrace(run.cs, run.A, S[part].reshape(t, k, d), W[part].reshape(t, k),
                           Q[part].reshape(t, k), run.W0, run.moved, run.order,
                           run.margin_sorted, run.reason, run.runner_up, run.margin3, run.rank,
-                          run.stack)
+                          run.stack, run.d0)
     return out, (S, W, Q)
 
 

@@ -11,11 +11,11 @@ import numpy as np
 from ..core.kmeans import squared_distances
 from ..core.random import key_uniforms_at, key_uniforms_steps
 from .keyed import n_trials
-from .keyed_rows import Entering
+from .keyed_rows import Entering, refresh_rows
 from .keyed_trace import KeyedTrace
 
-__all__ = ["seeds_stable", "seed_entries", "share", "insert_pieces", "piece_potentials",
-           "KEY_RTOL"]
+__all__ = ["seeds_stable", "candidate_rows", "seed_entries", "share", "insert_pieces",
+           "piece_potentials", "KEY_RTOL"]
 
 
 def share(tr: KeyedTrace, X: np.ndarray, wX: np.ndarray, x_sq: np.ndarray, Y: np.ndarray,
@@ -157,7 +157,7 @@ def insert_pieces(tr: KeyedTrace, e: Entering, s: int, t: int, before_st: np.nda
     same = pos[1:] == pos[:-1]
     if (same & (kn_hi[pieces[:-1]] >= kn_lo[pieces[1:]])).any():
         return None   # two new pieces in one place, their order not certain
-    pp = piece_potentials(tr, s, t, e.C[pieces], e.c_sq[pieces], base)
+    pp = piece_potentials(tr, s, t, e.C[pieces], e.c_sq[pieces], base, e.new)
     if pp is None:
         return None
     merged = np.insert(rows, pos, e.new[pieces])
@@ -178,6 +178,24 @@ def insert_pieces(tr: KeyedTrace, e: Entering, s: int, t: int, before_st: np.nda
     return cand, pots, b, bool((np.isin(merged[:L], e.new)).any())
 
 
+def candidate_rows(tr: KeyedTrace, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Y (S k M, d), y_sq (S k M,))``: the device centers at the candidates' slots
+    ``cand`` (``tr.cand`` with row 0 at its empty slots) and their squared norms, kept in
+    ``tr.cand_rows``: gathered once per trace, then only the slots whose candidate changed
+    are gathered again (a rewritten row's slots are refreshed as it is written:
+    :func:`~fedclust.kfed.keyed_rows.write`)."""
+    flat = cand.ravel()
+    got = tr.cand_rows
+    if got is None or got[0].shape != cand.shape:
+        Y = tr.C[flat]
+        y_sq = (Y * Y).sum(axis=1) if tr.c_sq is None else tr.c_sq[flat]
+    else:
+        Y, y_sq = got[1], got[2]
+        refresh_rows(tr, Y, y_sq, flat, np.flatnonzero(got[0].ravel() != flat))
+    tr.cand_rows = (cand.copy(), Y, y_sq)
+    return Y, y_sq
+
+
 def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
                   old: tuple | None = None, e: Entering | None = None):
     """The keyed starts' potentials less the rows ``R``'s exact share, per start why its
@@ -193,11 +211,7 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
     CR, wR, x_sq = old
     valid = tr.cand >= 0
     cand = np.where(valid, tr.cand, 0)
-    if tr.cand_rows is None or tr.cand_rows[0] is not tr.cand:   # gathered once per trace
-        Y = tr.C[cand.ravel()]
-        tr.cand_rows = (tr.cand, Y, (Y * Y).sum(axis=1) if tr.c_sq is None
-                        else tr.c_sq[cand.ravel()])
-    _, Y, y_sq = tr.cand_rows
+    Y, y_sq = candidate_rows(tr, cand)
     if x_sq is None:
         x_sq = (CR * CR).sum(axis=1)
     out_share, _ = share(tr, CR, wR, x_sq, Y, y_sq)
@@ -273,14 +287,17 @@ def seeds_stable(tr: KeyedTrace, R: np.ndarray, alive: np.ndarray,
 
 
 def piece_potentials(tr: KeyedTrace, s: int, t: int, X: np.ndarray, x_sq: np.ndarray,
-                     base: float | None) -> np.ndarray | None:
+                     base: float | None, stale: np.ndarray | None = None) -> np.ndarray | None:
     """The potential of start ``s`` after step ``t`` picks each row of X (n, d) in turn,
     over the remaining rows: ``base`` (the potential before the step, that is after step
     t - 1's pick; None at t = 1, where it is measured) less what each row lowers. A
     remaining row i can come nearer to a piece p than to its nearest seed only where
-    it is nearer to p than to the seed q nearest to p, so one product of every row with
-    the pieces and their q's finds the few rows whose distances to the seeds are
-    measured. None where ``base`` is not finite."""
+    it is nearer to p than to the seed q nearest to p, and, where the seed it is labelled
+    with at the start's first assignment (``RunTrace.d0``) was picked before step t,
+    nearer to p than to that seed; one product of every row with the pieces and their
+    q's finds the few rows whose distances to the seeds are measured. ``stale``: rows
+    whose values changed since the run was traced (their ``d0`` is not read). None where
+    ``base`` is not finite."""
     n = len(X)
     tol = 1e-12 * tr.scale2
     seeds = tr.seeds[s, :t]
@@ -294,6 +311,12 @@ def piece_potentials(tr: KeyedTrace, s: int, t: int, X: np.ndarray, x_sq: np.nda
     if base is None or not np.isfinite(base):
         return None
     near = (Dp < Dq + 2 * tol) & alive[:, None]
+    run = tr.runs[s + int(tr.ff_start)]
+    if run.d0 is not None:   # the rows whose labelled seed is nearer than p: no gain
+        picked = run.A[0] < t
+        if stale is not None:
+            picked[stale] = False
+        near &= ~(picked[:, None] & (Dp >= run.d0[:, None] + 2 * tol))
     rows = np.flatnonzero(near.any(axis=1))
     cl = squared_distances(tr.C[rows], tr.C[seeds],
                            None if tr.c_sq is None else tr.c_sq[rows]).min(axis=1)

@@ -43,6 +43,11 @@ class RunTrace:
     #: above are (views: a scrub of the lists is seen here), and the moved rows flattened
     #: with their iteration: :func:`stacked`
     stack: tuple = None
+    #: (N,) each row's squared distance to its nearest seed (its label A_0 under c_0, the
+    #: start's seeds), any rounding: bounds a row's distance to the seeds before a
+    #: k-means++ step that picked its nearest seed already (:func:`~fedclust.kfed.
+    #: keyed_seeding.piece_potentials`)
+    d0: np.ndarray = None
 
 
 def stacked(run: RunTrace) -> tuple:
@@ -100,16 +105,18 @@ class KeyedTrace:
     #: whether runs[0] is the farthest-first start (keyed start s is then runs[s + 1])
     ff_start: bool = True
     c_sq: np.ndarray | None = None    # (N0,) each row's squared norm (a start run again)
-    #: per run, ``(t, name)`` where the last forget kept its labels at iteration t
-    #: unchanged: starts with one name partitioned the remaining rows alike (None: unknown)
+    #: per run, ``(t, name, code)`` where the last forget kept its labels at iteration t
+    #: unchanged: starts with one name partitioned the remaining rows alike, ``code`` (k,)
+    #: maps the run's labels to its class's common labels (None: unknown)
     parts: list | None = None
     #: ``(labels, alive, centers)`` of the kept start's last update at the last forget
     #: (:func:`fedclust.kfed.keyed_unlearn.exact_means`)
     means_ref: tuple | None = None
     #: (N0,) the final labels at the last forget (``center_labels`` are slices of them)
     labels: np.ndarray | None = None
-    #: ``(cand, rows, squared norms)``: the device centers at the candidates' slots of
-    #: ``cand`` (S * k * L, d), gathered once for the seeds' certificate
+    #: ``(slots, rows, squared norms)``: the device centers at the candidates' slots
+    #: ``slots`` (``cand`` with row 0 at its empty slots) (S * k * L, d), gathered once for
+    #: the seeds' certificate and refreshed where a slot or its row changes
     cand_rows: tuple | None = None
     #: rows whose pieces entered after the runs were traced (a row deletion's new pieces,
     #: :mod:`fedclust.kfed.keyed_rows`): no margin certifies them, every forget assigns
@@ -155,6 +162,8 @@ class KeyedTrace:
             self.c_sq[gone] = 0.0
         for r in self.runs:
             r.A[:, gone] = 0
+            if r.d0 is not None:
+                r.d0[gone] = 0.0
             if r.rank is None:
                 r.rank = [_rank(o) for o in r.order]
             for m, o, rank, r2, m3 in zip(r.margin_sorted, r.order, r.rank, r.runner_up,
@@ -169,8 +178,7 @@ class KeyedTrace:
         if self.labels is not None:
             self.labels[gone] = 0
         if self.cand_rows is not None:
-            cand = self.cand_rows[0].ravel()
-            dead_slot = (cand >= 0) & dead[np.maximum(cand, 0)]
+            dead_slot = dead[self.cand_rows[0].ravel()]
             self.cand_rows[1][dead_slot] = 0.0
             self.cand_rows[2][dead_slot] = 0.0
 
@@ -220,6 +228,7 @@ def _assign_margin(X, centers, x_sq):
     the third-nearest minus nearest distance, from the same distances."""
     n, k = len(X), len(centers)
     labels = np.empty(n, dtype=np.int64)
+    nearest = np.empty(n)
     margin = np.full(n, np.inf)
     margin3 = np.full(n, np.inf)
     runner = np.zeros(n, dtype=np.int64)
@@ -229,6 +238,7 @@ def _assign_margin(X, centers, x_sq):
             + c_sq[None, :]
         lab = D.argmin(axis=1)
         labels[start:start + BLOCK] = lab
+        nearest[start:start + BLOCK] = np.maximum(D[np.arange(len(D)), lab], 0.0)
         if k > 1:
             # the nearest, second- and third-nearest clipped distances by masking the
             # nearest found so far (three argmin passes, cheaper than a partial sort); the
@@ -245,7 +255,7 @@ def _assign_margin(X, centers, x_sq):
             if k > 2:
                 D[at, r] = np.inf
                 margin3[block] = np.sqrt(D.min(axis=1)) - d0
-    return labels, margin, runner, margin3
+    return labels, margin, runner, margin3, nearest
 
 
 def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
@@ -267,9 +277,11 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
             abs_tol = tol * hint[2]()
         return shift <= abs_tol
     cs, A, mm, labels, reason = [centers], [], [], None, "max_iter"
-    r2s, m3s = [], []
+    r2s, m3s, d0 = [], [], None
     for _ in range(max_iter):
-        new_labels, margin, r2, m3 = _assign_margin(C, centers, c_sq)
+        new_labels, margin, r2, m3, near = _assign_margin(C, centers, c_sq)
+        if d0 is None:
+            d0 = near
         A.append(new_labels)
         mm.append(margin)
         r2s.append(r2.astype(np.int16))
@@ -288,7 +300,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
             reason = "shift"
             break
     if reason != "labels":
-        lab, margin, r2, m3 = _assign_margin(C, centers, c_sq)
+        lab, margin, r2, m3, _ = _assign_margin(C, centers, c_sq)
         A.append(lab)
         mm.append(margin)
         r2s.append(r2.astype(np.int16))
@@ -304,7 +316,7 @@ def traced_lloyd(C, init, w, Cw, c_sq, c_var, max_iter, tol):
     moved = [np.empty(0, np.int64)] + [np.flatnonzero(A[t] != A[t - 1]) for t in range(1, T1)]
     order = [np.argsort(m, kind="stable").astype(np.int32) for m in mm]
     run = RunTrace(np.stack(cs), A.astype(np.int16), S, W, Q, W.copy(), moved, order,
-               [m[o] for m, o in zip(mm, order)], reason, r2s, m3s)
+               [m[o] for m, o in zip(mm, order)], reason, r2s, m3s, d0=d0)
     stacked(run)
     return run
 

@@ -392,7 +392,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         # draws starts the trace lacks
         trace.fallback = "the start count changes"
         return None
-    ids = [z for z in trace.ids if z not in gone]
+    ids = [z for z in trace.ids if z not in gone] if gone else list(trace.ids)
     old_alive, old_extra = trace.alive, trace.extra
     trace.alive, trace.extra = alive, extra
     reruns: dict[int, str] = {}
@@ -456,11 +456,13 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         # integer counts: exact in any order); only those are compared
         sizes = [tuple(np.sort(outs[s][3][1][outs[s][2]]).tolist()) for s in order]
         # a start followed with its labels as at the last forget (no label changed, the
-        # same final iteration) keeps its partition there, less the leaving rows
-        known = [None if trace.parts is None or e is not None or s in new_runs or len(outs[s][1][0])
+        # same final iteration) keeps its partition there, less the leaving rows; after a
+        # row deletion only the new pieces' labels are compared, through the codes
+        known = [None if trace.parts is None or s in new_runs or len(outs[s][1][0])
                  or trace.parts[s] is None or trace.parts[s][0] != outs[s][2]
-                 else trace.parts[s][1] for s in order]
-        names = partition_classes(finals, sizes, alive, k, known)
+                 else trace.parts[s][1:] for s in order]
+        names, codes = partition_classes(finals, sizes, alive, k, known,
+                                         None if e is None else e.new, with_codes=True)
         b = pick_start([np.array([z]) for z in names], inert, err)
         if b is None:
             raise _Full("two starts' costs within rounding")
@@ -470,7 +472,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
     finally:
         trace.alive, trace.extra = old_alive, old_extra
     # each start's partition name, where its final labels are its run's at t (no change)
-    parts = [None if len(outs[s][1][0]) else (outs[s][2], names[s]) for s in order]
+    parts = [None if len(outs[s][1][0]) else (outs[s][2], names[s], codes[s]) for s in order]
     centers, _, t_f, _, _, prev = outs[b]
     labels = finals[b].astype(np.int64)
     if t_f >= 1 and trace.Cw is not None:   # the fresh step's bits: its last update again
@@ -482,8 +484,11 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
         means_ref = (lab, alive, centers)
     else:
         means_ref = None
-    local_centers = {z: trace.local_centers[z] for z in ids}
-    local_counts = {z: trace.local_counts[z] for z in ids}
+    if gone:
+        local_centers = {z: trace.local_centers[z] for z in ids}
+        local_counts = {z: trace.local_counts[z] for z in ids}
+    else:   # a row deletion: every device stays
+        local_centers, local_counts = dict(trace.local_centers), dict(trace.local_counts)
     if e is not None:
         local_centers.update(e.centers)
         local_counts.update(e.counts)
@@ -515,7 +520,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                      seed=trace.seed, keys=trace.keys, reruns=reruns, scatter=trace.scatter,
                      expl=expl, newly=R[~alive[R]], Cw=trace.Cw, ff_start=trace.ff_start,
                      c_sq=trace.c_sq, parts=parts, means_ref=means_ref, labels=labels,
-                     cand_rows=trace.cand_rows if cand is trace.cand else None,
+                     cand_rows=trace.cand_rows,
                      extra=extra, rewritten=None if e is None else e.new, entered=entered,
                      exact=means_ref is not None)
     return result, new
