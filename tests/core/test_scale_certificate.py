@@ -157,3 +157,35 @@ def test_what_the_certificate_leaves_to_the_exact_path():
     assert not _certified_bounded(X.T)                       # not C-contiguous
     assert not _certified_bounded(X.astype(np.float16))      # not float32 / float64
     assert not _certified_bounded(np.ones((3_000_000, 1), dtype=np.float32))   # N eps > 1/4
+
+
+@pytest.mark.parametrize("scale, needle", [(1e160, "overflow"), (1e-160, "underflow"),
+                                           (np.nan, "non-finite")])
+def test_kfed_fit_refuses_as_on_the_exact_path(scale, needle, monkeypatch):
+    from fedclust.kfed import KFed
+
+    rng = np.random.default_rng(7)
+    devs = [rng.normal(size=(_SMALL_DEVICE // 4 + 50, 4)) + 5 * (i % 2) for i in range(12)]
+    if np.isnan(scale):
+        devs[9][3, 3] = scale
+    elif scale > 1:
+        devs[9] = devs[9] * scale
+    else:
+        devs = [d * scale for d in devs]
+
+    def refusal():
+        with pytest.raises(ValidationError, match=needle) as err:
+            KFed(2, 2, random_state=0).fit(devs)
+        return str(err.value)
+
+    fast = refusal()
+    monkeypatch.setattr(validation, "_certified_bounded", lambda X: False)
+    assert fast == refusal()
+    if not scale < 1:
+        assert "device 9" in fast
+    monkeypatch.undo()
+    ok = [rng.normal(size=d.shape) for d in devs]
+    fitted = KFed(2, 2, random_state=0).fit(ok)
+    monkeypatch.setattr(validation, "_certified_bounded", lambda X: False)
+    exact = KFed(2, 2, random_state=0).fit(ok)
+    np.testing.assert_array_equal(fitted.cluster_centers_, exact.cluster_centers_)
