@@ -139,11 +139,17 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
         raise ValidationError(f"device_ids has {len(ids)} entries for {len(devices)} devices")
     one_shape = _one_shape(devices)   # read once: 10^5 small devices take milliseconds
     finite, ranges = _finite_float_devices(devices, shape=one_shape)
-    # large float devices: their per-feature min and max test finiteness (NaN and inf reach
-    # them) and are the scale check's input, so each such device is read twice, not three times
+    # large float devices: one dot product certifies most (finite, below the overflow limit);
+    # the others' per-feature min and max test finiteness (NaN and inf reach them) and are the
+    # scale check's input, so each such device is read twice, not three times
+    bounded: list[int] = []
     for pos, X in enumerate(() if finite.all() else devices):
         if (type(X) is np.ndarray and X.ndim == 2 and X.size > _SMALL_DEVICE
                 and X.dtype.kind == "f" and X.shape[0] > 0 and not finite[pos]):
+            if _certified_bounded(X):
+                finite[pos] = True
+                bounded.append(pos)
+                continue
             lo, hi = _feature_range(X)
             if np.isfinite(lo).all() and np.isfinite(hi).all():
                 finite[pos] = True
@@ -179,7 +185,7 @@ def check_devices(devices: Any, *, min_points: int = 1, name: str = "devices",
     dtypes = set(map(_DTYPE, out))
     if dtypes != {f32} and dtypes != {f64}:
         out = [a.astype(np.float64, copy=False) for a in out]
-    check_scale(out, name, ids, ranges=ranges)
+    check_scale(out, name, ids, ranges=ranges, bounded=bounded)
     return out
 
 
@@ -200,9 +206,38 @@ def _feature_range(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def _certified_bounded(X: np.ndarray) -> bool:
+    """Whether one BLAS dot product certifies that every value of the float32 or float64
+    array ``X`` is finite and at most :func:`check_scale`'s overflow limit for ``X``'s dtype
+    (``sqrt(max) / 1e4``; float64 data's limit is the larger when devices are mixed).
+
+    The sum of squares S is finite only when every value is (NaN and inf reach it), and
+    bounds each square. Its computed value, in any order and with or without fused
+    multiply-adds, is at least ``(1 - N u / (1 - N u)) S - N eta`` for N values, unit
+    roundoff u and underflow error eta per operation: with ``N eps <= 1/4`` that is more
+    than ``0.85 S - N eta``, so a computed sum at most a quarter of the squared limit
+    leaves every value below the limit. False (the caller reads the exact per-feature
+    range) for anything it cannot certify: a non-contiguous array, too many values for
+    the bound, or a sum above the quarter.
+    """
+    if X.dtype not in _CERTIFIED_DTYPES or not X.flags.c_contiguous:
+        return False
+    fi = np.finfo(X.dtype)
+    if X.size * float(fi.eps) > 0.25:
+        return False
+    flat = X.reshape(-1)
+    limit = float(np.sqrt(fi.max)) / _HEADROOM
+    with np.errstate(over="ignore", invalid="ignore"):   # inf and NaN: not certified
+        return bool(float(flat @ flat) <= 0.25 * limit * limit)   # NaN compares False
+
+
+_CERTIFIED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
                 ids: Sequence[int] | None = None, *,
-                ranges: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+                ranges: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+                bounded: Sequence[int] = ()) -> None:
     """Refuse, in one line, data whose squared distances overflow or underflow its float type.
 
     Every family computes squared distances, scatter matrices or squared
@@ -215,16 +250,24 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     ``arrays``: finite 2-D float arrays with one number of columns (checked
     already); errors name the device (by ``ids``, default its position).
     O(total size), in chunks of devices. ``ranges``: position -> (per-feature min, max) of
-    devices whose ranges the caller has already computed (not read again).
+    devices whose ranges the caller has already computed (not read again). ``bounded``:
+    positions of non-empty devices (no range given) that :func:`_certified_bounded`
+    certified: they cannot hold the largest value of data that overflows, so their ranges
+    are read only for the underflow test, one at a time until some feature's span reaches
+    the limit (usually the first one), all of them when none does; the errors are the ones
+    their full ranges give.
     """
     known = ranges or {}
-    if known and len(known) == len(arrays):   # every device's range at hand (none empty)
+    later = [arrays[pos] for pos in sorted(bounded)]
+    # positions already accounted for: no set built for 10^5 small devices' ranges alone
+    skip = known.keys() | set(bounded) if later else known
+    if skip and len(skip) == len(arrays):   # every device's range at hand or certified
         unread: list[np.ndarray] = []
     else:
         ids = None if ids is None else [z for z, a in zip(ids, arrays) if a.size]
         pairs = [(pos, a) for pos, a in enumerate(arrays) if a.size]
         arrays = [a for _, a in pairs]
-        unread = [a for pos, a in pairs if pos not in known]
+        unread = [a for pos, a in pairs if pos not in skip]
     if not len(arrays):
         return
     fi = np.finfo(np.result_type(*set(map(_DTYPE, arrays))))
@@ -255,6 +298,13 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
             f"squared distances overflow {fi.dtype} beyond about {huge:.1e}: divide the data "
             "by one constant (e.g. its largest absolute value) before fitting")
     span = float((hi - lo).max())
+    for a in later if not span >= tiny else ():   # a span at the limit clears the rest
+        lo_a, hi_a = _feature_range(a)
+        np.minimum(lo, lo_a, out=lo)
+        np.maximum(hi, hi_a, out=hi)
+        span = float((hi - lo).max())
+        if span >= tiny:
+            break
     if 0.0 < span < tiny:
         raise ValidationError(
             f"{name}: the widest feature spans only {span:.3g}; squared distances underflow "
