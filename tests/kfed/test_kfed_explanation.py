@@ -104,6 +104,25 @@ def test_center_split_against_every_two_way_partition(seed):
     assert s.halves.sum() == pytest.approx(s.n)
 
 
+@pytest.mark.parametrize("f", [1e100, 1e-100])
+def test_center_split_and_warning_are_scale_equivariant(f):
+    # data inside the scale check's limits: every measure scales as f^2 (none overflows
+    # to inf or underflows to 0) and the warning says the same words
+    rng = np.random.default_rng(5)
+    C = np.concatenate([rng.normal(size=(4, 3)), rng.normal(size=(3, 3)) + 8.0])
+    w = rng.integers(1, 9, size=7).astype(float)
+    S = rng.uniform(0.5, 2.0, size=7)
+    s, t = center_split(C, w, S), center_split(C * f, w, S * f * f)
+    for name in ("cost", "gain", "along"):
+        assert np.isfinite(getattr(t, name)) and getattr(t, name) > 0
+        assert getattr(t, name) == pytest.approx(getattr(s, name) * f * f, rel=1e-9)
+    args = ([COUNTS[:4]], [SCATTER[:4]])
+    ref = explanation_warning([PIECES[:4]], *args, np.array([[5.0]]), [np.zeros(4, int)], [4])
+    got = explanation_warning([PIECES[:4] * f], [COUNTS[:4]], [SCATTER[:4] * f * f],
+                              np.array([[5.0 * f]]), [np.zeros(4, int)], [4])
+    assert ref is not None and got == ref
+
+
 def test_a_negative_scatter_counts_as_zero():
     a = center_split(PIECES[:3], COUNTS[:3], np.array([-5.0, 5.0, 5.0]))
     b = center_split(PIECES[:3], COUNTS[:3], np.array([0.0, 5.0, 5.0]))

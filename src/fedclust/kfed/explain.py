@@ -111,7 +111,10 @@ def center_split(C: np.ndarray, w: np.ndarray, S: np.ndarray) -> CenterSplit:
     diff = hm[0] - hm[1]
     gain = float(h[0] * h[1] / n * (diff ** 2).sum())
     u2 = float((diff ** 2).sum())
-    along = float(np.maximum(S, 0.0).sum() + (w * (D * diff).sum(axis=1) ** 2).sum() / u2) \
+    # projections on the unit direction: squares of lengths (a fourth power overflows at
+    # data near the scale check's limit)
+    along = float(np.maximum(S, 0.0).sum()
+                  + (w * ((D * (diff / np.sqrt(u2))).sum(axis=1)) ** 2).sum()) \
         if u2 > 0 else cost
     return CenterSplit(n, mean, cost, h, hm, gain, along)
 
