@@ -19,6 +19,18 @@ from .keyed_helpers import (candidate_rows_agree, parts_agree_with_scratch,
 K = 4
 
 
+def _close_federation(rng, n_devices):
+    """Devices of 10 to 24 points around two of K means drawn with standard deviation 2.5,
+    close enough that forgets change labels and picks."""
+    means = rng.normal(size=(K, 3)) * 2.5
+    Xs = []
+    for _ in range(n_devices):
+        own = rng.choice(K, size=2, replace=False)
+        n = int(rng.integers(10, 25))
+        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 3)))
+    return Xs
+
+
 def test_key_uniforms_at_each_start_and_step_are_the_per_draw_uniforms():
     rng = np.random.default_rng(0)
     keys = rng.integers(0, 2**63, size=(3, 5, 7), dtype=np.uint64)
@@ -232,12 +244,7 @@ def test_interleaved_row_deletions_whose_pieces_change_label_equal_a_fresh_fit(
 
     monkeypatch.setattr(keyed_unlearn, "_replay", spy)
     rng = np.random.default_rng(700 + trial)
-    means = rng.normal(size=(K, 3)) * 2.5
-    Xs = []
-    for _ in range(60):
-        own = rng.choice(K, size=2, replace=False)
-        n = int(rng.integers(10, 25))
-        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 3)))
+    Xs = _close_federation(rng, 60)
     ids = list(range(60))
     model = KFed(K, random_state=5).fit(Xs, device_ids=ids)
     gone: list[int] = []
@@ -265,12 +272,7 @@ def test_long_interleaved_sequences_keep_every_kept_structure_as_from_scratch(tr
     # 30 forgets, a device every fifth: every state against a fresh fit, and the trace's
     # kept partition codes, candidate rows and seed distances against their recomputation
     rng = np.random.default_rng(900 + trial)
-    means = rng.normal(size=(K, 3)) * 2.5
-    Xs = []
-    for _ in range(70):
-        own = rng.choice(K, size=2, replace=False)
-        n = int(rng.integers(10, 25))
-        Xs.append(means[own[rng.integers(2, size=n)]] + rng.normal(size=(n, 3)))
+    Xs = _close_federation(rng, 70)
     ids = list(range(70))
     model = KFed(K, random_state=5).fit(Xs, device_ids=ids)
     gone: list[int] = []
