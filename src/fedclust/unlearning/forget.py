@@ -231,7 +231,7 @@ class ForgetMixin:
             Recompute ``device_labels_`` of the remaining devices (each device's
             own pass over its rows; the model itself does not need it). With
             False, or where the devices' data is not held, a changed model leaves
-            ``device_labels_`` as ``None``.
+            each entry of ``device_labels_`` that it does not recompute as ``None``.
         summaries : mapping device -> Message, optional
             Rows deleted on a device that ran its step again itself (a site on
             Flower, :mod:`fedclust.flower.forget`): its validated reply to the
