@@ -1,5 +1,7 @@
 """Fisher-score feature selection: exact pooled per-class statistics, scores, the protocol."""
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.datasets import load_wine
@@ -42,6 +44,18 @@ def test_fisher_score_by_hand_and_against_anova():
     assert fisher_mask(Fw, 0.0).all()
     const = fisher_scores(*class_moments(np.c_[np.ones(4), X[:, :1]], y, 2))
     assert const[0] == 0 and fisher_mask(const, 0.5).tolist() == [False, True]
+
+
+def test_a_ratio_beyond_the_largest_float_scores_inf_quietly():
+    # within-class scatter just above the smallest normal float, between-class far above it:
+    # the ratio overflows, and the score is the inf a feature constant within classes gets
+    counts = np.array([2, 2])
+    means = np.array([[0.0, 0.0], [200.0, 1.0]])
+    m2 = np.array([[1e-307, 1.0], [1e-307, 1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F = fisher_scores(counts, means, m2)
+    assert F[0] == np.inf and F[1] == pytest.approx(0.5)
 
 
 def _noisy_blobs(seed=0):

@@ -188,7 +188,8 @@ def fisher_scores(counts: np.ndarray, means: np.ndarray, m2: np.ndarray) -> np.n
     between = (n[:, None] * (means - mu) ** 2).sum(axis=0)
     within = np.asarray(m2, dtype=float).sum(axis=0)
     tiny = np.finfo(float).tiny
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # a ratio beyond the largest float is the inf it overflows to
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         F = np.where(within > tiny, between / np.maximum(within, tiny),
                      np.where(between > tiny, np.inf, 0.0))
     return F
