@@ -203,3 +203,27 @@ def test_a_new_piece_farther_than_a_farthest_first_step_takes_the_full_step():
     seed_rows = np.arange(tr.offsets[tr.row_of[tr.seed]], tr.offsets[tr.row_of[tr.seed] + 1])
     assert lo in farthest_first(C, len(tr.init), start=seed_rows)
     assert lo not in farthest_first(tr.C, len(tr.init), start=seed_rows)
+
+
+def test_a_new_piece_that_crosses_a_bisector_is_labelled_again():
+    # one dimension, the paper's unweighted step: the widest device's centers 0 and 10
+    # start; the third device's pieces 0.5 and 4.0 become 0.5 and 4.9 when the row 3.1
+    # goes. The final centers move from (1.5, 8.15) to (1.8, 8.15): 4.9 is nearer 8.15 at
+    # the old centers (by 0.15) and nearer 1.8 at the new ones, while the old piece 4.0
+    # was 1.65 from the bisector. The new piece's own margin must put it in doubt.
+    col = lambda *v: np.array(v, float)[:, None]   # noqa: E731
+    devices = [col(*[0.0] * 5, *[10.0] * 5), col(*[7.0] * 5, *[7.45] * 5),
+               col(*[0.5] * 5, 4.9, 3.1)]
+    make = lambda: KFed(2, 2, server="farthest-lloyd1", random_state=0)   # noqa: E731
+    model = make().fit(devices)
+    np.testing.assert_allclose(model._unlearning_.result.local_centers[2].ravel(), [0.5, 4.0])
+    assert model.center_labels_[2].tolist() == [0, 0]
+    model.forget(rows={2: [6]})
+    fresh = make().fit(devices[:2] + [devices[2][:6]])
+    assert model.forget_log_[-1].path == "downdate"
+    np.testing.assert_allclose(model.cluster_centers_, fresh.cluster_centers_, rtol=1e-12)
+    assert fresh.center_labels_[2].tolist() == [0, 0]   # 4.9 is nearer 1.8 than 8.15
+    for a, b in zip(model.center_labels_, fresh.center_labels_):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(model.device_labels_, fresh.device_labels_):
+        np.testing.assert_array_equal(a, b)

@@ -240,7 +240,7 @@ def downdate(protocol: Any, trace: Lloyd1Trace, replies: dict[int, Any],
     final = sums / weights[:, None]
     # labels: certified by margin > 2 x the largest shift since the reference (+ slack)
     shift = float(np.sqrt(((final - trace.ref) ** 2).sum(axis=1).max()))
-    cut = int(np.searchsorted(trace.margin_sorted, 2.0 * shift + trace.slack, side="right"))
+    cut = int(np.searchsorted(margin_sorted, 2.0 * shift + trace.slack, side="right"))
     doubt = order[:cut]
     doubt = doubt[alive[doubt]]
     if len(doubt) > REFRESH_SHARE * alive.sum():   # the reference is stale: renew it
