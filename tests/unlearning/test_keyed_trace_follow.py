@@ -302,15 +302,16 @@ def test_partition_classes_name_starts_that_group_the_remaining_rows_alike():
     sizes = [1, 1, 1, 2]
     e = rng.integers(0, k, size=n)                # another partition with other sizes
     none = [None] * 4
-    assert keyed_result.partition_classes([a, b, c, e], sizes, alive, k, none) == [0, 0, 2, 3]
+    assert keyed_result.partition_classes([a, b, c, e], sizes, alive, k, none)[0] == [0, 0, 2, 3]
     # row 7 gone: c groups the remaining rows as a does
     alive[7] = False
-    assert keyed_result.partition_classes([a, b, c, e], sizes, alive, k, none) == [0, 0, 0, 3]
+    assert keyed_result.partition_classes([a, b, c, e], sizes, alive, k, none)[0] == [0, 0, 0, 3]
     # a merge of two clusters (a function, not one-to-one) is another partition
     m = np.where(a == 1, 0, a)
-    assert keyed_result.partition_classes([a, m], [1, 1], alive, k, [None] * 2) == [0, 1]
+    assert keyed_result.partition_classes([a, m], [1, 1], alive, k, [None] * 2)[0] == [0, 1]
     # names known from the last forget (labels unchanged since) are taken as they are
-    assert keyed_result.partition_classes([a, e], [1, 1], alive, k, [3, 3]) == [0, 0]
+    assert keyed_result.partition_classes([a, e], [1, 1], alive, k,
+                                       [(3, None), (3, None)])[0] == [0, 0]
 
 
 def test_traced_lloyd_from_a_variance_estimate_gives_the_exact_runs_bits():

@@ -33,27 +33,27 @@ def center_labels(tr: KeyedTrace, ids: list[int], labels: np.ndarray,
 
 
 def partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
-                       known: list, check: np.ndarray | None = None,
-                       with_codes: bool = False):
-    """Per start the first start with its partition of the remaining rows (``names[s] ==
-    s``: a new partition), for :func:`pick_start`. Only starts with the same cluster
-    weights are compared: label by label, through the map from one start's labels to the
-    other's; two starts whose ``known`` names (their partition at the last forget, of
-    labels unchanged since) are equal share it without a comparison. Each new partition
-    is compared with every later start still unnamed in one call
+                       known: list, check: np.ndarray | None = None
+                       ) -> tuple[list, list]:
+    """``(names, codes)``: per start the first start with its partition of the remaining
+    rows (``names[s] == s``: a new partition), for :func:`pick_start`. Only starts with the
+    same cluster weights are compared: label by label, through the map from one start's
+    labels to the other's; two starts whose ``known`` names (their partition at the last
+    forget, of labels unchanged since) are equal share it without a comparison. Each new
+    partition is compared with every later start still unnamed in one call
     (:func:`same_partitions`): a start takes the first earlier partition it matches.
 
-    ``known[s]``: None, a name, or ``(name, code)`` with ``code`` (k,) the map from the
-    start's labels to its class's common labels (-1: a label no remaining row had).
+    ``known[s]``: None or ``(name, code)`` with ``code`` (k,) the map from the start's
+    labels to its class's common labels (-1: a label no remaining row had; None: not
+    known). ``codes[s]``: that map for the names returned.
     ``check``: rows whose values changed since the last forget (a row deletion's new
     pieces): two starts of one known name share it only where their codes agree on those
     rows too (the other remaining rows kept their labels, and the codes agree there),
-    else they are compared. ``with_codes``: also return each start's code."""
+    else they are compared."""
     S = len(finals)
     names: list = [None] * S
     codes: list = [None] * S
-    known = [(None, None) if x is None else x if isinstance(x, tuple) else (x, None)
-             for x in known]
+    known = [(None, None) if x is None else x for x in known]
     if check is not None:   # rows changed: a known name holds only with its code
         known = [(None, None) if c is None else (n, c) for n, c in known]
     F = None
@@ -80,7 +80,7 @@ def partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
             if F is None:
                 F = np.stack(finals)[:, np.flatnonzero(alive)]
             same = same_partitions(F[r], F[rest], k)
-            if with_codes and same.any():
+            if same.any():
                 # the map from each matching start's labels to r's, then r's code
                 hit = np.array(rest)[same]
                 to = np.full((len(hit), k), -1, np.int64)
@@ -91,7 +91,7 @@ def partition_classes(finals: list, sizes: list, alive: np.ndarray, k: int,
             for s, sm in zip(rest, same.tolist()):
                 if sm:
                     names[s] = r
-    return (names, codes) if with_codes else names
+    return names, codes
 
 
 def same_partitions(a: np.ndarray, B: np.ndarray, k: int) -> np.ndarray:

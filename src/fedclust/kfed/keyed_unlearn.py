@@ -462,7 +462,7 @@ def keyed_forget(protocol: Any, trace: KeyedTrace, replies: dict[int, Any],
                  or trace.parts[s] is None or trace.parts[s][0] != outs[s][2]
                  else trace.parts[s][1:] for s in order]
         names, codes = partition_classes(finals, sizes, alive, k, known,
-                                         None if e is None else e.new, with_codes=True)
+                                         None if e is None else e.new)
         b = pick_start([np.array([z]) for z in names], inert, err)
         if b is None:
             raise _Full("two starts' costs within rounding")
