@@ -37,12 +37,24 @@ def test_build_protocol_is_supervised_and_config_round_trips():
     assert again.config() == proto.config()
 
 
-def test_demo_and_example_run(tmp_path, capsys):
+def test_demo_runs_with_its_plots(tmp_path, capsys):
     assert "fl" in DEMOS
     assert main(["demo", "fl", "--out", str(tmp_path / "demo")]) == 0
     doc = json.loads((tmp_path / "demo" / "result.json").read_text())
     assert doc["algorithm"] == "clustered-fedavg" and doc["metrics"]["test_accuracy"] > 0.3
-    assert main(["run", str(EXAMPLE), "--out", str(tmp_path / "ex")]) == 0
+
+
+@pytest.mark.slow
+def test_the_example_groups_devices_by_rotation(tmp_path):
+    from sklearn.metrics import adjusted_rand_score
+
+    assert main(["run", str(EXAMPLE), "--out", str(tmp_path / "ex"), "--no-plot"]) == 0
+    doc = json.loads((tmp_path / "ex" / "result.json").read_text())
+    clusters = doc["device_clusters"]
+    # the rotated-images source deals the four rotations to the devices in turn
+    assert adjusted_rand_score([z % 4 for z in range(len(clusters))], clusters) == 1.0
+    assert doc["metrics"]["cluster_accuracy"] == 1.0
+    assert doc["metrics"]["test_accuracy"] > 0.5      # ten classes: chance is 0.1
 
 
 def test_unknown_algorithm_key_is_a_config_error():

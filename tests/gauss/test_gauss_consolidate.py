@@ -360,16 +360,18 @@ def test_the_group_score_matches_the_mixture_likelihood_of_its_rows(full):
     assert score == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
-def test_reused_splits_and_group_columns_are_the_ones_computed_again(monkeypatch):
+@pytest.mark.parametrize("seed, n_blobs", [(60, 6), (62, 9), (64, 9)])
+def test_reused_splits_and_group_columns_are_the_ones_computed_again(monkeypatch, seed,
+                                                                      n_blobs):
     """The split step and the group merge reuse a group of pieces' best split within one
     consolidation, and the group merge the other components' likelihood columns of a set
     of components it scored before: every reused answer, checked against the same
     computation done again, is equal bit for bit, and the reuse is taken."""
     from fedclust.gauss import consolidate as cons
 
-    seed = 61   # the trie server: consolidations at its leaves and at the nodes above
-    X, _ = separated_blobs(seed, 9, 2, separation=1.5)
-    parts = np.array_split(np.random.default_rng(seed).permutation(len(X)), 12)
+    # the trie server: consolidations at its leaves and at the nodes above
+    X, _ = separated_blobs(seed, n_blobs, 2, separation=1.5, size_range=(50, 150))
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(X)), 8)
     cached = cons._SplitCache.__call__
     asked, computed = [], []
     real = cons._best_split
