@@ -8,7 +8,7 @@ import pytest
 
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.validation import check_devices
-from fedclust.kfed.batched import (_means, _start_basis, _two_nearest, kmeanspp_batch, n_uniforms,
+from fedclust.kfed.batched import (_SEARCH_MIN_N, _inverse_cdf, _means, _start_basis, _two_nearest, kmeanspp_batch, n_uniforms,
                                    spectral_seed_batch)
 from fedclust.kfed.server import aggregate_centers, farthest_first
 
@@ -79,6 +79,27 @@ def test_kmeanspp_nearest_seed_is_the_first_closest_exactly(k, dtype):
         np.testing.assert_array_equal(near[b], D.argmin(axis=1))
         np.testing.assert_array_equal(d1[b], S[:, 0])
         np.testing.assert_array_equal(d2[b], S[:, 1])
+
+
+@pytest.mark.parametrize("n", [1, _SEARCH_MIN_N - 1, _SEARCH_MIN_N, _SEARCH_MIN_N + 1, 300])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inverse_cdf_is_a_binary_search_of_the_running_sums(n, dtype):
+    # zero weights (runs of equal sums), uniforms 0 and just below 1, and thresholds on a
+    # running sum exactly (u = 1/2 of an even integer total): the index of the first sum
+    # above u * total, as searchsorted(side="right"), clipped to the last row
+    rng = np.random.default_rng(n)
+    p = rng.integers(0, 4, size=(6, n)).astype(dtype)
+    p[0] = 0.0
+    p[1, : n // 2] = 0.0
+    p[2] = 2.0
+    u = rng.random((6, 5))
+    u[:, 0], u[:, 1], u[:, 2] = 0.0, 1 - 2**-24, 0.5
+    got = _inverse_cdf(p, u)
+    cum = np.cumsum(p, axis=1)
+    ref = [[min(int(np.searchsorted(c, ui * c[-1], side="right")), n - 1) for ui in row]
+           for c, row in zip(cum, u)]
+    np.testing.assert_array_equal(got, ref)
+    assert got.dtype == np.int64 and got.shape == (6, 5)
 
 
 def _two_nearest_rows(D, nearest):

@@ -217,9 +217,8 @@ def _inverse_cdf(p: np.ndarray, u: np.ndarray) -> np.ndarray:
     if p.shape[1] < _SEARCH_MIN_N:   # short rows: one comparison pass over all of them
         idx = (cum[:, None, :] <= thr[:, :, None]).sum(axis=2)
     else:   # long rows: a binary search each (same count: the rows are non-decreasing)
-        idx = np.empty(thr.shape, dtype=np.int64)
-        for b in range(len(cum)):
-            idx[b] = np.searchsorted(cum[b], thr[b], side="right")
+        idx = np.array([row.searchsorted(t, side="right") for row, t in zip(cum, thr)],
+                       dtype=np.int64).reshape(thr.shape)
     return np.minimum(idx, p.shape[1] - 1)
 
 
