@@ -1,5 +1,6 @@
 """The device step's and the server's shortcuts against independent references: the
-k-means++ first pick and potential test, the (masked) one-hot means, the squared norms the
+k-means++ first pick and potential test, the nearest and second nearest seed or center
+(column by column), the (masked) one-hot means, the squared norms the
 server shares between farthest-first and Lloyd, and the validation's all-finite fast path."""
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.validation import check_devices
-from fedclust.kfed.batched import _means, kmeanspp_batch, n_uniforms, spectral_seed_batch
+from fedclust.kfed.batched import (_SEARCH_MIN_N, _inverse_cdf, _means, _start_basis, _two_nearest, kmeanspp_batch, n_uniforms,
+                                   spectral_seed_batch)
 from fedclust.kfed.server import aggregate_centers, farthest_first
 
 
@@ -58,6 +60,85 @@ def test_kmeanspp_single_candidate_follows_the_potential():
     U[0, 0] = 0.0            # first seed: row 0 (a near point)
     U[0, 1:] = 0.5           # every candidate draw: half the potential, all on row 9
     assert kmeanspp_batch(P, 2, U)[0].tolist() == [0, 9]
+
+
+@pytest.mark.parametrize("k", [2, 5, 12])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kmeanspp_nearest_seed_is_the_first_closest_exactly(k, dtype):
+    # small integer coordinates: every squared distance is an exact integer in either
+    # precision, so the tracked nearest seed (the first of equals, as argmin) and the two
+    # smallest distances are compared exactly; repeated points tie seeds
+    rng = np.random.default_rng(k)
+    P = rng.integers(-4, 5, size=(4, 60, 3)).astype(dtype)
+    U = rng.random((4, n_uniforms(k)))
+    idx, near, d1, d2 = kmeanspp_batch(P, k, U, nearest=True)
+    assert near.dtype == np.int64 and d1.dtype == d2.dtype == dtype
+    for b in range(4):
+        D = ((P[b][:, None, :] - P[b][idx[b]][None]) ** 2).sum(axis=2)     # (n, k)
+        S = np.sort(D, axis=1)
+        np.testing.assert_array_equal(near[b], D.argmin(axis=1))
+        np.testing.assert_array_equal(d1[b], S[:, 0])
+        np.testing.assert_array_equal(d2[b], S[:, 1])
+
+
+@pytest.mark.parametrize("n", [1, _SEARCH_MIN_N - 1, _SEARCH_MIN_N, _SEARCH_MIN_N + 1, 300])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inverse_cdf_is_a_binary_search_of_the_running_sums(n, dtype):
+    # zero weights (runs of equal sums), uniforms 0 and just below 1, and thresholds on a
+    # running sum exactly (u = 1/2 of an even integer total): the index of the first sum
+    # above u * total, as searchsorted(side="right"), clipped to the last row
+    rng = np.random.default_rng(n)
+    p = rng.integers(0, 4, size=(6, n)).astype(dtype)
+    p[0] = 0.0
+    p[1, : n // 2] = 0.0
+    p[2] = 2.0
+    u = rng.random((6, 5))
+    u[:, 0], u[:, 1], u[:, 2] = 0.0, 1 - 2**-24, 0.5
+    got = _inverse_cdf(p, u)
+    cum = np.cumsum(p, axis=1)
+    ref = [[min(int(np.searchsorted(c, ui * c[-1], side="right")), n - 1) for ui in row]
+           for c, row in zip(cum, u)]
+    np.testing.assert_array_equal(got, ref)
+    assert got.dtype == np.int64 and got.shape == (6, 5)
+
+
+def _two_nearest_rows(D, nearest):
+    """numpy's row reductions: argmin, the value there, the smallest of the others."""
+    D = D.copy()
+    if nearest is None:
+        nearest = D.argmin(axis=2)
+    own = np.take_along_axis(D, nearest[:, :, None], axis=2)[:, :, 0]
+    np.put_along_axis(D, nearest[:, :, None], np.inf, axis=2)
+    return nearest, own, D.min(axis=2)
+
+
+@pytest.mark.parametrize("k", [2, 4, 5, 6, 10, 17])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("given", [False, True])
+def test_two_nearest_matches_row_reductions(k, dtype, given):
+    # integers: many ties (the first one is the nearest, its equal the second); rows of inf
+    rng = np.random.default_rng(k)
+    D = rng.integers(-3, 4, size=(5, 40, k)).astype(dtype)
+    D[1, :4] = np.inf
+    D[2, :3, 0] = np.inf
+    D[3] = rng.normal(size=(40, k))
+    nearest = D.argmin(axis=2) if given else None
+    got = _two_nearest(D.copy(), None if nearest is None else nearest.copy())
+    for g, r in zip(got, _two_nearest_rows(D, nearest)):
+        assert g.dtype == r.dtype
+        np.testing.assert_array_equal(g, r)
+    S = np.sort(D, axis=2)   # and against a sort
+    np.testing.assert_array_equal(got[1], S[:, :, 0])
+    np.testing.assert_array_equal(got[2], S[:, :, 1])
+
+
+def test_subspace_start_basis_is_shared_read_only():
+    S = _start_basis(7, 3)
+    assert _start_basis(7, 3) is S and not S.flags.writeable
+    assert set(np.unique(S)) == {-1.0, 1.0} and S.shape == (7, 3)
+    assert np.linalg.matrix_rank(S) == 3
+    with pytest.raises(ValueError):
+        S[0, 0] = 0.0
 
 
 def _means_loop(X, labels, k, mask=None):
