@@ -345,3 +345,30 @@ def test_traced_lloyd_from_a_variance_estimate_gives_the_exact_runs_bits():
     run = keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, never, 100, 1e-12)
     np.testing.assert_array_equal(
         run.cs, keyed_trace.traced_lloyd(C, init, w, Cw, c_sq, var, 100, 1e-12).cs)
+
+
+def test_the_shift_stop_rule_over_every_iteration_equals_it_shift_by_shift():
+    # the stacked follow decides every iteration's stop rule at once: each decision is the
+    # one worked out on that shift alone in Python floats (math.sqrt is correctly rounded,
+    # as np.sqrt), including shifts within the rounding allowance of tol x variance
+    import math
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(5)
+    tr = SimpleNamespace(scale2=37.5, tol=1e-4)
+    k, var_err, abs_tol = 7, 3e-9, 2.5e-4
+    err0 = 1e-20 * tr.scale2 * k + tr.tol * var_err
+    shifts = np.concatenate([
+        [0.0, abs_tol, abs_tol * (1 + 1e-13), abs_tol * (1 - 1e-13), 1e6],
+        abs_tol + rng.uniform(-3, 3, 40) * err0,      # near the threshold either way
+        abs_tol * np.exp(rng.uniform(-20, 20, 40))])   # far from it
+    near, stops = keyed_unlearn.shift_stops(shifts, abs_tol, tr, k, var_err)
+    ref_near, ref_stop = [], []
+    for shift in shifts.tolist():
+        err = 2.0 * math.sqrt(shift) * 1e-10 * math.sqrt(tr.scale2 * k) \
+            + 1e-20 * tr.scale2 * k + tr.tol * var_err \
+            + keyed_unlearn.SHIFT_RTOL * max(shift, abs_tol)
+        ref_near.append(abs(shift - abs_tol) <= err)
+        ref_stop.append(shift <= abs_tol)
+    assert near.tolist() == ref_near and stops.tolist() == ref_stop
+    assert 0 < sum(ref_near) < len(shifts) and 0 < sum(ref_stop) < len(shifts)

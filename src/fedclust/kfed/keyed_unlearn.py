@@ -65,6 +65,19 @@ _DOUBT_SHARE = 1.0
 SHIFT_RTOL = 1e-12
 
 
+def shift_stops(shifts: np.ndarray, abs_tol: float, tr: KeyedTrace, k: int,
+                var_err: float) -> tuple[np.ndarray, np.ndarray]:
+    """Lloyd's shift stop rule for the squared center shifts ``shifts`` (T,) of a run:
+    ``(near (T,), stops (T,))``, where ``near`` marks a shift whose comparison with
+    ``abs_tol`` (``tol`` times the downdated variance, known within ``tr.tol * var_err``)
+    a fresh run could decide otherwise by rounding, and ``stops`` the shifts at most
+    ``abs_tol``. Elementwise, so each shift's bits are those of the same expression on
+    that shift alone."""
+    err = 2.0 * np.sqrt(shifts) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
+        + tr.tol * var_err + SHIFT_RTOL * np.maximum(shifts, abs_tol)
+    return np.abs(shifts - abs_tol) <= err, shifts <= abs_tol
+
+
 class _Full(Exception):
     """The forget cannot be certified: the server's step runs in full."""
 
@@ -99,24 +112,21 @@ def _follow(tr: KeyedTrace, run: RunTrace, var: float, var_err: float,
     c, ex_lab, ex_tie = pre
     low = (run.W[:T] <= 1e-2 * run.W0[:T]).any(axis=1)
     shifts = ((c[1:] - c[:-1]) ** 2).reshape(T, -1).sum(axis=1)
-    moved_alive = np.bincount(mv_t[alive[mv_rows]], minlength=T + 1)
-    # Lloyd's stop rules as _replay decides them, for these centers
+    moved_alive = np.bincount(mv_t[alive[mv_rows]], minlength=T + 1).tolist()
+    # Lloyd's stop rules as _replay decides them, for these centers (every iteration's at
+    # once, read iteration by iteration)
+    near, stops = (x.tolist() for x in shift_stops(shifts, abs_tol, tr, k, var_err))
+    low = low.tolist()
     stop_now, t_f = False, -1
     for t in range(T + 1):
         if stop_now or (t >= 1 and moved_alive[t] == 0):
             t_f = t
             break
-        if t == T or low[t]:
+        if t == T or low[t] or near[t]:
             return None
-        shift = float(shifts[t])
-        err = 2.0 * np.sqrt(shift) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
-            + tr.tol * var_err + SHIFT_RTOL * max(shift, abs_tol)
-        if abs(shift - abs_tol) <= err:
+        if t + 1 == T and run.reason == "shift" and not stops[t]:
             return None
-        new_stop = shift <= abs_tol
-        if t + 1 == T and run.reason == "shift" and not new_stop:
-            return None
-        stop_now = new_stop or t + 1 == tr.max_iter
+        stop_now = stops[t] or t + 1 == tr.max_iter
     # labels at iterations 0..t_f: the margin certificates of _replay, on the smallest
     # margins of every iteration at once
     tt = t_f + 1
@@ -278,11 +288,10 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
             raise _Full("the fit's run ended here")
         c_next = Sx / Wx[:, None]
         shift = float(((c_next - c_t) ** 2).sum())
-        err = 2.0 * np.sqrt(shift) * 1e-10 * np.sqrt(tr.scale2 * k) + 1e-20 * tr.scale2 * k \
-            + tr.tol * var_err + SHIFT_RTOL * max(shift, abs_tol)
-        if abs(shift - abs_tol) <= err:
+        near, new_stop = (bool(x[0]) for x in shift_stops(np.array([shift]), abs_tol, tr, k,
+                                                          var_err))
+        if near:
             raise _Full("a center shift within rounding of tol x variance")
-        new_stop = shift <= abs_tol
         old_stop = t + 1 == T and run.reason == "shift"
         if old_stop and not new_stop:
             raise _Full("the fit's run stopped by its shift, this one goes on")
