@@ -85,11 +85,11 @@ device (projection 3 µs, seeds 2 µs, Lloyd 2.5 µs), the input checks, the ser
 on 10^5 device centers (0.11-0.2 s) and the per-device Python of states, labels and the
 byte meter (the server reads each batch of replies column-wise, with no message object
 per device). Measured (``--cases 1,3 --no-authors --no-default-server --curve-max 0
---repeats 3``, 2-core machine shared with other jobs at load average 1.6-2.4, one
-thread, CPU seconds, minimum of 3 repeats): large-1000x1000 k-FED 1.51 s against
-scikit-learn's 29.24 s (0.051x, cost 0.7779), tiny-5e4x20 0.96 s against 3.81 s
-(0.252x, cost 1.0000); the medians give 1.63 s against 29.91 s (0.055x) and 1.41 s
-against 4.07 s (0.347x).
+--repeats 5``, 2-core machine with no other job, load average 1.0-1.6, one
+thread, CPU seconds, minimum of 5 repeats): large-1000x1000 k-FED 1.57 s against
+scikit-learn's 28.38 s (0.055x, cost 0.7779), tiny-5e4x20 1.03 s against 4.15 s
+(0.248x, cost 1.0000); the medians give 1.75 s against 33.93 s (0.051x) and 1.08 s
+against 4.49 s (0.240x).
 
 Streamed curve (``--cases none``; :mod:`_stream_curve`): ``KFed(k).fit(generator)``
 over 10^3..10^7 devices of 20 points, d=20, k=50; ``--curve-server default``. Measured
