@@ -8,7 +8,8 @@ import pytest
 
 from fedclust.core.exceptions import ValidationError
 from fedclust.core.validation import check_devices
-from fedclust.kfed.batched import (_SEARCH_MIN_N, _inverse_cdf, _means, _start_basis, _two_nearest, kmeanspp_batch, n_uniforms,
+from fedclust.kfed.batched import (_SEARCH_MIN_N, _inverse_cdf, _means, _start_basis,
+                                   _two_nearest, kmeanspp_batch, n_uniforms,
                                    spectral_seed_batch)
 from fedclust.kfed.server import aggregate_centers, farthest_first
 
