@@ -16,7 +16,8 @@ from fedclust.kfed import keyed, keyed_trace, keyed_unlearn
 from .keyed_helpers import K, federation, make_keyed, check_fresh, splits_are_the_remaining_rows, seed_holders
 
 
-@pytest.mark.parametrize("trial", range(2))
+# one federation in the fast suite, the others with the slow checks
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_random_forget_sequences_equal_a_retrain(trial):
     rng = np.random.default_rng(70 + trial)
     n_dev = 150
@@ -64,7 +65,7 @@ def test_random_forget_sequences_equal_a_retrain(trial):
     assert "trace" in paths   # the trace was followed at least once
 
 
-@pytest.mark.parametrize("trial", range(3))
+@pytest.mark.parametrize("trial", [0, *(pytest.param(t, marks=pytest.mark.slow) for t in (1, 2))])
 def test_overlapping_small_devices_rows_and_devices_interleaved(trial):
     # overlapping groups (means 2.5 apart on the scale of the noise), devices of 8 to 20
     # rows; a random sequence of device forgets (one or two at once, seed holders included)
