@@ -65,9 +65,10 @@ _DOUBT_SHARE = 1.0
 SHIFT_RTOL = 1e-12
 
 
-def shift_stops(shifts: np.ndarray, abs_tol: float, tr: KeyedTrace, k: int,
+def shift_stops(shifts: np.ndarray | float, abs_tol: float, tr: KeyedTrace, k: int,
                 var_err: float) -> tuple[np.ndarray, np.ndarray]:
-    """Lloyd's shift stop rule for the squared center shifts ``shifts`` (T,) of a run:
+    """Lloyd's shift stop rule for the squared center shifts ``shifts`` (T,) of a run, or
+    one shift (then two numpy booleans):
     ``(near (T,), stops (T,))``, where ``near`` marks a shift whose comparison with
     ``abs_tol`` (``tol`` times the downdated variance, known within ``tr.tol * var_err``)
     a fresh run could decide otherwise by rounding, and ``stops`` the shifts at most
@@ -288,8 +289,7 @@ def _replay(tr: KeyedTrace, run: RunTrace, var: float, var_err: float):
             raise _Full("the fit's run ended here")
         c_next = Sx / Wx[:, None]
         shift = float(((c_next - c_t) ** 2).sum())
-        near, new_stop = (bool(x[0]) for x in shift_stops(np.array([shift]), abs_tol, tr, k,
-                                                          var_err))
+        near, new_stop = shift_stops(shift, abs_tol, tr, k, var_err)
         if near:
             raise _Full("a center shift within rounding of tol x variance")
         old_stop = t + 1 == T and run.reason == "shift"
