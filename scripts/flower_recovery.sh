@@ -9,12 +9,14 @@
 #     after round 3 (the SuperNodes keep their state in a state-dir); result identical to the
 #     in-process `fedclust run`, ledger without a lost release (the kill came at a round boundary
 #     or inside a round: printed);
-#  2. SuperLink killed and restarted on the same --database: whether the SuperNodes reconnect
-#     by themselves is measured and printed; those that do not are restarted (the supervised
-#     restart of docs/flower.md); then `--resume`: result identical;
+#  2. SuperLink killed and restarted on the same --database, SuperNode 0 killed with it: whether
+#     the SuperNodes reconnect by themselves is measured and printed; those that do not are
+#     restarted; then `--resume`: result identical (node 0 is back, its device takes part);
 #  3. a SuperNode killed and restarted in the middle of a run: the run completes and the device
 #     takes part again (it rejoins at a later round, or the restarted node answered the round in
 #     flight); its node ids and the round it rejoined at are printed.
+# Every SuperNode runs under a supervisor that starts it again when it exits, as docs/flower.md
+# asks of a deployment; after each check the exits it saw are printed (with Flower's exit status).
 # Env: FEDCLUST_BIN (folder with fedclust, flwr, flower-*; default .venv-flower/bin),
 #      KEEP=1 keeps the work folder, DEPLOY_TIMEOUT (seconds per run, default 900).
 set -euo pipefail
@@ -34,13 +36,25 @@ T0=$(date +%s)
 source "$ROOT/scripts/flower_procs.sh"   # descendants, stop_pids
 cleanup() {
     local rc=$?
+    local i
+    for i in "${!NODE_PID[@]}"; do stop_node "$i"; done
     [ "${#PIDS[@]}" -gt 0 ] && stop_pids "${PIDS[@]}"
     if [ "${KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then echo "work folder kept: $WORK" >&2; else rm -rf "$WORK"; fi
     exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-fail() { echo "FAILED: $*" >&2; exit 1; }
+fail() { echo "FAILED: $*" >&2; diagnose >&2; exit 1; }
+diagnose() {  # after a failure: what each SuperNode did last, and what the ServerApps named
+    local i f
+    for ((i = 0; i < N; i++)); do
+        f="$WORK/supernode-$i.log"; [ -f "$f" ] || continue
+        echo "-- SuperNode $i ($(pgrep -P "${NODE_PID[$i]:-0}" > /dev/null && echo running || echo "not running"); exit statuses: $( (cat "$WORK/supernode-$i.exits" 2>/dev/null || true) | tr '\n' ' ')), the end of its log:"
+        sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -av '^[A-Z]*:\s*$' | tail -n 8 | cut -c1-160
+    done
+    echo "-- the ServerApps' warnings:"
+    sed 's/\x1b\[[0-9;]*m//g' "$WORK"/run-*.log 2>/dev/null | grep -a "WARN\|ERROR" | tail -n 8 | cut -c1-200
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 LINK_IP=127.0.0.1; LINK_PORT=$(free_port)
 
@@ -80,16 +94,39 @@ start_superlink() {
     fail "the SuperLink did not answer over TLS within 60 s"
 }
 declare -A NODE_PID
-start_node() {
-    # the run is checked against the in-process run with the same noise seed: these nodes'
-    # owners allow a server-chosen seed (a real private deployment must not)
-    flower-supernode --superlink "$LINK_IP:$LINK_PORT" --root-certificates "$WORK/certs/ca.crt" \
-        --auth-supernode-private-key "$WORK/keys/node-$1" --port "$(free_port)" \
-        --node-config "data-path='${DEVICES[$1]}' policy-allow-noise-seed=true state-dir='$WORK/state-$1'" \
-        >> "$WORK/supernode-$1.log" 2>&1 &
+start_node() {  # SuperNode $1 under a supervisor that starts it again whenever it exits
+    # (docs/flower.md asks for one: systemd Restart=always, a container restart policy).
+    # The run is checked against the in-process run with the same noise seed: these nodes'
+    # owners allow a server-chosen seed (a real private deployment must not).
+    (
+        while :; do
+            flower-supernode --superlink "$LINK_IP:$LINK_PORT" --root-certificates "$WORK/certs/ca.crt" \
+                --auth-supernode-private-key "$WORK/keys/node-$1" --port "$(free_port)" \
+                --node-config "data-path='${DEVICES[$1]}' policy-allow-noise-seed=true state-dir='$WORK/state-$1'" \
+                >> "$WORK/supernode-$1.log" 2>&1 && rc=0 || rc=$?
+            echo "$rc" >> "$WORK/supernode-$1.exits"
+            sleep 1
+        done
+    ) &
     NODE_PID[$1]=$!
     PIDS+=($!)
+    disown "$!"   # stopped on purpose: no job report from this shell
 }
+stop_node() {  # the supervisor first (so it starts nothing again), then SuperNode $1 itself
+    local below; below=$(descendants "${NODE_PID[$1]}")
+    kill -KILL "${NODE_PID[$1]}" 2>/dev/null || true
+    [ -z "$below" ] || stop_pids $below
+}
+node_exits() {  # SuperNodes that exited since the last call and were started again
+    local i n said=""
+    for ((i = 0; i < N; i++)); do
+        n=$( (cat "$WORK/supernode-$i.exits" 2>/dev/null || true) | wc -l)
+        [ "$n" -gt "${EXITS_SEEN[$i]:-0}" ] && said="$said node $i: $((n - ${EXITS_SEEN[$i]:-0})) (exit statuses $(tail -n +$((${EXITS_SEEN[$i]:-0} + 1)) "$WORK/supernode-$i.exits" | tr '\n' ' ' | sed 's/ $//'));"
+        EXITS_SEEN[$i]=$n
+    done
+    echo "   SuperNodes that exited and the supervisor started again:${said:- none}"
+}
+declare -A EXITS_SEEN
 online() {  # how many SuperNodes the SuperLink lists as online
     flwr supernode ls federation --format json 2>/dev/null | "$BIN/python" -c '
 import json, sys
@@ -164,6 +201,7 @@ run_bg A --resume
 wait "$RUN_PID" || { tail -30 "$WORK/run-A.log" >&2; fail "run A: the resumed run did not complete"; }
 compare A
 ledger A
+node_exits
 STATE_FILES=$(ls "$WORK"/state-*/fedclust-state-*.npz 2>/dev/null | wc -l)
 echo "   node state files (state-dir): $STATE_FILES"
 [ "$STATE_FILES" -ge "$N" ] || fail "run A: the SuperNodes wrote no state file in their state-dir"
@@ -173,14 +211,18 @@ run_bg B
 wait_rounds "$WORK/resB" 3 "$RUN_PID" || { tail -20 "$WORK/run-B.log" >&2; fail "run B never reached round 3"; }
 stop_pids "$LINK_PID"
 echo "   SuperLink stopped with $(rounds_done "$WORK/resB") rounds checkpointed"
+KILLED=$(pgrep -P "${NODE_PID[0]}" || true)   # the flower-supernode under node 0's supervisor
+[ -n "$KILLED" ] || fail "SuperNode 0 is not running"
+kill -KILL $KILLED
+echo "   SuperNode 0 killed too (SIGKILL: no clean shutdown); its supervisor starts it again"
 stop_pids "$RUN_PID" > /dev/null 2>&1 || true
 start_superlink
 T1=$(date +%s); ON=0
 for i in $(seq 1 120); do ON=$(online); [ "$ON" = "$N" ] && break; sleep 0.5; done
-ALIVE=0; for ((i = 0; i < N; i++)); do kill -0 "${NODE_PID[$i]}" 2>/dev/null && ALIVE=$((ALIVE + 1)); done
-echo "   after the restart: $ON of $N SuperNodes online within $(( $(date +%s) - T1 )) s; $ALIVE SuperNode processes still running"
+echo "   after the restart: $ON of $N SuperNodes online within $(( $(date +%s) - T1 )) s"
+node_exits
 if [ "$ON" != "$N" ]; then
-    for ((i = 0; i < N; i++)); do stop_pids "${NODE_PID[$i]}" > /dev/null 2>&1 || true; start_node "$i"; done
+    for ((i = 0; i < N; i++)); do stop_node "$i" > /dev/null 2>&1 || true; start_node "$i"; done
     for i in $(seq 1 120); do ON=$(online); [ "$ON" = "$N" ] && break; sleep 0.5; done
     echo "   SuperNodes restarted (supervised restart): $ON of $N online"
 fi
@@ -188,11 +230,12 @@ run_bg B --resume
 wait "$RUN_PID" || { tail -30 "$WORK/run-B.log" >&2; fail "run B: the resumed run did not complete"; }
 compare B
 ledger B
+node_exits
 
 echo "== 3. SuperNode 1 killed after round 3 and restarted"
 run_bg C
 wait_rounds "$WORK/resC" 3 "$RUN_PID" || { tail -20 "$WORK/run-C.log" >&2; fail "run C never reached round 3"; }
-stop_pids "${NODE_PID[1]}"
+stop_node 1
 start_node 1
 echo "   SuperNode 1 restarted at round $(rounds_done "$WORK/resC")"
 wait "$RUN_PID" || { tail -30 "$WORK/run-C.log" >&2; fail "run C did not complete"; }
@@ -209,5 +252,6 @@ for e in extra.get("rejoined", []):
 print(f"   device 1 on node {extra['nodes'].get('1')} at the end")
 sys.exit(0 if 1 in log["participants"] and "1" not in log["failed"] else 1)
 PY
+node_exits
 echo "recovery checks passed in $(( $(date +%s) - T0 )) s"
 echo "OK"

@@ -109,6 +109,73 @@ def test_a_device_missing_at_the_resume_is_named_and_the_run_goes_on(tmp_path):
     assert out.log.participants == [0, 1, 2]
 
 
+class LetInLater(LocalGrid):
+    """Node ``node`` (listed, silent) misses the resumed run's hello; at the server's
+    ``back_at``-th look at the nodes it is let in again under its old node id (a SuperNode
+    killed with the SuperLink, started again by its supervisor, refused until Flower's record
+    of its old activation lapsed). ``back_at=None``: it never comes back."""
+
+    def __init__(self, *args, node, back_at, **kw):
+        super().__init__(*args, unresponsive=[node], **kw)
+        self.node, self.back_at, self.looks = node, back_at, 0
+        self.hellos_to_node = 0
+
+    def get_nodes(self):
+        self.looks += 1
+        if self.looks == self.back_at:
+            self.restart(self.node, same_id=True)
+        return super().get_nodes()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.hellos_to_node += sum(m.metadata.dst_node_id == self.node
+                                   and m.metadata.message_type.endswith("fedclust_hello")
+                                   for m in messages)
+        return super().push_messages(messages)
+
+
+def _crashed_at_3(tmp_path, devices, nodes):
+    kw = dict(min_nodes=4, node_wait_s=0.0, round_timeout_s=None, result_dir=str(tmp_path))
+    with pytest.raises(ServerAppFailed):
+        _serve(ServerSpec.for_protocol(_protocol(False), 7, **kw),
+               CrashingGrid(_client(devices), nodes, at=3))
+    return kw
+
+
+def test_a_device_let_in_after_the_resumed_hello_takes_part_from_the_first_round(tmp_path):
+    devices = _devices()
+    nodes = [{"partition-id": i} for i in range(4)]
+    kw = _crashed_at_3(tmp_path, devices, nodes)
+    grid = LetInLater(_client(devices), nodes, node=1051, back_at=2)
+    box = {}
+    spec = ServerSpec.for_protocol(_protocol(False), 7, resume=True,
+                                   **{**kw, "node_wait_s": 30.0})
+    run_server_app(make_server_app(spec, on_result=lambda out, extra: box.update(
+        out=out, extra=extra)), grid)
+    out, extra = box["out"], box["extra"]
+    ref = InProcessTransport().run(_protocol(False), dict(enumerate(devices)), 7)
+    assert grid.contexts[1051].node_config["partition-id"] == 3
+    assert grid.hellos_to_node == 2   # the resumed run's hello, then one once it was back
+    assert out.log.failed == {} and out.log.participants == [0, 1, 2, 3]
+    assert extra["nodes"]["3"] == 1051 and extra["rejoined"] == []
+    assert "1051" not in extra["nodes_failed"]
+    np.testing.assert_array_equal(out.result.centers, ref.result.centers)
+    assert out.meter.summary() == ref.meter.summary()
+
+
+def test_a_device_that_does_not_come_back_is_asked_once_and_the_resumed_run_goes_on(tmp_path):
+    devices = _devices()
+    nodes = [{"partition-id": i} for i in range(4)]
+    kw = _crashed_at_3(tmp_path, devices, nodes)
+    grid = LetInLater(_client(devices), nodes, node=1051, back_at=None)
+    out = _serve(ServerSpec.for_protocol(_protocol(False), 7, resume=True,
+                                         **{**kw, "node_wait_s": 1.5}), grid)
+    assert grid.looks >= 2   # it looked again while it waited
+    assert grid.hellos_to_node == 1   # listed but silent under the same activation: no new ask
+    assert out.log.failed == {3: "device 3: not connected when the run resumed"}
+    assert out.log.participants == [0, 1, 2]
+
+
 def test_resume_with_another_configuration_is_refused(tmp_path):
     devices = _devices()
     kw = dict(min_nodes=4, node_wait_s=0.0, round_timeout_s=None, result_dir=str(tmp_path))

@@ -10,9 +10,13 @@ the new run reads the checkpoint and continues after the last complete round.
 What differs from the in-process transport: the devices are real SuperNodes.
 They say hello again (device ids come from their data, so a node that
 reconnected under a new node id is the same device); a device of the
-checkpointed run that is not connected when the run resumes is named in
-``log.failed`` and left out, as a device that timed out, until its SuperNode
-connects (it then rejoins as a late node: :meth:`fedclust.flower.server.Server.rejoin`).
+checkpointed run that is not connected when the run resumes gets up to the
+spec's ``node_wait_s`` to connect before the first resumed round (a SuperNode
+restarted with the SuperLink, or one Flower lets in only once its old activation
+lapsed); one that connects in that time takes part as if it had answered the
+hello. One that does not is named in ``log.failed`` and left out, as a device that
+timed out, until its SuperNode connects (it then rejoins as a late node:
+:meth:`fedclust.flower.server.Server.rejoin`).
 A SuperNode keeps its ``context.state`` per Flower run. Every request the
 resumed run sends carries ``resumed-rounds`` (the rounds its checkpoint holds)
 and ``step`` (the rounds done before it); a node with node config
@@ -66,6 +70,8 @@ class ServerRecovery:
         self.asked_before: set[int] = set()
         #: rejoins recorded before the crash (``Server.rejoined``)
         self.rejoined: list[dict[str, Any]] = []
+        #: devices of the checkpointed run that did not answer the resumed run's hello
+        self.not_connected: set[int] = set()
 
     def begin(self, connected: Sequence[int], active: list[int], log: RunLog,
               meter: CommunicationMeter) -> tuple[Any, RunLog, CommunicationMeter, list[int]]:
@@ -87,6 +93,7 @@ class ServerRecovery:
         for z in active:
             if z not in here and z not in log.failed and z not in log.rejected:
                 log.failed[z] = f"device {z}: not connected when the run resumed"
+                self.not_connected.add(z)
         return state, log, meter, list(active)
 
     def before_round(self, request: Request, rounds_done: int) -> None:

@@ -53,6 +53,10 @@ def _activations(grid: Grid) -> dict[int, str | None]:
     return {int(n.node_id): (getattr(n, "last_activated_at", None) or None) for n in nodes}
 
 
+#: seconds between two looks at the grid's nodes while waiting for SuperNodes
+_NODE_POLL_S = 1.0
+
+
 def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
     end = time.monotonic() + timeout
     while True:
@@ -194,6 +198,30 @@ class Server:
         for node, why in failed.items():
             flwr_log(_WARNING, "fedclust: %s: %s", at, why)
         self.node_failed.update(failed)
+
+    def _await_not_connected(self, missing: set[int], log: RunLog) -> list[int]:
+        """A resumed run: the checkpoint's devices that did not answer its hello get up to
+        ``node_wait_s`` to connect before the first round (a SuperNode that restarted with
+        the SuperLink, or that Flower let in only once its old activation lapsed). One that
+        connects takes part as if it had answered the hello; returns the nodes taken.
+        Only nodes that are new or activated anew are asked (:meth:`_discover`): a dead
+        node that is still listed costs no further timeout."""
+        missing = set(missing)
+        taken: list[int] = []
+        end = time.monotonic() + self.spec.node_wait_s
+        while missing and time.monotonic() < end:
+            time.sleep(min(_NODE_POLL_S, max(end - time.monotonic(), 0.0)))
+            self._discover("the resume", log)
+            for node, z in sorted(self.pending.items()):
+                if z in missing:
+                    del self.pending[node]
+                    self.node_of[z] = node
+                    log.failed.pop(z, None)
+                    missing.discard(z)
+                    taken.append(node)
+                    flwr_log(_INFO, "fedclust: device %d connected on node %d after the "
+                             "resumed run's hello; it takes part from the first round", z, node)
+        return taken
 
     def _take_back(self, node: int, z: int, at: int, log: RunLog, *, late: bool = False
                    ) -> None:
@@ -346,7 +374,6 @@ class Server:
         t0 = time.perf_counter()
         protocol, log, spec = self.protocol, self.log, self.spec
         node_failed = self.hello()
-        t_hello = time.perf_counter() - t0
         ids = sorted(self.node_of)
         absent, late = draw_faults(ids, self.seed, dropout=spec.dropout, late=spec.late,
                                    dropped=spec.dropped, late_devices=spec.late_devices)
@@ -357,6 +384,10 @@ class Server:
                                              self.secure is not None)
         state, log, self.meter, active = rec.begin(ids, active, log, self.meter)
         self.log = log
+        for node in self._await_not_connected(rec.not_connected, log):
+            node_failed.pop(node, None)   # it timed out at the hello, then answered
+        ids = sorted({*ids, *self.node_of})
+        t_hello = time.perf_counter() - t0
         self.rejoined = [*rec.rejoined, *self.rejoined]   # rejoins before a crash, too
         if state is None:
             state = protocol.start(active, self.seed)

@@ -55,7 +55,8 @@ class ServerSpec:
         Simulated faults, drawn from the seed exactly as by ``InProcessTransport``.
     min_nodes : int
         SuperNodes to wait for before starting (at most ``node_wait_s`` seconds;
-        then the run goes on with the nodes that are there).
+        then the run goes on with the nodes that are there). A resumed run also waits
+        up to ``node_wait_s`` for the checkpoint's devices that missed its hello.
     round_timeout_s : float or None
         How long a round waits for replies; missing ones are failed devices.
     result_dir : str or None
