@@ -214,22 +214,26 @@ class Server:
             self._discover("the resume", log)
             for node, z in sorted(self.pending.items()):
                 if z in missing:
-                    del self.pending[node]
-                    self.node_of[z] = node
-                    log.failed.pop(z, None)
+                    self._serve_on(node, z, log)
                     missing.discard(z)
                     taken.append(node)
                     flwr_log(_INFO, "fedclust: device %d connected on node %d after the "
                              "resumed run's hello; it takes part from the first round", z, node)
         return taken
 
-    def _take_back(self, node: int, z: int, at: int, log: RunLog, *, late: bool = False
-                   ) -> None:
+    def _serve_on(self, node: int, z: int, log: RunLog) -> tuple[str | None, int | None]:
+        """Device ``z``, waiting in ``self.pending``, is served by ``node`` from now on;
+        returns ``(why it had failed or None, the node that served it before or None)``."""
         del self.pending[node]
         missed = log.failed.pop(z, None)
         self.unreachable.discard(z)
         previous = self.node_of.get(z)
         self.node_of[z] = node
+        return missed, previous
+
+    def _take_back(self, node: int, z: int, at: int, log: RunLog, *, late: bool = False
+                   ) -> None:
+        missed, previous = self._serve_on(node, z, log)
         self.rejoined.append({"device": z, "node": node, "previous_node": previous,
                               "round": at, "late": late,
                               "missed": missed or "not connected at the start"})
@@ -386,7 +390,7 @@ class Server:
         self.log = log
         for node in self._await_not_connected(rec.not_connected, log):
             node_failed.pop(node, None)   # it timed out at the hello, then answered
-        ids = sorted({*ids, *self.node_of})
+        ids = sorted(self.node_of)   # with the devices that connected while it waited
         t_hello = time.perf_counter() - t0
         self.rejoined = [*rec.rejoined, *self.rejoined]   # rejoins before a crash, too
         if state is None:
