@@ -34,12 +34,16 @@ def row_requests(rows: Any) -> Mapping[Any, Any]:
 
 
 def row_indices(rows: Any, device: int) -> np.ndarray:
-    """A device's row indices, sorted and unique (int64); integers only: a float, a bool or
-    a string is refused by name rather than rounded or read as 0/1."""
+    """A device's row indices, sorted and unique (int64); a flat list of integers only: a
+    float, a bool, a string or a nested list is refused by name rather than rounded, read
+    as 0/1 or flattened."""
     try:
         arr = np.asarray(rows)
     except (TypeError, ValueError):
         arr = np.asarray(rows, dtype=object)
+    if arr.ndim > 1:   # a nested list is not read as its flattened entries
+        raise ValidationError(f"forget: device {device}'s row indices must be a flat list of "
+                              f"integers; got an array of shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.dtype.kind not in "iu":
