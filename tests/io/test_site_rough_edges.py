@@ -1,5 +1,6 @@
 """What a new user meets with site files: the private preprocessing's bounds named by
-column, a delimiter other than a comma, a file that is no model, DEPLOY.md of a site run."""
+column, a delimiter other than a comma, a file that is no model, a missing value in a file
+to predict, DEPLOY.md of a site run."""
 
 from __future__ import annotations
 
@@ -210,3 +211,63 @@ def test_a_failed_site_node_is_named_by_its_site(tmp_path):
     assert extra["sites"] == ["site0", "site1", "site2"]
     assert list(out.log.failed) == [1]
     assert out.log.failed[1].startswith("site 'site1' (device 1): no reply within")
+
+
+ARRAYS = """
+seed = 0
+[data]
+source = "gaussians"
+n_features = 3
+n_clusters = 4
+n_local_clusters = 2
+m0 = 3
+n_per_component = 20
+[algorithm]
+name = "kfed"
+n_clusters = 4
+n_local_clusters = 2
+"""
+
+
+def test_predict_refuses_a_missing_or_infinite_value_by_row_and_column(tmp_path, capsys):
+    from fedclust import ValidationError, load_model
+
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(ARRAYS)
+    out = tmp_path / "o"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 0
+    capsys.readouterr()
+    centers = np.load(out / "model.npz")["model/centers"]
+    new = tmp_path / "new.csv"
+    for body, where in [("a,b,c\n1,2,3\n4,nan,6\n", "row 1, column 'b' is nan"),
+                        ("a,b,c\n1,2,3\n4,5\n", "row 1, column 'c' is nan"),   # a short row
+                        ("a,b,c\n1,2,inf\n", "row 0, column 'c' is inf")]:
+        new.write_text(body)
+        assert main(["predict", str(out / "model.npz"), str(new)]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"fedclust: error: {new}: {where}; the model takes finite numbers only "
+                       "(impute or drop the row, or train with the preprocessing's impute "
+                       "setting)\n")
+    model = load_model(out / "model.npz")
+    with pytest.raises(ValidationError, match=r"X: row 0, column 'x2' is nan"):
+        model.predict(np.array([[0.0, 1.0, np.nan]]))
+    # finite rows still predict: the nearest saved center
+    X = np.random.default_rng(0).normal(scale=20.0, size=(30, 3))
+    d2 = ((X[:, None, :] - centers[None]) ** 2).sum(axis=2)
+    np.testing.assert_array_equal(model.predict(X), d2.argmin(axis=1))
+
+
+def test_predict_on_site_files_imputes_their_missing_values_as_in_training(tmp_path, capsys):
+    paths, _ = write_sites(tmp_path, n_sites=2, seed=5)   # numeric NaNs in every site
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(SITES.format(ext="csv"))
+    out = tmp_path / "o"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(out / "model.npz"), str(paths[0])]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    import pandas as pd
+
+    frame = pd.read_csv(paths[0])
+    assert frame[["age", "chol", "bp"]].isna().any(axis=1).sum() > 0
+    assert len(rows) == 1 + len(frame)

@@ -99,7 +99,25 @@ class SavedModel:
     def transform(self, X: Any, *, where: str = "X") -> np.ndarray:
         """Encoded and preprocessed rows (what the model itself sees)."""
         E = self._encode(X, where)
-        return E if self.preprocessor is None else self.preprocessor.transform(E, where=where)
+        Z = E if self.preprocessor is None else self.preprocessor.transform(E, where=where)
+        return self._finite(Z, where)
+
+    def _finite(self, Z: np.ndarray, where: str, columns: Sequence[str] | None = None
+                ) -> np.ndarray:
+        """``Z`` when every value is finite; else the first missing or non-finite value is
+        refused by row and column (``columns``, default the model's encoded ones): the
+        preprocessing imputes only where it was trained to, and a NaN row would otherwise
+        get an arbitrary cluster."""
+        bad = ~np.isfinite(Z)
+        if bad.any():
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            names = self.columns if columns is None else list(columns)
+            column = names[j] if j < len(names) else f"#{j}"
+            raise ValidationError(
+                f"{where}: row {i}, column {column!r} is {Z[i, j]}; the model takes finite "
+                "numbers only (impute or drop the row, or train with the preprocessing's "
+                "impute setting)")
+        return Z
 
     def predict(self, X: Any, *, site: str | None = None) -> np.ndarray:
         """Cluster, class label or value of every row.
@@ -127,7 +145,7 @@ class SavedModel:
             X = np.column_stack([np.asarray(table.columns[c], dtype=np.float64)
                                  if np.asarray(table.columns[c]).dtype.kind in "biuf" else
                                  _not_numeric(path, c) for c in table.features])
-            Z = self.transform(X, where=str(path))
+            Z = self.transform(self._finite(X, str(path), table.features), where=str(path))
         else:
             Z = self.transform(table, where=str(path))
         name = file_stem(Path(path))
