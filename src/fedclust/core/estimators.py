@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from .exceptions import NotFittedError, ValidationError
 from .kmeans import assign
-from .validation import check_array, check_n_features
+from .validation import check_query
 
 __all__ = ["CenterEstimatorMixin", "DeviceLabelsMixin", "Federation", "KMeansScoreMixin",
            "RowOrder", "kmeans_cost", "split_federation"]
@@ -124,6 +124,9 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
     Only the split happens here; the estimator validates the devices' contents
     (``check_devices``) as before. ``y`` is ``None`` for clustering.
     """
+    if X is None:
+        raise ValidationError(f"{x_name} is None: give one 2-D array per device, or one 2-D "
+                              "array (with groups= naming every row's device)")
     if sp.issparse(X):
         raise ValidationError(f"{x_name} is a scipy sparse matrix; fedclust needs dense arrays "
                               f"(pass {x_name}.toarray())")
@@ -214,7 +217,7 @@ class KMeansScoreMixin:
         if not hasattr(self, "cluster_centers_"):
             raise NotFittedError(f"this {type(self).__name__} instance is not fitted yet; "
                                  "call fit first")
-        X = check_n_features(check_array(X, "X"), self)
+        X = check_query(X, self)
         return -kmeans_cost(X, self.cluster_centers_, sample_weight)
 
 
@@ -230,5 +233,5 @@ class CenterEstimatorMixin(KMeansScoreMixin, DeviceLabelsMixin):
     def predict(self, X: Any) -> np.ndarray:
         """Nearest final center of every row of X (n, d)."""
         self._check_fitted()
-        X = check_n_features(check_array(X, "X"), self)
+        X = check_query(X, self)
         return assign(X, self.cluster_centers_.astype(X.dtype, copy=False))[0]

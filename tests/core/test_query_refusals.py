@@ -1,0 +1,72 @@
+"""Rows given to a fitted center model (k-FED, distributed Lloyd, distributed k-means): bad
+input is refused with the value named, and valid rows still get the nearest-center labels and
+the k-means score computed here by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedclust import DistributedKMeans, DistributedLloyd, KFed
+from fedclust.core.exceptions import ValidationError
+
+MAKERS = {
+    "KFed": lambda: KFed(4, 2, random_state=0),
+    "DistributedLloyd": lambda: DistributedLloyd(4, random_state=0),
+    "DistributedKMeans": lambda: DistributedKMeans(4, coreset_size=60, random_state=0),
+}
+
+
+def _federation(seed=0, d=3):
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(4, d)) * 8
+    return [means[rng.integers(4, size=40)] + rng.normal(size=(40, d)) for _ in range(4)]
+
+
+def _by_hand(X, centers):
+    d2 = ((X[:, None, :] - centers[None]) ** 2).sum(axis=2)
+    return d2.argmin(axis=1), -d2.min(axis=1).sum()
+
+
+HUGE = np.array([[1e151, 0.0, 0.0], [0.0, 1.0, 2.0]])
+
+REFUSALS = [   # (method, X, fragment of the message)
+    ("predict", HUGE, "values reach 1e+151"),
+    ("score", HUGE, "values reach 1e+151"),
+    ("predict", np.full((2, 3), 1e308), "values reach 1e+308"),
+    ("score", -np.full((2, 3), 1e308), "values reach 1e+308"),
+    ("predict", np.array([[0.0, np.nan, 1.0]]), "non-finite value nan at index (0, 1)"),
+    ("predict", np.zeros((2, 2)), "X has 2 features"),
+    ("score", np.zeros((2, 3)).astype(str), "dtype <U32 (strings)"),
+]
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+@pytest.mark.parametrize("method, X, fragment", REFUSALS)
+def test_bad_rows_are_refused_and_valid_rows_still_work(name, method, X, fragment):
+    Xs = _federation()
+    model = MAKERS[name]().fit(Xs)
+    with pytest.raises(ValidationError) as info:
+        getattr(model, method)(X)
+    assert fragment in str(info.value)
+    rows = np.vstack([Xs[0][:5], [[1e149, -1e149, 0.0]]])   # below the limit: accepted
+    labels, score = _by_hand(rows, model.cluster_centers_)
+    np.testing.assert_array_equal(model.predict(rows), labels)
+    assert model.score(rows) == pytest.approx(score, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_float32_rows_are_checked_against_float32_limits(name):
+    model = MAKERS[name]().fit([X.astype(np.float32) for X in _federation(1)])
+    with pytest.raises(ValidationError) as info:
+        model.predict(np.array([[1e16, 0, 0]], dtype=np.float32))
+    assert "values reach 1e+16" in str(info.value) and "float32" in str(info.value)
+    assert model.predict(np.array([[1e14, 0, 0]], dtype=np.float32)).shape == (1,)
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_none_as_the_data_is_refused_by_name(name):
+    with pytest.raises(ValidationError) as info:
+        MAKERS[name]().fit(None)
+    assert "X is None" in str(info.value)
+    assert MAKERS[name]().fit(_federation(2)).cluster_centers_.shape == (4, 3)
