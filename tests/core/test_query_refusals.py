@@ -70,3 +70,26 @@ def test_none_as_the_data_is_refused_by_name(name):
         MAKERS[name]().fit(None)
     assert "X is None" in str(info.value)
     assert MAKERS[name]().fit(_federation(2)).cluster_centers_.shape == (4, 3)
+
+
+WEIGHT_REFUSALS = [   # (sample_weight for 6 rows, fragment)
+    (np.array(["a"] * 6), "sample_weight has dtype <U1 (strings)"),
+    (np.r_[1.0, np.nan, 1, 1, 1, 1], "sample_weight contains a non-finite value nan at index (1,)"),
+    (np.ones(4), "got shape (4,)"),
+    (np.r_[1.0, 1, 1, -0.5, 1, 1], "(-0.5 at index 3)"),
+    (np.ones((6, 1)), "sample_weight must be 1-D"),
+]
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+@pytest.mark.parametrize("weight, fragment", WEIGHT_REFUSALS)
+def test_score_refuses_bad_sample_weight_by_value(name, weight, fragment):
+    Xs = _federation(3)
+    model = MAKERS[name]().fit(Xs)
+    rows = Xs[1][:6]
+    with pytest.raises(ValidationError) as info:
+        model.score(rows, sample_weight=weight)
+    assert fragment in str(info.value)
+    w = np.arange(6) % 3   # integer weights: read as numbers
+    d2 = ((rows[:, None, :] - model.cluster_centers_[None]) ** 2).sum(axis=2).min(axis=1)
+    assert model.score(rows, sample_weight=w) == pytest.approx(-(w * d2).sum(), rel=1e-12)

@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from .exceptions import NotFittedError, ValidationError
 from .kmeans import assign
-from .validation import check_query
+from .validation import check_array, check_query
 
 __all__ = ["CenterEstimatorMixin", "DeviceLabelsMixin", "Federation", "KMeansScoreMixin",
            "RowOrder", "kmeans_cost", "split_federation"]
@@ -195,10 +195,11 @@ def kmeans_cost(X: np.ndarray, centers: np.ndarray, sample_weight: Any = None) -
     n = X.shape[0]
     w = None
     if sample_weight is not None:
-        w = np.asarray(sample_weight, dtype=np.float64)
-        if w.shape != (n,) or not np.isfinite(w).all() or (w < 0).any():
+        w = check_array(sample_weight, "sample_weight", dtype=np.float64, ndim=1)
+        if w.shape != (n,) or (w < 0).any():
+            bad = "" if w.shape != (n,) else f" ({w[w < 0][0]} at index {int(np.argmax(w < 0))})"
             raise ValidationError(f"sample_weight must be {n} finite non-negative numbers, got "
-                                  f"shape {w.shape}")
+                                  f"shape {w.shape}{bad}")
     X = X.astype(np.float64, copy=False)
     C = np.asarray(centers, dtype=np.float64)
     labels = assign(X, C)[0]
