@@ -93,3 +93,14 @@ def test_score_refuses_bad_sample_weight_by_value(name, weight, fragment):
     w = np.arange(6) % 3   # integer weights: read as numbers
     d2 = ((rows[:, None, :] - model.cluster_centers_[None]) ** 2).sum(axis=2).min(axis=1)
     assert model.score(rows, sample_weight=w) == pytest.approx(-(w * d2).sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_float16_rows_are_labelled_in_float64_as_the_fit_reads_them(name):
+    """float16 squared distances overflow at 256: the rows are read as float64, as fit does."""
+    Xs = [X * 100 for X in _federation(4)]
+    model = MAKERS[name]().fit([X.astype(np.float16) for X in Xs])
+    rows = Xs[0].astype(np.float16)
+    labels, score = _by_hand(rows.astype(np.float64), model.cluster_centers_)
+    np.testing.assert_array_equal(model.predict(rows), labels)
+    assert model.score(rows) == pytest.approx(score, rel=1e-12)

@@ -326,10 +326,13 @@ def check_query(X: Any, estimator: Any, n_features: int | None = None, *,
     :func:`check_array`, at least ``min_rows`` rows (a mean over no rows is NaN),
     the fitted width (:func:`check_n_features`), and no value beyond the overflow
     limit of :func:`check_scale` for the array's float type (``dtype``: the type the
-    model computes in; default X's own). The fit refuses such data; predicting on it
-    turns every squared distance into inf and labels every row 0.
+    model computes in; default X's own, float32 or float64, other floats become float64
+    as in :func:`check_devices`). The fit refuses such data; predicting on it turns
+    every squared distance into inf and labels every row 0.
     """
     X = check_n_features(check_array(X, name, dtype=dtype), estimator, n_features, name)
+    if X.dtype not in _CERTIFIED_DTYPES:   # float16 distances overflow at 256: as the fit does
+        X = X.astype(np.float64)
     if X.shape[0] < min_rows:
         raise ValidationError(f"{name} has {X.shape[0]} rows; {type(estimator).__name__} "
                               f"needs at least {min_rows} to score")
