@@ -104,3 +104,16 @@ def test_float16_rows_are_labelled_in_float64_as_the_fit_reads_them(name):
     labels, score = _by_hand(rows.astype(np.float64), model.cluster_centers_)
     np.testing.assert_array_equal(model.predict(rows), labels)
     assert model.score(rows) == pytest.approx(score, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_a_dict_of_devices_is_refused_not_read_as_its_keys(name):
+    Xs = _federation(5)
+    with pytest.raises(ValidationError) as info:
+        MAKERS[name]().fit({10 + z: X for z, X in enumerate(Xs)})
+    assert "X is a dict of devices" in str(info.value)
+    assert "device_ids=list(X.keys())" in str(info.value) and "same order" not in str(info.value)
+    by_ids = MAKERS[name]().fit(Xs, device_ids=[10, 11, 12, 13])
+    plain = MAKERS[name]().fit(Xs)
+    np.testing.assert_array_equal(by_ids.predict(Xs[0]), _by_hand(Xs[0], by_ids.cluster_centers_)[0])
+    assert plain.cluster_centers_.shape == by_ids.cluster_centers_.shape == (4, 3)

@@ -78,3 +78,18 @@ def test_predict_device_checks_its_rows(X, fragment):
     c = model.device_model(0)
     np.testing.assert_allclose(model.predict_device(0, Xs[0]),
                                Xs[0] @ model.coef_[c] + model.intercept_[c], rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_generators_of_machines_fit_as_lists_and_a_dict_is_refused(kind):
+    Xs, ys = _machines(kind, seed=1)
+    from_lists = MAKERS[kind]().fit(Xs, ys)
+    from_generators = MAKERS[kind]().fit((X for X in Xs), (y for y in ys))
+    np.testing.assert_array_equal(from_generators.coef_, from_lists.coef_)
+    np.testing.assert_array_equal(from_generators.device_clusters_, from_lists.device_clusters_)
+    with pytest.raises(ValidationError) as info:
+        MAKERS[kind]().fit(dict(enumerate(Xs)), dict(enumerate(ys)))
+    assert "X is a dict of devices" in str(info.value) and "and y in the same order" in str(info.value)
+    with pytest.raises(ValidationError) as info:
+        MAKERS[kind]().fit(Xs, 5)
+    assert "one array per machine" in str(info.value) and "int" in str(info.value)

@@ -21,6 +21,7 @@ scikit-learn's pattern for the center-based families: ``fit`` sets
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,11 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
     if X is None:
         raise ValidationError(f"{x_name} is None: give one 2-D array per device, or one 2-D "
                               "array (with groups= naming every row's device)")
+    if isinstance(X, Mapping):   # iterating a dict gives its keys, read as devices
+        raise ValidationError(
+            f"{x_name} is a {type(X).__name__} of devices; pass list({x_name}.values()) with "
+            f"device_ids=list({x_name}.keys())"
+            + ("" if y is None else f" (and {y_name} in the same order)"))
     if sp.issparse(X):
         raise ValidationError(f"{x_name} is a scipy sparse matrix; fedclust needs dense arrays "
                               f"(pass {x_name}.toarray())")

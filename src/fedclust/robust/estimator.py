@@ -192,7 +192,12 @@ class RobustClusteredRegression(BaseEstimator):
             raise ValidationError(f"{type(self).__name__} requires y to be passed, but the "
                                   f"target y is None" if y is None else "X is None")
         fed = split_federation(X, y, groups=groups, device_ids=device_ids)
-        Xs, ys, device_ids = fed.devices, fed.labels, fed.device_ids
+        try:   # generators too
+            Xs, ys, device_ids = list(fed.devices), list(fed.labels), fed.device_ids
+        except TypeError:
+            raise ValidationError(f"X and y must be one array per machine, got "
+                                  f"{type(fed.devices).__name__} and {type(fed.labels).__name__}"
+                                  ) from None
         m = len(Xs)
         device_ids = check_device_ids(device_ids, m)
         Xs, ys = _check_machines(Xs, ys, device_ids)
