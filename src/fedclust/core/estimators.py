@@ -128,14 +128,15 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
     if X is None:
         raise ValidationError(f"{x_name} is None: give one 2-D array per device, or one 2-D "
                               "array (with groups= naming every row's device)")
-    if isinstance(X, Mapping):   # iterating a dict gives its keys, read as devices
+    if sp.issparse(X):
+        raise ValidationError(f"{x_name} is a scipy sparse matrix; fedclust needs dense arrays "
+                              f"(pass {x_name}.toarray())")
+    # iterating a dict gives its keys, read as devices (a dok_matrix is one: sparse first)
+    if isinstance(X, Mapping):
         raise ValidationError(
             f"{x_name} is a {type(X).__name__} of devices; pass list({x_name}.values()) with "
             f"device_ids=list({x_name}.keys())"
             + ("" if y is None else f" (and {y_name} in the same order)"))
-    if sp.issparse(X):
-        raise ValidationError(f"{x_name} is a scipy sparse matrix; fedclust needs dense arrays "
-                              f"(pass {x_name}.toarray())")
     single = _is_single_array(X)
     if groups is None:
         if not single:
