@@ -21,6 +21,7 @@ scikit-learn's pattern for the center-based families: ``fit`` sets
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import scipy.sparse as sp
 
 from .exceptions import NotFittedError, ValidationError
 from .kmeans import assign
-from .validation import check_array, check_n_features
+from .validation import check_array, check_query
 
 __all__ = ["CenterEstimatorMixin", "DeviceLabelsMixin", "Federation", "KMeansScoreMixin",
            "RowOrder", "kmeans_cost", "split_federation"]
@@ -124,9 +125,18 @@ def split_federation(X: Any, y: Any = None, *, groups: Any = None, device_ids: A
     Only the split happens here; the estimator validates the devices' contents
     (``check_devices``) as before. ``y`` is ``None`` for clustering.
     """
+    if X is None:
+        raise ValidationError(f"{x_name} is None: give one 2-D array per device, or one 2-D "
+                              "array (with groups= naming every row's device)")
     if sp.issparse(X):
         raise ValidationError(f"{x_name} is a scipy sparse matrix; fedclust needs dense arrays "
                               f"(pass {x_name}.toarray())")
+    # iterating a dict gives its keys, read as devices (a dok_matrix is one: sparse first)
+    if isinstance(X, Mapping):
+        raise ValidationError(
+            f"{x_name} is a {type(X).__name__} of devices; pass list({x_name}.values()) with "
+            f"device_ids=list({x_name}.keys())"
+            + ("" if y is None else f" (and {y_name} in the same order)"))
     single = _is_single_array(X)
     if groups is None:
         if not single:
@@ -192,10 +202,11 @@ def kmeans_cost(X: np.ndarray, centers: np.ndarray, sample_weight: Any = None) -
     n = X.shape[0]
     w = None
     if sample_weight is not None:
-        w = np.asarray(sample_weight, dtype=np.float64)
-        if w.shape != (n,) or not np.isfinite(w).all() or (w < 0).any():
+        w = check_array(sample_weight, "sample_weight", dtype=np.float64, ndim=1)
+        if w.shape != (n,) or (w < 0).any():
+            bad = "" if w.shape != (n,) else f" ({w[w < 0][0]} at index {int(np.argmax(w < 0))})"
             raise ValidationError(f"sample_weight must be {n} finite non-negative numbers, got "
-                                  f"shape {w.shape}")
+                                  f"shape {w.shape}{bad}")
     X = X.astype(np.float64, copy=False)
     C = np.asarray(centers, dtype=np.float64)
     labels = assign(X, C)[0]
@@ -214,7 +225,7 @@ class KMeansScoreMixin:
         if not hasattr(self, "cluster_centers_"):
             raise NotFittedError(f"this {type(self).__name__} instance is not fitted yet; "
                                  "call fit first")
-        X = check_n_features(check_array(X, "X"), self)
+        X = check_query(X, self)
         return -kmeans_cost(X, self.cluster_centers_, sample_weight)
 
 
@@ -230,5 +241,5 @@ class CenterEstimatorMixin(KMeansScoreMixin, DeviceLabelsMixin):
     def predict(self, X: Any) -> np.ndarray:
         """Nearest final center of every row of X (n, d)."""
         self._check_fitted()
-        X = check_n_features(check_array(X, "X"), self)
+        X = check_query(X, self)
         return assign(X, self.cluster_centers_.astype(X.dtype, copy=False))[0]

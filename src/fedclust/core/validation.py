@@ -27,6 +27,8 @@ __all__ = [
     "check_device_ids",
     "check_n_features",
     "check_scale",
+    "check_query",
+    "check_labels",
 ]
 
 #: squared distances are sums of up to ~1e8 squares: keep this factor of headroom
@@ -226,7 +228,7 @@ def _certified_bounded(X: np.ndarray) -> bool:
     if X.size * float(fi.eps) > 0.25:
         return False
     flat = X.reshape(-1)
-    limit = float(np.sqrt(fi.max)) / _HEADROOM
+    limit = _overflow_limit(fi)
     with np.errstate(over="ignore", invalid="ignore"):   # inf and NaN: not certified
         return bool(float(flat @ flat) <= 0.25 * limit * limit)   # NaN compares False
 
@@ -271,7 +273,7 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     if not len(arrays):
         return
     fi = np.finfo(np.result_type(*set(map(_DTYPE, arrays))))
-    huge = float(np.sqrt(fi.max)) / _HEADROOM
+    huge = _overflow_limit(fi)
     tiny = float(np.sqrt(fi.tiny)) * _HEADROOM
     lo = np.full(arrays[0].shape[1], np.inf)
     hi = np.full(arrays[0].shape[1], -np.inf)
@@ -310,6 +312,57 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
             f"{name}: the widest feature spans only {span:.3g}; squared distances underflow "
             f"{fi.dtype} below about {tiny:.1e}: multiply the data by one constant (e.g. "
             "1 / its largest range) before fitting")
+
+
+def _overflow_limit(fi: np.finfo) -> float:
+    """Largest absolute value whose squared distances keep :data:`_HEADROOM` below overflow."""
+    return float(np.sqrt(fi.max)) / _HEADROOM
+
+
+def check_query(X: Any, estimator: Any, n_features: int | None = None, *,
+                name: str = "X", min_rows: int = 0, dtype: Any = None) -> np.ndarray:
+    """Validate rows given to a fitted model (predict, transform, score).
+
+    :func:`check_array`, at least ``min_rows`` rows (a mean over no rows is NaN),
+    the fitted width (:func:`check_n_features`), and no value beyond the overflow
+    limit of :func:`check_scale` for the array's float type (``dtype``: the type the
+    model computes in; default X's own, float32 or float64, other floats become float64
+    as in :func:`check_devices`). The fit refuses such data; predicting on it turns
+    every squared distance into inf and labels every row 0.
+    """
+    X = check_n_features(check_array(X, name, dtype=dtype), estimator, n_features, name)
+    if X.dtype not in _CERTIFIED_DTYPES:   # float16 distances overflow at 256: as the fit does
+        X = X.astype(np.float64)
+    if X.shape[0] < min_rows:
+        raise ValidationError(f"{name} has {X.shape[0]} rows; {type(estimator).__name__} "
+                              f"needs at least {min_rows} to score")
+    if X.size:
+        top = float(np.abs(X).max())
+        huge = _overflow_limit(np.finfo(X.dtype))
+        if top > huge:
+            raise ValidationError(
+                f"{name}: values reach {top:.3g}; squared distances overflow {X.dtype} beyond "
+                f"about {huge:.1e} (fit refuses such data too): bring {name} to the units of "
+                "the training data")
+    return X
+
+
+def check_labels(y: Any, n_rows: int, owner: str | None = None) -> np.ndarray:
+    """``y`` as a 1-D array of ``n_rows`` finite numbers or strings; errors start with
+    ``owner`` (a device) when given."""
+    at = "" if owner is None else f"{owner}: "
+    y = np.asarray(y)
+    if y.dtype.kind == "O" and y.size and all(isinstance(v, str) for v in y.ravel()):
+        y = y.astype(str)  # pandas' column of strings
+    if y.dtype.kind not in "biufUS":
+        raise ValidationError(f"{at}y has dtype {y.dtype}; expected numbers or strings")
+    if y.ndim != 1 or y.shape[0] != n_rows:
+        raise ValidationError(f"{at}X has {n_rows} rows but y has shape {y.shape}")
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        bad = y[~np.isfinite(y)][0]
+        raise ValidationError(f"{at}y contains a non-finite value {bad} at index "
+                              f"{int(np.flatnonzero(~np.isfinite(y))[0])}")
+    return y
 
 
 #: devices with more values than this are checked one by one (stacking them only copies data)

@@ -23,7 +23,7 @@ from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_devices, check_int, check_n_features
+from ..core.validation import check_devices, check_int, check_labels, check_query
 from ..privacy import DifferentialPrivacy
 from ..privacy.distributed import min_noise_devices
 from ..sim.transport import fit_transport
@@ -48,18 +48,7 @@ def check_federation(devices_X: Any, devices_y: Any, ids: Sequence[int] | None, 
     out = []
     for pos, (X, y) in enumerate(zip(Xs, ys)):
         z = pos if ids is None else ids[pos]
-        y = np.asarray(y)
-        if y.dtype.kind == "O" and y.size and all(isinstance(v, str) for v in y.ravel()):
-            y = y.astype(str)  # pandas' column of strings
-        if y.dtype.kind not in "biufUS":
-            raise ValidationError(f"device {z}: y has dtype {y.dtype}; expected numbers or "
-                                  "strings")
-        if y.ndim != 1 or y.shape[0] != X.shape[0]:
-            raise ValidationError(
-                f"device {z}: X has {X.shape[0]} rows but y has shape {y.shape}")
-        if y.dtype.kind == "f" and not np.isfinite(y).all():
-            raise ValidationError(f"device {z}: y contains NaN or inf")
-        out.append(y)
+        out.append(check_labels(y, X.shape[0], f"device {z}"))
     return Xs, out
 
 
@@ -251,6 +240,8 @@ class FLEstimator(ForgetMixin, BaseEstimator):
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Accuracy of :meth:`predict` (classifiers) or its R² (``model="linear"``)."""
         metric = accuracy_score if self._is_classifier() else r2_score
+        X = check_query(X, self, min_rows=1, dtype=np.float64)
+        y = check_labels(y, X.shape[0])
         return float(metric(y, self.predict(X), sample_weight=sample_weight))
 
     def fit(self, X: Any, y: Any, *, groups: Any = None,
@@ -390,7 +381,7 @@ class FLEstimator(ForgetMixin, BaseEstimator):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
 
     def _check_X(self, X: Any) -> np.ndarray:
-        return check_n_features(check_array(X, "X").astype(np.float64, copy=False), self)
+        return check_query(X, self, dtype=np.float64)
 
     def predict(self, X: Any) -> np.ndarray:
         """Predictions of the global model (FedAvg) or of each point's routed cluster model."""

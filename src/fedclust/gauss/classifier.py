@@ -16,7 +16,7 @@ from ..core.estimators import split_federation
 from ..core.exceptions import ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_device_ids, check_devices
+from ..core.validation import check_device_ids, check_devices, check_labels, check_query
 from ..sim.transport import InProcessTransport, fit_transport
 from ..unlearning.forget import run_recorded
 from .classifier_protocol import GaussClassifierProtocol
@@ -276,6 +276,12 @@ class FedGaussClassifier(FedGaussBase, ClassifierMixin, BaseEstimator):
     def predict_proba(self, X: Any) -> np.ndarray:
         """(N, M) class probabilities in the order of ``classes_`` (rows sum to 1)."""
         return proba(self._class_scores(X))
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Mean accuracy of :meth:`predict` on X (n, D) against y (n,) (scikit-learn's
+        ``ClassifierMixin.score``)."""
+        X = check_query(X, self, min_rows=1, dtype=np.float64)
+        return super().score(X, check_labels(y, X.shape[0]), sample_weight)
 
     def predict(self, X: Any) -> np.ndarray:
         """The most likely class of every row (N,)."""

@@ -113,7 +113,11 @@ class ClusterScoring:
         """Average log-likelihood per row of X (:meth:`score_samples`' mean), as
         scikit-learn's ``GaussianMixture.score``: larger is better, so ``GridSearchCV``
         needs no scorer."""
-        return float(np.mean(self.score_samples(X)))
+        scores = self.score_samples(X)
+        if not scores.size:   # the mean of no rows is NaN
+            raise ValidationError(f"X has 0 rows; {type(self).__name__} needs at least 1 to "
+                                  "score")
+        return float(np.mean(scores))
 
 
 class EvolvingGaussians(ClusterScoring, ClusterMixin, BaseEstimator):

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.checkpoint import privacy_summary
 from ..core.exceptions import NotFittedError, ValidationError
-from ..core.validation import check_array, check_n_features
+from ..core.validation import check_query
 from ..unlearning.forget import ForgetMixin
 from .evolving import cluster_attrs, estimator_settings
 from .local import from_message
@@ -95,5 +95,5 @@ class FedGaussBase(ForgetMixin):
     def _check_X(self, X: Any) -> np.ndarray:
         """Validated X over the features the model uses (the selected ones)."""
         self._check_fitted()
-        X = check_n_features(check_array(X, "X").astype(np.float64, copy=False), self)
+        X = check_query(X, self, dtype=np.float64)
         return X if self.features_.all() else X[:, self.features_]

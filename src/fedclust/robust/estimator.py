@@ -14,7 +14,7 @@ from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_device_ids, check_int, check_scale
+from ..core.validation import check_array, check_device_ids, check_int, check_query, check_scale
 from ..sim.transport import InProcessTransport
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
@@ -33,27 +33,18 @@ def _check_machines(Xs: Any, ys: Any, ids: Sequence[int]) -> tuple[list, list]:
         raise ValidationError("no machines given")
     out_X, out_y, d = [], [], None
     for z, X, y in zip(ids, Xs, ys):
-        X = np.asarray(X)
-        y = np.asarray(y)
-        if X.dtype.kind == "c" or y.dtype.kind == "c":
-            raise ValidationError(f"machine {z}: Complex data not supported; expected real numbers")
-        if X.ndim != 2 or X.dtype.kind not in "biuf":
-            raise ValidationError(f"machine {z}: X must be a 2-D numeric array, got shape {X.shape}")
+        X = check_array(X, f"machine {z}: X")
+        y = check_array(y, f"machine {z}: y", ndim=1)
         if X.shape[0] == 0:
             raise ValidationError(f"machine {z} is empty (X has 0 rows)")
         if X.shape[1] == 0:
             raise ValidationError(f"machine {z} has 0 feature(s) (shape={X.shape}) while a "
                                   "minimum of 1 is required (every machine needs d >= 1)")
-        if y.ndim != 1 or y.shape[0] != X.shape[0] or y.dtype.kind not in "biuf":
+        if y.shape[0] != X.shape[0]:
             raise ValidationError(
                 f"machine {z}: X has {X.shape[0]} rows but y has shape {y.shape}")
-        X = X.astype(np.float64)
+        X = X.astype(np.float64)   # the machines' own copies
         y = y.astype(np.float64)
-        for name, A in (("X", X), ("y", y)):
-            if not np.isfinite(A).all():
-                bad = A[~np.isfinite(A)].ravel()[0]
-                raise ValidationError(f"machine {z}: {name} contains a non-finite value ({bad}); "
-                                      "remove or impute NaN/inf first")
         if d is None:
             d = X.shape[1]
         elif X.shape[1] != d:
@@ -201,7 +192,12 @@ class RobustClusteredRegression(BaseEstimator):
             raise ValidationError(f"{type(self).__name__} requires y to be passed, but the "
                                   f"target y is None" if y is None else "X is None")
         fed = split_federation(X, y, groups=groups, device_ids=device_ids)
-        Xs, ys, device_ids = fed.devices, fed.labels, fed.device_ids
+        try:   # generators too
+            Xs, ys, device_ids = list(fed.devices), list(fed.labels), fed.device_ids
+        except TypeError:
+            raise ValidationError(f"X and y must be one array per machine, got "
+                                  f"{type(fed.devices).__name__} and {type(fed.labels).__name__}"
+                                  ) from None
         m = len(Xs)
         device_ids = check_device_ids(device_ids, m)
         Xs, ys = _check_machines(Xs, ys, device_ids)
@@ -273,11 +269,7 @@ class RobustClusteredRegression(BaseEstimator):
     def predict_device(self, i: int, X: Any) -> np.ndarray:
         """Predictions ``X w_c + b_c`` (n,) for the machine at position ``i`` (its cluster c)."""
         j = self.device_model(i)
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
-            raise ValidationError(
-                f"X has shape {X.shape} but the model was fitted with "
-                f"{self.n_features_in_} features")
+        X = check_query(X, self, dtype=np.float64)
         return X @ self.coef_[j] + self.intercept_[j]
 
 
