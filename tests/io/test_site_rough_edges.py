@@ -248,6 +248,11 @@ def test_predict_refuses_a_missing_or_infinite_value_by_row_and_column(tmp_path,
         assert err == (f"fedclust: error: {new}: {where}; the model takes finite numbers only "
                        "(impute or drop the row, or train with the preprocessing's impute "
                        "setting)\n")
+    new.write_text("a,b,c\n1,2,3\n4,-1e300,6\n")   # finite, but its distances overflow
+    assert main(["predict", str(out / "model.npz"), str(new)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"fedclust: error: {new}: row 1, column 'b' is -1e+300; squared distances overflow "
+        "float64 beyond about 1.3e+150")
     model = load_model(out / "model.npz")
     with pytest.raises(ValidationError, match=r"X: row 0, column 'x2' is nan"):
         model.predict(np.array([[0.0, 1.0, np.nan]]))

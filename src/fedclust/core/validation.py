@@ -29,6 +29,7 @@ __all__ = [
     "check_scale",
     "check_query",
     "check_labels",
+    "overflow_limit",
 ]
 
 #: squared distances are sums of up to ~1e8 squares: keep this factor of headroom
@@ -228,7 +229,7 @@ def _certified_bounded(X: np.ndarray) -> bool:
     if X.size * float(fi.eps) > 0.25:
         return False
     flat = X.reshape(-1)
-    limit = _overflow_limit(fi)
+    limit = overflow_limit(fi)
     with np.errstate(over="ignore", invalid="ignore"):   # inf and NaN: not certified
         return bool(float(flat @ flat) <= 0.25 * limit * limit)   # NaN compares False
 
@@ -273,7 +274,7 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
     if not len(arrays):
         return
     fi = np.finfo(np.result_type(*set(map(_DTYPE, arrays))))
-    huge = _overflow_limit(fi)
+    huge = overflow_limit(fi)
     tiny = float(np.sqrt(fi.tiny)) * _HEADROOM
     lo = np.full(arrays[0].shape[1], np.inf)
     hi = np.full(arrays[0].shape[1], -np.inf)
@@ -314,7 +315,7 @@ def check_scale(arrays: Sequence[np.ndarray], name: str = "devices",
             "1 / its largest range) before fitting")
 
 
-def _overflow_limit(fi: np.finfo) -> float:
+def overflow_limit(fi: np.finfo) -> float:
     """Largest absolute value whose squared distances keep :data:`_HEADROOM` below overflow."""
     return float(np.sqrt(fi.max)) / _HEADROOM
 
@@ -338,7 +339,7 @@ def check_query(X: Any, estimator: Any, n_features: int | None = None, *,
                               f"needs at least {min_rows} to score")
     if X.size:
         top = float(np.abs(X).max())
-        huge = _overflow_limit(np.finfo(X.dtype))
+        huge = overflow_limit(np.finfo(X.dtype))
         if top > huge:
             raise ValidationError(
                 f"{name}: values reach {top:.3g}; squared distances overflow {X.dtype} beyond "

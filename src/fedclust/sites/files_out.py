@@ -33,6 +33,7 @@ import numpy as np
 from ..core.atomic import atomic_open, write_npz_atomic
 from ..core.exceptions import ValidationError
 from ..core.registry import Exported, get_predictor
+from ..core.validation import overflow_limit
 
 __all__ = ["SavedModel", "save_model", "load_model", "write_site_labels", "write_labels_csv"]
 
@@ -108,15 +109,21 @@ class SavedModel:
         refused by row and column (``columns``, default the model's encoded ones): the
         preprocessing imputes only where it was trained to, and a NaN row would otherwise
         get an arbitrary cluster."""
+        names = self.columns if columns is None else list(columns)
         bad = ~np.isfinite(Z)
         if bad.any():
             i, j = (int(v) for v in np.argwhere(bad)[0])
-            names = self.columns if columns is None else list(columns)
-            column = names[j] if j < len(names) else f"#{j}"
             raise ValidationError(
-                f"{where}: row {i}, column {column!r} is {Z[i, j]}; the model takes finite "
-                "numbers only (impute or drop the row, or train with the preprocessing's "
-                "impute setting)")
+                f"{where}: row {i}, column {_column(names, j)!r} is {Z[i, j]}; the model takes "
+                "finite numbers only (impute or drop the row, or train with the "
+                "preprocessing's impute setting)")
+        huge = overflow_limit(np.finfo(np.float64))
+        if Z.size and np.abs(Z).max() > huge:   # every squared distance would be inf
+            i, j = (int(v) for v in np.argwhere(np.abs(Z) > huge)[0])
+            raise ValidationError(
+                f"{where}: row {i}, column {_column(names, j)!r} is {Z[i, j]:.3g}; squared "
+                f"distances overflow float64 beyond about {huge:.1e}: bring the rows to the "
+                "units of the training data")
         return Z
 
     def predict(self, X: Any, *, site: str | None = None) -> np.ndarray:
@@ -154,6 +161,10 @@ class SavedModel:
         if self.task == "classification" and self.classes is not None:
             out = np.asarray(self.classes, dtype=object if _mixed(self.classes) else None)[out]
         return out, table
+
+
+def _column(names: Sequence[str], j: int) -> str:
+    return names[j] if j < len(names) else f"#{j}"
 
 
 def _not_numeric(path: Any, column: str) -> np.ndarray:
