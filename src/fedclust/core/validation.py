@@ -30,10 +30,21 @@ __all__ = [
     "check_query",
     "check_labels",
     "overflow_limit",
+    "check_flags",
 ]
 
 #: squared distances are sums of up to ~1e8 squares: keep this factor of headroom
 _HEADROOM = 1e4
+
+
+def check_flags(estimator: Any, *names: str) -> None:
+    """Refuse an estimator's yes/no setting that is not a bool (``weighted="no"`` would
+    otherwise read as True), naming the estimator, the setting and the value."""
+    for name in names:
+        value = getattr(estimator, name)
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValidationError(f"{type(estimator).__name__}: {name}={value!r} must be True "
+                                  "or False")
 
 
 def check_int(value: Any, name: str, *, min_value: int | None = None,

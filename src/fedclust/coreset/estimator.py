@@ -22,7 +22,7 @@ from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
 from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.validation import (check_array, check_choice, check_device_ids, check_devices,
-                               check_int, check_n_features)
+                               check_flags, check_int, check_n_features)
 from ..sim.transport import InProcessTransport
 from ..unlearning.forget import ForgetMixin, run_recorded
 from .graph import TOPOLOGIES, check_graph, make_graph, run_on_graph
@@ -143,6 +143,7 @@ class DistributedPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         ``device_ids`` names the nodes (default 0..n-1); random streams follow
         the ids, so permuting devices with their ids changes nothing.
         """
+        check_flags(self, "center", "progress")
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         t = check_int(self.n_components, "n_components", min_value=1)
         devices = _federation(fed.devices)
@@ -311,6 +312,7 @@ class DistributedKMeans(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEst
         refuse_privacy(self.privacy, "DistributedKMeans",
                        "the local disPCA bases and the sampled coreset points are released "
                        "without noise; DistributedLloyd has DP")
+        check_flags(self, "center", "progress")
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         devices = _federation(fed.devices)
         ids = check_device_ids(fed.device_ids, len(devices))

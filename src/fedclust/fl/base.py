@@ -23,7 +23,7 @@ from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_devices, check_int, check_labels, check_query
+from ..core.validation import check_devices, check_flags, check_int, check_labels, check_query
 from ..privacy import DifferentialPrivacy
 from ..privacy.distributed import min_noise_devices
 from ..sim.transport import fit_transport
@@ -255,6 +255,7 @@ class FLEstimator(ForgetMixin, BaseEstimator):
         device order) fill ``history_``'s test accuracy (averaged over devices, each
         with the model serving it).
         """
+        check_flags(self, "weighted", "progress")
         fed = split_federation(X, y, groups=groups, device_ids=device_ids)
         devices_X, devices_y, device_ids = fed.devices, fed.labels, fed.device_ids
         if devices_y is None:

@@ -16,7 +16,8 @@ from ..core.estimators import split_federation
 from ..core.exceptions import ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_device_ids, check_devices, check_labels, check_query
+from ..core.validation import (check_device_ids, check_devices, check_flags, check_labels,
+                               check_query)
 from ..sim.transport import InProcessTransport, fit_transport
 from ..unlearning.forget import run_recorded
 from .classifier_protocol import GaussClassifierProtocol
@@ -145,6 +146,7 @@ class FedGaussClassifier(FedGaussBase, ClassifierMixin, BaseEstimator):
         """Fit on per-owner arrays ``X[z]`` (n_z, D) and labels ``y[z]`` (n_z,); or on
         one array X (n, D) and y (n,) with ``groups`` (n,) naming every row's owner
         (without ``groups``: one owner). See :meth:`fedclust.KFed.fit`."""
+        check_flags(self, "progress")
         fed = split_federation(X, y, groups=groups, device_ids=device_ids)
         owners_X, owners_y, device_ids = list(fed.devices), fed.labels, fed.device_ids
         if owners_y is None:

@@ -38,7 +38,7 @@ from ..core.estimators import DeviceLabelsMixin, split_federation
 from ..core.exceptions import ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_device_ids, check_devices
+from ..core.validation import check_device_ids, check_devices, check_flags
 from ..sim.transport import InProcessTransport
 from ..unlearning.forget import run_recorded
 from .classifier import FedGaussClassifier
@@ -218,6 +218,7 @@ class FedGaussClustering(ClusterScoring, FedGaussBase, DeviceLabelsMixin, Cluste
             transport: Transport | None = None) -> "FedGaussClustering":
         """Fit on the owners' (n_z, D) arrays; ``X``, ``groups``, ``device_ids`` and
         ``transport`` as in :meth:`fedclust.KFed.fit`."""
+        check_flags(self, "progress")
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         owners = list(fed.devices)
         ids = check_device_ids(fed.device_ids, len(owners))

@@ -19,8 +19,8 @@ from ..core.checkpoint import privacy_summary
 from ..core.random import RandomState, root_seed
 from ..privacy import DifferentialPrivacy
 from ..core.estimators import CenterEstimatorMixin, split_federation
-from ..core.validation import (check_array, check_device_ids, check_devices, check_int,
-                               check_n_local_clusters)
+from ..core.validation import (check_array, check_device_ids, check_devices, check_flags,
+                               check_int, check_n_local_clusters)
 from ..core.exceptions import ValidationError
 from .fit_checks import check_local_clusters, sendable_centers
 from .messages import LocalCenters
@@ -235,6 +235,7 @@ class KFed(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEstimator):
         """
         from .stream import is_stream
 
+        check_flags(self, "weighted", "allow_raw_points", "progress")
         # a federation held in memory is 10^5 small objects (devices, replies, records),
         # none in a reference cycle: the cyclic collector would only walk them (a stream
         # keeps no per-device objects and may run for many minutes: the collector stays on)

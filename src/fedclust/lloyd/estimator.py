@@ -16,7 +16,7 @@ from ..core.estimators import CenterEstimatorMixin, split_federation
 from ..core.random import RandomState, root_seed
 from ..privacy import DifferentialPrivacy
 from ..privacy.distributed import min_noise_devices
-from ..core.validation import check_device_ids, check_devices, check_int
+from ..core.validation import check_device_ids, check_devices, check_flags, check_int
 from ..core.exceptions import ValidationError
 from .protocol import DistributedLloydProtocol, private_start
 from ..core.protocol import Transport
@@ -156,6 +156,7 @@ class DistributedLloyd(ForgetMixin, CenterEstimatorMixin, ClusterMixin, BaseEsti
             transport: Transport | None = None) -> "DistributedLloyd":
         """Run Lloyd over a federation; ``X``, ``groups``, ``device_ids`` and ``transport``
         as in :meth:`fedclust.KFed.fit`."""
+        check_flags(self, "progress")
         fed = split_federation(X, groups=groups, device_ids=device_ids)
         ids = None if fed.device_ids is None else [
             check_int(z, f"device_ids[{i}]", min_value=0) for i, z in enumerate(fed.device_ids)]

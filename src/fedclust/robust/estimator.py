@@ -14,7 +14,8 @@ from ..core.estimators import split_federation
 from ..core.exceptions import NotFittedError, ValidationError
 from ..core.protocol import Transport
 from ..core.random import RandomState, root_seed
-from ..core.validation import check_array, check_device_ids, check_int, check_query, check_scale
+from ..core.validation import (check_array, check_device_ids, check_flags, check_int, check_query,
+                               check_scale)
 from ..sim.transport import InProcessTransport
 from .metrics import estimation_error, misclustering_rate
 from .protocol import RobustRegressionProtocol, RobustRegressionResult
@@ -188,6 +189,7 @@ class RobustClusteredRegression(BaseEstimator):
         refuse_privacy(self.privacy, type(self).__name__,
                        "each machine's local model is released without noise and the robust "
                        "aggregators (trimmed mean, median) have no DP calibration")
+        check_flags(self, "fit_intercept", "drop_outliers", "adaptive_beta", "progress")
         if X is None or y is None:
             raise ValidationError(f"{type(self).__name__} requires y to be passed, but the "
                                   f"target y is None" if y is None else "X is None")
