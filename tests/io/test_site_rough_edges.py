@@ -276,3 +276,25 @@ def test_predict_on_site_files_imputes_their_missing_values_as_in_training(tmp_p
     frame = pd.read_csv(paths[0])
     assert frame[["age", "chol", "bp"]].isna().any(axis=1).sum() > 0
     assert len(rows) == 1 + len(frame)
+
+
+def test_a_model_trained_on_arrays_with_imputation_fills_a_missing_value_in_a_file(tmp_path,
+                                                                                 capsys):
+    from fedclust import load_model
+
+    cfg = tmp_path / "fed.toml"
+    cfg.write_text(ARRAYS.replace("[algorithm]",
+                                  '[preprocess]\nimpute = "mean"\nscale = "standard"\n'
+                                  "[algorithm]"))
+    out = tmp_path / "o"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 0
+    capsys.readouterr()
+    mean = load_model(out / "model.npz").preprocessor.mean_
+    rows = np.array([[1.0, np.nan, 3.0], [4.0, 5.0, np.nan]])
+    filled = np.where(np.isnan(rows), mean, rows)   # what training's imputation gives
+    for name, X in [("gaps", rows), ("filled", filled)]:
+        np.savetxt(tmp_path / f"{name}.csv", X, delimiter=",", header="a,b,c", comments="")
+    assert main(["predict", str(out / "model.npz"), str(tmp_path / "gaps.csv")]) == 0
+    with_gaps = capsys.readouterr().out
+    assert main(["predict", str(out / "model.npz"), str(tmp_path / "filled.csv")]) == 0
+    assert with_gaps == capsys.readouterr().out

@@ -99,9 +99,14 @@ class SavedModel:
 
     def transform(self, X: Any, *, where: str = "X") -> np.ndarray:
         """Encoded and preprocessed rows (what the model itself sees)."""
+        return self._model_input(X, where)
+
+    def _model_input(self, X: Any, where: str, columns: Sequence[str] | None = None
+                     ) -> np.ndarray:
+        """:meth:`transform`, its refusals naming ``columns`` (default the model's)."""
         E = self._encode(X, where)
         Z = E if self.preprocessor is None else self.preprocessor.transform(E, where=where)
-        return self._finite(Z, where)
+        return self._finite(Z, where, columns)
 
     def _finite(self, Z: np.ndarray, where: str, columns: Sequence[str] | None = None
                 ) -> np.ndarray:
@@ -152,7 +157,7 @@ class SavedModel:
             X = np.column_stack([np.asarray(table.columns[c], dtype=np.float64)
                                  if np.asarray(table.columns[c]).dtype.kind in "biuf" else
                                  _not_numeric(path, c) for c in table.features])
-            Z = self.transform(self._finite(X, str(path), table.features), where=str(path))
+            Z = self._model_input(X, str(path), table.features)
         else:
             Z = self.transform(table, where=str(path))
         name = file_stem(Path(path))
